@@ -1,0 +1,112 @@
+"""The one interface every position encoding answers (see shared/STYLE.md, "Interfaces").
+
+Three kinds:
+  * ``additive`` – ``bias(q_len, k_len, q_offset)`` returns float32 logits
+    ``[num_heads, q_len, k_len]`` added to ``q·k/√d_head`` before masking and softmax.
+  * ``rotary``   – ``rotate(x, positions)`` rotates queries or keys at absolute positions.
+  * ``none``     – NoPE: the causal mask is the only source of order.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Query rows computed at once by the default blocked ``bias``; keeps peak memory near
+#: the size of the output even for encodings with per-pair intermediates (FIRE's MLP).
+BIAS_QUERY_BLOCK = 512
+
+
+def query_positions(q_len: int, k_len: int, q_offset: int | None) -> tuple[int, int]:
+    """Validate a ``bias`` request and return ``(q_offset, k_len)``.
+
+    Queries sit at absolute positions ``q_offset … q_offset + q_len − 1`` (tokens); keys at
+    ``0 … k_len − 1``. The default ``q_offset = k_len − q_len`` aligns queries bottom-right,
+    as with a KV cache (x-transformers' convention).
+
+    Raises: ValueError for non-positive lengths or a negative offset.
+    """
+    if q_len < 1 or k_len < 1:
+        raise ValueError(f"q_len and k_len must be >= 1 (got q_len={q_len}, k_len={k_len})")
+    if q_offset is None:
+        q_offset = k_len - q_len
+    if q_offset < 0:
+        raise ValueError(
+            f"q_offset={q_offset} is negative: with q_len={q_len} > k_len={k_len} pass an "
+            "explicit q_offset >= 0 (queries at absolute positions q_offset…)"
+        )
+    return int(q_offset), int(k_len)
+
+
+def relative_distance(q_len: int, k_len: int, q_offset: int, device=None) -> torch.Tensor:
+    """Query-minus-key distance ``i − j`` in tokens, int64 ``[q_len, k_len]``.
+
+    Positive below the diagonal (past keys), negative at masked future keys.
+    """
+    i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    return i - j
+
+
+class PositionEncoding(nn.Module):
+    """Base class. Subclasses set ``kind`` and implement ``bias`` or ``rotate``.
+
+    Attributes:
+      kind: ``"additive" | "rotary" | "none"``.
+      num_heads: heads the encoding serves.
+    """
+
+    kind: str = "none"
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        if num_heads < 1:
+            raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
+        self.num_heads = num_heads
+
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """Additive logits ``[num_heads, q_len, k_len]`` (float32). Additive kinds only.
+
+        Raises: TypeError for a rotary or NoPE encoding.
+        """
+        raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no bias()")
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x [..., T, head_dim]`` at absolute ``positions [T]``. Rotary kinds only.
+
+        Raises: TypeError for a non-rotary encoding.
+        """
+        raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no rotate()")
+
+
+class ToeplitzBias(PositionEncoding):
+    """An additive bias that depends only on the distance ``d = i − j``: b_h(i, j) = g_h(d).
+
+    Subclasses implement ``bias_by_distance(d) -> [num_heads, *d.shape]`` (float32, finite
+    for every integer d including negative, i.e. masked future, distances). ``bias`` then
+    evaluates g once per distinct distance (q_len + k_len − 1 values) and gathers, so the
+    cost is one read of the output whatever g costs.
+    """
+
+    kind = "additive"
+
+    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """Bias logits, float32 ``[num_heads, q_len, k_len]``; see :class:`PositionEncoding`.
+
+        Raises: ValueError for bad lengths/offset (see :func:`query_positions`).
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        device = self.device
+        d_min = q_offset - (k_len - 1)
+        d_max = q_offset + q_len - 1
+        table = self.bias_by_distance(torch.arange(d_min, d_max + 1, device=device)).float()  # [H, D]
+        # Rows are sliding windows of the reversed table: one copy forward, a strided sum back.
+        return table.flip(-1).unfold(-1, k_len, 1).flip(1)
+
+    @property
+    def device(self) -> torch.device:
+        for t in list(self.parameters()) + list(self.buffers()):
+            return t.device
+        return torch.device("cpu")

@@ -1,0 +1,202 @@
+"""FIRE: Functional Interpolation for Relative Positions Encoding.
+
+Source: Li et al. 2024 (ICLR), "Functional Interpolation for Relative Positions Improves
+Long Context Transformers", eq. 3–4 and §3.2:
+
+    b(i, j) = f_θ( ψ(i − j) / ψ(max(L, i)) ),   ψ(x) = log(|c·x| + 1),
+
+f_θ an MLP 1 → width → num_heads with ReLU, c and L learned (L = |multiplier · init_L|).
+
+Fast path (exact): rows whose normalizer is shared – queries at i <= L, and i >= cap when
+a cap is set – form a Toeplitz block, so f_θ runs once per distance and the rows are a
+sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
+scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
+the segment of x, found by ``searchsorted`` — no [q, k, width] intermediate. Both equal the
+plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import BIAS_QUERY_BLOCK, PositionEncoding, query_positions, relative_distance
+
+
+def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """Expand per-distance values into a Toeplitz bias.
+
+    Args: ``table [H, q_len + k_len − 1]`` holding the value for distances
+      ``d_min … d_max`` in order, where ``d_min = q_offset − k_len + 1``.
+    Returns: ``[H, q_len, k_len]`` with out[h, r, j] = table[h, r − j + k_len − 1]
+      (a sliding-window view, then one copy; its backward is a strided sum, not a scatter).
+    """
+    return table.flip(-1).unfold(-1, k_len, 1).flip(1)
+
+
+class FIRE(PositionEncoding):
+    """FIRE additive bias for ``num_heads`` heads.
+
+    Args:
+      mlp_width: hidden width of f_θ (32 in the paper).
+      init_c: initial c of ψ (0.1 in the paper).
+      init_L: initial threshold L in tokens; fireviz's configs use a quarter of the
+        training length, the paper's ratio (512 at 2048).
+      eps: added to the normalizer ψ(max(L, i)) so i = 0 never divides by zero.
+      progressive_interpolation: divide by ψ(max(L, i)) (paper default); off → input ψ(i−j).
+      log_transform: ψ(x) = log(|c·x| + 1) (default); off → ψ(x) = x.
+      learn_threshold: learned L (default); off → L fixed at 0 (normalizer ψ(i)).
+      mlp_depth: 1 or 2 hidden layers of ``mlp_width``.
+      normalizer_cap: fireviz's own option (default None, off): normalizer
+        ψ(min(max(L, i), cap)), cap in tokens; e.g. the training length at evaluation time.
+
+    Parameters: ``c`` (scalar), ``L_multiplier`` (scalar), ``mlp`` (nn.Sequential).
+    Raises: ValueError for non-positive width/init_L/eps, mlp_depth not in {1, 2}, cap < 1.
+    """
+
+    kind = "additive"
+
+    def __init__(self, num_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0,
+                 eps: float = 1e-6, progressive_interpolation: bool = True, log_transform: bool = True,
+                 learn_threshold: bool = True, mlp_depth: int = 1, normalizer_cap: float | None = None):
+        super().__init__(num_heads)
+        if mlp_width < 1:
+            raise ValueError(f"mlp_width must be >= 1 (got {mlp_width})")
+        if init_L <= 0 or eps <= 0:
+            raise ValueError(f"init_L and eps must be > 0 (got init_L={init_L}, eps={eps})")
+        if mlp_depth not in (1, 2):
+            raise ValueError(f"mlp_depth must be 1 or 2 (got {mlp_depth})")
+        if normalizer_cap is not None and normalizer_cap < 1:
+            raise ValueError(f"normalizer_cap must be >= 1 token or None (got {normalizer_cap})")
+        self.mlp_width, self.init_L, self.eps = mlp_width, float(init_L), float(eps)
+        self.progressive_interpolation = progressive_interpolation
+        self.log_transform = log_transform
+        self.learn_threshold = learn_threshold
+        self.mlp_depth = mlp_depth
+        self.normalizer_cap = None if normalizer_cap is None else float(normalizer_cap)
+        self.c = nn.Parameter(torch.tensor(float(init_c)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        layers: list[nn.Module] = [nn.Linear(1, mlp_width), nn.ReLU()]
+        if mlp_depth == 2:
+            layers += [nn.Linear(mlp_width, mlp_width), nn.ReLU()]
+        layers.append(nn.Linear(mlp_width, num_heads))
+        self.mlp = nn.Sequential(*layers)
+
+    # -- the formula, piece by piece -------------------------------------------------------
+    def psi(self, x: torch.Tensor) -> torch.Tensor:
+        """ψ(x) = log(|c·x| + 1) (or x with log_transform off); float32, x in tokens."""
+        x = x.float()
+        return torch.log1p(torch.abs(self.c * x)) if self.log_transform else x
+
+    def threshold(self) -> torch.Tensor:
+        """L = |multiplier · init_L| in tokens (0 when learn_threshold is off); 0-dim float32."""
+        if not self.learn_threshold:
+            return torch.zeros((), device=self.c.device)
+        return torch.abs(self.L_multiplier * self.init_L)
+
+    def normalizer(self, q_positions: torch.Tensor) -> torch.Tensor:
+        """ψ(max(L, i)) + eps (capped when normalizer_cap is set), float32 ``[q]``."""
+        pos = torch.maximum(q_positions.float(), self.threshold())
+        if self.normalizer_cap is not None:
+            pos = pos.clamp(max=self.normalizer_cap)
+        return self.psi(pos) + self.eps
+
+    def normalized_distance(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The MLP input ψ(i − j) / ψ(max(L, i)), float32 ``[q, k]`` for int positions (tokens).
+
+        In [0, 1] for j <= i when progressive interpolation is on; masked future pairs
+        (j > i) use |i − j| and are finite.
+        """
+        x = self.psi(q_positions[:, None] - k_positions[None, :])
+        if self.progressive_interpolation:
+            x = x / self.normalizer(q_positions)[:, None]
+        return x
+
+    def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """f_θ applied elementwise: ``[...]`` float32 → ``[num_heads, ...]`` logits."""
+        return self.mlp(x.unsqueeze(-1)).movedim(-1, 0)
+
+    def bias_reference(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """The plain formula over all pairs at once (memory q·k·width): for tests and audits."""
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        dev = self.c.device
+        x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev),
+                                     torch.arange(k_len, device=dev))
+        return self.mlp_forward(x)
+
+    # -- fast exact evaluation -------------------------------------------------------------
+    def piecewise_linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """f_θ as a piecewise-linear function (mlp_depth = 1 only).
+
+        Returns ``(breakpoints [K] sorted, slope [H, K+1], intercept [H, K+1])`` such that
+        f_h(x) = slope[h, s]·x + intercept[h, s] with s = searchsorted(breakpoints, x).
+        Differentiable in the MLP parameters.
+        """
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        w, b = lin1.weight[:, 0], lin1.bias  # [W]
+        W2, b2 = lin2.weight, lin2.bias  # [H, W], [H]
+        nonzero = w != 0
+        t = torch.where(nonzero, -b / torch.where(nonzero, w, torch.ones_like(w)), torch.zeros_like(w))
+        t_live = t[nonzero]
+        order = torch.argsort(t_live.detach())
+        bps = t_live[order].detach()
+        K = bps.numel()
+        # rank of each live unit's breakpoint; segment s lies right of breakpoints 0..s-1
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(K, device=w.device)
+        seg = torch.arange(K + 1, device=w.device)[:, None]  # [S, 1]
+        w_live, b_live = w[nonzero], b[nonzero]
+        active = torch.where(w_live[None, :] > 0, rank[None, :] < seg, rank[None, :] >= seg).float()  # [S, K]
+        W2_live = W2[:, nonzero]  # [H, K]
+        slope = (W2_live * w_live) @ active.T  # [H, S]
+        const = b2 + W2[:, ~nonzero] @ torch.relu(b[~nonzero])
+        intercept = (W2_live * b_live) @ active.T + const[:, None]
+        return bps, slope, intercept
+
+    def _rows_general(self, x: torch.Tensor) -> torch.Tensor:
+        """f_θ on an arbitrary block of inputs ``x [r, k]`` → ``[H, r, k]``."""
+        if self.mlp_depth != 1:
+            return self.mlp_forward(x)
+        bps, slope, intercept = self.piecewise_linear()
+        s = torch.searchsorted(bps, x.detach().contiguous())
+        return slope[:, s] * x + intercept[:, s]
+
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """FIRE logits, float32 ``[num_heads, q_len, k_len]``; queries at q_offset… (tokens).
+
+        Exact to the plain formula; peak extra memory about the output size (rows outside
+        the Toeplitz blocks go ``BIAS_QUERY_BLOCK`` at a time).
+        Raises: ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        dev = self.c.device
+        d_min = q_offset - k_len + 1
+        psi_d = self.psi(torch.arange(d_min, q_offset + q_len, device=dev))  # [q_len + k_len - 1]
+        if not self.progressive_interpolation:
+            return toeplitz_from_table(self._rows_general(psi_d[None, :])[:, 0], q_len, k_len)
+
+        q_pos = torch.arange(q_offset, q_offset + q_len, device=dev)
+        L = self.threshold()
+        # Rows sharing a normalizer: i <= L (→ ψ(L)) and i >= cap (→ ψ(cap)).
+        n_low = int((q_pos.float() <= L.detach()).sum())
+        n_high = 0
+        if self.normalizer_cap is not None and self.normalizer_cap > float(L.detach()):
+            n_high = int((q_pos.float() >= self.normalizer_cap).sum())
+        elif self.normalizer_cap is not None:
+            n_low, n_high = q_len, 0  # cap <= L: one normalizer for every row
+        pieces = []
+        if n_low:
+            norm = self.normalizer(q_pos[:1].clamp(max=0))  # ψ(L) (+cap) via the same code path
+            table = self._rows_general((psi_d[: n_low + k_len - 1] / norm)[None, :])[:, 0]
+            pieces.append(toeplitz_from_table(table, n_low, k_len))
+        mid_end = q_len - n_high
+        for start in range(n_low, mid_end, BIAS_QUERY_BLOCK):
+            stop = min(start + BIAS_QUERY_BLOCK, mid_end)
+            rows = q_pos[start:stop]
+            # psi(i - j) for these rows is a sliding window of psi_d
+            x = toeplitz_from_table(psi_d[None, start: stop + k_len - 1], stop - start, k_len)[0]
+            pieces.append(self._rows_general(x / self.normalizer(rows)[:, None]))
+        if n_high:
+            norm = self.normalizer(q_pos[-1:])
+            table = self._rows_general((psi_d[mid_end:] / norm)[None, :])[:, 0]
+            pieces.append(toeplitz_from_table(table, n_high, k_len))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)

@@ -1,0 +1,60 @@
+"""KERPLE: kernelized relative positional embeddings. Source: Chi et al. 2022 (NeurIPS),
+§4.2 (logarithmic and power variants) and the reference code (chijames/KERPLE), whose
+constraints r1, r2 >= 0.01 and, for the power variant, r2 <= 2 are applied here as a
+clamp in the forward pass."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import ToeplitzBias
+
+KERPLE_MIN = 0.01
+KERPLE_POWER_MAX = 2.0
+
+
+class _Kerple(ToeplitzBias):
+    def __init__(self, num_heads: int, init_r1: float | list[float] | None = None,
+                 init_r2: float | list[float] | None = None):
+        super().__init__(num_heads)
+        # Reference init: r1 ~ U(0, 2), r2 ~ U(0, 1) per head (drawn from the model's seed).
+        r1 = torch.rand(num_heads) * 2 if init_r1 is None else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
+        r2 = torch.rand(num_heads) if init_r2 is None else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
+        if init_r1 is not None and (r1 <= 0).any() or init_r2 is not None and (r2 <= 0).any():
+            raise ValueError(f"Kerple needs r1 > 0 and r2 > 0 (got r1={r1.tolist()}, r2={r2.tolist()})")
+        self.r1 = nn.Parameter(r1.float())
+        self.r2 = nn.Parameter(r2.float())
+
+    def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(r1, r2)`` after the reference constraints, float32 ``[num_heads]`` each."""
+        r2_max = KERPLE_POWER_MAX if isinstance(self, KerplePower) else None
+        return self.r1.clamp(min=KERPLE_MIN), self.r2.clamp(min=KERPLE_MIN, max=r2_max)
+
+
+class KerpleLog(_Kerple):
+    """Logarithmic KERPLE: ``b_h(d) = −r1_h · log(1 + r2_h · |d|)`` logits, d = i − j tokens.
+
+    Parameters r1, r2: float32 ``[num_heads]``, learnable, clamped to >= 0.01 when used.
+    Raises: ValueError for a given r1 or r2 <= 0.
+    """
+
+    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        r1, r2 = (p.view(-1, *([1] * d.dim())) for p in self.constrained())
+        return -r1 * torch.log1p(r2 * d.abs().float())
+
+
+class KerplePower(_Kerple):
+    """Power KERPLE: ``b_h(d) = −r1_h · |d|^r2_h`` logits, d = i − j tokens, 0 < r2 <= 2.
+
+    ``|d|^r2`` is evaluated as ``exp(r2·log|d|)`` only where d ≠ 0 so the gradient with
+    respect to r2 stays finite at d = 0 (where the bias is exactly 0).
+    Raises: ValueError for a given r1 or r2 <= 0.
+    """
+
+    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        r1, r2 = (p.view(-1, *([1] * d.dim())) for p in self.constrained())
+        dist = d.abs().float()
+        nonzero = dist > 0
+        safe_log = torch.log(torch.where(nonzero, dist, torch.ones_like(dist)))
+        powered = torch.where(nonzero, torch.exp(r2 * safe_log), torch.zeros_like(dist))
+        return -r1 * powered

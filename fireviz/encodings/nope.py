@@ -1,0 +1,12 @@
+"""NoPE: no position encoding; order comes from the causal mask alone.
+Source: Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length
+Generalization in Transformers"; Haviv et al. 2022."""
+from __future__ import annotations
+
+from .base import PositionEncoding
+
+
+class NoPE(PositionEncoding):
+    """The identity encoding: neither ``bias`` nor ``rotate`` (both raise TypeError)."""
+
+    kind = "none"

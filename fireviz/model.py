@@ -1,0 +1,380 @@
+"""A GPT-style decoder whose position encoding is one config field.
+
+Shapes follow TransformerLens' naming: ``[batch, pos, d_model]`` activations,
+``[batch, head, query_pos, key_pos]`` attention. Read top to bottom like nanoGPT's model.py
+(Karpathy), whose plainness this follows: pre-LayerNorm blocks, GELU MLP, tied embeddings,
+causal attention through ``F.scaled_dot_product_attention`` with the position bias folded
+into the mask (added after the 1/√d_head scaling, before masking).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
+from torch import nn
+
+from .encodings import ENCODING_NAMES, SHARED_ACROSS_LAYERS, PositionEncoding, build_encoding, encoding_options
+
+BOS_ID = 256  # byte-level vocabulary: ids 0..255 are bytes, 256 marks the start of a document
+BYTE_VOCAB_SIZE = 257
+#: encodings with no learnable parameters: one module serves every layer
+_STATIC = frozenset({"nope", "rope", "rope_pi", "yarn", "alibi", "sandwich"})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is missing, corrupt, truncated or disagrees with its config."""
+
+
+@dataclass
+class GPTConfig:
+    """Everything that defines a model (saved as config.json next to the weights).
+
+    Attributes:
+      n_layer, n_head, d_model: transformer shape; d_model divisible by n_head.
+      seq_len: training length in tokens (bytes); FIRE's default init_L is seq_len/4.
+      vocab_size: 257 = 256 bytes + BOS.
+      dropout: residual/attention dropout probability during training.
+      position_encoding: one of ``fireviz.encodings.ENCODING_NAMES``.
+      encoding_options: keyword options for ``build_encoding`` (e.g. ``{"init_L": 128}``).
+      absolute_position_embedding: add a learned absolute embedding (max seq_len positions).
+      attn_query_block: queries per attention call; longer inputs go block by block so a
+        forward pass needs memory ∝ block × length (tokens).
+      training: provenance written by the trainer (settings, data, tokens seen); not used
+        by the model itself.
+    Raises (``validate``): ValueError naming the bad field.
+    """
+
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    seq_len: int = 512
+    vocab_size: int = BYTE_VOCAB_SIZE
+    dropout: float = 0.0
+    position_encoding: str = "fire"
+    encoding_options: dict = field(default_factory=dict)
+    absolute_position_embedding: bool = False
+    attn_query_block: int = 1024
+    training: dict = field(default_factory=dict)
+
+    def validate(self) -> "GPTConfig":
+        """Check every field; returns self. Raises ValueError with the field and the fix."""
+        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "attn_query_block"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"GPTConfig.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if self.position_encoding not in ENCODING_NAMES:
+            raise ValueError(f"unknown position_encoding {self.position_encoding!r}; choose one of "
+                             f"{', '.join(ENCODING_NAMES)}")
+        bad = set(self.encoding_options) - encoding_options(self.position_encoding)
+        if bad:
+            raise ValueError(f"position_encoding {self.position_encoding!r} does not take option(s) "
+                             f"{sorted(bad)}; allowed: {sorted(encoding_options(self.position_encoding))}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def resolved_encoding_options(self) -> dict:
+        """``encoding_options`` plus fireviz's defaults tied to the training length.
+
+        FIRE: ``init_L = seq_len / 4`` (the paper's 512 at 2048). YaRN/RoPE-PI:
+        ``original_max_position_embeddings = seq_len``.
+        """
+        opts = dict(self.encoding_options)
+        if self.position_encoding in ("fire", "fire_s"):
+            opts.setdefault("init_L", self.seq_len / 4)
+        if self.position_encoding == "yarn":
+            opts.setdefault("original_max_position_embeddings", self.seq_len)
+        return opts
+
+
+class KVCache:
+    """Keys and values seen so far, per layer: ``[batch, head, key_pos, head_dim]`` each.
+
+    Keys are stored already rotated (rotary encodings), so a new query at absolute
+    position ``length`` attends exactly as in the full forward pass.
+    """
+
+    def __init__(self, n_layer: int):
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.length = 0  # tokens already in the cache
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int,
+                          device: torch.device) -> torch.Tensor | None:
+    """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1``.
+
+    Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
+    additive encodings, bool ``[q_len, k_len]`` (True = may attend) otherwise.
+    """
+    i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
+    allowed = torch.arange(k_len, device=device)[None, :] <= i
+    if encoding.kind != "additive":
+        return allowed
+    return encoding.bias(q_len, k_len, q_offset).masked_fill(~allowed, float("-inf"))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention; the position encoding is passed in per call."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.dropout = config.dropout
+        self.query_block = config.attn_query_block
+
+    def forward(self, x: torch.Tensor, encoding: PositionEncoding, q_offset: int,
+                cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [batch, pos, d_model]`` at absolute positions ``q_offset…`` → same shape.
+
+        ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
+        """
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        if encoding.kind == "rotary":
+            pos = torch.arange(q_offset, q_offset + T, device=x.device)
+            q, k = encoding.rotate(q, pos), encoding.rotate(k, pos)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        k_len = k.shape[2]
+        dropout = self.dropout if self.training else 0.0
+        if T <= self.query_block:
+            y = self._attend(q, k, v, encoding, q_offset, k_len, dropout, mask)
+        else:
+            # Query blocks: each block sees only the keys it may attend to (causal), so
+            # memory is ∝ block × length and the masked half is never computed.
+            outs = []
+            for start in range(0, T, self.query_block):
+                stop = min(start + self.query_block, T)
+                keys = q_offset + stop
+                outs.append(self._attend(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], encoding,
+                                         q_offset + start, keys, dropout, None))
+            y = torch.cat(outs, dim=2)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    @staticmethod
+    def _attend(q, k, v, encoding, q_offset, k_len, dropout, mask):
+        q_len = q.shape[2]
+        if mask is None and encoding.kind != "additive" and q_len == k_len:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        if mask is None:
+            mask = causal_attention_mask(encoding, q_len, k_len, q_offset, q.device)
+        if mask.dtype != torch.bool:
+            mask = mask.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)) (GELU, 4×)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model, bias=False), nn.GELU(),
+                                 nn.Linear(4 * config.d_model, config.d_model, bias=False), nn.Dropout(config.dropout))
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, encoding, q_offset, cache=None, layer=0, mask=None):
+        x = x + self.drop(self.attn(self.ln_1(x), encoding, q_offset, cache, layer, mask))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="https://github.com/fireviz/fireviz",
+          tags=["position-encoding", "fire", "length-generalization"]):
+    """Decoder-only language model over bytes. ``model(idx) -> logits [batch, pos, vocab]``.
+
+    ``save_pretrained(dir)`` writes config.json + model.safetensors (Hugging Face layout);
+    ``GPT.from_pretrained(dir_or_repo_id)`` loads them through safetensors only, strictly.
+    Raises: ValueError for a bad config (see ``GPTConfig.validate``).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if isinstance(config, dict):
+            config = GPTConfig(**config)
+        self.config = config.validate()
+        c = config
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)
+        self.wpe = nn.Embedding(c.seq_len, c.d_model) if c.absolute_position_embedding else None
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.ln_f = nn.LayerNorm(c.d_model)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings
+        self._init_transformer_weights()
+        n_enc = 1 if (c.position_encoding in SHARED_ACROSS_LAYERS or c.position_encoding in _STATIC) else c.n_layer
+        opts = c.resolved_encoding_options()
+        self.encodings = nn.ModuleList(
+            build_encoding(c.position_encoding, c.n_head, c.head_dim, **opts) for _ in range(n_enc))
+
+    def _init_transformer_weights(self) -> None:
+        # nanoGPT/GPT-2 init; encodings keep their own (FIRE's MLP, T5's table, Kerple's r).
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def encoding(self, layer: int) -> PositionEncoding:
+        """The position-encoding module used by ``layer`` (shared modules repeat)."""
+        return self.encodings[layer if len(self.encodings) > 1 else 0]
+
+    def num_parameters(self, include_embeddings: bool = True) -> int:
+        """Parameter count (tied embeddings counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n if include_embeddings else n - self.wte.weight.numel()
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Next-token logits ``[batch, pos, vocab]`` for token ids ``idx [batch, pos]`` (int64).
+
+        With ``cache`` the tokens continue the cached ones (absolute positions start at
+        ``cache.length``) and the cache is extended.
+        Raises: ValueError if ids are out of the vocabulary or absolute embeddings would
+        be asked for a position past seq_len.
+        """
+        B, T = idx.shape
+        q_offset = cache.length if cache is not None else 0
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got {int(idx.min())}..{int(idx.max())}")
+        x = self.wte(idx)
+        if self.wpe is not None:
+            if q_offset + T > self.config.seq_len:
+                raise ValueError(f"absolute position embeddings cover {self.config.seq_len} tokens; got "
+                                 f"{q_offset + T}. Use a relative encoding to go longer.")
+            x = x + self.wpe(torch.arange(q_offset, q_offset + T, device=idx.device))
+        x = self.drop(x)
+        # One mask per distinct encoding module when the whole input is one attention call:
+        # shared encodings (ALiBi, Sandwich, fire_s) then compute their bias once per pass.
+        masks: dict[int, torch.Tensor | None] = {}
+        single_block = T <= self.config.attn_query_block
+        for layer, block in enumerate(self.blocks):
+            enc = self.encoding(layer)
+            mask = None
+            if single_block and enc.kind == "additive":
+                if id(enc) not in masks:
+                    masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device)
+                mask = masks[id(enc)]
+            x = block(x, enc, q_offset, cache, layer, mask)
+        if cache is not None:
+            cache.length += T
+        return self.lm_head(self.ln_f(x))
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample ``max_new_tokens`` continuation tokens with a KV cache.
+
+        ``idx [batch, pos]`` int64 prompt → ``[batch, pos + max_new_tokens]``.
+        temperature 0 means greedy decoding.
+        """
+        cache = KVCache(self.config.n_layer)
+        logits = self(idx, cache)[:, -1]
+        out = [idx]
+        for _ in range(max_new_tokens):
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits.float(), -1), 1, generator=generator)
+            out.append(nxt)
+            logits = self(nxt, cache)[:, -1]
+        return torch.cat(out, dim=1)
+
+    # -- checkpoints: safetensors only --------------------------------------------------------
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
+                         local_files_only=False, token=None, map_location: str = "cpu", strict: bool = True,
+                         **model_kwargs):
+        """Load config.json + model.safetensors; never pickle. Raises CheckpointError."""
+        from huggingface_hub import hf_hub_download
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        if os.path.isdir(model_id):
+            weights = os.path.join(model_id, "model.safetensors")
+            if not os.path.exists(weights):
+                raise CheckpointError(f"{model_id} has no model.safetensors: not a fireviz checkpoint folder "
+                                      "(save one with GPT.save_pretrained or `python -m fireviz train`)")
+        else:
+            weights = hf_hub_download(repo_id=model_id, filename="model.safetensors", revision=revision,
+                                      cache_dir=cache_dir, force_download=force_download, token=token,
+                                      local_files_only=local_files_only)
+        config = model_kwargs.pop("config", None)
+        if isinstance(config, dict):
+            known = {f.name for f in fields(GPTConfig)}
+            unknown = set(config) - known
+            if unknown:
+                raise CheckpointError(f"config.json of {model_id} has unknown field(s) {sorted(unknown)}")
+            config = GPTConfig(**config)
+        if config is None:
+            raise CheckpointError(f"{model_id} has no config.json")
+        try:
+            model = cls(config)
+        except ValueError as e:
+            raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
+        try:
+            state = load_file(weights, device=str(map_location))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{weights} is corrupt or truncated ({e}); it was left untouched — "
+                                  "restore it or retrain") from e
+        load_state_checked(model, state, source=weights)
+        return model
+
+
+def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
+    """Strictly load ``state`` into ``model``, tolerating the tied ``lm_head.weight`` alias.
+
+    Raises: CheckpointError naming missing/unexpected keys or mismatched shapes.
+    """
+    own = model.state_dict()
+    state = dict(state)
+    for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
+        if a not in state and b in state:  # safetensors keeps one name of a tied pair
+            state[a] = state[b]
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing {missing[:5]}")
+        if unexpected:
+            parts.append(f"unexpected {unexpected[:5]}")
+        if mismatched:
+            parts.append(f"shape mismatch {mismatched[:5]}")
+        raise CheckpointError(f"{source} does not match its config.json: " + "; ".join(parts))
+    model.load_state_dict(state, strict=True)
+
+
+def config_from_json(path: str | os.PathLike) -> GPTConfig:
+    """Read a checkpoint's config.json into a ``GPTConfig``. Raises CheckpointError."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+    return GPTConfig(**{k: v for k, v in data.items() if k in {f.name for f in fields(GPTConfig)}})
