@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
+from .attention import attention
 from .encodings import ENCODING_NAMES, SHARED_ACROSS_LAYERS, PositionEncoding, build_encoding, encoding_options
 
 BOS_ID = 256  # byte-level vocabulary: ids 0..255 are bytes, 256 marks the start of a document
@@ -175,13 +176,9 @@ class CausalSelfAttention(nn.Module):
     @staticmethod
     def _attend(q, k, v, encoding, q_offset, k_len, dropout, mask):
         q_len = q.shape[2]
-        if mask is None and encoding.kind != "additive" and q_len == k_len:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-        if mask is None:
+        if mask is None and not (encoding.kind != "additive" and q_len == k_len):
             mask = causal_attention_mask(encoding, q_len, k_len, q_offset, q.device)
-        if mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        return attention(q, k, v, mask, dropout)
 
 
 class Block(nn.Module):

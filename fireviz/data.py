@@ -1,0 +1,202 @@
+"""Text in, byte tokens out: corpora, the train/validation split and training batches.
+
+Tokenizer: byte-level. A document becomes ``[BOS] + UTF-8 bytes`` (ids 0..255 are bytes,
+``BOS_ID = 256``), so lengths and positions are in bytes and bits per byte is exact.
+
+Bundled corpora (``data/<domain>.jsonl.xz``, see data/DATA.md for sources and licenses):
+``prose`` (the paper's C4 analog), ``latex`` (arXiv analog), ``code`` (GitHub analog).
+
+Split: a document is in ``validation`` iff ``sha256(id)`` read as a fraction of 2^64 is
+below ``VALIDATION_FRACTION``; training and evaluation use the same rule.
+
+Training windows (``TokenStream``): the training documents, each as ``[BOS] + bytes``,
+concatenated in id order into one stream; a window is ``seq_len + 1`` consecutive tokens at
+a uniformly random start. A window may therefore cross a document boundary: the tokens
+after the boundary start with BOS and attention is *not* reset there (nanoGPT's choice);
+evaluation windows (fireviz.evaluate) never cross one.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .model import BOS_ID
+
+DOMAINS = ("prose", "latex", "code")
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+VALIDATION_FRACTION = 0.10
+SPLITS = ("train", "validation")
+
+
+class DataError(ValueError):
+    """Data that cannot be used: missing, empty, unreadable, or too short."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One text document. ``id`` is stable (it decides the split); ``text`` is str."""
+
+    id: str
+    text: str
+    domain: str = ""
+    source: str = ""
+    license: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of ``document_tokens(self)``: UTF-8 bytes + 1 (BOS)."""
+        return len(self.text.encode("utf-8")) + 1
+
+
+def _open_text(path: Path):
+    if path.suffix == ".xz":
+        return lzma.open(path, "rt", encoding="utf-8")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, "r", encoding="utf-8")
+
+
+def _read_jsonl(path: Path) -> list[Document]:
+    docs = []
+    try:
+        with _open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}); each line must be one "
+                                    "JSON object with a 'text' field") from e
+                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                    raise DataError(f"{path}:{lineno} has no string 'text' field; each line must be a "
+                                    "JSON object like {\"id\": ..., \"text\": ...}")
+                docs.append(Document(id=str(obj.get("id", f"{path.name}#{lineno}")), text=obj["text"],
+                                     domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
+                                     license=str(obj.get("license", ""))))
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+    return docs
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name
+    return any(name.endswith(s) for s in (".jsonl", ".jsonl.gz", ".jsonl.xz", ".json.gz", ".json.xz"))
+
+
+def load_documents(source: str | Path) -> list[Document]:
+    """Read documents from a bundled domain or a path.
+
+    Args:
+      source: ``"prose" | "latex" | "code"`` (bundled), a JSONL file (plain, .gz or .xz;
+        one object per line with a ``text`` field, optional ``id``), a .txt file (one
+        document, id = file name), or a folder of such files (recursively, sorted).
+    Returns: documents with non-empty text, in file order.
+    Raises: DataError if the source does not exist, is unreadable, or holds no text.
+    """
+    if isinstance(source, str) and source in DOMAINS:
+        path = DATA_DIR / f"{source}.jsonl.xz"
+        if not path.exists():
+            raise DataError(f"bundled corpus {path} is missing; restore data/ from the repository")
+    else:
+        path = Path(source)
+        if not path.exists():
+            hint = f"use one of {', '.join(DOMAINS)} or" if isinstance(source, str) and "/" not in source \
+                and "." not in source else "give"
+            raise DataError(f"data source {str(source)!r} not found; {hint} a path to .jsonl[.gz|.xz], .txt or a folder")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or p.suffix == ".txt"))
+        docs = [d for p in files for d in load_documents(p)] if files else []
+    elif _is_jsonl(path):
+        docs = _read_jsonl(path)
+    elif path.suffix in (".txt", ".gz", ".xz", ".md", ".tex", ".py"):
+        try:
+            with _open_text(path) as f:
+                docs = [Document(id=path.name, text=f.read())]
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read {path} as UTF-8 text: {e}") from e
+    else:
+        raise DataError(f"unsupported data file {path.name!r}; use .jsonl, .jsonl.gz, .jsonl.xz or .txt")
+    docs = [d for d in docs if d.text]
+    if not docs:
+        raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
+    return docs
+
+
+def is_validation(doc_id: str, fraction: float = VALIDATION_FRACTION) -> bool:
+    """Deterministic split rule: sha256(id) as a fraction of 2^64 < fraction."""
+    h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
+    return h / 2.0**64 < fraction
+
+
+def split_documents(docs: list[Document], split: str, fraction: float = VALIDATION_FRACTION) -> list[Document]:
+    """The ``"train"`` or ``"validation"`` documents of ``docs`` (order kept).
+
+    Raises: ValueError for an unknown split name; DataError if the split is empty.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} (got {split!r})")
+    want = split == "validation"
+    out = [d for d in docs if is_validation(d.id, fraction) == want]
+    if not out:
+        raise DataError(f"the {split} split of these {len(docs)} documents is empty; add documents "
+                        f"(the split puts ~{fraction:.0%} of ids in validation)")
+    return out
+
+
+def encode_bytes(text: str) -> torch.Tensor:
+    """UTF-8 bytes of ``text`` as int64 token ids ``[n_bytes]`` (no BOS)."""
+    return torch.from_numpy(np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64))
+
+
+def document_tokens(doc: Document) -> torch.Tensor:
+    """``[BOS] + UTF-8 bytes`` of a document, int64 ``[doc.num_tokens]``."""
+    return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), encode_bytes(doc.text)])
+
+
+def decode_tokens(tokens: torch.Tensor | list[int]) -> str:
+    """Token ids back to text (BOS dropped, invalid UTF-8 replaced)."""
+    ids = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens) if int(t) != BOS_ID]
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def data_fingerprint(docs: list[Document]) -> str:
+    """sha256 over ids and texts in order: identifies exactly which data a number came from."""
+    h = hashlib.sha256()
+    for d in docs:
+        h.update(d.id.encode("utf-8") + b"\0" + hashlib.sha256(d.text.encode("utf-8")).digest())
+    return h.hexdigest()
+
+
+class TokenStream:
+    """Concatenated ``[BOS] + bytes`` of documents, stored as uint16, for training windows.
+
+    ``window(start, length)`` returns int64 ``[length]``; ``num_tokens`` total tokens.
+    Raises: DataError if the stream is shorter than one window of ``min_tokens``.
+    """
+
+    def __init__(self, docs: list[Document], min_tokens: int = 2):
+        parts = []
+        for d in sorted(docs, key=lambda d: d.id):
+            b = np.frombuffer(d.text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+            parts.append(np.concatenate([np.array([BOS_ID], dtype=np.uint16), b]))
+        self.tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+        if len(self.tokens) < min_tokens:
+            raise DataError(f"the data holds {len(self.tokens)} tokens, fewer than one window of {min_tokens}; "
+                            "use more or longer documents, or a shorter seq_len")
+
+    @property
+    def num_tokens(self) -> int:
+        return int(len(self.tokens))
+
+    def batch(self, starts: torch.Tensor, length: int) -> torch.Tensor:
+        """Windows at ``starts [batch]`` of ``length`` tokens → int64 ``[batch, length]``."""
+        idx = starts.numpy()[:, None] + np.arange(length)[None, :]
+        return torch.from_numpy(self.tokens[idx].astype(np.int64))
