@@ -7,7 +7,7 @@ Long Context Transformers", eq. 3–4 and §3.2:
 
 f_θ an MLP 1 → width → num_heads with ReLU, c and L learned (L = |multiplier · init_L|).
 
-Fast path (exact): rows whose normalizer is shared – queries at i <= L, and i >= cap when
+Fast path (exact): rows whose normalizer is shared – queries at i < L, and i >= cap when
 a cap is set – form a Toeplitz block, so f_θ runs once per distance and the rows are a
 sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
 scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
@@ -17,6 +17,7 @@ plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .base import BIAS_QUERY_BLOCK, PositionEncoding, query_positions, relative_distance
@@ -157,8 +158,14 @@ class FIRE(PositionEncoding):
         if self.mlp_depth != 1:
             return self.mlp_forward(x)
         bps, slope, intercept = self.piecewise_linear()
+        H = slope.shape[0]
         s = torch.searchsorted(bps, x.detach().contiguous())
-        return slope[:, s] * x + intercept[:, s]
+        # One gather of 2H contiguous floats per pair ([r, k, 2H]) beats H strided gathers.
+        coef = F.embedding(s, torch.cat([slope.t(), intercept.t()], dim=1))
+        a, b = coef[..., :H].permute(2, 0, 1), coef[..., H:].permute(2, 0, 1)
+        if torch.is_grad_enabled() and (x.requires_grad or slope.requires_grad):
+            return b + a * x
+        return torch.addcmul(b, a, x, out=torch.empty((H, *x.shape), device=x.device))
 
     def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
         """FIRE logits, float32 ``[num_heads, q_len, k_len]``; queries at q_offset… (tokens).
@@ -176,27 +183,41 @@ class FIRE(PositionEncoding):
 
         q_pos = torch.arange(q_offset, q_offset + q_len, device=dev)
         L = self.threshold()
-        # Rows sharing a normalizer: i <= L (→ ψ(L)) and i >= cap (→ ψ(cap)).
-        n_low = int((q_pos.float() <= L.detach()).sum())
+        # Rows sharing a normalizer: i < L (→ ψ(L)) and i >= cap (→ ψ(cap)). A row at
+        # i == L goes the general way so torch.maximum's tie gradient matches the formula.
+        n_low = int((q_pos.float() < L.detach()).sum())
         n_high = 0
         if self.normalizer_cap is not None and self.normalizer_cap > float(L.detach()):
             n_high = int((q_pos.float() >= self.normalizer_cap).sum())
         elif self.normalizer_cap is not None:
             n_low, n_high = q_len, 0  # cap <= L: one normalizer for every row
+        # Without autograd each block is written straight into the output (peak ≈ output +
+        # one block); with autograd the blocks are concatenated.
+        direct = not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+        out = torch.empty(self.num_heads, q_len, k_len, device=dev) if direct else None
         pieces = []
+
+        def emit(row_start: int, block: torch.Tensor) -> None:
+            if direct:
+                out[:, row_start: row_start + block.shape[1]] = block
+            else:
+                pieces.append(block)
+
         if n_low:
             norm = self.normalizer(q_pos[:1].clamp(max=0))  # ψ(L) (+cap) via the same code path
             table = self._rows_general((psi_d[: n_low + k_len - 1] / norm)[None, :])[:, 0]
-            pieces.append(toeplitz_from_table(table, n_low, k_len))
+            emit(0, toeplitz_from_table(table, n_low, k_len))
         mid_end = q_len - n_high
         for start in range(n_low, mid_end, BIAS_QUERY_BLOCK):
             stop = min(start + BIAS_QUERY_BLOCK, mid_end)
             rows = q_pos[start:stop]
             # psi(i - j) for these rows is a sliding window of psi_d
             x = toeplitz_from_table(psi_d[None, start: stop + k_len - 1], stop - start, k_len)[0]
-            pieces.append(self._rows_general(x / self.normalizer(rows)[:, None]))
+            emit(start, self._rows_general(x / self.normalizer(rows)[:, None]))
         if n_high:
             norm = self.normalizer(q_pos[-1:])
             table = self._rows_general((psi_d[mid_end:] / norm)[None, :])[:, 0]
-            pieces.append(toeplitz_from_table(table, n_high, k_len))
+            emit(mid_end, toeplitz_from_table(table, n_high, k_len))
+        if direct:
+            return out
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)

@@ -1,0 +1,801 @@
+"""Learned position biases of a trained model: curves, matrices, locality, attention dilution.
+
+What this module answers, for a ``fireviz.model.GPT`` (usually a checkpoint folder):
+
+* ``bias_report(model)`` – for every layer and head the additive bias b(i, j) in logits at a
+  few query positions i (tokens, 0-based), as curves over the distance d = i − j, plus a
+  query × key matrix on a grid (FIRE depends on the absolute query position i through its
+  normalizer ψ(max(L, i)), Li et al. 2024 eq. 3–4, so one curve per i is not the whole
+  story). For FIRE also the MLP input ψ(i − j)/ψ(max(L, i)) of each curve, which shows
+  progressive interpolation squeezing a growing distance range into [0, 1] (§3.2).
+  Rotary encodings have no bias; they get the RoPE position kernel instead (RoFormer, Su
+  et al. 2021, §3.4.3, long-term decay). NoPE has neither.
+* ``classify_locality(distance, bias)`` – ``local`` / ``anti-local`` / ``mixed`` with the
+  scores behind it (see ``LOCALITY_RULES``).
+* ``attention_dilution(model, tokens)`` – per head, the share of attention probability on
+  the nearest ``near`` keys as the query position grows past the training length.
+* ``main(argv)`` – ``python -m fireviz biases CKPT …`` writes all of the above as JSON.
+
+Conventions: positions and distances in tokens (bytes: the tokenizer is byte-level);
+biases in logits (added to q·k/√d_head before softmax); attention shares are probabilities.
+The default query positions are i = m·seq_len − 1 for m = 1, 2, 4, 8 (16 for dilution):
+the last query of an m·seq_len-token window, so the first curve covers exactly the
+distances 0 … seq_len − 1 seen in training. Never imports Streamlit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .encodings import ToeplitzBias
+from .model import BOS_ID, GPT
+
+#: Multiples of the training length used for the default bias query positions.
+DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
+#: Multiples of the training length used for the default attention-dilution positions.
+DEFAULT_DILUTION_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8, 16)
+#: Most grid points per axis of the default query × key bias matrix.
+DEFAULT_MATRIX_POINTS = 128
+
+#: Thresholds of ``classify_locality`` (documented there). ``rank_correlation``: Spearman ρ
+#: between distance and bias over log-spaced distances; ``peak_fraction``: where the
+#: largest bias sits on a log-distance scale (0 = distance 0, 1 = farthest distance);
+#: ``flat_range``: curves whose max − min is below this many logits are ``mixed`` (flat).
+LOCALITY_RULES: dict[str, float] = {
+    "rank_correlation": 0.5,
+    "peak_fraction": 0.5,
+    "flat_range": 0.01,
+    "log_samples": 64,
+}
+LOCALITY_CLASSES: tuple[str, ...] = ("local", "anti-local", "mixed")
+
+ROTARY_KERNEL_LABEL = "RoPE position kernel: mean over k of cos(d·θ_k) (RoFormer §3.4.3 long-term decay), not a bias"
+
+
+# -- query positions ---------------------------------------------------------------------------
+def default_query_positions(seq_len: int, multiples: Iterable[int] = DEFAULT_BIAS_MULTIPLES) -> list[int]:
+    """Query positions i = m·seq_len − 1 (0-based, tokens) for each multiple m.
+
+    i = seq_len − 1 is the last query of a training window, so its curve spans exactly the
+    distances 0 … seq_len − 1 seen in training; i = 8·seq_len − 1 the last query of a
+    window eight times longer.
+    Returns: sorted list of ints. Raises: ValueError if seq_len < 1 or a multiple < 1.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1 token (got {seq_len})")
+    mults = sorted(set(int(m) for m in multiples))
+    if not mults or mults[0] < 1:
+        raise ValueError(f"multiples must be integers >= 1 (got {list(multiples)})")
+    return [m * seq_len - 1 for m in mults]
+
+
+def parse_positions(text: str) -> list[int]:
+    """Parse ``"512,4096"`` into sorted unique query positions (tokens, 0-based).
+
+    Raises: ValueError naming the bad item for empty input, non-integers or negatives.
+    """
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"no query positions in {text!r}; give comma-separated integers like 511,4095")
+    out = []
+    for t in items:
+        try:
+            v = int(t)
+        except ValueError:
+            raise ValueError(f"query position {t!r} is not an integer (tokens, 0-based)") from None
+        if v < 0:
+            raise ValueError(f"query position {v} is negative; positions are 0-based token indices")
+        out.append(v)
+    return sorted(set(out))
+
+
+def _check_positions(positions: Sequence[int]) -> list[int]:
+    pos = sorted(set(int(p) for p in positions))
+    if not pos:
+        raise ValueError("query_positions is empty")
+    if pos[0] < 0:
+        raise ValueError(f"query positions must be >= 0 (got {pos[0]})")
+    return pos
+
+
+# -- per-encoding primitives -------------------------------------------------------------------
+@torch.no_grad()
+def bias_curve(encoding, query_position: int) -> np.ndarray:
+    """One query row of an additive bias, ordered by distance.
+
+    Args: ``encoding`` with ``kind == "additive"``; ``query_position`` i >= 0 (tokens).
+    Returns: float32 ``[num_heads, i + 1]``: entry ``[h, d]`` is b_h(i, i − d) in logits for
+      distances d = 0 … i (keys j = i … 0).
+    Raises: TypeError for a rotary/NoPE encoding; ValueError for i < 0.
+    """
+    if getattr(encoding, "kind", None) != "additive":
+        raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
+    i = int(query_position)
+    if i < 0:
+        raise ValueError(f"query position must be >= 0 (got {i})")
+    row = encoding.bias(1, i + 1, i)[:, 0]  # [H, keys 0..i]
+    return row.flip(-1).float().cpu().numpy()
+
+
+@torch.no_grad()
+def fire_normalized_input(encoding, query_position: int) -> np.ndarray:
+    """FIRE's MLP input ψ(d)/ψ(max(L, i)) for distances d = 0 … i at query position i.
+
+    Source: Li et al. 2024 eq. 3–4 with progressive interpolation (§3.2). In [0, 1] with
+    interpolation on; the curve of a head over this input is f_θ itself.
+    Returns: float32 ``[i + 1]``. Raises: TypeError if ``encoding`` is not FIRE.
+    """
+    if not hasattr(encoding, "normalized_distance"):
+        raise TypeError(f"{type(encoding).__name__} is not FIRE (no normalized_distance)")
+    i = int(query_position)
+    dev = encoding.c.device
+    keys = torch.arange(i, -1, -1, device=dev)  # distance 0 … i
+    return encoding.normalized_distance(torch.tensor([i], device=dev), keys)[0].float().cpu().numpy()
+
+
+@torch.no_grad()
+def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequence[int]) -> np.ndarray:
+    """The additive bias on a query × key grid; NaN where the key is in the future (j > i).
+
+    Args: query and key positions in tokens (0-based, any order).
+    Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits.
+    How: FIRE evaluates its formula f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4) on
+    the grid pairs only (``normalized_distance`` + ``mlp_forward``, ≤ ~2^22 MLP activations
+    at a time); Toeplitz biases (T5, ALiBi, Kerple, Sandwich) read one table over distances;
+    any other additive encoding calls ``bias`` one query row (i + 1 keys) at a time. Memory
+    stays small for any grid over 8192 tokens.
+    Raises: TypeError for a non-additive encoding; ValueError for negative positions.
+    """
+    if getattr(encoding, "kind", None) != "additive":
+        raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
+    qs = np.asarray(list(query_positions), dtype=np.int64)
+    ks = np.asarray(list(key_positions), dtype=np.int64)
+    if (qs.size and qs.min() < 0) or (ks.size and ks.min() < 0):
+        raise ValueError("positions must be >= 0 tokens")
+    out = np.full((encoding.num_heads, qs.size, ks.size), np.nan, dtype=np.float32)
+    if qs.size == 0 or ks.size == 0:
+        return out
+    future = ks[None, :] > qs[:, None]  # [q, k]
+    if hasattr(encoding, "normalized_distance") and hasattr(encoding, "mlp_forward"):
+        dev = encoding.c.device
+        kt = torch.as_tensor(ks, device=dev)
+        width = int(getattr(encoding, "mlp_width", 32))
+        block = max(1, (1 << 22) // max(1, ks.size * width))
+        for start in range(0, qs.size, block):
+            qt = torch.as_tensor(qs[start:start + block], device=dev)
+            x = encoding.normalized_distance(qt, kt)
+            out[:, start:start + block] = encoding.mlp_forward(x).float().cpu().numpy()
+    elif isinstance(encoding, ToeplitzBias):
+        hi = int(qs.max())
+        table = bias_curve(encoding, hi)  # [H, hi + 1] by distance 0 … hi
+        dist = np.clip(qs[:, None] - ks[None, :], 0, hi)
+        out[:] = table[:, dist]
+    else:
+        for r, i in enumerate(qs):  # one row of i + 1 keys at a time
+            row = encoding.bias(1, int(i) + 1, int(i))[:, 0].float().cpu().numpy()  # [H, i + 1]
+            ok = ks <= i
+            out[:, r, ok] = row[:, ks[ok]]
+    out[:, future] = np.nan
+    return out
+
+
+def rotary_kernel(inv_freq: torch.Tensor | np.ndarray, distances: Sequence[int] | np.ndarray) -> np.ndarray:
+    """RoPE's position kernel K(d) = (1/K)·Σ_k cos(d·θ_k), the RoFormer long-term decay curve.
+
+    Source: Su et al. 2021 (RoFormer) §3.4.3: the rotated product q_m·k_n depends on m − n
+    through Σ_k cos((m − n)θ_k) (and sine terms); averaging cos over the K = head_dim/2
+    frequencies is the logit for q = k = a constant unit vector and decays with |d|.
+    Args: ``inv_freq`` θ_k in radians per token ``[K]`` (the encoding's buffer, so PI/YaRN
+      scaling is included); ``distances`` d in tokens.
+    Returns: float64 ``[len(distances)]`` in [−1, 1] (dimensionless; 1 at d = 0). The YaRN
+      attention factor, which scales every logit, is not included.
+    Raises: ValueError if inv_freq is empty.
+    """
+    theta = np.asarray(inv_freq.detach().cpu().double() if torch.is_tensor(inv_freq) else inv_freq, dtype=np.float64)
+    if theta.size == 0:
+        raise ValueError("inv_freq is empty")
+    d = np.asarray(distances, dtype=np.float64)
+    return np.cos(d[:, None] * theta[None, :]).mean(axis=1)
+
+
+# -- locality ----------------------------------------------------------------------------------
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    sx = x[order]
+    start = 0
+    for stop in range(1, len(x) + 1):
+        if stop == len(x) or sx[stop] != sx[start]:
+            ranks[order[start:stop]] = 0.5 * (start + stop - 1)
+            start = stop
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation with average ranks for ties; 0.0 if either side is constant.
+
+    Returns: float in [−1, 1]. Raises: ValueError for arrays of different length or < 2 items.
+    """
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
+        raise ValueError(f"spearman needs two 1-D arrays of equal length >= 2 (got {x.shape}, {y.shape})")
+    rx, ry = _average_ranks(x), _average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    den = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
+    return 0.0 if den == 0 else float((rx * ry).sum() / den)
+
+
+@dataclass
+class LocalityScore:
+    """One head's locality at one query position (see ``classify_locality``).
+
+    Attributes: ``locality`` in LOCALITY_CLASSES; ``rank_correlation`` Spearman ρ of bias vs
+    distance over log-spaced distances; ``peak_distance`` (tokens) of the largest bias;
+    ``peak_fraction`` = log(1 + peak_distance)/log(1 + max distance); ``bias_range`` max − min
+    logits; ``query_position`` i (tokens) or None; ``reason`` a short human explanation.
+    """
+
+    locality: str
+    rank_correlation: float
+    peak_distance: int
+    peak_fraction: float
+    bias_range: float
+    query_position: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict of every attribute (floats rounded to 6 significant digits)."""
+        return {"locality": self.locality, "rank_correlation": _r(self.rank_correlation),
+                "peak_distance": int(self.peak_distance), "peak_fraction": _r(self.peak_fraction),
+                "bias_range": _r(self.bias_range), "query_position": self.query_position, "reason": self.reason}
+
+
+def classify_locality(distance: Sequence[int] | np.ndarray, bias: Sequence[float] | np.ndarray,
+                      query_position: int | None = None, rules: dict | None = None) -> LocalityScore:
+    """Classify one head's bias curve as ``local``, ``anti-local`` or ``mixed``.
+
+    The FIRE paper (Li et al. 2024, §4.4 and its figures of learned biases) finds heads whose
+    bias falls with distance (local) and heads whose bias rises (anti-local). Scores:
+
+    * ρ = Spearman rank correlation between distance and bias over ``log_samples``
+      log-spaced distances (0 and geometric steps up to the largest distance). Log spacing
+      gives each octave of distance equal weight, so a head that falls steeply over the
+      first 16 tokens and stays flat for 500 more counts as falling (on a linear grid the
+      flat tail would dominate).
+    * peak_fraction = log(1 + d*)/log(1 + d_max), d* the distance of the largest bias
+      (nearest one on ties): 0 means the head likes the nearest key, 1 the farthest.
+    * bias_range = max − min of the curve (logits).
+
+    Rules (``LOCALITY_RULES``, overridable with ``rules``): range < flat_range (0.01 logits)
+    → mixed (flat); ρ ≤ −0.5 and peak_fraction ≤ 0.5 → local; ρ ≥ +0.5 and
+    peak_fraction ≥ 0.5 → anti-local; otherwise mixed (e.g. U/∩-shaped or noisy).
+
+    Args: ``distance`` d >= 0 in tokens, strictly increasing, ``[D]``; ``bias`` logits ``[D]``.
+    Returns: ``LocalityScore``.
+    Raises: ValueError for mismatched/too-short inputs, negative or unsorted distances, or
+      non-finite biases.
+    """
+    r = dict(LOCALITY_RULES, **(rules or {}))
+    d = np.asarray(distance, dtype=np.float64)
+    b = np.asarray(bias, dtype=np.float64)
+    if d.ndim != 1 or d.shape != b.shape or d.size < 2:
+        raise ValueError(f"distance and bias must be 1-D of equal length >= 2 (got {d.shape}, {b.shape})")
+    if d[0] < 0 or np.any(np.diff(d) <= 0):
+        raise ValueError("distances must be >= 0 and strictly increasing (tokens)")
+    if not np.all(np.isfinite(b)):
+        raise ValueError("bias curve has non-finite values")
+    d_max = d[-1]
+    # log-spaced sample of the available distances (nearest available one to each target)
+    targets = np.unique(np.concatenate([[d[0]], np.geomspace(max(d[0], 1.0), max(d_max, 1.0), int(r["log_samples"]))]))
+    idx = np.unique(np.clip(np.searchsorted(d, targets), 0, d.size - 1))
+    rho = spearman(d[idx], b[idx]) if idx.size >= 2 else 0.0
+    peak = int(np.argmax(b))
+    peak_d = float(d[peak])
+    frac = math.log1p(peak_d) / math.log1p(d_max) if d_max > 0 else 0.0
+    rng = float(b.max() - b.min())
+    t, p = float(r["rank_correlation"]), float(r["peak_fraction"])
+    if rng < float(r["flat_range"]):
+        loc, why = "mixed", f"flat: range {rng:.3g} < {r['flat_range']} logits"
+    elif rho <= -t and frac <= p:
+        loc, why = "local", f"falls with distance (rho={rho:.2f} <= -{t}, peak at {peak_d:g} tokens)"
+    elif rho >= t and frac >= p:
+        loc, why = "anti-local", f"rises with distance (rho={rho:.2f} >= {t}, peak at {peak_d:g} tokens)"
+    else:
+        loc, why = "mixed", f"no monotone trend (rho={rho:.2f}, peak at {peak_d:g} tokens)"
+    return LocalityScore(loc, rho, int(peak_d), frac, rng, query_position, why)
+
+
+# -- the report --------------------------------------------------------------------------------
+def _r(v: float, digits: int = 6) -> float | None:
+    v = float(v)
+    if not math.isfinite(v):
+        return None
+    return float(f"{v:.{digits}g}")
+
+
+def _rl(a: np.ndarray, digits: int = 6):
+    """Nested lists of rounded floats (NaN → None) from an array."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim == 0:
+        return _r(a, digits)
+    return [_rl(x, digits) for x in a] if a.ndim > 1 else [_r(x, digits) for x in a]
+
+
+@dataclass
+class LayerBiases:
+    """Biases of one layer. Arrays are numpy; ``to_dict`` makes JSON.
+
+    Attributes:
+      layer: index.
+      curves: ``{i: float32 [heads, i + 1]}`` bias (logits) at distances 0 … i for each query
+        position i (tokens).
+      normalized_input: FIRE only, ``{i: float32 [i + 1]}`` the MLP input ψ(d)/ψ(max(L, i)).
+      matrix: float32 ``[heads, q, k]`` bias on ``matrix_query_positions × matrix_key_positions``
+        (NaN at future keys), or None.
+      locality: per head, the ``LocalityScore`` at the report's ``classify_at`` position.
+      locality_by_query_position: ``{i: [LocalityScore per head]}``.
+      fire: FIRE only: ``{"c", "threshold_L" (tokens), "mlp_x" [G], "mlp_bias" [heads, G]}``
+        f_θ on a grid of its input in [0, 1].
+    """
+
+    layer: int
+    curves: dict[int, np.ndarray] = field(default_factory=dict)
+    normalized_input: dict[int, np.ndarray] = field(default_factory=dict)
+    matrix: np.ndarray | None = None
+    matrix_query_positions: list[int] = field(default_factory=list)
+    matrix_key_positions: list[int] = field(default_factory=list)
+    locality: list[LocalityScore] = field(default_factory=list)
+    locality_by_query_position: dict[int, list[LocalityScore]] = field(default_factory=dict)
+    fire: dict | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (see ``BiasReport.to_dict`` for the layout)."""
+        out = {"layer": self.layer, "curves": []}
+        for i, arr in self.curves.items():
+            c = {"query_position": int(i), "distance": list(range(arr.shape[1])), "bias": _rl(arr)}
+            if i in self.normalized_input:
+                c["normalized_input"] = _rl(self.normalized_input[i])
+            out["curves"].append(c)
+        out["matrix"] = None if self.matrix is None else {
+            "query_positions": list(map(int, self.matrix_query_positions)),
+            "key_positions": list(map(int, self.matrix_key_positions)), "bias": _rl(self.matrix)}
+        out["heads"] = []
+        for h, s in enumerate(self.locality):
+            row = {"head": h, **s.to_dict()}
+            row["locality_by_query_position"] = {str(i): v[h].locality for i, v in self.locality_by_query_position.items()}
+            out["heads"].append(row)
+        if self.fire is not None:
+            out["fire"] = {"c": _r(self.fire["c"]), "threshold_L": _r(self.fire["threshold_L"]),
+                           "mlp_x": _rl(self.fire["mlp_x"]), "mlp_bias": _rl(self.fire["mlp_bias"])}
+        return out
+
+
+@dataclass
+class BiasReport:
+    """Everything ``bias_report`` measures for one model.
+
+    Attributes: ``checkpoint`` name (or None), ``encoding`` name, ``kind`` (additive | rotary |
+    none), ``train_seq_len`` (tokens), ``n_layer``, ``n_head``, ``query_positions`` (tokens,
+    0-based), ``classify_at`` (the query position of the headline locality), ``layers``
+    (``LayerBiases`` per layer, empty curves for non-additive kinds), ``kernel`` (rotary only:
+    ``{"distance": [D], "value": [D], "attention_factor", "label"}``), ``note``.
+    """
+
+    checkpoint: str | None
+    encoding: str
+    kind: str
+    train_seq_len: int
+    n_layer: int
+    n_head: int
+    query_positions: list[int]
+    classify_at: int | None
+    layers: list[LayerBiases]
+    kernel: dict | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: the attributes above, ``locality_rules``, and per layer
+        ``curves`` = [{query_position, distance [i+1], bias [heads][i+1], normalized_input?}],
+        ``matrix`` = {query_positions, key_positions, bias [heads][q][k] (null = future key)},
+        ``heads`` = [{head, locality, rank_correlation, peak_distance, peak_fraction,
+        bias_range, query_position, reason, locality_by_query_position}], ``fire``?.
+        Floats are rounded to 6 significant digits (float32 precision is ~7)."""
+        kernel = None
+        if self.kernel is not None:
+            kernel = {"distance": [int(x) for x in self.kernel["distance"]], "value": _rl(self.kernel["value"]),
+                      "attention_factor": _r(self.kernel["attention_factor"]), "label": self.kernel["label"]}
+        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "kind": self.kind,
+                "train_seq_len": self.train_seq_len, "n_layer": self.n_layer, "n_head": self.n_head,
+                "query_positions": list(self.query_positions), "classify_at": self.classify_at,
+                "units": {"position": "tokens (0-based)", "distance": "tokens", "bias": "logits"},
+                "locality_rules": dict(LOCALITY_RULES), "note": self.note, "kernel": kernel,
+                "layers": [layer.to_dict() for layer in self.layers]}
+
+
+def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list[int]:
+    if window is None:
+        stride = max(1, math.ceil((max_position + 1) / DEFAULT_MATRIX_POINTS))
+        return list(range(0, max_position + 1, stride))
+    start, stop, stride = (int(v) for v in window)
+    if start < 0 or stop <= start or stride < 1:
+        raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 "
+                         f"(got {window})")
+    return list(range(start, stop, stride))
+
+
+@torch.no_grad()
+def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classify_at: int | None = None,
+                matrix_window: tuple[int, int, int] | None = None, checkpoint: str | None = None,
+                mlp_grid_points: int = 201) -> BiasReport:
+    """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``).
+
+    Args:
+      query_positions: query positions i in tokens (0-based); default
+        ``default_query_positions(seq_len)`` = m·seq_len − 1 for m = 1, 2, 4, 8.
+      classify_at: query position of the headline per-head locality; default the smallest
+        query position (the training length by default). Locality is also given at every
+        query position.
+      matrix_window: ``(start, stop, stride)`` in tokens for the query × key matrix (same grid
+        on both axes); default 0 … max query position with at most 128 points per axis.
+      checkpoint: name stored in the report.
+      mlp_grid_points: FIRE only, points of the f_θ curve on [0, 1].
+    Returns: ``BiasReport``. Additive encodings get curves/matrix/locality; rotary ones the
+      ``rotary_kernel`` over distances 0 … max query position (Su et al. 2021 §3.4.3) and no
+      per-head locality; NoPE neither (``note`` says so).
+    Raises: ValueError for negative/empty query positions or a bad window.
+    """
+    cfg = model.config
+    positions = _check_positions(query_positions if query_positions is not None
+                                 else default_query_positions(cfg.seq_len))
+    if classify_at is None:
+        classify_at = positions[0]
+    classify_at = int(classify_at)
+    if classify_at < 1:
+        raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
+    all_positions = sorted(set(positions) | {classify_at})
+    enc0 = model.encoding(0)
+    kind = enc0.kind
+    report = BiasReport(checkpoint=checkpoint, encoding=cfg.position_encoding, kind=kind,
+                        train_seq_len=int(cfg.seq_len), n_layer=int(cfg.n_layer), n_head=int(cfg.n_head),
+                        query_positions=positions, classify_at=classify_at if kind == "additive" else None,
+                        layers=[])
+    if kind == "rotary":
+        d = np.arange(positions[-1] + 1)
+        report.kernel = {"distance": d, "value": rotary_kernel(enc0.inv_freq, d),
+                         "attention_factor": float(getattr(enc0, "attention_factor", 1.0)), "label": ROTARY_KERNEL_LABEL}
+        report.note = "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
+        report.layers = [LayerBiases(layer=l) for l in range(cfg.n_layer)]
+        return report
+    if kind != "additive":
+        report.note = f"{cfg.position_encoding} ({kind}) has no position bias and no kernel: order comes from the causal mask"
+        report.layers = [LayerBiases(layer=l) for l in range(cfg.n_layer)]
+        return report
+    grid = _matrix_grid(positions[-1], matrix_window)
+    for layer in range(cfg.n_layer):
+        enc = model.encoding(layer)
+        lb = LayerBiases(layer=layer)
+        is_fire = hasattr(enc, "normalized_distance")
+        for i in all_positions:
+            curve = bias_curve(enc, i)
+            if i in positions:
+                lb.curves[i] = curve
+                if is_fire:
+                    lb.normalized_input[i] = fire_normalized_input(enc, i)
+            if i >= 1:
+                dist = np.arange(i + 1)
+                lb.locality_by_query_position[i] = [classify_locality(dist, curve[h], i) for h in range(curve.shape[0])]
+        lb.locality = lb.locality_by_query_position[classify_at]
+        lb.locality_by_query_position = {i: v for i, v in lb.locality_by_query_position.items() if i in positions}
+        lb.matrix = bias_matrix(enc, grid, grid)
+        lb.matrix_query_positions = lb.matrix_key_positions = grid
+        if is_fire:
+            x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
+            lb.fire = {"c": float(enc.c), "threshold_L": float(enc.threshold()), "mlp_x": x.cpu().numpy(),
+                       "mlp_bias": enc.mlp_forward(x).float().cpu().numpy()}
+        report.layers.append(lb)
+    return report
+
+
+def locality_table(reports: Sequence[BiasReport | dict]) -> list[dict]:
+    """One row per (checkpoint, layer, head): checkpoint, encoding, layer, head, locality,
+    rank_correlation, peak_distance (tokens), peak_fraction, bias_range (logits), query_position.
+
+    Accepts ``BiasReport`` objects or their ``to_dict()``. Non-additive reports give no rows.
+    """
+    rows = []
+    for rep in reports:
+        d = rep.to_dict() if hasattr(rep, "to_dict") else rep
+        for layer in d["layers"]:
+            for h in layer.get("heads", []):
+                rows.append({"checkpoint": d.get("checkpoint"), "encoding": d.get("encoding"), "layer": layer["layer"],
+                             "head": h["head"], "locality": h["locality"], "rank_correlation": h["rank_correlation"],
+                             "peak_distance": h["peak_distance"], "peak_fraction": h["peak_fraction"],
+                             "bias_range": h["bias_range"], "query_position": h["query_position"]})
+    return rows
+
+
+def locality_summary(reports: Sequence[BiasReport | dict]) -> list[dict]:
+    """Per-checkpoint summary: checkpoint, encoding, kind, heads (count), n_local,
+    n_anti_local, n_mixed, share_local, share_anti_local (fractions of heads, None when the
+    encoding has no bias), classify_at (tokens)."""
+    out = []
+    for rep in reports:
+        d = rep.to_dict() if hasattr(rep, "to_dict") else rep
+        heads = [h["locality"] for layer in d["layers"] for h in layer.get("heads", [])]
+        n = len(heads)
+        counts = {c: heads.count(c) for c in LOCALITY_CLASSES}
+        out.append({"checkpoint": d.get("checkpoint"), "encoding": d.get("encoding"), "kind": d.get("kind"),
+                    "heads": n, "n_local": counts["local"], "n_anti_local": counts["anti-local"],
+                    "n_mixed": counts["mixed"], "share_local": counts["local"] / n if n else None,
+                    "share_anti_local": counts["anti-local"] / n if n else None,
+                    "classify_at": d.get("classify_at")})
+    return out
+
+
+# -- attention dilution ------------------------------------------------------------------------
+@dataclass
+class DilutionResult:
+    """Share of attention on the nearest keys, per layer, head and query position.
+
+    Attributes: ``query_positions`` (tokens, 0-based), ``near`` (keys j with 0 <= i − j < near
+    count as near), ``rows`` (consecutive query rows averaged per position), ``share`` float64
+    ``[layers, heads, positions]`` (probability in [0, 1], averaged over rows and batch),
+    ``train_seq_len`` (tokens), ``checkpoint``, ``encoding``, ``tokens`` (scored sequence
+    length per batch item).
+    """
+
+    query_positions: list[int]
+    near: int
+    rows: int
+    share: np.ndarray
+    train_seq_len: int
+    checkpoint: str | None = None
+    encoding: str | None = None
+    tokens: int = 0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with ``share`` as nested lists [layer][head][position]."""
+        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "train_seq_len": self.train_seq_len,
+                "query_positions": list(self.query_positions), "near": self.near, "rows": self.rows,
+                "tokens": self.tokens, "units": {"position": "tokens (0-based)", "share": "attention probability"},
+                "share": _rl(self.share)}
+
+
+class _StopForward(Exception):
+    pass
+
+
+@torch.no_grad()
+def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
+                       near: int = 64, rows: int = 8, checkpoint: str | None = None) -> DilutionResult:
+    """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
+
+    Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` and, at the input of
+    every ``block.attn`` (a forward pre-hook), recomputes the attention probabilities of
+    only the chosen query rows exactly as ``CausalSelfAttention`` does: qkv projection,
+    rotary rotation at absolute positions (rotary kinds; YaRN's factor included),
+    q·k/√d_head, plus ``encoding.bias`` (additive kinds), causal mask, softmax. Memory is
+    ∝ rows × length per head, never length². The forward stops after the last block.
+    For each position i the share is averaged over the ``rows`` queries i − rows + 1 … i
+    (and the batch) to reduce token noise. A bias stretched by progressive interpolation
+    (FIRE) can spread attention thin past the training length: the share falls.
+
+    Args:
+      tokens: LongTensor ``[T]`` or ``[batch, T]`` of token ids (e.g. ``[BOS] + UTF-8 bytes``
+        of a real document), T > max query position.
+      query_positions: tokens, 0-based; default m·seq_len − 1 for m = 1, 2, 4, 8, 16.
+      near: how many nearest keys (including the query's own position) count as near.
+      rows: consecutive query rows averaged per position (clipped at position 0).
+    Returns: ``DilutionResult`` with ``share [layers, heads, positions]``.
+    Raises: ValueError if tokens are not 1-D/2-D integers, too short for the largest query
+      position, or near/rows < 1; the model's own ValueError for a model with absolute
+      position embeddings asked past its training length.
+    """
+    if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() not in (1, 2):
+        raise ValueError("tokens must be a 1-D or 2-D integer (Long) tensor of token ids")
+    if near < 1 or rows < 1:
+        raise ValueError(f"near and rows must be >= 1 (got near={near}, rows={rows})")
+    cfg = model.config
+    positions = _check_positions(query_positions if query_positions is not None
+                                 else default_query_positions(cfg.seq_len, DEFAULT_DILUTION_MULTIPLES))
+    idx = tokens.long()[None] if tokens.dim() == 1 else tokens.long()
+    n = positions[-1] + 1
+    if idx.shape[1] < n:
+        raise ValueError(f"tokens hold {idx.shape[1]} positions but query position {positions[-1]} needs "
+                         f"{n}; give a longer text or smaller query positions")
+    device = next(model.parameters()).device
+    idx = idx[:, :n].to(device)
+    share = np.zeros((cfg.n_layer, cfg.n_head, len(positions)), dtype=np.float64)
+    handles = []
+
+    def make_hook(layer: int, attn):
+        def hook(module, args, kwargs):
+            names = ("x", "encoding", "q_offset")
+            vals = dict(zip(names, args))
+            vals.update({k: kwargs[k] for k in names if k in kwargs})
+            x, enc, q_offset = vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
+            B, T, _ = x.shape
+            H, hd = attn.n_head, attn.head_dim
+            q, k, _ = attn.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # [B, H, T, hd]
+            if enc.kind == "rotary":
+                pos = torch.arange(q_offset, q_offset + T, device=x.device)
+                q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+            for p, i in enumerate(positions):
+                r0 = max(0, i - rows + 1)
+                qs, ks = q[:, :, r0:i + 1].float(), k[:, :, :i + 1].float()
+                scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
+                if enc.kind == "additive":
+                    scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
+                qpos = torch.arange(r0, i + 1, device=x.device)[:, None]
+                dist = qpos - torch.arange(i + 1, device=x.device)[None, :]  # [r, i + 1]
+                probs = torch.softmax(scores.masked_fill(dist < 0, float("-inf")), dim=-1)
+                near_mass = (probs * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
+                share[layer, :, p] = near_mass.mean(dim=(0, 2)).double().cpu().numpy()
+            if layer == cfg.n_layer - 1:
+                raise _StopForward
+        return hook
+
+    was_training = model.training
+    model.eval()
+    try:
+        for layer, block in enumerate(model.blocks):
+            handles.append(block.attn.register_forward_pre_hook(make_hook(layer, block.attn), with_kwargs=True))
+        try:
+            model(idx)
+        except _StopForward:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return DilutionResult(query_positions=positions, near=int(near), rows=int(rows), share=share,
+                          train_seq_len=int(cfg.seq_len), checkpoint=checkpoint, encoding=cfg.position_encoding,
+                          tokens=n)
+
+
+def text_tokens(text: str) -> torch.Tensor:
+    """``[BOS] + UTF-8 bytes`` of ``text`` as LongTensor ``[1 + bytes]`` (BOS id 256), the
+    document encoding fireviz trains on (byte-level vocabulary)."""
+    return torch.tensor([BOS_ID] + list(text.encode("utf-8")), dtype=torch.long)
+
+
+# -- checkpoints and logs ----------------------------------------------------------------------
+def load_checkpoint(folder: str | os.PathLike) -> GPT:
+    """Load a checkpoint folder (config.json + model.safetensors) on CPU, in eval mode.
+
+    Raises: FileNotFoundError if the folder does not exist; ``fireviz.model.CheckpointError``
+      if it is not a valid checkpoint.
+    """
+    path = Path(folder)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist")
+    model = GPT.from_pretrained(str(path))
+    return model.eval()
+
+
+def load_train_log(path: str | os.PathLike) -> list[dict]:
+    """Read ``train_log.jsonl`` (a checkpoint folder or the file) into a list of dicts
+    (``step``, ``tokens``, ``loss`` nats/token, ``lr``, ``tokens_per_s``; ``val_loss`` and
+    ``val_loss_4x`` on eval steps). Blank lines are skipped.
+    Raises: FileNotFoundError; ValueError naming the line for malformed JSON.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "train_log.jsonl"
+    rows = []
+    with p.open() as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{p}:{n}: not JSON ({e})") from None
+    return rows
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one clear stderr line, exit code 2
+        print(f"fireviz biases: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parse_window(text: str) -> tuple[int, int, int]:
+    parts = text.split(":")
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--matrix {text!r}: expected START:STOP[:STRIDE] integers (tokens)") from None
+    if len(vals) == 2:
+        vals.append(1)
+    if len(vals) != 3:
+        raise ValueError(f"--matrix {text!r}: expected START:STOP[:STRIDE] integers (tokens)")
+    return vals[0], vals[1], vals[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz biases CKPT [options]``: write a checkpoint's biases and locality as JSON.
+
+    Options: ``--query-positions 511,4095`` (tokens, 0-based; default m·seq_len − 1 for
+    m = 1, 2, 4, 8), ``--classify-at I``, ``--matrix START:STOP[:STRIDE]``, ``--text FILE``
+    (also measure attention dilution on ``[BOS] + bytes`` of that UTF-8 file), ``--near 64``,
+    ``--dilution-positions``, ``--out FILE`` (default ``CKPT/biases.json``).
+    Prints the per-head locality table to stdout.
+    Returns: 0 on success, 2 on bad input (one ``fireviz biases: error: …`` line on stderr).
+    """
+    ap = _Parser(prog="python -m fireviz biases",
+                 description="Learned position biases, per-head locality and attention dilution of a checkpoint.")
+    ap.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
+    ap.add_argument("--query-positions", default=None,
+                    help="comma-separated query positions in tokens, 0-based (default m*seq_len-1, m=1,2,4,8)")
+    ap.add_argument("--classify-at", type=int, default=None,
+                    help="query position of the headline locality (default: smallest query position)")
+    ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
+    ap.add_argument("--text", default=None, help="UTF-8 text file: also measure attention dilution on it")
+    ap.add_argument("--near", type=int, default=64, help="keys counted as near for dilution (default 64)")
+    ap.add_argument("--dilution-positions", default=None,
+                    help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
+    ap.add_argument("--out", default=None, help="output JSON (default CKPT/biases.json)")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+    def fail(msg: str) -> int:
+        print(f"fireviz biases: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        positions = parse_positions(args.query_positions) if args.query_positions is not None else None
+        dil_positions = parse_positions(args.dilution_positions) if args.dilution_positions is not None else None
+        window = _parse_window(args.matrix) if args.matrix is not None else None
+    except ValueError as e:
+        return fail(str(e))
+    if args.near < 1:
+        return fail(f"--near must be >= 1 (got {args.near})")
+    try:
+        model = load_checkpoint(args.checkpoint)
+    except Exception as e:  # missing folder, corrupt weights, bad config: one line
+        return fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    name = Path(args.checkpoint).resolve().name
+    tokens = None
+    if args.text is not None:
+        try:
+            tokens = text_tokens(Path(args.text).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            return fail(f"cannot read --text {args.text}: {e}")
+        need = (dil_positions or default_query_positions(model.config.seq_len, DEFAULT_DILUTION_MULTIPLES))[-1] + 1
+        if tokens.numel() < need:
+            return fail(f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
+                        f"query position needs {need}; give a longer text or smaller --dilution-positions")
+    try:
+        report = bias_report(model, positions, classify_at=args.classify_at, matrix_window=window, checkpoint=name)
+        out = report.to_dict()
+        if tokens is not None:
+            out["dilution"] = attention_dilution(model, tokens, dil_positions, near=args.near, checkpoint=name).to_dict()
+    except ValueError as e:
+        return fail(str(e))
+    out_path = Path(args.out) if args.out else Path(args.checkpoint) / "biases.json"
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, allow_nan=False))
+    except OSError as e:
+        return fail(f"cannot write {out_path}: {e}")
+    rows = locality_table([out])
+    if rows:
+        print(f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position {out['classify_at']})")
+        for r in rows:
+            print(f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}")
+    else:
+        print(out["note"])
+    print(f"wrote {out_path}")
+    return 0

@@ -1,0 +1,409 @@
+"""Find, describe and load checkpoints: one place for the app, the CLI and scripts.
+
+A checkpoint is a folder holding ``config.json`` (a ``GPTConfig``, with the trainer's
+``training`` provenance dict) and ``model.safetensors``, optionally ``train_log.jsonl``
+(one JSON object per logged step: step, tokens, loss [nats/token], lr, tokens_per_s, and
+val_loss / val_loss_4x on evaluation steps), results JSON files and a README.md model card.
+
+Where checkpoints come from:
+  * the checkpoints root: ``$FIREVIZ_CHECKPOINTS_DIR`` if set, else ``<repo>/checkpoints``;
+    every sub-folder with config.json + model.safetensors is one checkpoint;
+  * any local folder with those two files;
+  * a Hugging Face Hub repo id (``owner/name``), downloaded into the Hub cache.
+
+Nothing here imports Streamlit; nothing here unpickles (weights are safetensors only).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .model import GPT, CheckpointError
+
+#: Environment variable naming the folder whose sub-folders are the checkpoints.
+CHECKPOINTS_ENV = "FIREVIZ_CHECKPOINTS_DIR"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
+#: JSON files in a checkpoint folder that are not evaluation results.
+_NOT_RESULTS = {CONFIG_FILE, "trainer_state.json", "tokenizer.json", "generation_config.json"}
+#: Files fetched from a Hub repo (never pickles: no *.bin, *.pt).
+HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, "*.json", "README.md"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: Command that creates a checkpoint, shown when none is found.
+TRAIN_HINT = "python -m fireviz train configs/<encoding>.toml   (writes checkpoints/<name>/)"
+
+
+@dataclass
+class CheckpointInfo:
+    """What the app shows about one checkpoint, read from its files without loading weights.
+
+    Attributes:
+      name: folder name (or the Hub repo id).
+      path: absolute folder path (str).
+      source: ``"local"`` or ``"hub"`` (then ``repo_id`` is set).
+      config: config.json as a dict.
+      position_encoding: the config's encoding name.
+      num_parameters: parameters in model.safetensors (tied embeddings counted once).
+      seq_len: training length in tokens (bytes).
+      training: the config's ``training`` provenance dict (may be empty).
+      training_tokens: tokens seen in training (from ``training`` or the log), or None.
+      data: a short description of the training data ("" if unknown).
+      results: every results JSON in the folder, as ``{file name: parsed JSON}``.
+      headline: see :func:`headline_numbers`.
+    """
+
+    name: str
+    path: str
+    source: str
+    config: dict
+    position_encoding: str
+    num_parameters: int
+    seq_len: int
+    training: dict = field(default_factory=dict)
+    training_tokens: int | None = None
+    data: str = ""
+    results: dict = field(default_factory=dict)
+    headline: dict = field(default_factory=dict)
+    repo_id: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``name (encoding)`` for widgets and legends."""
+        return f"{self.name} ({self.position_encoding})"
+
+    def summary_row(self) -> dict:
+        """One row for the checkpoint table: name, encoding, parameters, tokens, length, data, headline."""
+        row = {"checkpoint": self.name, "encoding": self.position_encoding,
+               "parameters": self.num_parameters, "training tokens": self.training_tokens,
+               "training length": self.seq_len, "data": self.data}
+        row.update({k: v for k, v in self.headline.items() if k != "source"})
+        row["numbers from"] = self.headline.get("source", "")
+        return row
+
+
+def checkpoints_root() -> Path:
+    """The folder whose sub-folders are the checkpoints: ``$FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``."""
+    env = os.environ.get(CHECKPOINTS_ENV)
+    return Path(env).expanduser().resolve() if env else REPO_ROOT / "checkpoints"
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a folder holding config.json and model.safetensors."""
+    p = Path(path)
+    return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
+
+
+def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointInfo]:
+    """Every checkpoint folder directly under ``root`` (default :func:`checkpoints_root`), by name.
+
+    Folders that look like checkpoints but cannot be read are skipped (``checkpoint_problems``
+    lists them with the reason). Returns [] if ``root`` does not exist.
+    """
+    infos, _ = scan_checkpoints(root)
+    return infos
+
+
+def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[CheckpointInfo], dict[str, str]]:
+    """Like :func:`list_checkpoints`, also returning ``{folder: problem}`` for unreadable ones."""
+    root = Path(root) if root is not None else checkpoints_root()
+    infos, problems = [], {}
+    if not root.is_dir():
+        return infos, problems
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not (sub / CONFIG_FILE).exists() and not (sub / WEIGHTS_FILE).exists():
+            continue  # not meant to be a checkpoint (e.g. a cache folder)
+        try:
+            infos.append(read_checkpoint(sub))
+        except CheckpointError as e:
+            problems[str(sub)] = str(e)
+    return infos, problems
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+def count_parameters(weights: str | os.PathLike) -> int:
+    """Parameters stored in a safetensors file, from its header alone (no tensor is read).
+
+    Tied weights are stored once in safetensors, so they are counted once.
+    Raises: CheckpointError if the header is unreadable.
+    """
+    try:
+        with open(weights, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100_000_000:
+                raise ValueError(f"header length {n} is implausible")
+            header = json.loads(f.read(n))
+    except (OSError, struct.error, ValueError) as e:
+        raise CheckpointError(f"{weights} is not a readable safetensors file ({e})") from e
+    return int(sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__"))
+
+
+def read_train_log(path: str | os.PathLike) -> list[dict]:
+    """The records of a train_log.jsonl (a file, or a checkpoint folder holding one).
+
+    Returns: dicts in file order (step, tokens, loss [nats/token], lr, tokens_per_s, and on
+      evaluation steps val_loss, val_loss_4x); [] if there is no log. A last line cut off by
+      a run still writing is ignored.
+    Raises: CheckpointError naming the line if any other line is not a JSON object.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / LOG_FILE
+    if not p.is_file():
+        return []
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {p}: {e}") from e
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break
+            raise CheckpointError(f"{p}:{n} is not valid JSON ({e.msg})") from e
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{p}:{n} is not a JSON object")
+        records.append(obj)
+    return records
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Every results JSON in a checkpoint folder (all ``*.json`` but config.json), by file name.
+
+    Unreadable files are left out. Returns {} if there are none.
+    """
+    out = {}
+    for f in sorted(Path(path).glob("*.json")):
+        if f.name in _NOT_RESULTS:
+            continue
+        try:
+            out[f.name] = _read_json(f)
+        except CheckpointError:
+            continue
+    return out
+
+
+def _result_entries(results: dict[str, Any]):
+    """Yield ``(domain, per_length entry)`` from results in any of the shapes evaluate writes."""
+    def walk(obj, domain):
+        if isinstance(obj, list):
+            for x in obj:
+                yield from walk(x, domain)
+        elif isinstance(obj, dict):
+            settings = obj.get("settings") if isinstance(obj.get("settings"), dict) else {}
+            dom = obj.get("domain") or settings.get("domain") or settings.get("data") or domain
+            if isinstance(obj.get("per_length"), list):
+                for e in obj["per_length"]:
+                    if isinstance(e, dict):
+                        yield dom, e
+            for k in ("results", "evaluations", "runs", "checkpoints"):
+                if k in obj:
+                    yield from walk(obj[k], dom)
+    for name, obj in results.items():
+        yield from walk(obj, None)
+
+
+def _entry_length(e: dict) -> int | None:
+    for k in ("length", "eval_length", "window", "context_length"):
+        if isinstance(e.get(k), (int, float)):
+            return int(e[k])
+    return None
+
+
+def _entry_bpb(e: dict) -> float | None:
+    for k in ("bits_per_byte", "bpb"):
+        if isinstance(e.get(k), (int, float)):
+            return float(e[k])
+    for k in ("loss", "nats_per_token", "mean_loss"):
+        if isinstance(e.get(k), (int, float)):
+            return float(e[k]) / math.log(2)  # byte-level tokens: nats per token / ln 2 = bits per byte
+    return None
+
+
+def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> dict:
+    """The numbers the home page shows for a checkpoint.
+
+    From its results JSON, on prose (or the only domain there is): bits per byte at the
+    training length ``L`` and at the longest evaluated length up to 8·L, as
+    ``{"bpb @ L": ..., "bpb @ 8L": ..., "source": "results"}`` (key names carry the lengths
+    in tokens, e.g. ``"bpb @ 512"``). Otherwise from the log: the last ``val_loss`` (nats per
+    token) and ``val_loss_4x`` if logged, ``source = "train_log"``. {} if neither exists.
+    """
+    by_domain: dict[Any, dict[int, float]] = {}
+    for dom, e in _result_entries(results):
+        length, bpb = _entry_length(e), _entry_bpb(e)
+        if length is not None and bpb is not None:
+            by_domain.setdefault(dom, {})[length] = bpb
+    table = by_domain.get("prose") or (next(iter(by_domain.values())) if len(by_domain) == 1 else None)
+    if table:
+        out: dict[str, Any] = {}
+        if seq_len in table:
+            out[f"bpb @ {seq_len}"] = round(table[seq_len], 4)
+        longer = [n for n in table if seq_len < n <= 8 * seq_len]
+        if longer:
+            n = max(longer)
+            out[f"bpb @ {n}"] = round(table[n], 4)
+        if out:
+            out["source"] = "results" + (" (prose)" if "prose" in by_domain else "")
+            return out
+    evals = [r for r in log if isinstance(r.get("val_loss"), (int, float))]
+    if evals:
+        last = evals[-1]
+        out = {"val loss (nats/token)": round(float(last["val_loss"]), 4)}
+        if isinstance(last.get("val_loss_4x"), (int, float)):
+            out["val loss @ 4L (nats/token)"] = round(float(last["val_loss_4x"]), 4)
+        out["source"] = f"train_log step {last.get('step', '?')}"
+        return out
+    return {}
+
+
+def _describe_data(training: dict) -> str:
+    data = training.get("data", training.get("dataset", ""))
+    if isinstance(data, dict):
+        for k in ("domain", "name", "source", "path"):
+            if data.get(k):
+                return str(data[k])
+        return ", ".join(f"{k}={v}" for k, v in list(data.items())[:2])
+    if isinstance(data, list):
+        return ", ".join(map(str, data))
+    return str(data or training.get("domain", ""))
+
+
+def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: str | None = None) -> CheckpointInfo:
+    """Describe the checkpoint folder ``path`` from its files (weights are not loaded).
+
+    Returns: a :class:`CheckpointInfo`.
+    Raises: CheckpointError if config.json or model.safetensors is missing or unreadable,
+      naming the file and what to do.
+    """
+    p = Path(path).expanduser().resolve()
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint folder {p} does not exist; give a folder holding "
+                              f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a Hugging Face repo id (owner/name)")
+    for f in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (p / f).is_file():
+            raise CheckpointError(f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})")
+    config = _read_json(p / CONFIG_FILE)
+    if not isinstance(config, dict) or "position_encoding" not in config:
+        raise CheckpointError(f"{p / CONFIG_FILE} is not a fireviz GPTConfig (no position_encoding field)")
+    training = config.get("training") if isinstance(config.get("training"), dict) else {}
+    log = read_train_log(p)
+    results = read_results(p)
+    tokens = None
+    for k in ("tokens", "tokens_seen", "training_tokens", "total_tokens"):
+        if isinstance(training.get(k), (int, float)):
+            tokens = int(training[k])
+            break
+    if tokens is None:
+        logged = [r["tokens"] for r in log if isinstance(r.get("tokens"), (int, float))]
+        tokens = int(logged[-1]) if logged else None
+    seq_len = int(config.get("seq_len", 0))
+    return CheckpointInfo(
+        name=name or p.name, path=str(p), source="hub" if repo_id else "local", config=config,
+        position_encoding=str(config["position_encoding"]), num_parameters=count_parameters(p / WEIGHTS_FILE),
+        seq_len=seq_len, training=training, training_tokens=tokens, data=_describe_data(training),
+        results=results, headline=headline_numbers(seq_len, results, log), repo_id=repo_id)
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """True if ``ref`` has the shape of a Hub repo id (``owner/name``) and is not an existing path."""
+    return bool(_HUB_ID.match(ref)) and not Path(ref).expanduser().exists()
+
+
+def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
+                       local_files_only: bool = False) -> CheckpointInfo:
+    """Find a checkpoint by name under the root, local folder path, or Hub repo id.
+
+    Order: a folder name under ``root`` (default :func:`checkpoints_root`), then an existing
+    local path, then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl,
+    results JSON and README.md into the Hub cache; never pickles).
+    Returns: the :class:`CheckpointInfo` of the local folder.
+    Raises: CheckpointError with the reason and the fix: not found, not a checkpoint folder,
+      or the Hub could not be reached (offline) / has no such repo.
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise CheckpointError("no checkpoint given; pick one from the list, or type a folder path or a "
+                              "Hugging Face repo id (owner/name)")
+    root = Path(root) if root is not None else checkpoints_root()
+    if "/" not in ref and (root / ref).is_dir():
+        return read_checkpoint(root / ref)
+    local = Path(ref).expanduser()
+    if local.exists():
+        return read_checkpoint(local)
+    if not looks_like_hub_id(ref):
+        raise CheckpointError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
+                              "Hugging Face repo id of the form owner/name; check the spelling or the path")
+    from huggingface_hub import snapshot_download
+    try:
+        folder = snapshot_download(repo_id=ref, allow_patterns=HUB_PATTERNS, local_files_only=local_files_only)
+    except Exception as e:  # offline, unknown repo, gated repo, rate limit: all end the same way
+        kind = type(e).__name__
+        msg = str(e).splitlines()[0] if str(e) else kind
+        if "connect" in str(e).lower() or "internet" in str(e).lower() or kind in ("LocalEntryNotFoundError",
+                                                                                     "ConnectionError", "ConnectError"):
+            raise CheckpointError(f"cannot download {ref!r} from the Hugging Face Hub: no connection ({msg}). "
+                                  "Connect to the internet, or download the repo elsewhere and give its local "
+                                  "folder instead") from e
+        raise CheckpointError(f"cannot download {ref!r} from the Hugging Face Hub ({kind}: {msg}); "
+                              "check the repo id and your access to it") from e
+    return read_checkpoint(folder, name=ref, repo_id=ref)
+
+
+_FINGERPRINTS: dict[tuple[str, int, int], str] = {}
+
+
+def weights_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 (hex, first 16 digits) of a checkpoint's model.safetensors: identifies the weights.
+
+    Memoized per (file, modification time, size), so asking again is free.
+    Raises: CheckpointError if the file cannot be read.
+    """
+    w = Path(path) / WEIGHTS_FILE if Path(path).is_dir() else Path(path)
+    try:
+        st = w.stat()
+        memo = (str(w.resolve()), st.st_mtime_ns, st.st_size)
+        if memo in _FINGERPRINTS:
+            return _FINGERPRINTS[memo]
+        h = hashlib.sha256()
+        with open(w, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {w}: {e}") from e
+    _FINGERPRINTS[memo] = h.hexdigest()[:16]
+    return _FINGERPRINTS[memo]
+
+
+def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
+    """Load the GPT in a checkpoint folder (safetensors, strict), on ``device``, in eval mode.
+
+    Raises: CheckpointError if the folder or its files are bad.
+    """
+    p = Path(path)
+    if not is_checkpoint_dir(p):
+        raise CheckpointError(f"{p} is not a checkpoint folder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+    model = GPT.from_pretrained(str(p), map_location=device)
+    return model.to(device).eval()
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is visible to torch, else ``"cpu"``."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,789 @@
+"""Perplexity versus evaluation length: the length-generalization curve of a checkpoint.
+
+An evaluation is fully described by its settings (lm-evaluation-harness and YaRN's
+perplexity script taught that): data + split, lengths, mode, stride, token budget, seed,
+RoPE scaling, BOS convention, loss-by-position buckets, numeric precision. Every result
+carries them, and results are cached on disk under a key made of the checkpoint's sha256,
+the data fingerprint and those settings.
+
+Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats / ln 2):
+
+* A document is ``[BOS] + UTF-8 bytes`` (``fireviz.data.document_tokens``), exactly as in
+  training. A window of ``n`` tokens is ``n`` consecutive tokens of *one* document; windows
+  never cross documents, so the model really sees ``n`` tokens of context. Predictions at
+  window positions ``0 … n−2`` score the targets at window positions ``1 … n−1``; the first
+  token of a window is context only. BOS (document position 0) is therefore never a target.
+* Only documents with at least ``n`` tokens are eligible at length ``n``.
+* ``mode="nonoverlapping"`` (Press et al. 2022, "Train Short, Test Long", nonoverlapping
+  evaluation): candidates are the windows ``[0, n), [n, 2n), …`` of every eligible
+  document, enumerated in document-id order, shuffled with ``torch.Generator().manual_seed
+  (seed)``; windows are taken in that order until ``token_budget`` targets are reached.
+  Each window scores its ``n − 1`` targets.
+* ``mode="sliding"`` with stride ``s`` (lm-evaluation-harness rolling log-likelihood; the
+  sliding-window perplexity of the YaRN / Hugging Face perplexity script): eligible
+  documents are shuffled the same way and taken whole until the budget is reached (the
+  last one is cut to the prefix that meets the budget, at least ``n`` tokens). Window ``k``
+  of a document of ``N`` tokens ends at ``e_k = min(n + k·s, N)`` and starts at ``e_k − n``;
+  it scores the targets ``e_{k−1} … e_k − 1`` not yet scored (the first window scores
+  ``1 … n−1``). With ``s <= n − 1`` every token ``1 … N−1`` is scored exactly once; with
+  ``s = n`` the windows are the non-overlapping ones (plus a tail window that scores the
+  remainder) — the same numbers as ``mode="nonoverlapping"`` when ``N`` is a multiple of
+  ``n``. ``s > n`` is an error.
+
+The selection depends only on the data, the length and the settings, never on the
+checkpoint, so every checkpoint at a given length sees the same windows (paired comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import __version__
+from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
+from .model import GPT, CheckpointError, GPTConfig, load_state_checked
+
+DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
+#: targets (tokens) scored per length unless told otherwise
+DEFAULT_TOKEN_BUDGET = 65536
+DEFAULT_POSITION_BUCKETS = 16
+MODES = ("nonoverlapping", "sliding")
+ROPE_SCALINGS = ("pi", "yarn")
+SPLITS = ("validation", "train", "all")
+#: bumped whenever the numbers a given setting produces would change; part of the cache key
+EVAL_FORMAT_VERSION = 1
+BOS_CONVENTION = ("each document starts with BOS (id 256) as in training; windows are taken from a "
+                  "document's [BOS]+bytes sequence and never cross documents; the first token of a "
+                  "window is context only, so BOS is never a target")
+_PER_LENGTH_FIELDS = ("length", "nats_per_token", "perplexity", "bits_per_byte", "tokens_scored", "windows",
+                      "loss_by_position")
+
+ProgressFn = Callable[[int, int, str], None]
+StopFn = Callable[[], bool]
+
+
+class EvaluationError(ValueError):
+    """Settings that cannot be evaluated: a bad mode/stride/length/device/scaling request."""
+
+
+class EvaluationCancelled(RuntimeError):
+    """Raised when ``should_stop()`` returned True; lengths finished before stay cached."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Window selection (pure functions of document lengths and settings)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One evaluation window.
+
+    Attributes:
+      doc: index into the evaluated document list.
+      start: position (tokens) of the window's first token in the document's ``[BOS]+bytes``.
+      first_target: window position of the first scored target, ``1 <= first_target < n``;
+        targets are window positions ``first_target … n − 1``.
+    """
+
+    doc: int
+    start: int
+    first_target: int
+
+
+def nonoverlapping_windows(num_tokens: int, length: int) -> list[tuple[int, int]]:
+    """The non-overlapping windows of one document (Press et al. 2022).
+
+    Args: ``num_tokens`` of the document (incl. BOS) and window ``length``, both in tokens.
+    Returns: ``[(start, first_target)]`` = ``[(0, 1), (n, 1), (2n, 1), …]`` for every window
+      that fits entirely; the remainder shorter than ``n`` is not scored.
+    Raises: EvaluationError if ``length < 2``.
+    """
+    _check_length(length)
+    return [(start, 1) for start in range(0, num_tokens - length + 1, length)]
+
+
+def sliding_windows(num_tokens: int, length: int, stride: int) -> list[tuple[int, int]]:
+    """Sliding windows over one document, scoring only targets not yet scored.
+
+    The rolling scheme of lm-evaluation-harness (``loglikelihood_rolling``) and the YaRN /
+    Hugging Face sliding-window perplexity script: window ``k`` ends at
+    ``e_k = min(length + k·stride, num_tokens)``, starts at ``e_k − length`` and scores
+    targets ``e_{k−1} … e_k − 1`` (the first window: ``1 … length − 1``).
+
+    Args: document ``num_tokens`` (incl. BOS) >= ``length`` >= 2; ``1 <= stride <= length``.
+    Returns: ``[(start, first_target)]`` in document order. With ``stride <= length − 1`` every
+      token ``1 … num_tokens − 1`` is a target exactly once (``num_tokens − 1`` targets);
+      with ``stride = length`` the windows are the non-overlapping ones plus a tail window.
+    Raises: EvaluationError for ``stride`` outside ``[1, length]``, ``length < 2``, or a
+      document shorter than ``length``.
+    """
+    _check_length(length)
+    if not 1 <= stride <= length:
+        raise EvaluationError(f"stride {stride} is larger than the window ({length} tokens); use 1 <= stride <= "
+                              f"{length}" if stride > length else f"stride must be >= 1 (got {stride})")
+    if num_tokens < length:
+        raise EvaluationError(f"a document of {num_tokens} tokens is shorter than the window ({length})")
+    out = [(0, 1)]
+    end = length
+    while end < num_tokens:
+        new_end = min(end + stride, num_tokens)
+        start = new_end - length
+        # A window's position 0 has no prediction, so at most length−1 new targets per window.
+        first_target = max(end - start, 1)
+        out.append((start, first_target))
+        end = new_end
+    return out
+
+
+def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: int, *,
+                 mode: str = "nonoverlapping", stride: int | None = None,
+                 token_budget: int | None = DEFAULT_TOKEN_BUDGET, seed: int = 0) -> list[Window]:
+    """The deterministic evaluation windows at one length (see the module docstring).
+
+    Args:
+      doc_ids, doc_num_tokens: per document, its id and ``num_tokens`` (incl. BOS).
+      length: window length ``n`` in tokens (>= 2).
+      mode: ``"nonoverlapping"`` or ``"sliding"`` (needs ``stride``).
+      token_budget: targets to score (>= 1), or None for every eligible window/document.
+        Non-overlapping: windows are added until ``windows·(n−1) >= budget``. Sliding: whole
+        documents, the last cut to a prefix so that the targets just reach the budget.
+      seed: shuffling seed (``torch.Generator().manual_seed(seed)``).
+    Returns: windows sorted by (document, start); independent of any checkpoint.
+    Raises: EvaluationError if no document has ``length`` tokens, or for a bad mode,
+      stride or budget.
+    """
+    _check_length(length)
+    mode = _check_mode(mode, stride)
+    if mode == "sliding" and stride > length:
+        raise EvaluationError(f"stride {stride} is larger than the window ({length} tokens)")
+    if token_budget is not None and token_budget < 1:
+        raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
+    eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= length), key=lambda i: (doc_ids[i], i))
+    if not eligible:
+        longest = max(doc_num_tokens, default=0)
+        raise EvaluationError(f"no document has {length} tokens (the longest has {longest}); windows never cross "
+                              "documents, so this length cannot be evaluated on this data")
+    gen = torch.Generator().manual_seed(int(seed))
+    budget = math.inf if token_budget is None else token_budget
+    chosen: list[Window] = []
+    if mode == "nonoverlapping":
+        candidates = [(d, s) for d in eligible for s, _ in nonoverlapping_windows(doc_num_tokens[d], length)]
+        scored = 0
+        for k in torch.randperm(len(candidates), generator=gen).tolist():
+            if scored >= budget:
+                break
+            d, s = candidates[k]
+            chosen.append(Window(d, s, 1))
+            scored += length - 1
+    else:
+        scored = 0
+        for k in torch.randperm(len(eligible), generator=gen).tolist():
+            if scored >= budget:
+                break
+            d = eligible[k]
+            n_tok = doc_num_tokens[d]
+            if scored + n_tok - 1 > budget:  # cut the last document to the prefix that meets the budget
+                n_tok = max(length, int(budget - scored) + 1)
+            chosen.extend(Window(d, s, f) for s, f in sliding_windows(n_tok, length, stride))
+            scored += n_tok - 1
+    return sorted(chosen, key=lambda w: (w.doc, w.start))
+
+
+def _check_length(length: int) -> None:
+    if int(length) != length or length < 2:
+        raise EvaluationError(f"evaluation length must be an integer >= 2 tokens (got {length!r})")
+
+
+def _check_mode(mode: str, stride: int | None) -> str:
+    if mode not in MODES:
+        raise EvaluationError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
+    if mode == "sliding":
+        if stride is None:
+            raise EvaluationError("sliding mode needs a stride (tokens), e.g. --stride 256")
+        if int(stride) != stride or stride < 1:
+            raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
+    elif stride is not None:
+        raise EvaluationError("a stride applies only to mode='sliding' (non-overlapping windows have none)")
+    return mode
+
+
+def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tuple[list[int], list[int]]:
+    """Equal-width buckets over the target positions ``1 … length − 1`` of a window.
+
+    Returns: ``(starts, ends)``, ends exclusive, in window positions (tokens); a target at
+      window position p was predicted from p tokens of context. At most ``length − 1``
+      buckets. Raises: EvaluationError if ``buckets < 1`` or ``length < 2``.
+    """
+    _check_length(length)
+    if buckets < 1:
+        raise EvaluationError(f"position_buckets must be >= 1 (got {buckets})")
+    edges = np.unique(np.round(np.linspace(1, length, min(buckets, length - 1) + 1)).astype(np.int64))
+    return edges[:-1].tolist(), edges[1:].tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+# ---------------------------------------------------------------------------------------------
+def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
+                  device: torch.device | str = "cpu", batch_tokens: int = 8192,
+                  on_batch: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
+
+    Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
+    ``torch.inference_mode()`` (bf16 autocast on CUDA; float32 on CPU); the loss is
+    ``F.cross_entropy`` in float32 of the prediction at window position ``p − 1`` for the
+    token at position ``p``, kept only for ``p >= window.first_target``.
+
+    Args:
+      model: a GPT in eval mode on ``device``.
+      doc_tokens: document index → int64 ``[num_tokens]`` (``[BOS] + bytes``).
+      windows: from ``plan_windows``; all of ``length`` tokens.
+      on_batch: called with the number of windows finished after each batch (may raise
+        ``EvaluationCancelled`` to stop).
+    Returns: ``(nats_sum float64 [length], counts int64 [length])`` indexed by window
+      position; index 0 is always zero (never a target).
+    Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
+    """
+    device = torch.device(device)
+    nats = torch.zeros(length, dtype=torch.float64)
+    counts = torch.zeros(length, dtype=torch.int64)
+    per_batch = max(1, int(batch_tokens) // length)
+    pos = torch.arange(1, length)  # target positions
+    use_autocast = device.type == "cuda"
+    with torch.inference_mode():
+        for b in range(0, len(windows), per_batch):
+            batch = windows[b: b + per_batch]
+            x = torch.stack([doc_tokens(w.doc)[w.start: w.start + length] for w in batch]).to(device)
+            first = torch.tensor([w.first_target for w in batch])
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
+                logits = model(x)
+            nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                  reduction="none").view(len(batch), length - 1).double().cpu()
+            keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
+            nats[1:] += (nll * keep).sum(0)
+            counts[1:] += keep.sum(0)
+            del logits, nll
+            if on_batch is not None:
+                on_batch(len(batch))
+    return nats.numpy(), counts.numpy()
+
+
+def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, windows: int,
+              buckets: int = DEFAULT_POSITION_BUCKETS) -> dict:
+    """The per-length numbers from per-position sums (see ``score_windows``).
+
+    Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
+      it), "bits_per_byte" (nats / ln 2; one token is one byte), "tokens_scored", "windows",
+      "loss_by_position": {"bucket_starts", "bucket_ends" (exclusive, window positions in
+      tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``.
+    Raises: EvaluationError if nothing was scored.
+    """
+    total = int(counts_by_pos.sum())
+    if total == 0:
+        raise EvaluationError(f"no tokens were scored at length {length}")
+    mean = float(nats_by_pos.sum() / total)
+    starts, ends = position_buckets(length, buckets)
+    b_nats, b_tok = [], []
+    for s, e in zip(starts, ends):
+        c = int(counts_by_pos[s:e].sum())
+        b_tok.append(c)
+        b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)
+    return {"length": int(length), "nats_per_token": mean, "perplexity": math.exp(mean),
+            "bits_per_byte": mean / math.log(2), "tokens_scored": total, "windows": int(windows),
+            "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints, devices, cache
+# ---------------------------------------------------------------------------------------------
+def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of a checkpoint folder (or a Hub repo id).
+
+    Raises: CheckpointError if the folder or either file is missing / cannot be fetched.
+    """
+    path = Path(checkpoint)
+    if path.is_dir():
+        files = path / "config.json", path / "model.safetensors"
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
+                                  "folder (save one with GPT.save_pretrained or `python -m fireviz train`)")
+        return files
+    name = str(checkpoint)
+    if path.exists() or name.count("/") != 1 or name.startswith((".", "/")):
+        raise CheckpointError(f"checkpoint {checkpoint} not found: give a folder holding config.json and "
+                              "model.safetensors (or a Hugging Face repo id owner/name)")
+    from huggingface_hub import hf_hub_download
+    try:
+        return tuple(Path(hf_hub_download(repo_id=name, filename=f)) for f in ("config.json", "model.safetensors"))
+    except Exception as e:  # network, auth, 404, bad repo id: all mean "cannot load"
+        raise CheckpointError(f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
+                              f"Hugging Face Hub ({type(e).__name__}: {e})") from e
+
+
+def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
+    """sha256 (hex) of ``model.safetensors`` followed by ``config.json`` bytes.
+
+    Raises: CheckpointError as ``checkpoint_files``.
+    """
+    config, weights = checkpoint_files(checkpoint)
+    h = hashlib.sha256()
+    for f in (weights, config):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def load_checkpoint(checkpoint: str | os.PathLike) -> GPT:
+    """Load a checkpoint through safetensors only (never pickle), in eval mode on CPU.
+
+    Raises: CheckpointError for a missing, corrupt or inconsistent checkpoint.
+    """
+    config, _ = checkpoint_files(checkpoint)
+    try:
+        json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"config.json of {checkpoint} is unreadable or not JSON ({e})") from e
+    folder = config.parent
+    try:
+        model = GPT.from_pretrained(str(folder))
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {checkpoint} does not load: {type(e).__name__}: {e}") from e
+    return model.eval()
+
+
+def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]:
+    """The same RoPE weights with zero-shot PI (Chen et al. 2023) or YaRN (Peng et al. 2023).
+
+    Factor ``s = max(1, length / seq_len)``; ``"pi"`` builds ``rope_pi`` with
+    ``rope_scaling_factor = s``; ``"yarn"`` builds ``yarn`` with the same factor and
+    ``original_max_position_embeddings = seq_len`` (its attention factor scales q and k
+    once each). RoPE has no encoding parameters, so the state dict loads unchanged.
+
+    Returns: ``(model in eval mode on the same device, {"position_encoding", "encoding_options"})``.
+    Raises: EvaluationError if ``model`` is not a plain-RoPE checkpoint or ``scaling`` is unknown.
+    """
+    cfg = model.config
+    if scaling not in ROPE_SCALINGS:
+        raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {scaling!r})")
+    if cfg.position_encoding != "rope":
+        raise EvaluationError(f"rope_scaling={scaling!r} needs a RoPE checkpoint; this one uses "
+                              f"position_encoding={cfg.position_encoding!r}")
+    factor = max(1.0, length / cfg.seq_len)
+    opts = {k: v for k, v in cfg.encoding_options.items() if k == "rope_theta"}
+    opts["rope_scaling_factor"] = factor
+    name = "rope_pi" if scaling == "pi" else "yarn"
+    if name == "yarn":
+        opts["original_max_position_embeddings"] = cfg.seq_len
+    fields_ = {k: getattr(cfg, k) for k in GPTConfig.__dataclass_fields__}
+    fields_.update(position_encoding=name, encoding_options=opts)
+    device = next(model.parameters()).device
+    scaled = GPT(GPTConfig(**fields_))  # fresh init is overwritten by the checkpoint's weights
+    load_state_checked(scaled, {k: v.to("cpu") for k, v in model.state_dict().items()},
+                       source="the RoPE checkpoint's weights")
+    scaled.to(device)
+    return scaled.eval(), {"position_encoding": name, "encoding_options": opts}
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"`` as given.
+
+    Raises: EvaluationError for CUDA requested without an available GPU, or an unknown name.
+    """
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise EvaluationError(f"unknown device {device!r}; use auto, cpu or cuda") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EvaluationError("device 'cuda' requested but no CUDA GPU is available (torch.cuda.is_available() "
+                              "is False); use --device cpu or auto")
+    if dev.type not in ("cpu", "cuda"):
+        raise EvaluationError(f"device {device!r} is not supported; use auto, cpu or cuda")
+    return dev
+
+
+def default_cache_dir() -> Path:
+    """``$FIREVIZ_CACHE_DIR`` if set, else ``~/.cache/fireviz/eval``."""
+    env = os.environ.get("FIREVIZ_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fireviz" / "eval"
+
+
+def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> str:
+    """sha256 (hex) of the checkpoint hash, data fingerprint and canonical settings JSON."""
+    blob = json.dumps({"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint,
+                       "settings": length_settings}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _valid_entry(entry: object, length: int) -> bool:
+    if not isinstance(entry, dict) or any(k not in entry for k in _PER_LENGTH_FIELDS) or entry["length"] != length:
+        return False
+    nums = [entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte")]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in nums):
+        return False
+    if not all(isinstance(entry[k], int) and entry[k] > 0 for k in ("tokens_scored", "windows")):
+        return False
+    lbp = entry["loss_by_position"]
+    return isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
+                                                                                   "nats", "tokens"))
+
+
+def _cache_read(path: Path, key: str, length: int) -> dict | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
+        return None
+    return obj["result"]
+
+
+def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+def _load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[list[Document], str]:
+    split = split or "validation"
+    if split not in SPLITS:
+        raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+    docs = load_documents(data)
+    if split == "all":
+        return docs, split
+    try:
+        return split_documents(docs, split), split
+    except DataError as e:
+        hint = "" if isinstance(data, str) and data in DOMAINS else " — for a small file of your own use split='all' (--split all)"
+        raise DataError(f"{e}{hint}") from e
+
+
+def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathLike,
+                  lengths: Iterable[int] = DEFAULT_LENGTHS, *, mode: str = "nonoverlapping",
+                  stride: int | None = None, token_budget: int | None = DEFAULT_TOKEN_BUDGET, seed: int = 0,
+                  rope_scaling: str | None = None, split: str | None = None,
+                  position_buckets: int = DEFAULT_POSITION_BUCKETS, device: str | torch.device = "auto",
+                  batch_tokens: int | None = None, progress: ProgressFn | None = None,
+                  should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
+                  use_cache: bool = True) -> list[dict]:
+    """Evaluate several checkpoints on the same windows (paired comparison); one result each.
+
+    See ``evaluate_checkpoint`` for the arguments and the result; the data is loaded and the
+    windows are planned once. ``progress(done, total, message)`` counts windows over all
+    checkpoints and lengths (cached lengths count as done at once).
+    Raises: as ``evaluate_checkpoint``; a checkpoint that does not load raises
+      CheckpointError before any scoring.
+    """
+    t_start = time.perf_counter()
+    lengths = list(lengths)
+    if not lengths:
+        raise EvaluationError("no evaluation lengths given")
+    for n in lengths:
+        _check_length(n)
+    lengths = list(dict.fromkeys(int(n) for n in lengths))  # user order, duplicates once
+    mode = _check_mode(mode, stride)
+    if token_budget is not None and (int(token_budget) != token_budget or token_budget < 1):
+        raise EvaluationError(f"token_budget must be an integer >= 1 or None (got {token_budget!r})")
+    if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
+        raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})")
+    if position_buckets < 1:
+        raise EvaluationError(f"position_buckets must be >= 1 (got {position_buckets})")
+    dev = resolve_device(device)
+    precision = "bfloat16-autocast" if dev.type == "cuda" else "float32"
+    batch_tokens = int(batch_tokens or (16384 if dev.type == "cuda" else 8192))
+
+    # Checkpoints first: a bad one is an error before minutes of work.
+    loaded = []
+    for ckpt in checkpoints:
+        sha = checkpoint_sha256(ckpt)
+        model = load_checkpoint(ckpt)
+        if rope_scaling is not None and model.config.position_encoding != "rope":
+            raise EvaluationError(f"rope_scaling={rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
+                                  f"position_encoding={model.config.position_encoding!r}")
+        loaded.append((ckpt, sha, model))
+    if not loaded:
+        raise EvaluationError("no checkpoints given")
+
+    docs, split = _load_eval_documents(data, split)
+    fingerprint = data_fingerprint(docs)
+    ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
+    plans: dict[int, list[Window] | str] = {}
+    for n in dict.fromkeys(lengths):
+        try:
+            plans[n] = plan_windows(ids, sizes, n, mode=mode, stride=stride, token_budget=token_budget, seed=seed)
+        except EvaluationError as e:
+            plans[n] = str(e)
+    token_cache: dict[int, torch.Tensor] = {}
+
+    def doc_tokens(i: int) -> torch.Tensor:
+        if i not in token_cache:
+            token_cache[i] = document_tokens(docs[i])
+        return token_cache[i]
+
+    settings = {"data": str(data), "split": split, "lengths": lengths, "mode": mode, "stride": stride,
+                "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
+                "position_buckets": int(position_buckets), "precision": precision, "batch_tokens": batch_tokens,
+                "bos": BOS_CONVENTION, "documents": len(docs)}
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
+    total = sum(len(p) for p in plans.values() if isinstance(p, list)) * len(loaded)
+    done = 0
+
+    def report(message: str) -> None:
+        if progress is not None:
+            progress(done, total, message)
+
+    def check_stop() -> None:
+        if should_stop is not None and should_stop():
+            raise EvaluationCancelled("evaluation cancelled; finished lengths are cached")
+
+    results = []
+    for ckpt, sha, model in loaded:
+        t_ckpt = time.perf_counter()
+        name = Path(str(ckpt)).name or str(ckpt)
+        cfg = model.config
+        on_device = None
+        per_length = []
+        for n in lengths:
+            plan = plans[n]
+            if isinstance(plan, str):
+                per_length.append({"length": n, "error": plan})
+                continue
+            if cfg.absolute_position_embedding and n > cfg.seq_len:
+                per_length.append({"length": n, "error": f"absolute position embeddings cover {cfg.seq_len} "
+                                                          f"tokens; length {n} cannot be evaluated"})
+                done += len(plan)
+                report(f"{name} L={n}: skipped")
+                continue
+            length_settings = {"format": EVAL_FORMAT_VERSION, "length": n, "mode": mode, "stride": stride,
+                               "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
+                               "split": split, "position_buckets": int(position_buckets), "precision": precision,
+                               "bos": BOS_CONVENTION}
+            key = cache_key(sha, fingerprint, length_settings)
+            entry_path = cache_root / f"{key}.json"
+            cached = _cache_read(entry_path, key, n) if use_cache else None
+            if cached is not None:
+                per_length.append({**cached, "cached": True})
+                done += len(plan)
+                report(f"{name} L={n}: cached")
+                continue
+            check_stop()
+            t0 = time.perf_counter()
+            if on_device is None:
+                on_device = model.to(dev)
+            scored_model, extra = on_device, {}
+            if rope_scaling is not None:
+                scored_model, extra = rope_scaled_model(on_device, rope_scaling, n)
+            finished = 0
+
+            def on_batch(k: int, n=n, plan=plan) -> None:
+                nonlocal done, finished
+                done += k
+                finished += k
+                report(f"{name} L={n}: {finished}/{len(plan)} windows")
+                check_stop()
+
+            report(f"{name} L={n}: 0/{len(plan)} windows")
+            nats, counts = score_windows(scored_model, doc_tokens, plan, n, device=dev, batch_tokens=batch_tokens,
+                                         on_batch=on_batch)
+            entry = summarize(n, nats, counts, len(plan), position_buckets)
+            entry["documents"] = len({w.doc for w in plan})
+            entry.update(extra)
+            entry["seconds"] = time.perf_counter() - t0
+            if use_cache:
+                write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
+                                               "settings": length_settings, "fireviz_version": __version__,
+                                               "result": entry})
+            per_length.append({**entry, "cached": False})
+        if on_device is not None and dev.type == "cuda":
+            model.to("cpu")
+            torch.cuda.empty_cache()
+        seconds = time.perf_counter() - t_ckpt + setup_seconds
+        results.append({"checkpoint": name, "checkpoint_path": str(ckpt), "checkpoint_sha256": sha,
+                        "position_encoding": cfg.position_encoding, "train_seq_len": cfg.seq_len,
+                        "settings": settings, "data_fingerprint": fingerprint, "fireviz_version": __version__,
+                        "device": _device_name(dev), "seconds": seconds,
+                        "per_length": per_length})
+    report("done")
+    return results
+
+
+def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
+                        lengths: Iterable[int] = DEFAULT_LENGTHS, **kwargs) -> dict:
+    """Perplexity of one checkpoint at each evaluation length.
+
+    Args:
+      checkpoint: a checkpoint folder (config.json + model.safetensors) or a Hub repo id.
+      data: ``"prose" | "latex" | "code"`` or a path accepted by ``fireviz.data.load_documents``.
+      lengths: window lengths ``n`` in tokens (bytes), each >= 2.
+      mode: ``"nonoverlapping"`` (default) or ``"sliding"`` with ``stride`` tokens (1..n).
+      token_budget: targets scored per length (default 65536); None = every eligible window.
+      seed: window-selection seed; the selection never depends on the checkpoint.
+      rope_scaling: None, ``"pi"`` or ``"yarn"`` — zero-shot extension of a RoPE checkpoint
+        with factor ``max(1, n / seq_len)`` (see ``rope_scaled_model``).
+      split: ``"validation"`` (default), ``"train"`` or ``"all"`` (for a small file of your own).
+      position_buckets: buckets of ``loss_by_position`` (equal width over positions 1..n−1).
+      device: ``"auto"`` (CUDA with bf16 autocast when present, else CPU float32), ``"cpu"``, ``"cuda"``.
+      batch_tokens: tokens per forward batch (default 8192 CPU, 16384 CUDA); windows per
+        batch = max(1, batch_tokens // n), so a long window runs alone. Not part of the cache key.
+      progress: ``progress(done_windows, total_windows, message)``; should_stop: ``() -> bool``,
+        checked between batches.
+      cache_dir: folder of cached per-length results (default ``default_cache_dir()``);
+        use_cache: False to neither read nor write it.
+    Returns: ``{"checkpoint", "checkpoint_path", "checkpoint_sha256", "position_encoding",
+      "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
+      "per_length": [summarize(...) + {"documents", "seconds", "cached"} or {"length", "error"}]}``.
+      ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data
+      and planning windows included); a per-length ``seconds`` is the scoring time when it
+      was computed (also for a cached entry). With ``rope_scaling`` each per-length entry
+      adds ``position_encoding`` (``rope_pi``/``yarn``) and the ``encoding_options`` used.
+      All numbers are finite floats or ints (JSON without NaN).
+    Raises: CheckpointError (does not load), DataError (unknown domain, no text, empty
+      split), EvaluationError (bad settings, non-RoPE checkpoint with rope_scaling, CUDA
+      unavailable), EvaluationCancelled. A length that cannot be evaluated (longer than every
+      document, stride larger than it) is an ``{"length", "error"}`` entry, not an exception.
+    """
+    return evaluate_many([checkpoint], data, lengths, **kwargs)[0]
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def format_table(results: Sequence[dict]) -> str:
+    """A plain-text table: one row per checkpoint, one column per length, "bpb (ppl)" cells."""
+    lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
+    head = ["checkpoint", "enc", "train"] + [str(n) for n in lengths]
+    rows = []
+    for r in results:
+        cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f} ({e['perplexity']:.2f})")
+                 for e in r["per_length"]}
+        rows.append([r["checkpoint"], r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if
+                     r["settings"]["rope_scaling"] else ""), str(r["train_seq_len"])]
+                    + [cells.get(n, "") for n in lengths])
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    out = ["bits per byte (perplexity) by evaluation length in tokens", line(head), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
+              if "error" in e]
+    if errors:
+        out += ["errors:"] + list(dict.fromkeys(errors))
+    return "\n".join(out)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})")
+    if not lengths:
+        raise argparse.ArgumentTypeError("give at least one length")
+    return lengths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m fireviz eval`` argument parser."""
+    p = argparse.ArgumentParser(prog="python -m fireviz eval",
+                                description="Perplexity / bits per byte vs evaluation length for checkpoints.")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
+    p.add_argument("--data", required=True, help=f"{', '.join(DOMAINS)} or a PATH.jsonl[.gz|.xz] / .txt / folder")
+    p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
+                   help="comma-separated window lengths in tokens (default %(default)s)")
+    p.add_argument("--mode", choices=MODES, default="nonoverlapping")
+    p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
+    p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
+                   help="target tokens per length (default %(default)s; 0 = every window)")
+    p.add_argument("--seed", type=int, default=0, help="window selection seed")
+    p.add_argument("--split", choices=SPLITS, default="validation")
+    p.add_argument("--rope-scaling", choices=ROPE_SCALINGS, default=None,
+                   help="zero-shot RoPE extension (factor = length / training length)")
+    p.add_argument("--position-buckets", type=int, default=DEFAULT_POSITION_BUCKETS)
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p.add_argument("--batch-tokens", type=int, default=None)
+    p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
+    p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
+    or when no length of any checkpoint could be evaluated, 130 when interrupted."""
+    args = build_parser().parse_intermixed_args(argv)
+    bar = None
+
+    def progress(done: int, total: int, message: str) -> None:
+        nonlocal bar
+        if args.quiet or (bar is None and total == 0):
+            return
+        if bar is None:  # created on the first report, so an early error prints one line only
+            from tqdm.auto import tqdm
+            bar = tqdm(total=total, unit="win", file=sys.stderr, dynamic_ncols=True)
+        bar.total = total
+        bar.n = done
+        bar.set_description_str(message[:60])
+        bar.refresh()
+
+    try:
+        results = evaluate_many(args.checkpoints, args.data, args.lengths, mode=args.mode, stride=args.stride,
+                                token_budget=args.token_budget or None, seed=args.seed, rope_scaling=args.rope_scaling,
+                                split=args.split, position_buckets=args.position_buckets, device=args.device,
+                                batch_tokens=args.batch_tokens, progress=progress, cache_dir=args.cache_dir,
+                                use_cache=not args.no_cache)
+    except (CheckpointError, DataError, EvaluationError) as e:
+        if bar is not None:
+            bar.close()
+        print(f"fireviz eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print("fireviz eval: interrupted; finished lengths are cached", file=sys.stderr)
+        return 130
+    if bar is not None:
+        bar.close()
+    print(format_table(results))
+    if args.out:
+        write_json_atomic(args.out, results)
+        print(f"wrote {args.out}")
+    if not any("error" not in e for r in results for e in r["per_length"]):
+        first = next(e["error"] for r in results for e in r["per_length"])
+        print(f"fireviz eval: error: no length could be evaluated: {first}", file=sys.stderr)
+        return 2
+    return 0

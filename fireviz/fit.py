@@ -1,0 +1,891 @@
+"""Fit FIRE to another relative-position bias: Theorem 3.1 of the FIRE paper, made numerical.
+
+Source: Li et al. 2024 (ICLR), "Functional Interpolation for Relative Positions Improves Long
+Context Transformers", arXiv 2310.04418, eq. 3–4 (FIRE) and Theorem 3.1 (FIRE can represent
+T5's bucketed bias, ALiBi, Kerple and Sandwich).
+
+FIRE's bias is ``b(i, j) = f_θ(ψ(i − j) / ψ(max(L, i)))`` with ``ψ(x) = log(|c·x| + 1)`` and
+``f_θ`` a 1 → width → heads ReLU MLP. The construction behind the theorem: with the threshold
+``L ≥ max_len`` every query of the fitted range ``0 ≤ j ≤ i < max_len`` shares the normalizer
+``ψ(L)``, so on that range FIRE is a function of the distance ``d = i − j`` alone,
+
+    b(i, j) = f_θ(x_d),   x_d = ψ(d) / ψ(L) ∈ [0, 1],
+
+and any Toeplitz target ``g_h(d)`` is matched by choosing ``c`` and a piecewise-linear ``f_θ``
+through the points ``(x_d, g_h(d))``. Fitting therefore runs on ``max_len`` distances, each
+weighted by its number of pairs ``max_len − d`` so the 1-D error *is* the all-pairs error:
+
+1. for a grid of ``c``, place the hidden units' kinks at data points chosen greedily by
+   orthogonal least squares (the kink that most reduces the weighted error, all heads
+   together), with one unit reserved for the linear term ``ReLU(x) = x``;
+2. keep the best ``c``; solve the output layer in closed form (weighted least squares);
+3. refine ``log c`` and the kinks with Adam, the output layer re-solved in closed form at
+   every step (variable projection), keeping the best iterate.
+
+The loss is the mean over heads of ``(RMSE_h / std_h)²`` on the fitted range, so heads with
+small biases (ALiBi's gentle slopes) are fitted as well, relatively, as steep ones.
+Beyond the fitted range (queries up to ``4 × max_len``) FIRE's normalizer becomes ``ψ(i)``:
+it stretches the fitted function over the longer context (progressive interpolation) while
+the target keeps its own formula; ``FitResult`` reports that difference as it is.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .encodings import ALiBi, FIRE, KerpleLog, KerplePower, Sandwich, T5RelativeBias
+from .encodings.base import ToeplitzBias
+from .encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX
+from .model import CheckpointError
+
+#: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
+TARGET_NAMES: tuple[str, ...] = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich", "checkpoint")
+
+#: Keyword parameters each target takes (see ``make_target``).
+TARGET_PARAMS: dict[str, frozenset[str]] = {
+    "t5": frozenset({"num_buckets", "max_distance", "values", "seed"}),
+    "alibi": frozenset({"slope"}),
+    "kerple_log": frozenset({"r1", "r2", "seed"}),
+    "kerple_power": frozenset({"r1", "r2", "seed"}),
+    "sandwich": frozenset({"dbar"}),
+    "checkpoint": frozenset({"path", "layer"}),
+}
+
+#: Multiple of ``max_len`` up to which ``fit_fire`` measures the error beyond the fitted range.
+BEYOND_FACTOR = 4
+
+#: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
+DEFAULT_STEPS = 300
+
+#: Safetensors metadata key holding a fitted FIRE's constructor options (JSON).
+FIRE_OPTIONS_KEY = "fireviz.fire_options"
+
+# Grid of c·L (c times the threshold, in units of 1) tried by the initialisation: from
+# ψ nearly linear in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴).
+_CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 0.5))
+# Candidate kink positions per fit (data points; subsampled beyond this many distances).
+_MAX_CANDIDATES = 1024
+# Query rows whose all-pairs error beyond the fitted range is measured exactly; longer
+# ranges use that many evenly spaced rows (deterministic).
+_MAX_BEYOND_ROWS = 2048
+_BEYOND_ROW_BLOCK = 256
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FitTarget:
+    """A Toeplitz bias to fit: ``g_h(d)`` logits for distances ``d = i − j`` (tokens).
+
+    Attributes:
+      name: one of ``TARGET_NAMES``.
+      encoding: the fireviz encoding that defines the bias (T5RelativeBias, ALiBi, KerpleLog,
+        KerplePower or Sandwich), evaluated through its own ``bias_by_distance``; so the
+        target's extrapolation beyond the fitted range is that encoding's own formula.
+      params: JSON-able description of the parameters (what the CLI and ``to_dict`` show).
+    """
+
+    name: str
+    encoding: ToeplitzBias
+    params: dict = field(default_factory=dict)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads of the target bias."""
+        return self.encoding.num_heads
+
+    @torch.no_grad()
+    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        """Target logits, float32 ``[num_heads, *d.shape]`` for int distances ``d`` (tokens)."""
+        return self.encoding.bias_by_distance(d.to(self.encoding.device)).float().cpu()
+
+
+def _per_head(value, num_heads: int, what: str) -> torch.Tensor:
+    """A scalar or a list of ``num_heads`` numbers as float32 ``[num_heads]``."""
+    t = torch.as_tensor(value, dtype=torch.float32).flatten()
+    if t.numel() == 1:
+        return t.expand(num_heads).clone()
+    if t.numel() != num_heads:
+        raise ValueError(f"{what} needs 1 or num_heads={num_heads} values (got {t.numel()})")
+    return t
+
+
+def t5_bucket_values(profile, num_buckets: int, num_heads: int, seed: int = 0) -> torch.Tensor:
+    """Per-bucket T5 bias values, float32 ``[num_buckets, num_heads]`` (logits).
+
+    ``profile``:
+      * ``"random"``: a seeded draw N(0, 1) per bucket and head (torch.Generator(seed));
+        the hardest case (an unstructured step function of distance).
+      * ``"decay"``: ``v[b, h] = −4 · (h + 1)/num_heads · b/(num_buckets − 1)``: each head
+        loses up to 4(h+1)/H logits linearly in the bucket id, the shape trained T5 biases
+        tend to take (Raffel et al. 2020, §2.1 describe the buckets, not the values).
+      * numbers: ``[num_buckets]`` (one profile for all heads) or ``[num_buckets, num_heads]``.
+    Raises: ValueError for an unknown profile name, a wrong shape or non-finite values.
+    """
+    if isinstance(profile, str):
+        if profile == "random":
+            g = torch.Generator().manual_seed(int(seed))
+            return torch.randn(num_buckets, num_heads, generator=g)
+        if profile == "decay":
+            b = torch.arange(num_buckets, dtype=torch.float32)[:, None] / (num_buckets - 1)
+            h = torch.arange(1, num_heads + 1, dtype=torch.float32)[None, :] / num_heads
+            return -4.0 * h * b
+        raise ValueError(f"unknown T5 value profile {profile!r}; use 'random', 'decay' or a list of "
+                         f"{num_buckets} numbers (one per bucket)")
+    v = torch.as_tensor(profile, dtype=torch.float32)
+    if v.dim() == 1 and v.numel() == num_buckets:
+        v = v[:, None].expand(num_buckets, num_heads)
+    if tuple(v.shape) != (num_buckets, num_heads):
+        raise ValueError(f"T5 values must have shape [num_buckets={num_buckets}] or "
+                         f"[num_buckets, num_heads]=[{num_buckets}, {num_heads}] (got {tuple(v.shape)})")
+    if not torch.isfinite(v).all():
+        raise ValueError("T5 values must be finite")
+    return v.clone()
+
+
+def _kerple_r(value, default_draw: torch.Tensor, num_heads: int, what: str, upper: float | None) -> torch.Tensor:
+    r = default_draw if value is None else _per_head(value, num_heads, what)
+    if not torch.isfinite(r).all() or (r <= 0).any():
+        raise ValueError(f"Kerple needs {what} > 0 for every head (got {r.tolist()}); e.g. {what}=0.5")
+    if (r < KERPLE_MIN).any():
+        raise ValueError(f"Kerple's reference code clamps {what} to >= {KERPLE_MIN} (got {r.tolist()}); "
+                         f"pass {what} >= {KERPLE_MIN} so the target is exactly what you asked for")
+    if upper is not None and (r > upper).any():
+        raise ValueError(f"Kerple-power needs 0 < {what} <= {upper} (got {r.tolist()}); the kernel "
+                         "|d|^r2 is conditionally positive definite only there (Chi et al. 2022, §4.2)")
+    return r
+
+
+def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
+    """Build a fit target by name, with its parameters.
+
+    Args:
+      name: one of ``TARGET_NAMES``.
+      num_heads: heads (>= 1); not needed for ``checkpoint`` (taken from the checkpoint).
+      params by target:
+        * ``t5``: ``num_buckets`` (32), ``max_distance`` (128 tokens), ``values``
+          ("random" (default) | "decay" | numbers, see ``t5_bucket_values``), ``seed`` (0).
+          Causal bucketing (``relative_position_bucket``, Raffel et al. 2020 §2.1).
+        * ``alibi``: ``slope`` (None → ``alibi_slopes(num_heads)``, Press et al. 2022 §3;
+          a number → that slope for every head). Bias ``−m_h·d``.
+        * ``kerple_log`` / ``kerple_power``: ``r1``, ``r2`` (a number or ``num_heads``
+          numbers; None → a seeded draw from the reference init r1 ~ U(0, 2), r2 ~ U(0, 1),
+          clamped to >= 0.01), ``seed`` (0). Bias ``−r1·log(1 + r2·d)`` resp. ``−r1·d^r2``
+          (Chi et al. 2022, §4.2).
+        * ``sandwich``: ``dbar`` (128, even). Bias ``(S(d) − dbar/2)/r_h``, ``r_h = 8h/H``
+          (Chi et al. 2023, §5).
+        * ``checkpoint``: ``path`` (a checkpoint folder or Hub id), ``layer`` (0); see
+          ``target_from_checkpoint``.
+    Returns: a ``FitTarget``.
+    Raises: ValueError for an unknown target or parameter, num_heads < 1, Kerple r1 or r2
+      outside (0.01, ∞) (r2 <= 2 for the power variant), bad T5 bucketing/values, an odd
+      dbar; CheckpointError/ValueError from ``target_from_checkpoint``.
+    """
+    if name not in TARGET_NAMES:
+        raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
+    unknown = set(params) - TARGET_PARAMS[name]
+    if unknown:
+        raise ValueError(f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
+                         f"{', '.join(sorted(TARGET_PARAMS[name])) or 'none'}")
+    if name == "checkpoint":
+        if "path" not in params:
+            raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
+        target = target_from_checkpoint(params["path"], int(params.get("layer", 0)))
+        if num_heads is not None and num_heads != target.num_heads:
+            raise ValueError(f"checkpoint {params['path']} has {target.num_heads} heads, not {num_heads}; "
+                             "omit num_heads (CLI: --heads) to use the checkpoint's")
+        return target
+    if num_heads is None or int(num_heads) < 1:
+        raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
+    H = int(num_heads)
+    if name == "t5":
+        B = int(params.get("num_buckets", 32))
+        max_distance = int(params.get("max_distance", 128))
+        seed = int(params.get("seed", 0))
+        values = params.get("values", "random")
+        enc = T5RelativeBias(H, num_buckets=B, max_distance=max_distance, bidirectional=False)  # validates
+        v = t5_bucket_values(values, B, H, seed)
+        with torch.no_grad():
+            enc.relative_attention_bias.copy_(v)
+        shown = values if isinstance(values, str) else v.tolist()
+        return FitTarget("t5", enc.requires_grad_(False),
+                         {"num_buckets": B, "max_distance": max_distance, "values": shown, "seed": seed})
+    if name == "alibi":
+        slope = params.get("slope")
+        if slope is not None and not (math.isfinite(float(slope)) and float(slope) > 0):
+            raise ValueError(f"ALiBi slope must be > 0 (got {slope}); omit it for the standard slopes")
+        enc = ALiBi(H, slope=None if slope is None else float(slope))
+        return FitTarget("alibi", enc, {"slope": None if slope is None else float(slope),
+                                        "slopes": enc.slopes.tolist()})
+    if name in ("kerple_log", "kerple_power"):
+        seed = int(params.get("seed", 0))
+        g = torch.Generator().manual_seed(seed)
+        draw_r1 = (torch.rand(H, generator=g) * 2).clamp(min=KERPLE_MIN)
+        draw_r2 = torch.rand(H, generator=g).clamp(min=KERPLE_MIN)
+        r1 = _kerple_r(params.get("r1"), draw_r1, H, "r1", None)
+        r2 = _kerple_r(params.get("r2"), draw_r2, H, "r2", KERPLE_POWER_MAX if name == "kerple_power" else None)
+        cls = KerpleLog if name == "kerple_log" else KerplePower
+        enc = cls(H, init_r1=r1.tolist(), init_r2=r2.tolist()).requires_grad_(False)
+        return FitTarget(name, enc, {"r1": r1.tolist(), "r2": r2.tolist(), "seed": seed})
+    dbar = int(params.get("dbar", 128))
+    enc = Sandwich(H, dbar=dbar)  # validates dbar
+    return FitTarget("sandwich", enc, {"dbar": dbar, "compression": enc.compression.tolist()})
+
+
+def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
+    """The learned (or fixed) bias of one layer of a trained fireviz GPT checkpoint.
+
+    Loads ``GPT.from_pretrained(path)`` (safetensors only) and takes
+    ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
+    ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
+    Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path``, ``layer``,
+      ``encoding`` (the checkpoint's encoding name) and ``seq_len`` (its training length).
+    Raises: CheckpointError (missing/corrupt folder); ValueError if the layer is out of
+      range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
+    """
+    from .model import GPT
+
+    model = GPT.from_pretrained(str(path))
+    cfg = model.config
+    if not 0 <= int(layer) < cfg.n_layer:
+        raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
+    allowed = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")
+    enc = model.encoding(int(layer))
+    if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
+        raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
+                         f"needs a Toeplitz bias: one of {', '.join(allowed)}")
+    enc.requires_grad_(False)
+    return FitTarget("checkpoint", enc, {"path": str(path), "layer": int(layer),
+                                         "encoding": cfg.position_encoding, "seq_len": cfg.seq_len})
+
+
+# --------------------------------------------------------------------------------------------
+# Result
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FitResult:
+    """Outcome of ``fit_fire``.
+
+    Attributes:
+      module: the fitted ``FIRE`` (float32, ``init_L = max_len``, multiplier 1, so
+        ``threshold() = max_len`` tokens); ``bias(q, k)`` gives its logits.
+      target: the ``FitTarget`` fitted.
+      max_len: fitted range, tokens: all pairs ``0 ≤ j ≤ i < max_len``.
+      loss_curve: objective per step (mean over heads of (RMSE_h/std_h)², fitted range);
+        entry 0 is the closed-form initialisation.
+      relative_rmse: RMSE over all fitted pairs and heads / std of the target over them.
+      relative_rmse_per_head: the same per head, ``[num_heads]``.
+      max_abs_error: max |FIRE − target| over fitted pairs and heads (logits).
+      rmse: RMSE over the fitted range (logits).
+      relative_rmse_beyond / max_abs_error_beyond / rmse_beyond / relative_rmse_beyond_per_head:
+        the same over pairs with query ``max_len ≤ i < 4·max_len`` (all ``j ≤ i``), against
+        the target's own formula at those distances; see ``beyond_rows``.
+      beyond_rows: query rows measured beyond (all of them up to 2048 rows; else evenly
+        spaced).
+      distance, target_values, fitted_values: per-distance curves inside the fitted range:
+        ``d = 0..max_len−1`` and float32 ``[num_heads, max_len]`` logits (FIRE is a function
+        of d there); ``weights``: pairs per distance, ``max_len − d``.
+      beyond_query: the query position of the beyond curves, ``4·max_len − 1``;
+        beyond_distance, beyond_target, beyond_fitted: that row's curves, ``d = 0..4·max_len−1``.
+      steps, steps_run, stopped: requested steps, steps taken, whether ``should_stop`` ended it.
+      seconds: wall-clock seconds of the whole fit including the evaluation.
+      mlp_width, seed, c: width of f_θ, the seed, the fitted c.
+    """
+
+    module: FIRE
+    target: FitTarget
+    max_len: int
+    loss_curve: list[float]
+    relative_rmse: float
+    relative_rmse_per_head: list[float]
+    max_abs_error: float
+    rmse: float
+    relative_rmse_beyond: float
+    relative_rmse_beyond_per_head: list[float]
+    max_abs_error_beyond: float
+    rmse_beyond: float
+    beyond_rows: int
+    distance: np.ndarray
+    target_values: np.ndarray
+    fitted_values: np.ndarray
+    weights: np.ndarray
+    beyond_query: int
+    beyond_distance: np.ndarray
+    beyond_target: np.ndarray
+    beyond_fitted: np.ndarray
+    steps: int
+    steps_run: int
+    stopped: bool
+    seconds: float
+    mlp_width: int
+    seed: int
+    c: float
+
+    @property
+    def residuals(self) -> np.ndarray:
+        """Fitted − target per distance inside the fitted range, float32 ``[num_heads, max_len]``."""
+        return self.fitted_values - self.target_values
+
+    @property
+    def beyond_residuals(self) -> np.ndarray:
+        """Fitted − target along the last query row, float32 ``[num_heads, 4·max_len]``."""
+        return self.beyond_fitted - self.beyond_target
+
+    def fire_options(self) -> dict:
+        """Constructor keywords that rebuild ``module`` (``FIRE(**options)``)."""
+        return fire_options(self.module)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the fitted module to ``path`` (safetensors; see ``save_fitted_fire``)."""
+        return save_fitted_fire(self.module, path, extra={"target": self.target.name,
+                                                          "max_len": self.max_len,
+                                                          "relative_rmse": self.relative_rmse})
+
+    def to_dict(self, curves: bool = True) -> dict:
+        """JSON-able summary (what ``python -m fireviz fit --out`` writes).
+
+        Keys:
+          ``target`` (name), ``target_params``, ``max_len``, ``num_heads``, ``mlp_width``,
+          ``steps``, ``steps_run``, ``stopped``, ``seed``, ``seconds``;
+          metrics ``relative_rmse``, ``relative_rmse_per_head`` (list [H]), ``max_abs_error``,
+          ``rmse`` and the same with suffix ``_beyond``; ``beyond_factor`` (4),
+          ``beyond_rows``; ``loss_curve`` (list, entry 0 = initialisation);
+          ``fire``: ``{"options": FIRE constructor keywords, "c": fitted c,
+          "L": threshold in tokens}``.
+          With ``curves`` (default): ``inside`` = ``{"distance": [max_len], "weight":
+          [max_len], "target": [H][max_len], "fitted": [H][max_len], "residual":
+          [H][max_len]}`` and ``beyond`` = ``{"query_position": 4·max_len − 1, "distance":
+          [4·max_len], "target", "fitted", "residual": [H][4·max_len]}`` (logits).
+        Non-finite numbers (a constant target's relative error) are written as null.
+        """
+        out = {
+            "target": self.target.name,
+            "target_params": self.target.params,
+            "max_len": self.max_len,
+            "num_heads": self.target.num_heads,
+            "mlp_width": self.mlp_width,
+            "steps": self.steps,
+            "steps_run": self.steps_run,
+            "stopped": self.stopped,
+            "seed": self.seed,
+            "seconds": self.seconds,
+            "relative_rmse": self.relative_rmse,
+            "relative_rmse_per_head": self.relative_rmse_per_head,
+            "max_abs_error": self.max_abs_error,
+            "rmse": self.rmse,
+            "relative_rmse_beyond": self.relative_rmse_beyond,
+            "relative_rmse_beyond_per_head": self.relative_rmse_beyond_per_head,
+            "max_abs_error_beyond": self.max_abs_error_beyond,
+            "rmse_beyond": self.rmse_beyond,
+            "beyond_factor": BEYOND_FACTOR,
+            "beyond_rows": self.beyond_rows,
+            "loss_curve": self.loss_curve,
+            "fire": {"options": self.fire_options(), "c": self.c, "L": float(self.module.threshold())},
+        }
+        if curves:
+            out["inside"] = {"distance": self.distance.tolist(), "weight": self.weights.tolist(),
+                             "target": self.target_values.tolist(), "fitted": self.fitted_values.tolist(),
+                             "residual": self.residuals.tolist()}
+            out["beyond"] = {"query_position": self.beyond_query, "distance": self.beyond_distance.tolist(),
+                             "target": self.beyond_target.tolist(), "fitted": self.beyond_fitted.tolist(),
+                             "residual": self.beyond_residuals.tolist()}
+        return _json_safe(out)
+
+
+def _json_safe(obj):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Saving and loading a fitted FIRE
+# --------------------------------------------------------------------------------------------
+def fire_options(module: FIRE) -> dict:
+    """The constructor keywords of a ``FIRE`` module (JSON-able), e.g. for safetensors metadata."""
+    return {"num_heads": module.num_heads, "mlp_width": module.mlp_width, "init_L": module.init_L,
+            "eps": module.eps, "progressive_interpolation": module.progressive_interpolation,
+            "log_transform": module.log_transform, "learn_threshold": module.learn_threshold,
+            "mlp_depth": module.mlp_depth, "normalizer_cap": module.normalizer_cap}
+
+
+def save_fitted_fire(module: FIRE, path: str | Path, extra: dict | None = None) -> Path:
+    """Save a FIRE module as safetensors: ``state_dict()`` plus its options as metadata.
+
+    The metadata key ``fireviz.fire_options`` holds ``fire_options(module)`` as JSON;
+    ``extra`` (JSON-able) goes under ``fireviz.fit``. No pickle.
+    Returns: the path written. Raises: OSError if it cannot be written.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    meta = {FIRE_OPTIONS_KEY: json.dumps(fire_options(module))}
+    if extra:
+        meta["fireviz.fit"] = json.dumps(_json_safe(extra))
+    save_file(state, str(path), metadata=meta)
+    return path
+
+
+def load_fitted_fire(path: str | Path) -> FIRE:
+    """Load a FIRE module written by ``save_fitted_fire`` / ``FitResult.save`` (safetensors).
+
+    Returns: ``FIRE`` with the saved weights, float32, on CPU.
+    Raises: FileNotFoundError if ``path`` does not exist; ValueError if the file is not
+      safetensors, lacks the ``fireviz.fire_options`` metadata, or its tensors do not match
+      those options.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; write one with FitResult.save or "
+                                "`python -m fireviz fit --save-module PATH`")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from e
+    if FIRE_OPTIONS_KEY not in meta:
+        raise ValueError(f"{path} has no '{FIRE_OPTIONS_KEY}' metadata: not written by save_fitted_fire")
+    opts = json.loads(meta[FIRE_OPTIONS_KEY])
+    module = FIRE(**opts)
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: tensors do not match the saved FIRE options {opts}: {e}") from e
+    return module
+
+
+# --------------------------------------------------------------------------------------------
+# The 1-D problem
+# --------------------------------------------------------------------------------------------
+def _x_of_d(d: torch.Tensor, c: torch.Tensor, L: float, eps: float) -> torch.Tensor:
+    """x_d = ψ(d)/(ψ(L) + eps) in float64, FIRE's formula for a query at i ≤ L."""
+    c = c.abs()
+    return torch.log1p(c * d) / (torch.log1p(c * L) + eps)
+
+
+def _hidden(x: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
+    """Design matrix ``[n, K + 2]``: 1, x (= ReLU(x), x ≥ 0), ReLU(x − t_k)."""
+    return torch.cat([torch.ones_like(x)[:, None], x[:, None], torch.relu(x[:, None] - knots[None, :])], dim=1)
+
+
+def _solve_output(Hs: torch.Tensor, Ys: torch.Tensor, ridge: float = 1e-11) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted least squares for the output layer: β ``[K+2, H]`` and the loss.
+
+    ``Hs [n, K+2]`` and ``Ys [n, H]`` are already scaled by sqrt(weight); the loss is the
+    mean over heads of the weighted squared residual (weights sum to 1). A tiny ridge,
+    relative to each column's norm, keeps duplicate kinks solvable.
+    """
+    G = Hs.T @ Hs
+    diag = G.diagonal()
+    G = G + torch.diag(ridge * (diag + diag.mean()))
+    beta = torch.linalg.solve(G, Hs.T @ Ys)
+    r = Hs @ beta - Ys
+    return beta, (r * r).sum(0).mean()
+
+
+def _greedy_knots(x: torch.Tensor, s: torch.Tensor, Ys: torch.Tensor, cand: torch.Tensor, k: int) -> torch.Tensor:
+    """Orthogonal least squares: pick ``k`` kinks among the data points ``x[cand]``.
+
+    Each step adds the candidate column ReLU(x − x_m) that most reduces the weighted
+    squared error summed over heads (after orthogonalising against the chosen columns).
+    Returns: float64 ``[k']`` kink positions, k' ≤ k (fewer if candidates run out).
+    """
+    base = s[:, None] * torch.stack([torch.ones_like(x), x], dim=1)
+    Q, _ = torch.linalg.qr(base)
+    A = s[:, None] * torch.relu(x[:, None] - x[cand][None, :])  # [n, M]
+    A = A - Q @ (Q.T @ A)
+    R = Ys - Q @ (Q.T @ Ys)  # [n, H]
+    norms0 = (s[:, None] * torch.relu(x[:, None] - x[cand][None, :])).pow(2).sum(0) + 1e-300
+    chosen: list[int] = []
+    alive = torch.ones(cand.numel(), dtype=torch.bool)
+    for _ in range(k):
+        nrm = A.pow(2).sum(0)
+        ok = alive & (nrm > 1e-12 * norms0)
+        if not ok.any():
+            break
+        score = (R.T @ A).pow(2).sum(0) / nrm.clamp(min=1e-300)
+        score = torch.where(ok, score, torch.full_like(score, -1.0))
+        m = int(score.argmax())
+        q = A[:, m] / nrm[m].sqrt()
+        R = R - q[:, None] * (q @ R)[None, :]
+        A = A - q[:, None] * (q @ A)[None, :]
+        alive[m] = False
+        chosen.append(m)
+    return x[cand[torch.tensor(chosen, dtype=torch.long)]] if chosen else x.new_zeros(0)
+
+
+def _candidates(n: int) -> torch.Tensor:
+    """Indices of distances that may host a kink: all of 1..n−2, or a log+linear subsample."""
+    if n - 2 <= _MAX_CANDIDATES:
+        return torch.arange(1, n - 1)
+    half = _MAX_CANDIDATES // 2
+    lin = np.linspace(1, n - 2, half)
+    geo = np.geomspace(1, n - 2, half)
+    idx = np.unique(np.concatenate([np.arange(1, 64), lin, geo]).round().astype(np.int64))
+    return torch.as_tensor(idx[(idx >= 1) & (idx <= n - 2)])
+
+
+# --------------------------------------------------------------------------------------------
+# fit_fire
+# --------------------------------------------------------------------------------------------
+def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None, mlp_width: int = 32,
+             steps: int = DEFAULT_STEPS, seed: int = 0,
+             progress: Callable[[int, int, float], None] | None = None,
+             should_stop: Callable[[], bool] | None = None, lr: float = 3e-3) -> FitResult:
+    """Fit a FIRE bias to ``target`` on all pairs ``0 ≤ j ≤ i < max_len`` (Theorem 3.1).
+
+    Args:
+      target: a ``FitTarget`` or a target name (built by ``make_target(name, num_heads)``
+        with default parameters).
+      max_len: fitted range in tokens (>= 2); FIRE's threshold is set to ``L = max_len``.
+      num_heads: heads; must equal the target's when both are given.
+      mlp_width: hidden width of f_θ (>= 2: one unit carries the linear term, the others
+        place kinks).
+      steps: Adam steps refining c and the kinks after the closed-form start (>= 0).
+      seed: seeds the module's initial weights (only units the construction leaves unused
+        keep random values, with zero output weight); the fit is otherwise deterministic.
+      progress: called as ``progress(step, steps, loss)`` after every step (step 0 = the
+        initialisation), loss = the objective below.
+      should_stop: polled before every step; True ends the fit early with the best
+        parameters so far (``stopped=True``; still a complete, valid ``FitResult``).
+      lr: Adam learning rate for log c and the kink positions.
+    Objective: mean over heads of (RMSE_h / std_h)² on the fitted range, the per-distance
+      errors weighted by their pair counts ``max_len − d`` (equal to the all-pairs error).
+    Returns: ``FitResult`` (metrics are measured on the float32 module through
+      ``FIRE.bias``, not on the fitting surrogate).
+    Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
+      unknown target name (and whatever ``make_target`` raises).
+    """
+    t0 = time.perf_counter()
+    if isinstance(target, str):
+        target = make_target(target, num_heads)
+    if not isinstance(max_len, (int, np.integer)) or max_len < 2:
+        raise ValueError(f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at "
+                         "least two distances to fit")
+    if mlp_width < 2:
+        raise ValueError(f"mlp_width must be >= 2 (got {mlp_width}): one unit for the linear term, "
+                         "the rest for kinks")
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0 (got {steps})")
+    if num_heads is not None and num_heads != target.num_heads:
+        raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
+    max_len, H = int(max_len), target.num_heads
+
+    torch.manual_seed(seed)
+    module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
+    L, eps = float(module.threshold().detach()), module.eps
+
+    # 1-D data: distances, pair weights, per-head standardised targets.
+    d = torch.arange(max_len, dtype=torch.float64)
+    y = target.bias_by_distance(torch.arange(max_len)).double().T  # [n, H]
+    w = (max_len - d) / (max_len - d).sum()
+    s = w.sqrt()
+    mean = (w[:, None] * y).sum(0)
+    std = ((w[:, None] * (y - mean) ** 2).sum(0)).sqrt()
+    scale = torch.where(std > 1e-12 * (1 + mean.abs()), std, torch.ones_like(std))
+    Ys = s[:, None] * (y - mean) / scale
+
+    # 2. closed-form start: best c on the grid, kinks by orthogonal least squares.
+    K = mlp_width - 1
+    cand = _candidates(max_len)
+    best = None
+    for cl in _CL_GRID:
+        c = torch.tensor(cl / L, dtype=torch.float64)
+        x = _x_of_d(d, c, L, eps)
+        knots = _greedy_knots(x, s, Ys, cand, K)
+        _, loss = _solve_output(s[:, None] * _hidden(x, knots), Ys)
+        if best is None or float(loss) < best[0]:
+            best = (float(loss), c, knots)
+    _, c0, knots0 = best
+    n_live = knots0.numel()
+    if n_live < K:  # too few distinct data points: park the spare kinks beyond x = 1 (never active)
+        knots0 = torch.cat([knots0, torch.full((K - n_live,), 2.0, dtype=torch.float64)])
+
+    # 3. refine log c and the kinks (variable projection: output layer solved each step).
+    log_c = torch.nn.Parameter(c0.log().clone())
+    knots = torch.nn.Parameter(knots0.clone())
+    live = torch.arange(K) < n_live
+    opt = torch.optim.Adam([log_c, knots], lr=lr)
+
+    def objective():
+        x = _x_of_d(d, log_c.exp(), L, eps)
+        kn = torch.where(live, knots, knots.detach())
+        return _solve_output(s[:, None] * _hidden(x, kn), Ys)
+
+    with torch.no_grad():
+        _, loss0 = objective()
+    best_loss, best_state = float(loss0), (log_c.detach().clone(), knots.detach().clone())
+    curve = [float(loss0)]
+    if progress is not None:
+        progress(0, steps, float(loss0))
+    stopped, steps_run = False, 0
+    for step in range(1, steps + 1):
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        opt.zero_grad()
+        _, loss = objective()
+        if not torch.isfinite(loss):
+            break
+        loss.backward()
+        opt.step()
+        steps_run = step
+        with torch.no_grad():
+            _, new = objective()
+        new = float(new)
+        curve.append(new)
+        if new < best_loss:
+            best_loss, best_state = new, (log_c.detach().clone(), knots.detach().clone())
+        if progress is not None:
+            progress(step, steps, new)
+
+    # Write the best iterate into the module: unit 0 = ReLU(x) (linear term), units k ≥ 1 =
+    # ReLU(x − t_k); output = per-head scale · β + mean.
+    with torch.no_grad():
+        log_c_best, knots_best = best_state
+        c_best = log_c_best.exp()
+        x = _x_of_d(d, c_best, L, eps)
+        beta, _ = _solve_output(s[:, None] * _hidden(x, knots_best), Ys)
+        beta = beta * scale[None, :]  # [K + 2, H]
+        lin1, lin2 = module.mlp[0], module.mlp[2]
+        module.c.fill_(float(c_best))
+        lin1.weight.fill_(1.0)
+        lin1.bias.zero_()
+        lin1.bias[1:] = (-knots_best).float()
+        lin2.weight.copy_(beta[1:].T.float())
+        lin2.bias.copy_((beta[0] + mean).float())
+        if n_live < K:  # parked kinks: the unit stays off on [0, 1]; zero its output anyway
+            lin2.weight[:, 1 + n_live:] = 0.0
+
+    return _evaluate(module, target, max_len, curve, steps, steps_run, stopped, t0, mlp_width, seed)
+
+
+@torch.no_grad()
+def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float], steps: int, steps_run: int,
+              stopped: bool, t0: float, mlp_width: int, seed: int) -> FitResult:
+    """Measure the float32 module through ``FIRE.bias`` inside and beyond the fitted range."""
+    H, n = target.num_heads, max_len
+    # Inside: every query i < max_len ≤ L has normalizer ψ(L), so the row of query n−1
+    # holds the value of every distance 0..n−1 exactly as every other row does.
+    fitted = module.bias(1, n, q_offset=n - 1)[:, 0].flip(-1).double()  # [H, n], d = 0..n−1
+    tgt = target.bias_by_distance(torch.arange(n)).double()
+    w = (n - torch.arange(n, dtype=torch.float64))
+    r = fitted - tgt
+    sse_h = (w * r * r).sum(1)
+    npairs = float(w.sum())
+    mean_h = (w * tgt).sum(1) / npairs
+    var_h = (w * (tgt - mean_h[:, None]) ** 2).sum(1) / npairs
+    mean_all = float(mean_h.mean())
+    var_all = float(((w * (tgt - mean_all) ** 2).sum()) / (npairs * H))
+    rmse = math.sqrt(float(sse_h.sum()) / (npairs * H))
+    rel = _ratio(rmse, math.sqrt(var_all))
+    rel_h = [_ratio(math.sqrt(float(e) / npairs), math.sqrt(float(v))) for e, v in zip(sse_h, var_h)]
+    max_abs = float(r.abs().max())
+
+    # Beyond: queries max_len ≤ i < 4·max_len over all keys j ≤ i.
+    top = BEYOND_FACTOR * n
+    rows = np.arange(n, top)
+    if rows.size > _MAX_BEYOND_ROWS:
+        rows = np.unique(np.linspace(n, top - 1, _MAX_BEYOND_ROWS).round().astype(np.int64))
+    table = target.bias_by_distance(torch.arange(top)).double()  # [H, top]
+    sse_b = torch.zeros(H, dtype=torch.float64)
+    s1 = torch.zeros(H, dtype=torch.float64)
+    s2 = torch.zeros(H, dtype=torch.float64)
+    count, max_b = 0, 0.0
+    contiguous = rows.size == top - n
+    blocks = range(0, rows.size, _BEYOND_ROW_BLOCK if contiguous else 1)
+    for b0 in blocks:
+        if contiguous:
+            i0, i1 = int(rows[b0]), int(rows[min(b0 + _BEYOND_ROW_BLOCK, rows.size) - 1]) + 1
+        else:
+            i0 = int(rows[b0])
+            i1 = i0 + 1
+        fb = module.bias(i1 - i0, i1, q_offset=i0).double()  # [H, q, i1], keys 0..i1−1
+        i = torch.arange(i0, i1)[:, None]
+        dist = i - torch.arange(i1)[None, :]
+        causal = dist >= 0
+        tb = table[:, dist.clamp(min=0)]
+        diff = torch.where(causal, fb - tb, torch.zeros(()))
+        tb = torch.where(causal, tb, torch.zeros(()))
+        sse_b += (diff * diff).sum((1, 2))
+        s1 += tb.sum((1, 2))
+        s2 += (tb * tb).sum((1, 2))
+        count += int(causal.sum())
+        max_b = max(max_b, float(diff.abs().max()))
+    var_bh = (s2 / count - (s1 / count) ** 2).clamp(min=0)
+    mean_b = float(s1.sum()) / (count * H)
+    var_b = max(float(s2.sum()) / (count * H) - mean_b ** 2, 0.0)
+    rmse_b = math.sqrt(float(sse_b.sum()) / (count * H))
+    rel_b = _ratio(rmse_b, math.sqrt(var_b))
+    rel_bh = [_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh)]
+
+    q_last = top - 1
+    beyond_fit = module.bias(1, top, q_offset=q_last)[:, 0].flip(-1)  # d = 0..top−1
+    c_val = float(module.c.detach())
+    return FitResult(
+        module=module, target=target, max_len=n, loss_curve=curve,
+        relative_rmse=rel, relative_rmse_per_head=rel_h, max_abs_error=max_abs, rmse=rmse,
+        relative_rmse_beyond=rel_b, relative_rmse_beyond_per_head=rel_bh, max_abs_error_beyond=max_b,
+        rmse_beyond=rmse_b, beyond_rows=int(rows.size),
+        distance=np.arange(n), target_values=tgt.float().numpy(), fitted_values=fitted.float().numpy(),
+        weights=w.numpy(), beyond_query=q_last, beyond_distance=np.arange(top),
+        beyond_target=table.float().numpy(), beyond_fitted=beyond_fit.numpy(),
+        steps=steps, steps_run=steps_run, stopped=stopped, seconds=time.perf_counter() - t0,
+        mlp_width=mlp_width, seed=seed, c=c_val,
+    )
+
+
+def _ratio(num: float, den: float) -> float:
+    if den > 0:
+        return num / den
+    return 0.0 if num == 0 else math.inf
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+class _CLIError(Exception):
+    pass
+
+
+def _numbers(text: str, what: str) -> list[float] | float:
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise _CLIError(f"{what} must be a number or comma-separated numbers (got {text!r})") from None
+    if not vals:
+        raise _CLIError(f"{what} is empty")
+    return vals[0] if len(vals) == 1 else vals
+
+
+def _t5_values(text: str):
+    if text in ("random", "decay"):
+        return text
+    p = Path(text)
+    if text.endswith(".json"):
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise _CLIError(f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file") from None
+    vals = _numbers(text, "--t5-values")
+    return [vals] if isinstance(vals, float) else vals
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fireviz fit",
+        description="Fit FIRE (Li et al. 2024) to a T5/ALiBi/Kerple/Sandwich bias or a checkpoint's "
+                    "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.")
+    p.add_argument("--target", required=True, help=f"one of {', '.join(TARGET_NAMES)}")
+    p.add_argument("--max-len", type=int, required=True, help="fitted range in tokens (>= 2)")
+    p.add_argument("--heads", type=int, default=None, help="heads (default 8; a checkpoint's own)")
+    p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"refinement steps (default {DEFAULT_STEPS})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the result JSON here (FitResult.to_dict)")
+    p.add_argument("--save-module", default=None, help="write the fitted FIRE here (safetensors)")
+    p.add_argument("--no-curves", action="store_true", help="leave per-distance curves out of the JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    g = p.add_argument_group("target parameters")
+    g.add_argument("--num-buckets", type=int, help="t5: buckets (32)")
+    g.add_argument("--max-distance", type=int, help="t5: max distance in tokens (128)")
+    g.add_argument("--t5-values", help="t5: random (default) | decay | comma list per bucket | file.json")
+    g.add_argument("--slope", type=float, help="alibi: one slope for every head (default: standard slopes)")
+    g.add_argument("--r1", help="kerple_*: r1, one number or one per head (default: seeded draw)")
+    g.add_argument("--r2", help="kerple_*: r2, one number or one per head (default: seeded draw)")
+    g.add_argument("--dbar", type=int, help="sandwich: dbar (128)")
+    g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
+    g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
+    g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
+    return p
+
+
+_CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
+    "num_buckets": ("num_buckets", ("t5",)), "max_distance": ("max_distance", ("t5",)),
+    "t5_values": ("values", ("t5",)), "slope": ("slope", ("alibi",)),
+    "r1": ("r1", ("kerple_log", "kerple_power")), "r2": ("r2", ("kerple_log", "kerple_power")),
+    "dbar": ("dbar", ("sandwich",)), "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
+    "checkpoint": ("path", ("checkpoint",)), "layer": ("layer", ("checkpoint",)),
+}
+
+
+def _target_from_args(a: argparse.Namespace) -> FitTarget:
+    if a.target not in TARGET_NAMES:
+        raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(TARGET_NAMES)}")
+    params = {}
+    for flag, (name, targets) in _CLI_PARAM.items():
+        value = getattr(a, flag)
+        if value is None:
+            continue
+        if a.target not in targets:
+            raise _CLIError(f"--{flag.replace('_', '-')} applies to {'/'.join(targets)}, not --target {a.target}")
+        if flag in ("r1", "r2"):
+            value = _numbers(value, f"--{flag}")
+        elif flag == "t5_values":
+            value = _t5_values(value)
+        params[name] = value
+    if a.target == "checkpoint" and "path" not in params:
+        raise _CLIError("--target checkpoint needs --checkpoint PATH (a checkpoint folder)")
+    heads = a.heads if a.heads is not None or a.target == "checkpoint" else 8
+    return make_target(a.target, heads, **params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz fit --target NAME --max-len N [--heads H] [--width W] [--out fit.json]``.
+
+    Fits FIRE (``fit_fire``), prints a one-line summary, writes ``FitResult.to_dict()`` as
+    JSON to ``--out`` (keys include ``relative_rmse``, ``max_abs_error``,
+    ``relative_rmse_beyond``, ``seconds``) and the module to ``--save-module``.
+    Returns: 0 on success; 2 for bad arguments or parameters (one error line on stderr,
+    no traceback).
+    """
+    parser = _parser()
+    try:
+        a = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed usage + the error
+        return int(e.code or 0)
+    try:
+        target = _target_from_args(a)
+        last = [0.0]
+
+        def report(step: int, total: int, loss: float) -> None:
+            now = time.perf_counter()
+            if not a.quiet and (step == total or now - last[0] > 1.0):
+                last[0] = now
+                print(f"step {step}/{total}  loss {loss:.3e}", file=sys.stderr)
+
+        result = fit_fire(target, a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed, progress=report)
+    except _CLIError as e:
+        print(f"fireviz fit: error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        print(f"fireviz fit: error: {e}", file=sys.stderr)
+        return 2
+    summary = (f"{target.name}: max_len={a.max_len} heads={target.num_heads} width={a.width}  "
+               f"relative RMSE {100 * result.relative_rmse:.3f}%  max |err| {result.max_abs_error:.3g} logits  "
+               f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
+               f"{result.seconds:.2f} s")
+    print(summary)
+    if a.out:
+        Path(a.out).write_text(json.dumps(result.to_dict(curves=not a.no_curves)))
+    if a.save_module:
+        result.save(a.save_module)
+    return 0

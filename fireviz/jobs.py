@@ -1,0 +1,340 @@
+"""Background jobs: one worker thread per process, a FIFO queue, each job computed once.
+
+Long evaluations must outlive the web page that started them: a page reload or a second
+browser tab asks the same process for the job and finds it queued, running or finished.
+
+  * A job is keyed by a hash of its description (``job_key``: checkpoints' weight
+    fingerprints + settings); submitting the same key again returns the existing job,
+    so a result is never computed twice. A job that failed or was cancelled is run again
+    on resubmission.
+  * One worker thread per queue (module singletons, ``default_queue(name)``: "evaluate"
+    and "fit") runs that queue's jobs one at a time, in submission order.
+  * Each job has ``status`` (queued | running | done | error | cancelled), ``progress``
+    (done, total, message), ``result``, ``error``; ``cancel`` stops a queued job at once
+    and a running one at its next ``should_stop()`` check.
+  * Evaluation jobs (``submit_evaluation``) write their results into fireviz.evaluate's
+    on-disk cache, so a restarted server finds them there too.
+
+No Streamlit here; pages poll ``Job.snapshot()``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
+FINISHED = (DONE, ERROR, CANCELLED)
+
+#: ``work(progress, should_stop) -> result``; ``progress(done, total, message)``.
+Work = Callable[[Callable[[int, int, str], None], Callable[[], bool]], Any]
+
+
+class JobCancelled(Exception):
+    """Raised inside a job's work to end it early after ``cancel``."""
+
+
+def job_key(description: Any) -> str:
+    """A stable hash (hex, 16 digits) of a JSON-serialisable job description.
+
+    Keys are sorted, so dict order does not matter. Raises TypeError for non-JSON values.
+    """
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=_no_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _no_default(obj):
+    raise TypeError(f"job descriptions must be JSON-serialisable; got {type(obj).__name__}")
+
+
+@dataclass
+class Job:
+    """One unit of background work. Read it through :meth:`snapshot` (thread-safe copy).
+
+    Attributes: key, label (for people), description (what was asked), status, done/total
+    (progress units of the work, e.g. windows evaluated), message, result, error (text),
+    submitted/started/finished (Unix seconds), device.
+    """
+
+    key: str
+    label: str
+    description: Any
+    work: Work = field(repr=False)
+    status: str = QUEUED
+    done: int = 0
+    total: int = 0
+    message: str = "waiting in the queue"
+    result: Any = None
+    error: str | None = None
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    device: str | None = None
+    traceback_text: str | None = field(default=None, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def fraction(self) -> float:
+        """Progress in [0, 1] (0 while the total is unknown)."""
+        return min(1.0, self.done / self.total) if self.total else (1.0 if self.status == DONE else 0.0)
+
+    def snapshot(self) -> dict:
+        """A plain dict of the job's state: key, label, status, done, total, fraction, message,
+        result, error, submitted, started, finished, device, elapsed_s."""
+        end = self.finished or time.time()
+        return {"key": self.key, "label": self.label, "status": self.status, "done": self.done,
+                "total": self.total, "fraction": self.fraction, "message": self.message,
+                "result": self.result, "error": self.error, "submitted": self.submitted,
+                "started": self.started, "finished": self.finished, "device": self.device,
+                "elapsed_s": (end - self.started) if self.started else 0.0}
+
+
+class JobQueue:
+    """A FIFO of jobs run one at a time by one daemon worker thread (started lazily)."""
+
+    def __init__(self, name: str = "fireviz-jobs"):
+        self._name = name
+        self._lock = threading.RLock()
+        self._jobs: dict[str, Job] = {}
+        self._queue: "queue.Queue[str]" = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, description: Any, work: Work, label: str = "", device: str | None = None) -> Job:
+        """Queue ``work`` under ``job_key(description)``, or return the job already under that key.
+
+        A queued, running or finished-successfully job is returned as is (never run twice);
+        one that errored or was cancelled is replaced by a fresh run.
+        Returns: the :class:`Job`.
+        """
+        key = job_key(description)
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.status not in (ERROR, CANCELLED):
+                return job
+            job = Job(key=key, label=label or key, description=description, work=work, device=device)
+            self._jobs[key] = job
+            self._queue.put(key)
+            self._ensure_worker()
+            return job
+
+    def get(self, key: str) -> Job | None:
+        """The job under ``key``, or None."""
+        with self._lock:
+            return self._jobs.get(key)
+
+    def find(self, description: Any) -> Job | None:
+        """The job for ``description`` (same key as ``submit``), or None."""
+        return self.get(job_key(description))
+
+    def jobs(self) -> list[Job]:
+        """All jobs this process has seen, oldest first."""
+        with self._lock:
+            return sorted(self._jobs.values(), key=lambda j: j.submitted)
+
+    def position(self, key: str) -> int:
+        """How many queued or running jobs are ahead of ``key`` (0 = it is next or running)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.status != QUEUED:
+                return 0
+            return sum(1 for j in self._jobs.values()
+                       if j.status in (QUEUED, RUNNING) and j.submitted < job.submitted)
+
+    def cancel(self, key: str) -> bool:
+        """Ask the job to stop. A queued job is cancelled at once; a running one at its next
+        ``should_stop()`` check. Returns False if there is no such unfinished job."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.status in FINISHED:
+                return False
+            job._cancel.set()
+            if job.status == QUEUED:
+                job.status, job.message, job.finished = CANCELLED, "cancelled before it started", time.time()
+            return True
+
+    def forget(self, key: str) -> None:
+        """Drop a finished job from memory (its on-disk cached results stay)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.status in FINISHED:
+                del self._jobs[key]
+
+    def wait(self, key: str, timeout: float | None = None) -> Job | None:
+        """Block until the job finishes or ``timeout`` seconds pass; returns the job."""
+        end = None if timeout is None else time.time() + timeout
+        while True:
+            job = self.get(key)
+            if job is None or job.status in FINISHED or (end is not None and time.time() >= end):
+                return job
+            time.sleep(0.05)
+
+    # -- worker --------------------------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run_forever, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _run_forever(self) -> None:
+        while True:
+            key = self._queue.get()
+            with self._lock:
+                job = self._jobs.get(key)
+                if job is None or job.status != QUEUED:
+                    continue
+                job.status, job.started, job.message = RUNNING, time.time(), "starting"
+            self._run(job)
+
+    def _run(self, job: Job) -> None:
+        def progress(done: int, total: int, message: str = "") -> None:
+            job.done, job.total = int(done), int(total)
+            if message:
+                job.message = str(message)
+
+        def should_stop() -> bool:
+            return job._cancel.is_set()
+
+        try:
+            result = job.work(progress, should_stop)
+        except JobCancelled:
+            job.status, job.message = CANCELLED, "cancelled"
+        except Exception as e:  # the job failed; the worker lives on
+            job.error = f"{type(e).__name__}: {e}"
+            job.message = "failed"
+            job.status = ERROR
+            job.traceback_text = traceback.format_exc()
+        else:
+            job.result = result
+            if job._cancel.is_set():
+                job.status, job.message = CANCELLED, "cancelled (partial result kept)"
+            else:
+                job.status, job.message = DONE, "finished"
+        job.finished = time.time()
+
+
+_QUEUES: dict[str, JobQueue] = {}
+_QUEUES_LOCK = threading.Lock()
+
+
+def default_queue(name: str = "evaluate") -> JobQueue:
+    """The process-wide job queue called ``name`` (created on first use): every page and tab
+    shares it. ``"evaluate"`` runs evaluations; ``"fit"`` runs FIRE fits, so a quick fit
+    does not wait behind a long evaluation. Each queue has its own single worker thread."""
+    with _QUEUES_LOCK:
+        if name not in _QUEUES:
+            _QUEUES[name] = JobQueue(name=f"fireviz-{name}")
+        return _QUEUES[name]
+
+
+# -- evaluations ---------------------------------------------------------------------------------
+def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int], settings: dict) -> dict:
+    """The description (hence the key) of an evaluation job.
+
+    Args: ``checkpoints`` as ``[{"path": folder, "fingerprint": weights hash}]`` (the hash makes a
+      retrained checkpoint a new job); ``data`` a domain name or file path (an uploaded file's
+      path contains its content hash); ``lengths`` in tokens; ``settings`` the other keyword
+      arguments of ``fireviz.evaluate.evaluate_many`` (mode, stride, token_budget, seed,
+      rope_scaling, split, device).
+    Returns: a JSON-able dict; equal inputs give equal keys whatever the order of lengths.
+    """
+    return {"kind": "evaluate", "checkpoints": checkpoints, "data": str(data),
+            "lengths": sorted({int(n) for n in lengths}), "settings": dict(sorted(settings.items()))}
+
+
+def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
+                probe: bool) -> dict:
+    from .checkpoints import weights_fingerprint
+
+    ckpts = [{"path": str(p), "fingerprint": weights_fingerprint(p)} for p in checkpoint_paths]
+    description = evaluation_description(ckpts, data, lengths, settings)
+    return {**description, "probe": True} if probe else description
+
+
+def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
+                    probe: bool = False) -> Job | None:
+    """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
+
+    Raises: CheckpointError if a checkpoint's weights cannot be read.
+    """
+    return default_queue("probe" if probe else "evaluate").find(
+        _evaluation(checkpoint_paths, data, lengths, settings, probe))
+
+
+def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
+                      label_suffix: str = "", probe: bool = False, queue_: JobQueue | None = None) -> Job:
+    """Run ``fireviz.evaluate.evaluate_many`` in the background (or return the job already doing it).
+
+    Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
+      ``evaluation_description`` (settings are passed to evaluate_many as keywords);
+      ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
+      " + yarn". With ``probe=True`` nothing is computed: the job only collects what is
+      already in evaluate's on-disk cache and ends ``cancelled`` (result None) if any length
+      is missing — pages use it to show cached results without a click. Probes run on their
+      own queue ("probe") so they never wait behind a run; a new probe cancels the probes
+      still waiting.
+    Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
+      checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
+      finished length into its cache, so after a cancel or a server restart those lengths
+      are not computed again.
+    Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
+    """
+    description = _evaluation(checkpoint_paths, data, lengths, settings, probe)
+    q = queue_ or default_queue("probe" if probe else "evaluate")
+    if probe:
+        for other in q.jobs():
+            if other.status == QUEUED and other.key != job_key(description):
+                q.cancel(other.key)
+
+    def work(progress, should_stop):
+        from . import evaluate
+
+        stop = (lambda: True) if probe else should_stop
+        try:
+            results = evaluate.evaluate_many(checkpoint_paths, data, description["lengths"], progress=progress,
+                                             should_stop=stop, **settings)
+        except evaluate.EvaluationCancelled:
+            raise JobCancelled() from None
+        for r in results:
+            r["label"] = f"{r['checkpoint']}{label_suffix}"
+        return results
+
+    return q.submit(description, work, label=("cache lookup" if probe else "evaluation") + label_suffix,
+                    device=settings.get("device"))
+
+
+# -- FIRE fits ----------------------------------------------------------------------------------
+def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int,
+               steps: int, seed: int = 0, queue_: JobQueue | None = None) -> Job:
+    """Run ``fireviz.fit.fit_fire`` in the background on the "fit" queue (or return the job
+    already fitting exactly this).
+
+    Args: ``target`` in ``fireviz.fit.TARGET_NAMES`` with ``target_params`` for
+      ``make_target`` (for ``checkpoint``: ``path`` and ``layer``; num_heads is then None);
+      ``max_len`` fitted range (tokens); ``mlp_width``, ``steps``, ``seed`` as ``fit_fire``.
+    Returns: the :class:`Job`. Progress counts optimisation steps; the message carries the
+      loss. Cancelling ends the fit early with the best parameters so far: the job then ends
+      ``cancelled`` and still holds a complete ``FitResult`` (``stopped=True``).
+    Raises: ValueError from ``make_target`` for bad parameters (before queueing, so the
+      page can show it at once); CheckpointError for a bad checkpoint target.
+    """
+    from . import fit
+
+    built = fit.make_target(target, num_heads, **target_params)  # validate now
+    description = {"kind": "fit", "target": target, "params": target_params, "max_len": int(max_len),
+                   "num_heads": num_heads, "mlp_width": int(mlp_width), "steps": int(steps), "seed": int(seed)}
+    if target == "checkpoint":
+        from .checkpoints import weights_fingerprint
+        description["fingerprint"] = weights_fingerprint(target_params["path"])
+
+    def work(progress, should_stop):
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
+
+        return fit.fit_fire(built, int(max_len), mlp_width=int(mlp_width), steps=int(steps), seed=int(seed),
+                            progress=on_step, should_stop=should_stop)
+
+    return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")

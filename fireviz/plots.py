@@ -1,0 +1,575 @@
+"""Plotly figures for fireviz results: pure functions from plain dicts/lists to figures.
+
+Every builder takes JSON-like data (what ``fireviz.analysis``, ``fireviz.evaluate``,
+``fireviz.fit`` and the trainer write), returns a ``plotly.graph_objects.Figure`` and
+never imports Streamlit. Conventions (shared/STYLE.md): bias vs distance per head; the
+training length marked on every length axis (a dashed shape named ``"training length"``);
+perplexity on a log axis; units in every axis title. Each trace carries ``meta`` (layer,
+head, query position, checkpoint …) so ``figure_data`` / ``figure_to_csv`` /
+``figure_to_json`` export exactly the plotted numbers with their labels.
+
+Builders: ``bias_grid_figure``, ``head_bias_figure``, ``bias_heatmap_figure``,
+``dilution_figure``, ``perplexity_figure`` (+ ``group_perplexity``),
+``loss_by_position_figure``, ``fit_figure``, ``training_curves_figure``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import OrderedDict
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+TRAIN_MARK = "training length"
+FIT_RANGE_MARK = "fitted range"
+_COLORS = qualitative.Plotly + qualitative.D3
+
+
+def _color(i: int) -> str:
+    return _COLORS[i % len(_COLORS)]
+
+
+def _as_dict(obj) -> dict:
+    return obj.to_dict() if hasattr(obj, "to_dict") else obj
+
+
+def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: int | None = None,
+                 axis: str = "x", text: str | None = None, name: str = TRAIN_MARK) -> None:
+    """Dashed line at a length (tokens) on the x (``axis="x"``) or y axis of one subplot."""
+    if x is None:
+        return
+    kw: dict[str, Any] = dict(line_dash="dash", line_color="gray", line_width=1, name=name,
+                              exclude_empty_subplots=False)
+    if row is not None:
+        kw.update(row=row, col=col)
+    label = dict(text=text if text is not None else f"{name} {x:g}", font=dict(size=9, color="gray"))
+    if axis == "x":
+        fig.add_vline(x=x, label=dict(label, textposition="end", textangle=-90), **kw)
+    else:
+        fig.add_hline(y=x, label=dict(label, textposition="end"), **kw)
+
+
+def _subsample(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarray:
+    """Indices into a length-n curve: all if n <= max_points, else the first ``keep_first``
+    plus ``max_points`` evenly spaced ones (so short distances stay exact)."""
+    if max_points is None or n <= max_points:
+        return np.arange(n)
+    return np.unique(np.concatenate([np.arange(min(n, keep_first)),
+                                     np.linspace(0, n - 1, max_points).round().astype(np.int64)]))
+
+
+def _arr(x) -> np.ndarray:
+    """Nested lists with None → float64 array with NaN."""
+    return np.array(x, dtype=np.float64) if x is not None else np.array([], dtype=np.float64)
+
+
+# -- biases ------------------------------------------------------------------------------------
+def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_points: int | None = 1024) -> go.Figure:
+    """Layer × head grid of bias curves: bias (logits) vs distance i − j (tokens), one line per
+    query position i.
+
+    Args:
+      report: ``fireviz.analysis.BiasReport`` or its ``to_dict()``.
+      query_positions: subset of the report's query positions to draw (default all).
+      max_points: cap on points per line (the first 64 distances plus evenly spaced ones);
+        None draws every distance. The full curves stay in the report.
+    Returns: a Figure with ``n_layer`` rows × ``n_head`` columns and a dashed
+      ``"training length"`` line at distance = train_seq_len in every panel. Rotary reports
+      get one panel with the RoPE kernel (Su et al. 2021 §3.4.3) labelled as such; NoPE an
+      empty figure whose title says there is no position bias.
+    Trace meta: ``{"layer", "head", "query_position"}`` (or ``{"kernel": True}``).
+    Raises: ValueError if a requested query position is not in the report.
+    """
+    r = _as_dict(report)
+    L = r.get("train_seq_len")
+    title = f"{r.get('checkpoint') or r.get('encoding')}: position bias by layer and head"
+    if r.get("kind") == "rotary":
+        return _kernel_figure(r, max_points)
+    if r.get("kind") != "additive":
+        fig = go.Figure()
+        fig.update_layout(title=f"{r.get('checkpoint') or r.get('encoding')}: {r.get('note') or 'no position bias'}",
+                          meta={"train_seq_len": L, "kind": r.get("kind")})
+        return fig
+    wanted = list(r["query_positions"]) if query_positions is None else [int(q) for q in query_positions]
+    missing = set(wanted) - set(r["query_positions"])
+    if missing:
+        raise ValueError(f"query positions {sorted(missing)} are not in the report (has {r['query_positions']})")
+    n_layer, n_head = r["n_layer"], r["n_head"]
+    heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
+    titles = [f"L{l} H{h}" + (f" · {heads_loc[(l, h)]}" if heads_loc.get((l, h)) else "")
+              for l in range(n_layer) for h in range(n_head)]
+    fig = make_subplots(rows=n_layer, cols=n_head, subplot_titles=titles, shared_xaxes=True,
+                        horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
+                        vertical_spacing=min(0.06, 0.5 / max(1, n_layer - 1)))
+    for lay in r["layers"]:
+        l = lay["layer"]
+        for c in lay["curves"]:
+            i = c["query_position"]
+            if i not in wanted:
+                continue
+            k = wanted.index(i)
+            bias = _arr(c["bias"])  # [heads, i + 1]
+            idx = _subsample(bias.shape[1], max_points)
+            dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
+            for h in range(bias.shape[0]):
+                fig.add_trace(go.Scatter(x=dist, y=bias[h, idx], mode="lines", name=f"i = {i}",
+                                         legendgroup=f"i{i}", showlegend=(l == 0 and h == 0),
+                                         line=dict(color=_color(k), width=1.2),
+                                         meta={"layer": l, "head": h, "query_position": i}),
+                              row=l + 1, col=h + 1)
+    for l in range(n_layer):
+        for h in range(n_head):
+            _mark_length(fig, L, row=l + 1, col=h + 1, text="train" if (l, h) == (0, 0) else "")
+    for l in range(n_layer):
+        fig.update_yaxes(title_text="bias (logits)", row=l + 1, col=1)
+    for h in range(n_head):
+        fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=h + 1)
+    fig.update_layout(title=dict(text=title, subtitle=dict(
+        text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i")),
+        legend_title_text="query position", height=220 * n_layer + 120,
+        meta={"train_seq_len": L, "encoding": r.get("encoding"), "checkpoint": r.get("checkpoint"),
+              "units": {"x": "tokens", "y": "logits"}})
+    return fig
+
+
+def _kernel_figure(r: dict, max_points: int | None) -> go.Figure:
+    k = r["kernel"]
+    d = np.asarray(k["distance"], dtype=np.int64)
+    v = _arr(k["value"])
+    idx = _subsample(d.size, max_points)
+    fig = go.Figure(go.Scatter(x=d[idx], y=v[idx], mode="lines", name="RoPE kernel",
+                               meta={"kernel": True, "attention_factor": k.get("attention_factor")}))
+    _mark_length(fig, r.get("train_seq_len"))
+    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: RoPE position kernel (not a bias)",
+                                 subtitle=dict(text=k.get("label", ""))),
+                      xaxis_title="distance m − n (tokens)", yaxis_title="mean_k cos(d·θ_k) (dimensionless)",
+                      meta={"train_seq_len": r.get("train_seq_len"), "encoding": r.get("encoding"),
+                            "units": {"x": "tokens", "y": "dimensionless"}})
+    return fig
+
+
+def _layer(r: dict, layer: int) -> dict:
+    for lay in r["layers"]:
+        if lay["layer"] == layer:
+            return lay
+    raise ValueError(f"layer {layer} is not in the report (layers 0..{r.get('n_layer', 0) - 1})")
+
+
+def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance") -> go.Figure:
+    """One head's bias curves at every query position of the report.
+
+    Args:
+      report: ``BiasReport`` or its ``to_dict()`` (additive encodings).
+      x_axis: ``"distance"`` (i − j, tokens; curves stretch as i grows under FIRE's
+        progressive interpolation) or ``"normalized"`` (FIRE only: the MLP input
+        ψ(i − j)/ψ(max(L, i)) of Li et al. 2024 eq. 3–4; all curves lie on f_θ, drawn dashed).
+    Returns: Figure; trace meta ``{"layer", "head", "query_position"}`` (f_θ: ``{"mlp": True}``).
+      On the distance axis the training length is marked.
+    Raises: ValueError for a non-additive report, a missing layer/head, a bad ``x_axis``,
+      or ``"normalized"`` on a non-FIRE report.
+    """
+    r = _as_dict(report)
+    if r.get("kind") != "additive":
+        raise ValueError(f"{r.get('encoding')} has no additive bias (kind {r.get('kind')}); use bias_grid_figure")
+    if x_axis not in ("distance", "normalized"):
+        raise ValueError(f"x_axis must be 'distance' or 'normalized' (got {x_axis!r})")
+    lay = _layer(r, layer)
+    if not 0 <= head < r["n_head"]:
+        raise ValueError(f"head {head} out of range 0..{r['n_head'] - 1}")
+    fig = go.Figure()
+    for k, c in enumerate(lay["curves"]):
+        i = c["query_position"]
+        y = _arr(c["bias"])[head]
+        if x_axis == "distance":
+            x = np.asarray(c.get("distance", range(y.size)), dtype=np.int64)
+        else:
+            if "normalized_input" not in c:
+                raise ValueError(f"{r.get('encoding')} is not FIRE: no normalized input to plot against")
+            x = _arr(c["normalized_input"])
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"i = {i}", line=dict(color=_color(k)),
+                                 meta={"layer": layer, "head": head, "query_position": i}))
+    if x_axis == "normalized" and lay.get("fire"):
+        f = lay["fire"]
+        fig.add_trace(go.Scatter(x=_arr(f["mlp_x"]), y=_arr(f["mlp_bias"])[head], mode="lines", name="f_θ(x)",
+                                 line=dict(color="black", dash="dot"), meta={"layer": layer, "head": head, "mlp": True}))
+        xt = "normalized distance ψ(i − j)/ψ(max(L, i)) (dimensionless)"
+    else:
+        xt = "distance i − j (tokens)"
+        _mark_length(fig, r.get("train_seq_len"))
+    loc = next((h for h in lay.get("heads", []) if h["head"] == head), None)
+    sub = f"locality {loc['locality']} (ρ = {loc['rank_correlation']:.2f}, peak at {loc['peak_distance']} tokens)" if loc else ""
+    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: layer {layer}, head {head}",
+                                 subtitle=dict(text=sub)),
+                      xaxis_title=xt, yaxis_title="bias (logits)", legend_title_text="query position",
+                      meta={"train_seq_len": r.get("train_seq_len"), "layer": layer, "head": head, "x_axis": x_axis})
+    return fig
+
+
+def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
+    """One head's bias on the report's query × key grid (logits; blank above the diagonal,
+    i.e. future keys). Queries run down, keys across; the training length is marked on both.
+
+    Returns: Figure with one Heatmap trace (x = key positions, y = query positions, tokens;
+      z ``[q, k]`` with NaN at future keys); meta ``{"layer", "head"}``.
+    Raises: ValueError for a non-additive report, a missing layer/head or matrix.
+    """
+    r = _as_dict(report)
+    if r.get("kind") != "additive":
+        raise ValueError(f"{r.get('encoding')} has no additive bias (kind {r.get('kind')})")
+    lay = _layer(r, layer)
+    m = lay.get("matrix")
+    if not m:
+        raise ValueError(f"layer {layer} has no bias matrix in the report")
+    z = _arr(m["bias"])
+    if not 0 <= head < z.shape[0]:
+        raise ValueError(f"head {head} out of range 0..{z.shape[0] - 1}")
+    fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=z[head],
+                               colorscale="RdBu", zmid=0.0, colorbar=dict(title=dict(text="bias (logits)")),
+                               meta={"layer": layer, "head": head}, name=f"L{layer} H{head}"))
+    L = r.get("train_seq_len")
+    _mark_length(fig, L, axis="x")
+    _mark_length(fig, L, axis="y")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: bias b(i, j), layer {layer}, head {head}",
+                                 subtitle=dict(text="FIRE depends on the query position i, not only on i − j")),
+                      xaxis_title="key position j (tokens)", yaxis_title="query position i (tokens)",
+                      meta={"train_seq_len": L, "layer": layer, "head": head})
+    return fig
+
+
+def dilution_figure(result, layer: int | None = None) -> go.Figure:
+    """Attention share on the nearest keys vs query position (log x), one line per head.
+
+    Args: ``result`` a ``fireviz.analysis.DilutionResult`` or its ``to_dict()``; ``layer``
+      one layer or None for all (line names ``L{layer} H{head}``).
+    Returns: Figure; y = share in [0, 1] (probability), x = query position (tokens), training
+      length marked; trace meta ``{"layer", "head"}``.
+    Raises: ValueError for a layer not in the result.
+    """
+    r = _as_dict(result)
+    share = _arr(r["share"])  # [layers, heads, positions]
+    layers = range(share.shape[0]) if layer is None else [layer]
+    if layer is not None and not 0 <= layer < share.shape[0]:
+        raise ValueError(f"layer {layer} out of range 0..{share.shape[0] - 1}")
+    x = np.asarray(r["query_positions"], dtype=np.int64)
+    fig = go.Figure()
+    for k, l in enumerate(layers):
+        for h in range(share.shape[1]):
+            fig.add_trace(go.Scatter(x=x, y=share[l, h], mode="lines+markers", name=f"L{l} H{h}",
+                                     line=dict(color=_color(l if layer is None else h)), meta={"layer": l, "head": h}))
+    _mark_length(fig, r.get("train_seq_len"))
+    fig.update_xaxes(type="log")
+    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding') or ''}: attention on the nearest "
+                                      f"{r.get('near')} keys", subtitle=dict(text=f"mean over {r.get('rows')} query rows per position")),
+                      xaxis_title="query position i (tokens)", yaxis_title=f"share of attention on nearest {r.get('near')} keys (probability)",
+                      yaxis_range=[0, 1.02], meta={"train_seq_len": r.get("train_seq_len"), "near": r.get("near")})
+    return fig
+
+
+# -- perplexity --------------------------------------------------------------------------------
+def _group_name(res: Mapping, group_key: str | None) -> str:
+    if group_key is not None:
+        if group_key not in res:
+            raise ValueError(f"result for {res.get('checkpoint')!r} has no key {group_key!r}")
+        return str(res[group_key])
+    for k in ("label", "group", "checkpoint"):
+        if res.get(k) is not None:
+            return str(res[k])
+    raise ValueError("a perplexity result needs a 'label', 'group' or 'checkpoint' key")
+
+
+def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -> list[dict]:
+    """Mean ± std of perplexity per group and evaluation length (the numbers behind
+    ``perplexity_figure``).
+
+    Accepts a list of evaluation results (``fireviz.evaluate``: keys ``checkpoint``,
+    ``train_seq_len``, ``settings``, ``per_length`` = [{length, perplexity, nats_per_token,
+    bits_per_byte, tokens_scored, windows, …}], optional ``label``/``group``). Results are
+    grouped by ``group_key`` when given, else by ``label``, else ``group``, else
+    ``checkpoint`` — several seeds of one encoding share a label.
+    Returns: rows {group, length (tokens), perplexity (mean), perplexity_std (sample std,
+      ddof = 1; None for one member), nats_per_token (mean), n (members), train_seq_len},
+      in first-seen group order and increasing length.
+    Raises: ValueError for a result without a group name or per_length entries without
+      ``length``/``perplexity``.
+    """
+    groups: "OrderedDict[str, dict]" = OrderedDict()
+    for res in results:
+        res = _as_dict(res)
+        name = _group_name(res, group_key)
+        g = groups.setdefault(name, {"lengths": {}, "train": res.get("train_seq_len")})
+        for row in res.get("per_length", []):
+            if "length" not in row or "perplexity" not in row:
+                raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
+            g["lengths"].setdefault(int(row["length"]), []).append(
+                (float(row["perplexity"]), float(row.get("nats_per_token", math.log(row["perplexity"])))))
+    out = []
+    for name, g in groups.items():
+        for length in sorted(g["lengths"]):
+            vals = np.array(g["lengths"][length])
+            n = len(vals)
+            out.append({"group": name, "length": length, "perplexity": float(vals[:, 0].mean()),
+                        "perplexity_std": float(vals[:, 0].std(ddof=1)) if n > 1 else None,
+                        "nats_per_token": float(vals[:, 1].mean()), "n": n, "train_seq_len": g["train"]})
+    return out
+
+
+def _settings_caption(results: Sequence[Mapping]) -> str:
+    keys = ("mode", "stride", "token_budget", "domain", "seed")
+    settings = [(_as_dict(r).get("settings") or {}) for r in results]
+    parts = []
+    for k in keys:
+        vals = {json.dumps(s.get(k), sort_keys=True) for s in settings if k in s}
+        if len(vals) == 1:
+            parts.append(f"{k} {json.loads(vals.pop())}")
+        elif len(vals) > 1:
+            parts.append(f"{k} varies")
+    return " · ".join(parts)
+
+
+def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, log_x: bool = True) -> go.Figure:
+    """Perplexity vs evaluation length: log y, one line per checkpoint (or group of seeds).
+
+    Args: ``results`` as in ``group_perplexity`` (same grouping rules); groups with several
+      members get mean ± std error bars. ``log_x``: lengths on a log axis (they usually double).
+    Returns: Figure; x = evaluation length (tokens), y = perplexity (exp of mean nats/token),
+      a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
+      evaluation settings (mode, stride, token budget, domain, seed) in the subtitle. Trace
+      meta ``{"group", "n"}``; error bars in ``error_y.array``.
+    Raises: ValueError as ``group_perplexity``, or for an empty list.
+    """
+    if not results:
+        raise ValueError("no perplexity results to plot")
+    rows = group_perplexity(results, group_key)
+    fig = go.Figure()
+    names = list(OrderedDict.fromkeys(r["group"] for r in rows))
+    for k, name in enumerate(names):
+        g = [r for r in rows if r["group"] == name]
+        n = max(r["n"] for r in g)
+        err = None
+        if n > 1:
+            err = dict(type="data", array=np.array([r["perplexity_std"] or 0.0 for r in g]), visible=True)
+        fig.add_trace(go.Scatter(x=np.array([r["length"] for r in g]), y=np.array([r["perplexity"] for r in g]),
+                                 error_y=err, mode="lines+markers", line=dict(color=_color(k)),
+                                 name=name + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
+                                 meta={"group": name, "n": n}))
+    trains = sorted({r["train_seq_len"] for r in rows if r["train_seq_len"]})
+    for t in trains:
+        _mark_length(fig, t, text=f"train {t}")
+    fig.update_yaxes(type="log")
+    if log_x:
+        fig.update_xaxes(type="log")
+    fig.update_layout(title=dict(text="Perplexity vs evaluation length", subtitle=dict(text=_settings_caption(results))),
+                      xaxis_title="evaluation length (tokens)", yaxis_title="perplexity (exp nats/token, log scale)",
+                      meta={"train_seq_len": trains, "settings_caption": _settings_caption(results)})
+    return fig
+
+
+def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Sequence[int] | None = None,
+                            group_key: str | None = None) -> go.Figure:
+    """Loss by position in the evaluation window: one line per (result, evaluation length).
+
+    Args: one result or a list (``fireviz.evaluate`` layout: ``per_length[*].loss_by_position
+      = {bucket_starts [B] (tokens), nats [B] (nats/token)}``); ``lengths`` restricts the
+      evaluation lengths drawn; names come from the same keys as ``group_perplexity``.
+    Returns: Figure; x = position in window (bucket start, tokens), y = loss (nats/token),
+      training length(s) marked; trace meta ``{"group", "length"}``.
+    Raises: ValueError if no result has loss-by-position data for the chosen lengths.
+    """
+    if isinstance(results, Mapping) or hasattr(results, "to_dict"):
+        results = [results]
+    fig = go.Figure()
+    trains = set()
+    k = 0
+    for res in results:
+        res = _as_dict(res)
+        name = _group_name(res, group_key)
+        if res.get("train_seq_len"):
+            trains.add(int(res["train_seq_len"]))
+        for row in res.get("per_length", []):
+            if lengths is not None and int(row["length"]) not in set(int(x) for x in lengths):
+                continue
+            lbp = row.get("loss_by_position")
+            if not lbp:
+                continue
+            fig.add_trace(go.Scatter(x=np.asarray(lbp["bucket_starts"], dtype=np.int64), y=_arr(lbp["nats"]),
+                                     mode="lines", name=f"{name} @ {row['length']}", line=dict(color=_color(k)),
+                                     meta={"group": name, "length": int(row["length"])}))
+            k += 1
+    if not fig.data:
+        raise ValueError("no loss_by_position data for the chosen results/lengths")
+    for t in sorted(trains):
+        _mark_length(fig, t, text=f"train {t}")
+    fig.update_layout(title=dict(text="Loss by position in the window", subtitle=dict(text=_settings_caption(results))),
+                      xaxis_title="position in window (tokens, bucket start)", yaxis_title="loss (nats/token)",
+                      meta={"train_seq_len": sorted(trains)})
+    return fig
+
+
+# -- fit ---------------------------------------------------------------------------------------
+def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
+    """Target bias, FIRE's fit to it and the residual, with the fitted range marked.
+
+    Accepts (``fireviz.fit.FitResult.to_dict()`` or any dict with): ``distance`` [D] (tokens),
+    ``target`` and ``fitted`` as [D] (one head) or [heads, D] (logits), ``max_len`` (tokens;
+    distances 0 … max_len were fitted, beyond is extrapolation), optional ``residual``
+    (same shape; default target − fitted), optional ``name``/``target_name``.
+    Returns: two-row Figure: top target (solid) and fitted (dashed) vs distance, bottom
+      residual; a shaded shape named ``"fitted range"`` over [0, max_len] in both rows.
+      Trace meta ``{"head", "series"}`` with series target | fitted | residual.
+    Raises: ValueError for missing keys, mismatched shapes or a head out of range.
+    """
+    fit = _as_dict(fit)
+    for key in ("distance", "target", "fitted", "max_len"):
+        if key not in fit:
+            raise ValueError(f"fit result needs key {key!r} (has {sorted(fit)})")
+    d = _arr(fit["distance"])
+    t, f = np.atleast_2d(_arr(fit["target"])), np.atleast_2d(_arr(fit["fitted"]))
+    res = np.atleast_2d(_arr(fit["residual"])) if fit.get("residual") is not None else t - f
+    if not (t.shape == f.shape == res.shape and t.shape[1] == d.size):
+        raise ValueError(f"target {t.shape}, fitted {f.shape}, residual {res.shape} and distance [{d.size}] disagree")
+    if not 0 <= head < t.shape[0]:
+        raise ValueError(f"head {head} out of range 0..{t.shape[0] - 1}")
+    max_len = float(fit["max_len"])
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    tname = fit.get("target_name", "target")
+    fig.add_trace(go.Scatter(x=d, y=t[head], mode="lines", name=str(tname), line=dict(color="black"),
+                             meta={"head": head, "series": "target"}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=d, y=f[head], mode="lines", name="FIRE fit", line=dict(color=_color(1), dash="dash"),
+                             meta={"head": head, "series": "fitted"}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=d, y=res[head], mode="lines", name="residual (target − fitted)",
+                             line=dict(color=_color(3)), meta={"head": head, "series": "residual"}), row=2, col=1)
+    for row in (1, 2):
+        fig.add_vrect(x0=0, x1=max_len, fillcolor="gray", opacity=0.12, line_width=0, name=FIT_RANGE_MARK,
+                      row=row, col=1, exclude_empty_subplots=False,
+                      label=dict(text=f"fitted 0–{max_len:g}" if row == 1 else "", textposition="top left",
+                                 font=dict(size=9)))
+    fig.update_xaxes(title_text="distance i − j (tokens)", row=2, col=1)
+    fig.update_yaxes(title_text="bias (logits)", row=1, col=1)
+    fig.update_yaxes(title_text="residual (logits)", row=2, col=1)
+    fig.update_layout(title=dict(text=f"{fit.get('name', 'fit')}: head {head}",
+                                 subtitle=dict(text=f"fitted on distances 0–{max_len:g} tokens; beyond is extrapolation")),
+                      meta={"max_len": max_len, "head": head})
+    return fig
+
+
+# -- training ----------------------------------------------------------------------------------
+def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapping]) -> go.Figure:
+    """Training curves from ``train_log.jsonl`` rows.
+
+    Args: one run's rows (list of dicts) or ``{run name: rows}``. Rows carry ``step``,
+      ``tokens``, ``loss`` (nats/token), ``lr``, ``tokens_per_s``; eval rows also ``val_loss``
+      and ``val_loss_4x`` (validation loss at 4× the training length, nats/token).
+    Returns: two-row Figure sharing x = tokens seen (or step when rows lack ``tokens``):
+      top train loss (line), val loss (markers), val loss @ 4× (open markers); bottom the
+      learning rate. Trace meta ``{"run", "series"}`` with series loss | val_loss |
+      val_loss_4x | lr.
+    Raises: ValueError for no rows.
+    """
+    runs = dict(logs) if isinstance(logs, Mapping) else {"run": list(logs)}
+    if not any(runs.values()):
+        raise ValueError("no training-log rows to plot")
+    use_tokens = all("tokens" in row for rows in runs.values() for row in rows)
+    xkey = "tokens" if use_tokens else "step"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    for k, (run, rows) in enumerate(runs.items()):
+        col = _color(k)
+
+        def series(key):
+            pts = [(row[xkey], row[key]) for row in rows if row.get(key) is not None and xkey in row]
+            return (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64))
+
+        x, y = series("loss")
+        if x.size:
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{run} train", line=dict(color=col),
+                                     meta={"run": run, "series": "loss"}), row=1, col=1)
+        x, y = series("val_loss")
+        if x.size:
+            fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=f"{run} val", marker=dict(color=col, size=7),
+                                     line=dict(color=col, dash="dot"), meta={"run": run, "series": "val_loss"}), row=1, col=1)
+        x, y = series("val_loss_4x")
+        if x.size:
+            fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=f"{run} val @ 4× length",
+                                     marker=dict(color=col, size=7, symbol="circle-open"), line=dict(color=col, dash="dash"),
+                                     meta={"run": run, "series": "val_loss_4x"}), row=1, col=1)
+        x, y = series("lr")
+        if x.size:
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{run} lr", line=dict(color=col), showlegend=False,
+                                     meta={"run": run, "series": "lr"}), row=2, col=1)
+    fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=2, col=1)
+    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title_text="learning rate", row=2, col=1)
+    fig.update_layout(title="Training curves", meta={"x": xkey})
+    return fig
+
+
+# -- export ------------------------------------------------------------------------------------
+def _plain(v):
+    if v is None:
+        return None
+    a = np.asarray(v)
+    if a.dtype.kind in "fc":
+        return [[None if not np.isfinite(x) else float(x) for x in r] for r in a] if a.ndim == 2 else \
+               [None if not np.isfinite(x) else float(x) for x in a.ravel()]
+    return a.tolist()
+
+
+def figure_data(fig: go.Figure) -> dict:
+    """The plotted numbers of ``fig`` as plain Python: ``{"title", "meta" (layout meta),
+    "markers" (named shapes: training length, fitted range, with x0/x1/y0/y1), "traces":
+    [{"name", "type", "meta", "x", "y", "z"?, "error_y"?}]}`` (NaN → None)."""
+    traces = []
+    for tr in fig.data:
+        t = {"name": tr.name, "type": tr.type, "meta": tr.meta}
+        for key in ("x", "y", "z"):
+            v = getattr(tr, key, None)
+            if v is not None:
+                t[key] = _plain(v)
+        err = getattr(tr, "error_y", None)
+        if err is not None and err.array is not None:
+            t["error_y"] = _plain(err.array)
+        traces.append(t)
+    markers = [{"name": s.name, "x0": s.x0, "x1": s.x1, "y0": s.y0, "y1": s.y1, "xref": s.xref, "yref": s.yref}
+               for s in fig.layout.shapes if s.name]
+    title = fig.layout.title.text if fig.layout.title else None
+    return {"title": title, "meta": fig.layout.meta, "markers": markers, "traces": traces}
+
+
+def figure_to_json(fig: go.Figure) -> str:
+    """``figure_data(fig)`` as a JSON string (for a download button or a paper script)."""
+    return json.dumps(figure_data(fig), default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
+
+
+def figure_to_csv(fig: go.Figure) -> str:
+    """The plotted numbers as long-format CSV: one row per point (per cell for heatmaps).
+
+    Columns: ``trace, <meta keys …>, x, y, z, error_y``; empty cells for NaN or absent values.
+    """
+    data = figure_data(fig)
+    meta_keys: list[str] = []
+    for t in data["traces"]:
+        if isinstance(t["meta"], dict):
+            meta_keys += [k for k in t["meta"] if k not in meta_keys]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["trace", *meta_keys, "x", "y", "z", "error_y"])
+    for t in data["traces"]:
+        m = t["meta"] if isinstance(t["meta"], dict) else {}
+        head = [t["name"], *[m.get(k, "") for k in meta_keys]]
+        blank = lambda v: "" if v is None else v  # noqa: E731
+        if "z" in t:
+            for r, y in enumerate(t.get("y") or []):
+                for c, x in enumerate(t.get("x") or []):
+                    w.writerow([*head, x, y, blank(t["z"][r][c]), ""])
+            continue
+        xs, ys = t.get("x") or [], t.get("y") or []
+        errs = t.get("error_y") or [None] * len(xs)
+        for x, y, e in zip(xs, ys, errs):
+            w.writerow([*head, blank(x), blank(y), "", blank(e)])
+    return buf.getvalue()

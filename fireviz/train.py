@@ -1,0 +1,940 @@
+"""Train a byte-level GPT with one position encoding: ``python -m fireviz train``.
+
+A training loop with no framework, in the spirit of nanoGPT's train.py (Karpathy): AdamW
+(Loshchilov & Hutter 2019) with decoupled weight decay on matrices only, linear warmup then
+cosine decay (Loshchilov & Hutter 2017, SGDR, without restarts), gradient-norm clipping
+(Pascanu et al. 2013), gradient accumulation, bf16 autocast + TF32 on CUDA, optional
+``torch.compile``, and DistributedDataParallel under ``torchrun`` (gloo on CPU, NCCL on CUDA).
+
+Settings come from a TOML file with two tables, ``[model]`` (``GPTConfig`` fields) and
+``[train]`` (``TrainConfig`` fields), overridable with ``--set section.key=value``.
+
+Determinism, which makes ``--resume`` exact:
+  * the training windows of step ``s`` are drawn from a ``torch.Generator`` seeded by
+    ``(seed, s)``: ``batch_size`` window starts for the whole (global) batch, of which rank
+    ``r`` takes its own contiguous slice — the data position is the step count, each rank
+    sees distinct windows, and the global batch does not depend on the number of processes;
+  * the global torch RNG (dropout) is re-seeded from ``(seed, s, rank)`` at every step, so
+    the RNG state is a function of the step and needs no storing;
+  * the learning rate is a function of the step (``lr_at``).
+
+The output folder is a checkpoint in the Hugging Face layout (``GPT.from_pretrained`` reads
+it), written only by rank 0, every file atomically (temp file in the same folder, fsync,
+``os.replace``):
+  * ``config.json`` — ``GPTConfig`` with ``training`` = settings, data provenance
+    (source, ``data_fingerprint`` of the training split), tokens seen, versions, command;
+  * ``model.safetensors`` — the weights (no ``_orig_mod.`` prefix);
+  * ``trainer_state.safetensors`` — the complete resume state in one file: the weights
+    (``model.*``), AdamW moments and step counts (``optim.<param>.exp_avg`` …), and, in the
+    safetensors metadata, the JSON trainer state (step, tokens, settings, config hash);
+  * ``trainer_state.json`` — the same JSON plus sha256 of the two safetensors files,
+    written last: it marks the checkpoint complete;
+  * ``train_log.jsonl`` — one line per step (appended live, truncated on resume).
+
+No pickle anywhere: never ``torch.save``/``torch.load``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shlex
+import sys
+import time
+import tomllib
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import __version__
+from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
+from .model import GPT, CheckpointError, GPTConfig, load_state_checked
+
+STATE_FORMAT = "fireviz-trainer-state/1"
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetensors", "trainer_state.json",
+                    "train_log.jsonl")
+#: Training settings that do not change the trained numbers; they may differ on --resume.
+_FREE_ON_RESUME = frozenset({"device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
+#: GPTConfig fields a config file may not set (written by the trainer itself).
+_MODEL_RESERVED = frozenset({"training"})
+EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
+
+
+class TrainingError(ValueError):
+    """A training request that cannot run: a bad setting, an unknown key, an occupied or
+    missing output folder, a resume that disagrees with its checkpoint."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    """The ``[train]`` table: how a model is trained (saved in ``config.json['training']``).
+
+    Attributes:
+      data: ``"prose" | "latex" | "code"`` (bundled) or a path accepted by
+        ``fireviz.data.load_documents``; training uses its ``train`` split.
+      batch_size: sequences per optimizer step, summed over all processes and
+        accumulation micro-steps (so tokens/step = batch_size × seq_len whatever the
+        number of GPUs). Must be divisible by world_size × grad_accum.
+      grad_accum: micro-steps per optimizer step on each process.
+      max_steps: optimizer steps in the whole run (the cosine reaches min_lr here).
+      lr, min_lr: peak and final learning rate; ``min_lr`` None → lr / 10.
+      warmup_steps: steps of linear warmup from 0 to lr.
+      weight_decay: AdamW decoupled decay on 2-D transformer weights only (not on
+        biases, LayerNorm or position-encoding parameters).
+      beta1, beta2: AdamW moment coefficients (0.9, 0.95 as in GPT-3 / nanoGPT).
+      grad_clip: max global L2 norm of the gradient; 0 disables clipping.
+      seed: seeds initialization, data windows and dropout.
+      eval_interval: validate every N steps (and at steps 0 and max_steps); 0 → only at
+        the end.
+      eval_batches: validation windows per length = eval_batches × batch_size.
+      checkpoint_interval: checkpoint every N steps (and at max_steps); 0 → only at the end.
+      device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``.
+      dtype: ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"``,
+        ``"bfloat16"`` (autocast; weights and optimizer stay float32).
+      compile: wrap the model in ``torch.compile`` (CUDA recommended).
+    """
+
+    data: str = "prose"
+    batch_size: int = 16
+    grad_accum: int = 1
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_steps: int = 0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_interval: int = 250
+    eval_batches: int = 4
+    checkpoint_interval: int = 500
+    device: str = "auto"
+    dtype: str = "auto"
+    compile: bool = False
+
+    def validate(self) -> "TrainConfig":
+        """Check every field; returns self. Raises TrainingError naming the field."""
+        _check_types(self, "train")
+        for name in ("batch_size", "grad_accum", "max_steps"):
+            if getattr(self, name) < 1:
+                raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed"):
+            if getattr(self, name) < 0:
+                raise TrainingError(f"train.{name} must be >= 0 (got {getattr(self, name)})")
+        if self.eval_batches < 1:
+            raise TrainingError(f"train.eval_batches must be >= 1 (got {self.eval_batches})")
+        if not self.lr > 0:
+            raise TrainingError(f"train.lr must be > 0 (got {self.lr})")
+        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
+            raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
+        if self.warmup_steps > self.max_steps:
+            raise TrainingError(f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise TrainingError(f"train.{name} must lie in [0, 1) (got {getattr(self, name)})")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise TrainingError(f"train.device must be auto, cpu or cuda (got {self.device!r})")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise TrainingError(f"train.dtype must be auto, float32 or bfloat16 (got {self.dtype!r})")
+        if not self.data:
+            raise TrainingError("train.data is empty; give a bundled corpus name or a path")
+        return self
+
+    @property
+    def final_lr(self) -> float:
+        """``min_lr``, or lr / 10 when unset."""
+        return self.lr / 10 if self.min_lr is None else float(self.min_lr)
+
+
+def _check_types(obj, section: str) -> None:
+    """Raise TrainingError if a dataclass field holds a value of the wrong TOML type."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        want = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        ok = True
+        if want == "bool":
+            ok = isinstance(value, bool)
+        elif want == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif want.startswith("float"):
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or \
+                (value is None and "None" in want)
+        elif want == "str":
+            ok = isinstance(value, str)
+        elif want == "dict":
+            ok = isinstance(value, dict)
+        if not ok:
+            raise TrainingError(f"{section}.{f.name} must be {want.replace(' | None', '')} "
+                                f"(got {value!r} of type {type(value).__name__})")
+
+
+def _section_fields() -> dict[str, list[str]]:
+    return {"model": [f.name for f in fields(GPTConfig) if f.name not in _MODEL_RESERVED],
+            "train": [f.name for f in fields(TrainConfig)]}
+
+
+def _parse_value(text: str):
+    """A ``--set`` value as a TOML literal (``3e-4``, ``true``, ``"x"``, ``{a = 1}``); a bare
+    word that is not a literal (``alibi``) is taken as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(tables: dict, overrides: list[str]) -> dict:
+    """Apply ``key=value`` overrides to parsed TOML ``tables`` (a new dict is returned).
+
+    Keys: ``section.field`` (``model.position_encoding``, ``train.lr``), a nested
+    ``model.encoding_options.init_L``, or a bare ``field`` when only one section has it.
+    Raises: TrainingError for a malformed override or a key that does not exist (the
+    message lists the valid keys).
+    """
+    tables = json.loads(json.dumps(tables))  # deep copy of plain TOML data
+    valid = _section_fields()
+    for item in overrides:
+        if "=" not in item:
+            raise TrainingError(f"--set {item!r} is not key=value (e.g. --set train.lr=3e-4)")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if parts[0] not in valid:
+            owners = [s for s, names in valid.items() if parts[0] in names]
+            if len(owners) != 1:
+                raise TrainingError(_unknown_key_message(key))
+            parts = [owners[0]] + parts
+        section, name = parts[0], parts[1] if len(parts) > 1 else ""
+        if name not in valid[section]:
+            raise TrainingError(_unknown_key_message(key))
+        if len(parts) > 2 and name != "encoding_options":
+            raise TrainingError(f"--set {key}: {section}.{name} is not a table")
+        node = tables.setdefault(section, {})
+        for p in parts[1:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _parse_value(text.strip())
+    return tables
+
+
+def _unknown_key_message(key: str) -> str:
+    listing = "; ".join(f"[{s}] " + ", ".join(names) for s, names in _section_fields().items())
+    return f"unknown config key {key!r}; valid keys: {listing}"
+
+
+def configs_from_tables(tables: dict) -> tuple[GPTConfig, TrainConfig]:
+    """Build and validate ``(GPTConfig, TrainConfig)`` from ``{"model": {...}, "train": {...}}``.
+
+    Raises: TrainingError for an unknown table or key (listing the valid ones), a value of
+    the wrong type, or an invalid setting (e.g. an unknown position encoding).
+    """
+    valid = _section_fields()
+    unknown_tables = set(tables) - set(valid)
+    if unknown_tables:
+        raise TrainingError(f"unknown config table(s) {sorted(unknown_tables)}; use [model] and [train]")
+    for section, names in valid.items():
+        table = tables.get(section, {})
+        if not isinstance(table, dict):
+            raise TrainingError(f"[{section}] must be a table")
+        for key in table:
+            if key not in names:
+                raise TrainingError(_unknown_key_message(f"{section}.{key}"))
+    mc = GPTConfig(**tables.get("model", {}))
+    _check_types(mc, "model")
+    try:
+        mc.validate()
+    except ValueError as e:
+        raise TrainingError(f"[model] {e}") from e
+    tc = TrainConfig(**tables.get("train", {})).validate()
+    return mc, tc
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> tuple[GPTConfig, TrainConfig]:
+    """Read a TOML config (``[model]`` and ``[train]`` tables) and apply ``--set`` overrides.
+
+    ``path`` None starts from the defaults. Raises: TrainingError if the file is missing or
+    not valid TOML, or for any problem ``configs_from_tables`` names.
+    """
+    tables: dict = {}
+    if path is not None:
+        try:
+            tables = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise TrainingError(f"config file {path} not found") from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise TrainingError(f"cannot read config file {path}: {e}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise TrainingError(f"config file {path} is not valid TOML: {e}") from e
+    return configs_from_tables(apply_overrides(tables, list(overrides)))
+
+
+def settings_dict(model_config: GPTConfig, train_config: TrainConfig) -> dict:
+    """``{"model": …, "train": …}`` as plain JSON data (model without ``training``)."""
+    model = {k: v for k, v in asdict(model_config).items() if k not in _MODEL_RESERVED}
+    return {"model": model, "train": asdict(train_config)}
+
+
+def config_hash(model_config: GPTConfig, train_config: TrainConfig) -> str:
+    """sha256 over every setting that changes the trained numbers (all but ``_FREE_ON_RESUME``)."""
+    s = settings_dict(model_config, train_config)
+    s["train"] = {k: v for k, v in s["train"].items() if k not in _FREE_ON_RESUME}
+    return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedule, seeds, data
+# ---------------------------------------------------------------------------------------------
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine.
+
+    ``lr·(step+1)/warmup_steps`` for step < warmup_steps; then
+    ``min_lr + ½(1 + cos(π·p))·(lr − min_lr)`` with p = (step − warmup)/(max_steps − warmup)
+    (SGDR's cosine without restarts, Loshchilov & Hutter 2017; the schedule nanoGPT uses).
+    """
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    span = max(1, tc.max_steps - tc.warmup_steps)
+    p = min(1.0, (step - tc.warmup_steps) / span)
+    return tc.final_lr + 0.5 * (1.0 + math.cos(math.pi * p)) * (tc.lr - tc.final_lr)
+
+
+def derive_seed(*parts) -> int:
+    """A 63-bit seed from any parts (sha256 of their repr joined by ':'): stable across runs."""
+    text = ":".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def window_starts(step: int, tc: TrainConfig, num_tokens: int, seq_len: int) -> torch.Tensor:
+    """Starts of the global batch of step ``step``: int64 ``[batch_size]`` in
+    ``[0, num_tokens − seq_len − 1]`` (a window holds seq_len + 1 tokens: inputs and targets).
+    Uniform, from a generator seeded by ``(seed, step)`` only."""
+    g = torch.Generator().manual_seed(derive_seed(tc.seed, "data", step))
+    return torch.randint(0, num_tokens - seq_len, (tc.batch_size,), generator=g)
+
+
+def validation_windows(docs: list[Document], length: int, count: int) -> torch.Tensor:
+    """A fixed, deterministic validation set: int64 ``[n, length + 1]`` token windows, n ≤ count.
+
+    Windows lie inside single documents (never crossing a boundary). Round k takes the
+    window at offset k·length of every document (sorted by id) that still has length + 1
+    tokens there, so round 0 windows start with the document's BOS. Rounds continue until
+    ``count`` windows are taken or no document has room.
+    Raises: DataError if no document holds length + 1 tokens.
+    """
+    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
+    out: list[torch.Tensor] = []
+    k = 0
+    while len(out) < count:
+        room = [t for t in toks if len(t) >= (k + 1) * length + 1]
+        if not room:
+            break
+        for t in room[: count - len(out)]:
+            out.append(t[k * length: (k + 1) * length + 1])
+        k += 1
+    if not out:
+        longest = max(len(t) for t in toks)
+        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest}); "
+                        f"validation at {length} tokens needs longer documents or a shorter seq_len")
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: atomic writes, checkpoint reading
+# ---------------------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Write ``path`` atomically: ``write(tmp_path)`` into a temp file in the same folder,
+    fsync it, ``os.replace`` it over ``path``, fsync the folder. A crash leaves either the
+    old or the new file, never a torn one (stray ``.<name>.tmp-<pid>`` files may remain)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # as an ordinary open() would create it
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """``atomic_write`` of UTF-8 text."""
+    atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def has_checkpoint(out_dir: str | os.PathLike) -> bool:
+    """Whether ``out_dir`` holds any checkpoint file (config, weights, trainer state, log)."""
+    return any((Path(out_dir) / n).exists() for n in CHECKPOINT_FILES)
+
+
+def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Float CPU copy of the weights, tied ``lm_head.weight`` dropped, ``_orig_mod.`` stripped."""
+    state = {}
+    for k, v in model.state_dict().items():
+        k = k.replace("_orig_mod.", "").removeprefix("module.")
+        if k == "lm_head.weight":
+            continue  # tied to wte.weight; load_state_checked restores the alias
+        state[k] = v.detach().to("cpu", copy=True).contiguous()
+    return state
+
+
+def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Read and verify the resume state of a checkpoint folder.
+
+    Returns ``(state_json, tensors)``: the trainer state (step, tokens, settings,
+    config_hash, …) and the tensors of ``trainer_state.safetensors`` (``model.*``,
+    ``optim.*``), float32 on CPU.
+    Raises: CheckpointError if a file is missing, corrupt or truncated, or the files of one
+    checkpoint disagree (sha256 mismatch). Nothing is modified.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    out = Path(out_dir)
+    st_path, js_path = out / "trainer_state.safetensors", out / "trainer_state.json"
+    if not st_path.exists():
+        raise CheckpointError(f"{out} has no trainer_state.safetensors: nothing to resume "
+                              "(train without --resume into an empty folder)")
+    try:
+        with safe_open(str(st_path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        state = json.loads(meta["fireviz_trainer_state"])
+    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{st_path} is corrupt or truncated ({e}); the folder was left untouched") from e
+    if state.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{st_path} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    if not js_path.exists():
+        raise CheckpointError(f"{out} has no trainer_state.json (the checkpoint is incomplete)")
+    try:
+        summary = json.loads(js_path.read_text(encoding="utf-8"))
+        summary_step = int(summary["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{js_path} is corrupt or truncated ({e}); the folder was left untouched") from e
+    if summary_step == state["step"]:
+        # Same checkpoint: the recorded hashes must match (detects damage after writing).
+        for name in ("trainer_state.safetensors", "model.safetensors"):
+            want = summary.get("sha256", {}).get(name)
+            path = out / name
+            if want is None or not path.exists() or _sha256_file(path) != want:
+                raise CheckpointError(f"{path} does not match the sha256 recorded in trainer_state.json "
+                                      "(corrupt, truncated or replaced); the folder was left untouched")
+    elif summary_step > state["step"]:
+        raise CheckpointError(f"trainer_state.json is at step {summary_step} but trainer_state.safetensors at "
+                              f"step {state['step']}: the checkpoint files are inconsistent")
+    # summary_step < state step: a checkpoint write was interrupted after its first file;
+    # trainer_state.safetensors alone is complete and newer, so resume from it.
+    return state, tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# Distributed helpers
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    owns_group: bool = False
+    comm_device: torch.device = torch.device("cpu")  # where all-reduced tensors live (cuda for NCCL)
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def _init_distributed(device_setting: str) -> _Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return _Dist()
+    import torch.distributed as dist
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    owns = False
+    if not dist.is_initialized():
+        use_cuda = device_setting.startswith("cuda") or (device_setting == "auto" and torch.cuda.is_available())
+        if use_cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        owns = True
+    return _Dist(rank=rank, world=world, local_rank=local, owns_group=owns)
+
+
+def _barrier(d: _Dist) -> None:
+    if d.world > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def _all_reduce_sum(t: torch.Tensor, d: _Dist) -> torch.Tensor:
+    if d.world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
+    if tc.device == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        name = tc.device
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise TrainingError("train.device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
+        return torch.device("cuda", d.local_rank if d.world > 1 else (torch.device(name).index or 0))
+    return torch.device("cpu")
+
+
+def _param_groups(model: GPT, tc: TrainConfig) -> tuple[list[dict], list[str]]:
+    """AdamW groups: decay 2-D transformer weights; no decay for biases, LayerNorm and
+    position-encoding parameters (their scale is the encoding's meaning). Returns the groups
+    and the parameter names in optimizer order."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and not name.startswith("encodings.") else no_decay).append((name, p))
+    groups = [{"params": [p for _, p in decay], "weight_decay": tc.weight_decay},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    names = [n for n, _ in decay] + [n for n, _ in no_decay]
+    return groups, names
+
+
+def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[torch.optim.AdamW, list[str]]:
+    """AdamW (Loshchilov & Hutter 2019) over ``model``'s parameters, betas (beta1, beta2).
+
+    Decoupled weight decay ``tc.weight_decay`` on 2-D transformer matrices (embedding,
+    attention, MLP); none on biases, LayerNorm gains and position-encoding parameters.
+    Fused kernels on CUDA. The learning rate is set per step by the caller (``lr_at``).
+    Returns: ``(optimizer, parameter names in optimizer order)`` — the names key the
+    optimizer moments in ``trainer_state.safetensors``.
+    """
+    groups, names = _param_groups(model, tc)
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **kwargs), names
+
+
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[torch.Tensor],
+                  grad_clip: float, device: torch.device, autocast=nullcontext,
+                  ddp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step with gradient accumulation (nanoGPT's inner loop).
+
+    Args:
+      model: the GPT (possibly compiled and/or wrapped in DistributedDataParallel).
+      micro_batches: int64 ``[micro_batch, seq_len + 1]`` windows (inputs ``[:, :-1]``,
+        targets ``[:, 1:]``); each contributes 1/len of the gradient.
+      grad_clip: max global L2 norm of the gradient (0: no clipping, norm still returned).
+      autocast: a context factory (``nullcontext`` or bf16 ``torch.autocast``).
+      ddp: ``model`` is DDP — gradients are all-reduced only on the last micro-batch.
+    Returns: ``(mean loss, grad norm)``, float32 0-d tensors on ``device``; the loss is the
+      mean next-token cross-entropy of this process's micro-batches in nats/token.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    n = len(micro_batches)
+    for m, batch in enumerate(micro_batches):
+        batch = batch.to(device, non_blocking=True)
+        ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
+        with ctx:
+            loss = _forward_loss(model, batch[:, :-1], batch[:, 1:], autocast)
+            (loss / n).backward()
+        loss_sum += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum / n, grad_norm
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    out = {}
+    for name, p in zip(names, params):
+        st = opt.state.get(p, {})
+        for key, value in st.items():
+            t = value if torch.is_tensor(value) else torch.tensor(float(value))
+            out[f"optim.{name}.{key}"] = t.detach().to("cpu", torch.float32, copy=True).contiguous().reshape(t.shape)
+    return out
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor],
+                    source: str) -> None:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    sd = opt.state_dict()
+    state = {}
+    for i, (name, p) in enumerate(zip(names, params)):
+        keys = {k[len(f"optim.{name}."):]: v for k, v in tensors.items() if k.startswith(f"optim.{name}.")
+                and "." not in k[len(f"optim.{name}."):]}
+        if not keys:
+            continue
+        for k in ("exp_avg", "exp_avg_sq"):
+            if k in keys and keys[k].shape != p.shape:
+                raise CheckpointError(f"{source}: optimizer moment {name}.{k} has shape {tuple(keys[k].shape)}, "
+                                      f"the model {tuple(p.shape)}")
+        st = {}
+        for k, v in keys.items():
+            st[k] = v.to(torch.float32) if k == "step" else v.to(p.device, p.dtype)
+        state[i] = st
+    known = {f"optim.{n}." for n in names}
+    stray = [k for k in tensors if k.startswith("optim.") and not any(k.startswith(p) for p in known)]
+    if stray:
+        raise CheckpointError(f"{source}: optimizer state for unknown parameters {stray[:5]}")
+    sd["state"] = state
+    opt.load_state_dict(sd)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep the log lines with ``step`` ≤ the resumed step (a torn last line is dropped)."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                continue  # torn by a kill mid-append
+            raise CheckpointError(f"{path}:{i + 1} is not valid JSON; the log is corrupt") from e
+        if rec.get("step", 0) <= step:
+            kept.append(line)
+    atomic_write_text(path, "".join(l + "\n" for l in kept))
+
+
+def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast) -> torch.Tensor:
+    with autocast():
+        logits = model(x)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+@torch.no_grad()
+def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torch.device, autocast,
+                     d: _Dist | None = None) -> float:
+    """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
+
+    Rank r of a process group evaluates windows r, r + world, …; sums are all-reduced.
+    ``micro``: windows per forward pass.
+    """
+    d = d or _Dist()
+    was_training = model.training
+    model.eval()
+    mine = windows[d.rank::d.world]
+    total = torch.zeros(2, dtype=torch.float64)
+    for i in range(0, len(mine), micro):
+        w = mine[i: i + micro].to(device)
+        with autocast():
+            logits = model(w[:, :-1])
+        nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum")
+        total += torch.tensor([float(nats), w[:, 1:].numel()], dtype=torch.float64)
+    model.train(was_training)
+    total = _all_reduce_sum(total.to(d.comm_device), d).cpu()
+    return float(total[0] / total[1])
+
+
+def _command_line() -> str:
+    return shlex.join(sys.argv)
+
+
+def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_dir: str | os.PathLike, *,
+          resume: bool = False, command: str | None = None, progress: bool | None = None) -> dict:
+    """Train (or resume) a GPT and write its checkpoint folder ``out_dir``.
+
+    Args:
+      model_config, train_config: the run; on ``resume`` either may be None to take it from
+        the checkpoint. When given on resume, every setting outside
+        ``device, compile, eval_interval, eval_batches, checkpoint_interval`` must equal the
+        checkpoint's.
+      out_dir: output folder; must not hold a checkpoint unless ``resume``.
+      resume: continue from ``out_dir``'s trainer state (model, AdamW moments, step; the
+        schedule, RNG and data position follow from the step).
+      command: recorded in ``config.json['training']['command']``.
+      progress: tqdm bar on rank 0 (None: only on a terminal).
+    Returns: ``{"step", "tokens", "loss", "val_loss", "val_loss_4x", "out_dir"}`` — the last
+      training loss and validation losses in nats/token (None if not evaluated).
+    Raises: TrainingError (settings, folder), DataError (missing/empty/too short data),
+      CheckpointError (corrupt, truncated or mismatched checkpoint on resume). All checks
+      happen before anything is written.
+    """
+    from tqdm import tqdm
+
+    out = Path(out_dir)
+    d = _init_distributed(train_config.device if train_config else "auto")
+    try:
+        return _train(model_config, train_config, out, resume, command, progress, d, tqdm)
+    finally:
+        if d.owns_group:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
+def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm) -> dict:
+    # ---- checks (nothing is written until all pass) --------------------------------------
+    state, tensors = None, None
+    if resume:
+        if not has_checkpoint(out):
+            raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
+        state, tensors = read_trainer_state(out)
+        saved_mc = GPTConfig(**state["settings"]["model"])
+        saved_tc = TrainConfig(**state["settings"]["train"])
+        model_config = model_config or saved_mc
+        train_config = train_config or saved_tc
+        if config_hash(model_config, train_config) != state["config_hash"]:
+            now, then = settings_dict(model_config, train_config), state["settings"]
+            diff = [f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
+                    for s in ("model", "train") for k in now[s]
+                    if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)]
+            raise TrainingError(f"--resume with settings that differ from the checkpoint in {out}: "
+                                + "; ".join(diff) + ". Resume with the original settings or train into a new folder")
+    else:
+        if model_config is None or train_config is None:
+            raise TrainingError("model_config and train_config are required unless resuming")
+        if has_checkpoint(out):
+            raise TrainingError(f"{out} already holds a checkpoint; pass --resume to continue it or choose "
+                                "another --out (nothing was overwritten)")
+        if out.exists() and not out.is_dir():
+            raise TrainingError(f"--out {out} exists and is not a folder")
+    mc, tc = model_config, train_config.validate()
+    try:
+        mc.validate()
+    except ValueError as e:
+        raise TrainingError(f"[model] {e}") from e
+    device = _resolve_device(tc, d)
+    if device.type == "cuda":
+        d.comm_device = device
+    if tc.batch_size % (d.world * tc.grad_accum):
+        raise TrainingError(f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
+                            f"{d.world} × {tc.grad_accum}")
+    micro = tc.batch_size // (d.world * tc.grad_accum)
+
+    docs = load_documents(tc.data)
+    train_docs = split_documents(docs, "train")
+    val_docs = split_documents(docs, "validation")
+    stream = TokenStream(train_docs, min_tokens=mc.seq_len + 1)
+    fingerprint = data_fingerprint(train_docs)
+    if resume and state["data_fingerprint"] != fingerprint:
+        raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
+                            f"(fingerprint {fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
+    n_val = tc.eval_batches * tc.batch_size
+    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
+    val_sets = {L: validation_windows(val_docs, L, n_val) for L in eval_lengths}
+
+    torch.manual_seed(tc.seed)
+    model = GPT(dataclasses.replace(mc, training={}))
+    if resume:
+        load_state_checked(model, {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")},
+                           source=str(out / "trainer_state.safetensors"))
+    model.to(device)
+    opt, names = build_optimizer(model, tc, device)
+    if resume:
+        _load_optimizer(opt, names, tensors, str(out / "trainer_state.safetensors"))
+        del tensors
+    start_step = state["step"] if resume else 0
+    tokens_per_step = tc.batch_size * mc.seq_len
+    _barrier(d)  # every rank passed its checks before rank 0 writes anything
+
+    # ---- setup ---------------------------------------------------------------------------
+    use_bf16 = tc.dtype == "bfloat16" or (tc.dtype == "auto" and device.type == "cuda")
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+        torch.backends.cudnn.allow_tf32 = True
+    raw_model = model
+    if tc.compile:
+        model = torch.compile(model)
+    if d.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    provenance = {
+        "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
+        "data": tc.data,
+        "data_split": "train",
+        "data_fingerprint": fingerprint,
+        "train_tokens_available": stream.num_tokens,
+        "validation_fingerprint": data_fingerprint(val_docs),
+        "validation_lengths": list(eval_lengths),
+        "validation_windows": {str(L): int(v.shape[0]) for L, v in val_sets.items()},
+        "world_size": d.world,
+        "num_parameters": raw_model.num_parameters(),
+        "config_hash": config_hash(mc, tc),
+        "fireviz_version": __version__,
+        "torch_version": torch.__version__,
+        "command": command or _command_line(),
+    }
+    log_path = out / "train_log.jsonl"
+    if d.master:
+        out.mkdir(parents=True, exist_ok=True)
+        for stray in out.glob(".*.tmp-*"):
+            stray.unlink()  # temp files of an interrupted write (ours; never a checkpoint file)
+        if resume:
+            _truncate_log(log_path, start_step)
+    log = open(log_path, "a", encoding="utf-8") if d.master else None
+
+    def write_log(rec: dict) -> None:
+        if log is not None:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+
+    def checkpoint(step: int) -> None:
+        if d.master:
+            _write_checkpoint(out, raw_model, opt, names, mc, tc, provenance, step, step * tokens_per_step,
+                              fingerprint, log)
+        _barrier(d)
+
+    def run_eval() -> dict:
+        res = {}
+        for L, key in zip(eval_lengths, ("val_loss", "val_loss_4x")):
+            eval_micro = max(1, micro * mc.seq_len // L)
+            res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d)
+        return res
+
+    bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
+               desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
+    last = {"loss": None, "val_loss": None, "val_loss_4x": None}
+    try:
+        if start_step == 0 and tc.eval_interval > 0:
+            last.update(run_eval())
+            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in ("val_loss", "val_loss_4x")}})
+        model.train()
+        for step in range(start_step, tc.max_steps):
+            t0 = time.perf_counter()
+            lr = lr_at(step, tc)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
+            starts = window_starts(step, tc, stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum:]
+            micro_batches = [stream.batch(starts[m * micro:(m + 1) * micro], mc.seq_len + 1)
+                             for m in range(tc.grad_accum)]
+            loss_mean, grad_norm = training_step(model, opt, micro_batches, tc.grad_clip, device, autocast,
+                                                 ddp=d.world > 1)
+            loss_all = _all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world
+            loss_value = float(loss_all)
+            if not math.isfinite(loss_value):
+                raise TrainingError(f"loss became {loss_value} at step {step + 1}; lower train.lr or check the data")
+            done = step + 1
+            dt = time.perf_counter() - t0
+            rec = {"step": done, "tokens": done * tokens_per_step, "loss": loss_value, "lr": lr,
+                   "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / dt if dt > 0 else None}
+            last["loss"] = loss_value
+            if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
+                last.update(run_eval())
+                rec.update({k: last[k] for k in ("val_loss", "val_loss_4x")})
+            write_log(rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", refresh=False)
+            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == tc.max_steps:
+                checkpoint(done)
+        if start_step >= tc.max_steps and d.master:
+            bar.write(f"{out} is already trained to max_steps={tc.max_steps}; nothing to do")
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+    return {"step": max(start_step, tc.max_steps), "tokens": tc.max_steps * tokens_per_step, **last,
+            "out_dir": str(out)}
+
+
+def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: TrainConfig, provenance: dict,
+                      step: int, tokens: int, fingerprint: str, log) -> None:
+    """Write one checkpoint: trainer_state.safetensors (complete resume state) first, then
+    model.safetensors, config.json, and trainer_state.json (with sha256 of both) last."""
+    from safetensors.torch import save_file
+
+    if log is not None:
+        log.flush()
+        os.fsync(log.fileno())
+    weights = _model_state(model)
+    state = {"format": STATE_FORMAT, "step": step, "tokens": tokens, "data_fingerprint": fingerprint,
+             "data_position": {"step": step, "rule": "window starts of step s drawn from seed (seed, 'data', s)"},
+             "scheduler": {"kind": "linear_warmup_cosine", "lr": tc.lr, "min_lr": tc.final_lr,
+                           "warmup_steps": tc.warmup_steps, "max_steps": tc.max_steps, "next_step": step},
+             "rng": "torch.manual_seed(derive_seed(seed, 'dropout', step, rank)) at every step",
+             "settings": settings_dict(mc, tc), "config_hash": config_hash(mc, tc),
+             "fireviz_version": __version__}
+    tensors = {f"model.{k}": v for k, v in weights.items()} | _optimizer_tensors(opt, names)
+    meta = {"format": "pt", "fireviz_trainer_state": json.dumps(state)}
+    atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))
+    atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
+    config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
+    atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
+    summary = state | {"sha256": {n: _sha256_file(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
+    atomic_write_text(out / "trainer_state.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m fireviz train`` argument parser."""
+    p = argparse.ArgumentParser(prog="python -m fireviz train",
+                                description="Train a byte-level GPT with one position encoding.")
+    p.add_argument("--config", help="TOML file with [model] and [train] tables (optional with --resume)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set model.position_encoding=alibi --set train.lr=3e-4")
+    p.add_argument("--out", required=True, help="checkpoint folder to create (or continue with --resume)")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: returns 0 on success, 2 with one line on stderr for any bad input."""
+    args = build_parser().parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in ["python", "-m", "fireviz", "train", *(sys.argv[1:] if argv is None
+                                                                                         else argv)])
+    try:
+        if args.config is None and not args.resume:
+            raise TrainingError("--config is required (except with --resume, which reuses the checkpoint's)")
+        if args.config is None:
+            if args.set:
+                raise TrainingError("--set needs --config (a resumed run keeps its checkpoint's settings)")
+            mc = tc = None
+        else:
+            mc, tc = load_config(args.config, args.set)
+        result = train(mc, tc, args.out, resume=args.resume, command=command,
+                       progress=False if args.no_progress else None)
+    except (TrainingError, DataError, CheckpointError) as e:
+        rank = os.environ.get("RANK")
+        prefix = f"fireviz train [rank {rank}]" if rank not in (None, "0") else "fireviz train"
+        print(f"{prefix}: error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        vals = ", ".join(f"{k}={result[k]:.4f}" for k in ("loss", "val_loss", "val_loss_4x") if result[k] is not None)
+        print(f"trained to step {result['step']} ({result['tokens']} tokens) → {result['out_dir']}: {vals}")
+    return 0

@@ -1,0 +1,464 @@
+"""The app's Streamlit helpers — the only module in fireviz that imports Streamlit.
+
+What lives here (and nothing that computes a bias or a loss):
+  * page setup and per-page widget keys (``key(page, name)`` → ``"<page>_<name>"``);
+  * page state in the URL: ``url_state`` seeds a widget from ``st.query_params`` once per
+    session and ``sync_url`` writes the widgets' values back, so a view is a shareable link;
+  * checkpoints: the cached list under the checkpoints root (``FIREVIZ_CHECKPOINTS_DIR``),
+    a picker that also takes a local folder or a Hugging Face repo id, and cached models
+    (``st.cache_resource``, keyed by folder + weights modification time);
+  * figures with their captions, and CSV/JSON downloads of the plotted numbers.
+Errors from the library are shown with ``st.error`` naming the problem and the fix; the
+app keeps running.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import streamlit as st
+
+from . import checkpoints as ck
+from .model import CheckpointError  # noqa: F401  (pages catch ui.CheckpointError)
+
+#: session_state key of the checkpoints added by path or Hub id (shared by all pages).
+EXTRA_KEY = "fireviz_extra_checkpoints"
+
+
+# -- pages and keys ---------------------------------------------------------------------------
+def setup_page(title: str, icon: str = "🔥") -> None:
+    """``st.set_page_config`` (wide layout) and the page title. Call first on every page."""
+    st.set_page_config(page_title=f"{title} · fireviz", page_icon=icon, layout="wide")
+    st.title(title)
+
+
+def key(page: str, name: str) -> str:
+    """The widget key of ``name`` on ``page``: ``"<page>_<name>"`` (keys never collide across pages)."""
+    return f"{page}_{name}"
+
+
+# -- page state in the URL --------------------------------------------------------------------
+def _cast(raw: str, kind: type) -> Any:
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(raw)
+    if kind is int:
+        return int(float(raw))
+    return kind(raw)
+
+
+def url_state(page: str, name: str, default: Any, kind: type = str, options: Sequence | None = None,
+              multi: bool = False, lo: float | None = None, hi: float | None = None) -> str:
+    """Seed the widget ``key(page, name)`` from the URL (``?name=...``) once per session.
+
+    The value comes from ``st.query_params`` when present and valid (cast with ``kind``; in
+    ``options`` if given; within [lo, hi] if given), else ``default``. ``multi`` reads a
+    repeated parameter (``?name=a&name=b``) as a list. Invalid URL values are dropped with
+    no error (a stale link still opens). Create the widget with ``key=`` the returned key
+    and no default value of its own.
+    Returns: the widget key.
+    """
+    k = key(page, name)
+    if k in st.session_state:
+        return k
+    value = default
+    raw = st.query_params.get_all(name) if multi else st.query_params.get(name)
+    if raw:
+        try:
+            if multi:
+                cand = [_cast(r, kind) for r in raw for r in (r.split(",") if "," in r else [r])]
+                if options is not None:
+                    cand = [c for c in cand if c in options]
+                value = cand if cand else default
+            else:
+                cand = _cast(raw, kind)
+                ok = (options is None or cand in options) and (lo is None or cand >= lo) and (hi is None or cand <= hi)
+                value = cand if ok else default
+        except (TypeError, ValueError):
+            value = default
+    if options is not None and not multi and value not in options:
+        value = options[0] if options else None
+    st.session_state[k] = value
+    return k
+
+
+def sync_url(page: str, names: Iterable[str]) -> None:
+    """Write the current values of the page's widgets ``names`` into ``st.query_params``.
+
+    Lists become repeated parameters; floats are written with up to 6 significant digits.
+    Parameters not named are left alone; names with no value are removed.
+    """
+    for name in names:
+        v = st.session_state.get(key(page, name))
+        if v is None or v == [] or v == "":
+            if name in st.query_params:
+                del st.query_params[name]
+            continue
+        if isinstance(v, (list, tuple)):
+            new = [_fmt(x) for x in v]
+            if st.query_params.get_all(name) != new:
+                st.query_params[name] = new
+        elif st.query_params.get(name) != _fmt(v):
+            st.query_params[name] = _fmt(v)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+@st.cache_resource(ttl=5, show_spinner=False)
+def _scan(root: str) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
+    return ck.scan_checkpoints(root)
+
+
+def checkpoints_root() -> Path:
+    """The checkpoints root folder (``FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``)."""
+    return ck.checkpoints_root()
+
+
+def list_checkpoints() -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
+    """Checkpoints under the root (re-scanned at most every 5 s) and ``{folder: problem}``
+    for folders that could not be read. Returns ([], {}) if there are none."""
+    return _scan(str(checkpoints_root()))
+
+
+@st.cache_resource(ttl=600, show_spinner="Fetching checkpoint…")
+def _resolve(ref: str, root: str) -> ck.CheckpointInfo:
+    return ck.resolve_checkpoint(ref, root)
+
+
+def resolve(ref: str) -> ck.CheckpointInfo:
+    """A checkpoint by name, folder path or Hub repo id (cached). Raises CheckpointError."""
+    return _resolve(ref.strip(), str(checkpoints_root()))
+
+
+@st.cache_resource(max_entries=8, show_spinner="Loading model…")
+def _load_model(path: str, mtime_ns: int, device: str):
+    return ck.load_model(path, device)
+
+
+def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
+    """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and reused.
+
+    Reloaded when model.safetensors changes. Raises CheckpointError for a bad folder.
+    """
+    path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
+    w = Path(path) / ck.WEIGHTS_FILE
+    try:
+        mtime = w.stat().st_mtime_ns
+    except OSError as e:
+        raise CheckpointError(f"cannot read {w}: {e}") from e
+    return _load_model(path, mtime, device)
+
+
+def no_checkpoints_message() -> None:
+    """An ``st.info`` box: no checkpoints found under the root, and the command that makes one."""
+    st.info(f"No checkpoints found in `{checkpoints_root()}`.\n\nCreate one with\n\n"
+            f"```\n{ck.TRAIN_HINT}\n```\n\nor add one from a local folder or a Hugging Face repo id "
+            "with the sidebar box of the other pages, or set `FIREVIZ_CHECKPOINTS_DIR` to a folder of checkpoints.")
+
+
+def _add_extra(ref: str) -> ck.CheckpointInfo | None:
+    try:
+        info = resolve(ref)
+    except CheckpointError as e:
+        st.error(f"**Cannot use checkpoint `{ref}`.** {e}")
+        return None
+    st.session_state.setdefault(EXTRA_KEY, {})[ref] = info
+    return info
+
+
+def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None = None,
+                      label: str = "Checkpoints", default_count: int = 1,
+                      filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
+                      where=None) -> list[ck.CheckpointInfo]:
+    """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
+
+    Options are the checkpoints under the root and any added in this session (by local
+    folder or Hugging Face repo id; a bad one gives an ``st.error`` and is not added).
+    ``filter_fn`` hides checkpoints it rejects. Shows the "no checkpoints" message if
+    there is nothing to pick.
+    Returns: the chosen checkpoints, in selection order ([] if none).
+    """
+    where = where or st.sidebar
+    found, problems = list_checkpoints()
+    for folder, problem in problems.items():
+        where.warning(f"Skipped `{Path(folder).name}`: {problem}")
+    with where.expander("Add a checkpoint (folder or Hub repo id)"):
+        ref = st.text_input("Local folder path or Hugging Face repo id (owner/name)", key=key(page, "add_ref"),
+                            placeholder="checkpoints/fire  or  owner/fireviz-fire")
+        if st.button("Add", key=key(page, "add_btn")) and ref.strip():
+            info = _add_extra(ref.strip())
+            if info is not None:
+                st.success(f"Added {info.label}")
+    extra: dict[str, ck.CheckpointInfo] = st.session_state.get(EXTRA_KEY, {})
+    by_name = {i.name: i for i in found}
+    for ref, info in extra.items():
+        by_name.setdefault(ref, info)
+    # URL values that are paths or Hub ids: resolve them once (a shared link may name one).
+    for ref in st.query_params.get_all("ckpt"):
+        if ref not in by_name and key(page, "ckpt") not in st.session_state:
+            info = _add_extra(ref)
+            if info is not None:
+                by_name[ref] = info
+    if filter_fn is not None:
+        by_name = {n: i for n, i in by_name.items() if filter_fn(i)}
+    names = list(by_name)
+    if not names:
+        no_checkpoints_message()
+        return []
+    fmt = lambda n: by_name[n].label if n in by_name else n  # noqa: E731
+    if multi:
+        k = url_state(page, "ckpt", names[:default_count], options=names, multi=True)
+        if max_selections:
+            st.session_state[k] = [n for n in st.session_state[k] if n in names][:max_selections]
+        chosen = where.multiselect(label, names, key=k, format_func=fmt, max_selections=max_selections)
+    else:
+        k = url_state(page, "ckpt", names[0], options=names)
+        chosen = [where.selectbox(label, names, key=k, format_func=fmt)]
+    return [by_name[n] for n in chosen if n in by_name]
+
+
+def checkpoint_caption(info: ck.CheckpointInfo) -> str:
+    """One line about a checkpoint: encoding, shape, parameters, training length and tokens, data."""
+    c = info.config
+    parts = [f"**{info.name}**: {info.position_encoding}",
+             f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
+             f"{info.num_parameters:,} parameters", f"trained at {info.seq_len} tokens"]
+    if info.training_tokens:
+        parts.append(f"on {human_count(info.training_tokens)} tokens")
+    if info.data:
+        parts.append(f"of {info.data}")
+    return " · ".join(parts)
+
+
+def human_count(n: float | int | None) -> str:
+    """12_300_000 → "12.3M" (k, M, B); None → "—"."""
+    if n is None:
+        return "—"
+    n = float(n)
+    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+# -- figures and downloads --------------------------------------------------------------------
+def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
+    """Draw a plotly figure full width, with ``caption`` (evaluation settings etc.) under it."""
+    st.plotly_chart(fig, width="stretch", key=key(page, name) if page and name else None,
+                    config={"displaylogo": False})
+    if caption:
+        st.caption(caption)
+
+
+def rows_to_csv(rows: Sequence[dict]) -> str:
+    """CSV text of a list of flat dicts (columns = union of keys, in first-seen order)."""
+    cols: list[str] = []
+    for r in rows:
+        for c in r:
+            if c not in cols:
+                cols.append(c)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({c: _csv_value(r.get(c)) for c in cols})
+    return buf.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return v
+
+
+def to_json(obj: Any) -> str:
+    """Indented JSON text (NaN/inf written as null; numpy and tensors as lists)."""
+    return json.dumps(_jsonable(obj), indent=2)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):
+        return _jsonable(obj.tolist())
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return _jsonable(obj.to_dict())
+    return obj
+
+
+def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any = None,
+              extra: dict[str, tuple[bytes, str]] | None = None, where=None) -> None:
+    """Download buttons in one row: ``<name>.csv`` (``csv_text``), ``<name>.json`` (``json_obj``),
+    and ``extra`` files ``{file name: (bytes, mime)}``."""
+    where = where or st
+    items = []
+    if csv_text is not None:
+        items.append((f"{name}.csv", csv_text.encode("utf-8"), "text/csv"))
+    if json_obj is not None:
+        items.append((f"{name}.json", to_json(json_obj).encode("utf-8"), "application/json"))
+    for fname, (data, mime) in (extra or {}).items():
+        items.append((fname, data, mime))
+    if not items:
+        return
+    cols = where.columns(len(items))
+    for col, (fname, data, mime) in zip(cols, items):
+        col.download_button(f"⬇ {fname}", data, file_name=fname, mime=mime,
+                            key=key(page, f"dl_{name}_{fname}"), on_click="ignore")
+
+
+def error(problem: str, fix: str = "", where=None) -> None:
+    """``st.error`` with the problem in bold and the fix after it."""
+    (where or st).error(f"**{problem}**" + (f" {fix}" if fix else ""))
+
+
+def env_flag(name: str) -> bool:
+    """True if environment variable ``name`` is set to 1/true/yes."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+# -- cached library results -------------------------------------------------------------------
+#: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
+MAX_QUERY_POSITION = 1 << 17
+
+
+@st.cache_data(max_entries=32, show_spinner="Computing biases…")
+def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str) -> dict:
+    from . import analysis
+
+    model = _load_model(path, mtime_ns, "cpu")
+    return analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
+
+
+def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None) -> dict:
+    """``fireviz.analysis.bias_report(model, positions).to_dict()`` for a checkpoint, cached
+    (``st.cache_data``) by folder, weights modification time and positions (tokens).
+
+    Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
+    """
+    if positions and max(positions) > MAX_QUERY_POSITION:
+        raise ValueError(f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; "
+                         "pick smaller positions")
+    mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
+    return _bias_report(info.path, mtime, tuple(sorted(set(int(p) for p in positions))) if positions else None,
+                        info.name)
+
+
+# -- background jobs --------------------------------------------------------------------------
+def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop",
+              poll_s: float = 0.5) -> None:
+    """Live status of a background job: a progress bar, its message, a cancel button
+    (none if ``cancel_label`` is None).
+
+    Runs as an ``st.fragment`` re-run every ``poll_s`` seconds while the job is queued or
+    running; when it finishes it reruns the whole page, which then draws the result. Call
+    it only for an unfinished job.
+    """
+    from . import jobs
+
+    q = jobs.default_queue(queue_name)
+
+    @st.fragment(run_every=poll_s)
+    def _panel():
+        job = q.get(job_key)
+        if job is None:
+            return
+        snap = job.snapshot()
+        if snap["status"] in jobs.FINISHED:
+            st.rerun(scope="app")  # the page draws finished jobs itself (and shows no panel)
+        if snap["status"] == jobs.QUEUED:
+            ahead = q.position(job_key)
+            st.info(f"{snap['label']}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
+                    "the page or opening it in another tab finds it here.")
+        text = f"{snap['label']}: {snap['message']} · {snap['elapsed_s']:.0f} s"
+        st.progress(snap["fraction"], text=text)
+        if cancel_label and st.button(cancel_label, key=key(page, f"cancel_{job_key}")):
+            q.cancel(job_key)
+            st.rerun(scope="app")
+
+    _panel()
+
+
+
+# -- evaluation helpers -----------------------------------------------------------------------
+UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
+
+
+def save_upload(name: str, data: bytes) -> Path:
+    """Store an uploaded text/JSONL file under the evaluation cache (``<cache>/uploads/<sha>/``)
+    and check that ``fireviz.data.load_documents`` reads it.
+
+    The folder is named by the content's sha256, so the same file is the same data source
+    (and the same cached results) in every tab and after a restart.
+    Returns: the stored file's path.
+    Raises: fireviz.data.DataError naming the problem (not UTF-8, bad JSONL line, no text,
+      unsupported type).
+    """
+    import hashlib
+
+    from . import evaluate
+    from .data import DataError, load_documents
+
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name) or "upload.txt"
+    if not data:
+        raise DataError(f"{name} is empty; upload a .txt file or a .jsonl file with one {{\"text\": ...}} object per line")
+    folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / safe
+    if not path.exists():
+        path.write_bytes(data)
+    load_documents(path)  # raises DataError with the line and the fix
+    return path
+
+
+def split_errors(results: Sequence[dict]) -> tuple[list[dict], list[str]]:
+    """Separate the per-length error entries of evaluation results from the numbers.
+
+    Returns: (results whose ``per_length`` holds only scored lengths — results with none
+      are dropped, messages ``"<label> @ <length>: <error>"``).
+    """
+    clean, errors = [], []
+    for r in results:
+        ok = [e for e in r.get("per_length", []) if "error" not in e]
+        errors += [f"{r.get('label', r.get('checkpoint'))} @ {e['length']}: {e['error']}"
+                   for e in r.get("per_length", []) if "error" in e]
+        if ok:
+            clean.append({**r, "per_length": ok})
+    return clean, errors
+
+
+def eval_caption(results: Sequence[dict]) -> str:
+    """The evaluation settings and the device that ran them, as one caption line."""
+    if not results:
+        return ""
+    s = results[0].get("settings", {})
+    parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)",
+             f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
+             f"token budget {s.get('token_budget')} per length", f"seed {s.get('seed')}",
+             f"precision {s.get('precision')}"]
+    devices = sorted({str(r.get("device")) for r in results})
+    parts.append("device " + ", ".join(devices))
+    cached = sum(1 for r in results for e in r.get("per_length", []) if e.get("cached"))
+    total = sum(len(r.get("per_length", [])) for r in results)
+    parts.append(f"{cached}/{total} lengths from the cache")
+    return "Evaluation: " + " · ".join(parts) + ". Lengths in tokens (bytes); dashed = training length."

@@ -1,0 +1,350 @@
+"""Position encodings: exact reference values (../shared/reference/encodings.json, with an
+in-repo copy of the same numbers so the suite runs from the repository alone) and
+properties (hypothesis)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fireviz.encodings import (
+    ENCODING_NAMES, FIRE, ALiBi, KerpleLog, KerplePower, RotaryEmbedding, Sandwich, T5RelativeBias,
+    alibi_slopes, build_encoding, relative_position_bucket, rope_inv_freq, sandwich_kernel, yarn_inv_freq,
+)
+
+REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
+SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "encodings.json"
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return json.loads(REFERENCE.read_text())
+
+
+def test_in_repo_reference_matches_shared_copy(ref):
+    # The in-repo copy must be the shared reference verbatim whenever the shared one is present.
+    if SHARED_REFERENCE.exists():
+        assert json.loads(SHARED_REFERENCE.read_text()) == ref
+    else:
+        assert "t5_relative_position_bucket" in ref
+
+
+def additive(name, heads=4, head_dim=8, **kw):
+    enc = build_encoding(name, heads, head_dim, **kw)
+    assert enc.kind == "additive"
+    return enc
+
+
+ADDITIVE = ["t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s"]
+TOEPLITZ = ["t5", "alibi", "kerple_log", "kerple_power", "sandwich"]
+
+
+# ---------------------------------------------------------------- reference values
+def test_t5_bucket_first_distances(ref):
+    r = ref["t5_relative_position_bucket"]
+    for bucket, first_distance in r["causal_first_distance_of_each_bucket"].items():
+        d = torch.tensor([first_distance])
+        assert relative_position_bucket(-d, False, 32, 128).item() == int(bucket)
+        if first_distance > 0:  # the distance before belongs to the previous bucket
+            assert relative_position_bucket(-(d - 1), False, 32, 128).item() == int(bucket) - 1
+
+
+def test_t5_bucket_examples(ref):
+    ex = ref["t5_relative_position_bucket"]["causal_examples"]
+    d = torch.tensor([int(k) for k in ex])
+    got = relative_position_bucket(-d, bidirectional=False, num_buckets=32, max_distance=128)
+    assert got.tolist() == list(ex.values())
+    # future keys (positive relative position) share bucket 0 in the causal scheme
+    assert relative_position_bucket(torch.tensor([5]), False).item() == 0
+
+
+def test_t5_bidirectional_splits_buckets():
+    rel = torch.arange(-200, 201)
+    b = relative_position_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128)
+    assert b.min() == 0 and b.max() == 31
+    assert (b[rel > 0] >= 16).all() and (b[rel <= 0] < 16).all()
+
+
+def test_alibi_slopes_reference(ref):
+    for n, slopes in ref["alibi_slopes"].items():
+        assert alibi_slopes(int(n)).tolist() == pytest.approx(slopes, abs=1e-5)
+
+
+def test_kerple_reference(ref):
+    r = ref["kerple"]
+    d = torch.tensor(r["distances"])
+    power = KerplePower(1, init_r1=0.5, init_r2=1.5).bias_by_distance(d)[0]
+    log = KerpleLog(1, init_r1=1.0, init_r2=0.5).bias_by_distance(d)[0]
+    assert power.tolist() == pytest.approx(r["power_r1_0.5_r2_1.5"], abs=1e-5)
+    assert log.tolist() == pytest.approx(r["log_r1_1_r2_0.5"], abs=1e-5)
+
+
+def test_sandwich_reference(ref):
+    r = ref["sandwich_S"]
+    for d, value in r["values"].items():
+        assert sandwich_kernel(torch.tensor([float(d)]), r["dbar"]).item() == pytest.approx(value, abs=1e-4)
+
+
+def test_sandwich_per_head_compression():
+    enc = Sandwich(4, dbar=128)
+    d = torch.tensor([0, 10])
+    b = enc.bias_by_distance(d)
+    s10 = sandwich_kernel(torch.tensor([10.0]), 128).item() - 64
+    assert b[:, 0].tolist() == [0.0] * 4
+    ratios = [8 * h / 4 for h in range(1, 5)]
+    assert b[:, 1].tolist() == pytest.approx([s10 / r for r in ratios], rel=1e-6)
+
+
+def test_fire_normalized_distance_reference(ref):
+    r = ref["fire_normalized_distance"]
+    fire = FIRE(2, init_c=r["c"], init_L=r["L"], eps=r["eps"])
+    for key, value in r["values"].items():
+        i, j = (int(v) for v in key.split(","))
+        x = fire.normalized_distance(torch.tensor([i]), torch.tensor([j]))
+        assert x.item() == pytest.approx(value, abs=1e-5)
+
+
+def test_rope_inv_freq_reference(ref):
+    r = ref["rope_inv_freq"]
+    f = rope_inv_freq(r["head_dim"], r["base"])
+    assert f[r["indices"]].tolist() == pytest.approx(r["values"], rel=1e-6)
+
+
+def test_rope_pi_reference(ref):
+    r = ref["rope_pi"]
+    enc = build_encoding("rope_pi", 1, r["head_dim"], rope_theta=r["base"], rope_scaling_factor=r["factor"])
+    assert enc.inv_freq[:2].tolist() == pytest.approx(r["inv_freq_0_1"], abs=1e-5)
+
+
+def test_yarn_reference(ref):
+    r = ref["yarn"]
+    inv, factor = yarn_inv_freq(r["head_dim"], r["base"], r["factor"], r["original_max_position"],
+                                r["beta_fast"], r["beta_slow"])
+    assert factor == pytest.approx(r["mscale"], abs=1e-6)
+    theta = rope_inv_freq(r["head_dim"], r["base"])
+    low, high = r["low"], r["high"]
+    # below `low`: extrapolated (unchanged); above `high`: interpolated by the factor
+    assert torch.allclose(inv[: low + 1], theta[: low + 1])
+    assert torch.allclose(inv[high:], theta[high:] / r["factor"])
+    assert ((inv[low + 1: high] < theta[low + 1: high]) & (inv[low + 1: high] > theta[low + 1: high] / r["factor"])).all()
+    for s, m in r["mscale_by_factor"].items():
+        assert yarn_inv_freq(r["head_dim"], r["base"], float(s), r["original_max_position"])[1] == pytest.approx(m, abs=1e-6)
+
+
+def test_yarn_attention_factor_applied_once():
+    # q and k each scaled by m, so a zero-angle logit scales by exactly m² (= 1/t in the paper).
+    enc = build_encoding("yarn", 1, 16, rope_scaling_factor=4.0, original_max_position_embeddings=64)
+    x = torch.randn(1, 1, 1, 16)
+    pos = torch.tensor([0])
+    q, k = enc.rotate(x, pos), enc.rotate(x, pos)
+    m = 0.1 * math.log(4.0) + 1
+    assert (q * k).sum().item() == pytest.approx(m * m * (x * x).sum().item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------- shapes and finiteness
+@pytest.mark.parametrize("name", ENCODING_NAMES)
+@pytest.mark.parametrize("q_len,k_len,q_offset", [(1, 8192, None), (16, 16, None), (1, 1, 0), (5, 9, 100),
+                                                  (7, 3, 8192), (600, 600, None)])
+def test_every_encoding_shapes_and_finite(name, q_len, k_len, q_offset):
+    enc = build_encoding(name, 4, 8)
+    if enc.kind == "additive":
+        b = enc.bias(q_len, k_len, q_offset)
+        assert b.shape == (4, q_len, k_len) and b.dtype == torch.float32
+        assert torch.isfinite(b).all()
+    elif enc.kind == "rotary":
+        x = torch.randn(2, 4, q_len, 8)
+        start = q_offset if q_offset is not None else k_len - q_len
+        y = enc.rotate(x, torch.arange(start, start + q_len))
+        assert y.shape == x.shape and torch.isfinite(y).all()
+        with pytest.raises(TypeError):
+            enc.bias(q_len, k_len)
+    else:
+        with pytest.raises(TypeError):
+            enc.bias(q_len, k_len)
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="unknown position encoding 'fir'"):
+        build_encoding("fir", 4, 8)
+    with pytest.raises(ValueError, match="does not take option"):
+        build_encoding("alibi", 4, 8, mlp_width=3)
+    with pytest.raises(ValueError, match="even head_dim"):
+        build_encoding("rope", 4, 7)
+    with pytest.raises(ValueError, match="q_offset"):
+        build_encoding("alibi", 4, 8).bias(5, 3)
+    with pytest.raises(ValueError, match="r1 > 0 and r2 > 0"):
+        KerpleLog(2, init_r1=1.0, init_r2=0.0)
+
+
+def test_alignment_bottom_right():
+    enc = ALiBi(2)
+    b = enc.bias(3, 10)  # queries at 7, 8, 9
+    assert b[0, 2, 9].item() == 0.0 and b[0, 0, 7].item() == 0.0
+    assert b[0, 0, 0].item() == pytest.approx(-7 * alibi_slopes(2)[0].item())
+
+
+# ---------------------------------------------------------------- properties
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(TOEPLITZ), q_len=st.integers(1, 20), k_len=st.integers(1, 20),
+       offset=st.integers(0, 300), shift=st.integers(1, 500))
+def test_toeplitz_translation_invariance(name, q_len, k_len, offset, shift):
+    torch.manual_seed(0)
+    enc = additive(name)
+    a = enc.bias(q_len, k_len, offset)
+    # shifting every query and key by `shift` leaves b unchanged: take the rows of a longer bias
+    b = enc.bias(q_len, k_len + shift, offset + shift)[:, :, shift:]
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_fire_is_not_translation_invariant():
+    torch.manual_seed(0)
+    fire = FIRE(2, init_L=8.0)
+    torch.nn.init.normal_(fire.mlp[0].weight)
+    a = fire.bias(4, 4, 20)
+    b = fire.bias(4, 4 + 50, 20 + 50)[:, :, 50:]
+    assert not torch.allclose(a, b, atol=1e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(ADDITIVE), k_len=st.integers(2, 40), data=st.data())
+def test_offset_consistency(name, k_len, data):
+    """Rows of the full bias equal the bias of a query slice with the matching offset."""
+    torch.manual_seed(1)
+    enc = additive(name, init_L=10.0) if name.startswith("fire") else additive(name)
+    full = enc.bias(k_len, k_len, 0)
+    start = data.draw(st.integers(0, k_len - 1))
+    stop = data.draw(st.integers(start + 1, k_len))
+    part = enc.bias(stop - start, k_len, start)
+    assert torch.allclose(full[:, start:stop], part, atol=1e-6)
+    # default offset: last queries
+    assert torch.allclose(full[:, -(stop - start):], enc.bias(stop - start, k_len), atol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(ADDITIVE), q_len=st.integers(1, 30), k_len=st.integers(1, 3000),
+       offset=st.integers(0, 20000))
+def test_no_nan_any_length_or_offset(name, q_len, k_len, offset):
+    enc = additive(name)
+    assert torch.isfinite(enc.bias(q_len, k_len, offset)).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["rope", "rope_pi", "yarn"]), m=st.integers(0, 5000), n=st.integers(0, 5000),
+       shift=st.integers(0, 5000))
+def test_rotary_score_depends_only_on_m_minus_n(name, m, n, shift):
+    opts = {"rope_scaling_factor": 4.0, "original_max_position_embeddings": 512} if name == "yarn" else (
+        {"rope_scaling_factor": 4.0} if name == "rope_pi" else {})
+    enc = build_encoding(name, 1, 16, **opts)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+    s1 = (enc.rotate(q, torch.tensor([m])) * enc.rotate(k, torch.tensor([n]))).sum()
+    s2 = (enc.rotate(q, torch.tensor([m + shift])) * enc.rotate(k, torch.tensor([n + shift]))).sum()
+    assert s1.item() == pytest.approx(s2.item(), abs=2e-3)  # float32 angles up to 1e4 rad
+
+
+def test_rotary_angles_float32_under_bf16_autocast():
+    enc = RotaryEmbedding(1, 16)
+    pos = torch.tensor([4000, 4001])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cos, sin = enc.cos_sin(pos)
+    assert cos.dtype == torch.float32
+    assert cos[0, 0].item() == pytest.approx(math.cos(4000.0), abs=1e-3)
+    x = torch.randn(1, 1, 2, 16, dtype=torch.bfloat16)
+    assert enc.rotate(x, pos).dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------- FIRE specifics
+def random_fire(heads=3, seed=0, **kw):
+    torch.manual_seed(seed)
+    fire = FIRE(heads, **kw)
+    for p in fire.mlp.parameters():
+        torch.nn.init.normal_(p)
+    return fire
+
+
+@pytest.mark.parametrize("kw", [
+    {"init_L": 20.0}, {"init_L": 20.0, "normalizer_cap": 60.0}, {"init_L": 80.0, "normalizer_cap": 30.0},
+    {"progressive_interpolation": False}, {"log_transform": False, "init_L": 20.0},
+    {"learn_threshold": False}, {"mlp_depth": 2, "init_L": 20.0}, {"mlp_width": 1, "init_L": 5.0},
+])
+@pytest.mark.parametrize("q_len,k_len,q_offset", [(100, 100, 0), (7, 100, None), (30, 40, 500), (1, 1, 0)])
+def test_fire_fast_path_equals_formula(kw, q_len, k_len, q_offset):
+    fire = random_fire(**kw)
+    fast = fire.bias(q_len, k_len, q_offset)
+    slow = fire.bias_reference(q_len, k_len, q_offset)
+    assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # the inference path writes blocks in place with a fused multiply-add
+        assert torch.allclose(fire.bias(q_len, k_len, q_offset), slow, atol=1e-5, rtol=1e-5)
+
+
+def test_fire_fast_path_gradients_equal_formula():
+    fire = random_fire(init_L=20.0, normalizer_cap=50.0)
+    g = torch.randn(3, 70, 70)
+    grads = []
+    for fn in (fire.bias, fire.bias_reference):
+        fire.zero_grad()
+        (fn(70, 70) * g).sum().backward()
+        grads.append([p.grad.clone() for p in fire.parameters()])
+    for a, b in zip(*grads):  # sums over 14,700 pairs: compare relative to the gradient's size
+        assert torch.allclose(a, b, atol=1e-5 * b.abs().max().item() + 1e-6, rtol=1e-4)
+
+
+def test_fire_long_context_memory_is_blocked():
+    fire = FIRE(8)
+    b = fire.bias(1, 8192)
+    assert b.shape == (8, 1, 8192)
+    x = fire.normalized_distance(torch.tensor([8191]), torch.arange(8192))
+    assert x.min() >= 0 and x.max() <= 1.0 + 1e-6
+
+
+def test_fire_normalizer_cap_flattens_beyond_cap():
+    fire = random_fire(init_L=16.0, normalizer_cap=32.0)
+    # rows beyond the cap share the normalizer ψ(cap): the bias becomes Toeplitz there
+    a = fire.bias(1, 101, 100)[:, 0, -20:]  # query 100, distances 19..0
+    b = fire.bias(1, 201, 200)[:, 0, -20:]  # query 200, same distances
+    assert torch.allclose(a, b)
+    uncapped = random_fire(init_L=16.0)
+    assert not torch.allclose(uncapped.bias(1, 101, 100)[:, 0, -20:], uncapped.bias(1, 201, 200)[:, 0, -20:])
+
+
+def test_fire_ablation_options_change_the_input():
+    base = FIRE(1, init_L=16.0)
+    i, j = torch.tensor([100]), torch.tensor([40])
+    assert base.normalized_distance(i, j).item() == pytest.approx(math.log1p(6.0) / math.log1p(10.0), rel=1e-5)
+    no_pi = FIRE(1, progressive_interpolation=False)
+    assert no_pi.normalized_distance(i, j).item() == pytest.approx(math.log1p(6.0), rel=1e-5)
+    no_log = FIRE(1, log_transform=False, init_L=16.0)
+    assert no_log.normalized_distance(i, j).item() == pytest.approx(60 / (100 + 1e-6), rel=1e-5)
+    no_threshold = FIRE(1, learn_threshold=False)
+    assert no_threshold.normalized_distance(torch.tensor([5]), torch.tensor([0])).item() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="mlp_depth"):
+        FIRE(1, mlp_depth=3)
+
+
+def test_kerple_power_gradient_finite_at_zero_distance():
+    enc = KerplePower(2)
+    enc.bias(8, 8).sum().backward()
+    assert torch.isfinite(enc.r1.grad).all() and torch.isfinite(enc.r2.grad).all()
+
+
+def test_kerple_constraints_applied_in_forward():
+    enc = KerplePower(2, init_r1=1.0, init_r2=1.0)
+    with torch.no_grad():
+        enc.r1.fill_(-3.0)
+        enc.r2.fill_(5.0)
+    r1, r2 = enc.constrained()
+    assert r1.tolist() == pytest.approx([0.01, 0.01]) and r2.tolist() == pytest.approx([2.0, 2.0])
+
+
+def test_t5_bias_uses_table():
+    enc = T5RelativeBias(2, num_buckets=8, max_distance=20)
+    with torch.no_grad():
+        enc.relative_attention_bias.copy_(torch.arange(16.0).view(8, 2))
+    b = enc.bias(1, 4, 3)  # query at 3, distances 3, 2, 1, 0
+    buckets = relative_position_bucket(-torch.tensor([3, 2, 1, 0]), False, 8, 20)
+    assert b[0, 0].tolist() == (buckets * 2).float().tolist()
