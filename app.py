@@ -1,6 +1,60 @@
-"""fireviz app — placeholder home page until the full app lands (issue 7)."""
+"""fireviz app entry point: the page list (``st.navigation``) and the home page.
+
+Run with ``make app`` (or ``streamlit run app.py``). The other pages live in ``pages/`` and
+also run on their own (``AppTest.from_file("pages/…")``). Checkpoints come from
+``checkpoints/`` (or ``$FIREVIZ_CHECKPOINTS_DIR``).
+"""
 import streamlit as st
 
-st.set_page_config(page_title="fireviz", layout="wide")
-st.title("fireviz")
-st.write("Position encodings and long-context generalization. The full app is under construction.")
+from fireviz import ui
+
+PAGES = {
+    "biases": ("pages/1_Learned_biases.py", "Learned biases", ":material/show_chart:", "Learned_biases"),
+    "fit": ("pages/2_Fit_FIRE.py", "Fit FIRE", ":material/functions:", "Fit_FIRE"),
+    "lengen": ("pages/3_Length_generalization.py", "Length generalization", ":material/straighten:",
+               "Length_generalization"),
+    "train": ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:", "Training_runs"),
+}
+
+
+def home() -> None:
+    """What FIRE is, the checkpoints found with their headline numbers, where to go next."""
+    ui.setup_page("fireviz: position encodings and length generalization")
+
+    st.markdown(
+        "**FIRE** (Functional Interpolation for Relative Positions, Li et al., ICLR 2024) adds a learned "
+        "bias to every attention logit: $b(i,j) = f_\\theta\\big(\\psi(i-j)\\,/\\,\\psi(\\max(L, i))\\big)$ "
+        "with $\\psi(x)=\\log(|c\\,x|+1)$ and $f_\\theta$ a small MLP.\n\n"
+        "Dividing by the query position *interpolates*: every distance a long input produces maps into the "
+        "[0, 1] range seen in training, which is why FIRE generalizes to longer inputs.\n\n"
+        "The same form can represent T5's buckets, ALiBi, Kerple and Sandwich (Theorem 3.1), and trained "
+        "heads turn out local, anti-local or mixed."
+    )
+
+    found, problems = ui.list_checkpoints()
+    st.subheader("Checkpoints")
+    for folder, problem in problems.items():
+        st.warning(f"Skipped `{folder}`: {problem}")
+    if not found:
+        ui.no_checkpoints_message()
+    else:
+        st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths are in tokens (= bytes); "
+                   "bpb = bits per byte, val loss in nats per token.")
+        rows = [i.summary_row() for i in found]
+        st.dataframe(rows, hide_index=True, key="home_table",
+                     column_config={"parameters": st.column_config.NumberColumn(format="localized"),
+                                    "training tokens": st.column_config.NumberColumn(format="compact")})
+        ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
+
+    st.subheader("Where next")
+    blurbs = {"biases": "what each head learned: local, anti-local or mixed",
+              "fit": "Theorem 3.1 live: FIRE imitating T5, ALiBi, Kerple, Sandwich",
+              "lengen": "perplexity far beyond the training length",
+              "train": "loss curves from each checkpoint's log"}
+    for k, (path, title, icon, _) in PAGES.items():
+        st.page_link(path, label=f"{title}: {blurbs[k]}", icon=icon)
+
+
+nav = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
+                    + [st.Page(path, title=title, icon=icon, url_path=url) for path, title, icon, url in PAGES.values()])
+nav.run()

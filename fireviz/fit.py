@@ -69,15 +69,14 @@ DEFAULT_STEPS = 300
 #: Safetensors metadata key holding a fitted FIRE's constructor options (JSON).
 FIRE_OPTIONS_KEY = "fireviz.fire_options"
 
-# Grid of c·L (c times the threshold, in units of 1) tried by the initialisation: from
-# ψ nearly linear in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴).
-_CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 0.5))
+# Grid of c·L (c times the threshold L) tried by the initialisation, from ψ nearly linear
+# in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴); refined by √10 around the best.
+_CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 1.0))
 # Candidate kink positions per fit (data points; subsampled beyond this many distances).
 _MAX_CANDIDATES = 1024
-# Query rows whose all-pairs error beyond the fitted range is measured exactly; longer
-# ranges use that many evenly spaced rows (deterministic).
-_MAX_BEYOND_ROWS = 2048
-_BEYOND_ROW_BLOCK = 256
+#: Query rows (evenly spaced, deterministic) on which the error beyond the fitted range is
+#: measured: every pair (i, j ≤ i) of these rows counts.
+BEYOND_ROWS = 256
 
 
 # --------------------------------------------------------------------------------------------
@@ -516,8 +515,8 @@ def _greedy_knots(x: torch.Tensor, s: torch.Tensor, Ys: torch.Tensor, cand: torc
     norms0 = (s[:, None] * torch.relu(x[:, None] - x[cand][None, :])).pow(2).sum(0) + 1e-300
     chosen: list[int] = []
     alive = torch.ones(cand.numel(), dtype=torch.bool)
+    nrm = A.pow(2).sum(0)
     for _ in range(k):
-        nrm = A.pow(2).sum(0)
         ok = alive & (nrm > 1e-12 * norms0)
         if not ok.any():
             break
@@ -526,7 +525,9 @@ def _greedy_knots(x: torch.Tensor, s: torch.Tensor, Ys: torch.Tensor, cand: torc
         m = int(score.argmax())
         q = A[:, m] / nrm[m].sqrt()
         R = R - q[:, None] * (q @ R)[None, :]
-        A = A - q[:, None] * (q @ A)[None, :]
+        proj = q @ A
+        A = A - q[:, None] * proj[None, :]
+        nrm = (nrm - proj * proj).clamp(min=0)
         alive[m] = False
         chosen.append(m)
     return x[cand[torch.tensor(chosen, dtype=torch.long)]] if chosen else x.new_zeros(0)
@@ -571,9 +572,20 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
       errors weighted by their pair counts ``max_len − d`` (equal to the all-pairs error).
     Returns: ``FitResult`` (metrics are measured on the float32 module through
       ``FIRE.bias``, not on the fitting surrogate).
+    Runs on one CPU thread (``torch.set_num_threads(1)``, restored afterwards): the problem
+    has only ``max_len`` distances, and on shared cores one thread is several times faster.
     Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
       unknown target name (and whatever ``make_target`` raises).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr) -> FitResult:
     t0 = time.perf_counter()
     if isinstance(target, str):
         target = make_target(target, num_heads)
@@ -607,14 +619,22 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
     K = mlp_width - 1
     cand = _candidates(max_len)
     best = None
-    for cl in _CL_GRID:
+
+    def try_c(cl: float, k: int = K):
+        nonlocal best
         c = torch.tensor(cl / L, dtype=torch.float64)
         x = _x_of_d(d, c, L, eps)
-        knots = _greedy_knots(x, s, Ys, cand, K)
+        knots = _greedy_knots(x, s, Ys, cand, k)
         _, loss = _solve_output(s[:, None] * _hidden(x, knots), Ys)
         if best is None or float(loss) < best[0]:
-            best = (float(loss), c, knots)
-    _, c0, knots0 = best
+            best = (float(loss), c, knots, cl)
+
+    for cl in _CL_GRID:  # coarse grid of c·L, then the two half-way points around the best
+        try_c(cl)
+    coarse = best[3]
+    for factor in (10 ** -0.5, 10 ** 0.5):
+        try_c(coarse * factor)
+    _, c0, knots0, _ = best
     n_live = knots0.numel()
     if n_live < K:  # too few distinct data points: park the spare kinks beyond x = 1 (never active)
         knots0 = torch.cat([knots0, torch.full((K - n_live,), 2.0, dtype=torch.float64)])
@@ -630,32 +650,33 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
         kn = torch.where(live, knots, knots.detach())
         return _solve_output(s[:, None] * _hidden(x, kn), Ys)
 
-    with torch.no_grad():
-        _, loss0 = objective()
-    best_loss, best_state = float(loss0), (log_c.detach().clone(), knots.detach().clone())
-    curve = [float(loss0)]
-    if progress is not None:
-        progress(0, steps, float(loss0))
+    curve: list[float] = []
+    best_loss, best_state = math.inf, (log_c.detach().clone(), knots.detach().clone())
+
+    def record(loss: torch.Tensor, step: int) -> None:
+        nonlocal best_loss, best_state
+        value = float(loss.detach())
+        curve.append(value)
+        if value < best_loss:  # the loss of the current parameters, before stepping them
+            best_loss, best_state = value, (log_c.detach().clone(), knots.detach().clone())
+        if progress is not None:
+            progress(step, steps, value)
+
+    _, loss = objective()
+    record(loss, 0)
     stopped, steps_run = False, 0
     for step in range(1, steps + 1):
         if should_stop is not None and should_stop():
             stopped = True
             break
-        opt.zero_grad()
-        _, loss = objective()
         if not torch.isfinite(loss):
             break
+        opt.zero_grad()
         loss.backward()
         opt.step()
         steps_run = step
-        with torch.no_grad():
-            _, new = objective()
-        new = float(new)
-        curve.append(new)
-        if new < best_loss:
-            best_loss, best_state = new, (log_c.detach().clone(), knots.detach().clone())
-        if progress is not None:
-            progress(step, steps, new)
+        _, loss = objective()  # at the new parameters; its backward drives the next step
+        record(loss, step)
 
     # Write the best iterate into the module: unit 0 = ReLU(x) (linear term), units k ≥ 1 =
     # ReLU(x − t_k); output = per-head scale · β + mean.
@@ -702,33 +723,20 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
 
     # Beyond: queries max_len ≤ i < 4·max_len over all keys j ≤ i.
     top = BEYOND_FACTOR * n
-    rows = np.arange(n, top)
-    if rows.size > _MAX_BEYOND_ROWS:
-        rows = np.unique(np.linspace(n, top - 1, _MAX_BEYOND_ROWS).round().astype(np.int64))
+    rows = np.unique(np.linspace(n, top - 1, min(BEYOND_ROWS, top - n)).round().astype(np.int64))
     table = target.bias_by_distance(torch.arange(top)).double()  # [H, top]
     sse_b = torch.zeros(H, dtype=torch.float64)
     s1 = torch.zeros(H, dtype=torch.float64)
     s2 = torch.zeros(H, dtype=torch.float64)
     count, max_b = 0, 0.0
-    contiguous = rows.size == top - n
-    blocks = range(0, rows.size, _BEYOND_ROW_BLOCK if contiguous else 1)
-    for b0 in blocks:
-        if contiguous:
-            i0, i1 = int(rows[b0]), int(rows[min(b0 + _BEYOND_ROW_BLOCK, rows.size) - 1]) + 1
-        else:
-            i0 = int(rows[b0])
-            i1 = i0 + 1
-        fb = module.bias(i1 - i0, i1, q_offset=i0).double()  # [H, q, i1], keys 0..i1−1
-        i = torch.arange(i0, i1)[:, None]
-        dist = i - torch.arange(i1)[None, :]
-        causal = dist >= 0
-        tb = table[:, dist.clamp(min=0)]
-        diff = torch.where(causal, fb - tb, torch.zeros(()))
-        tb = torch.where(causal, tb, torch.zeros(()))
-        sse_b += (diff * diff).sum((1, 2))
-        s1 += tb.sum((1, 2))
-        s2 += (tb * tb).sum((1, 2))
-        count += int(causal.sum())
+    for i in rows.tolist():
+        fb = module.bias(1, i + 1, q_offset=i)[:, 0].flip(-1).double()  # [H, i + 1], d = 0..i
+        tb = table[:, : i + 1]
+        diff = fb - tb
+        sse_b += (diff * diff).sum(1)
+        s1 += tb.sum(1)
+        s2 += (tb * tb).sum(1)
+        count += i + 1
         max_b = max(max_b, float(diff.abs().max()))
     var_bh = (s2 / count - (s1 / count) ** 2).clamp(min=0)
     mean_b = float(s1.sum()) / (count * H)

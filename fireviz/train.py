@@ -60,7 +60,8 @@ STATE_FORMAT = "fireviz-trainer-state/1"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetensors", "trainer_state.json",
                     "train_log.jsonl")
 #: Training settings that do not change the trained numbers; they may differ on --resume.
-_FREE_ON_RESUME = frozenset({"device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
+#: (``data`` may move: its content is checked by fingerprint instead.)
+_FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
 #: GPTConfig fields a config file may not set (written by the trainer itself).
 _MODEL_RESERVED = frozenset({"training"})
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
@@ -426,8 +427,8 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
     out = Path(out_dir)
     st_path, js_path = out / "trainer_state.safetensors", out / "trainer_state.json"
     if not st_path.exists():
-        raise CheckpointError(f"{out} has no trainer_state.safetensors: nothing to resume "
-                              "(train without --resume into an empty folder)")
+        raise CheckpointError(f"{out} has no trainer_state.safetensors: the run stopped before its first "
+                              "checkpoint, so there is nothing to resume; delete the folder or use another --out")
     try:
         with safe_open(str(st_path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -437,13 +438,13 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
         raise CheckpointError(f"{st_path} is corrupt or truncated ({e}); the folder was left untouched") from e
     if state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{st_path} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-    if not js_path.exists():
-        raise CheckpointError(f"{out} has no trainer_state.json (the checkpoint is incomplete)")
-    try:
-        summary = json.loads(js_path.read_text(encoding="utf-8"))
-        summary_step = int(summary["step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{js_path} is corrupt or truncated ({e}); the folder was left untouched") from e
+    summary, summary_step = {}, -1  # no trainer_state.json: the first checkpoint write was interrupted
+    if js_path.exists():
+        try:
+            summary = json.loads(js_path.read_text(encoding="utf-8"))
+            summary_step = int(summary["step"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{js_path} is corrupt or truncated ({e}); the folder was left untouched") from e
     if summary_step == state["step"]:
         # Same checkpoint: the recorded hashes must match (detects damage after writing).
         for name in ("trainer_state.safetensors", "model.safetensors"):
@@ -455,7 +456,7 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
     elif summary_step > state["step"]:
         raise CheckpointError(f"trainer_state.json is at step {summary_step} but trainer_state.safetensors at "
                               f"step {state['step']}: the checkpoint files are inconsistent")
-    # summary_step < state step: a checkpoint write was interrupted after its first file;
+    # summary_step < state step (or no summary): a checkpoint write was interrupted after its first file;
     # trainer_state.safetensors alone is complete and newer, so resume from it.
     return state, tensors
 
@@ -678,8 +679,8 @@ def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_
     Args:
       model_config, train_config: the run; on ``resume`` either may be None to take it from
         the checkpoint. When given on resume, every setting outside
-        ``device, compile, eval_interval, eval_batches, checkpoint_interval`` must equal the
-        checkpoint's.
+        ``data`` (path; its content must match by fingerprint), ``device, compile,
+        eval_interval, eval_batches, checkpoint_interval`` must equal the checkpoint's.
       out_dir: output folder; must not hold a checkpoint unless ``resume``.
       resume: continue from ``out_dir``'s trainer state (model, AdamW moments, step; the
         schedule, RNG and data position follow from the step).
@@ -710,8 +711,11 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         if not has_checkpoint(out):
             raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
         state, tensors = read_trainer_state(out)
-        saved_mc = GPTConfig(**state["settings"]["model"])
-        saved_tc = TrainConfig(**state["settings"]["train"])
+        try:
+            saved_mc = GPTConfig(**state["settings"]["model"])
+            saved_tc = TrainConfig(**state["settings"]["train"])
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
         model_config = model_config or saved_mc
         train_config = train_config or saved_tc
         if config_hash(model_config, train_config) != state["config_hash"]:

@@ -153,13 +153,16 @@ class FIRE(PositionEncoding):
         intercept = (W2_live * b_live) @ active.T + const[:, None]
         return bps, slope, intercept
 
-    def _rows_general(self, x: torch.Tensor) -> torch.Tensor:
-        """f_θ on an arbitrary block of inputs ``x [r, k]`` → ``[H, r, k]``."""
+    def _rows_general(self, x: torch.Tensor, pieces=None) -> torch.Tensor:
+        """f_θ on an arbitrary block of inputs ``x [r, k]`` → ``[H, r, k]``.
+
+        ``pieces``: a precomputed ``piecewise_linear()`` (reused across blocks of one call).
+        """
         if self.mlp_depth != 1:
             return self.mlp_forward(x)
-        bps, slope, intercept = self.piecewise_linear()
+        bps, slope, intercept = pieces if pieces is not None else self.piecewise_linear()
         H = slope.shape[0]
-        s = torch.searchsorted(bps, x.detach().contiguous())
+        s = torch.searchsorted(bps, x.detach().contiguous(), out_int32=True)
         # One gather of 2H contiguous floats per pair ([r, k, 2H]) beats H strided gathers.
         coef = F.embedding(s, torch.cat([slope.t(), intercept.t()], dim=1))
         a, b = coef[..., :H].permute(2, 0, 1), coef[..., H:].permute(2, 0, 1)
@@ -208,12 +211,13 @@ class FIRE(PositionEncoding):
             table = self._rows_general((psi_d[: n_low + k_len - 1] / norm)[None, :])[:, 0]
             emit(0, toeplitz_from_table(table, n_low, k_len))
         mid_end = q_len - n_high
+        pl = self.piecewise_linear() if self.mlp_depth == 1 and mid_end > n_low else None
         for start in range(n_low, mid_end, BIAS_QUERY_BLOCK):
             stop = min(start + BIAS_QUERY_BLOCK, mid_end)
             rows = q_pos[start:stop]
             # psi(i - j) for these rows is a sliding window of psi_d
             x = toeplitz_from_table(psi_d[None, start: stop + k_len - 1], stop - start, k_len)[0]
-            emit(start, self._rows_general(x / self.normalizer(rows)[:, None]))
+            emit(start, self._rows_general(x / self.normalizer(rows)[:, None], pl))
         if n_high:
             norm = self.normalizer(q_pos[-1:])
             table = self._rows_general((psi_d[mid_end:] / norm)[None, :])[:, 0]

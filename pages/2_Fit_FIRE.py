@@ -1,0 +1,137 @@
+"""Fit FIRE: Theorem 3.1 made numerical — FIRE imitating T5, ALiBi, Kerple, Sandwich or a checkpoint.
+
+Thin over ``fireviz.fit`` (``make_target``, ``fit_fire`` run by ``fireviz.jobs.submit_fit``)
+and ``fireviz.plots.fit_figure``. State in the URL: target, heads, width, max_len, steps, seed
+and the target's parameters.
+"""
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+from fireviz import fit, jobs, plots, ui
+
+P = "fit"
+ui.setup_page("Fit FIRE")
+st.markdown("Theorem 3.1 of the FIRE paper: with the threshold L at least the fitted range, every query in the range "
+            "shares FIRE's normalizer, so FIRE is a function of the distance alone there and can match T5, ALiBi, "
+            "Kerple or Sandwich. Beyond the range FIRE's normalizer grows with the query position (progressive "
+            "interpolation) while the target keeps its own formula: the plot shows both.")
+
+TARGETS = list(fit.TARGET_NAMES)
+LABELS = {"t5": "T5 buckets", "alibi": "ALiBi", "kerple_log": "Kerple (log)", "kerple_power": "Kerple (power)",
+          "sandwich": "Sandwich", "checkpoint": "a checkpoint's own bias"}
+left, right = st.columns([1, 2])
+with left:
+    target = st.selectbox("Target", TARGETS, key=ui.url_state(P, "target", "alibi", options=TARGETS),
+                          format_func=LABELS.get)
+    params: dict = {}
+    num_heads = None
+    if target != "checkpoint":
+        num_heads = st.number_input("Heads", 1, 16, key=ui.url_state(P, "heads", 4, int, lo=1, hi=16))
+    if target == "t5":
+        params["num_buckets"] = st.number_input("Buckets", 2, 256, key=ui.url_state(P, "buckets", 32, int, lo=2, hi=256))
+        params["max_distance"] = st.number_input("Max distance (tokens)", 2, 1 << 16,
+                                                 key=ui.url_state(P, "max_distance", 128, int, lo=2, hi=1 << 16))
+        params["values"] = st.selectbox("Bucket values", ["random", "decay"],
+                                        key=ui.url_state(P, "values", "random", options=["random", "decay"]))
+    elif target == "alibi":
+        slope = st.number_input("Slope (0 = the standard per-head slopes 2^(−8h/H))", 0.0, 10.0, step=0.01,
+                                format="%.4f", key=ui.url_state(P, "slope", 0.0, float, lo=0.0, hi=10.0))
+        params["slope"] = slope or None
+    elif target in ("kerple_log", "kerple_power"):
+        for name, what in (("r1", "r1 (scale)"), ("r2", "r2 (exponent)" if target == "kerple_power" else "r2")):
+            txt = st.text_input(f"{what}: one number, one per head, or empty for a seeded draw",
+                                key=ui.url_state(P, name, ""))
+            if txt.strip():
+                try:
+                    vals = [float(v) for v in txt.split(",") if v.strip()]
+                except ValueError:
+                    ui.error(f"{name} must be numbers separated by commas (got {txt!r}).", "Example: 0.5 or 0.5,1,1.5,2")
+                    st.stop()
+                params[name] = vals[0] if len(vals) == 1 else vals
+    elif target == "sandwich":
+        params["dbar"] = st.number_input("d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096))
+    else:
+        found, _ = ui.list_checkpoints()
+        toeplitz = [i for i in found if i.position_encoding in ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")]
+        if not toeplitz:
+            ui.error("No checkpoint with a T5, ALiBi, Kerple or Sandwich bias was found.",
+                     f"Train one ({ui.ck.TRAIN_HINT}) or pick another target.")
+            st.stop()
+        names = [i.name for i in toeplitz]
+        name = st.selectbox("Checkpoint", names, key=ui.url_state(P, "ckpt", names[0], options=names))
+        info = toeplitz[names.index(name)]
+        n_layer = int(info.config.get("n_layer", 1))
+        lay = st.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer))))
+        params = {"path": info.path, "layer": int(lay)}
+    if target in ("t5", "kerple_log", "kerple_power"):
+        params["seed"] = int(st.number_input("Target seed", 0, 10**6, key=ui.url_state(P, "tseed", 0, int, lo=0)))
+    width = st.number_input("FIRE MLP width", 2, 256, key=ui.url_state(P, "width", 32, int, lo=2, hi=256))
+    max_len = st.number_input("Fitted range max_len (tokens)", 2, 4096,
+                              key=ui.url_state(P, "max_len", 128, int, lo=2, hi=4096))
+    steps = st.number_input("Optimisation steps", 0, 5000, key=ui.url_state(P, "steps", 200, int, lo=0, hi=5000))
+    seed = st.number_input("Seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0))
+    ui.sync_url(P, ["target", "heads", "buckets", "max_distance", "values", "slope", "r1", "r2", "dbar", "ckpt",
+                    "layer", "tseed", "width", "max_len", "steps", "seed"])
+    go = st.button("Fit", type="primary", key=ui.key(P, "go"))
+
+q = jobs.default_queue("fit")
+job_key = st.session_state.get(ui.key(P, "job"))
+if go:
+    try:
+        job = jobs.submit_fit(target, params, int(max_len), None if target == "checkpoint" else int(num_heads),
+                              int(width), int(steps), int(seed))
+    except (ValueError, ui.CheckpointError) as e:
+        with right:
+            ui.error(f"Cannot fit this target: {e}", "Change the parameter named above.")
+        st.stop()
+    st.session_state[ui.key(P, "job")] = job_key = job.key
+
+job = q.get(job_key) if job_key else None
+with right:
+    if job is None:
+        st.info("Pick a target and press **Fit**. A fit of 200 steps at max_len 128 takes a few seconds on a CPU.")
+        st.stop()
+    snap = job.snapshot()
+    if snap["status"] not in jobs.FINISHED:
+        ui.job_panel(job.key, "fit", P, cancel_label="Stop")
+        st.stop()
+    if snap["status"] == jobs.ERROR:
+        ui.error(f"The fit failed: {snap['error']}", "Change the settings and fit again.")
+        st.stop()
+    res = snap["result"]
+    if res is None:
+        st.warning("The fit was stopped before it started. Press **Fit** again.")
+        st.stop()
+    d = res.to_dict()
+    if res.stopped:
+        st.warning(f"Stopped after {res.steps_run} of {res.steps} steps: the best parameters so far are shown.")
+    m = st.columns(4)
+    m[0].metric("relative RMSE, fitted range", f"{res.relative_rmse:.3g}")
+    m[1].metric("max |error|, fitted range", f"{res.max_abs_error:.3g} logits")
+    m[2].metric(f"relative RMSE, queries to {fit.BEYOND_FACTOR}× range", f"{res.relative_rmse_beyond:.3g}")
+    m[3].metric("fit time", f"{res.seconds:.1f} s")
+    heads = list(range(res.target.num_heads))
+    h = st.selectbox("Head", heads, key=ui.url_state(P, "head", 0, int, options=heads))
+    ui.sync_url(P, ["head"])
+    name = f"{LABELS[res.target.name]} · width {res.mlp_width} · c = {res.c:.3g}"
+    inside = {**d["inside"], "max_len": res.max_len, "name": f"{name} · fitted range", "target_name": res.target.name}
+    beyond = {**d["beyond"], "max_len": res.max_len, "name": f"{name} · query i = {res.beyond_query}",
+              "target_name": res.target.name}
+    tab_in, tab_out = st.tabs(["Inside the fitted range", f"Beyond: query at {fit.BEYOND_FACTOR}× the range"])
+    caption = (f"Target {res.target.name} {res.target.params}; fitted on all pairs 0 ≤ j ≤ i < {res.max_len} tokens, "
+               f"{res.steps_run} steps, seed {res.seed}. Residual = target − FIRE (logits).")
+    with tab_in:
+        fig_in = plots.fit_figure(inside, head=h)
+        ui.show_figure(fig_in, caption + " Inside the range FIRE depends on i − j only.", P, "fit_inside")
+    with tab_out:
+        fig_out = plots.fit_figure(beyond, head=h)
+        ui.show_figure(fig_out, caption + f" Here the query sits at i = {res.beyond_query}: FIRE's normalizer is "
+                       "ψ(i), so its curve is the fitted one stretched over the longer context.", P, "fit_beyond")
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = res.save(Path(tmp) / "fire_fit.safetensors").read_bytes()
+    ui.downloads(P, f"fire_fit_{res.target.name}", plots.figure_to_csv(fig_out), d,
+                 extra={"fire_fit.safetensors": (weights, "application/octet-stream")})
+    st.caption("fire_fit.safetensors loads with `fireviz.fit.load_fitted_fire(path)`; the JSON holds every number "
+               "(metrics per head, loss curve, both curves); the CSV the curves of the 'beyond' plot.")

@@ -1,0 +1,127 @@
+"""Length generalization: perplexity of checkpoints at evaluation lengths beyond training.
+
+Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
+``fireviz.jobs.submit_evaluation`` (one job at a time, FIFO, never the same job twice; results
+cached on disk by evaluate), and ``fireviz.plots`` (perplexity vs length, loss by position).
+State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling.
+"""
+import streamlit as st
+
+from fireviz import evaluate, jobs, plots, ui
+from fireviz.checkpoints import default_device
+from fireviz.data import DOMAINS, DataError
+
+P = "lengen"
+ui.setup_page("Length generalization")
+st.markdown("Perplexity at evaluation lengths up to many times the training length. Windows never cross documents; "
+            "every checkpoint sees the same windows at a given length. Runs go on in the background: reload the "
+            "page or open a second tab and you find the run there, never started twice.")
+
+chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
+if not chosen:
+    st.stop()
+
+sb = st.sidebar
+domain = sb.selectbox("Data", list(DOMAINS) + ["upload"], key=ui.url_state(P, "domain", "prose", options=list(DOMAINS) + ["upload"]),
+                      format_func=lambda d: "your own file (.txt / .jsonl)" if d == "upload" else d)
+data, split = domain, "validation"
+if domain == "upload":
+    up = sb.file_uploader("Text or JSONL file (one {\"text\": …} object per line)", type=ui.UPLOAD_TYPES,
+                          key=ui.key(P, "upload"))
+    if up is None:
+        st.info("Upload a .txt or .jsonl file in the sidebar to evaluate on it (all of it is used: split 'all').")
+        st.stop()
+    try:
+        data = str(ui.save_upload(up.name, up.getvalue()))
+    except DataError as e:
+        ui.error(f"Cannot use the uploaded file {up.name}: {e}",
+                 "Upload UTF-8 text (.txt), or JSONL with one object per line holding a string 'text' field.")
+        st.stop()
+    split = "all"
+
+train_lens = sorted({i.seq_len for i in chosen})
+options = sorted({2 ** k for k in range(4, 17)} | set(train_lens))
+default_lens = [n for n in options if train_lens[0] // 2 <= n <= 8 * train_lens[0]]
+lengths = sb.multiselect("Evaluation lengths (tokens)", options,
+                         key=ui.url_state(P, "len", default_lens, int, options=options, multi=True))
+mode = sb.radio("Mode", list(evaluate.MODES), key=ui.url_state(P, "mode", "nonoverlapping", options=list(evaluate.MODES)),
+                horizontal=True)
+stride = None
+if mode == "sliding":
+    stride = int(sb.number_input("Stride (tokens; at most the smallest length)", 1, 1 << 16,
+                                 key=ui.url_state(P, "stride", max(1, train_lens[0] // 2), int, lo=1, hi=1 << 16)))
+budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
+                             key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
+seed = int(sb.number_input("Window-selection seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
+rope = [i for i in chosen if i.position_encoding == "rope"]
+scalings = []
+if rope:
+    scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
+                              key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
+                              format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
+ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling"])
+if not lengths:
+    st.info("Pick at least one evaluation length in the sidebar.")
+    st.stop()
+
+device = default_device()
+settings = {"mode": mode, "stride": stride, "token_budget": budget, "seed": seed, "split": split, "device": device}
+specs = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "")]
+specs += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}") for s in scalings]
+
+c1, c2 = st.columns([1, 5])
+run = c1.button("Run", type="primary", key=ui.key(P, "run"))
+c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}"
+           + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
+           + ". Finished lengths are cached on disk and reused.")
+
+results, pending = [], []
+for paths, s, suffix in specs:
+    try:
+        job = jobs.find_evaluation(paths, data, lengths, s)
+        if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
+            job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix)
+    except ui.CheckpointError as e:
+        ui.error(f"Cannot read a checkpoint: {e}", "Check the checkpoint folder, or pick another checkpoint.")
+        st.stop()
+    if job is None:  # never run in this process: look in the on-disk cache without computing
+        job = jobs.find_evaluation(paths, data, lengths, s, probe=True) or \
+            jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True)
+        if job.status == jobs.CANCELLED:
+            continue  # not (fully) cached: press Run
+    if job.status not in jobs.FINISHED:
+        pending.append(job)
+    if job.status == jobs.ERROR:
+        ui.error(f"The evaluation failed: {job.error}", "Change the settings (lengths, stride, data) and run again.")
+    elif job.status == jobs.CANCELLED and job.result is None and job.description.get("probe") is None:
+        st.warning("The evaluation was cancelled; lengths it finished are cached. Press **Run** to go on.")
+    elif job.status == jobs.DONE:
+        results += job.result
+
+for job in pending:
+    queue_name = "probe" if job.description.get("probe") else "evaluate"
+    ui.job_panel(job.key, queue_name, P, cancel_label=None if queue_name == "probe" else "Cancel")
+if not results:
+    if not pending:
+        st.info("These settings have not been evaluated yet. Press **Run**.")
+    st.stop()
+
+clean, errors = ui.split_errors(results)
+for msg in errors:
+    st.warning(f"Not evaluated: {msg}")
+if not clean:
+    st.stop()
+caption = ui.eval_caption(clean)
+fig = plots.perplexity_figure(clean)
+ui.show_figure(fig, caption, P, "ppl")
+ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), clean)
+table = plots.group_perplexity(clean)
+st.dataframe(table, hide_index=True, key=ui.key(P, "table"))
+
+st.subheader("Loss by position in the window")
+done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})
+pick = st.multiselect("Lengths to draw", done_lens, default=done_lens[-1:], key=ui.key(P, "lbp_len"))
+if pick:
+    lbp = plots.loss_by_position_figure(clean, lengths=pick)
+    ui.show_figure(lbp, caption + " Loss averaged over equal-width buckets of window positions.", P, "lbp")
+    ui.downloads(P, "loss_by_position", plots.figure_to_csv(lbp), plots.figure_data(lbp))

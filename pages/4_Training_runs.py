@@ -1,0 +1,47 @@
+"""Training runs: the curves of each checkpoint's train_log.jsonl.
+
+Thin over ``fireviz.checkpoints.read_train_log`` and ``fireviz.plots.training_curves_figure``.
+State in the URL: ckpt.
+"""
+import streamlit as st
+
+from fireviz import checkpoints, plots, ui
+
+P = "train"
+ui.setup_page("Training runs")
+st.markdown("Training loss (nats per token) against tokens seen, validation loss at the training length and at 4× it "
+            "(a first look at length generalization during training), and the learning-rate schedule.")
+
+chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
+ui.sync_url(P, ["ckpt"])
+if not chosen:
+    st.stop()
+
+logs, summary = {}, []
+for info in chosen:
+    try:
+        rows = checkpoints.read_train_log(info.path)
+    except ui.CheckpointError as e:
+        ui.error(f"Cannot read the training log of {info.name}: {e}", "Fix or remove the bad line of train_log.jsonl.")
+        continue
+    if not rows:
+        st.warning(f"{info.name} has no train_log.jsonl (it was not trained by `python -m fireviz train`).")
+        continue
+    logs[info.label] = rows
+    last = rows[-1]
+    evals = [r for r in rows if r.get("val_loss") is not None]
+    summary.append({"checkpoint": info.name, "encoding": info.position_encoding, "training length": info.seq_len,
+                    "steps": last.get("step"), "tokens": last.get("tokens"), "last train loss": last.get("loss"),
+                    "last val loss": evals[-1]["val_loss"] if evals else None,
+                    "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
+                    "tokens/s": last.get("tokens_per_s")})
+
+if logs:
+    fig = plots.training_curves_figure(logs)
+    ui.show_figure(fig, "Loss in nats per token; validation at the training length (filled) and at 4× it (open).",
+                   P, "curves")
+    ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
+    st.dataframe(summary, hide_index=True, key=ui.key(P, "table"))
+    for info in chosen:
+        with st.expander(f"{info.name}: training settings and data provenance"):
+            st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny checkpoints on disk and an environment that points the app at them."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from fireviz.model import GPT, GPTConfig
+
+#: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
+TINY_ENCODINGS = ("fire", "alibi", "rope")
+TINY_SEQ_LEN = 32
+
+
+def make_tiny_checkpoint(folder: Path, encoding: str, seq_len: int = TINY_SEQ_LEN, seed: int = 0,
+                         log_steps: int = 20, results: bool = False) -> Path:
+    """Write a 2-layer, 2-head, width-32 checkpoint with a synthetic train_log.jsonl.
+
+    The log mimics fireviz.train: step, tokens, loss, lr, tokens_per_s every step, and
+    val_loss / val_loss_4x every 5th step. With ``results`` a small evaluation results JSON
+    (per_length at seq_len and 8·seq_len on prose) is written too.
+    """
+    torch.manual_seed(seed)
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=seq_len, position_encoding=encoding,
+                    training={"tokens": log_steps * 4 * seq_len, "data": {"domain": "prose"}, "steps": log_steps})
+    model = GPT(cfg)
+    if encoding == "fire":  # make the heads differ so curves are not all alike
+        with torch.no_grad():
+            for enc in model.encodings:
+                enc.mlp[-1].weight.copy_(torch.tensor([[2.0] * enc.mlp_width, [-2.0] * enc.mlp_width])[:, :enc.mlp_width] / enc.mlp_width)
+    model.save_pretrained(folder)
+    with open(folder / "train_log.jsonl", "w") as f:
+        for step in range(1, log_steps + 1):
+            rec = {"step": step, "tokens": step * 4 * seq_len, "loss": 5.5 * math.exp(-step / 10) + 1.0,
+                   "lr": 1e-3, "tokens_per_s": 1000.0}
+            if step % 5 == 0:
+                rec["val_loss"] = 5.6 * math.exp(-step / 10) + 1.1
+                rec["val_loss_4x"] = rec["val_loss"] + 0.5
+            f.write(json.dumps(rec) + "\n")
+    if results:
+        per_length = [{"length": n, "nats_per_token": v, "perplexity": math.exp(v), "bits_per_byte": v / math.log(2),
+                       "tokens_scored": 100, "windows": 4} for n, v in ((seq_len, 1.5), (8 * seq_len, 2.5))]
+        (folder / "results_prose.json").write_text(json.dumps(
+            {"checkpoint": folder.name, "settings": {"data": "prose"}, "per_length": per_length}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints_dir(tmp_path_factory) -> Path:
+    """A folder holding tiny checkpoints ``fire`` (with results JSON), ``alibi`` and ``rope``."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    for i, enc in enumerate(TINY_ENCODINGS):
+        make_tiny_checkpoint(root / enc, enc, seed=i, results=(enc == "fire"))
+    return root
+
+
+@pytest.fixture
+def app_env(tiny_checkpoints_dir, tmp_path, monkeypatch) -> Path:
+    """Point the app at the tiny checkpoints (FIREVIZ_CHECKPOINTS_DIR) and a fresh eval cache
+    (FIREVIZ_CACHE_DIR). Returns the checkpoints folder."""
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(tiny_checkpoints_dir))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "eval_cache"))
+    return tiny_checkpoints_dir

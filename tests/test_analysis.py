@@ -1,0 +1,368 @@
+"""fireviz.analysis: bias curves/matrices, rotary kernel, locality, attention dilution, CLI."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fireviz.model as model_mod
+from fireviz import analysis as A
+from fireviz.cli import main as cli_main
+from fireviz.model import GPT, GPTConfig
+
+SEQ = 32  # training length of the tiny models (tokens)
+
+
+def tiny(encoding: str, n_layer: int = 2, n_head: int = 4, seed: int = 0, **opts) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=n_layer, n_head=n_head, d_model=32, seq_len=SEQ,
+                         position_encoding=encoding, encoding_options=opts)).eval()
+
+
+SLOPE = 4.0  # logits per unit of FIRE's normalized input
+
+
+def set_fire_heads(model: GPT, slope: float = SLOPE) -> None:
+    """Hand-set every layer's FIRE MLP: head 0 local (−slope·x), head 1 anti-local (+slope·x),
+    head 2 V-shaped (mixed), head 3 flat (zero)."""
+    with torch.no_grad():
+        for layer in range(model.config.n_layer):
+            mlp = model.encoding(layer).mlp
+            lin1, lin2 = mlp[0], mlp[2]
+            lin1.weight.zero_(); lin1.bias.zero_(); lin2.weight.zero_(); lin2.bias.zero_()
+            lin1.weight[0, 0], lin1.bias[0] = 1.0, 0.0    # u0 = relu(x)
+            lin1.weight[1, 0], lin1.bias[1] = 1.0, -0.5   # u1 = relu(x − 0.5)
+            lin2.weight[0, 0] = -slope
+            lin2.weight[1, 0] = slope
+            lin2.weight[2, 0], lin2.weight[2, 1] = -slope, 2 * slope
+
+
+@pytest.fixture
+def fire_model() -> GPT:
+    m = tiny("fire")
+    set_fire_heads(m)
+    return m
+
+
+def fire_x(d: np.ndarray, i: int, c: float = 0.1, L: float = SEQ / 4, eps: float = 1e-6) -> np.ndarray:
+    """ψ(d)/ψ(max(L, i)) by hand (Li et al. 2024 eq. 3–4)."""
+    return np.log1p(c * d) / (math.log1p(c * max(L, i)) + eps)
+
+
+# -- bias curves -------------------------------------------------------------------------------
+def test_default_query_positions():
+    assert A.default_query_positions(512) == [511, 1023, 2047, 4095]
+    assert A.default_query_positions(SEQ, A.DEFAULT_DILUTION_MULTIPLES)[-1] == 16 * SEQ - 1
+    with pytest.raises(ValueError):
+        A.default_query_positions(0)
+
+
+def test_fire_curves_match_formula_and_stretch(fire_model):
+    rep = A.bias_report(fire_model)
+    assert rep.query_positions == [SEQ - 1, 2 * SEQ - 1, 4 * SEQ - 1, 8 * SEQ - 1]
+    for i in rep.query_positions:
+        curve = rep.layers[1].curves[i]
+        assert curve.shape == (4, i + 1) and curve.dtype == np.float32
+        d = np.arange(i + 1)
+        x = fire_x(d, i)
+        np.testing.assert_allclose(rep.layers[1].normalized_input[i], x, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(curve[0], -SLOPE * x, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(curve[1], SLOPE * x, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(curve[2], -SLOPE * x + 2 * SLOPE * np.maximum(x - 0.5, 0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(curve[3], 0.0)
+    # progressive interpolation stretches the curve: the same distance gets a smaller input
+    d = 20
+    xs = [rep.layers[0].normalized_input[i][d] for i in rep.query_positions]
+    assert all(a > b for a, b in zip(xs, xs[1:]))
+    # the f_θ grid is f itself
+    f = rep.layers[0].fire
+    np.testing.assert_allclose(f["mlp_bias"][0], -SLOPE * f["mlp_x"], atol=1e-6)
+    assert f["threshold_L"] == pytest.approx(SEQ / 4)
+
+
+def test_hand_set_fire_heads_are_classified(fire_model):
+    rep = A.bias_report(fire_model)
+    for layer in rep.layers:
+        assert [s.locality for s in layer.locality] == ["local", "anti-local", "mixed", "mixed"]
+        assert layer.locality[0].rank_correlation == pytest.approx(-1.0)
+        assert layer.locality[0].peak_distance == 0
+        assert layer.locality[1].rank_correlation == pytest.approx(1.0)
+        assert layer.locality[1].peak_distance == SEQ - 1 and layer.locality[1].peak_fraction == pytest.approx(1.0)
+        assert layer.locality[3].reason.startswith("flat")
+        # interpolation keeps the shape, so the class holds at every query position
+        for i, scores in layer.locality_by_query_position.items():
+            assert [s.locality for s in scores] == ["local", "anti-local", "mixed", "mixed"], i
+    rows = A.locality_table([rep])
+    assert len(rows) == 2 * 4 and rows[1]["locality"] == "anti-local"
+    (summary,) = A.locality_summary([rep, ])
+    assert (summary["n_local"], summary["n_anti_local"], summary["n_mixed"]) == (2, 2, 4)
+    assert summary["share_local"] == pytest.approx(0.25)
+
+
+def test_alibi_report_locality_and_matrix():
+    m = tiny("alibi", n_head=2)
+    rep = A.bias_report(m, query_positions=[15, 40], matrix_window=(0, 48, 3))
+    slopes = m.encoding(0).slopes.numpy()
+    np.testing.assert_allclose(rep.layers[0].curves[40], -slopes[:, None] * np.arange(41)[None], rtol=1e-6)
+    assert all(s.locality == "local" for l in rep.layers for s in l.locality)
+    mat = rep.layers[0].matrix
+    grid = np.arange(0, 48, 3)
+    assert mat.shape == (2, 16, 16)
+    dist = grid[:, None] - grid[None, :]
+    assert np.isnan(mat[:, dist < 0]).all()
+    np.testing.assert_allclose(mat[:, dist >= 0], (-slopes[:, None] * dist[dist >= 0][None]).astype(np.float32), rtol=1e-6)
+
+
+def test_fire_matrix_equals_reference_formula(fire_model):
+    enc = fire_model.encoding(0)
+    qs, ks = [0, 5, 9, 31, 100, 200], [0, 3, 9, 50, 150, 200]
+    mat = A.bias_matrix(enc, qs, ks)
+    ref = enc.bias_reference(201, 201, 0).detach().numpy()
+    for r, i in enumerate(qs):
+        for c, j in enumerate(ks):
+            if j > i:
+                assert np.isnan(mat[:, r, c]).all()
+            else:
+                np.testing.assert_allclose(mat[:, r, c], ref[:, i, j], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("encoding", ["t5", "kerple_log", "sandwich"])
+def test_matrix_of_other_additive_encodings_equals_bias(encoding):
+    enc = tiny(encoding, seed=3).encoding(0)
+    with torch.no_grad():
+        for p in enc.parameters():  # make T5's zero-initialised table non-trivial
+            p.add_(torch.randn_like(p))
+    qs, ks = [0, 7, 33, 90], [0, 5, 33, 60, 90]
+    full = enc.bias(91, 91, 0).detach().numpy()
+    mat = A.bias_matrix(enc, qs, ks)
+    for r, i in enumerate(qs):
+        for c, j in enumerate(ks):
+            if j > i:
+                assert np.isnan(mat[:, r, c]).all()
+            else:
+                np.testing.assert_allclose(mat[:, r, c], full[:, i, j], rtol=1e-5, atol=1e-6)
+
+
+def test_matrix_of_a_non_toeplitz_bias_goes_row_by_row(fire_model):
+    class RowOnly(torch.nn.Module):  # an additive encoding known only through bias()
+        kind, num_heads = "additive", 4
+
+        def bias(self, q_len, k_len, q_offset=None):
+            return fire_model.encoding(0).bias(q_len, k_len, q_offset)
+
+    qs, ks = [3, 50, 120], [0, 3, 60, 120]
+    np.testing.assert_allclose(A.bias_matrix(RowOnly(), qs, ks), A.bias_matrix(fire_model.encoding(0), qs, ks),
+                               rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_rotary_kernel_and_nope_report():
+    rep = A.bias_report(tiny("rope", n_head=8), query_positions=[7, 100])  # head_dim 4: θ = [1, 0.01]
+    assert rep.kind == "rotary" and rep.kernel is not None and rep.classify_at is None
+    d = np.arange(101)
+    np.testing.assert_allclose(rep.kernel["value"], (np.cos(d) + np.cos(0.01 * d)) / 2, rtol=1e-6, atol=1e-7)
+    assert "RoFormer" in rep.kernel["label"] and rep.kernel["value"][0] == pytest.approx(1.0)
+    assert all(not l.curves and not l.locality for l in rep.layers)
+    pi = A.bias_report(tiny("rope_pi", n_head=8, rope_scaling_factor=4.0), query_positions=[100])
+    np.testing.assert_allclose(pi.kernel["value"], (np.cos(d / 4) + np.cos(0.0025 * d)) / 2, rtol=1e-6, atol=1e-7)
+    nope = A.bias_report(tiny("nope")).to_dict()
+    assert nope["kernel"] is None and "no position bias" in nope["note"]
+    assert all(not l["curves"] and not l["heads"] for l in nope["layers"])
+    with pytest.raises(TypeError):
+        A.bias_curve(tiny("nope").encoding(0), 5)
+
+
+def test_report_to_dict_is_strict_json(fire_model):
+    d = A.bias_report(fire_model, query_positions=[31, 63]).to_dict()
+    text = json.dumps(d, allow_nan=False)  # NaN must have become null
+    back = json.loads(text)
+    c = back["layers"][0]["curves"][1]
+    assert c["query_position"] == 63 and len(c["distance"]) == 64 and len(c["bias"]) == 4
+    assert back["layers"][0]["heads"][0]["locality"] == "local"
+    assert back["layers"][0]["matrix"]["bias"][0][0][1] is None  # key 1 is in the future of query 0
+
+
+def test_bad_positions_raise(fire_model):
+    with pytest.raises(ValueError):
+        A.bias_report(fire_model, query_positions=[])
+    with pytest.raises(ValueError):
+        A.bias_report(fire_model, query_positions=[-1, 5])
+    with pytest.raises(ValueError):
+        A.bias_report(fire_model, matrix_window=(10, 5, 1))
+    for bad in ("", "a,1", "-3", " , "):
+        with pytest.raises(ValueError):
+            A.parse_positions(bad)
+    assert A.parse_positions("4095, 511,511") == [511, 4095]
+
+
+# -- locality classifier -----------------------------------------------------------------------
+def test_spearman_known_value():
+    assert A.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 − 6·4/(5·24)
+    assert A.spearman([1, 2, 3], [7, 7, 7]) == 0.0
+
+
+@pytest.mark.parametrize("curve,expected", [
+    (lambda d: -0.1 * d, "local"),
+    (lambda d: 0.02 * d, "anti-local"),
+    (lambda d: (np.log1p(d) - np.log1p(255) / 2) ** 2, "mixed"),              # U in log distance
+    (lambda d: np.where(d < 16, 2.0 - d / 8, 0.0), "local"),                  # steep, then exactly flat
+    (lambda d: np.minimum(d, 100) * 0.01, "anti-local"),                      # rises to a plateau
+    (lambda d: 0.001 * np.sin(d), "mixed"),                                   # flat (range < 0.01 logits)
+])
+def test_classify_locality_shapes(curve, expected):
+    d = np.arange(256)
+    assert A.classify_locality(d, curve(d)).locality == expected
+
+
+def test_classify_locality_scores_and_errors():
+    d = np.arange(100)
+    s = A.classify_locality(d, np.exp(-((d - 30) / 5.0) ** 2), query_position=99)
+    assert s.peak_distance == 30 and s.peak_fraction == pytest.approx(math.log(31) / math.log(100))
+    assert s.bias_range == pytest.approx(1.0, abs=1e-6) and s.query_position == 99
+    # the thresholds are rules, not constants baked in
+    assert A.classify_locality(d, -0.1 * d, rules={"rank_correlation": 1.01}).locality == "mixed"
+    with pytest.raises(ValueError):
+        A.classify_locality([0, 1, 2], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        A.classify_locality([0, 2, 1], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError):
+        A.classify_locality([0, 1, 2], [1.0, float("nan"), 3.0])
+
+
+# -- attention dilution ------------------------------------------------------------------------
+def reference_shares(model: GPT, tokens: torch.Tensor, positions, near: int, rows: int, monkeypatch) -> np.ndarray:
+    """Shares from the model's own attention calls: wrap SDPA and form the n×n probabilities."""
+    sdpa = model_mod.F.scaled_dot_product_attention
+    probs = []
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        T, S = s.shape[-2:]
+        if is_causal:
+            attn_mask = torch.ones(T, S, dtype=torch.bool).tril()
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            s = s + attn_mask
+        probs.append(torch.softmax(s, -1)[0])  # [H, T, S]
+        return sdpa(q, k, v, attn_mask=attn_mask if not is_causal else None, dropout_p=dropout_p, is_causal=is_causal)
+
+    monkeypatch.setattr(model_mod.F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        model(tokens[None, : max(positions) + 1])
+    monkeypatch.setattr(model_mod.F, "scaled_dot_product_attention", sdpa)
+    out = np.zeros((len(probs), probs[0].shape[0], len(positions)))
+    for l, p in enumerate(probs):
+        for c, i in enumerate(positions):
+            vals = [p[:, r, max(0, r - near + 1): r + 1].sum(-1) for r in range(max(0, i - rows + 1), i + 1)]
+            out[l, :, c] = torch.stack(vals).mean(0).numpy()
+    return out
+
+
+@pytest.mark.parametrize("encoding", ["fire", "rope", "alibi", "yarn", "nope"])
+def test_dilution_matches_model_attention(encoding, monkeypatch):
+    opts = {"rope_scaling_factor": 2.0} if encoding == "yarn" else {}
+    m = tiny(encoding, seed=1, **opts)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 256, (200,), generator=gen)
+    positions = [3, 31, 80, 150]
+    res = A.attention_dilution(m, tokens, positions, near=8, rows=4)
+    ref = reference_shares(m, tokens, positions, 8, 4, monkeypatch)
+    assert res.share.shape == (2, 4, 4)
+    np.testing.assert_allclose(res.share, ref, rtol=1e-4, atol=1e-5)
+    assert all(not b.attn._forward_pre_hooks for b in m.blocks)  # hooks removed
+
+
+def test_dilution_uniform_attention_is_exact():
+    m = tiny("nope")
+    with torch.no_grad():
+        for b in m.blocks:
+            b.attn.qkv.weight.zero_()  # all scores 0: uniform over the i + 1 visible keys
+    m.train()
+    res = A.attention_dilution(m, torch.zeros(300, dtype=torch.long), [10, 63, 255], near=16, rows=1)
+    expected = [1.0, 16 / 64, 16 / 256]
+    np.testing.assert_allclose(res.share, np.broadcast_to(expected, res.share.shape), rtol=1e-6)
+    assert m.training  # mode restored
+
+
+def test_fire_interpolation_dilutes_a_local_head(fire_model):
+    with torch.no_grad():
+        for b in fire_model.blocks:
+            b.attn.qkv.weight.zero_()  # attention = softmax of the bias alone
+    set_fire_heads(fire_model, slope=20.0)
+    positions = A.default_query_positions(SEQ, A.DEFAULT_DILUTION_MULTIPLES)
+    res = A.attention_dilution(fire_model, torch.zeros(16 * SEQ, dtype=torch.long), near=8, rows=1)
+    assert res.query_positions == positions
+    local = res.share[0, 0]
+    assert all(a > b for a, b in zip(local, local[1:]))  # stretched bias spreads attention thin
+    for c, i in enumerate(positions):
+        w = np.exp(-20.0 * fire_x(np.arange(i + 1), i))
+        assert local[c] == pytest.approx(w[:8].sum() / w.sum(), rel=1e-4)
+    assert res.share[0, 1, -1] < 8 / (16 * SEQ)  # anti-local head avoids the nearest keys
+
+
+def test_dilution_input_errors(fire_model):
+    with pytest.raises(ValueError, match="longer text"):
+        A.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [150])
+    with pytest.raises(ValueError):
+        A.attention_dilution(fire_model, torch.zeros(100), [50])
+    with pytest.raises(ValueError):
+        A.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [50], near=0)
+
+
+def test_text_tokens():
+    t = A.text_tokens("hé")
+    assert t.tolist() == [256, 104, 0xC3, 0xA9] and t.dtype == torch.long
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+@pytest.fixture
+def checkpoint(tmp_path, fire_model):
+    folder = tmp_path / "fire-tiny"
+    fire_model.save_pretrained(folder)
+    return folder
+
+
+def test_cli_writes_biases_json(checkpoint, tmp_path, capsys):
+    out = tmp_path / "res" / "biases.json"
+    text = tmp_path / "doc.txt"
+    text.write_text("the quick brown fox " * 20)
+    rc = cli_main(["biases", str(checkpoint), "--query-positions", "31,255", "--out", str(out),
+                   "--text", str(text), "--dilution-positions", "31,63,300", "--near", "8"])
+    assert rc == 0, capsys.readouterr().err
+    d = json.loads(out.read_text())
+    assert d["checkpoint"] == "fire-tiny" and d["query_positions"] == [31, 255] and d["classify_at"] == 31
+    for layer in d["layers"]:
+        assert [h["locality"] for h in layer["heads"]] == ["local", "anti-local", "mixed", "mixed"]
+        assert layer["heads"][0]["rank_correlation"] == pytest.approx(-1.0)
+        assert layer["heads"][1]["locality_by_query_position"] == {"31": "anti-local", "255": "anti-local"}
+        assert [c["query_position"] for c in layer["curves"]] == [31, 255]
+    assert d["dilution"]["query_positions"] == [31, 63, 300]
+    assert np.array(d["dilution"]["share"]).shape == (2, 4, 3)
+    printed = capsys.readouterr().out
+    assert "anti-local" in printed and str(out) in printed
+
+
+def test_cli_default_out_is_in_checkpoint(checkpoint):
+    assert A.main([str(checkpoint), "--query-positions", "31"]) == 0
+    assert json.loads((checkpoint / "biases.json").read_text())["layers"][0]["heads"][0]["locality"] == "local"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["{missing}"], "does not exist"),
+    (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
+    (["{ckpt}", "--query-positions", "-5"], "negative"),
+    (["{ckpt}", "--matrix", "9:3"], "matrix window"),
+    (["{ckpt}", "--text", "{missing}"], "cannot read"),
+    (["{ckpt}", "--text", "{short}"], "longer text"),
+    ([], "required"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, needle, checkpoint, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("tiny")
+    argv = [a.format(ckpt=checkpoint, missing=tmp_path / "nope", short=short) for a in argv]
+    assert A.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and err[0].startswith("fireviz biases: error:")

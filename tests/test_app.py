@@ -1,0 +1,305 @@
+"""AppTests: each page driven through its main widgets, asserting on what it shows.
+
+The app is pointed at tiny checkpoints (tests/conftest.py: fire, alibi, rope; 2 layers × 2
+heads, trained length 32) through FIREVIZ_CHECKPOINTS_DIR, and at a fresh evaluation cache.
+Figures are compared with the library's own numbers, so a page that drew the wrong curve fails.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from fireviz import analysis, checkpoints, evaluate, jobs
+from fireviz.model import CheckpointError
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
+
+
+def page(name: str, **query) -> AppTest:
+    at = AppTest.from_file(str(ROOT / name), default_timeout=TIMEOUT)
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at
+
+
+def figures(at: AppTest) -> list[dict]:
+    """The plotly figures a run drew, as JSON dicts."""
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def arr(v) -> np.ndarray:
+    """A plotly array (plain list or base64 typed array) as numpy."""
+    if isinstance(v, dict) and "bdata" in v:
+        a = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+        return a.reshape(v["shape"]) if isinstance(v.get("shape"), list) else a
+    return np.asarray(v, dtype=float)
+
+
+def no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def run_until(at: AppTest, done, timeout: float = 90.0) -> AppTest:
+    """Re-run the page (as the page's polling fragment would) until ``done(at)`` or timeout."""
+    end = time.time() + timeout
+    at.run()
+    while not done(at) and time.time() < end:
+        no_exception(at)
+        time.sleep(0.25)
+        at.run()
+    no_exception(at)
+    assert done(at), "the page never showed the finished result"
+    return at
+
+
+# -- Home ---------------------------------------------------------------------------------------
+def test_home_lists_checkpoints_with_headline_numbers(app_env):
+    at = page("app.py").run()
+    no_exception(at)
+    df = at.dataframe[0].value
+    assert sorted(df["checkpoint"]) == ["alibi", "fire", "rope"]
+    fire = df[df["checkpoint"] == "fire"].iloc[0]
+    # from fire/results_prose.json: 1.5 and 2.5 nats/token at 32 and 256 tokens → bits per byte
+    assert fire["bpb @ 32"] == pytest.approx(1.5 / math.log(2), abs=1e-4)
+    assert fire["bpb @ 256"] == pytest.approx(2.5 / math.log(2), abs=1e-4)
+    assert fire["parameters"] == checkpoints.read_checkpoint(app_env / "fire").num_parameters
+    alibi = df[df["checkpoint"] == "alibi"].iloc[0]  # no results JSON: last val_loss of the log
+    last = [r for r in checkpoints.read_train_log(app_env / "alibi") if "val_loss" in r][-1]
+    assert alibi["val loss (nats/token)"] == pytest.approx(last["val_loss"], abs=1e-4)
+    at.switch_page("pages/4_Training_runs.py").run()  # the navigation reaches every page
+    no_exception(at)
+    assert figures(at)
+
+
+def test_home_without_checkpoints_says_how_to_make_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(tmp_path / "empty"))
+    at = page("app.py").run()
+    no_exception(at)
+    assert any("python -m fireviz train" in i.value for i in at.info)
+    assert not at.dataframe
+
+
+# -- Learned biases -----------------------------------------------------------------------------
+def test_biases_grid_matches_the_library(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt="fire").run()
+    no_exception(at)
+    fig = figures(at)[0]
+    model = checkpoints.load_model(app_env / "fire")
+    rep = analysis.bias_report(model).to_dict()
+    # the grid has one line per (layer, head, query position); check every one against the library
+    assert len(fig["data"]) == 2 * 2 * len(rep["query_positions"])
+    for tr in fig["data"]:
+        m = tr["meta"]
+        curve = next(c for c in rep["layers"][m["layer"]]["curves"] if c["query_position"] == m["query_position"])
+        np.testing.assert_allclose(arr(tr["y"]), np.asarray(curve["bias"][m["head"]])[arr(tr["x"]).astype(int)],
+                                   rtol=1e-5, atol=1e-6)
+    # locality table: one row per layer × head, same classes as the library
+    table = at.dataframe[1].value
+    expected = analysis.locality_table([rep])
+    assert list(table["locality"]) == [r["locality"] for r in expected]
+    assert list(table["rank_correlation"]) == pytest.approx([r["rank_correlation"] for r in expected])
+
+
+def test_biases_one_head_view_from_the_url_and_two_checkpoints(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt=["fire", "alibi"], view="head", layer="1", head="1", pos="31,63").run()
+    no_exception(at)
+    figs = figures(at)
+    assert len(figs) == 4  # per checkpoint: curves + heatmap, side by side
+    curves = [f for f in figs if f["data"][0]["type"] == "scatter"]
+    assert {tr["meta"]["query_position"] for f in curves for tr in f["data"]} == {31, 63}
+    assert all(tr["meta"]["layer"] == 1 and tr["meta"]["head"] == 1 for f in curves for tr in f["data"])
+    # ALiBi head 1 of 2: slope 2^-8 → bias −d/256 at every query position
+    alibi = next(f for f in curves if "alibi" in f["layout"]["title"]["text"])
+    tr = alibi["data"][0]
+    np.testing.assert_allclose(arr(tr["y"]), -arr(tr["x"]) * 2.0 ** -8, atol=1e-6)
+    assert at.query_params["view"] == "head" and at.query_params["layer"] == "1"
+    # switching the layer widget writes the URL
+    at.sidebar.selectbox(key="biases_layer").set_value(0).run()
+    assert at.query_params["layer"] == "0"
+    assert at.query_params["ckpt"] == ["fire", "alibi"]
+
+
+def test_biases_bad_query_positions_is_a_clear_error(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt="fire").run()
+    at.sidebar.text_input(key="biases_pos").set_value("12, abc").run()
+    no_exception(at)
+    assert any("abc" in e.value and "comma-separated" in e.value for e in at.error)
+
+
+def test_rotary_checkpoint_shows_the_kernel_not_a_bias(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt="rope").run()
+    no_exception(at)
+    fig = figures(at)[0]
+    assert fig["data"][0]["meta"]["kernel"] is True
+    assert arr(fig["data"][0]["y"])[0] == pytest.approx(1.0)  # cos(0) averaged over frequencies
+
+
+def test_add_checkpoint_bad_path_and_offline_hub_id(app_env, monkeypatch):
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)  # deterministic "offline", whatever the network
+    at = page("pages/4_Training_runs.py").run()
+    at.sidebar.text_input(key="train_add_ref").set_value("/no/such/folder")
+    at.sidebar.button(key="train_add_btn").click().run()
+    no_exception(at)
+    assert any("/no/such/folder" in e.value for e in at.sidebar.error)
+    at.sidebar.text_input(key="train_add_ref").set_value("nobody-xyz/not-a-fireviz-repo")
+    at.sidebar.button(key="train_add_btn").click().run()
+    no_exception(at)
+    msg = " ".join(e.value for e in at.sidebar.error)
+    assert "cannot download 'nobody-xyz/not-a-fireviz-repo' from the Hugging Face Hub" in msg
+    assert figures(at), "the page stays up and still draws the bundled checkpoints' curves"
+
+
+def test_add_checkpoint_by_local_folder(app_env, tmp_path):
+    from conftest import make_tiny_checkpoint
+
+    extra = make_tiny_checkpoint(tmp_path / "elsewhere", "t5", log_steps=7)
+    at = page("pages/4_Training_runs.py").run()
+    at.sidebar.text_input(key="train_add_ref").set_value(str(extra))
+    at.sidebar.button(key="train_add_btn").click().run()
+    at.sidebar.multiselect(key="train_ckpt").set_value([str(extra)]).run()
+    no_exception(at)
+    fig = figures(at)[0]
+    loss = [tr for tr in fig["data"] if tr["meta"]["series"] == "loss"]
+    assert len(loss) == 1 and len(arr(loss[0]["y"])) == 7
+
+
+# -- Fit FIRE -----------------------------------------------------------------------------------
+def test_fit_alibi_live_and_download(app_env):
+    at = page("pages/2_Fit_FIRE.py", target="alibi", heads="2", max_len="16", steps="0", width="8").run()
+    no_exception(at)
+    at.button(key="fit_go").click()
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    fig = figures(at)[0]
+    target = next(tr for tr in fig["data"] if tr["meta"]["series"] == "target")
+    d = arr(target["x"])
+    np.testing.assert_allclose(arr(target["y"]), -0.5 ** 4 * d, atol=1e-6)  # head 0 of 2: slope 2^-4
+    fitted = next(tr for tr in fig["data"] if tr["meta"]["series"] == "fitted")
+    assert np.max(np.abs(arr(fitted["y"]) - arr(target["y"]))) < 1e-3  # ALiBi is linear in d: FIRE fits it
+    labels = [m.label for m in at.metric]
+    assert any("relative RMSE" in lab for lab in labels)
+    names = [b.proto.label for b in at.get("download_button")]
+    assert any("fire_fit.safetensors" in n for n in names) and any(n.endswith(".json") for n in names)
+
+
+def test_fit_bad_kerple_parameter_is_a_clear_error(app_env):
+    at = page("pages/2_Fit_FIRE.py", target="kerple_log", r1="-1", steps="0").run()
+    at.button(key="fit_go").click().run()
+    no_exception(at)
+    assert any("r1" in e.value and "Cannot fit" in e.value for e in at.error)
+
+
+# -- Length generalization ----------------------------------------------------------------------
+def _tiny_jsonl() -> bytes:
+    docs = [{"id": f"d{k}", "text": ("The quick brown fox jumps over the lazy dog. " * (8 + k))} for k in range(4)]
+    return "".join(json.dumps(d) + "\n" for d in docs).encode()
+
+
+def test_length_generalization_bad_upload_is_a_clear_error(app_env):
+    at = page("pages/3_Length_generalization.py", domain="upload", ckpt="fire").run()
+    no_exception(at)
+    at.sidebar.file_uploader(key="lengen_upload").upload("bad.jsonl", b'{"id": 1, "txt": "no text field"}\n').run()
+    no_exception(at)
+    assert any("bad.jsonl" in e.value and "'text'" in e.value for e in at.error)
+
+
+def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_env):
+    q = jobs.default_queue("evaluate")
+    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
+              budget="256").run()
+    at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
+    no_exception(at)
+    before = len(q.jobs())
+    at.button(key="lengen_run").click()
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    assert len(q.jobs()) == before + 1
+    ppl = figures(at)[0]
+    assert {tr["name"] for tr in ppl["data"]} == {"fire", "alibi"}
+    assert ppl["layout"]["yaxis"]["type"] == "log"
+    caption = " ".join(c.value for c in at.caption)
+    assert "device cpu" in caption and "token budget 256" in caption
+    # the same numbers as the library (now all from the on-disk cache the job wrote)
+    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    ref = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],
+                                 token_budget=256, split="all", device="cpu")
+    for r in ref:
+        assert all(e["cached"] for e in r["per_length"])
+        tr = next(t for t in ppl["data"] if t["name"] == r["checkpoint"])
+        np.testing.assert_allclose(arr(tr["y"]), [e["perplexity"] for e in r["per_length"]], rtol=1e-9)
+        np.testing.assert_array_equal(arr(tr["x"]), [16, 32, 64])
+    # a second tab (new session) with the same settings finds the finished job: no new run
+    tab2 = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
+                budget="256").run()
+    tab2.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
+    no_exception(tab2)
+    assert len(tab2.get("plotly_chart")) == 2
+    tab2.button(key="lengen_run").click().run()
+    assert len(q.jobs()) == before + 1, "pressing Run again must not start the same evaluation twice"
+
+
+# -- Training runs ------------------------------------------------------------------------------
+def test_training_runs_plot_the_logs(app_env):
+    at = page("pages/4_Training_runs.py").run()
+    no_exception(at)
+    assert at.sidebar.multiselect(key="train_ckpt").value == ["alibi", "fire", "rope"]
+    fig = figures(at)[0]
+    log = checkpoints.read_train_log(app_env / "fire")
+    tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire (fire)", "series": "val_loss"})
+    np.testing.assert_allclose(arr(tr["y"]), [r["val_loss"] for r in log if "val_loss" in r])
+    np.testing.assert_allclose(arr(tr["x"]), [r["tokens"] for r in log if "val_loss" in r])
+    assert len(at.dataframe[0].value) == 3
+
+
+# -- the library pieces under the pages ----------------------------------------------------------
+def test_job_queue_runs_each_key_once_fifo_and_cancels():
+    q = jobs.JobQueue(name="test")
+    order, calls = [], []
+
+    def work(tag, n=3):
+        def f(progress, should_stop):
+            calls.append(tag)
+            for k in range(n):
+                if should_stop():
+                    raise jobs.JobCancelled()
+                progress(k + 1, n, f"{tag} {k}")
+                time.sleep(0.05)
+            order.append(tag)
+            return tag
+        return f
+
+    a = q.submit({"job": "a"}, work("a"))
+    assert q.submit({"job": "a"}, work("a-again")) is a  # same key: the existing job
+    b = q.submit({"job": "b"}, work("b"))
+    c = q.submit({"job": "c"}, work("c", n=1000))
+    assert q.wait(b.key, 10).status == jobs.DONE
+    q.wait(c.key, 0.3)
+    assert q.cancel(c.key)
+    assert q.wait(c.key, 10).status == jobs.CANCELLED
+    assert order == ["a", "b"] and calls == ["a", "b", "c"]
+    assert a.snapshot()["result"] == "a" and a.fraction == 1.0
+    d = q.submit({"job": "d"}, lambda p, s: 1 / 0)
+    assert q.wait(d.key, 10).status == jobs.ERROR and "ZeroDivisionError" in d.error
+    assert q.submit({"job": "c"}, work("c2", n=1)) is not c  # a cancelled job is run again
+
+
+def test_checkpoint_discovery_and_errors(tiny_checkpoints_dir, tmp_path):
+    infos = checkpoints.list_checkpoints(tiny_checkpoints_dir)
+    assert [i.name for i in infos] == ["alibi", "fire", "rope"]
+    assert infos[1].training_tokens == 20 * 4 * 32 and infos[1].data == "prose"
+    assert checkpoints.resolve_checkpoint("fire", tiny_checkpoints_dir).path == str(tiny_checkpoints_dir / "fire")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        checkpoints.read_checkpoint(tmp_path / "half")
+    with pytest.raises(CheckpointError, match="neither"):
+        checkpoints.resolve_checkpoint("not a name!", tiny_checkpoints_dir)
+    assert checkpoints.list_checkpoints(tmp_path / "missing") == []

@@ -1,0 +1,156 @@
+"""The running app in a real browser: `streamlit run app.py` + headless Chromium (Playwright).
+
+Starts the server on a free port against the tiny test checkpoints, opens every page, drives
+the ones whose charts need a click (Fit FIRE, Length generalization with an uploaded file),
+waits for the plotly charts, asserts no exception is shown, and saves a screenshot of each
+page to out/screenshots/. Chromium is Debian's (/usr/bin/chromium; .ci/run installs it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "out" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PAGE_TIMEOUT_MS = 120_000
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoints_dir, tmp_path_factory):
+    """``streamlit run app.py`` on a free port; yields its base URL; always terminated."""
+    port = _free_port()
+    env = dict(os.environ, FIREVIZ_CHECKPOINTS_DIR=str(tiny_checkpoints_dir),
+               FIREVIZ_CACHE_DIR=str(tmp_path_factory.mktemp("eval_cache")), HF_HUB_OFFLINE="1")
+    log = open(tmp_path_factory.mktemp("server") / "streamlit.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+                             "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                log.seek(0)
+                pytest.fail(f"streamlit did not come up (exit {proc.poll()}):\n{log.read()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(PAGE_TIMEOUT_MS)
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector('[data-testid="stApp"]')
+    return page
+
+
+def _settle(page) -> None:
+    """Wait until Streamlit has finished running the script (no "running" status widget)."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+                           timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_timeout(500)
+
+
+def _check_and_shoot(page, name: str, charts: int = 1) -> None:
+    page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
+                           timeout=PAGE_TIMEOUT_MS)
+    _settle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0, page.locator('[data-testid="stException"]').first.inner_text()
+    body = page.inner_text("body")
+    assert "Traceback" not in body
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_home_page(server, browser):
+    page = _open(browser, server)
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    _settle(page)
+    assert page.locator('[data-testid="stException"]').count() == 0
+    body = page.inner_text("body")
+    assert "Traceback" not in body and "FIRE" in body
+    for name in ("Learned biases", "Fit FIRE", "Length generalization", "Training runs"):
+        assert name in body
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "0_home.png"), full_page=True)
+    page.close()
+
+
+def test_learned_biases_page(server, browser):
+    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&ckpt=alibi")
+    _check_and_shoot(page, "1_learned_biases_grid", charts=2)
+    page.close()
+    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&view=head&layer=1&head=0&x=normalized")
+    _check_and_shoot(page, "1_learned_biases_head", charts=2)
+    page.close()
+
+
+def test_fit_fire_page(server, browser):
+    page = _open(browser, f"{server}/Fit_FIRE?target=t5&heads=2&max_len=64&steps=20&width=16")
+    page.get_by_role("button", name="Fit", exact=True).click()
+    _check_and_shoot(page, "2_fit_fire")
+    page.close()
+
+
+def test_length_generalization_page(server, browser, tmp_path):
+    docs = [{"id": f"d{k}", "text": "Position encodings decide what a transformer sees. " * (10 + 3 * k)} for k in range(6)]
+    upload = tmp_path / "mini.jsonl"
+    upload.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    page = _open(browser, f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512")
+    page.locator('input[type="file"]').set_input_files(str(upload))
+    page.get_by_role("button", name="Run", exact=True).click()
+    _check_and_shoot(page, "3_length_generalization", charts=2)
+    page.close()
+
+
+def test_training_runs_page(server, browser):
+    page = _open(browser, f"{server}/Training_runs")
+    _check_and_shoot(page, "4_training_runs")
+    page.close()

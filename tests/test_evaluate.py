@@ -1,0 +1,534 @@
+"""fireviz.evaluate: window selection, scoring against a hand computation, cache, CLI, bad input."""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fireviz.evaluate as ev
+from fireviz.data import DataError, document_tokens, is_validation, load_documents
+from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "encodings.json"
+# Document sizes in tokens (bytes + BOS). Lengths 8 and 16 see several documents; 64 sees one.
+DOC_TOKENS = [41, 34, 16, 9, 5, 64, 23]
+
+
+def _text(n_bytes: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefgh ijklmnop\nqrstuvwxyz.,") for _ in range(n_bytes))
+
+
+def _write_jsonl(path: Path, sizes: list[int], prefix: str = "d") -> Path:
+    with open(path, "w") as f:
+        for i, n in enumerate(sizes):
+            f.write(json.dumps({"id": f"{prefix}{i:02d}", "text": _text(n - 1, seed=i)}) + "\n")
+    return path
+
+
+def _tiny(encoding: str, seed: int = 0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=16, position_encoding=encoding, **kw)).eval()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Tiny checkpoints: FIRE (query blocks of 8 to exercise the blocked path), RoPE, ALiBi."""
+    root = tmp_path_factory.mktemp("ckpts")
+    out = {}
+    for enc, kw in (("fire", {"attn_query_block": 8}), ("rope", {}), ("alibi", {})):
+        model = _tiny(enc, seed=len(out), **kw)
+        with torch.no_grad():  # sharp attention and a non-trivial bias, so positions matter
+            for p in model.encodings.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+            for block in model.blocks:
+                block.attn.qkv.weight.mul_(10.0)
+            model.wte.weight.mul_(10.0)
+        model.save_pretrained(root / enc)
+        out[enc] = root / enc
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return _write_jsonl(tmp_path_factory.mktemp("data") / "tiny.jsonl", DOC_TOKENS)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "default-cache"))  # never the user's cache
+    return tmp_path / "cache"
+
+
+def _targets(windows, length):
+    """Document positions scored by (start, first_target) windows."""
+    return [s + p for s, f in windows for p in range(f, length)]
+
+
+# ---------------------------------------------------------------------------------------------
+# window selection: the token-count property
+# ---------------------------------------------------------------------------------------------
+def test_reference_token_count():
+    ref = json.loads(REFERENCE.read_text())["perplexity_token_count"]
+    wins = ev.sliding_windows(ref["N"], ref["window"], ref["stride"])
+    targets = _targets(wins, ref["window"])
+    assert len(targets) == ref["scored_tokens"] == 9
+    assert sorted(targets) == list(range(1, ref["N"]))
+    assert wins == [(0, 1), (2, 2), (4, 2), (6, 2)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 300), st.integers(2, 64), st.data())
+def test_sliding_scores_every_token_once(n_tokens, window, data):
+    window = min(window, n_tokens)
+    stride = data.draw(st.integers(1, window - 1)) if window > 2 else 1
+    wins = ev.sliding_windows(n_tokens, window, stride)
+    targets = _targets(wins, window)
+    assert sorted(targets) == list(range(1, n_tokens)), "every token 1..N-1 exactly once"
+    assert all(0 <= s and s + window <= n_tokens and 1 <= f < window for s, f in wins)
+    # each later window scores at most `stride` new targets; only the tail may score fewer
+    assert all(window - f == stride for _, f in wins[1:-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 8), st.integers(0, 39))
+def test_nonoverlapping_count_and_stride_equal_window(window, k, extra):
+    n_tokens = window * k + extra % window
+    wins = ev.nonoverlapping_windows(n_tokens, window)
+    assert len(wins) == n_tokens // window
+    targets = _targets(wins, window)
+    assert len(targets) == len(set(targets)) == (n_tokens // window) * (window - 1)
+    sliding = ev.sliding_windows(n_tokens, window, window)
+    if n_tokens % window == 0:
+        assert sliding == wins
+    else:  # the same windows plus one tail window scoring only new targets
+        assert sliding[:-1] == wins and set(_targets(sliding[-1:], window)).isdisjoint(targets)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=12), st.integers(2, 40), st.integers(1, 40),
+       st.one_of(st.none(), st.integers(1, 600)), st.integers(0, 3))
+def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
+    ids = [f"doc{i}" for i in range(len(sizes))]
+    eligible = [i for i, n in enumerate(sizes) if n >= length]
+    if not eligible:
+        with pytest.raises(ev.EvaluationError, match="no document has"):
+            ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+        return
+    # non-overlapping: whole windows until the budget, n-1 targets each
+    plan = ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+    scored = len(plan) * (length - 1)
+    available = sum(sizes[i] // length for i in eligible) * (length - 1)
+    if budget is None:
+        assert scored == available
+    else:  # the fewest whole windows that reach the budget, or all of them
+        assert scored == min(available, math.ceil(budget / (length - 1)) * (length - 1))
+    assert all(w.doc in eligible and w.start % length == 0 and w.start + length <= sizes[w.doc] for w in plan)
+    assert len({(w.doc, w.start) for w in plan}) == len(plan)
+    assert plan == ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)  # deterministic
+    # sliding: every selected document's tokens 1..P-1 scored exactly once (P = its scored prefix)
+    stride = min(stride, length)
+    plan = ev.plan_windows(ids, sizes, length, mode="sliding", stride=stride, token_budget=budget, seed=seed)
+    by_doc: dict[int, list[int]] = {}
+    for w in plan:
+        assert w.doc in eligible and w.start + length <= sizes[w.doc]
+        by_doc.setdefault(w.doc, []).extend(w.start + p for p in range(w.first_target, length))
+    for d, targets in by_doc.items():
+        if stride < length:
+            assert sorted(targets) == list(range(1, max(targets) + 1))
+        assert len(targets) == len(set(targets))
+    total = sum(len(t) for t in by_doc.values())
+    if budget is None:
+        assert set(by_doc) == set(eligible)
+        if stride < length:
+            assert total == sum(sizes[i] - 1 for i in eligible)
+    elif stride < length:
+        assert total >= min(budget, sum(sizes[i] - 1 for i in eligible))
+        assert total < budget + length  # the last document is cut to meet the budget
+
+
+def test_plan_depends_on_seed_not_order():
+    sizes = [50, 70, 90, 65, 80]
+    ids = ["e", "a", "d", "b", "c"]
+    plan = ev.plan_windows(ids, sizes, 8, token_budget=30, seed=0)
+    other = ev.plan_windows(ids, sizes, 8, token_budget=30, seed=1)
+    assert plan != other
+    # the same documents in another file order select the same (doc id, start) windows
+    perm = [3, 0, 4, 1, 2]
+    shuffled = ev.plan_windows([ids[i] for i in perm], [sizes[i] for i in perm], 8, token_budget=30, seed=0)
+    assert sorted((ids[w.doc], w.start) for w in plan) == sorted((ids[perm[w.doc]], w.start) for w in shuffled)
+
+
+def test_position_buckets():
+    assert ev.position_buckets(8, 16) == ([1, 2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8])
+    starts, ends = ev.position_buckets(8192, 16)
+    assert starts[0] == 1 and ends[-1] == 8192 and len(starts) == 16 and starts[1:] == ends[:-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# numbers equal a hand computation
+# ---------------------------------------------------------------------------------------------
+def _hand_nll(model: GPT, window: torch.Tensor) -> torch.Tensor:
+    """Per-target nats for one window [n]: targets at window positions 1..n-1."""
+    with torch.no_grad():
+        logits = model(window[None])[0]
+    return F.cross_entropy(logits[:-1], window[1:], reduction="none").double()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("enc", ["fire", "rope", "alibi"])
+def test_nonoverlapping_equals_hand_computation(ckpts, corpus, cache, enc):
+    model = GPT.from_pretrained(str(ckpts[enc])).eval()
+    docs = sorted(load_documents(corpus), key=lambda d: d.id)
+    for length in (8, 32):
+        nll = []
+        by_pos = [[] for _ in range(length)]
+        for d in docs:
+            toks = document_tokens(d)
+            for start in range(0, len(toks) - length + 1, length):
+                x = _hand_nll(model, toks[start:start + length])
+                nll.append(x)
+                for p in range(1, length):
+                    by_pos[p].append(float(x[p - 1]))
+        expected = float(torch.cat(nll).mean())
+        r = ev.evaluate_checkpoint(ckpts[enc], corpus, [length], token_budget=None, split="all", device="cpu",
+                                   cache_dir=cache, position_buckets=4)
+        e = r["per_length"][0]
+        assert e["nats_per_token"] == pytest.approx(expected, rel=1e-6)
+        assert e["perplexity"] == pytest.approx(math.exp(expected), rel=1e-6)
+        assert e["bits_per_byte"] == pytest.approx(expected / math.log(2), rel=1e-6)
+        assert e["tokens_scored"] == sum(len(v) for v in nll) == len(nll) * (length - 1)
+        assert e["windows"] == len(nll)
+        lbp = e["loss_by_position"]
+        for s, t, nats, count in zip(lbp["bucket_starts"], lbp["bucket_ends"], lbp["nats"], lbp["tokens"]):
+            vals = [v for p in range(s, t) for v in by_pos[p]]
+            assert count == len(vals) and nats == pytest.approx(sum(vals) / len(vals), rel=1e-6)
+
+
+def test_sliding_equals_hand_computation(ckpts, tmp_path, cache):
+    # One document of 13 tokens, window 8, stride 3: windows [0,8) → targets 1..7,
+    # [3,11) → 8,9,10 (window positions 5..7), [5,13) → 11,12 (window positions 6,7).
+    path = _write_jsonl(tmp_path / "one.jsonl", [13])
+    model = GPT.from_pretrained(str(ckpts["fire"])).eval()
+    toks = document_tokens(load_documents(path)[0])
+    parts = [_hand_nll(model, toks[0:8]), _hand_nll(model, toks[3:11])[4:], _hand_nll(model, toks[5:13])[5:]]
+    expected = torch.cat(parts)
+    assert len(expected) == 12
+    r = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="sliding", stride=3, token_budget=None, split="all",
+                               device="cpu", cache_dir=cache, position_buckets=7)
+    e = r["per_length"][0]
+    assert (e["tokens_scored"], e["windows"]) == (12, 3)
+    assert e["nats_per_token"] == pytest.approx(float(expected.mean()), rel=1e-6)
+    assert e["loss_by_position"]["tokens"] == [1, 1, 1, 1, 2, 3, 3]  # positions 1..7
+    last = float((parts[0][6] + parts[1][2] + parts[2][1]) / 3)  # window position 7 in each window
+    assert e["loss_by_position"]["nats"][-1] == pytest.approx(last, rel=1e-6)
+
+
+def test_token_count_end_to_end_both_modes(ckpts, corpus, cache):
+    kw = dict(token_budget=None, split="all", device="cpu", cache_dir=cache)
+    r = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8, 16], mode="sliding", stride=5, **kw)
+    for e in r["per_length"]:
+        assert e["tokens_scored"] == sum(n - 1 for n in DOC_TOKENS if n >= e["length"])
+    r = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8, 16], **kw)
+    for e in r["per_length"]:
+        n = e["length"]
+        assert e["tokens_scored"] == sum(k // n for k in DOC_TOKENS if k >= n) * (n - 1)
+
+
+def test_sliding_stride_window_equals_nonoverlapping(ckpts, tmp_path, cache):
+    path = _write_jsonl(tmp_path / "mult.jsonl", [16, 32, 24, 8, 40])  # multiples of the window
+    kw = dict(token_budget=None, split="all", device="cpu", cache_dir=cache)
+    a = ev.evaluate_checkpoint(ckpts["fire"], path, [8], **kw)["per_length"][0]
+    b = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="sliding", stride=8, **kw)["per_length"][0]
+    for key in ("tokens_scored", "windows"):
+        assert a[key] == b[key]
+    assert b["nats_per_token"] == pytest.approx(a["nats_per_token"], rel=1e-9)
+    assert b["loss_by_position"]["nats"] == pytest.approx(a["loss_by_position"]["nats"], rel=1e-9)
+    c = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="sliding", stride=4, **kw)["per_length"][0]
+    assert c["tokens_scored"] == sum(n - 1 for n in (16, 32, 24, 8, 40)) > a["tokens_scored"]
+
+
+def test_result_shape_and_paired_windows(ckpts, corpus, cache, monkeypatch):
+    seen = {}
+    real = ev.score_windows
+
+    def spy(model, doc_tokens, windows, length, **kw):
+        seen.setdefault(model.config.position_encoding, []).append(
+            [(w.start, doc_tokens(w.doc)[w.start:w.start + length].tolist(), w.first_target) for w in windows])
+        return real(model, doc_tokens, windows, length, **kw)
+
+    monkeypatch.setattr(ev, "score_windows", spy)
+    calls = []
+    results = ev.evaluate_many([ckpts["fire"], ckpts["rope"]], corpus, [8, 16], token_budget=30, split="all",
+                               device="cpu", cache_dir=cache, progress=lambda d, t, m: calls.append((d, t)))
+    assert seen["fire"] == seen["rope"]  # identical windows for every checkpoint at a length
+    for start, toks, _ in seen["fire"][0] + seen["fire"][1]:  # BOS opens a window iff it opens a document
+        assert (toks[0] == BOS_ID) == (start == 0) and BOS_ID not in toks[1:]
+    assert calls[-1][0] == calls[-1][1] > 0 and all(d <= t for d, t in calls)
+    for r in results:
+        assert set(r) >= {"checkpoint", "checkpoint_sha256", "position_encoding", "train_seq_len", "settings",
+                          "data_fingerprint", "fireviz_version", "device", "seconds", "per_length"}
+        assert r["settings"]["bos"].startswith("each document starts with BOS (id 256)")
+        assert {"lengths", "mode", "stride", "token_budget", "seed", "rope_scaling", "data", "split"} <= set(
+            r["settings"])
+        assert r["device"] == "cpu" and r["train_seq_len"] == 16 and len(r["checkpoint_sha256"]) == 64
+        for e in r["per_length"]:
+            assert 30 <= e["tokens_scored"] < 30 + e["length"]
+        json.dumps(r, allow_nan=False)
+    assert results[0]["per_length"][0]["nats_per_token"] != results[1]["per_length"][0]["nats_per_token"]
+
+
+# ---------------------------------------------------------------------------------------------
+# cache
+# ---------------------------------------------------------------------------------------------
+def _counting(monkeypatch):
+    calls = []
+    real = ev.score_windows
+
+    def counted(model, doc_tokens, windows, length, **kw):
+        calls.append(length)
+        return real(model, doc_tokens, windows, length, **kw)
+
+    monkeypatch.setattr(ev, "score_windows", counted)
+    return calls
+
+
+def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
+    calls = _counting(monkeypatch)
+    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    first = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
+    assert calls == [8, 16] and not any(e["cached"] for e in first["per_length"])
+    again = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
+    assert calls == [8, 16], "a repeated request must not recompute"
+    assert all(e["cached"] for e in again["per_length"])
+    strip = lambda r: [{k: v for k, v in e.items() if k != "cached"} for e in r["per_length"]]
+    assert strip(again) == strip(first)
+    ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16, 32], **kw)  # a new length reuses the others
+    assert calls == [8, 16, 32]
+    ev.evaluate_checkpoint(ckpts["rope"], corpus, [8], **{**kw, "seed": 5})  # other settings: recompute
+    assert calls == [8, 16, 32, 8]
+    ev.evaluate_checkpoint(ckpts["rope"], corpus, [8], **kw, use_cache=False)
+    assert calls == [8, 16, 32, 8, 8]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong_key", "missing_field", "truncated"])
+def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, damage):
+    calls = _counting(monkeypatch)
+    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    first = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
+    (entry,) = list(cache.glob("*.json"))
+    text = entry.read_text()
+    obj = json.loads(text)
+    if damage == "garbage":
+        entry.write_text("{not json")
+    elif damage == "wrong_key":
+        obj["key"] = "0" * 64
+        obj["result"]["nats_per_token"] = 0.123  # a poisoned number must not come back
+        entry.write_text(json.dumps(obj))
+    elif damage == "missing_field":
+        del obj["result"]["tokens_scored"]
+        entry.write_text(json.dumps(obj))
+    else:
+        entry.write_text(text[: len(text) // 2])
+    again = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
+    assert calls == [8, 8] and again["cached"] is False
+    assert again["nats_per_token"] == pytest.approx(first["nats_per_token"], rel=1e-12)
+    assert ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]["cached"] is True
+
+
+def test_cache_key_changes_with_checkpoint_and_data(ckpts, corpus, tmp_path, cache, monkeypatch):
+    calls = _counting(monkeypatch)
+    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)
+    other = _write_jsonl(tmp_path / "other.jsonl", DOC_TOKENS, prefix="x")
+    ev.evaluate_checkpoint(ckpts["fire"], other, [8], **kw)
+    ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], **kw)
+    assert calls == [8, 8, 8]
+
+
+# ---------------------------------------------------------------------------------------------
+# zero-shot RoPE extensions
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scaling,name", [("pi", "rope_pi"), ("yarn", "yarn")])
+def test_rope_scaling_equals_rebuilt_model(ckpts, corpus, cache, scaling, name):
+    base = GPT.from_pretrained(str(ckpts["rope"])).eval()
+    kw = dict(token_budget=None, split="all", device="cpu", cache_dir=cache)
+    r = ev.evaluate_checkpoint(ckpts["rope"], corpus, [16, 64], rope_scaling=scaling, **kw)
+    plain = ev.evaluate_checkpoint(ckpts["rope"], corpus, [16, 64], **kw)
+    at16, at64 = r["per_length"]
+    assert at16["position_encoding"] == at64["position_encoding"] == name
+    assert at16["encoding_options"]["rope_scaling_factor"] == 1.0 and at64["encoding_options"]["rope_scaling_factor"] == 4.0
+    # factor 1 is plain RoPE; factor 4 changes the numbers
+    assert at16["nats_per_token"] == pytest.approx(plain["per_length"][0]["nats_per_token"], rel=1e-6)
+    assert abs(at64["nats_per_token"] - plain["per_length"][1]["nats_per_token"]) > 1e-3
+    opts = {"rope_scaling_factor": 4.0}
+    if name == "yarn":
+        opts["original_max_position_embeddings"] = 16
+    cfg = GPTConfig(**{**base.config.__dict__, "position_encoding": name, "encoding_options": opts})
+    hand = GPT(cfg).eval()
+    load_state_checked(hand, base.state_dict())
+    if name == "yarn":
+        assert hand.encodings[0].attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    (doc,) = [d for d in load_documents(corpus) if d.num_tokens >= 64]
+    expected = float(_hand_nll(hand, document_tokens(doc)[:64]).mean())
+    assert at64["nats_per_token"] == pytest.approx(expected, rel=1e-6)
+    assert r["settings"]["rope_scaling"] == scaling and r["position_encoding"] == "rope"
+
+
+def test_rope_scaling_needs_rope_checkpoint(ckpts, corpus, cache):
+    with pytest.raises(ev.EvaluationError, match="needs a RoPE checkpoint"):
+        ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], rope_scaling="pi", split="all", cache_dir=cache)
+    with pytest.raises(ev.EvaluationError, match="rope_scaling must be"):
+        ev.evaluate_checkpoint(ckpts["rope"], corpus, [8], rope_scaling="ntk", split="all", cache_dir=cache)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------------------------
+def test_length_longer_than_every_document_is_reported(ckpts, corpus, cache):
+    r = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8, 65, 500], token_budget=40, split="all", cache_dir=cache)
+    ok, too_long, way_too_long = r["per_length"]
+    assert ok["tokens_scored"] > 0
+    assert set(too_long) == {"length", "error"} and "no document has 65 tokens (the longest has 64)" in too_long["error"]
+    assert way_too_long["length"] == 500 and "error" in way_too_long
+
+
+def test_stride_larger_than_window_is_reported(ckpts, corpus, cache):
+    r = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8, 16], mode="sliding", stride=12, token_budget=40,
+                               split="all", cache_dir=cache)
+    bad, good = r["per_length"]
+    assert "stride 12 is larger than the window (8 tokens)" in bad["error"]
+    assert good["tokens_scored"] >= 40
+    with pytest.raises(ev.EvaluationError, match="larger than the window"):
+        ev.sliding_windows(20, 8, 9)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(mode="sliding"), "needs a stride"),
+    (dict(stride=4), "only to mode='sliding'"),
+    (dict(mode="sliding", stride=0), "stride must be an integer >= 1"),
+    (dict(mode="rolling"), "mode must be one of"),
+    (dict(token_budget=0), "token_budget must be"),
+    (dict(split="test"), "split must be one of"),
+    (dict(lengths=[1]), "length must be an integer >= 2"),
+])
+def test_bad_settings(ckpts, corpus, cache, kw, match):
+    lengths = kw.pop("lengths", [8])
+    with pytest.raises(ev.EvaluationError, match=match):
+        ev.evaluate_checkpoint(ckpts["fire"], corpus, lengths, cache_dir=cache, **{"split": "all", **kw})
+
+
+def test_bad_data(ckpts, tmp_path, cache):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"id": "a", "text": ""}) + "\n" + json.dumps({"id": "b", "text": ""}) + "\n")
+    with pytest.raises(DataError, match="contains no text"):
+        ev.evaluate_checkpoint(ckpts["fire"], empty, [8], cache_dir=cache)
+    with pytest.raises(DataError, match="use one of prose, latex, code"):
+        ev.evaluate_checkpoint(ckpts["fire"], "poetry", [8], cache_dir=cache)
+    small = _write_jsonl(tmp_path / "small.jsonl", [20, 30], prefix="a")
+    assert not any(is_validation(d.id) for d in load_documents(small))
+    with pytest.raises(DataError, match="split='all'"):  # validation split of two documents is empty
+        ev.evaluate_checkpoint(ckpts["fire"], small, [8], cache_dir=cache)
+
+
+def test_bad_checkpoint(ckpts, corpus, tmp_path, cache):
+    with pytest.raises(CheckpointError, match="not found"):
+        ev.evaluate_checkpoint(tmp_path / "nope", corpus, [8], split="all", cache_dir=cache)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json or model.safetensors"):
+        ev.evaluate_checkpoint(tmp_path / "empty", corpus, [8], split="all", cache_dir=cache)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((ckpts["fire"] / "config.json").read_text())
+    weights = (ckpts["fire"] / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
+    (broken / "model.safetensors").write_bytes(weights)
+    (broken / "config.json").write_text("{oops")
+    with pytest.raises(CheckpointError, match="not JSON"):
+        ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
+    cfg = json.loads((ckpts["fire"] / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**cfg, "d_model": 64}))
+    with pytest.raises(CheckpointError, match="does not match its config.json"):
+        ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
+
+
+def test_device_and_cancel(ckpts, corpus, cache):
+    if torch.cuda.is_available():
+        assert ev.resolve_device("cuda").type == "cuda"
+    else:
+        with pytest.raises(ev.EvaluationError, match="no CUDA GPU"):
+            ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], device="cuda", split="all", cache_dir=cache)
+    assert ev.resolve_device("cpu").type == "cpu"
+    with pytest.raises(ev.EvaluationError, match="unknown device"):
+        ev.resolve_device("tpu-ish")
+    with pytest.raises(ev.EvaluationCancelled):
+        ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], token_budget=None, split="all", cache_dir=cache,
+                               batch_tokens=8, should_stop=lambda: True)
+    assert not list(cache.glob("*.json"))  # nothing finished, nothing cached
+
+
+def test_absolute_embedding_past_training_length(tmp_path, corpus, cache):
+    model = _tiny("nope", absolute_position_embedding=True)
+    model.save_pretrained(tmp_path / "ape")
+    r = ev.evaluate_checkpoint(tmp_path / "ape", corpus, [16, 32], split="all", cache_dir=cache)
+    assert r["per_length"][0]["tokens_scored"] > 0
+    assert "absolute position embeddings cover 16 tokens" in r["per_length"][1]["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
+    out = tmp_path / "results.json"
+    from fireviz.cli import main as cli_main
+    rc = cli_main(["eval", str(ckpts["fire"]), str(ckpts["rope"]), "--data", str(corpus), "--split", "all",
+                   "--lengths", "8,16,100", "--mode", "sliding", "--stride", "4", "--token-budget", "40",
+                   "--cache-dir", str(cache), "--out", str(out), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert "bits per byte (perplexity)" in captured.out and "fire" in captured.out and "error" in captured.out
+    results = json.loads(out.read_text())
+    assert [r["checkpoint"] for r in results] == ["fire", "rope"]
+    assert [("error" in e) for e in results[0]["per_length"]] == [False, False, True]
+    assert results[0]["settings"]["stride"] == 4 and results[0]["settings"]["mode"] == "sliding"
+    table = ev.format_table(results)
+    assert f"{results[1]['per_length'][1]['bits_per_byte']:.3f}" in table
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--data", "poetry"], "not found"),
+    (["--data", "EMPTY"], "no text"),
+    (["--lengths", "500"], "no document has 500 tokens"),
+    (["--mode", "sliding", "--stride", "20", "--lengths", "8,16"], "larger than the window"),
+    (["CKPT_MISSING"], "not found"),
+    (["--rope-scaling", "pi"], "needs a RoPE checkpoint"),
+    (["--stride", "4"], "only to mode='sliding'"),
+])
+def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"text": ""}) + "\n")
+    args = [{"EMPTY": str(empty), "CKPT_MISSING": str(tmp_path / "missing")}.get(a, a) for a in args]
+    base = [str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8", "--cache-dir", str(cache)]
+    if "--data" in args:
+        base = base[:1] + base[3:]
+    rc = ev.main(base + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("fireviz eval: error:") and match in err[0]
+
+
+def test_default_cache_dir_from_environment(ckpts, corpus, cache, tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], token_budget=20, split="all")
+    assert len(list((tmp_path / "default-cache").glob("*.json"))) == 1
+    assert ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], token_budget=20, split="all")["per_length"][0]["cached"]
+    assert calls == [8]

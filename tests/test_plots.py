@@ -1,0 +1,268 @@
+"""fireviz.plots: every figure built from a tiny model or synthetic data; asserts on trace values."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from fireviz import analysis as A
+from fireviz import plots as P
+from fireviz.model import GPT, GPTConfig
+from plotly_data import decode, shapes, traces
+
+SEQ = 16
+
+
+def tiny(encoding: str, **opts) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=SEQ, position_encoding=encoding,
+                         encoding_options=opts)).eval()
+
+
+@pytest.fixture(scope="module")
+def fire_report() -> dict:
+    m = tiny("fire")
+    with torch.no_grad():
+        for layer in range(2):
+            lin1, lin2 = m.encoding(layer).mlp[0], m.encoding(layer).mlp[2]
+            for t in (lin1.weight, lin1.bias, lin2.weight, lin2.bias):
+                t.zero_()
+            lin1.weight[0, 0] = 1.0
+            lin2.weight[0, 0], lin2.weight[1, 0] = -3.0, 2.0  # head 0 local, head 1 anti-local
+    return A.bias_report(m, checkpoint="fire-tiny", matrix_window=(0, 40, 2)).to_dict()
+
+
+def test_decode_helper_roundtrip():
+    fig = go.Figure([go.Scatter(x=np.arange(4), y=np.array([1.5, np.nan, 3.0, 4.0], dtype=np.float32)),
+                     go.Heatmap(z=np.arange(6.0).reshape(2, 3))])
+    t = traces(fig)
+    np.testing.assert_array_equal(t[0]["x"], [0, 1, 2, 3])
+    np.testing.assert_array_equal(t[0]["y"], np.array([1.5, np.nan, 3.0, 4.0], dtype=np.float32))
+    assert t[1]["z"].shape == (2, 3) and t[1]["z"][1, 2] == 5.0
+    assert decode([1, None]).dtype == np.float64
+
+
+# -- biases ------------------------------------------------------------------------------------
+def test_bias_grid_values_and_marks(fire_report):
+    fig = P.bias_grid_figure(fire_report)
+    ts = traces(fig)
+    qpos = fire_report["query_positions"]
+    assert len(ts) == 2 * 2 * len(qpos)
+    by_meta = {(t["meta"]["layer"], t["meta"]["head"], t["meta"]["query_position"]): t for t in ts}
+    for lay in fire_report["layers"]:
+        for c in lay["curves"]:
+            for h in range(2):
+                t = by_meta[(lay["layer"], h, c["query_position"])]
+                np.testing.assert_array_equal(t["x"], np.arange(c["query_position"] + 1))
+                np.testing.assert_allclose(t["y"], c["bias"][h], rtol=1e-6)
+    # head 0 falls, head 1 rises, with the FIRE formula's values at the far end (x = 1)
+    far = by_meta[(0, 0, SEQ - 1)]["y"][-1]
+    assert far == pytest.approx(-3.0, abs=1e-4) and by_meta[(1, 1, SEQ - 1)]["y"][-1] == pytest.approx(2.0, abs=1e-4)
+    marks = shapes(fig, P.TRAIN_MARK)
+    assert len(marks) == 4 and {m["x0"] for m in marks} == {SEQ}
+    assert len({m["xref"] for m in marks}) == 4  # one per panel
+    layout = fig.to_dict()["layout"]
+    assert "tokens" in layout["xaxis3"]["title"]["text"] and "logits" in layout["yaxis"]["title"]["text"]
+    titles = [a["text"] for a in layout["annotations"]]
+    assert "L0 H0 · local" in titles and "L1 H1 · anti-local" in titles
+
+
+def test_bias_grid_subset_and_subsampling(fire_report):
+    fig = P.bias_grid_figure(fire_report, query_positions=[8 * SEQ - 1], max_points=20)
+    ts = traces(fig)
+    assert len(ts) == 4 and all(t["meta"]["query_position"] == 8 * SEQ - 1 for t in ts)
+    x = ts[0]["x"]
+    assert x[0] == 0 and x[-1] == 8 * SEQ - 1 and np.all(np.diff(x) > 0)
+    np.testing.assert_array_equal(x[:64], np.arange(64))  # short distances stay exact
+    full = np.array(fire_report["layers"][0]["curves"][-1]["bias"][0])
+    np.testing.assert_allclose(ts[0]["y"], full[x], rtol=1e-6)
+    with pytest.raises(ValueError):
+        P.bias_grid_figure(fire_report, query_positions=[3])
+
+
+def test_rotary_and_nope_grids():
+    rep = A.bias_report(tiny("rope"), query_positions=[20]).to_dict()
+    fig = P.bias_grid_figure(rep)
+    (t,) = traces(fig)
+    d = np.arange(21)
+    theta = 10000.0 ** -(np.arange(4) / 4)  # head_dim 8: θ_k = 10000^(−2k/8)
+    np.testing.assert_allclose(t["y"], np.cos(d[:, None] * theta).mean(1), rtol=1e-6, atol=1e-7)
+    assert "kernel" in fig.layout.title.text and shapes(fig, P.TRAIN_MARK)[0]["x0"] == SEQ
+    nope = P.bias_grid_figure(A.bias_report(tiny("nope")))
+    assert len(nope.data) == 0 and "no position bias" in nope.layout.title.text
+
+
+def test_head_bias_figure_distance_and_normalized(fire_report):
+    fig = P.head_bias_figure(fire_report, layer=1, head=0)
+    ts = traces(fig)
+    assert [t["meta"]["query_position"] for t in ts] == fire_report["query_positions"]
+    np.testing.assert_allclose(ts[2]["y"], fire_report["layers"][1]["curves"][2]["bias"][0], rtol=1e-6)
+    assert shapes(fig, P.TRAIN_MARK)[0]["x0"] == SEQ
+    fig = P.head_bias_figure(fire_report, layer=1, head=0, x_axis="normalized")
+    ts = traces(fig)
+    for t in ts[:-1]:  # every curve lies on f(x) = −3x over x in [0, 1]
+        assert t["x"].min() == 0 and t["x"].max() == pytest.approx(1.0, abs=1e-5)
+        np.testing.assert_allclose(t["y"], -3.0 * t["x"], atol=1e-5)
+    assert ts[-1]["meta"]["mlp"] and ts[-1]["x"].size == 201
+    np.testing.assert_allclose(ts[-1]["y"], -3.0 * ts[-1]["x"], atol=1e-6)
+    alibi = A.bias_report(tiny("alibi"), query_positions=[15]).to_dict()
+    with pytest.raises(ValueError, match="not FIRE"):
+        P.head_bias_figure(alibi, 0, 0, x_axis="normalized")
+    with pytest.raises(ValueError):
+        P.head_bias_figure(fire_report, 0, 5)
+
+
+def test_bias_heatmap(fire_report):
+    fig = P.bias_heatmap_figure(fire_report, layer=0, head=1)
+    (t,) = traces(fig)
+    grid = np.arange(0, 40, 2)
+    np.testing.assert_array_equal(t["x"], grid)
+    np.testing.assert_array_equal(t["y"], grid)
+    ref = np.array(fire_report["layers"][0]["matrix"]["bias"][1], dtype=np.float64)
+    assert t["z"].shape == (20, 20)
+    np.testing.assert_allclose(t["z"], ref, rtol=1e-6, equal_nan=True)
+    assert np.isnan(t["z"][0, 1]) and not np.isnan(t["z"][1, 0])  # future key blank
+    marks = shapes(fig, P.TRAIN_MARK)
+    assert {(m["type"], m.get("x0"), m.get("y0")) for m in marks} == {("line", SEQ, 0), ("line", 0, SEQ)}
+    with pytest.raises(ValueError):
+        P.bias_heatmap_figure(A.bias_report(tiny("rope")), 0, 0)
+
+
+def test_dilution_figure():
+    res = {"checkpoint": "c", "query_positions": [15, 31, 255], "near": 8, "rows": 2, "train_seq_len": SEQ,
+           "share": [[[0.9, 0.5, 0.2], [0.3, 0.3, 0.3]]]}
+    fig = P.dilution_figure(res)
+    ts = traces(fig)
+    assert [t["name"] for t in ts] == ["L0 H0", "L0 H1"]
+    np.testing.assert_allclose(ts[0]["y"], [0.9, 0.5, 0.2])
+    np.testing.assert_array_equal(ts[0]["x"], [15, 31, 255])
+    assert fig.layout.xaxis.type == "log" and shapes(fig, P.TRAIN_MARK)[0]["x0"] == SEQ
+
+
+# -- perplexity / loss ---------------------------------------------------------------------------
+def ppl_result(ckpt, label, ppls, train=SEQ, stride=8):
+    return {"checkpoint": ckpt, "label": label, "train_seq_len": train,
+            "settings": {"mode": "sliding", "stride": stride, "token_budget": 1000, "seed": 0, "domain": "prose"},
+            "per_length": [{"length": n, "perplexity": p, "nats_per_token": math.log(p), "bits_per_byte": math.log(p) / math.log(2),
+                            "tokens_scored": 100, "windows": 3,
+                            "loss_by_position": {"bucket_starts": [0, n // 2], "nats": [math.log(p) + 0.1, math.log(p) - 0.1]}}
+                           for n, p in zip((16, 64, 256), ppls)]}
+
+
+def test_perplexity_groups_seeds_with_error_bars():
+    results = [ppl_result("fire-s0", "fire", [3.0, 4.0, 8.0]), ppl_result("fire-s1", "fire", [5.0, 6.0, 10.0]),
+               ppl_result("rope-s0", "rope", [3.5, 20.0, 90.0])]
+    fig = P.perplexity_figure(results)
+    fire, rope = traces(fig)
+    np.testing.assert_array_equal(fire["x"], [16, 64, 256])
+    np.testing.assert_allclose(fire["y"], [4.0, 5.0, 9.0])
+    np.testing.assert_allclose(fire["error_y"]["array"], [math.sqrt(2)] * 3)  # sample std of two seeds
+    assert fire["meta"] == {"group": "fire", "n": 2} and "2 seeds" in fire["name"]
+    np.testing.assert_allclose(rope["y"], [3.5, 20.0, 90.0])
+    assert "error_y" not in rope or "array" not in rope["error_y"]
+    layout = fig.to_dict()["layout"]
+    assert layout["yaxis"]["type"] == "log" and "tokens" in layout["xaxis"]["title"]["text"]
+    assert shapes(fig, P.TRAIN_MARK)[0]["x0"] == SEQ
+    assert "stride 8" in layout["title"]["subtitle"]["text"] and "mode sliding" in layout["title"]["subtitle"]["text"]
+    rows = P.group_perplexity(results)
+    assert rows[0] == {"group": "fire", "length": 16, "perplexity": 4.0, "perplexity_std": pytest.approx(math.sqrt(2)),
+                       "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2), "n": 2, "train_seq_len": SEQ}
+    # grouping by checkpoint instead: three lines, no error bars
+    by_ckpt = traces(P.perplexity_figure(results, group_key="checkpoint"))
+    assert [t["meta"]["group"] for t in by_ckpt] == ["fire-s0", "fire-s1", "rope-s0"]
+    mixed = P.perplexity_figure([results[0], ppl_result("x", "x", [1.0, 2.0, 3.0], stride=4)])
+    assert "stride varies" in mixed.layout.title.subtitle.text
+    with pytest.raises(ValueError):
+        P.perplexity_figure([])
+    with pytest.raises(ValueError):
+        P.group_perplexity([{"checkpoint": "a", "per_length": [{"length": 4}]}])
+
+
+def test_loss_by_position():
+    results = [ppl_result("a", "fire", [3.0, 4.0, 8.0]), ppl_result("b", "rope", [3.0, 4.0, 8.0], train=32)]
+    fig = P.loss_by_position_figure(results, lengths=[64])
+    ts = traces(fig)
+    assert [t["meta"] for t in ts] == [{"group": "fire", "length": 64}, {"group": "rope", "length": 64}]
+    np.testing.assert_array_equal(ts[0]["x"], [0, 32])
+    np.testing.assert_allclose(ts[0]["y"], [math.log(4) + 0.1, math.log(4) - 0.1])
+    assert sorted(m["x0"] for m in shapes(fig, P.TRAIN_MARK)) == [SEQ, 32]
+    assert "nats/token" in fig.layout.yaxis.title.text
+    assert len(P.loss_by_position_figure(results[0]).data) == 3  # a single result, every length
+    with pytest.raises(ValueError):
+        P.loss_by_position_figure(results, lengths=[999])
+
+
+# -- fit / training ----------------------------------------------------------------------------
+def test_fit_figure():
+    d = np.arange(10)
+    target = np.stack([-0.5 * d, -np.log1p(d)])
+    fitted = target + np.linspace(0, 0.3, 10)
+    fig = P.fit_figure({"distance": d.tolist(), "target": target.tolist(), "fitted": fitted.tolist(), "max_len": 6}, head=1)
+    t, f, r = traces(fig)
+    assert [x["meta"]["series"] for x in (t, f, r)] == ["target", "fitted", "residual"]
+    np.testing.assert_allclose(t["y"], target[1])
+    np.testing.assert_allclose(f["y"], fitted[1])
+    np.testing.assert_allclose(r["y"], -np.linspace(0, 0.3, 10), atol=1e-12)
+    assert r["yaxis"] == "y2"
+    marks = shapes(fig, P.FIT_RANGE_MARK)
+    assert len(marks) == 2 and all(m["x0"] == 0 and m["x1"] == 6 for m in marks)
+    # 1-D arrays and an explicit residual
+    fig = P.fit_figure({"distance": [0, 1, 2], "target": [0, -1, -2], "fitted": [0, -1, -1], "residual": [9, 9, 9],
+                        "max_len": 2})
+    np.testing.assert_allclose(traces(fig)[2]["y"], [9, 9, 9])
+    with pytest.raises(ValueError):
+        P.fit_figure({"distance": [0, 1], "target": [0, 1, 2], "fitted": [0, 1, 2], "max_len": 1})
+    with pytest.raises(ValueError):
+        P.fit_figure({"distance": [0, 1], "target": [0, 1]})
+
+
+def test_training_curves():
+    log = [{"step": s, "tokens": 1000 * s, "loss": 3.0 / s, "lr": 1e-3 * s, "tokens_per_s": 5.0} for s in (1, 2, 3, 4)]
+    log[1].update(val_loss=2.0, val_loss_4x=2.5)
+    log[3].update(val_loss=1.0, val_loss_4x=1.8)
+    fig = P.training_curves_figure({"fire": log, "rope": log[:2]})
+    ts = {(t["meta"]["run"], t["meta"]["series"]): t for t in traces(fig)}
+    np.testing.assert_array_equal(ts[("fire", "loss")]["x"], [1000, 2000, 3000, 4000])
+    np.testing.assert_allclose(ts[("fire", "loss")]["y"], [3.0, 1.5, 1.0, 0.75])
+    np.testing.assert_allclose(ts[("fire", "val_loss")]["y"], [2.0, 1.0])
+    np.testing.assert_array_equal(ts[("fire", "val_loss_4x")]["x"], [2000, 4000])
+    np.testing.assert_allclose(ts[("rope", "lr")]["y"], [1e-3, 2e-3])
+    assert fig.layout.xaxis2.title.text == "tokens seen" and "nats/token" in fig.layout.yaxis.title.text
+    steps = P.training_curves_figure([{"step": 5, "loss": 2.0}])
+    np.testing.assert_array_equal(traces(steps)[0]["x"], [5])
+    assert steps.layout.xaxis2.title.text == "step"
+    with pytest.raises(ValueError):
+        P.training_curves_figure([])
+
+
+# -- export ------------------------------------------------------------------------------------
+def test_csv_and_json_export(fire_report):
+    fig = P.perplexity_figure([ppl_result("a", "fire", [3.0, 4.0, 8.0]), ppl_result("b", "fire", [5.0, 6.0, 10.0])])
+    rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(fig))))
+    assert [float(r["y"]) for r in rows] == [4.0, 5.0, 9.0]
+    assert [int(r["x"]) for r in rows] == [16, 64, 256] and rows[0]["group"] == "fire"
+    assert float(rows[0]["error_y"]) == pytest.approx(math.sqrt(2))
+    data = json.loads(P.figure_to_json(fig))
+    assert data["traces"][0]["y"] == [4.0, 5.0, 9.0] and data["markers"][0]["x0"] == SEQ
+
+    heat = P.bias_heatmap_figure(fire_report, 0, 0)
+    rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(heat))))
+    assert len(rows) == 20 * 20
+    z = np.array(fire_report["layers"][0]["matrix"]["bias"][0], dtype=np.float64)
+    cell = next(r for r in rows if r["x"] == "4" and r["y"] == "10")  # key 4, query 10 (grid index 2, 5)
+    assert float(cell["z"]) == pytest.approx(z[5, 2], rel=1e-6)
+    assert next(r for r in rows if r["x"] == "10" and r["y"] == "4")["z"] == ""  # future key
+    data = json.loads(P.figure_to_json(heat))
+    assert data["traces"][0]["z"][0][1] is None and data["traces"][0]["meta"] == {"layer": 0, "head": 0}
+
+    grid = P.bias_grid_figure(fire_report, query_positions=[SEQ - 1])
+    rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(grid))))
+    assert len(rows) == 4 * SEQ and {"layer", "head", "query_position"} <= set(rows[0])
+    r = next(r for r in rows if r["layer"] == "0" and r["head"] == "0" and r["x"] == str(SEQ - 1))
+    assert float(r["y"]) == pytest.approx(-3.0, abs=1e-4)
