@@ -682,26 +682,6 @@ def load_checkpoint(folder: str | os.PathLike) -> GPT:
     return model.eval()
 
 
-def load_train_log(path: str | os.PathLike) -> list[dict]:
-    """Read ``train_log.jsonl`` (a checkpoint folder or the file) into a list of dicts
-    (``step``, ``tokens``, ``loss`` nats/token, ``lr``, ``tokens_per_s``; ``val_loss`` and
-    ``val_loss_4x`` on eval steps). Blank lines are skipped.
-    Raises: FileNotFoundError; ValueError naming the line for malformed JSON.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "train_log.jsonl"
-    rows = []
-    with p.open() as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{n}: not JSON ({e})") from None
-    return rows
-
-
 # -- CLI ---------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one clear stderr line, exit code 2

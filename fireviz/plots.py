@@ -55,6 +55,12 @@ def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: i
         fig.add_hline(y=x, label=dict(label, textposition="end"), **kw)
 
 
+def _panel_refs(fig: go.Figure, row: int, col: int) -> tuple[str, str]:
+    """Axis ids (``"x3"``, ``"y3"``) of one ``make_subplots`` panel."""
+    sp = fig.get_subplot(row, col)
+    return sp.xaxis.plotly_name.replace("axis", ""), sp.yaxis.plotly_name.replace("axis", "")
+
+
 def _subsample(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarray:
     """Indices into a length-n curve: all if n <= max_points, else the first ``keep_first``
     plus ``max_points`` evenly spaced ones (so short distances stay exact)."""
@@ -107,6 +113,8 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     fig = make_subplots(rows=n_layer, cols=n_head, subplot_titles=titles, shared_xaxes=True,
                         horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
                         vertical_spacing=min(0.06, 0.5 / max(1, n_layer - 1)))
+    refs = {(l, h): _panel_refs(fig, l + 1, h + 1) for l in range(n_layer) for h in range(n_head)}
+    new_traces = []
     for lay in r["layers"]:
         l = lay["layer"]
         for c in lay["curves"]:
@@ -118,14 +126,19 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
             idx = _subsample(bias.shape[1], max_points)
             dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
             for h in range(bias.shape[0]):
-                fig.add_trace(go.Scatter(x=dist, y=bias[h, idx], mode="lines", name=f"i = {i}",
-                                         legendgroup=f"i{i}", showlegend=(l == 0 and h == 0),
-                                         line=dict(color=_color(k), width=1.2),
-                                         meta={"layer": l, "head": h, "query_position": i}),
-                              row=l + 1, col=h + 1)
-    for l in range(n_layer):
-        for h in range(n_head):
-            _mark_length(fig, L, row=l + 1, col=h + 1, text="train" if (l, h) == (0, 0) else "")
+                xr, yr = refs[(l, h)]
+                new_traces.append(go.Scatter(x=dist, y=bias[h, idx], mode="lines", name=f"i = {i}",
+                                             legendgroup=f"i{i}", showlegend=(l == 0 and h == 0),
+                                             line=dict(color=_color(k), width=1.2), xaxis=xr, yaxis=yr,
+                                             meta={"layer": l, "head": h, "query_position": i}))
+    fig.add_traces(new_traces)
+    # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
+    fig.layout.shapes = [go.layout.Shape(
+        type="line", x0=L, x1=L, xref=xr, y0=0, y1=1, yref=f"{yr} domain", name=TRAIN_MARK,
+        line=dict(dash="dash", color="gray", width=1),
+        label=dict(text="train" if (l, h) == (0, 0) else "", textposition="end", textangle=-90,
+                   font=dict(size=9, color="gray")))
+        for (l, h), (xr, yr) in refs.items()] if L is not None else []
     for l in range(n_layer):
         fig.update_yaxes(title_text="bias (logits)", row=l + 1, col=1)
     for h in range(n_head):
