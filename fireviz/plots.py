@@ -318,6 +318,8 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
         name = _group_name(res, group_key)
         g = groups.setdefault(name, {"lengths": {}, "train": res.get("train_seq_len")})
         for row in res.get("per_length", []):
+            if "error" in row and "perplexity" not in row:
+                continue  # a length that could not be evaluated (fireviz.evaluate reports why)
             if "length" not in row or "perplexity" not in row:
                 raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
             g["lengths"].setdefault(int(row["length"]), []).append(
@@ -334,11 +336,12 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
 
 
 def _settings_caption(results: Sequence[Mapping]) -> str:
-    keys = ("mode", "stride", "token_budget", "domain", "seed")
+    # fireviz.evaluate writes the data source as "data" (older results: "domain")
+    keys = ("data", "domain", "split", "mode", "stride", "token_budget", "seed")
     settings = [(_as_dict(r).get("settings") or {}) for r in results]
     parts = []
     for k in keys:
-        vals = {json.dumps(s.get(k), sort_keys=True) for s in settings if k in s}
+        vals = {json.dumps(s.get(k), sort_keys=True) for s in settings if s.get(k) is not None}
         if len(vals) == 1:
             parts.append(f"{k} {json.loads(vals.pop())}")
         elif len(vals) > 1:
@@ -353,7 +356,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
       members get mean ± std error bars. ``log_x``: lengths on a log axis (they usually double).
     Returns: Figure; x = evaluation length (tokens), y = perplexity (exp of mean nats/token),
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
-      evaluation settings (mode, stride, token budget, domain, seed) in the subtitle. Trace
+      evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
+      on a log x-axis the ticks are the evaluated lengths. Lengths reported as errors are skipped. Trace
       meta ``{"group", "n"}``; error bars in ``error_y.array``.
     Raises: ValueError as ``group_perplexity``, or for an empty list.
     """
@@ -377,7 +381,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
         _mark_length(fig, t, text=f"train {t}")
     fig.update_yaxes(type="log")
     if log_x:
-        fig.update_xaxes(type="log")
+        lengths = sorted({r["length"] for r in rows})
+        fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_layout(title=dict(text="Perplexity vs evaluation length", subtitle=dict(text=_settings_caption(results))),
                       xaxis_title="evaluation length (tokens)", yaxis_title="perplexity (exp nats/token, log scale)",
                       meta={"train_seq_len": trains, "settings_caption": _settings_caption(results)})

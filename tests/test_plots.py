@@ -184,6 +184,19 @@ def test_perplexity_groups_seeds_with_error_bars():
         P.group_perplexity([{"checkpoint": "a", "per_length": [{"length": 4}]}])
 
 
+def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
+    res = ppl_result("fire-s0", "fire", [3.0, 4.0, 8.0])
+    res["settings"] = {"data": "latex", "split": "validation", "mode": "nonoverlapping", "stride": None,
+                       "token_budget": 4096, "seed": 0}
+    res["per_length"].append({"length": 100000, "error": "no document has 100000 tokens"})
+    fig = P.perplexity_figure([res])
+    (trace,) = traces(fig)
+    np.testing.assert_array_equal(trace["x"], [16, 64, 256])  # the error row is not drawn
+    caption = fig.layout.title.subtitle.text
+    assert "data latex" in caption and "split validation" in caption and "stride" not in caption
+    assert list(fig.layout.xaxis.tickvals) == [16, 64, 256]
+
+
 def test_loss_by_position():
     results = [ppl_result("a", "fire", [3.0, 4.0, 8.0]), ppl_result("b", "rope", [3.0, 4.0, 8.0], train=32)]
     fig = P.loss_by_position_figure(results, lengths=[64])
