@@ -27,6 +27,12 @@ small biases (ALiBi's gentle slopes) are fitted as well, relatively, as steep on
 Beyond the fitted range (queries up to ``4 × max_len``) FIRE's normalizer becomes ``ψ(i)``:
 it stretches the fitted function over the longer context (progressive interpolation) while
 the target keeps its own formula; ``FitResult`` reports that difference as it is.
+
+Limits (counting kinks): f_θ of width W is piecewise linear with at most W kinks. A T5 table
+of 32 arbitrary values (16 one-distance buckets, then runs up to max_distance) needs about
+46 kinks to be exact, and Sandwich's kernel (dbar = 128) has ~130 local extrema below 512
+tokens (its high-frequency terms, ~20 % of each head's std at scales under 10 tokens), so at
+width 32 both stay near 20 % per head; width 128 fits them to ~0.01 % and ~4 %.
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import torch
@@ -77,6 +83,7 @@ _MAX_CANDIDATES = 1024
 #: Query rows (evenly spaced, deterministic) on which the error beyond the fitted range is
 #: measured: every pair (i, j ≤ i) of these rows counts.
 BEYOND_ROWS = 256
+_BEYOND_CHUNK = 16  # query rows evaluated at once (memory: chunk · 4·max_len · width floats)
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,12 +256,16 @@ def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
     ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
     Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path``, ``layer``,
       ``encoding`` (the checkpoint's encoding name) and ``seq_len`` (its training length).
-    Raises: CheckpointError (missing/corrupt folder); ValueError if the layer is out of
-      range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
+    Raises: FileNotFoundError for a local path that is not a folder; CheckpointError
+      (not a checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
     """
     from .model import GPT
 
-    model = GPT.from_pretrained(str(path))
+    local = Path(str(path)).expanduser()
+    if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {path} does not exist (a checkpoint is a folder with "
+                                "config.json and model.safetensors, e.g. checkpoints/<name>)")
+    model = GPT.from_pretrained(str(local) if local.is_dir() else str(path))
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
@@ -289,8 +300,9 @@ class FitResult:
       relative_rmse_beyond / max_abs_error_beyond / rmse_beyond / relative_rmse_beyond_per_head:
         the same over pairs with query ``max_len ≤ i < 4·max_len`` (all ``j ≤ i``), against
         the target's own formula at those distances; see ``beyond_rows``.
-      beyond_rows: query rows measured beyond (all of them up to 2048 rows; else evenly
-        spaced).
+      beyond_rows: query rows measured beyond: all of ``max_len … 4·max_len − 1`` when
+        they are at most ``BEYOND_ROWS`` (256), else 256 evenly spaced ones (every pair
+        ``j ≤ i`` of a measured row counts).
       distance, target_values, fitted_values: per-distance curves inside the fitted range:
         ``d = 0..max_len−1`` and float32 ``[num_heads, max_len]`` logits (FIRE is a function
         of d there); ``weights``: pairs per distance, ``max_len − d``.
@@ -332,13 +344,13 @@ class FitResult:
 
     @property
     def residuals(self) -> np.ndarray:
-        """Fitted − target per distance inside the fitted range, float32 ``[num_heads, max_len]``."""
-        return self.fitted_values - self.target_values
+        """Target − fitted per distance inside the fitted range, float32 ``[num_heads, max_len]`` (logits)."""
+        return self.target_values - self.fitted_values
 
     @property
     def beyond_residuals(self) -> np.ndarray:
-        """Fitted − target along the last query row, float32 ``[num_heads, 4·max_len]``."""
-        return self.beyond_fitted - self.beyond_target
+        """Target − fitted along the last query row, float32 ``[num_heads, 4·max_len]`` (logits)."""
+        return self.beyond_target - self.beyond_fitted
 
     def fire_options(self) -> dict:
         """Constructor keywords that rebuild ``module`` (``FIRE(**options)``)."""
@@ -364,7 +376,8 @@ class FitResult:
           With ``curves`` (default): ``inside`` = ``{"distance": [max_len], "weight":
           [max_len], "target": [H][max_len], "fitted": [H][max_len], "residual":
           [H][max_len]}`` and ``beyond`` = ``{"query_position": 4·max_len − 1, "distance":
-          [4·max_len], "target", "fitted", "residual": [H][4·max_len]}`` (logits).
+          [4·max_len], "target", "fitted", "residual": [H][4·max_len]}`` (logits;
+          residual = target − fitted, the convention of ``fireviz.plots.fit_figure``).
         Non-finite numbers (a constant target's relative error) are written as null.
         """
         out = {
@@ -389,7 +402,7 @@ class FitResult:
             "beyond_factor": BEYOND_FACTOR,
             "beyond_rows": self.beyond_rows,
             "loss_curve": self.loss_curve,
-            "fire": {"options": self.fire_options(), "c": self.c, "L": float(self.module.threshold())},
+            "fire": {"options": self.fire_options(), "c": self.c, "L": float(self.module.threshold().detach())},
         }
         if curves:
             out["inside"] = {"distance": self.distance.tolist(), "weight": self.weights.tolist(),
@@ -533,6 +546,36 @@ def _greedy_knots(x: torch.Tensor, s: torch.Tensor, Ys: torch.Tensor, cand: torc
     return x[cand[torch.tensor(chosen, dtype=torch.long)]] if chosen else x.new_zeros(0)
 
 
+class _Adam:
+    """Adam (Kingma & Ba 2015, Algorithm 1; β = (0.9, 0.999), ε = 1e-8) on a few tensors.
+
+    Written out because ``torch.optim`` imports torch._dynamo on first use (seconds of
+    start-up for a one-shot ``python -m fireviz fit``); the update is the textbook one.
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.params, self.lr, self.betas, self.eps, self.t = params, lr, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        for p, m, v in zip(self.params, self.m, self.v):
+            if p.grad is None:
+                continue
+            m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+            m_hat = m / (1 - b1 ** self.t)
+            v_hat = v / (1 - b2 ** self.t)
+            p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
+
+
 def _candidates(n: int) -> torch.Tensor:
     """Indices of distances that may host a kink: all of 1..n−2, or a log+linear subsample."""
     if n - 2 <= _MAX_CANDIDATES:
@@ -561,8 +604,9 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
       mlp_width: hidden width of f_θ (>= 2: one unit carries the linear term, the others
         place kinks).
       steps: Adam steps refining c and the kinks after the closed-form start (>= 0).
-      seed: seeds the module's initial weights (only units the construction leaves unused
-        keep random values, with zero output weight); the fit is otherwise deterministic.
+      seed: seeds the module's construction. The fit itself draws no random numbers (grid,
+        greedy least squares, full-batch Adam) and overwrites every weight, so the result
+        is the same for every seed; it is recorded for provenance.
       progress: called as ``progress(step, steps, loss)`` after every step (step 0 = the
         initialisation), loss = the objective below.
       should_stop: polled before every step; True ends the fit early with the best
@@ -570,8 +614,9 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
       lr: Adam learning rate for log c and the kink positions.
     Objective: mean over heads of (RMSE_h / std_h)² on the fitted range, the per-distance
       errors weighted by their pair counts ``max_len − d`` (equal to the all-pairs error).
-    Returns: ``FitResult`` (metrics are measured on the float32 module through
-      ``FIRE.bias``, not on the fitting surrogate).
+    Returns: ``FitResult`` (metrics are measured on the float32 module — ``FIRE.bias`` inside,
+      its eq. 3–4 pieces ``psi``/``normalizer``/``mlp_forward`` on the rows beyond — not on
+      the float64 fitting surrogate).
     Runs on one CPU thread (``torch.set_num_threads(1)``, restored afterwards): the problem
     has only ``max_len`` distances, and on shared cores one thread is several times faster.
     Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
@@ -601,8 +646,9 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
         raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
     max_len, H = int(max_len), target.num_heads
 
-    torch.manual_seed(seed)
-    module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
+        torch.manual_seed(seed)
+        module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
     L, eps = float(module.threshold().detach()), module.eps
 
     # 1-D data: distances, pair weights, per-head standardised targets.
@@ -643,7 +689,7 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
     log_c = torch.nn.Parameter(c0.log().clone())
     knots = torch.nn.Parameter(knots0.clone())
     live = torch.arange(K) < n_live
-    opt = torch.optim.Adam([log_c, knots], lr=lr)
+    opt = _Adam([log_c, knots], lr=lr)
 
     def objective():
         x = _x_of_d(d, log_c.exp(), L, eps)
@@ -682,7 +728,7 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
     # ReLU(x − t_k); output = per-head scale · β + mean.
     with torch.no_grad():
         log_c_best, knots_best = best_state
-        c_best = log_c_best.exp()
+        c_best = log_c_best.exp().float().double()  # the module stores c in float32
         x = _x_of_d(d, c_best, L, eps)
         beta, _ = _solve_output(s[:, None] * _hidden(x, knots_best), Ys)
         beta = beta * scale[None, :]  # [K + 2, H]
@@ -702,7 +748,7 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
 @torch.no_grad()
 def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float], steps: int, steps_run: int,
               stopped: bool, t0: float, mlp_width: int, seed: int) -> FitResult:
-    """Measure the float32 module through ``FIRE.bias`` inside and beyond the fitted range."""
+    """Measure the float32 module inside and beyond the fitted range (see ``FitResult``)."""
     H, n = target.num_heads, max_len
     # Inside: every query i < max_len ≤ L has normalizer ψ(L), so the row of query n−1
     # holds the value of every distance 0..n−1 exactly as every other row does.
@@ -729,14 +775,24 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
     s1 = torch.zeros(H, dtype=torch.float64)
     s2 = torch.zeros(H, dtype=torch.float64)
     count, max_b = 0, 0.0
-    for i in rows.tolist():
-        fb = module.bias(1, i + 1, q_offset=i)[:, 0].flip(-1).double()  # [H, i + 1], d = 0..i
-        tb = table[:, : i + 1]
-        diff = fb - tb
-        sse_b += (diff * diff).sum(1)
-        s1 += tb.sum(1)
-        s2 += (tb * tb).sum(1)
-        count += i + 1
+    psi_d = module.psi(torch.arange(top))  # [top]
+    for start in range(0, rows.size, _BEYOND_CHUNK):
+        # FIRE's formula (eq. 3–4) for queries i over d = 0..top−1, the same values as
+        # ``module.bias`` (tests check it); distances d > i are masked out. Every chunk has
+        # the same shape (the last one padded), so torch's kernels are set up once.
+        q = torch.as_tensor(rows[start: start + _BEYOND_CHUNK])
+        q = torch.cat([q, q[-1:].expand(_BEYOND_CHUNK - q.numel())])
+        x = psi_d[None, :] / module.normalizer(q)[:, None]  # [chunk, top]
+        causal = torch.arange(top)[None, :] <= q[:, None]
+        causal[min(rows.size - start, _BEYOND_CHUNK):] = False  # padding rows
+        fb = module.mlp_forward(x).double()  # [H, chunk, top]
+        tb = table[:, None, :].expand_as(fb)
+        diff = torch.where(causal, fb - tb, torch.zeros(()))
+        tb = torch.where(causal, tb, torch.zeros(()))
+        sse_b += (diff * diff).sum((1, 2))
+        s1 += tb.sum((1, 2))
+        s2 += (tb * tb).sum((1, 2))
+        count += int(causal.sum())
         max_b = max(max_b, float(diff.abs().max()))
     var_bh = (s2 / count - (s1 / count) ** 2).clamp(min=0)
     mean_b = float(s1.sum()) / (count * H)
@@ -746,7 +802,7 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
     rel_bh = [_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh)]
 
     q_last = top - 1
-    beyond_fit = module.bias(1, top, q_offset=q_last)[:, 0].flip(-1)  # d = 0..top−1
+    beyond_fit = module.mlp_forward(psi_d / module.normalizer(torch.tensor([q_last])))  # [H, top], d = 0..top−1
     c_val = float(module.c.detach())
     return FitResult(
         module=module, target=target, max_len=n, loss_curve=curve,
