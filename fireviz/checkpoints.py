@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import sha256_files
 from .model import GPT, CheckpointError
 
 #: Environment variable naming the folder whose sub-folders are the checkpoints.
@@ -381,13 +382,10 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
         memo = (str(w.resolve()), st.st_mtime_ns, st.st_size)
         if memo in _FINGERPRINTS:
             return _FINGERPRINTS[memo]
-        h = hashlib.sha256()
-        with open(w, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        digest = sha256_files(w)
     except OSError as e:
         raise CheckpointError(f"cannot read {w}: {e}") from e
-    _FINGERPRINTS[memo] = h.hexdigest()[:16]
+    _FINGERPRINTS[memo] = digest[:16]
     return _FINGERPRINTS[memo]
 
 

@@ -41,7 +41,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
+from .files import sha256_files, write_json_atomic
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -338,12 +338,7 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     Raises: CheckpointError as ``checkpoint_files``.
     """
     config, weights = checkpoint_files(checkpoint)
-    h = hashlib.sha256()
-    for f in (weights, config):
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    return sha256_files(weights, config)
 
 
 def load_checkpoint(checkpoint: str | os.PathLike) -> GPT:
@@ -452,22 +447,6 @@ def _cache_read(path: Path, key: str, length: int) -> dict | None:
     if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
         return None
     return obj["result"]
-
-
-def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file in the same folder + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
+from .files import atomic_write, atomic_write_text, sha256_files
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
 STATE_FORMAT = "fireviz-trainer-state/1"
@@ -349,54 +350,6 @@ def validation_windows(docs: list[Document], length: int, count: int) -> torch.T
 # ---------------------------------------------------------------------------------------------
 # Files: atomic writes, checkpoint reading
 # ---------------------------------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Write ``path`` atomically: ``write(tmp_path)`` into a temp file in the same folder,
-    fsync it, ``os.replace`` it over ``path``, fsync the folder. A crash leaves either the
-    old or the new file, never a torn one (stray ``.<name>.tmp-<pid>`` files may remain)."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # as an ordinary open() would create it
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """``atomic_write`` of UTF-8 text."""
-    atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def has_checkpoint(out_dir: str | os.PathLike) -> bool:
     """Whether ``out_dir`` holds any checkpoint file (config, weights, trainer state, log)."""
     return any((Path(out_dir) / n).exists() for n in CHECKPOINT_FILES)
@@ -450,7 +403,7 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
         for name in ("trainer_state.safetensors", "model.safetensors"):
             want = summary.get("sha256", {}).get(name)
             path = out / name
-            if want is None or not path.exists() or _sha256_file(path) != want:
+            if want is None or not path.exists() or sha256_files(path) != want:
                 raise CheckpointError(f"{path} does not match the sha256 recorded in trainer_state.json "
                                       "(corrupt, truncated or replaced); the folder was left untouched")
     elif summary_step > state["step"]:
@@ -897,7 +850,7 @@ def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: Trai
     atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
     config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
     atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
-    summary = state | {"sha256": {n: _sha256_file(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
+    summary = state | {"sha256": {n: sha256_files(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
     atomic_write_text(out / "trainer_state.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
