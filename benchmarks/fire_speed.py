@@ -3,10 +3,11 @@
 1. Training step (forward + backward + AdamW) at the training length 512, batch 16,
    d=128, 4 layers, 4 heads: tokens/s and ratio to NoPE for nope, alibi (a precomputed
    static bias), t5, kerple_log, fire, fire_s. Target: fire ≤ 1.10× NoPE.
-2. Evaluation forward at 8192, batch 1: time ratio to NoPE (target ≤ 3×) and peak RSS
-   above the loaded model (target ≤ 1.5 GiB), each in a fresh subprocess.
+2. Evaluation forward at 8192, batch 1: time ratio to NoPE (target ≤ 3×; all models timed
+   interleaved in this process) and peak RSS above the loaded model (target ≤ 1.5 GiB; one
+   fresh subprocess per encoding).
 
-    python benchmarks/fire_speed.py [--repeats 7] [--skip-eval]
+    python benchmarks/fire_speed.py [--repeats 7] [--skip-eval] [--eval-repeats 3]
 """
 from __future__ import annotations
 
@@ -26,21 +27,45 @@ from fireviz.model import GPT, GPTConfig  # noqa: E402
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 
-EVAL_CHILD = r"""
-import json, resource, statistics, sys, time, torch
+EVAL_MEMORY_CHILD = r"""
+import json, sys, torch
 from fireviz.model import GPT, GPTConfig
+
+
+def status(key):  # kB figures from /proc/self/status
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+
+
 name, n = sys.argv[1], int(sys.argv[2])
 torch.manual_seed(0)
 model = GPT(GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=512, position_encoding=name)).eval()
 idx = torch.randint(0, 256, (1, n))
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-times = []
 with torch.inference_mode():
-    for _ in range(3):
-        t = time.perf_counter(); model(idx); times.append(time.perf_counter() - t)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": statistics.median(times), "peak_above_model_mib": (peak - base) / 1024}))
+    model(idx[:, :64])  # load lazily compiled kernels (numba) before the baseline
+base = status("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak (VmHWM) to the current RSS
+with torch.inference_mode():
+    model(idx)
+print(json.dumps({"peak_above_model_mib": (status("VmHWM") - base) / 1024}))
 """
+
+
+def eval_times(names, n=8192, repeats=3):
+    """Forward time at length n, batch 1: all models in this process, interleaved medians."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 256, (1, n))
+    fns = {}
+    for name in names:
+        model = GPT(GPTConfig(seq_len=512, position_encoding=name, **SHAPE)).eval()
+
+        def fwd(model=model):
+            with torch.inference_mode():
+                model(idx)
+        fns[name] = fwd
+    return interleaved_medians(fns, repeats=repeats, warmup=1)
 
 
 def train_steps(names, seq_len=512, batch=16, repeats=7):
@@ -62,15 +87,19 @@ def train_steps(names, seq_len=512, batch=16, repeats=7):
             for n, s in med.items()}
 
 
-def eval_forward(name, n):
-    out = subprocess.run([sys.executable, "-c", EVAL_CHILD, name, str(n)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def eval_peak(name, n):
+    """Peak RSS (VmHWM, reset before the forward) above the loaded model for one forward at
+    length n, in MiB, in a fresh process (Linux /proc)."""
+    out = subprocess.run([sys.executable, "-c", EVAL_MEMORY_CHILD, name, str(n)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_above_model_mib"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--eval-repeats", type=int, default=3)
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     names = ["nope", "alibi", "t5", "kerple_log", "fire", "fire_s"]
@@ -79,11 +108,13 @@ def main():
         print(f"  {n:12s} {r['seconds']*1000:8.0f} ms  {r['tokens_per_s']:8.0f} tok/s  {r['ratio_to_nope']:.2f}× NoPE")
     if args.skip_eval:
         return
-    print("\nEvaluation forward at 8192, batch 1 (fresh process each; median of 3)")
-    res = {n: eval_forward(n, 8192) for n in ["nope", "alibi", "fire"]}
-    for n, r in res.items():
-        print(f"  {n:12s} {r['seconds']:7.2f} s  {r['seconds'] / res['nope']['seconds']:.2f}× NoPE  "
-              f"peak {r['peak_above_model_mib']:.0f} MiB above the model")
+    print("\nEvaluation forward at 8192, batch 1 (time: interleaved medians of 3 in one process; "
+          "memory: peak RSS above the model, fresh process each)")
+    names = ["nope", "alibi", "fire", "fire_s"]
+    times = eval_times(names, repeats=args.eval_repeats)
+    for n in names:
+        print(f"  {n:12s} {times[n]:7.2f} s  {times[n] / times['nope']:.2f}× NoPE  "
+              f"peak {eval_peak(n, 8192):.0f} MiB above the model")
 
 
 if __name__ == "__main__":

@@ -10,17 +10,95 @@ facts shape this module (torch 2.13, CPU, [16, 4, 512, 32], see benchmarks/READM
   materialises every [batch, heads, q, k] intermediate at once (~2.5× the causal cost).
 
 ``BiasedAttention`` keeps the fused kernel for the forward pass and does the backward in
-causal query chunks: each chunk recomputes its probabilities over the keys it may see, and
-the bias gradient is summed over the batch there. Same numbers as the math path (tests
-compare to 1e-5), about 1.5× the causal cost instead of 2.5×.
+causal query chunks: each chunk recomputes its probabilities over the keys it may see
+(two batched GEMMs on contiguous [batch·heads, T, d] copies made once), and the bias
+gradient is summed over the batch there. The elementwise middle (mask, softmax, dS, the
+batch sum) is one compiled numba pass when numba is installed, else seven torch ops. Same
+numbers as the math path (tests compare to 1e-5); on a quiet 2-core machine about 1.5×
+the causal fused forward+backward, and 1.8–3.5× on a contended one (many short parallel
+regions wait for preempted threads; see benchmarks/README.md).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
 #: query rows per backward chunk; 64–128 keeps a chunk's [batch, heads, rows, keys] in cache
 BACKWARD_CHUNK = 128
+
+#: The compiled softmax-gradient kernel: None until first use, False without numba (the
+#: backward then uses torch ops; same numbers). ``FIRE_NO_NUMBA=1`` forces torch.
+_SOFTMAX_GRAD = None
+
+
+def _build_softmax_grad():
+    """Compile (once; numba caches to disk) the fused elementwise part of the backward.
+
+    ``softmax_grad(S, dP, mask, delta, dmask, B, row0, offset)``: for every (batch·head,
+    row i, key j) of a chunk with ``S [B·H, c, keys]`` the scaled scores and ``dP`` =
+    dO·Vᵀ, P = softmax_j(S + mask[h, row0 + i]) and dS = P ⊙ (dP − delta); writes dS over
+    S, P over dP and dmask[h, row0 + i, j] = Σ_b dS — one pass instead of seven tensor ops.
+    Keys past the causal limit ``offset + row0 + i`` are written as 0 without work.
+    """
+    import math
+
+    import numba
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def softmax_grad(S, dP, mask, delta, dmask, B, row0, offset):  # pragma: no cover - compiled
+        BH, c, keys = S.shape
+        H = BH // B
+        for hi in numba.prange(H * c):
+            h = hi // c
+            i = hi - h * c
+            lim = min(offset + row0 + i + 1, keys)
+            mrow = mask[h, row0 + i]
+            acc = dmask[h, row0 + i]
+            for j in range(acc.shape[0]):
+                acc[j] = 0.0
+            for b in range(B):
+                bh = b * H + h
+                srow = S[bh, i]
+                prow = dP[bh, i]
+                m = -math.inf
+                for j in range(lim):
+                    v = srow[j] + mrow[j]
+                    srow[j] = v
+                    if v > m:
+                        m = v
+                tot = 0.0
+                for j in range(lim):
+                    e = math.exp(srow[j] - m)
+                    srow[j] = e
+                    tot += e
+                inv = 1.0 / tot
+                d = delta[bh, row0 + i]
+                for j in range(lim):
+                    p = srow[j] * inv
+                    ds = p * (prow[j] - d)
+                    prow[j] = p
+                    srow[j] = ds
+                    acc[j] += ds
+                for j in range(lim, keys):
+                    srow[j] = 0.0
+                    prow[j] = 0.0
+
+    return softmax_grad
+
+
+def _softmax_grad_kernel():
+    """The compiled kernel, or None when numba is missing or disabled."""
+    global _SOFTMAX_GRAD
+    if _SOFTMAX_GRAD is None:
+        _SOFTMAX_GRAD = False
+        if os.environ.get("FIRE_NO_NUMBA", "") in ("", "0"):
+            try:
+                _SOFTMAX_GRAD = _build_softmax_grad()
+            except ImportError:
+                pass
+    return _SOFTMAX_GRAD or None
 
 
 class BiasedAttention(torch.autograd.Function):
@@ -42,26 +120,51 @@ class BiasedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, mask, out = ctx.saved_tensors
-        Tq, Tk, D = q.shape[2], k.shape[2], q.shape[3]
+        B, H, Tq, D = q.shape
+        Tk = k.shape[2]
         scale = D ** -0.5
         offset = Tk - Tq  # queries are the last Tq positions
-        dq = torch.empty_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        dmask = torch.zeros_like(mask) if ctx.needs_input_grad[3] else None
-        delta = (dout * out).sum(-1, keepdim=True)
+        # One contiguous [B·H, T, D] copy of each input up front: the chunks below then feed
+        # BLAS directly (slices of the permuted qkv view would be copied per chunk and matmul).
+        qs = (q * scale).reshape(B * H, Tq, D)  # the 1/√d scale folded into q (used by dk too)
+        k3, v3 = k.reshape(B * H, Tk, D).contiguous(), v.reshape(B * H, Tk, D).contiguous()
+        do3 = dout.reshape(B * H, Tq, D).contiguous()
+        delta = (do3 * out.reshape(B * H, Tq, D)).sum(-1, keepdim=True)  # rowsum(dO ⊙ O)
+        dq = torch.empty(B * H, Tq, D, dtype=q.dtype, device=q.device)
+        dk = torch.zeros(B * H, Tk, D, dtype=k.dtype, device=k.device)
+        dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
+        kernel = _softmax_grad_kernel() if all(t.dtype == torch.float32 for t in (q, mask, dout)) else None
+        if kernel is not None:
+            import numba
+
+            from .encodings.fire import KERNEL_LOCK
+            mask_c = mask.detach().contiguous()
+            dmask = torch.empty_like(mask_c)
+            delta2 = delta[..., 0].contiguous()
+        else:
+            dmask = torch.zeros_like(mask) if ctx.needs_input_grad[3] else None
         for s in range(0, Tq, BACKWARD_CHUNK):
             e = min(s + BACKWARD_CHUNK, Tq)
             keys = offset + e  # causal: later keys carry probability 0 for these rows
-            kk, vv = k[:, :, :keys], v[:, :, :keys]
-            P = torch.softmax(torch.matmul(q[:, :, s:e], kk.transpose(-1, -2)) * scale + mask[:, s:e, :keys], -1)
-            dS = P * (torch.matmul(dout[:, :, s:e], vv.transpose(-1, -2)) - delta[:, :, s:e])
-            if dmask is not None:
-                dmask[:, s:e, :keys] = dS.sum(0)
-            dq[:, :, s:e] = torch.matmul(dS, kk) * scale
-            dk[:, :, :keys] += torch.matmul(dS.transpose(-1, -2), q[:, :, s:e]) * scale
-            dv[:, :, :keys] += torch.matmul(P.transpose(-1, -2), dout[:, :, s:e])
-        return dq, dk, dv, dmask
+            kk, vv = k3[:, :keys], v3[:, :keys]
+            S = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
+            dP = torch.bmm(do3[:, s:e], vv.transpose(1, 2))
+            if kernel is not None:  # one fused pass: S ← dS, dP ← P, dmask rows filled
+                with KERNEL_LOCK:
+                    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+                    kernel(S.numpy(), dP.numpy(), mask_c.numpy(), delta2.numpy(), dmask.numpy(), B, s, offset)
+                dS, P = S, dP
+            else:
+                S.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
+                P = torch.softmax(S, -1)
+                dS = dP.sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
+                if dmask is not None:
+                    torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])
+            # (in-place baddbmm_ on these strided slices would fall back to one GEMM per batch)
+            dq[:, s:e] = torch.bmm(dS, kk).mul_(scale)
+            dk[:, :keys] += torch.bmm(dS.transpose(1, 2), qs[:, s:e])
+            dv[:, :keys] += torch.bmm(P.transpose(1, 2), do3[:, s:e])
+        return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -15,7 +15,6 @@ Nothing here imports Streamlit; nothing here unpickles (weights are safetensors 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os

@@ -126,11 +126,10 @@ def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_
     Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
     additive encodings, bool ``[q_len, k_len]`` (True = may attend) otherwise.
     """
+    if encoding.kind == "additive":
+        return encoding.masked_bias(q_len, k_len, q_offset)  # bias and −inf in as few passes as it can
     i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
-    allowed = torch.arange(k_len, device=device)[None, :] <= i
-    if encoding.kind != "additive":
-        return allowed
-    return encoding.bias(q_len, k_len, q_offset).masked_fill(~allowed, float("-inf"))
+    return torch.arange(k_len, device=device)[None, :] <= i
 
 
 class CausalSelfAttention(nn.Module):

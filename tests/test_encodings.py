@@ -17,6 +17,8 @@ from fireviz.encodings import (
     alibi_slopes, build_encoding, relative_position_bucket, rope_inv_freq, sandwich_kernel, yarn_inv_freq,
 )
 
+import fireviz.encodings.fire as fire_module
+
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
 SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "encodings.json"
 
@@ -272,26 +274,68 @@ def random_fire(heads=3, seed=0, **kw):
     {"progressive_interpolation": False}, {"log_transform": False, "init_L": 20.0},
     {"learn_threshold": False}, {"mlp_depth": 2, "init_L": 20.0}, {"mlp_width": 1, "init_L": 5.0},
 ])
-@pytest.mark.parametrize("q_len,k_len,q_offset", [(100, 100, 0), (7, 100, None), (30, 40, 500), (1, 1, 0)])
-def test_fire_fast_path_equals_formula(kw, q_len, k_len, q_offset):
+@pytest.mark.parametrize("q_len,k_len,q_offset", [(100, 100, 0), (7, 100, None), (30, 40, 500), (1, 1, 0),
+                                              (50, 20, 3)])
+def test_fire_fast_path_equals_formula(kw, q_len, k_len, q_offset, fire_path):
     fire = random_fire(**kw)
     fast = fire.bias(q_len, k_len, q_offset)
     slow = fire.bias_reference(q_len, k_len, q_offset)
     assert torch.allclose(fast, slow, atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # the inference path writes blocks in place with a fused multiply-add
         assert torch.allclose(fire.bias(q_len, k_len, q_offset), slow, atol=1e-5, rtol=1e-5)
+        # the attention mask: the same values, −inf exactly at future keys
+        off = k_len - q_len if q_offset is None else q_offset
+        future = torch.arange(k_len)[None, :] > torch.arange(off, off + q_len)[:, None]
+        masked = fire.masked_bias(q_len, k_len, q_offset)
+        assert torch.isneginf(masked[:, future]).all() and torch.isfinite(masked[:, ~future]).all()
+        assert torch.allclose(masked[:, ~future], slow[:, ~future], atol=1e-5, rtol=1e-5)
 
 
-def test_fire_fast_path_gradients_equal_formula():
-    fire = random_fire(init_L=20.0, normalizer_cap=50.0)
-    g = torch.randn(3, 70, 70)
+@pytest.fixture(params=["compiled", "torch"])
+def fire_path(request, monkeypatch):
+    """Run a FIRE test on the compiled (numba) kernels and on the plain torch path."""
+    if request.param == "torch":
+        monkeypatch.setattr(fire_module, "_ROW_KERNEL", False)
+    elif fire_module._row_kernel() is None:
+        pytest.skip("numba is not installed: the compiled FIRE kernels are off")
+    return request.param
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("kw,q_len,k_len,q_offset", [
+    ({"init_L": 20.0, "normalizer_cap": 50.0}, 70, 70, 0),
+    ({"init_L": 20.0, "init_c": -0.3}, 30, 90, 60),
+    ({"progressive_interpolation": False}, 40, 40, 0),
+    ({"init_L": 80.0, "normalizer_cap": 30.0}, 20, 50, 40),
+])
+def test_fire_fast_path_gradients_equal_formula(fire_path, masked, kw, q_len, k_len, q_offset):
+    fire = random_fire(**kw)
+    g = torch.randn(3, q_len, k_len)
+    future = torch.arange(k_len)[None, :] > torch.arange(q_offset, q_offset + q_len)[:, None]
     grads = []
-    for fn in (fire.bias, fire.bias_reference):
+    for fn in ((fire.masked_bias if masked else fire.bias), fire.bias_reference):
         fire.zero_grad()
-        (fn(70, 70) * g).sum().backward()
-        grads.append([p.grad.clone() for p in fire.parameters()])
-    for a, b in zip(*grads):  # sums over 14,700 pairs: compare relative to the gradient's size
+        b = fn(q_len, k_len, q_offset)
+        if masked:  # the −inf entries carry no gradient; compare on the causal pairs
+            b = b.masked_fill(future, 0.0)
+            g = g.masked_fill(future, 0.0)
+        (b * g).sum().backward()
+        grads.append([None if p.grad is None else p.grad.clone() for p in fire.parameters()])
+    for a, b in zip(*grads):  # sums over thousands of pairs: compare relative to the gradient's size
+        if a is None or b is None:  # a parameter the configuration leaves unused (L without interpolation)
+            assert a is None or not a.any()
+            assert b is None or not b.any()
+            continue
         assert torch.allclose(a, b, atol=1e-5 * b.abs().max().item() + 1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s"])
+def test_masked_bias_is_bias_with_future_masked(name):
+    enc = build_encoding(name, 3, 8)
+    for q_len, k_len, off in [(9, 9, 0), (4, 12, 8), (5, 7, 30)]:
+        future = torch.arange(k_len)[None, :] > torch.arange(off, off + q_len)[:, None]
+        expect = enc.bias(q_len, k_len, off).masked_fill(future, float("-inf"))
+        assert torch.equal(enc.masked_bias(q_len, k_len, off), expect)
 
 
 def test_fire_long_context_memory_is_blocked():

@@ -78,6 +78,60 @@ def test_chunked_bias_backward_equals_math_path(name, monkeypatch):
         assert torch.allclose(fast[n], slow[n], atol=1e-6, rtol=1e-4), n
 
 
+@pytest.mark.parametrize("path", ["compiled", "torch"])
+@pytest.mark.parametrize("Tq,Tk,chunk", [(17, 17, 4), (5, 23, 2), (9, 9, 128)])
+def test_biased_attention_backward_equals_math_path(path, Tq, Tk, chunk, monkeypatch):
+    """The chunked backward (numba-fused softmax gradient, or plain torch ops) against
+    autograd through SDPA's math path, queries the last Tq of Tk positions."""
+    if path == "torch":
+        monkeypatch.setattr(attention_module, "_SOFTMAX_GRAD", False)
+    elif attention_module._softmax_grad_kernel() is None:
+        pytest.skip("numba is not installed: the compiled kernel is off")
+    monkeypatch.setattr(attention_module, "BACKWARD_CHUNK", chunk)
+    torch.manual_seed(0)
+    B, H, D = 3, 2, 8
+    q = torch.randn(B, H, Tq, D, requires_grad=True)
+    k, v = torch.randn(B, H, Tk, D, requires_grad=True), torch.randn(B, H, Tk, D, requires_grad=True)
+    future = torch.arange(Tk)[None, :] > torch.arange(Tk - Tq, Tk)[:, None]
+    mask = torch.randn(H, Tq, Tk).masked_fill(future, float("-inf")).requires_grad_(True)
+    g = torch.randn(B, H, Tq, D)
+    results = []
+    for fn in (attention_module.BiasedAttention.apply,
+               lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)):
+        for t in (q, k, v, mask):
+            t.grad = None
+        out = fn(q, k, v, mask)
+        out.backward(g)
+        results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask)])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["fire", "fire_s", "t5"])
+def test_compiled_kernels_equal_torch_path(name, monkeypatch):
+    """Logits and gradients with the numba kernels equal those of the plain torch path."""
+    import fireviz.encodings.fire as fire_module
+    if fire_module._row_kernel() is None or attention_module._softmax_grad_kernel() is None:
+        pytest.skip("numba is not installed: the compiled kernels are off")
+    model = tiny(name).train()
+    idx = torch.randint(0, 257, (2, 19))
+
+    def run():
+        model.zero_grad()
+        logits = model(idx[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 257), idx[:, 1:].reshape(-1)).backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    fast_logits, fast = run()
+    monkeypatch.setattr(fire_module, "_ROW_KERNEL", False)
+    monkeypatch.setattr(attention_module, "_SOFTMAX_GRAD", False)
+    slow_logits, slow = run()
+    assert torch.allclose(fast_logits, slow_logits, atol=1e-5)
+    assert fast.keys() == slow.keys()
+    for n in slow:
+        assert torch.allclose(fast[n], slow[n], atol=1e-6, rtol=1e-4), n
+
+
 def test_shared_and_per_layer_encodings():
     assert len(tiny("fire").encodings) == 2
     assert len(tiny("fire_s").encodings) == 1

@@ -70,6 +70,16 @@ class PositionEncoding(nn.Module):
         """
         raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no bias()")
 
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``:
+        the additive causal mask attention uses. Subclasses may fuse the two (same values).
+
+        Raises: TypeError for a rotary or NoPE encoding; ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        b = self.bias(q_len, k_len, q_offset)
+        return b.masked_fill(relative_distance(q_len, k_len, q_offset, b.device) < 0, float("-inf"))
+
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [..., T, head_dim]`` at absolute ``positions [T]``. Rotary kinds only.
 
@@ -103,6 +113,18 @@ class ToeplitzBias(PositionEncoding):
         d_max = q_offset + q_len - 1
         table = self.bias_by_distance(torch.arange(d_min, d_max + 1, device=device)).float()  # [H, D]
         # Rows are sliding windows of the reversed table: one copy forward, a strided sum back.
+        return table.flip(-1).unfold(-1, k_len, 1).flip(1)
+
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``.
+
+        The −inf goes into the per-distance table (d < 0), so the mask costs no extra pass
+        over ``[num_heads, q_len, k_len]``; equal to ``bias(...).masked_fill(j > i, −inf)``.
+        Raises: ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        d = torch.arange(q_offset - (k_len - 1), q_offset + q_len, device=self.device)
+        table = self.bias_by_distance(d).float().masked_fill(d < 0, float("-inf"))  # [H, D]
         return table.flip(-1).unfold(-1, k_len, 1).flip(1)
 
     @property

@@ -7,7 +7,14 @@ Long Context Transformers", eq. 3–4 and §3.2:
 
 f_θ an MLP 1 → width → num_heads with ReLU, c and L learned (L = |multiplier · init_L|).
 
-Fast path (exact): rows whose normalizer is shared – queries at i < L, and i >= cap when
+Compiled path (exact; used on CPU for mlp_depth 1 when numba is installed): one kernel
+writes every row: per row the segments of the piecewise-linear f_θ (below) are contiguous
+runs of keys, since x is monotone in |i − j|, so each output entry is one multiply-add; the
+causal mask's −inf is written in the same pass (``masked_bias``), and a second kernel gives
+the gradients of ψ(d), the normalizers and the segment coefficients (float64 sums), from
+which autograd reaches c, L and the MLP. Never a [q, k, width] or [q, k, 2H] intermediate.
+
+Torch path (exact; GPU, mlp_depth 2, or no numba): rows whose normalizer is shared – queries at i < L, and i >= cap when
 a cap is set – form a Toeplitz block, so f_θ runs once per distance and the rows are a
 sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
 scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
@@ -15,6 +22,9 @@ the segment of x, found by ``searchsorted`` — no [q, k, width] intermediate. B
 plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 """
 from __future__ import annotations
+
+import os
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +42,208 @@ def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Te
       (a sliding-window view, then one copy; its backward is a strided sum, not a scatter).
     """
     return table.flip(-1).unfold(-1, k_len, 1).flip(1)
+
+
+# -- optional compiled kernel (numba) for the no-grad path -----------------------------------
+#: The compiled row kernels ``(forward, backward)``: None until first use, False when numba is
+#: unavailable (the torch path is then used; both are exact). ``FIRE_NO_NUMBA=1`` forces torch.
+_ROW_KERNEL = None
+#: numba's fallback threading layer (workqueue) aborts on concurrent parallel launches, so
+#: calls into the kernels are serialised (they are short); shared with fireviz.attention.
+KERNEL_LOCK = threading.Lock()
+
+
+def _build_row_kernel():
+    """Compile (once; numba caches to disk) FIRE's fused row kernels.
+
+    ``fire_rows`` writes ``out[h, r, j] = slope[h, s]·x + intercept[h, s]`` with
+    ``x = psi[r − j + K − 1] / norm[r]``, s its segment, and −inf at j > q_offset + r when
+    ``causal``; ``fire_rows_backward`` returns the float64 gradients of psi, norm, slope and
+    intercept for an upstream gradient ``g [H, Q, K]``.
+    """
+    import numba
+    import numpy as np
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def fire_rows(out, psi, norm, bps, slope, intercept, q_offset, causal):  # pragma: no cover - compiled
+        H, Q, K = out.shape
+        nb = bps.shape[0]
+        neg_inf = np.float32(-np.inf)
+        for r in numba.prange(Q):
+            end = K
+            if causal:
+                end = min(q_offset + r + 1, K)
+            nr = norm[r]
+            xs = np.empty(end, np.float32)
+            s = 0
+            run_start = 0
+            run_seg = -1
+            for j in range(end + 1):
+                if j < end:
+                    x = psi[r - j + K - 1] / nr
+                    xs[j] = x
+                    # segment = searchsorted(bps, x) (left); x is monotone on each side of
+                    # the diagonal, so walking from the previous segment is O(1) amortised
+                    while s < nb and bps[s] < x:
+                        s += 1
+                    while s > 0 and bps[s - 1] >= x:
+                        s -= 1
+                    if s == run_seg:
+                        continue
+                if run_seg >= 0:  # flush the run [run_start, j) of one segment
+                    for h in range(H):
+                        a = slope[h, run_seg]
+                        b = intercept[h, run_seg]
+                        row = out[h, r]
+                        for jj in range(run_start, j):
+                            row[jj] = a * xs[jj] + b
+                run_start = j
+                run_seg = s
+            for h in range(H):
+                row = out[h, r]
+                for jj in range(end, K):
+                    row[jj] = neg_inf
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def fire_rows_backward(g, psi, norm, bps, slope, q_offset, causal, nchunks):  # pragma: no cover - compiled
+        H, Q, K = g.shape
+        S = slope.shape[1]
+        nb = bps.shape[0]
+        p_psi = np.zeros((nchunks, psi.shape[0]))
+        p_slope = np.zeros((nchunks, H, S))
+        p_icpt = np.zeros((nchunks, H, S))
+        d_norm = np.zeros(Q)
+        step = (Q + nchunks - 1) // nchunks
+        for t in numba.prange(nchunks):  # per-chunk partial sums: no two threads share a slot
+            for r in range(t * step, min(Q, (t + 1) * step)):
+                end = K
+                if causal:
+                    end = min(q_offset + r + 1, K)
+                nr = norm[r]
+                s = 0
+                acc = 0.0
+                for j in range(end):
+                    idx = r - j + K - 1
+                    x = psi[idx] / nr
+                    while s < nb and bps[s] < x:
+                        s += 1
+                    while s > 0 and bps[s - 1] >= x:
+                        s -= 1
+                    gx = 0.0
+                    for h in range(H):
+                        gv = g[h, r, j]
+                        p_slope[t, h, s] += gv * x
+                        p_icpt[t, h, s] += gv
+                        gx += gv * slope[h, s]
+                    # x = psi[idx] / norm[r]
+                    p_psi[t, idx] += gx / nr
+                    acc -= gx * x / nr
+                d_norm[r] = acc
+        return p_psi.sum(0), d_norm, p_slope.sum(0), p_icpt.sum(0)
+
+    return fire_rows, fire_rows_backward
+
+
+def _row_kernel():
+    """The compiled kernel, or None when numba is missing/disabled (torch path instead)."""
+    global _ROW_KERNEL
+    if _ROW_KERNEL is None:
+        _ROW_KERNEL = False
+        if os.environ.get("FIRE_NO_NUMBA", "") in ("", "0"):
+            try:
+                _ROW_KERNEL = _build_row_kernel()
+            except ImportError:
+                pass
+    return _ROW_KERNEL or None
+
+
+def _piecewise_eval(x: torch.Tensor, bps: torch.Tensor, slope: torch.Tensor, intercept: torch.Tensor):
+    """``slope[h, s]·x + intercept[h, s]`` with ``s = searchsorted(bps, x)``, no autograd.
+
+    ``x [r, k]`` float32 → ``([H, r, k] float32, s [r, k] int32)``.
+    """
+    with torch.no_grad():
+        H = slope.shape[0]
+        s = torch.searchsorted(bps, x.contiguous(), out_int32=True)
+        # One gather of 2H contiguous floats per pair ([r, k, 2H]) beats H strided gathers.
+        coef = F.embedding(s, torch.cat([slope.t(), intercept.t()], dim=1))
+        a, b = coef[..., :H].permute(2, 0, 1), coef[..., H:].permute(2, 0, 1)
+        return torch.addcmul(b, a, x, out=torch.empty((H, *x.shape), device=x.device, dtype=x.dtype)), s
+
+
+class _PiecewiseLinear(torch.autograd.Function):
+    """``out[h] = slope[h, s]·x + intercept[h, s]``, ``s = searchsorted(bps, x)``, with a
+    compact backward: per-segment sums of g and g·x (one ``scatter_add_`` each)
+    for slope/intercept, and Σ_h g·slope[h, s] for x — no [r, k, 2H] gradient scatter.
+
+    Inputs: x ``[r, k]``, slope/intercept ``[H, S]``, bps ``[S − 1]`` (no gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, x, slope, intercept, bps):
+        out, s = _piecewise_eval(x, bps, slope, intercept)
+        ctx.save_for_backward(x, slope, s)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, slope, s = ctx.saved_tensors
+        H, S = slope.shape
+        g = g.contiguous()
+        idx = s.reshape(-1).long()
+        gs = g.reshape(H, -1)
+        d_slope = d_intercept = d_x = None
+        index = idx[None].expand(H, -1)
+        if ctx.needs_input_grad[1]:
+            gx = (g * x).reshape(H, -1)
+            d_slope = torch.zeros(H, S, dtype=g.dtype, device=g.device).scatter_add_(1, index, gx)
+        if ctx.needs_input_grad[2]:
+            d_intercept = torch.zeros(H, S, dtype=g.dtype, device=g.device).scatter_add_(1, index, gs)
+        if ctx.needs_input_grad[0]:
+            a = F.embedding(s, slope.t().contiguous())  # [r, k, H]
+            d_x = torch.einsum("hrk,rkh->rk", g, a)
+        return d_x, d_slope, d_intercept, None
+
+
+def _numba_threads() -> None:
+    import numba
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+class _FusedRows(torch.autograd.Function):
+    """FIRE's whole bias block from its small inputs through the compiled kernels.
+
+    Inputs: psi_d ``[q_len + k_len − 1]`` (ψ of distances d_min…d_max), norm ``[q_len]``,
+    slope/intercept ``[H, S]``, bps ``[S − 1]`` (no gradient), shape ``(q_len, k_len,
+    q_offset, causal)``. Output float32 ``[H, q_len, k_len]``; gradients flow to the four
+    small inputs (autograd then takes them to c, L and the MLP).
+    """
+
+    @staticmethod
+    def forward(ctx, psi_d, norm, slope, intercept, bps, shape):
+        q_len, k_len, q_offset, causal = shape
+        forward_kernel = _row_kernel()[0]
+        arrays = [t.detach().float().contiguous() for t in (psi_d, norm, bps, slope, intercept)]
+        out = torch.empty(slope.shape[0], q_len, k_len)
+        with KERNEL_LOCK:
+            _numba_threads()
+            forward_kernel(out.numpy(), *(a.numpy() for a in arrays), int(q_offset), bool(causal))
+        ctx.save_for_backward(*arrays[:4])
+        ctx.shape = shape
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        psi_d, norm, bps, slope = ctx.saved_tensors
+        q_len, k_len, q_offset, causal = ctx.shape
+        nchunks = 4 * torch.get_num_threads()
+        g = g.float().contiguous()
+        with KERNEL_LOCK:
+            _numba_threads()
+            grads = _row_kernel()[1](g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
+                                     int(q_offset), bool(causal), nchunks)
+        d_psi, d_norm, d_slope, d_icpt = (torch.from_numpy(a).float() for a in grads)
+        return d_psi, d_norm, d_slope, d_icpt, None, None
 
 
 class FIRE(PositionEncoding):
@@ -148,9 +360,11 @@ class FIRE(PositionEncoding):
         w_live, b_live = w[nonzero], b[nonzero]
         active = torch.where(w_live[None, :] > 0, rank[None, :] < seg, rank[None, :] >= seg).float()  # [S, K]
         W2_live = W2[:, nonzero]  # [H, K]
-        slope = (W2_live * w_live) @ active.T  # [H, S]
-        const = b2 + W2[:, ~nonzero] @ torch.relu(b[~nonzero])
-        intercept = (W2_live * b_live) @ active.T + const[:, None]
+        # [H, S, K] products summed, not ``@``: these matrices are tiny and a threaded GEMM
+        # call costs more than the arithmetic on a busy machine.
+        slope = ((W2_live * w_live)[:, None, :] * active).sum(-1)  # [H, S]
+        const = b2 + (W2[:, ~nonzero] * torch.relu(b[~nonzero])).sum(-1)
+        intercept = ((W2_live * b_live)[:, None, :] * active).sum(-1) + const[:, None]
         return bps, slope, intercept
 
     def _rows_general(self, x: torch.Tensor, pieces=None) -> torch.Tensor:
@@ -161,23 +375,57 @@ class FIRE(PositionEncoding):
         if self.mlp_depth != 1:
             return self.mlp_forward(x)
         bps, slope, intercept = pieces if pieces is not None else self.piecewise_linear()
-        H = slope.shape[0]
-        s = torch.searchsorted(bps, x.detach().contiguous(), out_int32=True)
-        # One gather of 2H contiguous floats per pair ([r, k, 2H]) beats H strided gathers.
-        coef = F.embedding(s, torch.cat([slope.t(), intercept.t()], dim=1))
-        a, b = coef[..., :H].permute(2, 0, 1), coef[..., H:].permute(2, 0, 1)
-        if torch.is_grad_enabled() and (x.requires_grad or slope.requires_grad):
-            return b + a * x
-        return torch.addcmul(b, a, x, out=torch.empty((H, *x.shape), device=x.device))
+        if torch.is_grad_enabled() and (x.requires_grad or slope.requires_grad or intercept.requires_grad):
+            return _PiecewiseLinear.apply(x, slope, intercept, bps)
+        return _piecewise_eval(x, bps, slope, intercept)[0]
+
+    def _needs_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+
+    def _fused(self, q_len: int, k_len: int, q_offset: int, causal: bool) -> torch.Tensor | None:
+        """The compiled path: every row in one kernel pass (and one for the backward), or None
+        where it does not apply (mlp_depth 2, not on CPU, numba missing)."""
+        if self.mlp_depth != 1 or self.c.device.type != "cpu" or _row_kernel() is None:
+            return None
+        psi_d = self.psi(torch.arange(q_offset - k_len + 1, q_offset + q_len))
+        if self.progressive_interpolation:
+            norm = self.normalizer(torch.arange(q_offset, q_offset + q_len))
+        else:
+            norm = torch.ones(q_len)
+        bps, slope, intercept = self.piecewise_linear()
+        return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal))
+
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+        """``bias`` with −inf at future keys (j > i): float32 ``[num_heads, q_len, k_len]``,
+        queries at absolute positions q_offset… (tokens); the additive causal mask.
+
+        With the compiled kernels one pass writes bias and −inf together (and future keys
+        cost no MLP work); otherwise the torch-path bias is masked (in place without
+        autograd). Same values either way; differentiable in c, L and the MLP.
+        Raises: ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        fused = self._fused(q_len, k_len, q_offset, causal=True)
+        if fused is not None:
+            return fused
+        b = self.bias(q_len, k_len, q_offset)
+        future = relative_distance(q_len, k_len, q_offset, b.device) < 0
+        if b.requires_grad:
+            return b.masked_fill(future, float("-inf"))
+        return b.masked_fill_(future, float("-inf"))  # bias() returned a fresh tensor
 
     def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
         """FIRE logits, float32 ``[num_heads, q_len, k_len]``; queries at q_offset… (tokens).
 
-        Exact to the plain formula; peak extra memory about the output size (rows outside
-        the Toeplitz blocks go ``BIAS_QUERY_BLOCK`` at a time).
+        Exact to the plain formula (compiled kernels when available, see the module doc);
+        peak extra memory about the output size (on the torch path, rows outside the
+        Toeplitz blocks go ``BIAS_QUERY_BLOCK`` at a time).
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        fused = self._fused(q_len, k_len, q_offset, causal=False)
+        if fused is not None:
+            return fused
         dev = self.c.device
         d_min = q_offset - k_len + 1
         psi_d = self.psi(torch.arange(d_min, q_offset + q_len, device=dev))  # [q_len + k_len - 1]
@@ -196,7 +444,7 @@ class FIRE(PositionEncoding):
             n_low, n_high = q_len, 0  # cap <= L: one normalizer for every row
         # Without autograd each block is written straight into the output (peak ≈ output +
         # one block); with autograd the blocks are concatenated.
-        direct = not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()))
+        direct = not self._needs_grad()
         out = torch.empty(self.num_heads, q_len, k_len, device=dev) if direct else None
         pieces = []
 
