@@ -14,9 +14,9 @@ causal mask's −inf is written in the same pass (``masked_bias``), and a second
 the gradients of ψ(d), the normalizers and the segment coefficients (float64 sums), from
 which autograd reaches c, L and the MLP. Never a [q, k, width] or [q, k, 2H] intermediate.
 
-Torch path (exact; GPU, mlp_depth 2, or no numba): rows whose normalizer is shared – queries at i < L, and i >= cap when
-a cap is set – form a Toeplitz block, so f_θ runs once per distance and the rows are a
-sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
+Torch path (exact; GPU, mlp_depth 2, no numba, or ``FIRE_NO_NUMBA=1``): rows whose
+normalizer is shared – queries at i < L, and i >= cap when a cap is set – form a Toeplitz
+block, so f_θ runs once per distance and the rows are a sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
 scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
 the segment of x, found by ``searchsorted`` — no [q, k, width] intermediate. Both equal the
 plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
