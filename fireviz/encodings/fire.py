@@ -51,6 +51,8 @@ _ROW_KERNEL = None
 #: numba's fallback threading layer (workqueue) aborts on concurrent parallel launches, so
 #: calls into the kernels are serialised (they are short); shared with fireviz.attention.
 KERNEL_LOCK = threading.Lock()
+#: query-row chunks of the compiled backward (partial sums per chunk); fixed, not per thread
+BACKWARD_CHUNKS = 16
 
 
 def _build_row_kernel():
@@ -139,7 +141,7 @@ def _build_row_kernel():
                     p_psi[t, idx] += gx / nr
                     acc -= gx * x / nr
                 d_norm[r] = acc
-        return p_psi.sum(0), d_norm, p_slope.sum(0), p_icpt.sum(0)
+        return p_psi, d_norm, p_slope, p_icpt  # partial sums: reduced by the caller, in order
 
     return fire_rows, fire_rows_backward
 
@@ -236,13 +238,17 @@ class _FusedRows(torch.autograd.Function):
     def backward(ctx, g):
         psi_d, norm, bps, slope = ctx.saved_tensors
         q_len, k_len, q_offset, causal = ctx.shape
-        nchunks = 4 * torch.get_num_threads()
         g = g.float().contiguous()
         with KERNEL_LOCK:
             _numba_threads()
-            grads = _row_kernel()[1](g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
-                                     int(q_offset), bool(causal), nchunks)
-        d_psi, d_norm, d_slope, d_icpt = (torch.from_numpy(a).float() for a in grads)
+            p_psi, d_norm, p_slope, p_icpt = _row_kernel()[1](
+                g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
+                int(q_offset), bool(causal), BACKWARD_CHUNKS)
+        # A fixed chunk count and a sequential reduction here (not numba's parallel one, whose
+        # order follows thread scheduling) make the gradient bit-identical run to run and for
+        # any thread count: exact resume depends on it.
+        d_psi, d_slope, d_icpt = (torch.from_numpy(a).sum(0).float() for a in (p_psi, p_slope, p_icpt))
+        d_norm = torch.from_numpy(d_norm).float()
         return d_psi, d_norm, d_slope, d_icpt, None, None
 
 
