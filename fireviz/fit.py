@@ -51,6 +51,7 @@ import torch
 from .encodings import ALiBi, FIRE, KerpleLog, KerplePower, Sandwich, T5RelativeBias
 from .encodings.base import ToeplitzBias
 from .encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX
+from .files import atomic_write, write_json_atomic
 from .model import CheckpointError
 
 #: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
@@ -449,7 +450,7 @@ def save_fitted_fire(module: FIRE, path: str | Path, extra: dict | None = None) 
     meta = {FIRE_OPTIONS_KEY: json.dumps(fire_options(module))}
     if extra:
         meta["fireviz.fit"] = json.dumps(_json_safe(extra))
-    save_file(state, str(path), metadata=meta)
+    atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
     return path
 
 
@@ -926,6 +927,11 @@ def main(argv: list[str] | None = None) -> int:
         a = parser.parse_args(argv)
     except SystemExit as e:  # argparse already printed usage + the error
         return int(e.code or 0)
+    for flag, out in (("--out", a.out), ("--save-module", a.save_module)):
+        if out and Path(out).is_dir():  # refuse before computing, not after
+            print(f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / 'fit.json'}",
+                  file=sys.stderr)
+            return 2
     try:
         target = _target_from_args(a)
         last = [0.0]
@@ -948,8 +954,12 @@ def main(argv: list[str] | None = None) -> int:
                f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
                f"{result.seconds:.2f} s")
     print(summary)
-    if a.out:
-        Path(a.out).write_text(json.dumps(result.to_dict(curves=not a.no_curves)))
-    if a.save_module:
-        result.save(a.save_module)
+    try:  # atomic writes create missing parent folders; nothing half-written is left behind
+        if a.out:
+            write_json_atomic(a.out, _json_safe(result.to_dict(curves=not a.no_curves)))
+        if a.save_module:
+            result.save(a.save_module)
+    except OSError as e:
+        print(f"fireviz fit: error: cannot write the result: {e}", file=sys.stderr)
+        return 2
     return 0

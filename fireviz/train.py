@@ -140,7 +140,8 @@ class TrainConfig:
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
         if self.warmup_steps > self.max_steps:
-            raise TrainingError(f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}")
+            raise TrainingError(f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}; "
+                                f"also pass --set train.warmup_steps=N with N <= {self.max_steps}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must lie in [0, 1) (got {getattr(self, name)})")

@@ -357,3 +357,13 @@ def test_python_dash_m_fireviz_fit(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "fireviz", "fit", "--target", "kerple_log", "--max-len", "32",
                           "--r2", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "r2 > 0" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_output_paths(tmp_path, capsys):
+    from fireviz.fit import main as fit_main
+    args = ["--target", "alibi", "--max-len", "16", "--heads", "2", "--steps", "1", "--quiet"]
+    assert fit_main(args + ["--out", str(tmp_path)]) == 2  # a folder is refused before fitting
+    assert "is a folder" in capsys.readouterr().err
+    out, module = tmp_path / "new" / "fit.json", tmp_path / "new2" / "fit.safetensors"
+    assert fit_main(args + ["--out", str(out), "--save-module", str(module)]) == 0  # parents created
+    assert json.loads(out.read_text())["target"] == "alibi" and module.stat().st_size > 0
