@@ -38,12 +38,15 @@ def home() -> None:
     if not found:
         ui.no_checkpoints_message()
     else:
-        st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths are in tokens (= bytes); "
-                   "bpb = bits per byte, val loss in nats per token.")
         rows = [i.summary_row() for i in found]
-        st.dataframe(rows, hide_index=True, key="home_table",
-                     column_config={"parameters": st.column_config.NumberColumn(format="localized"),
-                                    "training tokens": st.column_config.NumberColumn(format="compact")})
+        cols = {c for r in rows for c in r}
+        units = ["bpb = bits per byte"] if any(c.startswith("bpb") for c in cols) else []
+        units += ["val loss = last validation loss in the training log, nats per token (÷ ln 2 = bits per byte)"] \
+            if any(c.startswith("val loss") for c in cols) else []
+        st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
+                   + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
+                   + ".")
+        st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows))
         ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
     st.subheader("Where next")

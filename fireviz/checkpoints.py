@@ -79,13 +79,28 @@ class CheckpointInfo:
         return f"{self.name} ({self.position_encoding})"
 
     def summary_row(self) -> dict:
-        """One row for the checkpoint table: name, encoding, parameters, tokens, length, data, headline."""
+        """One row for the checkpoint table: name, encoding, parameters, tokens, progress
+        (see :func:`training_progress`), length, data, headline."""
         row = {"checkpoint": self.name, "encoding": self.position_encoding,
                "parameters": self.num_parameters, "training tokens": self.training_tokens,
-               "training length": self.seq_len, "data": self.data}
+               "progress": training_progress(self.training), "training length": self.seq_len, "data": self.data}
         row.update({k: v for k, v in self.headline.items() if k != "source"})
         row["numbers from"] = self.headline.get("source", "")
         return row
+
+
+def training_progress(training: dict) -> str:
+    """``"step N / max_steps"`` from the ``training`` provenance dict (``steps`` and
+    ``settings.max_steps``), with ``" (interim)"`` when N < max_steps; ``"step N"`` when the
+    planned total is unknown; "" when neither is recorded."""
+    steps = training.get("steps")
+    settings = training.get("settings") if isinstance(training.get("settings"), dict) else {}
+    total = settings.get("max_steps", training.get("max_steps"))
+    if not isinstance(steps, (int, float)):
+        return ""
+    if not isinstance(total, (int, float)) or total <= 0:
+        return f"step {int(steps)}"
+    return f"step {int(steps)} / {int(total)}" + (" (interim)" if steps < total else "")
 
 
 def checkpoints_root() -> Path:
@@ -137,17 +152,25 @@ def count_parameters(weights: str | os.PathLike) -> int:
     """Parameters stored in a safetensors file, from its header alone (no tensor is read).
 
     Tied weights are stored once in safetensors, so they are counted once.
-    Raises: CheckpointError if the header is unreadable.
+    Raises: CheckpointError if the header is unreadable or the file is shorter than the
+      header says (a truncated copy or download).
     """
     try:
+        size = os.path.getsize(weights)
         with open(weights, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > 100_000_000:
                 raise ValueError(f"header length {n} is implausible")
             header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        raise CheckpointError(f"{weights} is not a readable safetensors file ({e})") from e
-    return int(sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__"))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as e:
+        raise CheckpointError(f"{weights} is not a readable safetensors file ({e}); copy, download or "
+                              "train the checkpoint again") from e
+    if 8 + n + end > size:
+        raise CheckpointError(f"{weights} is truncated ({size:,} bytes; its header needs {8 + n + end:,}); copy, "
+                              "download or train the checkpoint again")
+    return int(sum(math.prod(v["shape"]) for v in tensors.values()))
 
 
 def read_train_log(path: str | os.PathLike) -> list[dict]:

@@ -349,6 +349,21 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
     return " · ".join(parts)
 
 
+def _log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
+    """Tick values for a log axis over [lo, hi] (> 0): powers of ten, or 1-2-5 / 1-2-3-5-7
+    / every digit steps when the range is too short for ``min_ticks`` coarser ticks."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
+        return []
+    lo, hi = min(lo, hi) / 1.05, max(lo, hi) * 1.05
+    ticks: list[float] = []
+    for mantissas in ((1,), (1, 2, 5), (1, 2, 3, 5, 7), tuple(range(1, 10))):
+        ticks = [float(f"{m}e{e}") for e in range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+                 for m in mantissas if lo <= m * 10.0 ** e <= hi]
+        if len(ticks) >= min_ticks:
+            break
+    return ticks if len(ticks) >= 2 else []
+
+
 def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, log_x: bool = True) -> go.Figure:
     """Perplexity vs evaluation length: log y, one line per checkpoint (or group of seeds).
 
@@ -357,7 +372,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     Returns: Figure; x = evaluation length (tokens), y = perplexity (exp of mean nats/token),
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
-      on a log x-axis the ticks are the evaluated lengths. Lengths reported as errors are skipped. Trace
+      on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at powers of ten (or
+      1-2-5 steps on a short range) only. Lengths reported as errors are skipped. Trace
       meta ``{"group", "n"}``; error bars in ``error_y.array``.
     Raises: ValueError as ``group_perplexity``, or for an empty list.
     """
@@ -380,6 +396,10 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     for t in trains:
         _mark_length(fig, t, text=f"train {t}")
     fig.update_yaxes(type="log")
+    ys = [r["perplexity"] + sign * (r["perplexity_std"] or 0.0) for r in rows for sign in (-1, 1)]
+    yticks = _log_ticks(min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0, max(ys))
+    if yticks:  # label only these (plotly's own log ticks label every minor digit on a short range)
+        fig.update_yaxes(tickvals=yticks, ticktext=[f"{v:g}" for v in yticks])
     if log_x:
         lengths = sorted({r["length"] for r in rows})
         fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
@@ -436,7 +456,7 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
 
     Accepts (``fireviz.fit.FitResult.to_dict()`` or any dict with): ``distance`` [D] (tokens),
     ``target`` and ``fitted`` as [D] (one head) or [heads, D] (logits), ``max_len`` (tokens;
-    distances 0 … max_len were fitted, beyond is extrapolation), optional ``residual``
+    distances 0 … max_len − 1 were fitted, beyond is extrapolation), optional ``residual``
     (same shape; default target − fitted), optional ``name``/``target_name``.
     Returns: two-row Figure: top target (solid) and fitted (dashed) vs distance, bottom
       residual; a shaded shape named ``"fitted range"`` over [0, max_len] in both rows.
@@ -466,13 +486,13 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
     for row in (1, 2):
         fig.add_vrect(x0=0, x1=max_len, fillcolor="gray", opacity=0.12, line_width=0, name=FIT_RANGE_MARK,
                       row=row, col=1, exclude_empty_subplots=False,
-                      label=dict(text=f"fitted 0–{max_len:g}" if row == 1 else "", textposition="top left",
+                      label=dict(text=f"fitted 0–{max_len - 1:g}" if row == 1 else "", textposition="top left",
                                  font=dict(size=9)))
     fig.update_xaxes(title_text="distance i − j (tokens)", row=2, col=1)
     fig.update_yaxes(title_text="bias (logits)", row=1, col=1)
     fig.update_yaxes(title_text="residual (logits)", row=2, col=1)
     fig.update_layout(title=dict(text=f"{fit.get('name', 'fit')}: head {head}",
-                                 subtitle=dict(text=f"fitted on distances 0–{max_len:g} tokens; beyond is extrapolation")),
+                                 subtitle=dict(text=f"fitted on distances 0–{max_len - 1:g} tokens; beyond is extrapolation")),
                       meta={"max_len": max_len, "head": head})
     return fig
 

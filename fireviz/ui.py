@@ -245,6 +245,122 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     return " · ".join(parts)
 
 
+def checkpoint_table_config(rows: Sequence[dict]) -> dict:
+    """``st.dataframe`` column_config for the Home table of ``CheckpointInfo.summary_row()``s:
+    headline columns labelled with what they are (quantity, length in tokens, data), e.g.
+    ``"bpb @32 (prose)"``; the underlying column names stay as in the rows."""
+    cfg: dict = {"parameters": st.column_config.NumberColumn(format="localized"),
+                 "training tokens": st.column_config.NumberColumn(format="compact"),
+                 "progress": st.column_config.TextColumn(
+                     help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
+                          "interim = a checkpoint of a run that has not finished")}
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+
+    def common(col: str, field: str):
+        vals = {r.get(field) for r in rows if r.get(col) is not None}
+        return vals.pop() if len(vals) == 1 else None
+
+    for col in cols:
+        if col.startswith("bpb @ "):
+            n = col.removeprefix("bpb @ ")
+            prose = all("prose" in str(r.get("numbers from", "")) for r in rows if r.get(col) is not None)
+            cfg[col] = st.column_config.NumberColumn(
+                f"bpb @{n}" + (" (prose)" if prose else ""), format="%.3f",
+                help=f"bits per byte at {n}-token windows, from the checkpoint's results JSON")
+        elif col.startswith("val loss"):
+            L, data = common(col, "training length"), common(col, "data")
+            four = "4L" in col
+            at = f" @{4 * L if four else L}" if L else (" @4L" if four else " @L")
+            cfg[col] = st.column_config.NumberColumn(
+                f"val loss{at}" + (f" ({data})" if data else ""), format="%.3f",
+                help="last validation loss in train_log.jsonl, nats per token (÷ ln 2 = bits per byte)"
+                     + (" at 4× the training length" if "4L" in col else " at the training length"))
+    return cfg
+
+
+def format_params(params: dict) -> str:
+    """A target's parameters as readable text: ``"slopes 0.25, 0.0625 · seed 0"``; None
+    values are left out, a ``path`` is shown as its folder name ("checkpoint alibi"),
+    numbers with 3 significant digits."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}"
+        if isinstance(v, (list, tuple)):
+            return ", ".join(fmt(x) for x in v)
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {fmt(x)}" for k, x in v.items())
+        return str(v)
+
+    parts = []
+    for k, v in params.items():
+        if v is None:
+            continue
+        parts.append(f"checkpoint {Path(str(v)).name}" if k == "path" else f"{k.replace('_', ' ')} {fmt(v)}")
+    return " · ".join(parts)
+
+
+def percent(x: float | None) -> str:
+    """A fraction as a short percentage: 0.0123 → "1.23%", 0.8034 → "80.3%", below 0.01 % →
+    "< 0.01%"; None/NaN → "—"."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    v = 100 * x
+    if abs(v) < 0.01:
+        return "0%" if v == 0 else "< 0.01%"
+    return f"{v:.3g}%"
+
+
+def locality_rules_text(rules: dict) -> str:
+    """``fireviz.analysis.LOCALITY_RULES`` as one readable sentence."""
+    rho, peak, flat = rules.get("rank_correlation"), rules.get("peak_fraction"), rules.get("flat_range")
+    return (f"local = ρ ≤ −{rho:g} and peak_fraction ≤ {peak:g}; anti-local = ρ ≥ +{rho:g} and peak_fraction ≥ "
+            f"{peak:g}; mixed = anything else, or a curve flatter than {flat:g} logits; "
+            f"ρ over {rules.get('log_samples')} log-spaced distances")
+
+
+def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
+    """The rows of ``fireviz.analysis.locality_summary`` for display: shares as percentages,
+    and for rotary/NoPE checkpoints (no additive bias) "—" in the locality columns with a
+    note saying what they have instead."""
+    out = []
+    for r in summary:
+        additive = r.get("kind") == "additive"
+        row = {k: v for k, v in r.items()}
+        for k in ("share_local", "share_anti_local"):
+            row[k] = percent(r.get(k)) if additive else "—"
+        row["classify_at"] = str(r.get("classify_at")) if additive and r.get("classify_at") is not None else "—"
+        if not additive:
+            for k in ("heads", "n_local", "n_anti_local", "n_mixed"):
+                row[k] = "—"
+        row["note"] = "" if additive else (
+            "rotary: a position kernel, not a bias"
+            if r.get("kind") == "rotary" else "no position encoding: no bias to classify")
+        out.append(row)
+    return out
+
+
+def perplexity_table(rows: Sequence[dict]) -> list[dict]:
+    """``fireviz.plots.group_perplexity`` rows with ``bits_per_byte`` (nats per token / ln 2;
+    tokens are bytes) next to the perplexity."""
+    out = []
+    for r in rows:
+        row = {}
+        for k, v in r.items():
+            row[k] = v
+            if k == "perplexity_std":
+                row["bits_per_byte"] = r["nats_per_token"] / math.log(2) if r.get("nats_per_token") is not None else None
+        out.append(row)
+    return out
+
+
+def job_error_text(error: str | None) -> tuple[str, bool]:
+    """A background job's error text without the ``"CheckpointError: "`` prefix, and whether
+    it was a CheckpointError (whose message already names the problem and the fix)."""
+    text = str(error or "")
+    prefix = f"{CheckpointError.__name__}: "
+    return (text[len(prefix):], True) if text.startswith(prefix) else (text, False)
+
+
 def human_count(n: float | int | None) -> str:
     """12_300_000 → "12.3M" (k, M, B); None → "—"."""
     if n is None:

@@ -14,7 +14,7 @@ st.markdown("Bias b(i, j) in logits (added to q·k/√d) against the distance i 
             "grows; T5, ALiBi, Kerple and Sandwich do not. A head is **local** when its bias falls with distance, "
             "**anti-local** when it rises.")
 
-chosen = ui.checkpoint_picker(P, multi=True, max_selections=2, label="Checkpoints (one, or two side by side)")
+chosen = ui.checkpoint_picker(P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)")
 if not chosen:
     st.stop()
 
@@ -47,15 +47,18 @@ if text:
         st.stop()
 
 reports = []
-cols = st.columns(len(chosen))
+# one-head plots side by side; layer × head grids need the full width, so they are stacked
+cols = st.columns(len(chosen)) if view == "head" else [st.container() for _ in chosen]
 for col, info in zip(cols, chosen):
     with col:
         st.markdown(ui.checkpoint_caption(info))
         try:
             rep = ui.bias_report(info, positions)
-        except (ValueError, ui.CheckpointError) as e:
-            ui.error(f"Cannot compute the biases of {info.name}: {e}",
-                     "Pick other query positions, or check the checkpoint folder.")
+        except ui.CheckpointError as e:  # its message names the problem and the fix
+            ui.error(f"Cannot compute the biases of {info.name}: {e}")
+            continue
+        except ValueError as e:
+            ui.error(f"Cannot compute the biases of {info.name}: {e}", "Pick other query positions.")
             continue
         reports.append(rep)
         caption = (f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens; training length "
@@ -92,11 +95,16 @@ if reports:
     st.subheader("Locality per head")
     summary = analysis.locality_summary(reports)
     table = analysis.locality_table(reports)
-    st.dataframe(summary, hide_index=True, key=ui.key(P, "summary"))
+    st.dataframe(ui.locality_summary_rows(summary), hide_index=True, key=ui.key(P, "summary"))
+    additive = [r for r in reports if r.get("kind") == "additive"]
+    if len(additive) < len(reports):
+        st.caption("Rotary (RoPE) checkpoints have a position kernel, not an additive bias, and NoPE has neither: "
+                   "their rows show —.")
     if table:
-        st.caption(f"Classified at query position i = {reports[0].get('classify_at')} tokens (the training length's last "
-                   f"query by default). Rules: {analysis.LOCALITY_RULES}. ρ = Spearman correlation of bias with "
-                   "log-spaced distance; peak_fraction 0 = prefers the nearest key, 1 = the farthest.")
+        st.caption(f"Classified at query position i = {additive[0].get('classify_at')} tokens (the training length's "
+                   f"last query by default). Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
+                   "ρ = Spearman correlation of bias with distance; peak_fraction 0 = prefers the nearest key, "
+                   "1 = the farthest.")
         st.dataframe(table, hide_index=True, key=ui.key(P, "table"))
         ui.downloads(P, "locality", ui.rows_to_csv(table), {"summary": summary, "heads": table})
     else:

@@ -5,6 +5,7 @@ and ``fireviz.plots.fit_figure``. State in the URL: target, heads, width, max_le
 and the target's parameters.
 """
 import tempfile
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -79,6 +80,7 @@ with left:
 q = jobs.default_queue("fit")
 job_key = st.session_state.get(ui.key(P, "job"))
 if go:
+    clicked = time.time()
     try:
         job = jobs.submit_fit(target, params, int(max_len), None if target == "checkpoint" else int(num_heads),
                               int(width), int(steps), int(seed))
@@ -87,11 +89,14 @@ if go:
             ui.error(f"Cannot fit this target: {e}", "Change the parameter named above.")
         st.stop()
     st.session_state[ui.key(P, "job")] = job_key = job.key
+    # the same fit finished earlier in this process: its result is reused, not recomputed
+    st.session_state[ui.key(P, "cached")] = job.status == jobs.DONE and (job.finished or clicked) < clicked
 
 job = q.get(job_key) if job_key else None
 with right:
     if job is None:
-        st.info("Pick a target and press **Fit**. A fit of 200 steps at max_len 128 takes a few seconds on a CPU.")
+        st.info(f"Pick a target and press **Fit**: {int(steps)} optimisation steps on distances 0–{int(max_len) - 1} "
+                "tokens, run in the background with a progress bar (you can stop it early).")
         st.stop()
     snap = job.snapshot()
     if snap["status"] not in jobs.FINISHED:
@@ -108,10 +113,15 @@ with right:
     if res.stopped:
         st.warning(f"Stopped after {res.steps_run} of {res.steps} steps: the best parameters so far are shown.")
     m = st.columns(4)
-    m[0].metric("relative RMSE, fitted range", f"{res.relative_rmse:.3g}")
-    m[1].metric("max |error|, fitted range", f"{res.max_abs_error:.3g} logits")
-    m[2].metric(f"relative RMSE, queries to {fit.BEYOND_FACTOR}× range", f"{res.relative_rmse_beyond:.3g}")
-    m[3].metric("fit time", f"{res.seconds:.1f} s")
+    cached = st.session_state.get(ui.key(P, "cached")) or getattr(res, "cached", False)
+    m[0].metric("relative RMSE", ui.percent(res.relative_rmse),
+                help=f"RMSE / std of the target over all pairs 0 ≤ j ≤ i < {res.max_len} (the fitted range): "
+                     f"{100 * res.relative_rmse:.3g}%")
+    m[1].metric("max |error| (logits)", f"{res.max_abs_error:.2g}", help=f"largest error over the fitted range: {res.max_abs_error:.3g} logits")
+    m[2].metric(f"rel. RMSE to {fit.BEYOND_FACTOR}×", ui.percent(res.relative_rmse_beyond),
+                help=f"relative RMSE over queries {res.max_len} ≤ i < {fit.BEYOND_FACTOR * res.max_len} (extrapolation)")
+    m[3].metric("fit time", "cached" if cached else f"{res.seconds:.1f} s",
+                help="the result of the same fit earlier in this session's server" if cached else None)
     heads = list(range(res.target.num_heads))
     h = st.selectbox("Head", heads, key=ui.url_state(P, "head", 0, int, options=heads))
     ui.sync_url(P, ["head"])
@@ -120,8 +130,9 @@ with right:
     beyond = {**d["beyond"], "max_len": res.max_len, "name": f"{name} · query i = {res.beyond_query}",
               "target_name": res.target.name}
     tab_in, tab_out = st.tabs(["Inside the fitted range", f"Beyond: query at {fit.BEYOND_FACTOR}× the range"])
-    caption = (f"Target {res.target.name} {res.target.params}; fitted on all pairs 0 ≤ j ≤ i < {res.max_len} tokens, "
-               f"{res.steps_run} steps, seed {res.seed}. Residual = target − FIRE (logits).")
+    caption = (f"Target {LABELS[res.target.name]} ({ui.format_params(res.target.params)}); fitted on all pairs "
+               f"0 ≤ j ≤ i < {res.max_len} tokens (distances 0–{res.max_len - 1}), {res.steps_run} steps, seed "
+               f"{res.seed}. Residual = target − FIRE (logits).")
     with tab_in:
         fig_in = plots.fit_figure(inside, head=h)
         ui.show_figure(fig_in, caption + " Inside the range FIRE depends on i − j only.", P, "fit_inside")

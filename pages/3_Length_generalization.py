@@ -41,7 +41,8 @@ if domain == "upload":
 
 train_lens = sorted({i.seq_len for i in chosen})
 options = sorted({2 ** k for k in range(4, 17)} | set(train_lens))
-default_lens = [n for n in options if train_lens[0] // 2 <= n <= 8 * train_lens[0]]
+# half the shortest to 8× the longest training length: every checkpoint is shown extrapolating
+default_lens = [n for n in options if train_lens[0] // 2 <= n <= 8 * train_lens[-1]]
 lengths = sb.multiselect("Evaluation lengths (tokens)", options,
                          key=ui.url_state(P, "len", default_lens, int, options=options, multi=True))
 mode = sb.radio("Mode", list(evaluate.MODES), key=ui.url_state(P, "mode", "nonoverlapping", options=list(evaluate.MODES)),
@@ -81,8 +82,8 @@ for paths, s, suffix in specs:
         job = jobs.find_evaluation(paths, data, lengths, s)
         if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
             job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix)
-    except ui.CheckpointError as e:
-        ui.error(f"Cannot read a checkpoint: {e}", "Check the checkpoint folder, or pick another checkpoint.")
+    except ui.CheckpointError as e:  # its message names the problem and the fix
+        ui.error(f"Cannot read a checkpoint: {e}")
         st.stop()
     if job is None:  # never run in this process: look in the on-disk cache without computing
         job = jobs.find_evaluation(paths, data, lengths, s, probe=True) or \
@@ -92,7 +93,11 @@ for paths, s, suffix in specs:
     if job.status not in jobs.FINISHED:
         pending.append(job)
     if job.status == jobs.ERROR:
-        ui.error(f"The evaluation failed: {job.error}", "Change the settings (lengths, stride, data) and run again.")
+        text, bad_checkpoint = ui.job_error_text(job.error)
+        if bad_checkpoint:
+            ui.error(f"Cannot evaluate: {text}")
+        else:
+            ui.error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
     elif job.status == jobs.CANCELLED and job.result is None and job.description.get("probe") is None:
         st.warning("The evaluation was cancelled; lengths it finished are cached. Press **Run** to go on.")
     elif job.status == jobs.DONE:
@@ -115,8 +120,12 @@ caption = ui.eval_caption(clean)
 fig = plots.perplexity_figure(clean)
 ui.show_figure(fig, caption, P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), clean)
-table = plots.group_perplexity(clean)
-st.dataframe(table, hide_index=True, key=ui.key(P, "table"))
+table = ui.perplexity_table(plots.group_perplexity(clean))
+st.dataframe(table, hide_index=True, key=ui.key(P, "table"),
+             column_config={"length": st.column_config.NumberColumn("length (tokens)"),
+                            "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
+                            "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
+                            "perplexity": st.column_config.NumberColumn(format="%.3f")})
 
 st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})

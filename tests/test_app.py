@@ -74,9 +74,31 @@ def test_home_lists_checkpoints_with_headline_numbers(app_env):
     alibi = df[df["checkpoint"] == "alibi"].iloc[0]  # no results JSON: last val_loss of the log
     last = [r for r in checkpoints.read_train_log(app_env / "alibi") if "val_loss" in r][-1]
     assert alibi["val loss (nats/token)"] == pytest.approx(last["val_loss"], abs=1e-4)
+    assert fire["progress"] == "step 20"  # config training.steps; no max_steps recorded
+    assert any("bpb = bits per byte" in c.value for c in at.caption)
     at.switch_page("pages/4_Training_runs.py").run()  # the navigation reaches every page
     no_exception(at)
     assert figures(at)
+
+
+def test_truncated_checkpoint_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    from conftest import make_tiny_checkpoint
+
+    good = make_tiny_checkpoint(tmp_path / "root" / "good", "alibi")
+    bad = make_tiny_checkpoint(tmp_path / "root" / "bad", "fire")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["training"]["settings"] = {"max_steps": 100}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    assert checkpoints.read_checkpoint(bad).summary_row()["progress"] == "step 20 / 100 (interim)"
+    w = bad / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
+    infos, problems = checkpoints.scan_checkpoints(tmp_path / "root")
+    assert [i.name for i in infos] == [good.name] and "truncated" in problems[str(bad)]
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(tmp_path / "root"))
+    at = page("app.py").run()
+    no_exception(at)
+    assert list(at.dataframe[0].value["checkpoint"]) == ["good"]
+    assert any("bad" in w.value and "truncated" in w.value for w in at.warning)
 
 
 def test_home_without_checkpoints_says_how_to_make_one(tmp_path, monkeypatch):
@@ -134,6 +156,20 @@ def test_biases_bad_query_positions_is_a_clear_error(app_env):
     assert any("abc" in e.value and "comma-separated" in e.value for e in at.error)
 
 
+def test_rotary_first_then_additive_summary_and_caption(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt=["rope", "alibi"]).run()
+    no_exception(at)
+    assert len(figures(at)) == 2  # the rotary kernel and the alibi grid, stacked full width
+    summary = at.dataframe[0].value
+    rope = summary[summary["checkpoint"] == "rope"].iloc[0]
+    assert rope["share_local"] == "—" and rope["classify_at"] == "—" and "kernel" in rope["note"]
+    alibi = summary[summary["checkpoint"] == "alibi"].iloc[0]
+    assert str(alibi["classify_at"]) == "31" and alibi["share_local"].endswith("%")
+    captions = " ".join(c.value for c in at.caption)
+    assert "i = 31 tokens" in captions and "None" not in captions and "{" not in captions
+    assert "position kernel, not an additive bias" in captions
+
+
 def test_rotary_checkpoint_shows_the_kernel_not_a_bias(app_env):
     at = page("pages/1_Learned_biases.py", ckpt="rope").run()
     no_exception(at)
@@ -187,6 +223,18 @@ def test_fit_alibi_live_and_download(app_env):
     assert np.max(np.abs(arr(fitted["y"]) - arr(target["y"]))) < 1e-3  # ALiBi is linear in d: FIRE fits it
     labels = [m.label for m in at.metric]
     assert any("relative RMSE" in lab for lab in labels)
+    assert all(len(lab) <= 22 for lab in labels)  # short enough for a quarter-width tile
+    rmse = next(m for m in at.metric if m.label == "relative RMSE")
+    assert rmse.value.endswith("%")  # as the CLI: relative RMSE in percent
+    assert next(m for m in at.metric if m.label == "fit time").value.endswith(" s")
+    (mark,) = [sh for sh in fig["layout"]["shapes"] if sh.get("label", {}).get("text")]
+    assert mark["label"]["text"] == "fitted 0–15"  # max_len 16: distances 0 … 15
+    captions = " ".join(c.value for c in at.caption)
+    assert "{" not in captions and "slopes 0.0625, 0.00391" in captions
+    # the same fit again: the finished job is reused and said to be cached
+    at.button(key="fit_go").click().run()
+    no_exception(at)
+    assert next(m for m in at.metric if m.label == "fit time").value == "cached"
     names = [b.proto.label for b in at.get("download_button")]
     assert any("fire_fit.safetensors" in n for n in names) and any(n.endswith(".json") for n in names)
 
@@ -202,6 +250,19 @@ def test_fit_bad_kerple_parameter_is_a_clear_error(app_env):
 def _tiny_jsonl() -> bytes:
     docs = [{"id": f"d{k}", "text": ("The quick brown fox jumps over the lazy dog. " * (8 + k))} for k in range(4)]
     return "".join(json.dumps(d) + "\n" for d in docs).encode()
+
+
+def test_length_generalization_default_lengths_reach_8x_the_longest_training_length(app_env):
+    at = page("pages/3_Length_generalization.py", ckpt="fire").run()
+    no_exception(at)
+    assert at.sidebar.multiselect(key="lengen_len").value == [16, 32, 64, 128, 256]
+
+
+def test_job_error_text_strips_the_checkpoint_error_prefix():
+    from fireviz import ui
+
+    assert ui.job_error_text("CheckpointError: x is truncated; copy it again") == ("x is truncated; copy it again", True)
+    assert ui.job_error_text("ValueError: bad stride") == ("ValueError: bad stride", False)
 
 
 def test_length_generalization_bad_upload_is_a_clear_error(app_env):
@@ -227,6 +288,8 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
     assert ppl["layout"]["yaxis"]["type"] == "log"
     caption = " ".join(c.value for c in at.caption)
     assert "device cpu" in caption and "token budget 256" in caption
+    table = at.dataframe[0].value
+    np.testing.assert_allclose(table["bits_per_byte"], table["nats_per_token"] / math.log(2))
     # the same numbers as the library (now all from the on-disk cache the job wrote)
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     ref = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],

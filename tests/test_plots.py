@@ -195,6 +195,8 @@ def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     caption = fig.layout.title.subtitle.text
     assert "data latex" in caption and "split validation" in caption and "stride" not in caption
     assert list(fig.layout.xaxis.tickvals) == [16, 64, 256]
+    # log y labelled at a few round values only (no crowded minor-digit labels)
+    assert list(fig.layout.yaxis.ticktext) == ["3", "5", "7"]
 
 
 def test_loss_by_position():
