@@ -230,6 +230,8 @@ def _result_entries(results: dict[str, Any]):
                 yield from walk(x, domain)
         elif isinstance(obj, dict):
             settings = obj.get("settings") if isinstance(obj.get("settings"), dict) else {}
+            if settings.get("rope_scaling"):
+                return  # a zero-shot RoPE-PI/YaRN variant, not the checkpoint's own numbers
             dom = obj.get("domain") or settings.get("domain") or settings.get("data") or domain
             if isinstance(obj.get("per_length"), list):
                 for e in obj["per_length"]:

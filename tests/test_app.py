@@ -81,6 +81,15 @@ def test_home_lists_checkpoints_with_headline_numbers(app_env):
     assert figures(at)
 
 
+def test_headline_ignores_zero_shot_rope_variants():
+    own = {"settings": {"data": "prose", "rope_scaling": None},
+           "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 3.0}]}
+    yarn = {"settings": {"data": "prose", "rope_scaling": "yarn"},
+            "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 2.5}]}
+    head = checkpoints.headline_numbers(512, {"results.json": [own, yarn]}, [])
+    assert head["bpb @ 4096"] == 3.0  # the checkpoint's own number, not YaRN's
+
+
 def test_truncated_checkpoint_is_skipped_with_the_reason(tmp_path, monkeypatch):
     from conftest import make_tiny_checkpoint
 
