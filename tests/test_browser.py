@@ -23,7 +23,7 @@ SHOTS = ROOT / "out" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-PAGE_TIMEOUT_MS = 120_000
+PAGE_TIMEOUT_MS = 300_000  # generous: a fresh clone may compile the numba kernels on first use, on 2 shared cores
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
