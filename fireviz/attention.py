@@ -135,9 +135,7 @@ class BiasedAttention(torch.autograd.Function):
         dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
         kernel = _softmax_grad_kernel() if all(t.dtype == torch.float32 for t in (q, mask, dout)) else None
         if kernel is not None:
-            import numba
-
-            from .encodings.fire import KERNEL_LOCK
+            from .encodings.fire import KERNEL_LOCK, set_numba_threads
             mask_c = mask.detach().contiguous()
             dmask = torch.empty_like(mask_c)
             delta2 = delta[..., 0].contiguous()
@@ -151,7 +149,7 @@ class BiasedAttention(torch.autograd.Function):
             dP = torch.bmm(do3[:, s:e], vv.transpose(1, 2))
             if kernel is not None:  # one fused pass: S ← dS, dP ← P, dmask rows filled
                 with KERNEL_LOCK:
-                    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+                    set_numba_threads()
                     kernel(S.numpy(), dP.numpy(), mask_c.numpy(), delta2.numpy(), dmask.numpy(), B, s, offset)
                 dS, P = S, dP
             else:

@@ -207,7 +207,8 @@ class _PiecewiseLinear(torch.autograd.Function):
         return d_x, d_slope, d_intercept, None
 
 
-def _numba_threads() -> None:
+def set_numba_threads() -> None:
+    """Match numba's thread count to torch's (call under ``KERNEL_LOCK``, before a kernel)."""
     import numba
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
 
@@ -228,7 +229,7 @@ class _FusedRows(torch.autograd.Function):
         arrays = [t.detach().float().contiguous() for t in (psi_d, norm, bps, slope, intercept)]
         out = torch.empty(slope.shape[0], q_len, k_len)
         with KERNEL_LOCK:
-            _numba_threads()
+            set_numba_threads()
             forward_kernel(out.numpy(), *(a.numpy() for a in arrays), int(q_offset), bool(causal))
         ctx.save_for_backward(*arrays[:4])
         ctx.shape = shape
@@ -240,7 +241,7 @@ class _FusedRows(torch.autograd.Function):
         q_len, k_len, q_offset, causal = ctx.shape
         g = g.float().contiguous()
         with KERNEL_LOCK:
-            _numba_threads()
+            set_numba_threads()
             p_psi, d_norm, p_slope, p_icpt = _row_kernel()[1](
                 g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
                 int(q_offset), bool(causal), BACKWARD_CHUNKS)
