@@ -72,3 +72,16 @@ def sha256_files(*paths: str | os.PathLike) -> str:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
+    """Every tensor of a safetensors file and its string metadata: ``(tensors, metadata)``.
+
+    Tensors come back on CPU in their stored dtype. Never unpickles anything.
+    Raises: safetensors' SafetensorError for a corrupt or truncated file, OSError if it
+    cannot be read; callers turn these into their own error naming the fix.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})

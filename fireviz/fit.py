@@ -51,7 +51,7 @@ import torch
 from .encodings import ALiBi, FIRE, KerpleLog, KerplePower, Sandwich, T5RelativeBias
 from .encodings.base import ToeplitzBias
 from .encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX
-from .files import atomic_write, write_json_atomic
+from .files import atomic_write, read_safetensors, write_json_atomic
 from .model import CheckpointError
 
 #: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
@@ -462,16 +462,14 @@ def load_fitted_fire(path: str | Path) -> FIRE:
       safetensors, lacks the ``fireviz.fire_options`` metadata, or its tensors do not match
       those options.
     """
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist; write one with FitResult.save or "
                                 "`python -m fireviz fit --save-module PATH`")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
+        state, meta = read_safetensors(path)
     except (SafetensorError, OSError) as e:
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from e
     if FIRE_OPTIONS_KEY not in meta:

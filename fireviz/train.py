@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
-from .files import atomic_write, atomic_write_text, sha256_files
+from .files import atomic_write, atomic_write_text, read_safetensors, sha256_files
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
 STATE_FORMAT = "fireviz-trainer-state/1"
@@ -376,7 +376,7 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
     Raises: CheckpointError if a file is missing, corrupt or truncated, or the files of one
     checkpoint disagree (sha256 mismatch). Nothing is modified.
     """
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
     out = Path(out_dir)
     st_path, js_path = out / "trainer_state.safetensors", out / "trainer_state.json"
@@ -384,9 +384,7 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
         raise CheckpointError(f"{out} has no trainer_state.safetensors: the run stopped before its first "
                               "checkpoint, so there is nothing to resume; delete the folder or use another --out")
     try:
-        with safe_open(str(st_path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors, meta = read_safetensors(st_path)
         state = json.loads(meta["fireviz_trainer_state"])
     except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{st_path} is corrupt or truncated ({e}); the folder was left untouched") from e
