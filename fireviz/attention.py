@@ -135,7 +135,7 @@ class BiasedAttention(torch.autograd.Function):
         dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
         kernel = _softmax_grad_kernel() if all(t.dtype == torch.float32 for t in (q, mask, dout)) else None
         if kernel is not None:
-            from .encodings.fire import KERNEL_LOCK, set_numba_threads
+            from .encodings.fire import numba_kernel_call
             mask_c = mask.detach().contiguous()
             dmask = torch.empty_like(mask_c)
             delta2 = delta[..., 0].contiguous()
@@ -148,8 +148,7 @@ class BiasedAttention(torch.autograd.Function):
             S = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
             dP = torch.bmm(do3[:, s:e], vv.transpose(1, 2))
             if kernel is not None:  # one fused pass: S ← dS, dP ← P, dmask rows filled
-                with KERNEL_LOCK:
-                    set_numba_threads()
+                with numba_kernel_call():
                     kernel(S.numpy(), dP.numpy(), mask_c.numpy(), delta2.numpy(), dmask.numpy(), B, s, offset)
                 dS, P = S, dP
             else:

@@ -392,3 +392,30 @@ def test_t5_bias_uses_table():
     b = enc.bias(1, 4, 3)  # query at 3, distances 3, 2, 1, 0
     buckets = relative_position_bucket(-torch.tensor([3, 2, 1, 0]), False, 8, 20)
     assert b[0, 0].tolist() == (buckets * 2).float().tolist()
+
+
+def test_numba_kernels_leave_torch_thread_count_alone():
+    """numba's OpenMP layer used to raise torch's thread count to every CPU on its first launch
+    (a process asked for 1 thread then ran on all of them); the kernels must put it back."""
+    import subprocess
+    import sys
+    code = """
+import torch
+import fireviz.attention as A
+import fireviz.encodings.fire as F
+from fireviz.model import GPT, GPTConfig
+assert torch.get_num_threads() == 1
+if F._row_kernel() is None or A._softmax_grad_kernel() is None:
+    raise SystemExit("numba kernels unavailable")
+torch.manual_seed(0)
+m = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=64, position_encoding="fire"))
+x = torch.randint(0, 256, (2, 64))
+torch.nn.functional.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
+assert m.encodings[0].mlp[-1].weight.grad.abs().sum() > 0
+print("threads", torch.get_num_threads())
+"""
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2"}
+    env.pop("FIRE_NO_NUMBA", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "threads 1"

@@ -23,6 +23,7 @@ plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -207,10 +208,25 @@ class _PiecewiseLinear(torch.autograd.Function):
         return d_x, d_slope, d_intercept, None
 
 
-def set_numba_threads() -> None:
-    """Match numba's thread count to torch's (call under ``KERNEL_LOCK``, before a kernel)."""
+@contextlib.contextmanager
+def numba_kernel_call():
+    """Serialise one numba kernel call (``KERNEL_LOCK``) and run it with torch's thread count.
+
+    numba's OpenMP threading layer shares libgomp with torch, and its first parallel launch
+    sets the calling thread's OpenMP thread count to ``NUMBA_NUM_THREADS`` (all CPUs). Without
+    the restore below, a process started with ``OMP_NUM_THREADS=1`` silently ran torch on every
+    core after its first FIRE bias — two such training processes on two cores ran at a third of
+    their speed. torch's count is read before the call and put back after it.
+    """
     import numba
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    with KERNEL_LOCK:
+        threads = torch.get_num_threads()
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        try:
+            yield
+        finally:
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
 
 
 class _FusedRows(torch.autograd.Function):
@@ -228,8 +244,7 @@ class _FusedRows(torch.autograd.Function):
         forward_kernel = _row_kernel()[0]
         arrays = [t.detach().float().contiguous() for t in (psi_d, norm, bps, slope, intercept)]
         out = torch.empty(slope.shape[0], q_len, k_len)
-        with KERNEL_LOCK:
-            set_numba_threads()
+        with numba_kernel_call():
             forward_kernel(out.numpy(), *(a.numpy() for a in arrays), int(q_offset), bool(causal))
         ctx.save_for_backward(*arrays[:4])
         ctx.shape = shape
@@ -240,8 +255,7 @@ class _FusedRows(torch.autograd.Function):
         psi_d, norm, bps, slope = ctx.saved_tensors
         q_len, k_len, q_offset, causal = ctx.shape
         g = g.float().contiguous()
-        with KERNEL_LOCK:
-            set_numba_threads()
+        with numba_kernel_call():
             p_psi, d_norm, p_slope, p_icpt = _row_kernel()[1](
                 g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
                 int(q_offset), bool(causal), BACKWARD_CHUNKS)
