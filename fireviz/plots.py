@@ -10,7 +10,8 @@ head, query position, checkpoint …) so ``figure_data`` / ``figure_to_csv`` /
 
 Builders: ``bias_grid_figure``, ``head_bias_figure``, ``bias_heatmap_figure``,
 ``dilution_figure``, ``perplexity_figure`` (+ ``group_perplexity``),
-``loss_by_position_figure``, ``fit_figure``, ``training_curves_figure``.
+``loss_by_position_figure``, ``fit_figure``, ``training_curves_figure``,
+``validation_curves_figure``.
 """
 from __future__ import annotations
 
@@ -544,6 +545,46 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
     fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
     fig.update_layout(title="Training curves", meta={"x": xkey})
+    return fig
+
+
+def validation_curves_figure(logs: Mapping[str, Sequence[Mapping]], seq_len: int | None = None,
+                             skip_initial: bool = True) -> go.Figure:
+    """Validation loss of several runs side by side: one colour per run, two panels.
+
+    Args: ``{run name: train_log rows}``; only rows with ``val_loss`` are used, against
+      ``tokens`` (tokens seen) or ``step`` when a row lacks it. ``seq_len`` (tokens) only
+      labels the panels ("@ 512" / "@ 2048"); without it they read "training length" / "4×".
+      ``skip_initial`` drops step-0 rows (the untrained model, ≈ ln 257 nats) whose height
+      would flatten the rest of the curve.
+    Returns: one-row, two-column Figure: left ``val_loss`` (nats/token at the training
+      length), right ``val_loss_4x`` (nats/token at 4× the training length), shared y.
+      Trace meta ``{"run", "series"}`` with series val_loss | val_loss_4x. This is the
+      "how close to converged" view of issue #8: flat tails mean a run has converged.
+    Raises: ValueError when no run has a validation row.
+    """
+    runs = {k: [r for r in rows if r.get("val_loss") is not None and not (skip_initial and r.get("step") == 0)]
+            for k, rows in logs.items()}
+    if not any(runs.values()):
+        raise ValueError("no validation rows (val_loss) in the training logs to plot")
+    use_tokens = all("tokens" in r for rows in runs.values() for r in rows)
+    xkey = "tokens" if use_tokens else "step"
+    titles = ((f"validation @ {seq_len} tokens", f"validation @ {4 * seq_len} tokens (4×)") if seq_len
+              else ("validation @ training length", "validation @ 4× training length"))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
+    for k, (run, rows) in enumerate(runs.items()):
+        col = _color(k)
+        for c, key in enumerate(("val_loss", "val_loss_4x"), start=1):
+            pts = [(r[xkey], r[key]) for r in rows if r.get(key) is not None]
+            if not pts:
+                continue
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers+lines", name=run,
+                                     legendgroup=run, showlegend=c == 1, line=dict(color=col, dash="solid" if c == 1 else "dash"),
+                                     marker=dict(color=col, size=6), meta={"run": run, "series": key}), row=1, col=c)
+    for c in (1, 2):
+        fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=1, col=c)
+    fig.update_yaxes(title_text="validation loss (nats/token)", row=1, col=1)
+    fig.update_layout(title="Validation loss during training", meta={"x": xkey})
     return fig
 
 

@@ -625,7 +625,8 @@ def _command_line() -> str:
 
 
 def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_dir: str | os.PathLike, *,
-          resume: bool = False, command: str | None = None, progress: bool | None = None) -> dict:
+          resume: bool = False, command: str | None = None, progress: bool | None = None,
+          stop_at_step: int | None = None) -> dict:
     """Train (or resume) a GPT and write its checkpoint folder ``out_dir``.
 
     Args:
@@ -638,6 +639,10 @@ def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_
         schedule, RNG and data position follow from the step).
       command: recorded in ``config.json['training']['command']``.
       progress: tqdm bar on rank 0 (None: only on a terminal).
+      stop_at_step: end this invocation after optimizer step N (1 ≤ N ≤ max_steps), with a
+        checkpoint written there, keeping the max_steps schedule (learning rate, data order):
+        training in sessions. ``resume`` later continues exactly as if never stopped. Pick N
+        a multiple of eval_interval to end on a validation point.
     Returns: ``{"step", "tokens", "loss", "val_loss", "val_loss_4x", "out_dir"}`` — the last
       training loss and validation losses in nats/token (None if not evaluated).
     Raises: TrainingError (settings, folder), DataError (missing/empty/too short data),
@@ -649,14 +654,15 @@ def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_
     out = Path(out_dir)
     d = _init_distributed(train_config.device if train_config else "auto")
     try:
-        return _train(model_config, train_config, out, resume, command, progress, d, tqdm)
+        return _train(model_config, train_config, out, resume, command, progress, d, tqdm, stop_at_step)
     finally:
         if d.owns_group:
             import torch.distributed as dist
             dist.destroy_process_group()
 
 
-def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm) -> dict:
+def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm,
+           stop_at_step: int | None = None) -> dict:
     # ---- checks (nothing is written until all pass) --------------------------------------
     state, tensors = None, None
     if resume:
@@ -697,6 +703,10 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         raise TrainingError(f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
                             f"{d.world} × {tc.grad_accum}")
     micro = tc.batch_size // (d.world * tc.grad_accum)
+    if stop_at_step is not None and not (isinstance(stop_at_step, int) and 1 <= stop_at_step <= tc.max_steps):
+        raise TrainingError(f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} "
+                            f"(got {stop_at_step!r})")
+    end_step = tc.max_steps if stop_at_step is None else stop_at_step
 
     docs = load_documents(tc.data)
     train_docs = split_documents(docs, "train")
@@ -788,7 +798,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             last.update(run_eval())
             write_log({"step": 0, "tokens": 0, **{k: last[k] for k in ("val_loss", "val_loss_4x")}})
         model.train()
-        for step in range(start_step, tc.max_steps):
+        for step in range(start_step, end_step):
             t0 = time.perf_counter()
             lr = lr_at(step, tc)
             for g in opt.param_groups:
@@ -814,15 +824,16 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             write_log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", refresh=False)
-            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == tc.max_steps:
+            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done in (tc.max_steps, end_step):
                 checkpoint(done)
-        if start_step >= tc.max_steps and d.master:
-            bar.write(f"{out} is already trained to max_steps={tc.max_steps}; nothing to do")
+        if start_step >= end_step and d.master:
+            bar.write(f"{out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do")
     finally:
         bar.close()
         if log is not None:
             log.close()
-    return {"step": max(start_step, tc.max_steps), "tokens": tc.max_steps * tokens_per_step, **last,
+    final = max(start_step, end_step)
+    return {"step": final, "tokens": final * tokens_per_step, **last,
             "out_dir": str(out)}
 
 
@@ -866,6 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="checkpoint folder to create (or continue with --resume)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--stop-at-step", type=int, metavar="N",
+                   help="stop after step N (checkpoint written) keeping the max_steps schedule; continue later "
+                        "with --resume (training in sessions)")
     return p
 
 
@@ -884,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             mc, tc = load_config(args.config, args.set)
         result = train(mc, tc, args.out, resume=args.resume, command=command,
-                       progress=False if args.no_progress else None)
+                       progress=False if args.no_progress else None, stop_at_step=args.stop_at_step)
     except (TrainingError, DataError, CheckpointError) as e:
         rank = os.environ.get("RANK")
         prefix = f"fireviz train [rank {rank}]" if rank not in (None, "0") else "fireviz train"

@@ -4,7 +4,9 @@ For each domain: ``fireviz.evaluate.evaluate_many`` over all checkpoints (paired
 non-overlapping, the same token budget per length; the RoPE checkpoint also as RoPE-PI and
 YaRN. Writes per checkpoint ``results.json`` (a list of evaluate results) and a model card
 ``README.md``; writes ``checkpoints/RESULTS.md`` (bits per byte by length and domain) and
-``checkpoints/results_<domain>.html`` plus a PNG of the prose figure when Chromium is there.
+``checkpoints/results_<domain>.html`` (+ PNG when Chromium is there), the validation curves of all
+runs (``checkpoints/validation_curves.{html,png}``), and rewrites the generated tables in the
+repository README between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``.
 
     python scripts/publish_results.py [--domains prose,latex,code] [--token-budget 16384]
 """
@@ -69,11 +71,13 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
              f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
              f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
              f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
-             f"--set train.checkpoint_interval=100 --out checkpoints/{folder.name}` (stopped at step {tr.get('steps')}; "
-             f"the resumable trainer state is not shipped)", ""]
+             f"--set train.checkpoint_interval=100 --out checkpoints/{folder.name}"
+             + (f" --stop-at-step {tr['steps']}" if tr.get("steps") and tr["steps"] < st.get("max_steps", 0) else "")
+             + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
+             "the resumable trainer state is not shipped)", ""]
     if tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"]:
         lines += [f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
-                  "numbers below are far from converged.", ""]
+                  "numbers below are not converged (validation loss was still falling; see below).", ""]
     if vals:
         lines += ["Validation (nats/token at the training length / at 4×):", "",
                   "| step | tokens | val @512 | val @2048 |", "|---|---|---|---|"]
@@ -91,6 +95,44 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fmt_bpb_table(runs: list[dict]) -> list[str]:
+    """Markdown rows: one per result, bits per byte at each of LENGTHS ("—" where missing)."""
+    out = ["| encoding | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
+    for r in runs:
+        row = {e["length"]: e for e in r["per_length"]}
+        out.append(f"| {r['label']} | " + " | ".join(
+            f"{row[n]['bits_per_byte']:.3f}" if "bits_per_byte" in row.get(n, {}) else "—" for n in LENGTHS) + " |")
+    return out
+
+
+def fmt_validation_table(logs: dict[str, list[dict]]) -> list[str]:
+    """Markdown rows: the last validation of each run and its change since the previous one."""
+    out = ["| encoding | step | tokens | val @512 (nats/token) | val @2048 | change @512 since previous eval |",
+           "|---|---|---|---|---|---|"]
+    for name, rows in logs.items():
+        vals = [r for r in rows if "val_loss" in r]
+        if not vals:
+            continue
+        last = vals[-1]
+        delta = f"{last['val_loss'] - vals[-2]['val_loss']:+.3f} (from step {vals[-2]['step']})" if len(vals) > 1 else "—"
+        out.append(f"| {name} | {last['step']} | {last.get('tokens', 0):,} | {last['val_loss']:.3f} | "
+                   f"{last.get('val_loss_4x', float('nan')):.3f} | {delta} |")
+    return out
+
+
+def replace_generated(text: str, name: str, body: list[str]) -> str:
+    """Replace the lines between ``<!-- generated:name -->`` and ``<!-- /generated:name -->``.
+
+    Raises: SystemExit naming the missing marker (the README must carry both markers).
+    """
+    start, end = f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+    if start not in text or end not in text:
+        sys.exit(f"README.md lacks the markers {start} … {end}; add them where the {name} table belongs")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return head + start + "\n" + "\n".join(body) + "\n" + end + tail
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", default="prose,latex,code")
@@ -102,6 +144,9 @@ def main() -> int:
                      and (not args.only or p.name in args.only.split(",")))
     if not folders:
         sys.exit("no checkpoints in checkpoints/")
+    readme = ROOT / "README.md"
+    for name in ("results-prose", "validation"):  # fail before an hour of evaluation, not after
+        replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
     for domain in args.domains.split(","):
@@ -126,17 +171,25 @@ def main() -> int:
     for f in folders:
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
+    logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
+    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+    vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
+    vfig.update_layout(width=1000, height=600)
+    vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
+    render_png(vfig, CKPTS / "validation_curves.png")
+    if not args.only:  # the README tables list every checkpoint; a partial run leaves them alone
+        text = readme.read_text(encoding="utf-8")
+        if "prose" in table:
+            text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
+        text = replace_generated(text, "validation", fmt_validation_table(logs))
+        atomic_write_text(readme, text)
     md = ["# Results: bits per byte by evaluation length", "",
           f"Non-overlapping windows from validation documents at least as long as the window, "
           f"{args.token_budget} scored tokens per length, seed {args.seed}; training length 512 bytes. "
           "Lower is better.", ""]
     for domain, runs in table.items():
-        md += [f"## {domain}", "", "| encoding | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
-        for r in runs:
-            row = {e["length"]: e for e in r["per_length"]}
-            md.append(f"| {r['label']} | " + " | ".join(
-                f"{row[n]['bits_per_byte']:.3f}" if "bits_per_byte" in row.get(n, {}) else "—" for n in LENGTHS) + " |")
-        md.append("")
+        md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]
+    md += ["## Validation during training", "", f"![validation curves](validation_curves.png)", ""] + fmt_validation_table(logs) + [""]
     atomic_write_text(CKPTS / "RESULTS.md", "\n".join(md))
     print("\n".join(md))
     return 0

@@ -256,6 +256,27 @@ def test_training_curves():
         P.training_curves_figure([])
 
 
+def test_validation_curves():
+    log = [{"step": s, "tokens": 1000 * s, "loss": 3.0 / s, "lr": 1e-3} for s in (1, 2, 3, 4)]
+    log[1].update(val_loss=2.0, val_loss_4x=2.5)
+    log[3].update(val_loss=1.0)  # a row without the 4× value is kept on the left only
+    fig = P.validation_curves_figure({"fire": log, "rope": [{"step": 5, "tokens": 50, "val_loss": 5.5, "val_loss_4x": 5.6}]},
+                                     seq_len=512)
+    ts = {(t["meta"]["run"], t["meta"]["series"]): t for t in traces(fig)}
+    assert set(ts) == {("fire", "val_loss"), ("fire", "val_loss_4x"), ("rope", "val_loss"), ("rope", "val_loss_4x")}
+    np.testing.assert_array_equal(ts[("fire", "val_loss")]["x"], [2000, 4000])
+    np.testing.assert_allclose(ts[("fire", "val_loss")]["y"], [2.0, 1.0])
+    np.testing.assert_allclose(ts[("fire", "val_loss_4x")]["y"], [2.5])
+    assert ts[("fire", "val_loss_4x")]["xaxis"] == "x2" and ts[("fire", "val_loss")]["showlegend"]
+    assert not ts[("fire", "val_loss_4x")]["showlegend"]  # one legend entry per run
+    assert [a.text for a in fig.layout.annotations] == ["validation @ 512 tokens", "validation @ 2048 tokens (4×)"]
+    with pytest.raises(ValueError, match="val_loss"):
+        P.validation_curves_figure({"fire": [{"step": 1, "loss": 2.0}]})
+    init = {"fire": [{"step": 0, "tokens": 0, "val_loss": 5.5}, {"step": 9, "tokens": 90, "val_loss": 2.0}]}
+    assert list(traces(P.validation_curves_figure(init))[0]["x"]) == [90]
+    assert list(traces(P.validation_curves_figure(init, skip_initial=False))[0]["x"]) == [0, 90]
+
+
 # -- export ------------------------------------------------------------------------------------
 def test_csv_and_json_export(fire_report):
     fig = P.perplexity_figure([ppl_result("a", "fire", [3.0, 4.0, 8.0]), ppl_result("b", "fire", [5.0, 6.0, 10.0])])

@@ -213,6 +213,34 @@ def test_sigkill_and_resume_equals_uninterrupted_run(corpus, tmp_path):
     assert not list(killed.glob(".*tmp*"))
 
 
+def test_stop_at_step_then_resume_equals_uninterrupted_run(corpus, tmp_path, capsys):
+    """Training in sessions: --stop-at-step keeps the full schedule, writes a checkpoint at the
+    stop (13 is not a checkpoint_interval multiple), and --resume continues bit-for-bit."""
+    cfg = _write_toml(tmp_path / "cfg.toml", _tables(corpus, max_steps=20))
+    part, full = tmp_path / "part", tmp_path / "full"
+    code, err = _cli(["--config", str(cfg), "--out", str(part), "--stop-at-step", "13"], capsys)
+    assert code == 0, err
+    log = _log(part)
+    assert log[-1]["step"] == 13 and read_trainer_state(part)[0]["step"] == 13
+    assert json.loads((part / "config.json").read_text())["training"]["steps"] == 13
+    mc, tc = load_config(cfg)
+    assert log[-1]["lr"] == pytest.approx(lr_at(12, tc))  # the 20-step cosine, not a 13-step one
+    code, err = _cli(["--out", str(part), "--resume", "--stop-at-step", "13"], capsys)  # already there
+    assert code == 0 and _log(part)[-1]["step"] == 13
+    code, err = _cli(["--out", str(part), "--resume"], capsys)
+    assert code == 0, err
+    train(mc, tc, full, progress=False)
+    a, b = _log(part), _log(full)
+    assert [r["step"] for r in a] == list(range(21))
+    for ra, rb in zip(a, b):
+        for key in ("loss", "val_loss", "val_loss_4x"):
+            assert (key in ra) == (key in rb) and abs(ra.get(key, 0.0) - rb.get(key, 0.0)) <= 1e-6, (ra["step"], key)
+    for bad in ("0", "21"):
+        code, err = _cli(["--config", str(cfg), "--out", str(tmp_path / f"bad{bad}"), "--stop-at-step", bad], capsys)
+        _assert_one_line(code, err, "--stop-at-step", "max_steps=20")
+        assert not (tmp_path / f"bad{bad}").exists()
+
+
 TORCHRUN_LOSS_TOL = 1e-5  # nats/token; see test docstring
 
 
