@@ -1,0 +1,138 @@
+"""The checkpoints shipped in checkpoints/ (issue #8): complete, one recipe, loadable, and the
+published numbers are what evaluating them gives.
+
+These read the repository's own files; the fixtures in conftest.py are not used.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from fireviz import evaluate
+from fireviz.checkpoints import read_train_log
+from fireviz.model import GPT
+
+ROOT = Path(__file__).resolve().parent.parent
+CKPTS = ROOT / "checkpoints"
+#: One checkpoint per encoding the issue names; extra folders (other seeds) may exist.
+ENCODINGS = ("nope", "rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s")
+LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
+DOMAINS = {"prose", "latex", "code"}
+#: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
+SHARED_SETTINGS = ("batch_size", "grad_accum", "max_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
+                   "beta1", "beta2", "grad_clip", "data")
+
+
+def shipped() -> list[Path]:
+    return sorted(p for p in CKPTS.iterdir() if (p / "model.safetensors").is_file())
+
+
+def config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def results(folder: Path) -> list[dict]:
+    return json.loads((folder / "results.json").read_text())
+
+
+def test_every_encoding_is_shipped_with_its_files():
+    names = {p.name for p in shipped()}
+    assert set(ENCODINGS) <= names, f"missing checkpoints: {sorted(set(ENCODINGS) - names)}"
+    for folder in shipped():
+        for f in ("config.json", "model.safetensors", "train_log.jsonl", "README.md", "results.json"):
+            assert (folder / f).is_file(), f"{folder.name} lacks {f}"
+        assert (folder / "model.safetensors").stat().st_size <= 5 * 2**20
+        assert not list(folder.glob("trainer_state.*")), f"{folder.name}: trainer state is not shipped"
+    total = sum(f.stat().st_size for f in CKPTS.rglob("*") if f.is_file())
+    assert total <= 60 * 2**20, f"checkpoints/ is {total / 2**20:.1f} MiB (limit 60)"
+
+
+def test_one_recipe_and_one_token_budget():
+    cfgs = {p.name: config(p) for p in shipped()}
+    ref = cfgs["fire"]
+    for name, cfg in cfgs.items():
+        tr = cfg["training"]
+        assert (cfg["n_layer"], cfg["n_head"], cfg["d_model"], cfg["seq_len"]) == (4, 4, 128, 512), name
+        assert cfg["n_layer"] >= 4 and cfg["n_head"] >= 4 and 0.5e6 < tr["num_parameters"] < 1.5e6, name
+        assert tr["data"] == "prose" and tr["data_split"] == "train", name
+        assert tr["data_fingerprint"] == ref["training"]["data_fingerprint"], name
+        for key in SHARED_SETTINGS:
+            assert tr["settings"][key] == ref["training"]["settings"][key], (name, key)
+        if name in ENCODINGS:
+            assert cfg["position_encoding"] == name and tr["settings"]["seed"] == 0, name
+        # every model saw the same number of training tokens
+        assert tr["tokens_seen"] == ref["training"]["tokens_seen"] == tr["steps"] * 16 * 512, name
+
+
+def test_validation_curve_reaches_the_shipped_weights():
+    for folder in shipped():
+        tr = config(folder)["training"]
+        log = read_train_log(folder / "train_log.jsonl")
+        vals = [r for r in log if "val_loss" in r]
+        assert vals[0]["step"] == 0 and vals[-1]["step"] == tr["steps"], folder.name
+        assert log[-1]["step"] == tr["steps"], f"{folder.name}: log runs past the weights"
+        assert all(math.isfinite(r["val_loss"]) and math.isfinite(r["val_loss_4x"]) for r in vals)
+        assert vals[-1]["val_loss"] < vals[0]["val_loss"] - 2.0, f"{folder.name} did not learn"
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_loads_with_from_pretrained_and_results_match_the_weights(name):
+    folder = CKPTS / name
+    model = GPT.from_pretrained(str(folder))
+    assert model.config.position_encoding == name
+    assert sum(p.numel() for p in model.parameters()) == config(folder)["training"]["num_parameters"]
+    sha = evaluate.checkpoint_sha256(folder)
+    res = results(folder)
+    assert {r["settings"]["data"] for r in res} == DOMAINS
+    for r in res:
+        assert r["checkpoint_sha256"] == sha, f"{name}: results.json was computed on other weights"
+        s = r["settings"]
+        assert (s["mode"], s["token_budget"], s["seed"], s["split"]) == ("nonoverlapping", 16384, 0, "validation")
+        assert [e["length"] for e in r["per_length"]] == LENGTHS
+        assert all(e["tokens_scored"] >= 16384 for e in r["per_length"])
+    if name == "rope":  # also evaluated zero-shot as RoPE-PI and YaRN
+        assert {r["settings"]["rope_scaling"] for r in res} == {None, "pi", "yarn"}
+
+
+def readme_table(marker: str) -> dict[str, list[str]]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"<!-- generated:{marker} -->", 1)[1].split(f"<!-- /generated:{marker} -->", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.strip().splitlines()]
+    return {r[0]: r[1:] for r in rows[2:]}
+
+
+def test_readme_table_is_the_results():
+    table = readme_table("results-prose")
+    published = {r["label"]: r for p in shipped() for r in results(p) if r["settings"]["data"] == "prose"}
+    assert set(table) == set(published)
+    for label, cells in table.items():
+        assert cells == [f"{e['bits_per_byte']:.3f}" for e in published[label]["per_length"]], label
+
+
+def test_readme_validation_table_is_the_logs():
+    table = readme_table("validation")
+    assert set(table) == {p.name for p in shipped()}
+    for folder in shipped():
+        last = [r for r in read_train_log(folder / "train_log.jsonl") if "val_loss" in r][-1]
+        step, tokens, v512, v2048 = table[folder.name][:4]
+        assert (int(step), int(tokens.replace(",", ""))) == (last["step"], last["tokens"])
+        assert (v512, v2048) == (f"{last['val_loss']:.3f}", f"{last['val_loss_4x']:.3f}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fire", "rope"])
+def test_evaluation_reproduces_the_published_row(name, tmp_path):
+    """The README's eval command, without the cache, gives the shipped numbers to 3 significant digits."""
+    folder = CKPTS / name
+    lengths = [128, 1024]  # windows per length do not depend on the other lengths asked for
+    fresh = evaluate.evaluate_many([str(folder)], "prose", lengths, token_budget=16384, seed=0, device="cpu",
+                                   use_cache=False, cache_dir=tmp_path)[0]
+    shipped_row = next(r for r in results(folder) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"])
+    published = {e["length"]: e["bits_per_byte"] for e in shipped_row["per_length"]}
+    for e in fresh["per_length"]:
+        assert f"{e['bits_per_byte']:.3g}" == f"{published[e['length']]:.3g}", (name, e["length"])
+        assert e["bits_per_byte"] == pytest.approx(published[e["length"]], rel=1e-5)
