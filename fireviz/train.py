@@ -824,7 +824,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             write_log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", refresh=False)
-            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done in (tc.max_steps, end_step):
+            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step:
                 checkpoint(done)
         if start_step >= end_step and d.master:
             bar.write(f"{out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do")

@@ -63,6 +63,7 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
     log = read_train_log(folder / "train_log.jsonl")
     vals = [r for r in log if "val_loss" in r]
     st = tr.get("settings", {})
+    interim = bool(tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"])
     lines = [f"# {folder.name}: {cfg['position_encoding']} byte-level GPT", "",
              f"- encoding: `{cfg['position_encoding']}` {json.dumps(cfg.get('encoding_options') or {})}",
              f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
@@ -72,10 +73,10 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
              f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
              f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
              f"--set train.checkpoint_interval=100 --out checkpoints/{folder.name}"
-             + (f" --stop-at-step {tr['steps']}" if tr.get("steps") and tr["steps"] < st.get("max_steps", 0) else "")
+             + (f" --stop-at-step {tr['steps']}" if interim else "")
              + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
              "the resumable trainer state is not shipped)", ""]
-    if tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"]:
+    if interim:
         lines += [f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
                   "numbers below are not converged (validation loss was still falling; see below).", ""]
     if vals:
@@ -172,12 +173,12 @@ def main() -> int:
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
     logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
-    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
-    vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
-    vfig.update_layout(width=1000, height=600)
-    vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
-    render_png(vfig, CKPTS / "validation_curves.png")
-    if not args.only:  # the README tables list every checkpoint; a partial run leaves them alone
+    if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
+        seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+        vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
+        vfig.update_layout(width=1000, height=600)
+        vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
+        render_png(vfig, CKPTS / "validation_curves.png")
         text = readme.read_text(encoding="utf-8")
         if "prose" in table:
             text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
@@ -189,7 +190,7 @@ def main() -> int:
           "Lower is better.", ""]
     for domain, runs in table.items():
         md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]
-    md += ["## Validation during training", "", f"![validation curves](validation_curves.png)", ""] + fmt_validation_table(logs) + [""]
+    md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""] + fmt_validation_table(logs) + [""]
     atomic_write_text(CKPTS / "RESULTS.md", "\n".join(md))
     print("\n".join(md))
     return 0
