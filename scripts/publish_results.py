@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from fireviz.files import atomic_write_text, write_json_atomic
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
+#: Extra-seed runs live beside the seed-0 run of the same encoding: checkpoints/fire_seed1, …
+SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
 
 
 def label(result: dict) -> str:
@@ -72,7 +76,9 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
              f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
              f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
              f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
-             f"--set train.checkpoint_interval=100 --out checkpoints/{folder.name}"
+             f"--set train.checkpoint_interval=100"
+             + (f" --set train.seed={st['seed']}" if st.get("seed") else "")
+             + f" --out checkpoints/{folder.name}"
              + (f" --stop-at-step {tr['steps']}" if interim else "")
              + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
              "the resumable trainer state is not shipped)", ""]
@@ -80,8 +86,9 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
         lines += [f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
                   "numbers below are not converged (validation loss was still falling; see below).", ""]
     if vals:
+        n = cfg["seq_len"]
         lines += ["Validation (nats/token at the training length / at 4×):", "",
-                  "| step | tokens | val @512 | val @2048 |", "|---|---|---|---|"]
+                  f"| step | tokens | val @{n} | val @{4 * n} |", "|---|---|---|---|"]
         lines += [f"| {r['step']} | {r.get('tokens', 0):,} | {r['val_loss']:.3f} | {r.get('val_loss_4x', float('nan')):.3f} |"
                   for r in vals]
         lines.append("")
@@ -106,10 +113,13 @@ def fmt_bpb_table(runs: list[dict]) -> list[str]:
     return out
 
 
-def fmt_validation_table(logs: dict[str, list[dict]]) -> list[str]:
-    """Markdown rows: the last validation of each run and its change since the previous one."""
-    out = ["| encoding | step | tokens | val @512 (nats/token) | val @2048 | change @512 since previous eval |",
-           "|---|---|---|---|---|---|"]
+def fmt_validation_table(logs: dict[str, list[dict]], seq_len: int) -> list[str]:
+    """Markdown rows: the last validation of each run and its change since the previous one.
+
+    ``val_loss`` is measured at ``seq_len`` tokens and ``val_loss_4x`` at 4 × seq_len (fireviz.train).
+    """
+    out = [f"| encoding | step | tokens | val @{seq_len} (nats/token) | val @{4 * seq_len} | "
+           f"change @{seq_len} since previous eval |", "|---|---|---|---|---|---|"]
     for name, rows in logs.items():
         vals = [r for r in rows if "val_loss" in r]
         if not vals:
@@ -118,6 +128,37 @@ def fmt_validation_table(logs: dict[str, list[dict]]) -> list[str]:
         delta = f"{last['val_loss'] - vals[-2]['val_loss']:+.3f} (from step {vals[-2]['step']})" if len(vals) > 1 else "—"
         out.append(f"| {name} | {last['step']} | {last.get('tokens', 0):,} | {last['val_loss']:.3f} | "
                    f"{last.get('val_loss_4x', float('nan')):.3f} | {delta} |")
+    return out
+
+
+def seed_groups(names: list[str]) -> dict[str, list[str]]:
+    """``{encoding: [seed-0 folder, extra-seed folders…]}`` for encodings that have extra seeds."""
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        m = SEED_FOLDER.match(name)
+        if m and m["encoding"] in names:
+            groups.setdefault(m["encoding"], [m["encoding"]]).append(name)
+    return groups
+
+
+def fmt_seed_table(runs: list[dict]) -> list[str]:
+    """Markdown rows: per encoding with extra seeds, mean ± sample standard deviation over its
+    seeds of bits per byte at each of LENGTHS, and the number of seeds.
+
+    ``runs`` are one domain's results labelled by checkpoint folder (``label``); RoPE-scaled
+    rows are ignored. Returns [] when no encoding has extra seeds.
+    """
+    plain = {r["label"]: r for r in runs if not r["settings"].get("rope_scaling")}
+    groups = seed_groups(list(plain))
+    if not groups:
+        return []
+    out = ["| encoding | seeds | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 2) + "|"]
+    for enc, names in groups.items():
+        cells = []
+        for n in LENGTHS:
+            vals = [e["bits_per_byte"] for name in names for e in plain[name]["per_length"] if e["length"] == n]
+            cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}" if len(vals) == len(names) else "—")
+        out.append(f"| {enc} | {len(names)} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -146,7 +187,8 @@ def main() -> int:
     if not folders:
         sys.exit("no checkpoints in checkpoints/")
     readme = ROOT / "README.md"
-    for name in ("results-prose", "validation"):  # fail before an hour of evaluation, not after
+    markers = ["results-prose", "validation"] + (["seeds"] if seed_groups([f.name for f in folders]) else [])
+    for name in markers:  # fail before an hour of evaluation, not after
         replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
@@ -173,8 +215,8 @@ def main() -> int:
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
     logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
+    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
     if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
-        seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
         vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
         vfig.update_layout(width=1000, height=600)
         vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
@@ -182,7 +224,9 @@ def main() -> int:
         text = readme.read_text(encoding="utf-8")
         if "prose" in table:
             text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
-        text = replace_generated(text, "validation", fmt_validation_table(logs))
+            if "seeds" in markers:
+                text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
+        text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
         atomic_write_text(readme, text)
     md = ["# Results: bits per byte by evaluation length", "",
           f"Non-overlapping windows from validation documents at least as long as the window, "
@@ -190,7 +234,10 @@ def main() -> int:
           "Lower is better.", ""]
     for domain, runs in table.items():
         md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]
-    md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""] + fmt_validation_table(logs) + [""]
+        if seeds := fmt_seed_table(runs):
+            md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
+    md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
+    md += fmt_validation_table(logs, seq_len) + [""]
     atomic_write_text(CKPTS / "RESULTS.md", "\n".join(md))
     print("\n".join(md))
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ CKPTS = ROOT / "checkpoints"
 ENCODINGS = ("nope", "rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s")
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
 DOMAINS = {"prose", "latex", "code"}
+#: Extra seeds of an encoding: checkpoints/fire_seed1 is encoding fire trained with train.seed=1.
+SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
 SHARED_SETTINGS = ("batch_size", "grad_accum", "max_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
                    "beta1", "beta2", "grad_clip", "data")
@@ -63,6 +67,10 @@ def test_one_recipe_and_one_token_budget():
             assert tr["settings"][key] == ref["training"]["settings"][key], (name, key)
         if name in ENCODINGS:
             assert cfg["position_encoding"] == name and tr["settings"]["seed"] == 0, name
+        else:
+            m = SEED_FOLDER.match(name)
+            assert m and m["encoding"] in ENCODINGS, f"{name}: not an encoding and not <encoding>_seed<N>"
+            assert cfg["position_encoding"] == m["encoding"] and tr["settings"]["seed"] == int(m["seed"]), name
         # every model saw the same number of training tokens
         assert tr["tokens_seen"] == ref["training"]["tokens_seen"] == tr["steps"] * 16 * 512, name
 
@@ -78,11 +86,11 @@ def test_validation_curve_reaches_the_shipped_weights():
         assert vals[-1]["val_loss"] < vals[0]["val_loss"] - 2.0, f"{folder.name} did not learn"
 
 
-@pytest.mark.parametrize("name", ENCODINGS)
+@pytest.mark.parametrize("name", [p.name for p in shipped()])
 def test_loads_with_from_pretrained_and_results_match_the_weights(name):
     folder = CKPTS / name
     model = GPT.from_pretrained(str(folder))
-    assert model.config.position_encoding == name
+    assert model.config.position_encoding == config(folder)["position_encoding"]
     assert sum(p.numel() for p in model.parameters()) == config(folder)["training"]["num_parameters"]
     sha = evaluate.checkpoint_sha256(folder)
     res = results(folder)
@@ -93,7 +101,7 @@ def test_loads_with_from_pretrained_and_results_match_the_weights(name):
         assert (s["mode"], s["token_budget"], s["seed"], s["split"]) == ("nonoverlapping", 16384, 0, "validation")
         assert [e["length"] for e in r["per_length"]] == LENGTHS
         assert all(e["tokens_scored"] >= 16384 for e in r["per_length"])
-    if name == "rope":  # also evaluated zero-shot as RoPE-PI and YaRN
+    if config(folder)["position_encoding"] == "rope":  # also evaluated zero-shot as RoPE-PI and YaRN
         assert {r["settings"]["rope_scaling"] for r in res} == {None, "pi", "yarn"}
 
 
@@ -110,6 +118,27 @@ def test_readme_table_is_the_results():
     assert set(table) == set(published)
     for label, cells in table.items():
         assert cells == [f"{e['bits_per_byte']:.3f}" for e in published[label]["per_length"]], label
+
+
+def test_readme_seed_table_is_the_seed_runs():
+    """Where extra seeds are shipped, the README's seed-noise table is their mean ± sample sd."""
+    names = [p.name for p in shipped()]
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if m := SEED_FOLDER.match(name):
+            groups.setdefault(m["encoding"], [m["encoding"]]).append(name)
+    if not groups:
+        assert "<!-- generated:seeds -->" not in (ROOT / "README.md").read_text(encoding="utf-8")
+        return
+    table = readme_table("seeds")
+    assert set(table) == set(groups)
+    for enc, members in groups.items():
+        rows = [next(r for r in results(CKPTS / n) if r["settings"]["data"] == "prose"
+                     and not r["settings"]["rope_scaling"]) for n in members]
+        assert table[enc][0] == str(len(members))
+        for k, n in enumerate(LENGTHS):
+            vals = [next(e["bits_per_byte"] for e in r["per_length"] if e["length"] == n) for r in rows]
+            assert table[enc][1 + k] == f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}", (enc, n)
 
 
 def test_readme_validation_table_is_the_logs():

@@ -1,0 +1,57 @@
+"""scripts/publish_results.py's table helpers on synthetic results (the real ones are checked
+against the shipped files in test_bundled_checkpoints.py)."""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "publish_results.py"
+
+
+@pytest.fixture(scope="module")
+def pub():
+    spec = importlib.util.spec_from_file_location("publish_results", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(label: str, bpb: list[float], rope_scaling=None) -> dict:
+    return {"label": label, "settings": {"rope_scaling": rope_scaling},
+            "per_length": [{"length": n, "bits_per_byte": b} for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)]}
+
+
+def test_seed_groups_pair_extra_seeds_with_their_seed_zero_run(pub):
+    names = ["alibi", "fire", "fire_s", "fire_seed1", "fire_seed2", "fire_s_seed1", "kerple_power_seed3", "rope"]
+    assert pub.seed_groups(names) == {"fire": ["fire", "fire_seed1", "fire_seed2"], "fire_s": ["fire_s", "fire_s_seed1"]}
+    assert pub.seed_groups(["fire", "rope", "fire_seed0x"]) == {}
+
+
+def test_seed_table_is_mean_and_sample_sd_over_seeds(pub):
+    runs = [run("fire", [2.0] * 7), run("fire_seed1", [2.2] * 6 + [3.0]), run("fire_seed2", [2.4] * 7),
+            run("rope", [9.0] * 7), run("rope", [1.0] * 7, rope_scaling="pi")]
+    rows = pub.fmt_seed_table(runs)
+    assert len(rows) == 3 and rows[2].startswith("| fire | 3 | ")
+    cells = [c.strip() for c in rows[2].strip("|").split("|")][2:]
+    assert cells[0] == "2.200 ± 0.200"
+    sd = statistics.stdev([2.0, 3.0, 2.4])
+    assert cells[6] == f"{statistics.mean([2.0, 3.0, 2.4]):.3f} ± {sd:.3f}"
+    assert pub.fmt_seed_table([run("fire", [2.0] * 7)]) == []
+
+
+def test_validation_table_labels_follow_the_training_length(pub):
+    logs = {"fire": [{"step": 0, "tokens": 0, "val_loss": 5.5, "val_loss_4x": 5.6},
+                     {"step": 250, "tokens": 2048000, "val_loss": 2.25, "val_loss_4x": 2.5}]}
+    rows = pub.fmt_validation_table(logs, seq_len=256)
+    assert "val @256 (nats/token)" in rows[0] and "val @1024" in rows[0]
+    assert rows[2] == "| fire | 250 | 2,048,000 | 2.250 | 2.500 | -3.250 (from step 0) |"
+
+
+def test_replace_generated_rewrites_only_between_markers(pub):
+    text = "a\n<!-- generated:t -->\nold\n<!-- /generated:t -->\nb\n"
+    assert pub.replace_generated(text, "t", ["new", "rows"]) == "a\n<!-- generated:t -->\nnew\nrows\n<!-- /generated:t -->\nb\n"
+    with pytest.raises(SystemExit, match="generated:missing"):
+        pub.replace_generated(text, "missing", [])
