@@ -223,42 +223,20 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _result_entries(results: dict[str, Any]):
-    """Yield ``(domain, per_length entry)`` from results in any of the shapes evaluate writes."""
-    def walk(obj, domain):
-        if isinstance(obj, list):
-            for x in obj:
-                yield from walk(x, domain)
-        elif isinstance(obj, dict):
-            settings = obj.get("settings") if isinstance(obj.get("settings"), dict) else {}
-            if settings.get("rope_scaling"):
-                return  # a zero-shot RoPE-PI/YaRN variant, not the checkpoint's own numbers
-            dom = obj.get("domain") or settings.get("domain") or settings.get("data") or domain
-            if isinstance(obj.get("per_length"), list):
-                for e in obj["per_length"]:
-                    if isinstance(e, dict):
-                        yield dom, e
-            for k in ("results", "evaluations", "runs", "checkpoints"):
-                if k in obj:
-                    yield from walk(obj[k], dom)
-    for name, obj in results.items():
-        yield from walk(obj, None)
-
-
-def _entry_length(e: dict) -> int | None:
-    for k in ("length", "eval_length", "window", "context_length"):
-        if isinstance(e.get(k), (int, float)):
-            return int(e[k])
-    return None
-
-
-def _entry_bpb(e: dict) -> float | None:
-    for k in ("bits_per_byte", "bpb"):
-        if isinstance(e.get(k), (int, float)):
-            return float(e[k])
-    for k in ("loss", "nats_per_token", "mean_loss"):
-        if isinstance(e.get(k), (int, float)):
-            return float(e[k]) / math.log(2)  # byte-level tokens: nats per token / ln 2 = bits per byte
-    return None
+    """Yield ``(domain, length in tokens, bits per byte)`` from every :func:`fireviz.evaluate`
+    result in ``results`` (a file holds one result dict or a list of them). JSON of any other
+    shape, and zero-shot RoPE-PI/YaRN rows (``settings.rope_scaling`` set: not the
+    checkpoint's own numbers), are ignored rather than guessed at."""
+    for obj in results.values():
+        for r in obj if isinstance(obj, list) else [obj]:
+            if not (isinstance(r, dict) and isinstance(r.get("settings"), dict) and isinstance(r.get("per_length"), list)):
+                continue
+            if r["settings"].get("rope_scaling"):
+                continue
+            for e in r["per_length"]:
+                if (isinstance(e, dict) and isinstance(e.get("length"), int)
+                        and isinstance(e.get("bits_per_byte"), (int, float))):
+                    yield r["settings"].get("data"), e["length"], float(e["bits_per_byte"])
 
 
 def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> dict:
@@ -271,10 +249,8 @@ def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> 
     token) and ``val_loss_4x`` if logged, ``source = "train_log"``. {} if neither exists.
     """
     by_domain: dict[Any, dict[int, float]] = {}
-    for dom, e in _result_entries(results):
-        length, bpb = _entry_length(e), _entry_bpb(e)
-        if length is not None and bpb is not None:
-            by_domain.setdefault(dom, {})[length] = bpb
+    for dom, length, bpb in _result_entries(results):
+        by_domain.setdefault(dom, {})[length] = bpb
     table = by_domain.get("prose") or (next(iter(by_domain.values())) if len(by_domain) == 1 else None)
     if table:
         out: dict[str, Any] = {}

@@ -90,6 +90,14 @@ def test_headline_ignores_zero_shot_rope_variants():
     assert head["bpb @ 4096"] == 3.0  # the checkpoint's own number, not YaRN's
 
 
+def test_headline_reads_only_evaluate_results_not_other_json():
+    """A JSON of another shape in the folder (here a loss in nats) is not taken for bits per byte."""
+    other = {"runs": [{"per_length": [{"length": 512, "loss": 1.0}]}], "settings": {"data": "prose"}}
+    log = [{"step": 10, "val_loss": 1.25}]
+    head = checkpoints.headline_numbers(512, {"notes.json": other}, log)
+    assert head == {"val loss (nats/token)": 1.25, "source": "train_log step 10"}
+
+
 def test_truncated_checkpoint_is_skipped_with_the_reason(tmp_path, monkeypatch):
     from conftest import make_tiny_checkpoint
 
