@@ -20,18 +20,13 @@ regions wait for preempted threads; see benchmarks/README.md).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from .kernels import LazyKernel, numba_kernel_call
+
 #: query rows per backward chunk; 64–128 keeps a chunk's [batch, heads, rows, keys] in cache
 BACKWARD_CHUNK = 128
-
-#: The compiled softmax-gradient kernel: None until first use, False without numba (the
-#: backward then uses torch ops; same numbers). ``FIRE_NO_NUMBA=1`` forces torch.
-_SOFTMAX_GRAD = None
-
 
 def _build_softmax_grad():
     """Compile (once; numba caches to disk) the fused elementwise part of the backward.
@@ -88,17 +83,9 @@ def _build_softmax_grad():
     return softmax_grad
 
 
-def _softmax_grad_kernel():
-    """The compiled kernel, or None when numba is missing or disabled."""
-    global _SOFTMAX_GRAD
-    if _SOFTMAX_GRAD is None:
-        _SOFTMAX_GRAD = False
-        if os.environ.get("FIRE_NO_NUMBA", "") in ("", "0"):
-            try:
-                _SOFTMAX_GRAD = _build_softmax_grad()
-            except ImportError:
-                pass
-    return _SOFTMAX_GRAD or None
+#: ``_softmax_grad_kernel()``: the compiled kernel, or None without numba (the backward then
+#: uses torch ops; same numbers).
+_softmax_grad_kernel = LazyKernel(_build_softmax_grad)
 
 
 class BiasedAttention(torch.autograd.Function):
@@ -135,7 +122,6 @@ class BiasedAttention(torch.autograd.Function):
         dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
         kernel = _softmax_grad_kernel() if all(t.dtype == torch.float32 for t in (q, mask, dout)) else None
         if kernel is not None:
-            from .encodings.fire import numba_kernel_call
             mask_c = mask.detach().contiguous()
             dmask = torch.empty_like(mask_c)
             delta2 = delta[..., 0].contiguous()

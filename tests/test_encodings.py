@@ -295,7 +295,7 @@ def test_fire_fast_path_equals_formula(kw, q_len, k_len, q_offset, fire_path):
 def fire_path(request, monkeypatch):
     """Run a FIRE test on the compiled (numba) kernels and on the plain torch path."""
     if request.param == "torch":
-        monkeypatch.setattr(fire_module, "_ROW_KERNEL", False)
+        monkeypatch.setattr(fire_module, "_row_kernel", lambda: None)
     elif fire_module._row_kernel() is None:
         pytest.skip("numba is not installed: the compiled FIRE kernels are off")
     return request.param

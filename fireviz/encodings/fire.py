@@ -23,14 +23,11 @@ plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import LazyKernel, numba_kernel_call
 from .base import BIAS_QUERY_BLOCK, PositionEncoding, query_positions, relative_distance
 
 
@@ -45,13 +42,7 @@ def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Te
     return table.flip(-1).unfold(-1, k_len, 1).flip(1)
 
 
-# -- optional compiled kernel (numba) for the no-grad path -----------------------------------
-#: The compiled row kernels ``(forward, backward)``: None until first use, False when numba is
-#: unavailable (the torch path is then used; both are exact). ``FIRE_NO_NUMBA=1`` forces torch.
-_ROW_KERNEL = None
-#: numba's fallback threading layer (workqueue) aborts on concurrent parallel launches, so
-#: calls into the kernels are serialised (they are short); shared with fireviz.attention.
-KERNEL_LOCK = threading.Lock()
+# -- optional compiled kernels (numba, see fireviz.kernels) -----------------------------------
 #: query-row chunks of the compiled backward (partial sums per chunk); fixed, not per thread
 BACKWARD_CHUNKS = 16
 
@@ -147,17 +138,9 @@ def _build_row_kernel():
     return fire_rows, fire_rows_backward
 
 
-def _row_kernel():
-    """The compiled kernel, or None when numba is missing/disabled (torch path instead)."""
-    global _ROW_KERNEL
-    if _ROW_KERNEL is None:
-        _ROW_KERNEL = False
-        if os.environ.get("FIRE_NO_NUMBA", "") in ("", "0"):
-            try:
-                _ROW_KERNEL = _build_row_kernel()
-            except ImportError:
-                pass
-    return _ROW_KERNEL or None
+#: ``_row_kernel()``: the compiled ``(forward, backward)`` row kernels, or None without numba
+#: (the torch path is then used; both are exact).
+_row_kernel = LazyKernel(_build_row_kernel)
 
 
 def _piecewise_eval(x: torch.Tensor, bps: torch.Tensor, slope: torch.Tensor, intercept: torch.Tensor):
@@ -206,27 +189,6 @@ class _PiecewiseLinear(torch.autograd.Function):
             a = F.embedding(s, slope.t().contiguous())  # [r, k, H]
             d_x = torch.einsum("hrk,rkh->rk", g, a)
         return d_x, d_slope, d_intercept, None
-
-
-@contextlib.contextmanager
-def numba_kernel_call():
-    """Serialise one numba kernel call (``KERNEL_LOCK``) and run it with torch's thread count.
-
-    numba's OpenMP threading layer shares libgomp with torch, and its first parallel launch
-    sets the calling thread's OpenMP thread count to ``NUMBA_NUM_THREADS`` (all CPUs). Without
-    the restore below, a process started with ``OMP_NUM_THREADS=1`` silently ran torch on every
-    core after its first FIRE bias — two such training processes on two cores ran at a third of
-    their speed. torch's count is read before the call and put back after it.
-    """
-    import numba
-    with KERNEL_LOCK:
-        threads = torch.get_num_threads()
-        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-        try:
-            yield
-        finally:
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
 
 
 class _FusedRows(torch.autograd.Function):
