@@ -367,3 +367,24 @@ def test_cli_output_paths(tmp_path, capsys):
     out, module = tmp_path / "new" / "fit.json", tmp_path / "new2" / "fit.safetensors"
     assert fit_main(args + ["--out", str(out), "--save-module", str(module)]) == 0  # parents created
     assert json.loads(out.read_text())["target"] == "alibi" and module.stat().st_size > 0
+
+
+def test_fit_adam_equals_torch_optim_adam():
+    """fit.py's written-out Adam (kept to avoid torch.optim's import cost) takes the same steps
+    as torch.optim.Adam with the same settings, float64, on a non-quadratic objective."""
+    from fireviz.fit import _Adam
+
+    torch.manual_seed(0)
+    start = [torch.randn(3, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)]
+    runs = []
+    for make in (lambda ps: _Adam(ps, lr=0.05), lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.9, 0.999), eps=1e-8)):
+        ps = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = make(ps)
+        for _ in range(25):
+            opt.zero_grad()
+            loss = (ps[0].sin() ** 2).sum() + (ps[1] @ ps[1].T).exp().sum() * 1e-2 + ps[0].sum() * ps[1].mean()
+            loss.backward()
+            opt.step()
+        runs.append([p.detach() for p in ps])
+    for a, b in zip(*runs):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
