@@ -194,6 +194,7 @@ class TokenStream:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens (bytes plus one BOS per document) in the concatenated stream."""
         return int(len(self.tokens))
 
     def batch(self, starts: torch.Tensor, length: int) -> torch.Tensor:

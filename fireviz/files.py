@@ -52,7 +52,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> No
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """``atomic_write`` of UTF-8 text."""
+    """``atomic_write`` of UTF-8 text: a reader sees the old file or the whole new one, never
+    a partial write (temp file in the same folder, fsync, rename). Raises: OSError."""
     atomic_write(path, lambda p: Path(p).write_text(text, encoding="utf-8"))
 
 

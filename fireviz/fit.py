@@ -108,7 +108,7 @@ class FitTarget:
 
     @property
     def num_heads(self) -> int:
-        """Heads of the target bias."""
+        """Number of attention heads of the target bias (its first output dimension)."""
         return self.encoding.num_heads
 
     @torch.no_grad()
@@ -194,9 +194,10 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
         * ``checkpoint``: ``path`` (a checkpoint folder or Hub id), ``layer`` (0); see
           ``target_from_checkpoint``.
     Returns: a ``FitTarget``.
-    Raises: ValueError for an unknown target or parameter, num_heads < 1, Kerple r1 or r2
-      outside (0.01, ∞) (r2 <= 2 for the power variant), bad T5 bucketing/values, an odd
-      dbar; CheckpointError/ValueError from ``target_from_checkpoint``.
+    Raises: ValueError for an unknown target or parameter, num_heads < 1, an ALiBi slope
+      that is not > 0, Kerple r1 or r2 outside (0.01, ∞) (r2 <= 2 for the power variant),
+      bad T5 bucketing/values, an odd dbar, a checkpoint whose heads differ from
+      ``num_heads``; CheckpointError/ValueError from ``target_from_checkpoint``.
     """
     if name not in TARGET_NAMES:
         raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
@@ -229,8 +230,6 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
                          {"num_buckets": B, "max_distance": max_distance, "values": shown, "seed": seed})
     if name == "alibi":
         slope = params.get("slope")
-        if slope is not None and not (math.isfinite(float(slope)) and float(slope) > 0):
-            raise ValueError(f"ALiBi slope must be > 0 (got {slope}); omit it for the standard slopes")
         enc = ALiBi(H, slope=None if slope is None else float(slope))
         return FitTarget("alibi", enc, {"slope": None if slope is None else float(slope),
                                         "slopes": enc.slopes.tolist()})

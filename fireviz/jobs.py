@@ -123,7 +123,7 @@ class JobQueue:
             return job
 
     def get(self, key: str) -> Job | None:
-        """The job under ``key``, or None."""
+        """The job submitted under ``key`` (queued, running or finished), or None if there is none."""
         with self._lock:
             return self._jobs.get(key)
 

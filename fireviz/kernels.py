@@ -51,6 +51,7 @@ def numba_kernel_call():
     the restore below, a process started with ``OMP_NUM_THREADS=1`` silently ran torch on every
     core after its first FIRE bias — two such training processes on two cores ran at a third of
     their speed. torch's count is read before the call and put back after it.
+    Raises: ImportError without numba (callers enter it only after ``LazyKernel`` succeeded).
     """
     import numba
     with KERNEL_LOCK:

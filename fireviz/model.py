@@ -8,11 +8,9 @@ into the mask (added after the 1/√d_head scaling, before masking).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +81,7 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
+        """Channels per attention head: d_model // n_head (validate() requires divisibility)."""
         return self.d_model // self.n_head
 
     def resolved_encoding_options(self) -> dict:
@@ -112,6 +111,9 @@ class KVCache:
         self.length = 0  # tokens already in the cache
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new keys/values ``[batch, heads, new, head_dim]`` of ``layer`` to the cache;
+        returns all of that layer's keys and values so far ``[batch, heads, length + new, head_dim]``.
+        (``length`` itself is advanced by the model after the last layer.)"""
         if self.keys[layer] is not None:
             k = torch.cat([self.keys[layer], k], dim=2)
             v = torch.cat([self.values[layer], v], dim=2)
@@ -124,7 +126,9 @@ def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_
     """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1``.
 
     Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
-    additive encodings, bool ``[q_len, k_len]`` (True = may attend) otherwise.
+    additive encodings, on the encoding's device; bool ``[q_len, k_len]`` (True = may
+    attend) on ``device`` otherwise.
+    Raises: ValueError for bad lengths/offset (``query_positions``).
     """
     if encoding.kind == "additive":
         return encoding.masked_bias(q_len, k_len, q_offset)  # bias and −inf in as few passes as it can
@@ -193,6 +197,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x, encoding, q_offset, cache=None, layer=0, mask=None):
+        """Pre-LN residual block: x + attn(ln(x)), then + mlp(ln(x)); x ``[batch, T, d_model]``."""
         x = x + self.drop(self.attn(self.ln_1(x), encoding, q_offset, cache, layer, mask))
         return x + self.mlp(self.ln_2(x))
 
@@ -202,8 +207,13 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
     """Decoder-only language model over bytes. ``model(idx) -> logits [batch, pos, vocab]``.
 
     ``save_pretrained(dir)`` writes config.json + model.safetensors (Hugging Face layout);
-    ``GPT.from_pretrained(dir_or_repo_id)`` loads them through safetensors only, strictly.
-    Raises: ValueError for a bad config (see ``GPTConfig.validate``).
+    ``GPT.from_pretrained(dir_or_repo_id)`` loads them through safetensors only, always
+    strictly (every tensor present, none extra, shapes equal; ``strict=False`` is refused).
+    Raises: ValueError for a bad config (see ``GPTConfig.validate``); ``from_pretrained``:
+    CheckpointError for a folder without model.safetensors or config.json, an unknown or
+    invalid config field, corrupt/truncated weights or weights that do not match the config;
+    for a Hub repo id, huggingface_hub's errors (e.g. RepositoryNotFoundError,
+    EntryNotFoundError, or LocalEntryNotFoundError when offline).
     """
 
     def __init__(self, config: GPTConfig):
@@ -282,8 +292,13 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         """Sample ``max_new_tokens`` continuation tokens with a KV cache.
 
         ``idx [batch, pos]`` int64 prompt → ``[batch, pos + max_new_tokens]``.
-        temperature 0 means greedy decoding.
+        temperature 0 means greedy decoding; ``top_k`` keeps the k most likely tokens.
+        Raises: ValueError for a negative temperature, top_k < 1, max_new_tokens < 0, or
+          (from ``forward``) a total length past ``seq_len`` with absolute embeddings.
         """
+        if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 0:
+            raise ValueError(f"generate needs temperature >= 0, top_k >= 1 and max_new_tokens >= 0 "
+                             f"(got temperature={temperature}, top_k={top_k}, max_new_tokens={max_new_tokens})")
         cache = KVCache(self.config.n_layer)
         logits = self(idx, cache)[:, -1]
         out = [idx]
@@ -306,6 +321,9 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
                          local_files_only=False, token=None, map_location: str = "cpu", strict: bool = True,
                          **model_kwargs):
         """Load config.json + model.safetensors; never pickle. Raises CheckpointError."""
+        if not strict:
+            raise ValueError("fireviz checkpoints load strictly only (strict=False would leave weights "
+                             "at their random init without a word); drop strict=False")
         from huggingface_hub import hf_hub_download
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -365,12 +383,3 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
             parts.append(f"shape mismatch {mismatched[:5]}")
         raise CheckpointError(f"{source} does not match its config.json: " + "; ".join(parts))
     model.load_state_dict(state, strict=True)
-
-
-def config_from_json(path: str | os.PathLike) -> GPTConfig:
-    """Read a checkpoint's config.json into a ``GPTConfig``. Raises CheckpointError."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from e
-    return GPTConfig(**{k: v for k, v in data.items() if k in {f.name for f in fields(GPTConfig)}})

@@ -155,7 +155,7 @@ class TrainConfig:
 
     @property
     def final_lr(self) -> float:
-        """``min_lr``, or lr / 10 when unset."""
+        """Learning rate at the end of the cosine schedule: ``min_lr``, or ``lr / 10`` when unset."""
         return self.lr / 10 if self.min_lr is None else float(self.min_lr)
 
 
@@ -317,7 +317,11 @@ def derive_seed(*parts) -> int:
 def window_starts(step: int, tc: TrainConfig, num_tokens: int, seq_len: int) -> torch.Tensor:
     """Starts of the global batch of step ``step``: int64 ``[batch_size]`` in
     ``[0, num_tokens − seq_len − 1]`` (a window holds seq_len + 1 tokens: inputs and targets).
-    Uniform, from a generator seeded by ``(seed, step)`` only."""
+    Uniform, from a generator seeded by ``(seed, step)`` only.
+    Raises: TrainingError when the stream holds no window (num_tokens <= seq_len)."""
+    if num_tokens <= seq_len:
+        raise TrainingError(f"the training data holds {num_tokens} tokens, not one window of {seq_len} + 1; "
+                            "use more data or a shorter seq_len")
     g = torch.Generator().manual_seed(derive_seed(tc.seed, "data", step))
     return torch.randint(0, num_tokens - seq_len, (tc.batch_size,), generator=g)
 
@@ -602,7 +606,7 @@ def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torc
     """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
 
     Rank r of a process group evaluates windows r, r + world, …; sums are all-reduced.
-    ``micro``: windows per forward pass.
+    ``micro``: windows per forward pass. Returns NaN when there are no windows at all.
     """
     d = d or _Dist()
     was_training = model.training

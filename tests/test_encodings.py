@@ -181,6 +181,14 @@ def test_registry_errors():
         build_encoding("alibi", 4, 8).bias(5, 3)
     with pytest.raises(ValueError, match="r1 > 0 and r2 > 0"):
         KerpleLog(2, init_r1=1.0, init_r2=0.0)
+    with pytest.raises(ValueError, match="init_r1 needs one number or 4"):
+        KerpleLog(4, init_r1=[1.0, 2.0])
+    assert KerpleLog(2, init_r1=[1.0, 2.0], init_r2=0.5).r1.tolist() == [1.0, 2.0]
+    for bad in (0.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="ALiBi slope must be a finite number > 0"):
+            ALiBi(2, slope=bad)
+    with pytest.raises(ValueError, match="piecewise_linear needs mlp_depth=1"):
+        build_encoding("fire", 2, 8, mlp_depth=2).piecewise_linear()
 
 
 def test_alignment_bottom_right():

@@ -190,7 +190,7 @@ def test_t5_values():
     ("kerple_power", {"r2": 2.5}, "r2 <= 2"),
     ("kerple_log", {"r2": 0.001}, ">= 0.01"),
     ("kerple_log", {"r2": [0.5, 0.5]}, "1 or num_heads=4"),
-    ("alibi", {"slope": 0.0}, "slope must be > 0"),
+    ("alibi", {"slope": 0.0}, "slope must be a finite number > 0"),
     ("sandwich", {"dbar": 15}, "dbar"),
     ("t5", {"max_distance": 8, "num_buckets": 32}, "max_distance"),
     ("alibi", {"r1": 1.0}, "does not take"),

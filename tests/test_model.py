@@ -149,6 +149,9 @@ def test_generate_uses_cache_consistently():
     for _ in range(6):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(out, seq)
+    for kwargs in ({"temperature": -1.0}, {"top_k": 0}, {"max_new_tokens": -1}):
+        with pytest.raises(ValueError, match="generate needs"):
+            model.generate(prompt, **{"max_new_tokens": 2, **kwargs})
 
 
 def test_save_load_round_trip(tmp_path):
@@ -190,6 +193,12 @@ def test_missing_weights_and_bad_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="unknown position_encoding 'alibii'"):
         GPT.from_pretrained(tmp_path)
+
+
+def test_from_pretrained_refuses_non_strict_loading(tmp_path):
+    tiny("alibi").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="load strictly only"):
+        GPT.from_pretrained(tmp_path, strict=False)
 
 
 def test_config_errors():

@@ -120,6 +120,8 @@ def test_global_batch_is_independent_of_world_size(corpus):
     assert torch.equal(a, b) and a.shape == (8,) and int(a.max()) <= 10_000 - 33
     assert not torch.equal(a, window_starts(6, tc, 10_000, 32))     # a fresh batch every step
     assert len(set(a.tolist())) == 8
+    with pytest.raises(TrainingError, match="not one window of 32"):
+        window_starts(0, tc, 32, 32)
 
 
 def test_validation_windows_are_deterministic_and_inside_documents(corpus):

@@ -60,7 +60,11 @@ def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> Posit
         for rope_pi/yarn; ``num_buckets``/``max_distance`` for t5; FIRE's ``mlp_width``,
         ``init_L``, ``normalizer_cap`` ….
     Returns: a ``PositionEncoding`` (``kind`` = additive | rotary | none).
-    Raises: ValueError for an unknown name or an option the encoding does not take.
+    Raises: ValueError for an unknown name or an option the encoding does not take, and the
+      encodings' own ValueErrors for bad values: num_heads < 1; an odd head_dim or
+      rope_theta <= 1 (rotary kinds); a rope_scaling_factor < 1; T5 bucketing that
+      ``relative_position_bucket`` rejects; Kerple r1/r2 <= 0; an odd Sandwich dbar; a FIRE
+      mlp_depth other than 1 or 2 (each message names the value).
     """
     _check_name(name)
     unknown = set(options) - _OPTIONS[name]

@@ -38,10 +38,16 @@ class ALiBi(ToeplitzBias):
 
     Masked future keys (j > i) get ``−m_h·|i − j|`` so every entry stays finite.
     ``slope`` overrides the per-head slopes with one value for every head.
+    Source: Press et al. 2022 (ICLR), "Train Short, Test Long", §3.
+    Raises: ValueError for num_heads < 1 or a slope that is not a finite number > 0 (a zero
+    or negative slope is no recency bias at all).
     """
 
     def __init__(self, num_heads: int, slope: float | None = None):
         super().__init__(num_heads)
+        if slope is not None and not (math.isfinite(float(slope)) and float(slope) > 0):
+            raise ValueError(f"ALiBi slope must be a finite number > 0 (got {slope}); omit it for the "
+                             "standard per-head slopes alibi_slopes(num_heads)")
         slopes = alibi_slopes(num_heads) if slope is None else torch.full((num_heads,), float(slope))
         self.register_buffer("slopes", slopes, persistent=False)
 

@@ -100,6 +100,8 @@ class ToeplitzBias(PositionEncoding):
     kind = "additive"
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """g(d): logits ``[num_heads, *d.shape]`` (float32) for integer distances ``d = i − j``
+        in tokens, negative (future) ones included. Subclasses implement it."""
         raise NotImplementedError
 
     def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
@@ -129,6 +131,7 @@ class ToeplitzBias(PositionEncoding):
 
     @property
     def device(self) -> torch.device:
+        """Device of the encoding's parameters/buffers (CPU when it has none)."""
         for t in list(self.parameters()) + list(self.buffers()):
             return t.device
         return torch.device("cpu")

@@ -312,7 +312,12 @@ class FIRE(PositionEncoding):
         return self.mlp(x.unsqueeze(-1)).movedim(-1, 0)
 
     def bias_reference(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
-        """The plain formula over all pairs at once (memory q·k·width): for tests and audits."""
+        """The plain formula over all pairs at once (memory q·k·width): for tests and audits.
+
+        Returns ``[num_heads, q_len, k_len]`` float32 logits, eq. 3–4 evaluated literally,
+        future keys included (no mask). Raises: ValueError for bad lengths/offset
+        (``query_positions``).
+        """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         dev = self.c.device
         x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev),
@@ -323,10 +328,17 @@ class FIRE(PositionEncoding):
     def piecewise_linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """f_θ as a piecewise-linear function (mlp_depth = 1 only).
 
-        Returns ``(breakpoints [K] sorted, slope [H, K+1], intercept [H, K+1])`` such that
-        f_h(x) = slope[h, s]·x + intercept[h, s] with s = searchsorted(breakpoints, x).
-        Differentiable in the MLP parameters.
+        A one-hidden-layer ReLU MLP of a scalar is piecewise linear with a breakpoint at
+        x = −b_k/w_k for each hidden unit with w_k ≠ 0.
+        Returns ``(breakpoints [K] sorted, slope [H, K+1], intercept [H, K+1])``, float32 like
+        the parameters, K ≤ mlp_width, such that f_h(x) = slope[h, s]·x + intercept[h, s] with
+        s = searchsorted(breakpoints, x). Differentiable in the MLP parameters (not in the
+        breakpoints, which are detached).
+        Raises: ValueError when mlp_depth != 1 (a deeper MLP has no such closed form here).
         """
+        if self.mlp_depth != 1:
+            raise ValueError(f"piecewise_linear needs mlp_depth=1 (this FIRE has mlp_depth={self.mlp_depth}); "
+                             "use mlp_forward for deeper MLPs")
         lin1, lin2 = self.mlp[0], self.mlp[2]
         w, b = lin1.weight[:, 0], lin1.bias  # [W]
         W2, b2 = lin2.weight, lin2.bias  # [H, W], [H]

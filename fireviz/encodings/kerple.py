@@ -14,10 +14,21 @@ KERPLE_POWER_MAX = 2.0
 
 
 class _Kerple(ToeplitzBias):
+    """Shared parameters of the two KERPLE variants (Chi et al. 2022, NeurIPS, §4.2).
+
+    Args: ``init_r1``, ``init_r2``: a number (every head) or ``num_heads`` numbers; None
+    draws the reference init r1 ~ U(0, 2), r2 ~ U(0, 1) per head from torch's global RNG
+    (the model's seed). Raises: ValueError for a given value <= 0 or a list whose length
+    is not ``num_heads``.
+    """
+
     def __init__(self, num_heads: int, init_r1: float | list[float] | None = None,
                  init_r2: float | list[float] | None = None):
         super().__init__(num_heads)
-        # Reference init: r1 ~ U(0, 2), r2 ~ U(0, 1) per head (drawn from the model's seed).
+        for name, v in (("init_r1", init_r1), ("init_r2", init_r2)):
+            if v is not None and torch.as_tensor(v).numel() not in (1, num_heads):
+                raise ValueError(f"Kerple {name} needs one number or {num_heads} (one per head); got "
+                                 f"{torch.as_tensor(v).numel()}")
         r1 = torch.rand(num_heads) * 2 if init_r1 is None else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
         r2 = torch.rand(num_heads) if init_r2 is None else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
         if init_r1 is not None and (r1 <= 0).any() or init_r2 is not None and (r2 <= 0).any():
@@ -39,6 +50,7 @@ class KerpleLog(_Kerple):
     """
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        """``[num_heads, *d.shape]`` float32 logits for distances ``d = i − j`` (tokens)."""
         r1, r2 = (p.view(-1, *([1] * d.dim())) for p in self.constrained())
         return -r1 * torch.log1p(r2 * d.abs().float())
 
@@ -52,6 +64,7 @@ class KerplePower(_Kerple):
     """
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        """``[num_heads, *d.shape]`` float32 logits for distances ``d = i − j`` (tokens)."""
         r1, r2 = (p.view(-1, *([1] * d.dim())) for p in self.constrained())
         dist = d.abs().float()
         nonzero = dist > 0

@@ -43,6 +43,9 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
                   beta_fast: float = 32, beta_slow: float = 1) -> tuple[torch.Tensor, float]:
     """YaRN frequencies and attention factor (Peng et al. 2023, §3.2–3.4; HF reference).
 
+    ``original_max_position_embeddings``: the training context in tokens; ``beta_fast`` /
+    ``beta_slow``: numbers of full rotations over that context that bound the ramp
+    (dim(β) is the frequency index that turns β times over it).
     Frequencies with index below ``low = floor(dim(beta_fast))`` keep θ_k (extrapolate),
     those above ``high = ceil(dim(beta_slow))`` become θ_k / s (interpolate), with a linear
     ramp in between.

@@ -28,6 +28,10 @@ class Sandwich(ToeplitzBias):
     ``b_h(d) = (S(d) − dbar/2) / r_h`` with ``r_h = 8h/H`` for h = 1..H (the ALiBi-style
     ratios of the reference code), so b_h(0) = 0 and every head penalises distance, the
     first heads most. Masked future keys use |d|.
+    Args: ``dbar`` (128): the sinusoid dimension d̄ of S(d) = Σ_k cos(d / 10000^(2k/d̄)).
+    Source: Chi et al. 2023 (ACL), "Dissecting Transformer Length Extrapolation via the Lens
+      of Receptive Field Analysis", §5.
+    Raises: ValueError for num_heads < 1 or an odd dbar or one below 2.
     """
 
     def __init__(self, num_heads: int, dbar: int = 128):

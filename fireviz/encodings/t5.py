@@ -61,6 +61,12 @@ class T5RelativeBias(ToeplitzBias):
     Parameters: ``relative_attention_bias`` float32 ``[num_buckets, num_heads]`` (logits),
     initialised N(0, 0.02²) — one table per layer in fireviz's GPT (T5 shares it across
     layers; per-layer tables are the FIRE paper's baseline setup).
+    Args: ``num_buckets`` (32), ``max_distance`` (128 tokens: distances beyond it share the
+      last bucket), ``bidirectional`` (False: causal LM bucketing, future keys in bucket 0),
+      ``init_std`` (0.02, logits).
+    Source: Raffel et al. 2020 (JMLR), §2.1; HF transformers ``T5Attention._relative_position_bucket``.
+    Raises: ValueError for num_heads < 1 or bucketing that ``relative_position_bucket``
+      rejects (e.g. too few buckets, max_distance not above the exact range).
     """
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
