@@ -56,6 +56,9 @@ from .model import CheckpointError
 
 #: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
 TARGET_NAMES: tuple[str, ...] = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich", "checkpoint")
+#: Position encodings of a checkpoint whose learned bias can be a fit target (Toeplitz biases:
+#: a function of i − j only, which Theorem 3.1 covers).
+FITTABLE_ENCODINGS: tuple[str, ...] = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")
 
 #: Keyword parameters each target takes (see ``make_target``).
 TARGET_PARAMS: dict[str, frozenset[str]] = {
@@ -269,7 +272,7 @@ def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
-    allowed = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")
+    allowed = FITTABLE_ENCODINGS
     enc = model.encoding(int(layer))
     if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
         raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
@@ -828,14 +831,27 @@ class _CLIError(Exception):
     pass
 
 
-def _numbers(text: str, what: str) -> list[float] | float:
+def parse_numbers(text: str, what: str) -> list[float] | float:
+    """``"0.5"`` → 0.5, ``"0.5, 1,2"`` → [0.5, 1.0, 2.0]: a per-head parameter as typed on the
+    command line or in the app (Kerple r1/r2, T5 bucket values).
+
+    Raises: ValueError naming ``what`` for text that is empty or not comma-separated numbers.
+    """
     try:
         vals = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise _CLIError(f"{what} must be a number or comma-separated numbers (got {text!r})") from None
+        raise ValueError(f"{what} must be a number or comma-separated numbers (got {text!r}); "
+                         "example: 0.5 or 0.5,1,1.5,2") from None
     if not vals:
-        raise _CLIError(f"{what} is empty")
+        raise ValueError(f"{what} is empty; give a number or comma-separated numbers")
     return vals[0] if len(vals) == 1 else vals
+
+
+def _numbers(text: str, what: str) -> list[float] | float:
+    try:
+        return parse_numbers(text, what)
+    except ValueError as e:
+        raise _CLIError(str(e)) from None
 
 
 def _t5_values(text: str):

@@ -46,16 +46,15 @@ with left:
                                 key=ui.url_state(P, name, ""))
             if txt.strip():
                 try:
-                    vals = [float(v) for v in txt.split(",") if v.strip()]
-                except ValueError:
-                    ui.error(f"{name} must be numbers separated by commas (got {txt!r}).", "Example: 0.5 or 0.5,1,1.5,2")
+                    params[name] = fit.parse_numbers(txt, name)
+                except ValueError as e:
+                    ui.error(str(e), "Example: 0.5 or 0.5,1,1.5,2")
                     st.stop()
-                params[name] = vals[0] if len(vals) == 1 else vals
     elif target == "sandwich":
         params["dbar"] = st.number_input("d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096))
     else:
         found, _ = ui.list_checkpoints()
-        toeplitz = [i for i in found if i.position_encoding in ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")]
+        toeplitz = [i for i in found if i.position_encoding in fit.FITTABLE_ENCODINGS]
         if not toeplitz:
             ui.error("No checkpoint with a T5, ALiBi, Kerple or Sandwich bias was found.",
                      f"Train one ({ui.ck.TRAIN_HINT}) or pick another target.")

@@ -261,6 +261,9 @@ def test_fit_bad_kerple_parameter_is_a_clear_error(app_env):
     at.button(key="fit_go").click().run()
     no_exception(at)
     assert any("r1" in e.value and "Cannot fit" in e.value for e in at.error)
+    at = page("pages/2_Fit_FIRE.py", target="kerple_log", r1="0.5,x", steps="0").run()
+    no_exception(at)
+    assert any("r1 must be a number or comma-separated numbers" in e.value for e in at.error)
 
 
 # -- Length generalization ----------------------------------------------------------------------
