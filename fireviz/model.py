@@ -8,9 +8,11 @@ into the mask (added after the 1/√d_head scaling, before masking).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -64,8 +66,21 @@ class GPTConfig:
     def validate(self) -> "GPTConfig":
         """Check every field; returns self. Raises ValueError with the field and the fix."""
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "attn_query_block"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"GPTConfig.{name} must be >= 1 (got {getattr(self, name)})")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"GPTConfig.{name} must be an integer (got {v!r} of type {type(v).__name__})")
+            if v < 1:
+                raise ValueError(f"GPTConfig.{name} must be >= 1 (got {v})")
+        if not isinstance(self.absolute_position_embedding, bool):
+            raise ValueError(f"GPTConfig.absolute_position_embedding must be true or false "
+                             f"(got {self.absolute_position_embedding!r})")
+        if not isinstance(self.encoding_options, dict) or not isinstance(self.training, dict):
+            raise ValueError("GPTConfig.encoding_options and .training must be dicts (JSON objects); "
+                             f"got {type(self.encoding_options).__name__} and {type(self.training).__name__}")
+        if not isinstance(self.position_encoding, str):
+            raise ValueError(f"GPTConfig.position_encoding must be a name (got {self.position_encoding!r})")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
+            raise ValueError(f"GPTConfig.dropout must be a number in [0, 1) (got {self.dropout!r})")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.position_encoding not in ENCODING_NAMES:
@@ -77,6 +92,13 @@ class GPTConfig:
                              f"{sorted(bad)}; allowed: {sorted(encoding_options(self.position_encoding))}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        try:  # option *values* are checked by the encoding itself; a throwaway build (small), RNG untouched
+            with torch.random.fork_rng(devices=[]):
+                build_encoding(self.position_encoding, self.n_head, self.d_model // self.n_head,
+                               **self.resolved_encoding_options())
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"encoding_options {self.encoding_options} are invalid for "
+                             f"{self.position_encoding!r}: {e}") from None
         return self
 
     @property
@@ -219,7 +241,12 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
     def __init__(self, config: GPTConfig):
         super().__init__()
         if isinstance(config, dict):
-            config = GPTConfig(**config)
+            try:
+                config = GPTConfig(**config)
+            except TypeError as e:
+                raise ValueError(f"GPT config has a field GPTConfig does not know: {e}") from None
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"GPT needs a GPTConfig or a dict of its fields (got {type(config).__name__})")
         self.config = config.validate()
         c = config
         self.wte = nn.Embedding(c.vocab_size, c.d_model)
@@ -293,12 +320,21 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
 
         ``idx [batch, pos]`` int64 prompt → ``[batch, pos + max_new_tokens]``.
         temperature 0 means greedy decoding; ``top_k`` keeps the k most likely tokens.
-        Raises: ValueError for a negative temperature, top_k < 1, max_new_tokens < 0, or
-          (from ``forward``) a total length past ``seq_len`` with absolute embeddings.
+        Raises: ValueError for a negative or non-finite temperature, top_k not an integer >= 1,
+          max_new_tokens < 0, a prompt that is not int64 [batch, pos], or (checked before
+          sampling) prompt + max_new_tokens past ``seq_len`` with absolute embeddings.
         """
-        if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 0:
-            raise ValueError(f"generate needs temperature >= 0, top_k >= 1 and max_new_tokens >= 0 "
+        if (not (math.isfinite(temperature) and temperature >= 0) or max_new_tokens < 0
+                or (top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1))):
+            raise ValueError(f"generate needs a finite temperature >= 0, an integer top_k >= 1 and max_new_tokens >= 0 "
                              f"(got temperature={temperature}, top_k={top_k}, max_new_tokens={max_new_tokens})")
+        if idx.dim() != 2 or idx.dtype != torch.long:
+            raise ValueError(f"generate needs an int64 prompt [batch, pos] (got {idx.dtype} {tuple(idx.shape)}); "
+                             "for one prompt use idx[None]")
+        if self.config.absolute_position_embedding and idx.shape[1] + max_new_tokens > self.config.seq_len:
+            raise ValueError(f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds seq_len="
+                             f"{self.config.seq_len}, the most an absolute position embedding can place; "
+                             "generate fewer tokens")
         cache = KVCache(self.config.n_layer)
         logits = self(idx, cache)[:, -1]
         out = [idx]
@@ -317,6 +353,34 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
 
     # -- checkpoints: safetensors only --------------------------------------------------------
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> "GPT":
+        """Load a checkpoint folder or a Hugging Face Hub repo id (config.json + model.safetensors).
+
+        A local folder's config.json is checked here first (readable, a JSON object); a path
+        that can only be local (absolute, ``./``, ``../``, ``~``, or more than one ``/``) and
+        does not exist is refused instead of being tried as a Hub repo id. Keyword arguments
+        are huggingface_hub's (``revision``, ``cache_dir``, ``token``, ``local_files_only``,
+        ``map_location``, …); model settings come from config.json only.
+        Raises: CheckpointError (see the class docstring), ValueError for a model keyword
+          such as ``n_layer=…`` or a ``map_location`` that is not a usable device.
+        """
+        path = os.fspath(pretrained_model_name_or_path)
+        if os.path.isdir(path):
+            cfg = Path(path) / "config.json"
+            if cfg.exists():
+                try:
+                    data = json.loads(cfg.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise CheckpointError(f"{cfg} is not readable JSON ({e}); restore it or retrain") from e
+                if not isinstance(data, dict):
+                    raise CheckpointError(f"{cfg} is not a JSON object (got {type(data).__name__}); a fireviz "
+                                          "config.json maps GPTConfig field names to values")
+        elif os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
+            raise CheckpointError(f"{path} is not a checkpoint folder (no such directory); give a folder "
+                                  "with config.json and model.safetensors, or a Hub repo id 'owner/name'")
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
                          local_files_only=False, token=None, map_location: str = "cpu", strict: bool = True,
                          **model_kwargs):
@@ -324,6 +388,16 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         if not strict:
             raise ValueError("fireviz checkpoints load strictly only (strict=False would leave weights "
                              "at their random init without a word); drop strict=False")
+        extra = sorted(set(model_kwargs) - {"config"})
+        if extra:
+            raise ValueError(f"from_pretrained takes no model settings ({', '.join(extra)}): the model is what "
+                             "config.json says; build GPT(GPTConfig(...)) for another shape")
+        try:
+            device = torch.device(map_location)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"map_location={map_location!r} is not a device ({e}); use 'cpu' or 'cuda'") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"map_location={map_location!r} but this torch has no CUDA device; use 'cpu'")
         from huggingface_hub import hf_hub_download
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -348,7 +422,7 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             raise CheckpointError(f"{model_id} has no config.json")
         try:
             model = cls(config)
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
         try:
             state = load_file(weights, device=str(map_location))

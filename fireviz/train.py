@@ -691,6 +691,10 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         if model_config is None or train_config is None:
             raise TrainingError("model_config and train_config are required unless resuming")
         if has_checkpoint(out):
+            if not (out / "trainer_state.safetensors").exists():
+                raise TrainingError(f"{out} holds files of a run that stopped before its first checkpoint (no "
+                                    "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
+                                    "or choose another --out (nothing was overwritten)")
             raise TrainingError(f"{out} already holds a checkpoint; pass --resume to continue it or choose "
                                 "another --out (nothing was overwritten)")
         if out.exists() and not out.is_dir():
@@ -910,5 +914,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         vals = ", ".join(f"{k}={result[k]:.4f}" for k in ("loss", "val_loss", "val_loss_4x") if result[k] is not None)
-        print(f"trained to step {result['step']} ({result['tokens']} tokens) → {result['out_dir']}: {vals}")
+        print(f"trained to step {result['step']} ({result['tokens']} tokens) → {result['out_dir']}" + (f": {vals}" if vals else ""))
     return 0

@@ -427,3 +427,13 @@ print("threads", torch.get_num_threads())
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "threads 1"
+
+
+def test_bias_lengths_must_be_integers():
+    enc = build_encoding("alibi", 2, 8)
+    for args, match in (((2.5, 4), "q_len must be an integer"), ((True, 4), "q_len must be an integer"),
+                        ((2, 4, 1.5), "q_offset must be an integer"), ((2, 4, -1), "must be >= 0"),
+                        ((5, 3), "q_len=5 > k_len=3")):
+        with pytest.raises(ValueError, match=match):
+            enc.bias(*args)
+    assert enc.bias(2, 4, 1).shape == (2, 2, 4)

@@ -149,9 +149,12 @@ def test_generate_uses_cache_consistently():
     for _ in range(6):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(out, seq)
-    for kwargs in ({"temperature": -1.0}, {"top_k": 0}, {"max_new_tokens": -1}):
+    for kwargs in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_k": 0}, {"top_k": 2.5},
+                   {"max_new_tokens": -1}):
         with pytest.raises(ValueError, match="generate needs"):
             model.generate(prompt, **{"max_new_tokens": 2, **kwargs})
+    with pytest.raises(ValueError, match=r"idx\[None\]"):
+        model.generate(prompt[0], 2)
 
 
 def test_save_load_round_trip(tmp_path):
@@ -225,3 +228,44 @@ def test_out_of_vocabulary_ids_refused():
 def test_fire_default_threshold_is_quarter_training_length():
     model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=512, position_encoding="fire"))
     assert model.encoding(0).threshold().item() == pytest.approx(128.0)
+
+
+def test_from_pretrained_names_bad_config_files_and_arguments(tmp_path):
+    """A damaged config.json, a model keyword, a bad device or a missing local folder: each a
+    CheckpointError/ValueError naming the problem, never a raw AttributeError/TypeError."""
+    tiny("alibi").save_pretrained(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    good = cfg_path.read_text()
+    for text, match in (("[1]", "not a JSON object"), ("{bad", "not readable JSON"),
+                        (json.dumps({**json.loads(good), "n_layer": "1"}), "n_layer must be an integer")):
+        cfg_path.write_text(text)
+        with pytest.raises(CheckpointError, match=match):
+            GPT.from_pretrained(tmp_path)
+    cfg_path.write_text(good)
+    with pytest.raises(ValueError, match="takes no model settings"):
+        GPT.from_pretrained(tmp_path, n_layer=5)
+    with pytest.raises(ValueError, match="not a device"):
+        GPT.from_pretrained(tmp_path, map_location="bogus")
+    with pytest.raises(CheckpointError, match="no such directory"):
+        GPT.from_pretrained(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"d_model": 16.0}, "d_model must be an integer"),
+    ({"n_layer": True}, "n_layer must be an integer"),
+    ({"absolute_position_embedding": "no"}, "true or false"),
+    ({"encoding_options": None}, "must be dicts"),
+    ({"dropout": "0.1"}, "dropout must be a number"),
+    ({"position_encoding": "fire", "encoding_options": {"init_L": 0}}, "init_L"),
+    ({"position_encoding": "kerple_log", "encoding_options": {"init_r1": float("nan")}}, "r1 > 0"),
+    ({"position_encoding": "rope", "encoding_options": {"rope_theta": float("nan")}}, "rope_theta"),
+])
+def test_config_validate_checks_types_and_option_values(fields, match):
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**fields).validate()
+
+
+def test_config_validate_leaves_the_global_rng_alone():
+    state = torch.get_rng_state()
+    GPTConfig(position_encoding="kerple_log").validate()  # builds (and drops) an encoding that draws r1, r2
+    assert torch.equal(state, torch.get_rng_state())

@@ -401,6 +401,20 @@ def test_out_dir_with_checkpoint_is_never_overwritten(fresh, capsys):
     assert _snapshot(run) == before
 
 
+def test_out_dir_of_a_run_killed_before_its_first_checkpoint(fresh, capsys):
+    """Only a log left: a fresh start and --resume agree that the folder must go (and keep it)."""
+    cfg, run = fresh
+    for f in run.iterdir():
+        if f.name != "train_log.jsonl":
+            f.unlink()
+    before = _snapshot(run)
+    code, err = _cli(["--config", str(cfg), "--out", str(run)], capsys)
+    _assert_one_line(code, err, "stopped before its first checkpoint", "delete the folder")
+    code, err = _cli(["--out", str(run), "--resume"], capsys)
+    _assert_one_line(code, err, "stopped before its first", "delete the folder")
+    assert _snapshot(run) == before
+
+
 @pytest.mark.parametrize("damage", ["truncate_state", "corrupt_state", "truncate_json", "corrupt_model"])
 def test_corrupt_or_truncated_checkpoint_on_resume(fresh, capsys, damage):
     cfg, run = fresh

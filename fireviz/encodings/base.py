@@ -8,6 +8,7 @@ Three kinds:
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,17 +24,23 @@ def query_positions(q_len: int, k_len: int, q_offset: int | None) -> tuple[int, 
     ``0 … k_len − 1``. The default ``q_offset = k_len − q_len`` aligns queries bottom-right,
     as with a KV cache (x-transformers' convention).
 
-    Raises: ValueError for non-positive lengths or a negative offset.
+    Raises: ValueError for lengths or an offset that are not integers (bools and floats
+    included), non-positive lengths or a negative offset.
     """
+    for name, v in (("q_len", q_len), ("k_len", k_len), ("q_offset", q_offset)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise ValueError(f"{name} must be an integer number of tokens (got {v!r})")
     if q_len < 1 or k_len < 1:
         raise ValueError(f"q_len and k_len must be >= 1 (got q_len={q_len}, k_len={k_len})")
     if q_offset is None:
+        if q_len > k_len:
+            raise ValueError(f"q_len={q_len} > k_len={k_len}: the default bottom-right alignment puts queries "
+                             "before the first key; pass an explicit q_offset >= 0 (queries at absolute "
+                             "positions q_offset…)")
         q_offset = k_len - q_len
     if q_offset < 0:
-        raise ValueError(
-            f"q_offset={q_offset} is negative: with q_len={q_len} > k_len={k_len} pass an "
-            "explicit q_offset >= 0 (queries at absolute positions q_offset…)"
-        )
+        raise ValueError(f"q_offset={q_offset} is negative; queries sit at absolute positions q_offset… "
+                         "so it must be >= 0")
     return int(q_offset), int(k_len)
 
 

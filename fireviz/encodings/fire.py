@@ -23,6 +23,8 @@ plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -257,11 +259,11 @@ class FIRE(PositionEncoding):
         super().__init__(num_heads)
         if mlp_width < 1:
             raise ValueError(f"mlp_width must be >= 1 (got {mlp_width})")
-        if init_L <= 0 or eps <= 0:
+        if not (math.isfinite(init_L) and init_L > 0 and math.isfinite(eps) and eps > 0):
             raise ValueError(f"init_L and eps must be > 0 (got init_L={init_L}, eps={eps})")
         if mlp_depth not in (1, 2):
             raise ValueError(f"mlp_depth must be 1 or 2 (got {mlp_depth})")
-        if normalizer_cap is not None and normalizer_cap < 1:
+        if normalizer_cap is not None and not normalizer_cap >= 1:
             raise ValueError(f"normalizer_cap must be >= 1 token or None (got {normalizer_cap})")
         self.mlp_width, self.init_L, self.eps = mlp_width, float(init_L), float(eps)
         self.progressive_interpolation = progressive_interpolation

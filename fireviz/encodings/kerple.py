@@ -31,7 +31,7 @@ class _Kerple(ToeplitzBias):
                                  f"{torch.as_tensor(v).numel()}")
         r1 = torch.rand(num_heads) * 2 if init_r1 is None else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
         r2 = torch.rand(num_heads) if init_r2 is None else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
-        if init_r1 is not None and (r1 <= 0).any() or init_r2 is not None and (r2 <= 0).any():
+        if init_r1 is not None and not (r1.isfinite() & (r1 > 0)).all() or init_r2 is not None and not (r2.isfinite() & (r2 > 0)).all():
             raise ValueError(f"Kerple needs r1 > 0 and r2 > 0 (got r1={r1.tolist()}, r2={r2.tolist()})")
         self.r1 = nn.Parameter(r1.float())
         self.r2 = nn.Parameter(r2.float())

@@ -23,7 +23,7 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     if head_dim < 2 or head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim >= 2 (got {head_dim})")
-    if base <= 1:
+    if not (math.isfinite(base) and base > 1):
         raise ValueError(f"rope_theta (base) must be > 1 (got {base})")
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
     return (1.0 / base**exponent).float()
@@ -52,10 +52,13 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
 
     Returns: ``(inv_freq float32 [head_dim // 2], attention_factor)``; fireviz multiplies
     both q and k by attention_factor once, so the logits scale by its square (= 1/t).
-    Raises: ValueError for factor < 1 or bad head_dim/base.
+    Raises: ValueError for factor < 1, beta_fast <= beta_slow, or bad head_dim/base.
     """
-    if factor < 1:
+    if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"rope_scaling factor must be >= 1 (got {factor})")
+    if not beta_fast > beta_slow > 0:
+        raise ValueError(f"YaRN needs beta_fast > beta_slow > 0 rotations (got beta_fast={beta_fast}, "
+                         f"beta_slow={beta_slow}; the paper uses 32 and 1)")
     theta = rope_inv_freq(head_dim, base).double()
     low = max(math.floor(_yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)), 0)
     high = min(math.ceil(_yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)), head_dim - 1)
@@ -97,7 +100,7 @@ class RotaryEmbedding(PositionEncoding):
             kind = self.rope_scaling.get("type")
             factor = float(self.rope_scaling.get("factor", 1.0))
             if kind == "pi":
-                if factor < 1:
+                if not (math.isfinite(factor) and factor >= 1):
                     raise ValueError(f"rope_scaling factor must be >= 1 (got {factor})")
                 inv_freq = inv_freq / factor  # identical to dividing positions by s
             elif kind == "yarn":

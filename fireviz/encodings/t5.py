@@ -65,13 +65,15 @@ class T5RelativeBias(ToeplitzBias):
       last bucket), ``bidirectional`` (False: causal LM bucketing, future keys in bucket 0),
       ``init_std`` (0.02, logits).
     Source: Raffel et al. 2020 (JMLR), §2.1; HF transformers ``T5Attention._relative_position_bucket``.
-    Raises: ValueError for num_heads < 1 or bucketing that ``relative_position_bucket``
+    Raises: ValueError for num_heads < 1, init_std < 0, or bucketing that ``relative_position_bucket``
       rejects (e.g. too few buckets, max_distance not above the exact range).
     """
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = False, init_std: float = 0.02):
         super().__init__(num_heads)
+        if not (math.isfinite(init_std) and init_std >= 0):
+            raise ValueError(f"T5 init_std must be a finite number >= 0 (got {init_std}); the reference uses 0.02")
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional
