@@ -458,6 +458,9 @@ def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classi
                                  else default_query_positions(cfg.seq_len))
     if classify_at is None:
         classify_at = positions[0]
+        if classify_at < 1:
+            raise ValueError(f"the smallest query position is {classify_at}, where a query sees only itself; the "
+                             "locality classification needs one >= 1 (e.g. --query-positions 511,4095)")
     classify_at = int(classify_at)
     if classify_at < 1:
         raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")

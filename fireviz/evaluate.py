@@ -496,6 +496,9 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})")
     if position_buckets < 1:
         raise EvaluationError(f"position_buckets must be >= 1 (got {position_buckets})")
+    if batch_tokens is not None and not (isinstance(batch_tokens, int) and batch_tokens >= 1):
+        raise EvaluationError(f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
+                              "default (8192 on CPU, 16384 on CUDA)")
     dev = resolve_device(device)
     precision = "bfloat16-autocast" if dev.type == "cuda" else "float32"
     batch_tokens = int(batch_tokens or (16384 if dev.type == "cuda" else 8192))
@@ -726,6 +729,13 @@ def main(argv: list[str] | None = None) -> int:
     or when no length of any checkpoint could be evaluated, 130 when interrupted."""
     args = build_parser().parse_intermixed_args(argv)
     bar = None
+    if args.out:  # refuse a bad output path before the evaluation, not after it
+        out = Path(args.out)
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
+        if out.is_dir() or blocker is not None:
+            print(f"fireviz eval: error: --out {out} " + ("is a folder" if out.is_dir() else f"lies under {blocker}, "
+                  "which is a file") + "; give a file path such as results.json", file=sys.stderr)
+            return 2
 
     def progress(done: int, total: int, message: str) -> None:
         nonlocal bar

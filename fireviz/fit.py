@@ -940,9 +940,9 @@ def main(argv: list[str] | None = None) -> int:
         a = parser.parse_args(argv)
     except SystemExit as e:  # argparse already printed usage + the error
         return int(e.code or 0)
-    for flag, out in (("--out", a.out), ("--save-module", a.save_module)):
+    for flag, out, example in (("--out", a.out, "fit.json"), ("--save-module", a.save_module, "fire_fit.safetensors")):
         if out and Path(out).is_dir():  # refuse before computing, not after
-            print(f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / 'fit.json'}",
+            print(f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / example}",
                   file=sys.stderr)
             return 2
     try:

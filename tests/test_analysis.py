@@ -354,6 +354,7 @@ def test_cli_default_out_is_in_checkpoint(checkpoint):
     (["{missing}"], "does not exist"),
     (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
     (["{ckpt}", "--query-positions", "-5"], "negative"),
+    (["{ckpt}", "--query-positions", "0"], "needs one >= 1"),
     (["{ckpt}", "--matrix", "9:3"], "matrix window"),
     (["{ckpt}", "--text", "{missing}"], "cannot read"),
     (["{ckpt}", "--text", "{short}"], "longer text"),

@@ -513,11 +513,15 @@ def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
     (["CKPT_MISSING"], "not found"),
     (["--rope-scaling", "pi"], "needs a RoPE checkpoint"),
     (["--stride", "4"], "only to mode='sliding'"),
+    (["--batch-tokens", "0"], "batch_tokens must be an integer >= 1"),
+    (["--out", "OUT_DIR"], "is a folder"),
+    (["--out", "OUT_UNDER_FILE"], "which is a file"),
 ])
 def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"text": ""}) + "\n")
-    args = [{"EMPTY": str(empty), "CKPT_MISSING": str(tmp_path / "missing")}.get(a, a) for a in args]
+    args = [{"EMPTY": str(empty), "CKPT_MISSING": str(tmp_path / "missing"), "OUT_DIR": str(tmp_path),
+             "OUT_UNDER_FILE": str(empty / "r.json")}.get(a, a) for a in args]
     base = [str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8", "--cache-dir", str(cache)]
     if "--data" in args:
         base = base[:1] + base[3:]

@@ -333,6 +333,7 @@ def test_cli_writes_json(tmp_path, capsys):
     (["--target", "checkpoint", "--max-len", "64"], "needs --checkpoint PATH"),
     (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "does not exist"),
     (["--target", "kerple_log", "--max-len", "64", "--r1", "a,b"], "comma-separated numbers"),
+    (["--target", "alibi", "--max-len", "64", "--save-module", "."], "such as fire_fit.safetensors"),
 ])
 def test_cli_bad_parameters(argv, match, capsys):
     assert main(argv + ["--quiet"]) == 2
