@@ -92,7 +92,7 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
         lines += [f"| {r['step']} | {r.get('tokens', 0):,} | {r['val_loss']:.3f} | {r.get('val_loss_4x', float('nan')):.3f} |"
                   for r in vals]
         lines.append("")
-    lines += [f"Evaluation (bits per byte, non-overlapping windows, {budget} tokens per length, validation split):", "",
+    lines += [f"Evaluation (bits per byte, non-overlapping windows, at least {budget} scored tokens per length, validation split):", "",
               "| data | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
     for r in results:
         row = {e["length"]: e for e in r["per_length"]}
@@ -230,7 +230,7 @@ def main() -> int:
         atomic_write_text(readme, text)
     md = ["# Results: bits per byte by evaluation length", "",
           f"Non-overlapping windows from validation documents at least as long as the window, "
-          f"{args.token_budget} scored tokens per length, seed {args.seed}; training length 512 bytes. "
+          f"at least {args.token_budget} scored tokens per length (whole windows), seed {args.seed}; training length 512 bytes. "
           "Lower is better.", ""]
     for domain, runs in table.items():
         md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]
