@@ -516,6 +516,51 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
 
 
 
+def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: Sequence[int],
+                    run: bool) -> tuple[list[dict], list]:
+    """The background evaluations behind the Length generalization page, one per spec.
+
+    ``specs``: ``(checkpoint paths, evaluate settings, label suffix)``. For each: the job with
+    these arguments in this process (``jobs.find_evaluation``), else a cache-only probe that
+    computes nothing; with ``run`` (the Run button) a missing, failed or cancelled job is
+    submitted. Errors and cancellations are shown (problem and fix); unfinished jobs get a
+    live ``job_panel``. Returns ``(results of finished jobs, unfinished jobs)``; stops the
+    page (``st.stop``) when a checkpoint cannot be read.
+    """
+    from . import jobs
+
+    results, pending = [], []
+    for paths, s, suffix in specs:
+        try:
+            job = jobs.find_evaluation(paths, data, lengths, s)
+            if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
+                job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix)
+        except CheckpointError as e:  # its message names the problem and the fix
+            error(f"Cannot read a checkpoint: {e}")
+            st.stop()
+        if job is None:  # never run in this process: look in the on-disk cache without computing
+            job = jobs.find_evaluation(paths, data, lengths, s, probe=True) or \
+                jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True)
+            if job.status == jobs.CANCELLED:
+                continue  # not (fully) cached: press Run
+        if job.status not in jobs.FINISHED:
+            pending.append(job)
+        if job.status == jobs.ERROR:
+            text, bad_checkpoint = job_error_text(job.error)
+            if bad_checkpoint:
+                error(f"Cannot evaluate: {text}")
+            else:
+                error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
+        elif job.status == jobs.CANCELLED and job.result is None and job.description.get("probe") is None:
+            st.warning("The evaluation was cancelled; lengths it finished are cached. Press **Run** to go on.")
+        elif job.status == jobs.DONE:
+            results += job.result
+    for job in pending:
+        queue_name = "probe" if job.description.get("probe") else "evaluate"
+        job_panel(job.key, queue_name, page, cancel_label=None if queue_name == "probe" else "Cancel")
+    return results, pending
+
+
 # -- evaluation helpers -----------------------------------------------------------------------
 UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
 

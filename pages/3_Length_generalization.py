@@ -1,13 +1,14 @@
 """Length generalization: perplexity of checkpoints at evaluation lengths beyond training.
 
 Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
-``fireviz.jobs.submit_evaluation`` (one job at a time, FIFO, never the same job twice; results
-cached on disk by evaluate), and ``fireviz.plots`` (perplexity vs length, loss by position).
+``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
+never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
+(perplexity vs length, loss by position).
 State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling.
 """
 import streamlit as st
 
-from fireviz import evaluate, jobs, plots, ui
+from fireviz import evaluate, plots, ui
 from fireviz.checkpoints import default_device
 from fireviz.data import DOMAINS, DataError
 
@@ -76,36 +77,7 @@ c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}
            + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
            + ". Finished lengths are cached on disk and reused.")
 
-results, pending = [], []
-for paths, s, suffix in specs:
-    try:
-        job = jobs.find_evaluation(paths, data, lengths, s)
-        if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
-            job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix)
-    except ui.CheckpointError as e:  # its message names the problem and the fix
-        ui.error(f"Cannot read a checkpoint: {e}")
-        st.stop()
-    if job is None:  # never run in this process: look in the on-disk cache without computing
-        job = jobs.find_evaluation(paths, data, lengths, s, probe=True) or \
-            jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True)
-        if job.status == jobs.CANCELLED:
-            continue  # not (fully) cached: press Run
-    if job.status not in jobs.FINISHED:
-        pending.append(job)
-    if job.status == jobs.ERROR:
-        text, bad_checkpoint = ui.job_error_text(job.error)
-        if bad_checkpoint:
-            ui.error(f"Cannot evaluate: {text}")
-        else:
-            ui.error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
-    elif job.status == jobs.CANCELLED and job.result is None and job.description.get("probe") is None:
-        st.warning("The evaluation was cancelled; lengths it finished are cached. Press **Run** to go on.")
-    elif job.status == jobs.DONE:
-        results += job.result
-
-for job in pending:
-    queue_name = "probe" if job.description.get("probe") else "evaluate"
-    ui.job_panel(job.key, queue_name, P, cancel_label=None if queue_name == "probe" else "Cancel")
+results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
 if not results:
     if not pending:
         st.info("These settings have not been evaluated yet. Press **Run**.")
