@@ -206,6 +206,25 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def training_summary_row(info: CheckpointInfo, log: list[dict]) -> dict:
+    """One row for the training-runs table: the last record of a train_log.jsonl.
+
+    Args:
+      info: the checkpoint (name, encoding, training length).
+      log: its records as returned by :func:`read_train_log` (may be empty).
+    Returns: checkpoint, encoding, training length (tokens), steps, tokens, last train loss
+      and last validation loss at the training length and at 4× it (nats/token; None where
+      the log has no evaluation), tokens/s of the last logged step.
+    """
+    last = log[-1] if log else {}
+    evals = [r for r in log if r.get("val_loss") is not None]
+    return {"checkpoint": info.name, "encoding": info.position_encoding, "training length": info.seq_len,
+            "steps": last.get("step"), "tokens": last.get("tokens"), "last train loss": last.get("loss"),
+            "last val loss": evals[-1]["val_loss"] if evals else None,
+            "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
+            "tokens/s": last.get("tokens_per_s")}
+
+
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
     """Every results JSON in a checkpoint folder (all ``*.json`` but config.json), by file name.
 

@@ -1,6 +1,6 @@
 """Training runs: the curves of each checkpoint's train_log.jsonl.
 
-Thin over ``fireviz.checkpoints.read_train_log`` and ``fireviz.plots.training_curves_figure``.
+Thin over ``fireviz.checkpoints.read_train_log``/``training_summary_row`` and ``fireviz.plots.training_curves_figure``.
 State in the URL: ckpt.
 """
 import streamlit as st
@@ -28,13 +28,7 @@ for info in chosen:
         st.warning(f"{info.name} has no train_log.jsonl (it was not trained by `python -m fireviz train`).")
         continue
     logs[info.label] = rows
-    last = rows[-1]
-    evals = [r for r in rows if r.get("val_loss") is not None]
-    summary.append({"checkpoint": info.name, "encoding": info.position_encoding, "training length": info.seq_len,
-                    "steps": last.get("step"), "tokens": last.get("tokens"), "last train loss": last.get("loss"),
-                    "last val loss": evals[-1]["val_loss"] if evals else None,
-                    "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
-                    "tokens/s": last.get("tokens_per_s")})
+    summary.append(checkpoints.training_summary_row(info, rows))
 
 if logs:
     fig = plots.training_curves_figure(logs)

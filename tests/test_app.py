@@ -339,7 +339,20 @@ def test_training_runs_plot_the_logs(app_env):
     tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire (fire)", "series": "val_loss"})
     np.testing.assert_allclose(arr(tr["y"]), [r["val_loss"] for r in log if "val_loss" in r])
     np.testing.assert_allclose(arr(tr["x"]), [r["tokens"] for r in log if "val_loss" in r])
-    assert len(at.dataframe[0].value) == 3
+    df = at.dataframe[0].value
+    assert len(df) == 3
+    row = df[df["checkpoint"] == "fire"].iloc[0]  # the table is the last record and the last evaluation
+    last_eval = [r for r in log if r.get("val_loss") is not None][-1]
+    assert row["steps"] == log[-1]["step"] and row["last train loss"] == pytest.approx(log[-1]["loss"])
+    assert row["last val loss"] == pytest.approx(last_eval["val_loss"])
+
+
+def test_training_summary_row_without_evaluations():
+    info = checkpoints.CheckpointInfo(name="x", path="/x", source="local", config={}, position_encoding="fire",
+                                      num_parameters=1, seq_len=64)
+    row = checkpoints.training_summary_row(info, [{"step": 5, "tokens": 320, "loss": 2.0, "lr": 1e-3}])
+    assert row["steps"] == 5 and row["last val loss"] is None and row["last val loss @ 4×"] is None
+    assert checkpoints.training_summary_row(info, [])["steps"] is None
 
 
 # -- the library pieces under the pages ----------------------------------------------------------
