@@ -469,3 +469,45 @@ def test_resume_refuses_changed_training_data(fresh, tmp_path, capsys):
     code, err = _cli(["--config", str(cfg), "--set", f'train.data="{other}"', "--out", str(run), "--resume"], capsys)
     _assert_one_line(code, err, "training data", "changed since the checkpoint")
     assert _snapshot(run) == before
+
+
+# -- scripts/train_reference.sh -------------------------------------------------------------------
+SCRIPT = REPO / "scripts" / "train_reference.sh"
+
+
+def test_train_reference_script_lists_every_shipped_run(tmp_path):
+    """With PYTHON=echo the script prints the commands it would run: every encoding at seed 0 and
+    the extra seeds, each with the recipe config and its own folder."""
+    out = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=dict(os.environ, PYTHON="echo"),
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    runs = {line.split("--out ")[1].split()[0]: line for line in out}
+    expected = [str(tmp_path / e) for e in ENCODING_NAMES if e not in ("rope_pi", "yarn")]
+    expected += [str(tmp_path / f"{e}_seed{s}") for e in ("fire", "kerple_power") for s in (1, 2)]
+    assert sorted(runs) == sorted(expected)
+    for folder, line in runs.items():
+        name = Path(folder).name
+        assert "--config configs/tiny.toml" in line and "--resume" not in line
+        assert f"model.position_encoding={name.split('_seed')[0]} " in line
+        assert ("train.seed=" in line) == ("_seed" in name)
+    bad = subprocess.run(["bash", str(SCRIPT), "--stop-at-step", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "first argument is the output folder" in bad.stderr
+
+
+@pytest.mark.slow
+def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
+    tiny = ["--set", f"train.data={corpus}", "--set", "train.max_steps=4", "--set", "train.warmup_steps=1",
+            "--set", "train.batch_size=4", "--set", "model.seq_len=32", "--set", "model.d_model=32",
+            "--set", "model.n_layer=1", "--set", "train.eval_batches=1", "--no-progress"]
+    env = dict(os.environ, PYTHON=sys.executable, RUNS="alibi fire_seed1", OMP_NUM_THREADS="1")
+    run = lambda *extra: subprocess.run(["bash", str(SCRIPT), str(tmp_path), *tiny, *extra], env=env,
+                                        capture_output=True, text=True)
+    first = run("--stop-at-step", "2")
+    assert first.returncode == 0, first.stderr
+    second = run()  # continues both with --resume and the same settings
+    assert second.returncode == 0, second.stderr
+    for name, encoding, seed in (("alibi", "alibi", 0), ("fire_seed1", "fire", 1)):
+        cfg = json.loads((tmp_path / name / "config.json").read_text())
+        assert cfg["position_encoding"] == encoding and cfg["training"]["settings"]["seed"] == seed
+        assert cfg["training"]["steps"] == 4 and "--resume" in cfg["training"]["command"]
+        steps = [r["step"] for r in map(json.loads, (tmp_path / name / "train_log.jsonl").read_text().splitlines())]
+        assert [s for s in steps if s > 0] == [1, 2, 3, 4]  # (step 0 is the evaluation before training)
