@@ -37,9 +37,11 @@ width 32 both stay near 20 % per head; width 128 fits them to ~0.01 % and ~4 %.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -618,17 +620,39 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
     Returns: ``FitResult`` (metrics are measured on the float32 module — ``FIRE.bias`` inside,
       its eq. 3–4 pieces ``psi``/``normalizer``/``mlp_forward`` on the rows beyond — not on
       the float64 fitting surrogate).
-    Runs on one CPU thread (``torch.set_num_threads(1)``, restored afterwards): the problem
+    Runs on one CPU thread (:func:`one_torch_thread`, restored afterwards): the problem
     has only ``max_len`` distances, and on shared cores one thread is several times faster.
     Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
       unknown target name (and whatever ``make_target`` raises).
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         return _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr)
+
+
+_THREADS_LOCK = threading.Lock()
+_threads_state = {"depth": 0, "before": 1}
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the block with ``torch.set_num_threads(1)``, restoring the count afterwards.
+
+    The setting is process-wide and the app runs fits in worker threads, so overlapping blocks
+    share it: the first to enter records the count, the last to leave restores it (a plain
+    save/restore per fit left the process on one thread when two fits overlapped).
+    """
+    with _THREADS_LOCK:
+        if _threads_state["depth"] == 0:
+            _threads_state["before"] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _threads_state["depth"] += 1
+    try:
+        yield
     finally:
-        torch.set_num_threads(threads)
+        with _THREADS_LOCK:
+            _threads_state["depth"] -= 1
+            if _threads_state["depth"] == 0:
+                torch.set_num_threads(_threads_state["before"])
 
 
 def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr) -> FitResult:

@@ -389,3 +389,21 @@ def test_fit_adam_equals_torch_optim_adam():
         runs.append([p.detach() for p in ps])
     for a, b in zip(*runs):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_overlapping_fits_restore_the_thread_count_once_both_end():
+    """Two fits in app worker threads overlap as A-enter, B-enter, A-exit, B-exit; the count
+    torch had before A is back only after B ends (not left at 1 by B's save/restore)."""
+    from fireviz.fit import one_torch_thread
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a, b = one_torch_thread(), one_torch_thread()
+        a.__enter__(); b.__enter__()
+        assert torch.get_num_threads() == 1
+        a.__exit__(None, None, None)
+        assert torch.get_num_threads() == 1  # B is still fitting
+        b.__exit__(None, None, None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
