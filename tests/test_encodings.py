@@ -343,7 +343,16 @@ def test_masked_bias_is_bias_with_future_masked(name):
     for q_len, k_len, off in [(9, 9, 0), (4, 12, 8), (5, 7, 30)]:
         future = torch.arange(k_len)[None, :] > torch.arange(off, off + q_len)[:, None]
         expect = enc.bias(q_len, k_len, off).masked_fill(future, float("-inf"))
-        assert torch.equal(enc.masked_bias(q_len, k_len, off), expect)
+        got = enc.masked_bias(q_len, k_len, off)
+        assert torch.equal(got, expect)
+        assert got.is_contiguous()  # row-major: SDPA reads a transposed mask ~4× slower
+        params = [p for p in enc.parameters() if p.requires_grad]
+        if params:  # learned biases: the same gradient through either form
+            w = torch.randn(expect.shape).masked_fill(future, 0.0)
+            g_expect = torch.autograd.grad((expect.masked_fill(future, 0.0) * w).sum(), params, allow_unused=True)
+            g_got = torch.autograd.grad((got.masked_fill(future, 0.0) * w).sum(), params, allow_unused=True)
+            for a, b in zip(g_got, g_expect):
+                assert (a is None and b is None) or torch.allclose(a, b, atol=1e-6)
 
 
 def test_fire_long_context_memory_is_blocked():

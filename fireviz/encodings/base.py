@@ -129,12 +129,20 @@ class ToeplitzBias(PositionEncoding):
 
         The −inf goes into the per-distance table (d < 0), so the mask costs no extra pass
         over ``[num_heads, q_len, k_len]``; equal to ``bias(...).masked_fill(j > i, −inf)``.
+        Always row-major (contiguous), the layout SDPA reads fastest.
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         d = torch.arange(q_offset - (k_len - 1), q_offset + q_len, device=self.device)
         table = self.bias_by_distance(d).float().masked_fill(d < 0, float("-inf"))  # [H, D]
-        return table.flip(-1).unfold(-1, k_len, 1).flip(1)
+        rows = table.flip(-1).unfold(-1, k_len, 1)  # row r: query q_offset + q_len − 1 − r
+        out = rows.flip(1)
+        if not out.is_contiguous():
+            # For q_len ≠ k_len (query blocks, cached decoding) flip keeps the view's transposed
+            # layout, and SDPA reads such a mask ~4× slower (benchmarks/README.md, eval at 8192);
+            # gathering whole rows in order writes a row-major mask for about the same cost.
+            out = rows[:, torch.arange(q_len - 1, -1, -1, device=rows.device)]
+        return out
 
     @property
     def device(self) -> torch.device:
