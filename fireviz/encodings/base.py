@@ -136,13 +136,10 @@ class ToeplitzBias(PositionEncoding):
         d = torch.arange(q_offset - (k_len - 1), q_offset + q_len, device=self.device)
         table = self.bias_by_distance(d).float().masked_fill(d < 0, float("-inf"))  # [H, D]
         rows = table.flip(-1).unfold(-1, k_len, 1)  # row r: query q_offset + q_len − 1 − r
-        out = rows.flip(1)
-        if not out.is_contiguous():
-            # For q_len ≠ k_len (query blocks, cached decoding) flip keeps the view's transposed
-            # layout, and SDPA reads such a mask ~4× slower (benchmarks/README.md, eval at 8192);
-            # gathering whole rows in order writes a row-major mask for about the same cost.
-            out = rows[:, torch.arange(q_len - 1, -1, -1, device=rows.device)]
-        return out
+        # Gather the rows in query order, which writes a row-major mask. (rows.flip(1) gives the
+        # same values but, for q_len ≠ k_len, in the view's transposed layout, and SDPA reads
+        # such a mask ~4× slower: benchmarks/README.md, eval at 8192.)
+        return rows[:, torch.arange(q_len - 1, -1, -1, device=rows.device)]
 
     @property
     def device(self) -> torch.device:
