@@ -98,6 +98,18 @@ def _settle(page) -> None:
     page.wait_for_timeout(500)
 
 
+def _click_when_idle(page, button: str, ready_text: str) -> None:
+    """Click ``button`` once the script run that draws it has finished.
+
+    Streamlit drops a click that lands while the previous run (page load, file upload) is still
+    going: the page then only says ``ready_text`` again. So wait for the text the finished run
+    ends with, and for the running indicator to go, before clicking.
+    """
+    page.get_by_text(ready_text).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    _settle(page)
+    page.get_by_role("button", name=button, exact=True).click()
+
+
 def _check_and_shoot(page, name: str, charts: int = 1) -> None:
     page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
                            timeout=PAGE_TIMEOUT_MS)
@@ -134,7 +146,7 @@ def test_learned_biases_page(server, browser):
 
 def test_fit_fire_page(server, browser):
     page = _open(browser, f"{server}/Fit_FIRE?target=t5&heads=2&max_len=64&steps=20&width=16")
-    page.get_by_role("button", name="Fit", exact=True).click()
+    _click_when_idle(page, "Fit", ready_text="Pick a target and")
     _check_and_shoot(page, "2_fit_fire")
     page.close()
 
@@ -145,7 +157,7 @@ def test_length_generalization_page(server, browser, tmp_path):
     upload.write_text("".join(json.dumps(d) + "\n" for d in docs))
     page = _open(browser, f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512")
     page.locator('input[type="file"]').set_input_files(str(upload))
-    page.get_by_role("button", name="Run", exact=True).click()
+    _click_when_idle(page, "Run", ready_text="have not been evaluated yet")
     _check_and_shoot(page, "3_length_generalization", charts=2)
     page.close()
 
