@@ -203,6 +203,8 @@ def main() -> int:
                                                    seed=args.seed, rope_scaling=scaling, device="auto")
         for r in runs:
             r["label"] = label(r)
+            # shipped results name the folder relative to the repository, not this machine's path
+            r["checkpoint_path"] = Path(r["checkpoint_path"]).resolve().relative_to(ROOT).as_posix()
             by_ckpt[r["checkpoint"]].append(r)
         table[domain] = runs
         fig = plots.perplexity_figure(runs)
