@@ -31,10 +31,26 @@ LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
 SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
 
 
+#: the domains of checkpoints/RESULTS.md, in its order
+DOMAIN_ORDER = {"prose": 0, "latex": 1, "code": 2}
+
+
+def read_results(folder: Path) -> list[dict]:
+    """The folder's results.json ([] when absent or unreadable: it is rewritten anyway)."""
+    try:
+        runs = json.loads((folder / "results.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return runs if isinstance(runs, list) else []
+
+
 def label(result: dict) -> str:
     scaling = result["settings"].get("rope_scaling")
     name = result["checkpoint"]
-    return {"pi": "rope_pi (zero-shot)", "yarn": "yarn (zero-shot)"}.get(scaling, name) if name == "rope" else name
+    if not scaling:
+        return name
+    # the bundled RoPE checkpoint keeps the row names of earlier tables; any other RoPE folder is named
+    return {"pi": "rope_pi (zero-shot)", "yarn": "yarn (zero-shot)"}[scaling] if name == "rope" else f"{name} + {scaling} (zero-shot)"
 
 
 def render_png(fig, path: Path) -> None:
@@ -71,7 +87,7 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
     lines = [f"# {folder.name}: {cfg['position_encoding']} byte-level GPT", "",
              f"- encoding: `{cfg['position_encoding']}` {json.dumps(cfg.get('encoding_options') or {})}",
              f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
-             f"{tr.get('num_parameters', '?'):,} parameters, training length {cfg['seq_len']} bytes",
+             f"{format(tr['num_parameters'], ',') if 'num_parameters' in tr else '?'} parameters, training length {cfg['seq_len']} bytes",
              f"- data: bundled `{tr.get('data')}` corpus, training split (fingerprint `{str(tr.get('data_fingerprint'))[:12]}`)",
              f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
              f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
@@ -204,16 +220,22 @@ def main() -> int:
         for r in runs:
             r["label"] = label(r)
             # shipped results name the folder relative to the repository, not this machine's path
-            r["checkpoint_path"] = Path(r["checkpoint_path"]).resolve().relative_to(ROOT).as_posix()
+            r["checkpoint_path"] = f"{CKPTS.name}/{r['checkpoint']}"
             by_ckpt[r["checkpoint"]].append(r)
         table[domain] = runs
-        fig = plots.perplexity_figure(runs)
-        fig.update_layout(width=1000, height=600)
-        fig.write_html(CKPTS / f"results_{domain}.html", include_plotlyjs="cdn")
-        write_json_atomic(CKPTS / f"results_{domain}.json", runs)
-        render_png(fig, CKPTS / f"results_{domain}.png")
+        if not args.only:  # the domain's figure and JSON show every checkpoint; --only leaves them alone
+            fig = plots.perplexity_figure(runs)
+            fig.update_layout(width=1000, height=600)
+            fig.write_html(CKPTS / f"results_{domain}.html", include_plotlyjs="cdn")
+            write_json_atomic(CKPTS / f"results_{domain}.json", runs)
+            render_png(fig, CKPTS / f"results_{domain}.png")
         print(evaluate.format_table(runs), flush=True)
     for f in folders:
+        # keep the folder's results for domains not evaluated in this run (e.g. --domains code)
+        fresh = {(r["settings"]["data"], r["settings"]["rope_scaling"]) for r in by_ckpt[f.name]}
+        kept = [r for r in read_results(f) if (r["settings"]["data"], r["settings"]["rope_scaling"]) not in fresh]
+        by_ckpt[f.name] = sorted(kept + by_ckpt[f.name], key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99),
+                                                                         r["settings"]["rope_scaling"] or ""))
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
     logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
@@ -230,9 +252,12 @@ def main() -> int:
                 text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
         text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
         atomic_write_text(readme, text)
+    if args.only or set(table) != set(DOMAIN_ORDER):
+        print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
+        return 0
     md = ["# Results: bits per byte by evaluation length", "",
           f"Non-overlapping windows from validation documents at least as long as the window, "
-          f"at least {args.token_budget} scored tokens per length (whole windows), seed {args.seed}; training length 512 bytes. "
+          f"at least {args.token_budget} scored tokens per length (whole windows), window-selection seed {args.seed}; training length {seq_len} bytes. "
           "Lower is better.", ""]
     for domain, runs in table.items():
         md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]

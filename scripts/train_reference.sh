@@ -6,19 +6,27 @@
 #
 # OUT_ROOT defaults to runs/reference (not checkpoints/, so the shipped folders stay as they are);
 # RUNS="fire fire_seed1" trains only those folders (names: <encoding> or <encoding>_seed<N>).
-# Re-running continues each unfinished run exactly (--resume) and finished runs are a no-op, so the
-# script can be stopped at any point and started again. A run is 3,700 steps; one CPU core does
+# Re-running continues each unfinished run exactly (--resume; a run stopped before its first
+# checkpoint at step 100 starts again) and finished runs are a no-op, so the script can be stopped
+# at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
 # ≈ 1,000 steps in 20–40 min. Then evaluate as the README says (scripts/publish_results.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-root=${1:-runs/reference}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+root=${1:-$repo/runs/reference}
 if [[ $root == -* ]]; then
   echo "usage: $0 [OUT_ROOT] [fireviz train options]: the first argument is the output folder" \
        "(got option '$root'; e.g. $0 runs/reference $*)" >&2
   exit 2
 fi
 shift $(( $# > 0 ? 1 : 0 ))
+# OUT_ROOT is relative to where the script is called from (the default is in the repository)
+mkdir -p "$root" && root=$(cd "$root" && pwd)
+cd "$repo"
+# the project's virtual environment (make venv), else the python on PATH; PYTHON= overrides
+if [[ -n ${PYTHON:-} ]]; then PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
+else PY=$(command -v python3 || command -v python)
+fi
 runs=(${RUNS:-nope rope t5 alibi kerple_log kerple_power sandwich fire fire_s
        fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2})
 for name in "${runs[@]}"; do
@@ -27,6 +35,17 @@ for name in "${runs[@]}"; do
         --set train.checkpoint_interval=100)
   [[ $name == *_seed* ]] && args+=(--set "train.seed=${name##*_seed}")
   # the same settings on resume: fireviz train checks them against the checkpoint
-  [ -f "$out/trainer_state.safetensors" ] && args+=(--resume)
+  if [ -f "$out/trainer_state.safetensors" ]; then
+    args+=(--resume)
+  elif [ -d "$out" ]; then
+    # stopped before its first checkpoint (step 100): nothing there can be resumed, start again
+    extra=$(find "$out" -mindepth 1 ! -name train_log.jsonl ! -name config.json | head -1)
+    if [ -n "$extra" ]; then
+      echo "$out has no trainer state to resume but holds other files ($extra); move it away and re-run" >&2
+      exit 2
+    fi
+    echo "$out stopped before its first checkpoint; starting it again" >&2
+    rm -rf "$out"
+  fi
   "$PY" -m fireviz train "${args[@]}" --out "$out" "$@"
 done

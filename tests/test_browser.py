@@ -92,10 +92,17 @@ def _open(browser, url: str):
 
 
 def _settle(page) -> None:
-    """Wait until Streamlit has finished running the script (no "running" status widget)."""
+    """Wait until Streamlit has finished running the script.
+
+    The app root's ``data-test-script-state`` turns to ``notRunning`` as soon as a run ends (the
+    "running" status widget only shows after a run has lasted 500 ms, so its absence proves
+    nothing); the short pause lets a just-requested rerun start first.
+    """
+    page.wait_for_timeout(300)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=PAGE_TIMEOUT_MS)
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
                            timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_timeout(500)
+    page.wait_for_timeout(300)
 
 
 def _click_when_idle(page, button: str, ready_text: str) -> None:
@@ -105,8 +112,11 @@ def _click_when_idle(page, button: str, ready_text: str) -> None:
     going: the page then only says ``ready_text`` again. So wait for the text the finished run
     ends with, and for the running indicator to go, before clicking.
     """
-    page.get_by_text(ready_text).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    ready, exception = page.get_by_text(ready_text), page.locator('[data-testid="stException"]')
+    ready.or_(exception).first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    assert exception.count() == 0, exception.first.inner_text()
     _settle(page)
+    assert ready.count(), f"the page no longer says {ready_text!r} before {button} is pressed:\n{page.inner_text('body')}"
     page.get_by_role("button", name=button, exact=True).click()
 
 

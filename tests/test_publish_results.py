@@ -55,3 +55,20 @@ def test_replace_generated_rewrites_only_between_markers(pub):
     assert pub.replace_generated(text, "t", ["new", "rows"]) == "a\n<!-- generated:t -->\nnew\nrows\n<!-- /generated:t -->\nb\n"
     with pytest.raises(SystemExit, match="generated:missing"):
         pub.replace_generated(text, "missing", [])
+
+
+def test_labels_name_every_scaled_rope_row(pub):
+    def res(name, scaling):
+        return {"checkpoint": name, "settings": {"rope_scaling": scaling}}
+    assert [pub.label(res("rope", s)) for s in (None, "pi", "yarn")] == ["rope", "rope_pi (zero-shot)", "yarn (zero-shot)"]
+    labels = [pub.label(res("rope_seed1", s)) for s in (None, "pi", "yarn")]
+    assert labels == ["rope_seed1", "rope_seed1 + pi (zero-shot)", "rope_seed1 + yarn (zero-shot)"]
+    assert pub.label(res("alibi", None)) == "alibi"
+
+
+def test_read_results_tolerates_missing_and_corrupt_files(pub, tmp_path):
+    assert pub.read_results(tmp_path) == []
+    (tmp_path / "results.json").write_text("{not json")
+    assert pub.read_results(tmp_path) == []
+    (tmp_path / "results.json").write_text('[{"settings": {"data": "code", "rope_scaling": null}}]')
+    assert pub.read_results(tmp_path) == [{"settings": {"data": "code", "rope_scaling": None}}]

@@ -493,6 +493,23 @@ def test_train_reference_script_lists_every_shipped_run(tmp_path):
     assert bad.returncode == 2 and "first argument is the output folder" in bad.stderr
 
 
+def test_train_reference_script_restarts_a_run_stopped_before_its_first_checkpoint(tmp_path):
+    """A run stopped before step 100 has a log but no trainer state: start it again, not abort;
+    anything else in such a folder is left alone with an error. OUT_ROOT is relative to the caller."""
+    env = dict(os.environ, PYTHON="echo", RUNS="alibi")
+    (tmp_path / "runs" / "alibi").mkdir(parents=True)
+    (tmp_path / "runs" / "alibi" / "train_log.jsonl").write_text('{"step": 0}\n')
+    done = subprocess.run(["bash", str(SCRIPT), "runs"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "starting it again" in done.stderr, done.stderr
+    assert f"--out {tmp_path / 'runs' / 'alibi'}" in done.stdout and "--resume" not in done.stdout
+    assert not (tmp_path / "runs" / "alibi").exists()
+    (tmp_path / "runs" / "alibi").mkdir()
+    (tmp_path / "runs" / "alibi" / "notes.txt").write_text("mine")
+    kept = subprocess.run(["bash", str(SCRIPT), "runs"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert kept.returncode == 2 and "move it away" in kept.stderr
+    assert (tmp_path / "runs" / "alibi" / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.slow
 def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
     tiny = ["--set", f"train.data={corpus}", "--set", "train.max_steps=4", "--set", "train.warmup_steps=1",
