@@ -173,6 +173,15 @@ def count_parameters(weights: str | os.PathLike) -> int:
     return int(sum(math.prod(v["shape"]) for v in tensors.values()))
 
 
+def validation_rows(log: list[dict]) -> list[dict]:
+    """The evaluation records of a train log, in step order: those with a numeric ``val_loss``
+    (nats/token at the training length; ``val_loss_4x`` at 4× it where logged).
+
+    Args: ``log`` as returned by :func:`read_train_log`. Returns [] when nothing was evaluated.
+    """
+    return [r for r in log if isinstance(r.get("val_loss"), (int, float)) and not isinstance(r["val_loss"], bool)]
+
+
 def read_train_log(path: str | os.PathLike) -> list[dict]:
     """The records of a train_log.jsonl (a file, or a checkpoint folder holding one).
 
@@ -217,7 +226,7 @@ def training_summary_row(info: CheckpointInfo, log: list[dict]) -> dict:
       the log has no evaluation), tokens/s of the last logged step.
     """
     last = log[-1] if log else {}
-    evals = [r for r in log if r.get("val_loss") is not None]
+    evals = validation_rows(log)
     return {"checkpoint": info.name, "encoding": info.position_encoding, "training length": info.seq_len,
             "steps": last.get("step"), "tokens": last.get("tokens"), "last train loss": last.get("loss"),
             "last val loss": evals[-1]["val_loss"] if evals else None,
@@ -282,7 +291,7 @@ def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> 
         if out:
             out["source"] = "results" + (" (prose)" if "prose" in by_domain else "")
             return out
-    evals = [r for r in log if isinstance(r.get("val_loss"), (int, float))]
+    evals = validation_rows(log)
     if evals:
         last = evals[-1]
         out = {"val loss (nats/token)": round(float(last["val_loss"]), 4)}

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from fireviz import evaluate, plots
-from fireviz.checkpoints import read_train_log
+from fireviz.checkpoints import read_train_log, validation_rows
 from fireviz.files import atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
     cfg = json.loads((folder / "config.json").read_text())
     tr = cfg.get("training", {})
     log = read_train_log(folder / "train_log.jsonl")
-    vals = [r for r in log if "val_loss" in r]
+    vals = validation_rows(log)
     st = tr.get("settings", {})
     interim = bool(tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"])
     lines = [f"# {folder.name}: {cfg['position_encoding']} byte-level GPT", "",
@@ -137,7 +137,7 @@ def fmt_validation_table(logs: dict[str, list[dict]], seq_len: int) -> list[str]
     out = [f"| encoding | step | tokens | val @{seq_len} (nats/token) | val @{4 * seq_len} | "
            f"change @{seq_len} since previous eval |", "|---|---|---|---|---|---|"]
     for name, rows in logs.items():
-        vals = [r for r in rows if "val_loss" in r]
+        vals = validation_rows(rows)
         if not vals:
             continue
         last = vals[-1]

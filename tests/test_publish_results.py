@@ -72,3 +72,11 @@ def test_read_results_tolerates_missing_and_corrupt_files(pub, tmp_path):
     assert pub.read_results(tmp_path) == []
     (tmp_path / "results.json").write_text('[{"settings": {"data": "code", "rope_scaling": null}}]')
     assert pub.read_results(tmp_path) == [{"settings": {"data": "code", "rope_scaling": None}}]
+
+
+def test_validation_rows_keep_only_numeric_evaluations():
+    from fireviz.checkpoints import validation_rows
+    log = [{"step": 0, "val_loss": 5.5, "val_loss_4x": 5.6}, {"step": 1, "loss": 5.0}, {"step": 2, "val_loss": None},
+           {"step": 3, "val_loss": True}, {"step": 4, "val_loss": 4.0}]
+    assert [r["step"] for r in validation_rows(log)] == [0, 4]
+    assert validation_rows([]) == []
