@@ -41,7 +41,41 @@ def read_results(folder: Path) -> list[dict]:
         runs = json.loads((folder / "results.json").read_text())
     except (OSError, ValueError):
         return []
-    return runs if isinstance(runs, list) else []
+    if not isinstance(runs, list):
+        return []
+    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("settings"), dict)
+            and "data" in r["settings"] and "checkpoint" in r]
+
+
+def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[dict]]:
+    """A folder's results after this run: ``fresh`` plus the ``old`` rows for (domain, RoPE
+    scaling) pairs this run did not evaluate, kept only where they were made on the same weights
+    (``checkpoint_sha256``) with the same mode, token budget, seed, split and lengths.
+
+    Every row gets the current ``label`` and a repository-relative ``checkpoint_path``.
+    Returns: ``(rows sorted by domain then scaling, old rows dropped as stale)``.
+    """
+    def pair(r: dict) -> tuple:
+        return r["settings"]["data"], r["settings"].get("rope_scaling")
+
+    def recipe(r: dict) -> tuple:
+        s = r["settings"]
+        return (r.get("checkpoint_sha256"), s.get("mode"), s.get("token_budget"), s.get("seed"), s.get("split"),
+                s.get("lengths"))
+
+    done = {pair(r) for r in fresh}
+    ref = recipe(fresh[0]) if fresh else None
+    kept, dropped = [], []
+    for r in old:
+        if pair(r) in done:
+            continue
+        (kept if ref is None or recipe(r) == ref else dropped).append(r)
+    rows = sorted(kept + fresh, key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99),
+                                               r["settings"].get("rope_scaling") or ""))
+    for r in rows:
+        r["label"] = label(r)
+        r["checkpoint_path"] = f"{CKPTS.name}/{r['checkpoint']}"
+    return rows, dropped
 
 
 def label(result: dict) -> str:
@@ -208,7 +242,8 @@ def main() -> int:
         replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
-    for domain in args.domains.split(","):
+    domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
+    for domain in domains:
         runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, token_budget=args.token_budget,
                                       seed=args.seed, device="auto")
         for f in folders:
@@ -232,10 +267,10 @@ def main() -> int:
         print(evaluate.format_table(runs), flush=True)
     for f in folders:
         # keep the folder's results for domains not evaluated in this run (e.g. --domains code)
-        fresh = {(r["settings"]["data"], r["settings"]["rope_scaling"]) for r in by_ckpt[f.name]}
-        kept = [r for r in read_results(f) if (r["settings"]["data"], r["settings"]["rope_scaling"]) not in fresh]
-        by_ckpt[f.name] = sorted(kept + by_ckpt[f.name], key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99),
-                                                                         r["settings"]["rope_scaling"] or ""))
+        by_ckpt[f.name], dropped = merge_results(read_results(f), by_ckpt[f.name])
+        for r in dropped:
+            print(f"{f.name}: dropped its {r['settings'].get('data')} result made on other weights or settings; "
+                  "run without --domains to evaluate every domain again", flush=True)
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
     logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}

@@ -11,7 +11,7 @@
 # at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
 # ≈ 1,000 steps in 20–40 min. Then evaluate as the README says (scripts/publish_results.py).
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(CDPATH= cd -- "$(dirname "$0")/.." && pwd)
 root=${1:-$repo/runs/reference}
 if [[ $root == -* ]]; then
   echo "usage: $0 [OUT_ROOT] [fireviz train options]: the first argument is the output folder" \
@@ -20,12 +20,14 @@ if [[ $root == -* ]]; then
 fi
 shift $(( $# > 0 ? 1 : 0 ))
 # OUT_ROOT is relative to where the script is called from (the default is in the repository)
-mkdir -p "$root" && root=$(cd "$root" && pwd)
+mkdir -p -- "$root"
+root=$(CDPATH= cd -- "$root" && pwd)
 cd "$repo"
 # the project's virtual environment (make venv), else the python on PATH; PYTHON= overrides
 if [[ -n ${PYTHON:-} ]]; then PY=$PYTHON
 elif [[ -x .venv/bin/python ]]; then PY=.venv/bin/python
-else PY=$(command -v python3 || command -v python)
+else PY=$(command -v python3 || command -v python) ||
+  { echo "no python3 or python on PATH: run make venv, or set PYTHON=/path/to/python" >&2; exit 2; }
 fi
 runs=(${RUNS:-nope rope t5 alibi kerple_log kerple_power sandwich fire fire_s
        fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2})
@@ -34,12 +36,19 @@ for name in "${runs[@]}"; do
   args=(--config configs/tiny.toml --set "model.position_encoding=${name%_seed*}"
         --set train.checkpoint_interval=100)
   [[ $name == *_seed* ]] && args+=(--set "train.seed=${name##*_seed}")
+  # one trainer per folder: a second copy of this script skips a run that is being trained
+  exec {lock}>"$root/.$name.lock"
+  if ! flock -n "$lock"; then
+    echo "$out is being trained by another process; skipping it" >&2
+    exec {lock}>&-
+    continue
+  fi
   # the same settings on resume: fireviz train checks them against the checkpoint
   if [ -f "$out/trainer_state.safetensors" ]; then
     args+=(--resume)
   elif [ -d "$out" ]; then
     # stopped before its first checkpoint (step 100): nothing there can be resumed, start again
-    extra=$(find "$out" -mindepth 1 ! -name train_log.jsonl ! -name config.json | head -1)
+    extra=$(find "$out" -mindepth 1 ! -name train_log.jsonl ! -name config.json ! -name '.*.tmp-*' -print -quit)
     if [ -n "$extra" ]; then
       echo "$out has no trainer state to resume but holds other files ($extra); move it away and re-run" >&2
       exit 2
@@ -48,4 +57,5 @@ for name in "${runs[@]}"; do
     rm -rf "$out"
   fi
   "$PY" -m fireviz train "${args[@]}" --out "$out" "$@"
+  exec {lock}>&-
 done

@@ -3,6 +3,7 @@ against the shipped files in test_bundled_checkpoints.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 from pathlib import Path
 
@@ -70,8 +71,30 @@ def test_read_results_tolerates_missing_and_corrupt_files(pub, tmp_path):
     assert pub.read_results(tmp_path) == []
     (tmp_path / "results.json").write_text("{not json")
     assert pub.read_results(tmp_path) == []
-    (tmp_path / "results.json").write_text('[{"settings": {"data": "code", "rope_scaling": null}}]')
-    assert pub.read_results(tmp_path) == [{"settings": {"data": "code", "rope_scaling": None}}]
+    good = {"checkpoint": "fire", "settings": {"data": "code", "rope_scaling": None}}
+    (tmp_path / "results.json").write_text(json.dumps([good, 3, {"checkpoint": "fire"}, {"settings": {}}]))
+    assert pub.read_results(tmp_path) == [good]
+
+
+def result(data: str, sha: str = "w1", budget: int = 16384, scaling=None, bpb: float = 2.0) -> dict:
+    return {"checkpoint": "rope", "checkpoint_path": "/elsewhere/checkpoints/rope", "checkpoint_sha256": sha,
+            "label": "old label", "per_length": [{"length": 128, "bits_per_byte": bpb}],
+            "settings": {"data": data, "rope_scaling": scaling, "mode": "nonoverlapping", "token_budget": budget,
+                         "seed": 0, "split": "validation", "lengths": [128]}}
+
+
+def test_merge_results_keeps_other_domains_only_when_made_on_the_same_weights_and_settings(pub):
+    old = [result("prose", bpb=9.0), result("latex"), result("code"), result("latex", scaling="pi")]
+    fresh = [result("prose", bpb=1.0)]
+    rows, dropped = pub.merge_results(old, fresh)
+    assert [(r["settings"]["data"], r["settings"]["rope_scaling"]) for r in rows] == \
+        [("prose", None), ("latex", None), ("latex", "pi"), ("code", None)]
+    assert rows[0]["per_length"][0]["bits_per_byte"] == 1.0 and dropped == []  # the fresh prose row wins
+    assert {r["checkpoint_path"] for r in rows} == {"checkpoints/rope"}
+    assert [r["label"] for r in rows] == ["rope", "rope", "rope_pi (zero-shot)", "rope"]
+    # other weights, or another token budget: the old rows go
+    rows, dropped = pub.merge_results([result("latex", sha="w0"), result("code", budget=512)], fresh)
+    assert [r["settings"]["data"] for r in rows] == ["prose"] and len(dropped) == 2
 
 
 def test_validation_rows_keep_only_numeric_evaluations():

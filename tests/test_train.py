@@ -508,6 +508,21 @@ def test_train_reference_script_restarts_a_run_stopped_before_its_first_checkpoi
     kept = subprocess.run(["bash", str(SCRIPT), "runs"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert kept.returncode == 2 and "move it away" in kept.stderr
     assert (tmp_path / "runs" / "alibi" / "notes.txt").read_text() == "mine"
+    (tmp_path / "runs" / "alibi" / "notes.txt").unlink()
+    (tmp_path / "runs" / "alibi" / "model.safetensors").write_bytes(b"weights")  # finished, state deleted
+    kept = subprocess.run(["bash", str(SCRIPT), "runs"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert kept.returncode == 2 and (tmp_path / "runs" / "alibi" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_train_reference_script_skips_a_run_another_copy_is_training(tmp_path):
+    import fcntl
+    (tmp_path / "runs").mkdir()
+    with open(tmp_path / "runs" / ".alibi.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "runs")], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHON="echo", RUNS="alibi fire"))
+    assert done.returncode == 0 and "being trained by another process" in done.stderr
+    assert [line.split("--out ")[1] for line in done.stdout.splitlines()] == [str(tmp_path / "runs" / "fire")]
 
 
 @pytest.mark.slow
