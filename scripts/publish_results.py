@@ -73,9 +73,15 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
     rows = sorted(kept + fresh, key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99),
                                                r["settings"].get("rope_scaling") or ""))
     for r in rows:
-        r["label"] = label(r)
-        r["checkpoint_path"] = f"{CKPTS.name}/{r['checkpoint']}"
+        name_row(r)
     return rows, dropped
+
+
+def name_row(r: dict) -> None:
+    """Set a result's table ``label`` and its repository-relative ``checkpoint_path`` (shipped
+    results name the folder in the repository, not this machine's path)."""
+    r["label"] = label(r)
+    r["checkpoint_path"] = f"{CKPTS.name}/{r['checkpoint']}"
 
 
 def label(result: dict) -> str:
@@ -253,9 +259,7 @@ def main() -> int:
                     runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, token_budget=args.token_budget,
                                                    seed=args.seed, rope_scaling=scaling, device="auto")
         for r in runs:
-            r["label"] = label(r)
-            # shipped results name the folder relative to the repository, not this machine's path
-            r["checkpoint_path"] = f"{CKPTS.name}/{r['checkpoint']}"
+            name_row(r)
             by_ckpt[r["checkpoint"]].append(r)
         table[domain] = runs
         if not args.only:  # the domain's figure and JSON show every checkpoint; --only leaves them alone
