@@ -29,7 +29,11 @@ from plotly.subplots import make_subplots
 
 TRAIN_MARK = "training length"
 FIT_RANGE_MARK = "fitted range"
-_COLORS = qualitative.Plotly + qualitative.D3
+# Plotly's ten, then dark hues unlike them (from Dark24), so the 13 rows of a results figure
+# (nine encodings, two seed runs, RoPE-PI, YaRN) get 13 colours told apart at a glance; D3 only
+# after that, since it repeats Plotly's hues (orange, blue, green) in other shades.
+_COLORS = qualitative.Plotly + ["#222A2A", "#B68100", "#862A16", "#778AAE", "#6C7C32", "#1616A7",
+                                "#750D86"] + qualitative.D3
 
 
 def _color(i: int) -> str:
@@ -340,13 +344,15 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
     # fireviz.evaluate writes the data source as "data" (older results: "domain")
     keys = ("data", "domain", "split", "mode", "stride", "token_budget", "seed")
     settings = [(_as_dict(r).get("settings") or {}) for r in results]
+    # "seed" here picks the evaluation windows; say so, since checkpoints have training seeds too
+    names = {"seed": "window seed"}
     parts = []
     for k in keys:
         vals = {json.dumps(s.get(k), sort_keys=True) for s in settings if s.get(k) is not None}
         if len(vals) == 1:
-            parts.append(f"{k} {json.loads(vals.pop())}")
+            parts.append(f"{names.get(k, k)} {json.loads(vals.pop())}")
         elif len(vals) > 1:
-            parts.append(f"{k} varies")
+            parts.append(f"{names.get(k, k)} varies")
     return " · ".join(parts)
 
 

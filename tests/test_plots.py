@@ -194,6 +194,7 @@ def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     np.testing.assert_array_equal(trace["x"], [16, 64, 256])  # the error row is not drawn
     caption = fig.layout.title.subtitle.text
     assert "data latex" in caption and "split validation" in caption and "stride" not in caption
+    assert "window seed 0" in caption  # the evaluation's seed, not the checkpoint's training seed
     assert list(fig.layout.xaxis.tickvals) == [16, 64, 256]
     # log y labelled at a few round values only (no crowded minor-digit labels)
     assert list(fig.layout.yaxis.ticktext) == ["3", "5", "7"]
