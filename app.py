@@ -46,7 +46,8 @@ def home() -> None:
         st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
                    + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
                    + ".")
-        st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows))
+        st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
+                     height=ui.table_height(len(rows)))
         ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
     st.subheader("Where next")

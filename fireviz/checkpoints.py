@@ -38,6 +38,22 @@ HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, "*.json", "README.md"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Command that creates a checkpoint, shown when none is found.
 TRAIN_HINT = "python -m fireviz train configs/<encoding>.toml   (writes checkpoints/<name>/)"
+#: An extra-seed run sits beside its seed-0 run: ``fire_seed1`` is ``fire`` trained with train.seed=1.
+SEED_FOLDER = re.compile(r"^(?P<base>[A-Za-z0-9_.-]+?)_seed(?P<seed>[1-9][0-9]*)$")
+
+
+def seed_run(name: str) -> tuple[str, int] | None:
+    """``(base name, training seed)`` for an extra-seed checkpoint name (``"fire_seed2"`` →
+    ``("fire", 2)``, the naming of ``scripts/train_reference.sh`` and ``checkpoints/``); None
+    for any other name, including the seed-0 run itself."""
+    m = SEED_FOLDER.match(name)
+    return (m["base"], int(m["seed"])) if m else None
+
+
+def seed0_first(names: list[str]) -> list[str]:
+    """``names`` with every extra-seed run (see :func:`seed_run`) moved after the others,
+    order otherwise kept: a default selection of the first N then shows N encodings."""
+    return [n for n in names if seed_run(n) is None] + [n for n in names if seed_run(n) is not None]
 
 
 @dataclass
@@ -74,14 +90,21 @@ class CheckpointInfo:
     repo_id: str | None = None
 
     @property
+    def training_seed(self) -> int | None:
+        """``train.seed`` the checkpoint was trained with (from ``training.settings``), or None."""
+        settings = self.training.get("settings") if isinstance(self.training.get("settings"), dict) else {}
+        seed = settings.get("seed")
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+    @property
     def label(self) -> str:
         """``name (encoding)`` for widgets and legends."""
         return f"{self.name} ({self.position_encoding})"
 
     def summary_row(self) -> dict:
-        """One row for the checkpoint table: name, encoding, parameters, tokens, progress
-        (see :func:`training_progress`), length, data, headline."""
-        row = {"checkpoint": self.name, "encoding": self.position_encoding,
+        """One row for the checkpoint table: name, encoding, training seed, parameters, tokens,
+        progress (see :func:`training_progress`), length, data, headline."""
+        row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed,
                "parameters": self.num_parameters, "training tokens": self.training_tokens,
                "progress": training_progress(self.training), "training length": self.seq_len, "data": self.data}
         row.update({k: v for k, v in self.headline.items() if k != "source"})
@@ -275,6 +298,7 @@ def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> 
     ``{"bpb @ L": ..., "bpb @ 8L": ..., "source": "results"}`` (key names carry the lengths
     in tokens, e.g. ``"bpb @ 512"``). Otherwise from the log: the last ``val_loss`` (nats per
     token) and ``val_loss_4x`` if logged, ``source = "train_log"``. {} if neither exists.
+    Values are not rounded: the display formats them (rounding twice turns 1.95054 into 1.950).
     """
     by_domain: dict[Any, dict[int, float]] = {}
     for dom, length, bpb in _result_entries(results):
@@ -283,20 +307,20 @@ def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> 
     if table:
         out: dict[str, Any] = {}
         if seq_len in table:
-            out[f"bpb @ {seq_len}"] = round(table[seq_len], 4)
+            out[f"bpb @ {seq_len}"] = table[seq_len]
         longer = [n for n in table if seq_len < n <= 8 * seq_len]
         if longer:
             n = max(longer)
-            out[f"bpb @ {n}"] = round(table[n], 4)
+            out[f"bpb @ {n}"] = table[n]
         if out:
             out["source"] = "results" + (" (prose)" if "prose" in by_domain else "")
             return out
     evals = validation_rows(log)
     if evals:
         last = evals[-1]
-        out = {"val loss (nats/token)": round(float(last["val_loss"]), 4)}
+        out = {"val loss (nats/token)": float(last["val_loss"])}
         if isinstance(last.get("val_loss_4x"), (int, float)):
-            out["val loss @ 4L (nats/token)"] = round(float(last["val_loss_4x"]), 4)
+            out["val loss @ 4L (nats/token)"] = float(last["val_loss_4x"])
         out["source"] = f"train_log step {last.get('step', '?')}"
         return out
     return {}

@@ -229,6 +229,14 @@ def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance") ->
     return fig
 
 
+def _heatmap_note(encoding) -> str:
+    # FIRE divides by ψ(max(L, i)), so its bias changes along a diagonal; the fixed-form biases
+    # (T5 buckets, ALiBi, Kerple, Sandwich) are functions of i − j alone.
+    if str(encoding or "").startswith("fire"):
+        return "FIRE depends on the query position i, not only on i − j"
+    return f"{encoding} depends on i − j only: constant along each diagonal"
+
+
 def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
     """One head's bias on the report's query × key grid (logits; blank above the diagonal,
     i.e. future keys). Queries run down, keys across; the training length is marked on both.
@@ -255,7 +263,7 @@ def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
     _mark_length(fig, L, axis="y")
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: bias b(i, j), layer {layer}, head {head}",
-                                 subtitle=dict(text="FIRE depends on the query position i, not only on i − j")),
+                                 subtitle=dict(text=_heatmap_note(r.get("encoding")))),
                       xaxis_title="key position j (tokens)", yaxis_title="query position i (tokens)",
                       meta={"train_seq_len": L, "layer": layer, "head": head})
     return fig

@@ -189,8 +189,10 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
 
     Options are the checkpoints under the root and any added in this session (by local
     folder or Hugging Face repo id; a bad one gives an ``st.error`` and is not added).
-    ``filter_fn`` hides checkpoints it rejects. Shows the "no checkpoints" message if
-    there is nothing to pick.
+    ``filter_fn`` hides checkpoints it rejects. The default selection (no ``ckpt`` in the
+    URL) is the first ``default_count`` names, seed-0 runs before extra-seed runs
+    (``fire_seed1``…), so extra seeds do not push other encodings out of the default view.
+    Shows the "no checkpoints" message if there is nothing to pick.
     Returns: the chosen checkpoints, in selection order ([] if none).
     """
     where = where or st.sidebar
@@ -222,7 +224,7 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
         return []
     fmt = lambda n: by_name[n].label if n in by_name else n  # noqa: E731
     if multi:
-        k = url_state(page, "ckpt", names[:default_count], options=names, multi=True)
+        k = url_state(page, "ckpt", ck.seed0_first(names)[:default_count], options=names, multi=True)
         if max_selections:
             st.session_state[k] = [n for n in st.session_state[k] if n in names][:max_selections]
         chosen = where.multiselect(label, names, key=k, format_func=fmt, max_selections=max_selections)
@@ -249,7 +251,10 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
     """``st.dataframe`` column_config for the Home table of ``CheckpointInfo.summary_row()``s:
     headline columns labelled with what they are (quantity, length in tokens, data), e.g.
     ``"bpb @32 (prose)"``; the underlying column names stay as in the rows."""
-    cfg: dict = {"parameters": st.column_config.NumberColumn(format="localized"),
+    cfg: dict = {"checkpoint": st.column_config.TextColumn(width="medium"),
+                 "training seed": st.column_config.NumberColumn(help="train.seed: initialization and the order of "
+                                                                      "training windows"),
+                 "parameters": st.column_config.NumberColumn(format="localized"),
                  "training tokens": st.column_config.NumberColumn(format="compact"),
                  "progress": st.column_config.TextColumn(
                      help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
@@ -339,6 +344,25 @@ def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
     return out
 
 
+def pool_seeds(results: Sequence[dict]) -> list[dict]:
+    """Evaluation results relabelled so that extra-seed runs share their seed-0 run's label
+    (``fire_seed1`` and ``fire`` → ``"fire"``; ``"rope + pi"`` stays apart from ``"rope"``),
+    for ``plots.group_perplexity`` / ``perplexity_figure`` to give mean ± std over seeds.
+
+    Args: results from ``fireviz.evaluate`` (keys ``checkpoint``, optional ``label`` that
+      starts with the checkpoint name and may add a suffix such as ``" + yarn"``).
+    Returns: shallow copies with ``label`` replaced; the input is not changed.
+    """
+    out = []
+    for r in results:
+        name = str(r.get("checkpoint", ""))
+        label = str(r.get("label") or name)
+        suffix = label[len(name):] if label.startswith(name) else ""
+        run = ck.seed_run(name)
+        out.append({**r, "label": (run[0] if run else name) + suffix})
+    return out
+
+
 def perplexity_table(rows: Sequence[dict]) -> list[dict]:
     """``fireviz.plots.group_perplexity`` rows with ``bits_per_byte`` (nats per token / ln 2;
     tokens are bytes) next to the perplexity."""
@@ -359,6 +383,12 @@ def job_error_text(error: str | None) -> tuple[str, bool]:
     text = str(error or "")
     prefix = f"{CheckpointError.__name__}: "
     return (text[len(prefix):], True) if text.startswith(prefix) else (text, False)
+
+
+def table_height(n_rows: int, max_rows: int = 16) -> int:
+    """Pixel height for an ``st.dataframe`` that shows ``n_rows`` rows without scrolling (up to
+    ``max_rows``; Streamlit's default cuts a table of about ten rows)."""
+    return 38 + 35 * max(1, min(n_rows, max_rows))
 
 
 def human_count(n: float | int | None) -> str:
@@ -615,7 +645,7 @@ def eval_caption(results: Sequence[dict]) -> str:
     s = results[0].get("settings", {})
     parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)",
              f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
-             f"token budget {s.get('token_budget')} per length", f"seed {s.get('seed')}",
+             f"token budget {s.get('token_budget')} per length", f"window seed {s.get('seed')}",
              f"precision {s.get('precision')}"]
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))

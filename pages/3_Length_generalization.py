@@ -4,12 +4,12 @@ Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
 ``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
 (perplexity vs length, loss by position).
-State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling.
+State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool.
 """
 import streamlit as st
 
 from fireviz import evaluate, plots, ui
-from fireviz.checkpoints import default_device
+from fireviz.checkpoints import default_device, seed_run
 from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
@@ -18,7 +18,7 @@ st.markdown("Perplexity at evaluation lengths up to many times the training leng
             "every checkpoint sees the same windows at a given length. Runs go on in the background: reload the "
             "page or open a second tab and you find the run there, never started twice.")
 
-chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
+chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
 if not chosen:
     st.stop()
 
@@ -61,7 +61,13 @@ if rope:
     scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
-ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling"])
+chosen_names = {i.name for i in chosen}
+pool = False
+if any((sr := seed_run(n)) and sr[0] in chosen_names for n in chosen_names):
+    pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
+                       help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
+                            "± one sample standard deviation as error bars.")
+ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
@@ -89,10 +95,12 @@ for msg in errors:
 if not clean:
     st.stop()
 caption = ui.eval_caption(clean)
-fig = plots.perplexity_figure(clean)
-ui.show_figure(fig, caption, P, "ppl")
-ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), clean)
-table = ui.perplexity_table(plots.group_perplexity(clean))
+shown = ui.pool_seeds(clean) if pool else clean
+fig = plots.perplexity_figure(shown)
+ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
+                               "seeds (n in the table)." if pool else ""), P, "ppl")
+ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
+table = ui.perplexity_table(plots.group_perplexity(shown))
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"),
              column_config={"length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),

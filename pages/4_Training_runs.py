@@ -35,7 +35,11 @@ if logs:
     ui.show_figure(fig, "Loss in nats per token; validation at the training length (filled) and at 4× it (open).",
                    P, "curves")
     ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
-    st.dataframe(summary, hide_index=True, key=ui.key(P, "table"))
+    loss = st.column_config.NumberColumn(format="%.4f")
+    st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),
+                 column_config={"last train loss": loss, "last val loss": loss, "last val loss @ 4×": loss,
+                                "tokens": st.column_config.NumberColumn(format="localized"),
+                                "tokens/s": st.column_config.NumberColumn(format="%.0f")})
     for info in chosen:
         with st.expander(f"{info.name}: training settings and data provenance"):
             st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
 
 from fireviz import evaluate, plots
-from fireviz.checkpoints import read_train_log, validation_rows
+from fireviz.checkpoints import read_train_log, seed_run, validation_rows
 from fireviz.files import atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
-#: Extra-seed runs live beside the seed-0 run of the same encoding: checkpoints/fire_seed1, …
-SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
 
 
 #: the domains of checkpoints/RESULTS.md, in its order
@@ -191,9 +188,9 @@ def seed_groups(names: list[str]) -> dict[str, list[str]]:
     """``{encoding: [seed-0 folder, extra-seed folders…]}`` for encodings that have extra seeds."""
     groups: dict[str, list[str]] = {}
     for name in sorted(names):
-        m = SEED_FOLDER.match(name)
-        if m and m["encoding"] in names:
-            groups.setdefault(m["encoding"], [m["encoding"]]).append(name)
+        run = seed_run(name)
+        if run and run[0] in names:
+            groups.setdefault(run[0], [run[0]]).append(name)
     return groups
 
 

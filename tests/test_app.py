@@ -90,6 +90,67 @@ def test_headline_ignores_zero_shot_rope_variants():
     assert head["bpb @ 4096"] == 3.0  # the checkpoint's own number, not YaRN's
 
 
+def test_headline_numbers_are_not_rounded_before_display():
+    """Rounding to 4 places and then showing 3 turned 1.95054 into 1.950 (README: 1.951)."""
+    own = {"settings": {"data": "prose"}, "per_length": [{"length": 512, "bits_per_byte": 1.95054}]}
+    assert checkpoints.headline_numbers(512, {"results.json": own}, [])["bpb @ 512"] == 1.95054
+
+
+def test_seed_runs_are_named_and_sorted_after_seed_zero(tmp_path):
+    from conftest import make_tiny_checkpoint
+
+    assert checkpoints.seed_run("fire_seed2") == ("fire", 2)
+    assert checkpoints.seed_run("kerple_power_seed10") == ("kerple_power", 10)
+    for name in ("fire", "fire_seed0", "fire_seedling", "seed1", "fire_seed-1"):
+        assert checkpoints.seed_run(name) is None, name
+    names = ["alibi", "fire", "fire_seed1", "fire_seed2", "kerple_power", "kerple_power_seed1", "rope"]
+    assert checkpoints.seed0_first(names)[:4] == ["alibi", "fire", "kerple_power", "rope"]
+    assert sorted(checkpoints.seed0_first(names)) == names
+    folder = make_tiny_checkpoint(tmp_path / "fire_seed3", "fire", seed=3)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["training"]["settings"] = {"seed": 3}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert checkpoints.read_checkpoint(folder).summary_row()["training seed"] == 3
+
+
+def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
+    """With "pool" on, fire and fire_seed1 are one line: the mean perplexity ± sample std."""
+    from conftest import make_tiny_checkpoint
+
+    root = tmp_path / "root"
+    for name, enc, seed in (("fire", "fire", 0), ("fire_seed1", "fire", 11), ("alibi", "alibi", 1)):
+        make_tiny_checkpoint(root / name, enc, seed=seed)
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "fire_seed1", "alibi"],
+              len=["16", "32"], budget="256", pool="true").run()
+    at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
+    no_exception(at)
+    assert at.sidebar.checkbox(key="lengen_pool").value is True
+    at.button(key="lengen_run").click()
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    ppl = figures(at)[0]
+    lines = [t for t in ppl["data"] if t.get("mode") == "lines+markers"]
+    assert [(t["meta"]["group"], t["meta"]["n"]) for t in lines] == [("fire", 2), ("alibi", 1)]
+    assert lines[0]["name"] == "fire (mean ± std, 2 seeds)"
+    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    ref = evaluate.evaluate_many([str(root / "fire"), str(root / "fire_seed1")], str(upload), [16, 32],
+                                 token_budget=256, split="all", device="cpu")
+    ppls = np.array([[e["perplexity"] for e in r["per_length"]] for r in ref])
+    assert not np.allclose(ppls[0], ppls[1])  # two different models
+    fire = lines[0]
+    np.testing.assert_allclose(arr(fire["y"]), ppls.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(arr(fire["error_y"]["array"]), ppls.std(0, ddof=1), rtol=1e-9)
+    table = at.dataframe[0].value
+    assert set(table[table["group"] == "fire"]["n"]) == {2} and set(table[table["group"] == "alibi"]["n"]) == {1}
+    assert any("Seeds pooled" in c.value for c in at.caption)
+    assert any("window seed 0" in c.value for c in at.caption)
+    # off: one line per checkpoint again
+    at.sidebar.checkbox(key="lengen_pool").uncheck().run()
+    no_exception(at)
+    assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {"fire", "fire_seed1", "alibi"}
+
+
 def test_headline_reads_only_evaluate_results_not_other_json():
     """A JSON of another shape in the folder (here a loss in nats) is not taken for bits per byte."""
     other = {"runs": [{"per_length": [{"length": 512, "loss": 1.0}]}], "settings": {"data": "prose"}}

@@ -130,6 +130,16 @@ def test_bias_heatmap(fire_report):
     assert np.isnan(t["z"][0, 1]) and not np.isnan(t["z"][1, 0])  # future key blank
     marks = shapes(fig, P.TRAIN_MARK)
     assert {(m["type"], m.get("x0"), m.get("y0")) for m in marks} == {("line", SEQ, 0), ("line", 0, SEQ)}
+    assert "query position i" in fig.layout.title.subtitle.text
+    alibi = P.bias_heatmap_figure(A.bias_report(tiny("alibi")), 0, 0)
+    assert alibi.layout.title.subtitle.text == "alibi depends on i − j only: constant along each diagonal"
+    (a,) = traces(alibi)  # what the subtitle says: one value per distance i − j
+    by_distance: dict = {}
+    for qi, q in enumerate(a["y"]):
+        for ki, k in enumerate(a["x"]):
+            if not np.isnan(a["z"][qi, ki]):
+                by_distance.setdefault(q - k, []).append(a["z"][qi, ki])
+    assert len(by_distance) > 3 and all(np.ptp(v) < 1e-5 for v in by_distance.values())
     with pytest.raises(ValueError):
         P.bias_heatmap_figure(A.bias_report(tiny("rope")), 0, 0)
 
