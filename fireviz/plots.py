@@ -242,7 +242,8 @@ def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
     i.e. future keys). Queries run down, keys across; the training length is marked on both.
 
     Returns: Figure with one Heatmap trace (x = key positions, y = query positions, tokens;
-      z ``[q, k]`` with NaN at future keys); meta ``{"layer", "head"}``.
+      z ``[q, k]`` with NaN at future keys; colours diverging around 0 when the bias has both
+      signs, else sequential over its range); meta ``{"layer", "head"}``.
     Raises: ValueError for a non-additive report, a missing layer/head or matrix.
     """
     r = _as_dict(report)
@@ -255,8 +256,14 @@ def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
     z = _arr(m["bias"])
     if not 0 <= head < z.shape[0]:
         raise ValueError(f"head {head} out of range 0..{z.shape[0] - 1}")
-    fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=z[head],
-                               colorscale="RdBu", zmid=0.0, colorbar=dict(title=dict(text="bias (logits)")),
+    zh = z[head]
+    finite = zh[np.isfinite(zh)]
+    # a diverging scale centred on 0 only when the bias takes both signs; an all-negative bias
+    # (ALiBi, Kerple) on it would be one dark red, so it gets a sequential scale over its range
+    both = finite.size and finite.min() < 0 < finite.max()
+    scale = dict(colorscale="RdBu", zmid=0.0) if both else dict(colorscale="Viridis")
+    fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=zh,
+                               **scale, colorbar=dict(title=dict(text="bias (logits)")),
                                meta={"layer": layer, "head": head}, name=f"L{layer} H{head}"))
     L = r.get("train_seq_len")
     _mark_length(fig, L, axis="x")

@@ -133,6 +133,7 @@ def test_bias_heatmap(fire_report):
     assert "query position i" in fig.layout.title.subtitle.text
     alibi = P.bias_heatmap_figure(A.bias_report(tiny("alibi")), 0, 0)
     assert alibi.layout.title.subtitle.text == "alibi depends on i − j only: constant along each diagonal"
+    assert alibi.data[0].zmid is None  # all ≤ 0: sequential colours, not one dark half of RdBu
     (a,) = traces(alibi)  # what the subtitle says: one value per distance i − j
     by_distance: dict = {}
     for qi, q in enumerate(a["y"]):
