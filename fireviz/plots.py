@@ -527,7 +527,7 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
       ``tokens``, ``loss`` (nats/token), ``lr``, ``tokens_per_s``; eval rows also ``val_loss``
       and ``val_loss_4x`` (validation loss at 4× the training length, nats/token).
     Returns: two-row Figure sharing x = tokens seen (or step when rows lack ``tokens``):
-      top train loss (line), val loss (markers), val loss @ 4× (open markers); bottom the
+      top train loss (line), val loss (markers), val loss @ 4× (open markers) on a log y; bottom the
       learning rate. Trace meta ``{"run", "series"}`` with series loss | val_loss |
       val_loss_4x | lr.
     Raises: ValueError for no rows.
@@ -563,7 +563,8 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{run} lr", line=dict(color=col), showlegend=False,
                                      meta={"run": run, "series": "lr"}), row=2, col=1)
     fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=2, col=1)
-    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+    # log scale: the first steps' ≈ 5.5 nats would otherwise squash the end, where runs differ
+    fig.update_yaxes(title_text="loss (nats/token, log scale)", type="log", row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
     fig.update_layout(title="Training curves", meta={"x": xkey})
     return fig

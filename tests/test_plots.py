@@ -260,6 +260,7 @@ def test_training_curves():
     np.testing.assert_allclose(ts[("fire", "val_loss")]["y"], [2.0, 1.0])
     np.testing.assert_array_equal(ts[("fire", "val_loss_4x")]["x"], [2000, 4000])
     np.testing.assert_allclose(ts[("rope", "lr")]["y"], [1e-3, 2e-3])
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type != "log"  # loss log, lr linear
     assert fig.layout.xaxis2.title.text == "tokens seen" and "nats/token" in fig.layout.yaxis.title.text
     steps = P.training_curves_figure([{"step": 5, "loss": 2.0}])
     np.testing.assert_array_equal(traces(steps)[0]["x"], [5])
