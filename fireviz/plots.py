@@ -45,8 +45,9 @@ def _as_dict(obj) -> dict:
 
 
 def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: int | None = None,
-                 axis: str = "x", text: str | None = None, name: str = TRAIN_MARK) -> None:
-    """Dashed line at a length (tokens) on the x (``axis="x"``) or y axis of one subplot."""
+                 axis: str = "x", text: str | None = None, name: str = TRAIN_MARK, at: str = "end") -> None:
+    """Dashed line at a length (tokens) on the x (``axis="x"``) or y axis of one subplot,
+    labelled at its ``at`` end ("end": top / right, "start": bottom / left)."""
     if x is None:
         return
     kw: dict[str, Any] = dict(line_dash="dash", line_color="gray", line_width=1, name=name,
@@ -55,9 +56,9 @@ def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: i
         kw.update(row=row, col=col)
     label = dict(text=text if text is not None else f"{name} {x:g}", font=dict(size=9, color="gray"))
     if axis == "x":
-        fig.add_vline(x=x, label=dict(label, textposition="end", textangle=-90), **kw)
+        fig.add_vline(x=x, label=dict(label, textposition=at, textangle=-90), **kw)
     else:
-        fig.add_hline(y=x, label=dict(label, textposition="end"), **kw)
+        fig.add_hline(y=x, label=dict(label, textposition=at), **kw)
 
 
 def _panel_refs(fig: go.Figure, row: int, col: int) -> tuple[str, str]:
@@ -266,7 +267,7 @@ def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
                                **scale, colorbar=dict(title=dict(text="bias (logits)")),
                                meta={"layer": layer, "head": head}, name=f"L{layer} H{head}"))
     L = r.get("train_seq_len")
-    _mark_length(fig, L, axis="x")
+    _mark_length(fig, L, axis="x", at="start")  # at the top it would run into the subtitle
     _mark_length(fig, L, axis="y")
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: bias b(i, j), layer {layer}, head {head}",
@@ -527,9 +528,11 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
       ``tokens``, ``loss`` (nats/token), ``lr``, ``tokens_per_s``; eval rows also ``val_loss``
       and ``val_loss_4x`` (validation loss at 4× the training length, nats/token).
     Returns: two-row Figure sharing x = tokens seen (or step when rows lack ``tokens``):
-      top train loss (line), val loss (markers), val loss @ 4× (open markers) on a log y; bottom the
-      learning rate. Trace meta ``{"run", "series"}`` with series loss | val_loss |
-      val_loss_4x | lr.
+      top train loss (line), val loss (markers), val loss @ 4× (open markers), its y range
+      zoomed to the 95th percentile of train loss (or higher, to keep every series' last
+      value), so the first steps do not squash the end; bottom the learning rate. One legend
+      entry per run (legend groups). Trace meta ``{"run", "series"}`` with series loss |
+      val_loss | val_loss_4x | lr.
     Raises: ValueError for no rows.
     """
     runs = dict(logs) if isinstance(logs, Mapping) else {"run": list(logs)}
@@ -538,6 +541,7 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
     use_tokens = all("tokens" in row for rows in runs.values() for row in rows)
     xkey = "tokens" if use_tokens else "step"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    train_losses, last_values, lowest = [], [], math.inf
     for k, (run, rows) in enumerate(runs.items()):
         col = _color(k)
 
@@ -545,26 +549,35 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             pts = [(row[xkey], row[key]) for row in rows if row.get(key) is not None and xkey in row]
             return (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64))
 
-        x, y = series("loss")
-        if x.size:
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{run} train", line=dict(color=col),
-                                     meta={"run": run, "series": "loss"}), row=1, col=1)
-        x, y = series("val_loss")
-        if x.size:
-            fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=f"{run} val", marker=dict(color=col, size=7),
-                                     line=dict(color=col, dash="dot"), meta={"run": run, "series": "val_loss"}), row=1, col=1)
-        x, y = series("val_loss_4x")
-        if x.size:
-            fig.add_trace(go.Scatter(x=x, y=y, mode="markers+lines", name=f"{run} val @ 4× length",
-                                     marker=dict(color=col, size=7, symbol="circle-open"), line=dict(color=col, dash="dash"),
-                                     meta={"run": run, "series": "val_loss_4x"}), row=1, col=1)
-        x, y = series("lr")
-        if x.size:
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{run} lr", line=dict(color=col), showlegend=False,
-                                     meta={"run": run, "series": "lr"}), row=2, col=1)
+        # one legend entry per run (its train line); the other series share its legend group
+        for key, name, style, panel in (
+                ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
+                ("val_loss", f"{run} val", dict(mode="markers+lines", marker=dict(color=col, size=7),
+                                                line=dict(color=col, dash="dot")), 1),
+                ("val_loss_4x", f"{run} val @ 4× length",
+                 dict(mode="markers+lines", marker=dict(color=col, size=7, symbol="circle-open"),
+                      line=dict(color=col, dash="dash")), 1),
+                ("lr", f"{run} lr", dict(mode="lines", line=dict(color=col)), 2)):
+            x, y = series(key)
+            if not x.size:
+                continue
+            first = key == "loss" or (key == "val_loss" and not series("loss")[0].size)
+            fig.add_trace(go.Scatter(x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first,
+                                     meta={"run": run, "series": key}, **style), row=panel, col=1)
+            if panel == 1:
+                finite = y[np.isfinite(y)]
+                if finite.size:
+                    lowest = min(lowest, float(finite.min()))
+                    last_values.append(float(finite[-1]))
+                    if key == "loss":
+                        train_losses.extend(finite.tolist())
     fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=2, col=1)
-    # log scale: the first steps' ≈ 5.5 nats would otherwise squash the end, where runs differ
-    fig.update_yaxes(title_text="loss (nats/token, log scale)", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+    if train_losses and last_values:
+        # zoom to where runs differ: the first few % of steps (≈ ln 257 nats) would squash the end.
+        # Every series' last value stays in view; a double-click on the plot shows everything.
+        top = max(float(np.percentile(train_losses, 95)), max(last_values))
+        fig.update_yaxes(range=[lowest - 0.03 * (top - lowest), top + 0.05 * (top - lowest)], row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
     fig.update_layout(title="Training curves", meta={"x": xkey})
     return fig

@@ -98,19 +98,24 @@ caption = ui.eval_caption(clean)
 shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
 ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
-                               "seeds (n in the table)." if pool else ""), P, "ppl")
+                               "seeds (n and std in the table; the error bars are often smaller than the markers)." if pool else ""), P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"),
              column_config={"length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
                             "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
-                            "perplexity": st.column_config.NumberColumn(format="%.3f")})
+                            "perplexity": st.column_config.NumberColumn(format="%.3f"),
+                            "perplexity_std": st.column_config.NumberColumn(
+                                "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"),
+                            "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),
+                            "train_seq_len": st.column_config.NumberColumn("training length")})
 
 st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})
 pick = st.multiselect("Lengths to draw", done_lens, default=done_lens[-1:], key=ui.key(P, "lbp_len"))
 if pick:
     lbp = plots.loss_by_position_figure(clean, lengths=pick)
-    ui.show_figure(lbp, caption + " Loss averaged over equal-width buckets of window positions.", P, "lbp")
+    ui.show_figure(lbp, caption + " Loss averaged over equal-width buckets of window positions"
+                   + (", one line per checkpoint (not pooled)." if pool else "."), P, "lbp")
     ui.downloads(P, "loss_by_position", plots.figure_to_csv(lbp), plots.figure_data(lbp))

@@ -12,7 +12,7 @@ ui.setup_page("Training runs")
 st.markdown("Training loss (nats per token) against tokens seen, validation loss at the training length and at 4× it "
             "(a first look at length generalization during training), and the learning-rate schedule.")
 
-chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
+chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
 ui.sync_url(P, ["ckpt"])
 if not chosen:
     st.stop()
@@ -27,13 +27,14 @@ for info in chosen:
     if not rows:
         st.warning(f"{info.name} has no train_log.jsonl (it was not trained by `python -m fireviz train`).")
         continue
-    logs[info.label] = rows
+    logs[info.name] = rows
     summary.append(checkpoints.training_summary_row(info, rows))
 
 if logs:
     fig = plots.training_curves_figure(logs)
-    ui.show_figure(fig, "Loss in nats per token; validation at the training length (filled) and at 4× it (open).",
-                   P, "curves")
+    ui.show_figure(fig, "Loss in nats per token: train (line), validation at the training length (filled markers) "
+                        "and at 4× it (open). The loss axis starts zoomed past the first steps; double-click the "
+                        "plot to see all of it.", P, "curves")
     ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
     loss = st.column_config.NumberColumn(format="%.4f")
     st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),

@@ -397,7 +397,7 @@ def test_training_runs_plot_the_logs(app_env):
     assert at.sidebar.multiselect(key="train_ckpt").value == ["alibi", "fire", "rope"]
     fig = figures(at)[0]
     log = checkpoints.read_train_log(app_env / "fire")
-    tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire (fire)", "series": "val_loss"})
+    tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire", "series": "val_loss"})
     np.testing.assert_allclose(arr(tr["y"]), [r["val_loss"] for r in log if "val_loss" in r])
     np.testing.assert_allclose(arr(tr["x"]), [r["tokens"] for r in log if "val_loss" in r])
     df = at.dataframe[0].value

@@ -260,7 +260,13 @@ def test_training_curves():
     np.testing.assert_allclose(ts[("fire", "val_loss")]["y"], [2.0, 1.0])
     np.testing.assert_array_equal(ts[("fire", "val_loss_4x")]["x"], [2000, 4000])
     np.testing.assert_allclose(ts[("rope", "lr")]["y"], [1e-3, 2e-3])
-    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type != "log"  # loss log, lr linear
+    lo, hi = fig.layout.yaxis.range
+    assert lo < 0.75 and hi > 3.0  # short logs: everything in view
+    # a long log: the y range leaves out the first steps' spike (≈ 6 nats), keeps the rest
+    long = [{"step": s, "tokens": s, "loss": 1.0 + 5.0 * math.exp(-s / 5)} for s in range(1, 101)]
+    lo, hi = P.training_curves_figure({"x": long}).layout.yaxis.range
+    assert lo < 1.0 and 2.5 < hi < 3.5
+    assert [t["name"] for t in traces(fig) if t["showlegend"] is not False] == ["fire", "rope"]
     assert fig.layout.xaxis2.title.text == "tokens seen" and "nats/token" in fig.layout.yaxis.title.text
     steps = P.training_curves_figure([{"step": 5, "loss": 2.0}])
     np.testing.assert_array_equal(traces(steps)[0]["x"], [5])
