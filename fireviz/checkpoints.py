@@ -50,6 +50,18 @@ def seed_run(name: str) -> tuple[str, int] | None:
     return (m["base"], int(m["seed"])) if m else None
 
 
+def seed_groups(names) -> dict[str, list[str]]:
+    """``{base: [base, extra-seed names…]}`` (sorted) for each name among ``names`` that has
+    extra-seed runs (see :func:`seed_run`) among them too; {} when none has."""
+    names = list(names)
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        run = seed_run(name)
+        if run and run[0] in names:
+            groups.setdefault(run[0], [run[0]]).append(name)
+    return groups
+
+
 def seed0_first(names: list[str]) -> list[str]:
     """``names`` with every extra-seed run (see :func:`seed_run`) moved after the others,
     order otherwise kept: a default selection of the first N then shows N encodings."""

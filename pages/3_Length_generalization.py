@@ -9,7 +9,7 @@ State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool.
 import streamlit as st
 
 from fireviz import evaluate, plots, ui
-from fireviz.checkpoints import default_device, seed_run
+from fireviz.checkpoints import default_device, seed_groups
 from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
@@ -61,9 +61,8 @@ if rope:
     scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
-chosen_names = {i.name for i in chosen}
 pool = False
-if any((sr := seed_run(n)) and sr[0] in chosen_names for n in chosen_names):
+if seed_groups(i.name for i in chosen):
     pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
                        help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
                             "± one sample standard deviation as error bars.")

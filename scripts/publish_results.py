@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from fireviz import evaluate, plots
-from fireviz.checkpoints import read_train_log, seed_run, validation_rows
+from fireviz.checkpoints import read_train_log, seed_groups, validation_rows
 from fireviz.files import atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,16 +182,6 @@ def fmt_validation_table(logs: dict[str, list[dict]], seq_len: int) -> list[str]
         out.append(f"| {name} | {last['step']} | {last.get('tokens', 0):,} | {last['val_loss']:.3f} | "
                    f"{last.get('val_loss_4x', float('nan')):.3f} | {delta} |")
     return out
-
-
-def seed_groups(names: list[str]) -> dict[str, list[str]]:
-    """``{encoding: [seed-0 folder, extra-seed folders…]}`` for encodings that have extra seeds."""
-    groups: dict[str, list[str]] = {}
-    for name in sorted(names):
-        run = seed_run(name)
-        if run and run[0] in names:
-            groups.setdefault(run[0], [run[0]]).append(name)
-    return groups
 
 
 def fmt_seed_table(runs: list[dict]) -> list[str]:
