@@ -549,7 +549,8 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             pts = [(row[xkey], row[key]) for row in rows if row.get(key) is not None and xkey in row]
             return (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64))
 
-        # one legend entry per run (its train line); the other series share its legend group
+        # one legend entry per run (its train line, else its val line); the rest share its group
+        legend_key = "loss" if series("loss")[0].size else "val_loss"
         for key, name, style, panel in (
                 ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
                 ("val_loss", f"{run} val", dict(mode="markers+lines", marker=dict(color=col, size=7),
@@ -561,7 +562,7 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             x, y = series(key)
             if not x.size:
                 continue
-            first = key == "loss" or (key == "val_loss" and not series("loss")[0].size)
+            first = key == legend_key
             fig.add_trace(go.Scatter(x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first,
                                      meta={"run": run, "series": key}, **style), row=panel, col=1)
             if panel == 1:
