@@ -664,27 +664,31 @@ def figure_to_json(fig: go.Figure) -> str:
 def figure_to_csv(fig: go.Figure) -> str:
     """The plotted numbers as long-format CSV: one row per point (per cell for heatmaps).
 
-    Columns: ``trace, <meta keys …>, x, y, z, error_y``; empty cells for NaN or absent values.
+    Columns: ``trace, <meta keys …>, x, y``, then ``z`` if a trace is a heatmap and ``error_y``
+    if a trace has error bars (a column no trace fills is left out); empty cells for NaN or
+    absent values.
     """
     data = figure_data(fig)
     meta_keys: list[str] = []
     for t in data["traces"]:
         if isinstance(t["meta"], dict):
             meta_keys += [k for k in t["meta"] if k not in meta_keys]
+    has_z = any("z" in t for t in data["traces"])
+    has_err = any("error_y" in t for t in data["traces"])
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["trace", *meta_keys, "x", "y", "z", "error_y"])
+    w.writerow(["trace", *meta_keys, "x", "y", *(["z"] if has_z else []), *(["error_y"] if has_err else [])])
+    blank = lambda v: "" if v is None else v  # noqa: E731
     for t in data["traces"]:
         m = t["meta"] if isinstance(t["meta"], dict) else {}
         head = [t["name"], *[m.get(k, "") for k in meta_keys]]
-        blank = lambda v: "" if v is None else v  # noqa: E731
         if "z" in t:
             for r, y in enumerate(t.get("y") or []):
                 for c, x in enumerate(t.get("x") or []):
-                    w.writerow([*head, x, y, blank(t["z"][r][c]), ""])
+                    w.writerow([*head, x, y, blank(t["z"][r][c]), *([""] if has_err else [])])
             continue
         xs, ys = t.get("x") or [], t.get("y") or []
         errs = t.get("error_y") or [None] * len(xs)
         for x, y, e in zip(xs, ys, errs):
-            w.writerow([*head, blank(x), blank(y), "", blank(e)])
+            w.writerow([*head, blank(x), blank(y), *([""] if has_z else []), *([blank(e)] if has_err else [])])
     return buf.getvalue()

@@ -303,6 +303,7 @@ def test_csv_and_json_export(fire_report):
     assert [float(r["y"]) for r in rows] == [4.0, 5.0, 9.0]
     assert [int(r["x"]) for r in rows] == [16, 64, 256] and rows[0]["group"] == "fire"
     assert float(rows[0]["error_y"]) == pytest.approx(math.sqrt(2))
+    assert "z" not in rows[0] and list(rows[0])[-3:] == ["x", "y", "error_y"]  # no heatmap: no z column
     data = json.loads(P.figure_to_json(fig))
     assert data["traces"][0]["y"] == [4.0, 5.0, 9.0] and data["markers"][0]["x0"] == SEQ
 
@@ -319,5 +320,6 @@ def test_csv_and_json_export(fire_report):
     grid = P.bias_grid_figure(fire_report, query_positions=[SEQ - 1])
     rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(grid))))
     assert len(rows) == 4 * SEQ and {"layer", "head", "query_position"} <= set(rows[0])
+    assert "z" not in rows[0] and "error_y" not in rows[0]  # line figure without error bars
     r = next(r for r in rows if r["layer"] == "0" and r["head"] == "0" and r["x"] == str(SEQ - 1))
     assert float(r["y"]) == pytest.approx(-3.0, abs=1e-4)
