@@ -238,15 +238,24 @@ def _heatmap_note(encoding) -> str:
     return f"{encoding} depends on i − j only: constant along each diagonal"
 
 
-def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
+def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None = None) -> go.Figure:
     """One head's bias on the report's query × key grid (logits; blank above the diagonal,
     i.e. future keys). Queries run down, keys across; the training length is marked on both.
 
+    Args: ``color_limit`` (logits, > 0) saturates the colours at |bias| ≥ it — a learned
+      Kerple-power bias reaches −10⁴ logits far from the diagonal, which on a full-range scale
+      leaves the few keys a query can still attend to (bias within ~20 logits of its best key)
+      one colour; None (default) spans the bias's whole range. The plotted ``z`` is never clipped.
     Returns: Figure with one Heatmap trace (x = key positions, y = query positions, tokens;
       z ``[q, k]`` with NaN at future keys; colours diverging around 0 when the bias has both
-      signs, else sequential over its range); meta ``{"layer", "head"}``.
-    Raises: ValueError for a non-additive report, a missing layer/head or matrix.
+      signs, else sequential over its range, either clipped to ``color_limit``); meta
+      ``{"layer", "head"}``.
+    Raises: ValueError for a non-additive report, a missing layer/head or matrix, or a
+      ``color_limit`` that is not a positive number.
     """
+    if color_limit is not None and not (isinstance(color_limit, (int, float)) and 0 < color_limit < math.inf):
+        raise ValueError(f"color_limit must be a positive number of logits such as 20 (got {color_limit!r}); "
+                         "None spans the full range")
     r = _as_dict(report)
     if r.get("kind") != "additive":
         raise ValueError(f"{r.get('encoding')} has no additive bias (kind {r.get('kind')})")
@@ -263,8 +272,15 @@ def bias_heatmap_figure(report, layer: int, head: int) -> go.Figure:
     # (ALiBi, Kerple) on it would be one dark red, so it gets a sequential scale over its range
     both = finite.size and finite.min() < 0 < finite.max()
     scale = dict(colorscale="RdBu", zmid=0.0) if both else dict(colorscale="Viridis")
+    bar_title = "bias (logits)"
+    lo, hi = (max(finite.min(), -color_limit), min(finite.max(), color_limit)) if color_limit and finite.size else (0, 0)
+    # clip only where the limit cuts into the range (a bias entirely beyond it keeps its own range)
+    if color_limit is not None and lo < hi and (finite.min() < lo or finite.max() > hi):
+        scale = dict(colorscale="RdBu", zmin=-color_limit, zmax=color_limit) if both else \
+            dict(colorscale="Viridis", zmin=float(lo), zmax=float(hi))
+        bar_title = f"bias (logits),<br>saturated at |b| ≥ {color_limit:g}"
     fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=zh,
-                               **scale, colorbar=dict(title=dict(text="bias (logits)")),
+                               **scale, colorbar=dict(title=dict(text=bar_title)),
                                meta={"layer": layer, "head": head}, name=f"L{layer} H{head}"))
     L = r.get("train_seq_len")
     _mark_length(fig, L, axis="x", at="start")  # at the top it would run into the subtitle

@@ -1,7 +1,7 @@
 """Learned biases: what each head of a checkpoint learned, at several query positions.
 
 Thin over ``fireviz.analysis.bias_report`` (curves, heatmap matrix, locality) and
-``fireviz.plots`` (figures). State in the URL: ckpt, view, layer, head, pos, x.
+``fireviz.plots`` (figures). State in the URL: ckpt, view, layer, head, pos, x, clip.
 """
 import streamlit as st
 
@@ -35,7 +35,14 @@ x_axis = sb.radio("x axis (one-head view)", ["distance", "normalized"],
                   key=ui.url_state(P, "x", "distance", options=["distance", "normalized"]),
                   format_func={"distance": "distance i − j", "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))"}.get,
                   disabled=view != "head")
-ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x"])
+clip_options = [0, 5, 20, 100]
+clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
+                    key=ui.url_state(P, "clip", 0, int, options=clip_options), disabled=view != "head",
+                    format_func=lambda v: f"saturate at |bias| ≥ {v} logits" if v else "full range",
+                    help="A learned Kerple-power bias falls to −10⁴ logits far from the diagonal; on the full range "
+                         "the keys a query can still attend to are all one colour. Saturating at 20 logits "
+                         "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them. Only the colours change, not the numbers.")
+ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip"])
 
 positions = None
 text = st.session_state[ui.key(P, "pos")].strip()
@@ -86,7 +93,7 @@ for col, info in zip(cols, chosen):
                        "input ψ(i−j)/ψ(max(L, i)): every query's curve lies on f_θ (dotted), squeezed into [0, 1].")
         ui.show_figure(fig, caption, P, f"head_{info.name}")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
-        hm = plots.bias_heatmap_figure(rep, layer, head)
+        hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)
         ui.show_figure(hm, "Query × key grid (tokens); blank above the diagonal = future keys (masked).",
                        P, f"heatmap_{info.name}")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_heatmap", plots.figure_to_csv(hm), plots.figure_data(hm))

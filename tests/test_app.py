@@ -227,6 +227,20 @@ def test_biases_one_head_view_from_the_url_and_two_checkpoints(app_env):
     assert at.query_params["ckpt"] == ["fire", "alibi"]
 
 
+def test_biases_heatmap_colour_limit_from_the_url(app_env):
+    """clip=5 saturates the heatmap's colours at −5 logits; the plotted bias keeps its values."""
+    at = page("pages/1_Learned_biases.py", ckpt="alibi", view="head", layer="0", head="0").run()
+    no_exception(at)
+    heat = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")["data"][0]
+    assert "zmin" not in heat and np.nanmin(arr(heat["z"])) < -5  # ALiBi head 0: slope 1/16 out to 255 tokens
+    at.sidebar.selectbox(key="biases_clip").set_value(5).run()
+    no_exception(at)
+    assert at.query_params["clip"] == "5"
+    heat2 = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")["data"][0]
+    assert heat2["zmin"] == -5 and "saturated" in heat2["colorbar"]["title"]["text"]
+    np.testing.assert_array_equal(arr(heat2["z"]), arr(heat["z"]))
+
+
 def test_biases_bad_query_positions_is_a_clear_error(app_env):
     at = page("pages/1_Learned_biases.py", ckpt="fire").run()
     at.sidebar.text_input(key="biases_pos").set_value("12, abc").run()

@@ -145,6 +145,28 @@ def test_bias_heatmap(fire_report):
         P.bias_heatmap_figure(A.bias_report(tiny("rope")), 0, 0)
 
 
+def test_bias_heatmap_color_limit():
+    """color_limit saturates the colours, never the data; a limit the bias stays within changes nothing."""
+    rep = {"kind": "additive", "encoding": "kerple_power", "train_seq_len": 4, "layers": [{"layer": 0, "matrix": {
+        "query_positions": [0, 4, 8], "key_positions": [0, 4, 8],
+        "bias": [[[0.0, None, None], [-50.0, 0.0, None], [-900.0, -50.0, 0.0]],
+                 [[2.0, None, None], [-30.0, 2.0, None], [-60.0, -30.0, 2.0]]]}}]}
+    full = P.bias_heatmap_figure(rep, 0, 0)
+    assert full.data[0].zmin is None and full.data[0].colorscale[0][1] == "#440154"  # Viridis, full range
+    clipped = P.bias_heatmap_figure(rep, 0, 0, color_limit=20)
+    (t,) = traces(clipped)
+    assert (clipped.data[0].zmin, clipped.data[0].zmax) == (-20.0, 0.0)
+    assert np.nanmin(t["z"]) == -900.0  # data untouched
+    assert "saturated at |b| ≥ 20" in clipped.data[0].colorbar.title.text
+    both = P.bias_heatmap_figure(rep, 0, 1, color_limit=10)  # both signs: symmetric around 0
+    assert (both.data[0].zmin, both.data[0].zmax) == (-10.0, 10.0)
+    wide = P.bias_heatmap_figure(rep, 0, 0, color_limit=1000)  # within the limit: as without it
+    assert wide.data[0].zmin is None and wide.data[0].colorbar.title.text == "bias (logits)"
+    for bad in (0, -5, float("nan"), "20"):
+        with pytest.raises(ValueError, match="color_limit"):
+            P.bias_heatmap_figure(rep, 0, 0, color_limit=bad)
+
+
 def test_dilution_figure():
     res = {"checkpoint": "c", "query_positions": [15, 31, 255], "near": 8, "rows": 2, "train_seq_len": SEQ,
            "share": [[[0.9, 0.5, 0.2], [0.3, 0.3, 0.3]]]}
