@@ -4,7 +4,8 @@ An evaluation is fully described by its settings (lm-evaluation-harness and YaRN
 perplexity script taught that): data + split, lengths, mode, stride, token budget, seed,
 RoPE scaling, BOS convention, loss-by-position buckets, numeric precision. Every result
 carries them, and results are cached on disk under a key made of the checkpoint's sha256,
-the data fingerprint and those settings.
+the data fingerprint and those settings. A checkpoint folder's own ``results.json`` (the
+shipped numbers) serves as a read-only cache under the same key.
 
 Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats / ln 2):
 
@@ -439,6 +440,41 @@ def _valid_entry(entry: object, length: int) -> bool:
                                                                                    "nats", "tokens"))
 
 
+#: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).
+PUBLISHED_RESULTS = "results.json"
+
+
+def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, fingerprint: str) -> list[dict]:
+    """The results in ``<checkpoint>/results.json`` computed on exactly these weights and data.
+
+    Args: ``checkpoint_hash`` = ``checkpoint_sha256(checkpoint)``, ``fingerprint`` = the data
+      fingerprint. Returns: the matching result dicts (as ``evaluate_many`` returns them); []
+      when the file is missing, unreadable or made from other weights/data. A shipped
+      checkpoint's numbers thus show without recomputing on a fresh machine, and a stale
+      results.json (weights retrained, corpus changed) is never used. Raises nothing.
+    """
+    try:
+        obj = json.loads((Path(checkpoint) / PUBLISHED_RESULTS).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return []
+    items = obj if isinstance(obj, list) else [obj]
+    return [r for r in items if isinstance(r, dict) and r.get("checkpoint_sha256") == checkpoint_hash
+            and r.get("data_fingerprint") == fingerprint and isinstance(r.get("settings"), dict)
+            and isinstance(r.get("per_length"), list)]
+
+
+def _published_read(published: list[dict], length_settings: dict, length: int) -> dict | None:
+    # every setting that is part of the cache key must match, the format version included
+    for r in published:
+        s = r["settings"]
+        if any(s.get(k) != v for k, v in length_settings.items() if k != "length"):
+            continue
+        for e in r["per_length"]:
+            if isinstance(e, dict) and e.get("length") == length and _valid_entry(e, length):
+                return {k: v for k, v in e.items() if k != "cached"}
+    return None
+
+
 def _cache_read(path: Path, key: str, length: int) -> dict | None:
     try:
         obj = json.loads(path.read_text())
@@ -531,7 +567,8 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             token_cache[i] = document_tokens(docs[i])
         return token_cache[i]
 
-    settings = {"data": str(data), "split": split, "lengths": lengths, "mode": mode, "stride": stride,
+    settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths, "mode": mode,
+                "stride": stride,
                 "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
                 "position_buckets": int(position_buckets), "precision": precision, "batch_tokens": batch_tokens,
                 "bos": BOS_CONVENTION, "documents": len(docs)}
@@ -555,6 +592,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         cfg = model.config
         on_device = None
         per_length = []
+        published = published_results(ckpt, sha, fingerprint) if use_cache else []
         for n in lengths:
             plan = plans[n]
             if isinstance(plan, str):
@@ -573,6 +611,12 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             key = cache_key(sha, fingerprint, length_settings)
             entry_path = cache_root / f"{key}.json"
             cached = _cache_read(entry_path, key, n) if use_cache else None
+            if cached is None and published:
+                cached = _published_read(published, length_settings, n)
+                if cached is not None:  # into the cache, so the next run reads it as any other entry
+                    write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
+                                                   "settings": length_settings, "fireviz_version": __version__,
+                                                   "result": cached, "source": f"{ckpt}/{PUBLISHED_RESULTS}"})
             if cached is not None:
                 per_length.append({**cached, "cached": True})
                 done += len(plan)
@@ -640,10 +684,14 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
       progress: ``progress(done_windows, total_windows, message)``; should_stop: ``() -> bool``,
         checked between batches.
       cache_dir: folder of cached per-length results (default ``default_cache_dir()``);
-        use_cache: False to neither read nor write it.
+        use_cache: False to neither read nor write it. A length missing from the cache is
+        also looked up in the checkpoint's own ``results.json`` (``published_results``: same
+        weights sha256, data fingerprint and every cache-key setting, format version
+        included) — how a shipped checkpoint shows its numbers at once on a fresh machine.
     Returns: ``{"checkpoint", "checkpoint_path", "checkpoint_sha256", "position_encoding",
       "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
-      "per_length": [summarize(...) + {"documents", "seconds", "cached"} or {"length", "error"}]}``.
+      "per_length": [summarize(...) + {"documents", "seconds", "cached"} or {"length", "error"}]}``;
+      ``settings`` holds ``format`` (``EVAL_FORMAT_VERSION``) and the arguments above.
       ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data
       and planning windows included); a per-length ``seconds`` is the scoring time when it
       was computed (also for a cached entry). With ``rope_scaling`` each per-length entry

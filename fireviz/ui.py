@@ -651,5 +651,6 @@ def eval_caption(results: Sequence[dict]) -> str:
     parts.append("device " + ", ".join(devices))
     cached = sum(1 for r in results for e in r.get("per_length", []) if e.get("cached"))
     total = sum(len(r.get("per_length", [])) for r in results)
-    parts.append(f"{cached}/{total} lengths from the cache")
+    parts.append(f"{cached}/{total} lengths from the cache or a checkpoint's shipped results.json (same weights, "
+                 "data and settings)")
     return "Evaluation: " + " · ".join(parts) + ". Lengths in tokens (bytes); dashed = training length."

@@ -344,6 +344,41 @@ def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, da
     assert ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]["cached"] is True
 
 
+def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, cache, monkeypatch):
+    """A checkpoint folder's results.json answers a request with the same weights, data and
+    settings (how shipped checkpoints show numbers on a fresh machine), and nothing else."""
+    import shutil
+    folder = tmp_path / "alibi"
+    shutil.copytree(ckpts["alibi"], folder)
+    kw = dict(token_budget=40, split="all", device="cpu")
+    published = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=tmp_path / "publisher", **kw)
+    assert published["settings"]["format"] == ev.EVAL_FORMAT_VERSION
+    (folder / "results.json").write_text(json.dumps([published]))
+    calls = _counting(monkeypatch)
+    fresh = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=cache, **kw)
+    assert calls == [] and all(e["cached"] for e in fresh["per_length"])
+    strip = lambda r: [{k: v for k, v in e.items() if k != "cached"} for e in r["per_length"]]
+    assert strip(fresh) == strip(published)
+    assert len(list(cache.glob("*.json"))) == 2  # copied into the cache
+    ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c2", **{**kw, "seed": 3})  # other settings
+    ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c3", use_cache=False, **kw)  # --no-cache
+    assert calls == [8, 8]
+    # a stale results.json (other format version, or other weights) is never read
+    stale = {**published, "settings": {**published["settings"], "format": ev.EVAL_FORMAT_VERSION - 1}}
+    (folder / "results.json").write_text(json.dumps([stale]))
+    ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c4", **kw)
+    poisoned = {**published, "per_length": [{**e, "nats_per_token": 0.123} for e in published["per_length"]]}
+    (folder / "results.json").write_text(json.dumps(poisoned))
+    with torch.no_grad():  # retrain: other weights, so the sha256 no longer matches
+        model = GPT.from_pretrained(str(folder))
+        model.wte.weight.mul_(1.5)
+        model.save_pretrained(folder)
+    again = ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c5", **kw)
+    assert calls == [8, 8, 8, 8] and again["per_length"][0]["nats_per_token"] != 0.123
+    (folder / "results.json").write_text("{not json")  # unreadable: ignored, not an error
+    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c6", **kw)["per_length"][0]["cached"] is False
+
+
 def test_cache_key_changes_with_checkpoint_and_data(ckpts, corpus, tmp_path, cache, monkeypatch):
     calls = _counting(monkeypatch)
     kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
