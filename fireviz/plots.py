@@ -335,17 +335,20 @@ def _group_name(res: Mapping, group_key: str | None) -> str:
 
 
 def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -> list[dict]:
-    """Mean ± std of perplexity per group and evaluation length (the numbers behind
-    ``perplexity_figure``).
+    """Mean ± std over each group's members (e.g. training seeds) per evaluation length: the
+    numbers behind ``perplexity_figure``.
 
     Accepts a list of evaluation results (``fireviz.evaluate``: keys ``checkpoint``,
     ``train_seq_len``, ``settings``, ``per_length`` = [{length, perplexity, nats_per_token,
     bits_per_byte, tokens_scored, windows, …}], optional ``label``/``group``). Results are
     grouped by ``group_key`` when given, else by ``label``, else ``group``, else
     ``checkpoint`` — several seeds of one encoding share a label.
-    Returns: rows {group, length (tokens), perplexity (mean), perplexity_std (sample std,
-      ddof = 1; None for one member), nats_per_token (mean), n (members), train_seq_len},
-      in first-seen group order and increasing length.
+    Returns: rows {group, length (tokens), bits_per_byte (mean), bits_per_byte_std,
+      perplexity = exp(mean nats/token) (the perplexity of the mean loss, so it agrees with
+      the mean bits per byte), perplexity_std, nats_per_token (mean), n (members),
+      train_seq_len}, in first-seen group order and increasing length. The stds are sample
+      standard deviations over members (ddof = 1; None for one member). Bits per byte =
+      nats/token / ln 2 (tokens are bytes) where an entry has no ``bits_per_byte``.
     Raises: ValueError for a result without a group name or per_length entries without
       ``length``/``perplexity``.
     """
@@ -359,16 +362,19 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
                 continue  # a length that could not be evaluated (fireviz.evaluate reports why)
             if "length" not in row or "perplexity" not in row:
                 raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
-            g["lengths"].setdefault(int(row["length"]), []).append(
-                (float(row["perplexity"]), float(row.get("nats_per_token", math.log(row["perplexity"])))))
+            nats = float(row.get("nats_per_token", math.log(row["perplexity"])))
+            bpb = float(row.get("bits_per_byte", nats / math.log(2)))
+            g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb))
     out = []
     for name, g in groups.items():
         for length in sorted(g["lengths"]):
             vals = np.array(g["lengths"][length])
             n = len(vals)
-            out.append({"group": name, "length": length, "perplexity": float(vals[:, 0].mean()),
-                        "perplexity_std": float(vals[:, 0].std(ddof=1)) if n > 1 else None,
-                        "nats_per_token": float(vals[:, 1].mean()), "n": n, "train_seq_len": g["train"]})
+            std = (lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None)  # noqa: E731
+            out.append({"group": name, "length": length, "bits_per_byte": float(vals[:, 2].mean()),
+                        "bits_per_byte_std": std(2), "perplexity": float(math.exp(vals[:, 1].mean())),
+                        "perplexity_std": std(0), "nats_per_token": float(vals[:, 1].mean()), "n": n,
+                        "train_seq_len": g["train"]})
     return out
 
 
@@ -408,7 +414,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
 
     Args: ``results`` as in ``group_perplexity`` (same grouping rules); groups with several
       members get mean ± std error bars. ``log_x``: lengths on a log axis (they usually double).
-    Returns: Figure; x = evaluation length (tokens), y = perplexity (exp of mean nats/token),
+    Returns: Figure; x = evaluation length (tokens), y = perplexity = exp(mean nats/token over
+      a group's members), error bars ± the sample std of the members' perplexities,
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
       on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at powers of ten (or

@@ -364,17 +364,11 @@ def pool_seeds(results: Sequence[dict]) -> list[dict]:
 
 
 def perplexity_table(rows: Sequence[dict]) -> list[dict]:
-    """``fireviz.plots.group_perplexity`` rows with ``bits_per_byte`` (nats per token / ln 2;
-    tokens are bytes) next to the perplexity."""
-    out = []
-    for r in rows:
-        row = {}
-        for k, v in r.items():
-            row[k] = v
-            if k == "perplexity_std":
-                row["bits_per_byte"] = r["nats_per_token"] / math.log(2) if r.get("nats_per_token") is not None else None
-        out.append(row)
-    return out
+    """``fireviz.plots.group_perplexity`` rows for the results table: bits per byte (mean and
+    sample std over pooled seeds) first, then perplexity, nats/token, n, training length."""
+    order = ["group", "length", "bits_per_byte", "bits_per_byte_std", "perplexity", "perplexity_std",
+             "nats_per_token", "n", "train_seq_len"]
+    return [{**{k: r[k] for k in order if k in r}, **{k: v for k, v in r.items() if k not in order}} for r in rows]
 
 
 def job_error_text(error: str | None) -> tuple[str, bool]:

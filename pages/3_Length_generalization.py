@@ -103,8 +103,11 @@ table = ui.perplexity_table(plots.group_perplexity(shown))
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"),
              column_config={"length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
+                            "bits_per_byte_std": st.column_config.NumberColumn(
+                                "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"),
                             "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
-                            "perplexity": st.column_config.NumberColumn(format="%.3f"),
+                            "perplexity": st.column_config.NumberColumn(
+                                format="%.3f", help="exp(mean nats/token): the perplexity of the mean loss over pooled seeds"),
                             "perplexity_std": st.column_config.NumberColumn(
                                 "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"),
                             "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),

@@ -139,9 +139,13 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     ppls = np.array([[e["perplexity"] for e in r["per_length"]] for r in ref])
     assert not np.allclose(ppls[0], ppls[1])  # two different models
     fire = lines[0]
-    np.testing.assert_allclose(arr(fire["y"]), ppls.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(arr(fire["y"]), np.exp(np.log(ppls).mean(0)), rtol=1e-9)  # exp(mean nats)
     np.testing.assert_allclose(arr(fire["error_y"]["array"]), ppls.std(0, ddof=1), rtol=1e-9)
     table = at.dataframe[0].value
+    bpb = np.array([[e["bits_per_byte"] for e in r["per_length"]] for r in ref])
+    fire_rows = table[table["group"] == "fire"]
+    np.testing.assert_allclose(fire_rows["bits_per_byte"], bpb.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(fire_rows["bits_per_byte_std"], bpb.std(0, ddof=1), rtol=1e-9)
     assert set(table[table["group"] == "fire"]["n"]) == {2} and set(table[table["group"] == "alibi"]["n"]) == {1}
     assert any("Seeds pooled" in c.value for c in at.caption)
     assert any("window seed 0" in c.value for c in at.caption)

@@ -194,7 +194,8 @@ def test_perplexity_groups_seeds_with_error_bars():
     fig = P.perplexity_figure(results)
     fire, rope = traces(fig)
     np.testing.assert_array_equal(fire["x"], [16, 64, 256])
-    np.testing.assert_allclose(fire["y"], [4.0, 5.0, 9.0])
+    # exp(mean nats): the perplexity of the mean loss (geometric mean), consistent with mean bits per byte
+    np.testing.assert_allclose(fire["y"], [math.sqrt(15.0), math.sqrt(24.0), math.sqrt(80.0)])
     np.testing.assert_allclose(fire["error_y"]["array"], [math.sqrt(2)] * 3)  # sample std of two seeds
     assert fire["meta"] == {"group": "fire", "n": 2} and "2 seeds" in fire["name"]
     np.testing.assert_allclose(rope["y"], [3.5, 20.0, 90.0])
@@ -204,8 +205,12 @@ def test_perplexity_groups_seeds_with_error_bars():
     assert shapes(fig, P.TRAIN_MARK)[0]["x0"] == SEQ
     assert "stride 8" in layout["title"]["subtitle"]["text"] and "mode sliding" in layout["title"]["subtitle"]["text"]
     rows = P.group_perplexity(results)
-    assert rows[0] == {"group": "fire", "length": 16, "perplexity": 4.0, "perplexity_std": pytest.approx(math.sqrt(2)),
+    bpb = [math.log(3) / math.log(2), math.log(5) / math.log(2)]
+    assert rows[0] == {"group": "fire", "length": 16, "bits_per_byte": pytest.approx(sum(bpb) / 2),
+                       "bits_per_byte_std": pytest.approx(abs(bpb[1] - bpb[0]) / math.sqrt(2)),
+                       "perplexity": pytest.approx(math.sqrt(15.0)), "perplexity_std": pytest.approx(math.sqrt(2)),
                        "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2), "n": 2, "train_seq_len": SEQ}
+    assert rows[-1]["group"] == "rope" and rows[-1]["bits_per_byte_std"] is None and rows[-1]["perplexity"] == pytest.approx(90.0)
     # grouping by checkpoint instead: three lines, no error bars
     by_ckpt = traces(P.perplexity_figure(results, group_key="checkpoint"))
     assert [t["meta"]["group"] for t in by_ckpt] == ["fire-s0", "fire-s1", "rope-s0"]
@@ -322,12 +327,13 @@ def test_validation_curves():
 def test_csv_and_json_export(fire_report):
     fig = P.perplexity_figure([ppl_result("a", "fire", [3.0, 4.0, 8.0]), ppl_result("b", "fire", [5.0, 6.0, 10.0])])
     rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(fig))))
-    assert [float(r["y"]) for r in rows] == [4.0, 5.0, 9.0]
+    assert [float(r["y"]) for r in rows] == pytest.approx([math.sqrt(15.0), math.sqrt(24.0), math.sqrt(80.0)])
     assert [int(r["x"]) for r in rows] == [16, 64, 256] and rows[0]["group"] == "fire"
     assert float(rows[0]["error_y"]) == pytest.approx(math.sqrt(2))
     assert "z" not in rows[0] and list(rows[0])[-3:] == ["x", "y", "error_y"]  # no heatmap: no z column
     data = json.loads(P.figure_to_json(fig))
-    assert data["traces"][0]["y"] == [4.0, 5.0, 9.0] and data["markers"][0]["x0"] == SEQ
+    assert data["traces"][0]["y"] == pytest.approx([math.sqrt(15.0), math.sqrt(24.0), math.sqrt(80.0)])
+    assert data["markers"][0]["x0"] == SEQ
 
     heat = P.bias_heatmap_figure(fire_report, 0, 0)
     rows = list(csv.DictReader(io.StringIO(P.figure_to_csv(heat))))
