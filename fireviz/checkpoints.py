@@ -250,23 +250,36 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def training_summary_row(info: CheckpointInfo, log: list[dict]) -> dict:
-    """One row for the training-runs table: the last record of a train_log.jsonl.
+#: Steps over which the training-runs table averages the training loss and throughput: one
+#: batch's loss varies by ±0.1 nats at the end of a reference run, more than seeds differ.
+SUMMARY_STEPS = 100
+
+
+def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int = SUMMARY_STEPS) -> dict:
+    """One row for the training-runs table, from the end of a train_log.jsonl.
 
     Args:
-      info: the checkpoint (name, encoding, training length).
+      info: the checkpoint (name, encoding, training length, training seed).
       log: its records as returned by :func:`read_train_log` (may be empty).
-    Returns: checkpoint, encoding, training length (tokens), steps, tokens, last train loss
-      and last validation loss at the training length and at 4× it (nats/token; None where
-      the log has no evaluation), tokens/s of the last logged step.
+      last_steps: how many of the last training records to average (≥ 1).
+    Returns: checkpoint, encoding, training seed, training length (tokens), steps, tokens,
+      "train loss (last N steps)" = mean training loss over the last ``last_steps`` records
+      (nats/token), the last validation loss at the training length and at 4× it (nats/token;
+      None where the log has no evaluation), and "tokens/s (median, last N steps)".
+    Raises: ValueError for ``last_steps`` < 1.
     """
+    if last_steps < 1:
+        raise ValueError(f"last_steps must be >= 1 (got {last_steps})")
+    train = [r for r in log if isinstance(r.get("loss"), (int, float))][-last_steps:]
+    speed = sorted(r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float)))
     last = log[-1] if log else {}
     evals = validation_rows(log)
-    return {"checkpoint": info.name, "encoding": info.position_encoding, "training length": info.seq_len,
-            "steps": last.get("step"), "tokens": last.get("tokens"), "last train loss": last.get("loss"),
+    return {"checkpoint": info.name, "encoding": info.position_encoding, "training seed": info.training_seed,
+            "training length": info.seq_len, "steps": last.get("step"), "tokens": last.get("tokens"),
+            f"train loss (last {last_steps} steps)": sum(r["loss"] for r in train) / len(train) if train else None,
             "last val loss": evals[-1]["val_loss"] if evals else None,
             "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
-            "tokens/s": last.get("tokens_per_s")}
+            f"tokens/s (median, last {last_steps} steps)": speed[len(speed) // 2] if speed else None}
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:

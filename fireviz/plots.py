@@ -544,20 +544,32 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
 
 
 # -- training ----------------------------------------------------------------------------------
-def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapping]) -> go.Figure:
+def _trailing_mean(y: np.ndarray, window: int) -> np.ndarray:
+    # mean of the last `window` values at each point (fewer at the start)
+    c = np.concatenate([[0.0], np.cumsum(y)])
+    i = np.arange(1, y.size + 1)
+    lo = np.maximum(0, i - window)
+    return (c[i] - c[lo]) / (i - lo)
+
+
+def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapping], smooth: int = 1) -> go.Figure:
     """Training curves from ``train_log.jsonl`` rows.
 
     Args: one run's rows (list of dicts) or ``{run name: rows}``. Rows carry ``step``,
       ``tokens``, ``loss`` (nats/token), ``lr``, ``tokens_per_s``; eval rows also ``val_loss``
       and ``val_loss_4x`` (validation loss at 4× the training length, nats/token).
+      ``smooth``: the train loss is drawn as the trailing mean over this many logged steps
+      (1 = raw; one batch's loss is noisy enough to hide the differences between runs).
     Returns: two-row Figure sharing x = tokens seen (or step when rows lack ``tokens``):
       top train loss (line), val loss (markers), val loss @ 4× (open markers), its y range
       zoomed to the 95th percentile of train loss (or higher, to keep every series' last
       value), so the first steps do not squash the end; bottom the learning rate. One legend
       entry per run (legend groups). Trace meta ``{"run", "series"}`` with series loss |
-      val_loss | val_loss_4x | lr.
-    Raises: ValueError for no rows.
+      val_loss | val_loss_4x | lr, plus ``"smooth"`` on the train-loss traces.
+    Raises: ValueError for no rows or ``smooth`` < 1.
     """
+    if not (isinstance(smooth, int) and smooth >= 1):
+        raise ValueError(f"smooth must be an integer >= 1 (logged steps; 1 = raw) (got {smooth!r})")
     runs = dict(logs) if isinstance(logs, Mapping) else {"run": list(logs)}
     if not any(runs.values()):
         raise ValueError("no training-log rows to plot")
@@ -585,9 +597,12 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             x, y = series(key)
             if not x.size:
                 continue
+            meta = {"run": run, "series": key}
+            if key == "loss" and smooth > 1:
+                y, meta = _trailing_mean(y, smooth), {**meta, "smooth": smooth}
             first = key == legend_key
             fig.add_trace(go.Scatter(x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first,
-                                     meta={"run": run, "series": key}, **style), row=panel, col=1)
+                                     meta=meta, **style), row=panel, col=1)
             if panel == 1:
                 finite = y[np.isfinite(y)]
                 if finite.size:

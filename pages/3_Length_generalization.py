@@ -66,6 +66,9 @@ if seed_groups(i.name for i in chosen):
     pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
                        help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
                             "± one sample standard deviation as error bars.")
+elif extra := seed_groups(i.name for i in ui.list_checkpoints()[0]):
+    sb.caption("Also trained with other seeds: " + "; ".join(", ".join(g) for g in extra.values())
+               + ". Add them to the checkpoints to pool seeds (mean ± std).")
 ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
@@ -100,7 +103,7 @@ ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation
                                "seeds (n and std in the table; the error bars are often smaller than the markers)." if pool else ""), P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
-st.dataframe(table, hide_index=True, key=ui.key(P, "table"),
+st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(table)),
              column_config={"length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
                             "bits_per_byte_std": st.column_config.NumberColumn(

@@ -1,7 +1,7 @@
 """Training runs: the curves of each checkpoint's train_log.jsonl.
 
 Thin over ``fireviz.checkpoints.read_train_log``/``training_summary_row`` and ``fireviz.plots.training_curves_figure``.
-State in the URL: ckpt.
+State in the URL: ckpt, smooth.
 """
 import streamlit as st
 
@@ -13,7 +13,13 @@ st.markdown("Training loss (nats per token) against tokens seen, validation loss
             "(a first look at length generalization during training), and the learning-rate schedule.")
 
 chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
-ui.sync_url(P, ["ckpt"])
+smooth_options = [1, 10, 50, 200]
+smooth = st.sidebar.selectbox("Training loss: mean over the last … steps", smooth_options,
+                              key=ui.url_state(P, "smooth", 50, int, options=smooth_options),
+                              format_func=lambda v: "raw (each batch)" if v == 1 else f"{v} steps",
+                              help="One batch's loss swings by ±0.1 nats at the end of a reference run, more than "
+                                   "the runs differ; a trailing mean shows the trend. Validation is never smoothed.")
+ui.sync_url(P, ["ckpt", "smooth"])
 if not chosen:
     st.stop()
 
@@ -31,16 +37,22 @@ for info in chosen:
     summary.append(checkpoints.training_summary_row(info, rows))
 
 if logs:
-    fig = plots.training_curves_figure(logs)
-    ui.show_figure(fig, "Loss in nats per token: train (line), validation at the training length (filled markers) "
+    fig = plots.training_curves_figure(logs, smooth=smooth)
+    ui.show_figure(fig, "Loss in nats per token: train (line"
+                        + (f", trailing mean over {smooth} steps" if smooth > 1 else ", each batch")
+                        + "), validation at the training length (filled markers) "
                         "and at 4× it (open). The loss axis starts zoomed past the first steps; double-click the "
                         "plot to see all of it.", P, "curves")
     ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
-    loss = st.column_config.NumberColumn(format="%.4f")
+    loss, N = st.column_config.NumberColumn(format="%.4f"), checkpoints.SUMMARY_STEPS
     st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),
-                 column_config={"last train loss": loss, "last val loss": loss, "last val loss @ 4×": loss,
+                 column_config={f"train loss (last {N} steps)": st.column_config.NumberColumn(
+                                    format="%.4f", help=f"mean training loss over the last {N} steps: one batch's "
+                                                        "loss is too noisy to compare runs"),
+                                "last val loss": loss, "last val loss @ 4×": loss,
                                 "tokens": st.column_config.NumberColumn(format="localized"),
-                                "tokens/s": st.column_config.NumberColumn(format="%.0f")})
+                                f"tokens/s (median, last {N} steps)": st.column_config.NumberColumn(
+                                    format="%.0f", help="throughput of the machine the run last ran on")})
     for info in chosen:
         with st.expander(f"{info.name}: training settings and data provenance"):
             st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

@@ -149,7 +149,9 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     assert set(table[table["group"] == "fire"]["n"]) == {2} and set(table[table["group"] == "alibi"]["n"]) == {1}
     assert any("Seeds pooled" in c.value for c in at.caption)
     assert any("window seed 0" in c.value for c in at.caption)
-    # off: one line per checkpoint again
+    # off: one line per checkpoint again; without a second seed chosen the sidebar says which exist
+    hint = page("pages/3_Length_generalization.py", ckpt=["alibi"]).run()
+    assert not hint.sidebar.checkbox and any("fire, fire_seed1" in c.value for c in hint.sidebar.caption)
     at.sidebar.checkbox(key="lengen_pool").uncheck().run()
     no_exception(at)
     assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {"fire", "fire_seed1", "alibi"}
@@ -418,11 +420,19 @@ def test_training_runs_plot_the_logs(app_env):
     tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire", "series": "val_loss"})
     np.testing.assert_allclose(arr(tr["y"]), [r["val_loss"] for r in log if "val_loss" in r])
     np.testing.assert_allclose(arr(tr["x"]), [r["tokens"] for r in log if "val_loss" in r])
+    train = next(t for t in fig["data"] if t["meta"]["run"] == "fire" and t["meta"]["series"] == "loss")
+    assert train["meta"]["smooth"] == 50  # default: trailing mean over 50 logged steps (all 20 here)
+    np.testing.assert_allclose(arr(train["y"])[-1], np.mean([r["loss"] for r in log]))
+    raw = page("pages/4_Training_runs.py", smooth="1").run()
+    train = next(t for t in figures(raw)[0]["data"] if t["meta"]["run"] == "fire" and t["meta"]["series"] == "loss")
+    np.testing.assert_allclose(arr(train["y"]), [r["loss"] for r in log])
     df = at.dataframe[0].value
     assert len(df) == 3
-    row = df[df["checkpoint"] == "fire"].iloc[0]  # the table is the last record and the last evaluation
+    row = df[df["checkpoint"] == "fire"].iloc[0]  # the last record, the last evaluation, the last 100 steps' mean loss
     last_eval = [r for r in log if r.get("val_loss") is not None][-1]
-    assert row["steps"] == log[-1]["step"] and row["last train loss"] == pytest.approx(log[-1]["loss"])
+    n = checkpoints.SUMMARY_STEPS
+    assert row["steps"] == log[-1]["step"] and "training seed" in df.columns  # None here: no train.seed in the tiny config
+    assert row[f"train loss (last {n} steps)"] == pytest.approx(np.mean([r["loss"] for r in log[-n:]]))
     assert row["last val loss"] == pytest.approx(last_eval["val_loss"])
 
 
@@ -432,6 +442,11 @@ def test_training_summary_row_without_evaluations():
     row = checkpoints.training_summary_row(info, [{"step": 5, "tokens": 320, "loss": 2.0, "lr": 1e-3}])
     assert row["steps"] == 5 and row["last val loss"] is None and row["last val loss @ 4×"] is None
     assert checkpoints.training_summary_row(info, [])["steps"] is None
+    log = [{"step": k, "loss": float(k), "tokens_per_s": 10.0 * k} for k in range(1, 11)]
+    row = checkpoints.training_summary_row(info, log, last_steps=4)  # steps 7..10
+    assert row["train loss (last 4 steps)"] == 8.5 and row["tokens/s (median, last 4 steps)"] == 90.0
+    with pytest.raises(ValueError, match="last_steps"):
+        checkpoints.training_summary_row(info, log, last_steps=0)
 
 
 # -- the library pieces under the pages ----------------------------------------------------------

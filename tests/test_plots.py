@@ -300,6 +300,15 @@ def test_training_curves():
     assert steps.layout.xaxis2.title.text == "step"
     with pytest.raises(ValueError):
         P.training_curves_figure([])
+    # smoothing: trailing mean of the train loss over `smooth` logged steps; validation points untouched
+    sm = {(t["meta"]["run"], t["meta"]["series"]): t for t in traces(P.training_curves_figure({"fire": log}, smooth=2))}
+    np.testing.assert_allclose(sm[("fire", "loss")]["y"], [3.0, 2.25, 1.25, 0.875])
+    assert sm[("fire", "loss")]["meta"]["smooth"] == 2 and "smooth" not in ts[("fire", "loss")]["meta"]
+    np.testing.assert_allclose(sm[("fire", "val_loss")]["y"], [2.0, 1.0])
+    np.testing.assert_array_equal(sm[("fire", "loss")]["x"], [1000, 2000, 3000, 4000])
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError, match="smooth"):
+            P.training_curves_figure({"fire": log}, smooth=bad)
 
 
 def test_validation_curves():
