@@ -791,10 +791,12 @@ def main(argv: list[str] | None = None) -> int:
             return
         if bar is None:  # created on the first report, so an early error prints one line only
             from tqdm.auto import tqdm
-            bar = tqdm(total=total, unit="win", file=sys.stderr, dynamic_ncols=True)
+            # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
+            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True,
+                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} windows [{elapsed}]")
         bar.total = total
         bar.n = done
-        bar.set_description_str(message[:60])
+        bar.set_description_str(message[:60], refresh=False)
         bar.refresh()
 
     try:

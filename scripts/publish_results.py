@@ -122,7 +122,8 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
     st = tr.get("settings", {})
     interim = bool(tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"])
     lines = [f"# {folder.name}: {cfg['position_encoding']} byte-level GPT", "",
-             f"- encoding: `{cfg['position_encoding']}` {json.dumps(cfg.get('encoding_options') or {})}",
+             f"- encoding: `{cfg['position_encoding']}`"
+             + (f" {json.dumps(cfg['encoding_options'])}" if cfg.get("encoding_options") else ""),
              f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
              f"{format(tr['num_parameters'], ',') if 'num_parameters' in tr else '?'} parameters, training length {cfg['seq_len']} bytes",
              f"- data: bundled `{tr.get('data')}` corpus, training split (fingerprint `{str(tr.get('data_fingerprint'))[:12]}`)",
