@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import statistics
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,9 +251,10 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-#: Steps over which the training-runs table averages the training loss and throughput: one
-#: batch's loss varies by ±0.1 nats at the end of a reference run, more than seeds differ.
-SUMMARY_STEPS = 100
+#: Steps over which the training-runs table averages the training loss and throughput by
+#: default: one batch's loss varies by ±0.1 nats at the end of a reference run, more than
+#: seeds differ.
+SUMMARY_STEPS = 50
 
 
 def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int = SUMMARY_STEPS) -> dict:
@@ -263,23 +265,26 @@ def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int 
       log: its records as returned by :func:`read_train_log` (may be empty).
       last_steps: how many of the last training records to average (≥ 1).
     Returns: checkpoint, encoding, training seed, training length (tokens), steps, tokens,
-      "train loss (last N steps)" = mean training loss over the last ``last_steps`` records
-      (nats/token), the last validation loss at the training length and at 4× it (nats/token;
-      None where the log has no evaluation), and "tokens/s (median, last N steps)".
-    Raises: ValueError for ``last_steps`` < 1.
+      "train loss (last N steps)" = mean of the finite training losses over the last
+      ``last_steps`` records ("train loss (last step)" for 1; nats/token), the last validation
+      loss at the training length and at 4× it (nats/token; None where the log has no
+      evaluation), and "tokens/s (median, last N steps)".
+    Raises: ValueError for ``last_steps`` not an integer >= 1.
     """
-    if last_steps < 1:
-        raise ValueError(f"last_steps must be >= 1 (got {last_steps})")
+    if not (isinstance(last_steps, int) and not isinstance(last_steps, bool) and last_steps >= 1):
+        raise ValueError(f"last_steps must be an integer >= 1 (got {last_steps!r})")
     train = [r for r in log if isinstance(r.get("loss"), (int, float))][-last_steps:]
-    speed = sorted(r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float)))
+    losses = [r["loss"] for r in train if math.isfinite(r["loss"])]
+    speed = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
+    span = "last step" if last_steps == 1 else f"last {last_steps} steps"
     last = log[-1] if log else {}
     evals = validation_rows(log)
     return {"checkpoint": info.name, "encoding": info.position_encoding, "training seed": info.training_seed,
             "training length": info.seq_len, "steps": last.get("step"), "tokens": last.get("tokens"),
-            f"train loss (last {last_steps} steps)": sum(r["loss"] for r in train) / len(train) if train else None,
+            f"train loss ({span})": sum(losses) / len(losses) if losses else None,
             "last val loss": evals[-1]["val_loss"] if evals else None,
             "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
-            f"tokens/s (median, last {last_steps} steps)": speed[len(speed) // 2] if speed else None}
+            f"tokens/s (median, {span})": statistics.median(speed) if speed else None}
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:

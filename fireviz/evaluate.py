@@ -427,17 +427,31 @@ def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> 
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _valid_entry(entry: object, length: int) -> bool:
+    # what summarize() writes, checked deep enough that a damaged cache entry or results.json
+    # is recomputed (or ignored) rather than shown or crashing a figure
     if not isinstance(entry, dict) or any(k not in entry for k in _PER_LENGTH_FIELDS) or entry["length"] != length:
         return False
-    nums = [entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte")]
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in nums):
+    nats, ppl, bpb = (entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte"))
+    if not (_number(nats) and _number(ppl) and _number(bpb) and nats >= 0):
         return False
-    if not all(isinstance(entry[k], int) and entry[k] > 0 for k in ("tokens_scored", "windows")):
+    if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, nats / math.log(2), rel_tol=1e-6)):
+        return False
+    if not all(isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
+               for k in ("tokens_scored", "windows")):
+        return False
+    if "seconds" in entry and not _number(entry["seconds"]):
         return False
     lbp = entry["loss_by_position"]
-    return isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
-                                                                                   "nats", "tokens"))
+    if not (isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
+                                                                                    "nats", "tokens"))):
+        return False
+    return all(v is None or _number(v) for v in lbp["nats"]) and \
+        all(_number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k])
 
 
 #: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).
@@ -455,7 +469,7 @@ def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, finge
     """
     try:
         obj = json.loads((Path(checkpoint) / PUBLISHED_RESULTS).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return []
     items = obj if isinstance(obj, list) else [obj]
     return [r for r in items if isinstance(r, dict) and r.get("checkpoint_sha256") == checkpoint_hash
@@ -471,7 +485,7 @@ def _published_read(published: list[dict], length_settings: dict, length: int) -
             continue
         for e in r["per_length"]:
             if isinstance(e, dict) and e.get("length") == length and _valid_entry(e, length):
-                return {k: v for k, v in e.items() if k != "cached"}
+                return {k: v for k, v in e.items() if k not in ("cached", "source")}
     return None
 
 
@@ -509,7 +523,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                   position_buckets: int = DEFAULT_POSITION_BUCKETS, device: str | torch.device = "auto",
                   batch_tokens: int | None = None, progress: ProgressFn | None = None,
                   should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
-                  use_cache: bool = True) -> list[dict]:
+                  use_cache: bool = True, use_published: bool = True) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
     See ``evaluate_checkpoint`` for the arguments and the result; the data is loaded and the
@@ -592,7 +606,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         cfg = model.config
         on_device = None
         per_length = []
-        published = published_results(ckpt, sha, fingerprint) if use_cache else []
+        published = published_results(ckpt, sha, fingerprint) if use_cache and use_published else []
         for n in lengths:
             plan = plans[n]
             if isinstance(plan, str):
@@ -611,14 +625,13 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             key = cache_key(sha, fingerprint, length_settings)
             entry_path = cache_root / f"{key}.json"
             cached = _cache_read(entry_path, key, n) if use_cache else None
+            source = "cache"
             if cached is None and published:
-                cached = _published_read(published, length_settings, n)
-                if cached is not None:  # into the cache, so the next run reads it as any other entry
-                    write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
-                                                   "settings": length_settings, "fireviz_version": __version__,
-                                                   "result": cached, "source": f"{ckpt}/{PUBLISHED_RESULTS}"})
+                # read from results.json every time, never copied into the cache: a corrected
+                # results.json takes effect at once, and a read-only cache does not matter
+                cached, source = _published_read(published, length_settings, n), PUBLISHED_RESULTS
             if cached is not None:
-                per_length.append({**cached, "cached": True})
+                per_length.append({**cached, "cached": True, "source": source})
                 done += len(plan)
                 report(f"{name} L={n}: cached")
                 continue
@@ -649,7 +662,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
                                                "settings": length_settings, "fireviz_version": __version__,
                                                "result": entry})
-            per_length.append({**entry, "cached": False})
+            per_length.append({**entry, "cached": False, "source": "computed"})
         if on_device is not None and dev.type == "cuda":
             model.to("cpu")
             torch.cuda.empty_cache()
@@ -687,10 +700,13 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
         use_cache: False to neither read nor write it. A length missing from the cache is
         also looked up in the checkpoint's own ``results.json`` (``published_results``: same
         weights sha256, data fingerprint and every cache-key setting, format version
-        included) — how a shipped checkpoint shows its numbers at once on a fresh machine.
+        included; read each time, never copied into the cache) — how a shipped checkpoint
+        shows its numbers at once on a fresh machine. ``use_published=False`` skips that
+        (scripts/publish_results.py, which rewrites those files, must not read them).
     Returns: ``{"checkpoint", "checkpoint_path", "checkpoint_sha256", "position_encoding",
       "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
-      "per_length": [summarize(...) + {"documents", "seconds", "cached"} or {"length", "error"}]}``;
+      "per_length": [summarize(...) + {"documents", "seconds", "cached", "source"} or {"length",
+      "error"}]}`` with ``source`` ``"computed"``, ``"cache"`` or ``"results.json"``;
       ``settings`` holds ``format`` (``EVAL_FORMAT_VERSION``) and the arguments above.
       ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data
       and planning windows included); a per-length ``seconds`` is the scoring time when it

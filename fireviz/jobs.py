@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
@@ -254,6 +254,15 @@ def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], sett
     return {**description, "probe": True} if probe else description
 
 
+def evaluation_key(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
+                   probe: bool = False) -> str:
+    """The job key ``submit_evaluation`` uses for these arguments (to keep probes, see there).
+
+    Raises: CheckpointError if a checkpoint's weights cannot be read.
+    """
+    return job_key(_evaluation(checkpoint_paths, data, lengths, settings, probe))
+
+
 def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
                     probe: bool = False) -> Job | None:
     """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
@@ -265,7 +274,8 @@ def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], 
 
 
 def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
-                      label_suffix: str = "", probe: bool = False, queue_: JobQueue | None = None) -> Job:
+                      label_suffix: str = "", probe: bool = False, queue_: JobQueue | None = None,
+                      keep: Collection[str] = ()) -> Job:
     """Run ``fireviz.evaluate.evaluate_many`` in the background (or return the job already doing it).
 
     Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
@@ -275,7 +285,8 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
       already in evaluate's on-disk cache and ends ``cancelled`` (result None) if any length
       is missing — pages use it to show cached results without a click. Probes run on their
       own queue ("probe") so they never wait behind a run; a new probe cancels the probes
-      still waiting.
+      still waiting, except those whose key (``evaluation_key``) is in ``keep`` — a page
+      that probes several settings at once (RoPE + PI + YaRN) keeps them all.
     Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
       checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
       finished length into its cache, so after a cancel or a server restart those lengths
@@ -286,7 +297,7 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
     q = queue_ or default_queue("probe" if probe else "evaluate")
     if probe:
         for other in q.jobs():
-            if other.status == QUEUED and other.key != job_key(description):
+            if other.status == QUEUED and other.key != job_key(description) and other.key not in keep:
                 q.cancel(other.key)
 
     def work(progress, should_stop):

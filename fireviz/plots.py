@@ -19,6 +19,7 @@ import csv
 import io
 import json
 import math
+import numbers
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
@@ -253,7 +254,8 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
     Raises: ValueError for a non-additive report, a missing layer/head or matrix, or a
       ``color_limit`` that is not a positive number.
     """
-    if color_limit is not None and not (isinstance(color_limit, (int, float)) and 0 < color_limit < math.inf):
+    if color_limit is not None and not (isinstance(color_limit, numbers.Real) and not isinstance(color_limit, bool)
+                                        and 0 < color_limit < math.inf):
         raise ValueError(f"color_limit must be a positive number of logits such as 20 (got {color_limit!r}); "
                          "None spans the full range")
     r = _as_dict(report)
@@ -277,7 +279,7 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
     # clip only where the limit cuts into the range (a bias entirely beyond it keeps its own range)
     if color_limit is not None and lo < hi and (finite.min() < lo or finite.max() > hi):
         scale = dict(colorscale="RdBu", zmin=-color_limit, zmax=color_limit) if both else \
-            dict(colorscale="Viridis", zmin=float(lo), zmax=float(hi))
+            dict(colorscale="Viridis", zmin=float(lo) + 0.0, zmax=float(hi) + 0.0)  # + 0.0: no "-0"
         bar_title = f"bias (logits),<br>saturated at |b| ≥ {color_limit:g}"
     fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=zh,
                                **scale, colorbar=dict(title=dict(text=bar_title)),
@@ -362,7 +364,7 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
                 continue  # a length that could not be evaluated (fireviz.evaluate reports why)
             if "length" not in row or "perplexity" not in row:
                 raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
-            nats = float(row.get("nats_per_token", math.log(row["perplexity"])))
+            nats = float(row["nats_per_token"]) if row.get("nats_per_token") is not None else math.log(row["perplexity"])
             bpb = float(row.get("bits_per_byte", nats / math.log(2)))
             g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb))
     out = []
@@ -545,11 +547,16 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
 
 # -- training ----------------------------------------------------------------------------------
 def _trailing_mean(y: np.ndarray, window: int) -> np.ndarray:
-    # mean of the last `window` values at each point (fewer at the start)
-    c = np.concatenate([[0.0], np.cumsum(y)])
+    # mean of the finite values among the last `window` at each point (fewer at the start);
+    # a non-finite value is skipped rather than spread over the rest of the curve
+    ok = np.isfinite(y)
+    c = np.concatenate([[0.0], np.cumsum(np.where(ok, y, 0.0))])
+    k = np.concatenate([[0], np.cumsum(ok)])
     i = np.arange(1, y.size + 1)
     lo = np.maximum(0, i - window)
-    return (c[i] - c[lo]) / (i - lo)
+    n = k[i] - k[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (c[i] - c[lo]) / np.maximum(n, 1), np.nan)
 
 
 def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapping], smooth: int = 1) -> go.Figure:

@@ -50,8 +50,11 @@ def _cast(raw: str, kind: type) -> Any:
         if raw.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(raw)
-    if kind is int:
-        return int(float(raw))
+    if kind is int:  # "16384" or "16384.0", not "20.9", "inf" or "nan"
+        v = float(raw)
+        if not (math.isfinite(v) and v.is_integer()):
+            raise ValueError(raw)
+        return int(v)
     return kind(raw)
 
 
@@ -82,7 +85,7 @@ def url_state(page: str, name: str, default: Any, kind: type = str, options: Seq
                 cand = _cast(raw, kind)
                 ok = (options is None or cand in options) and (lo is None or cand >= lo) and (hi is None or cand <= hi)
                 value = cand if ok else default
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             value = default
     if options is not None and not multi and value not in options:
         value = options[0] if options else None
@@ -554,6 +557,11 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
     from . import jobs
 
     results, pending = [], []
+    try:  # this page's own probes must not cancel one another (RoPE + PI + YaRN)
+        keep = {jobs.evaluation_key(paths, data, lengths, s, probe=True) for paths, s, _ in specs}
+    except CheckpointError as e:  # its message names the problem and the fix
+        error(f"Cannot read a checkpoint: {e}")
+        st.stop()
     for paths, s, suffix in specs:
         try:
             job = jobs.find_evaluation(paths, data, lengths, s)
@@ -563,8 +571,10 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
             error(f"Cannot read a checkpoint: {e}")
             st.stop()
         if job is None:  # never run in this process: look in the on-disk cache without computing
-            job = jobs.find_evaluation(paths, data, lengths, s, probe=True) or \
-                jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True)
+            job = jobs.find_evaluation(paths, data, lengths, s, probe=True)
+            if job is None or (job.status == jobs.CANCELLED and job.started is None):
+                # none yet, or one cancelled before it looked (by a probe of other settings): look now
+                job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True, keep=keep)
             if job.status == jobs.CANCELLED:
                 continue  # not (fully) cached: press Run
         if job.status not in jobs.FINISHED:
@@ -643,8 +653,10 @@ def eval_caption(results: Sequence[dict]) -> str:
              f"precision {s.get('precision')}"]
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
-    cached = sum(1 for r in results for e in r.get("per_length", []) if e.get("cached"))
-    total = sum(len(r.get("per_length", [])) for r in results)
-    parts.append(f"{cached}/{total} lengths from the cache or a checkpoint's shipped results.json (same weights, "
-                 "data and settings)")
+    entries = [e for r in results for e in r.get("per_length", [])]
+    published = sum(1 for e in entries if e.get("cached") and e.get("source") == "results.json")
+    cached = sum(1 for e in entries if e.get("cached")) - published
+    parts.append(f"{cached}/{len(entries)} lengths from the cache"
+                 + (f", {published} from the checkpoints' shipped results.json (same weights, data and settings)"
+                    if published else ""))
     return "Evaluation: " + " · ".join(parts) + ". Lengths in tokens (bytes); dashed = training length."

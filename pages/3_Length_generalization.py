@@ -9,7 +9,7 @@ State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool.
 import streamlit as st
 
 from fireviz import evaluate, plots, ui
-from fireviz.checkpoints import default_device, seed_groups
+from fireviz.checkpoints import default_device, seed_groups, seed_run
 from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
@@ -62,13 +62,14 @@ if rope:
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
 pool = False
-if seed_groups(i.name for i in chosen):
+bases = [(seed_run(i.name) or (i.name, 0))[0] for i in chosen]
+if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one encoding chosen
     pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
                        help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
                             "± one sample standard deviation as error bars.")
 elif extra := seed_groups(i.name for i in ui.list_checkpoints()[0]):
     sb.caption("Also trained with other seeds: " + "; ".join(", ".join(g) for g in extra.values())
-               + ". Add them to the checkpoints to pool seeds (mean ± std).")
+               + ". Choose two or more runs of one encoding to pool them (mean ± std).")
 ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")

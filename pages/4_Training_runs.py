@@ -15,7 +15,7 @@ st.markdown("Training loss (nats per token) against tokens seen, validation loss
 chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
 smooth_options = [1, 10, 50, 200]
 smooth = st.sidebar.selectbox("Training loss: mean over the last … steps", smooth_options,
-                              key=ui.url_state(P, "smooth", 50, int, options=smooth_options),
+                              key=ui.url_state(P, "smooth", checkpoints.SUMMARY_STEPS, int, options=smooth_options),
                               format_func=lambda v: "raw (each batch)" if v == 1 else f"{v} steps",
                               help="One batch's loss swings by ±0.1 nats at the end of a reference run, more than "
                                    "the runs differ; a trailing mean shows the trend. Validation is never smoothed.")
@@ -34,7 +34,7 @@ for info in chosen:
         st.warning(f"{info.name} has no train_log.jsonl (it was not trained by `python -m fireviz train`).")
         continue
     logs[info.name] = rows
-    summary.append(checkpoints.training_summary_row(info, rows))
+    summary.append(checkpoints.training_summary_row(info, rows, last_steps=smooth))
 
 if logs:
     fig = plots.training_curves_figure(logs, smooth=smooth)
@@ -44,14 +44,15 @@ if logs:
                         "and at 4× it (open). The loss axis starts zoomed past the first steps; double-click the "
                         "plot to see all of it.", P, "curves")
     ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
-    loss, N = st.column_config.NumberColumn(format="%.4f"), checkpoints.SUMMARY_STEPS
+    loss = st.column_config.NumberColumn(format="%.4f")
+    span = "last step" if smooth == 1 else f"last {smooth} steps"
     st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),
-                 column_config={f"train loss (last {N} steps)": st.column_config.NumberColumn(
-                                    format="%.4f", help=f"mean training loss over the last {N} steps: one batch's "
-                                                        "loss is too noisy to compare runs"),
+                 column_config={f"train loss ({span})": st.column_config.NumberColumn(
+                                    format="%.4f", help="mean training loss over the same steps as the figure's "
+                                                        "trailing mean: one batch's loss is too noisy to compare runs"),
                                 "last val loss": loss, "last val loss @ 4×": loss,
                                 "tokens": st.column_config.NumberColumn(format="localized"),
-                                f"tokens/s (median, last {N} steps)": st.column_config.NumberColumn(
+                                f"tokens/s (median, {span})": st.column_config.NumberColumn(
                                     format="%.0f", help="throughput of the machine the run last ran on")})
     for info in chosen:
         with st.expander(f"{info.name}: training settings and data provenance"):

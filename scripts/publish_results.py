@@ -238,14 +238,16 @@ def main() -> int:
     table: dict[str, list[dict]] = {}
     domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
     for domain in domains:
+        # use_published=False: never read back the results.json files this script rewrites
         runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, token_budget=args.token_budget,
-                                      seed=args.seed, device="auto")
+                                      seed=args.seed, device="auto", use_published=False)
         for f in folders:
             cfg = json.loads((f / "config.json").read_text())
             if cfg["position_encoding"] == "rope":
                 for scaling in ("pi", "yarn"):
                     runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, token_budget=args.token_budget,
-                                                   seed=args.seed, rope_scaling=scaling, device="auto")
+                                                   seed=args.seed, rope_scaling=scaling, device="auto",
+                                                   use_published=False)
         for r in runs:
             name_row(r)
             by_ckpt[r["checkpoint"]].append(r)

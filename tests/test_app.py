@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fireviz import analysis, checkpoints, evaluate, jobs
+from fireviz import analysis, checkpoints, evaluate, jobs, ui
 from fireviz.model import CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,11 +150,37 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     assert any("Seeds pooled" in c.value for c in at.caption)
     assert any("window seed 0" in c.value for c in at.caption)
     # off: one line per checkpoint again; without a second seed chosen the sidebar says which exist
-    hint = page("pages/3_Length_generalization.py", ckpt=["alibi"]).run()
+    hint = page("pages/3_Length_generalization.py", ckpt=["alibi", "fire_seed1"]).run()
     assert not hint.sidebar.checkbox and any("fire, fire_seed1" in c.value for c in hint.sidebar.caption)
+    # extra seeds alone pool too (under the encoding's name)
+    assert ui.pool_seeds([{"checkpoint": "fire_seed1"}, {"checkpoint": "fire_seed2"}])[1]["label"] == "fire"
     at.sidebar.checkbox(key="lengen_pool").uncheck().run()
     no_exception(at)
     assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {"fire", "fire_seed1", "alibi"}
+
+
+def test_length_generalization_shows_shipped_results_without_run(tmp_path, monkeypatch):
+    """On an empty cache the page shows a checkpoint's own results.json at once — all three of
+    RoPE, RoPE + PI and RoPE + YaRN (their cache probes must not cancel one another)."""
+    from conftest import make_tiny_checkpoint
+
+    root = tmp_path / "root"
+    make_tiny_checkpoint(root / "rope", "rope", seed=2)
+    kw = dict(token_budget=256, device="cpu", cache_dir=tmp_path / "publisher")
+    shipped = [evaluate.evaluate_many([str(root / "rope")], "prose", [64], rope_scaling=s, **kw)[0]
+               for s in (None, "pi", "yarn")]
+    (root / "rope" / "results.json").write_text(json.dumps(shipped))
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "empty-cache"))
+    at = page("pages/3_Length_generalization.py", ckpt="rope", len="64", budget="256", scaling=["pi", "yarn"])
+    run_until(at, lambda a: bool(a.dataframe) and len(set(a.dataframe[0].value["group"])) == 3, timeout=60)
+    table = at.dataframe[0].value
+    assert list(table["group"]) == ["rope", "rope + pi", "rope + yarn"]
+    expected = [r["per_length"][0]["bits_per_byte"] for r in shipped]
+    np.testing.assert_allclose(table["bits_per_byte"], expected, rtol=1e-12)
+    assert len(set(expected)) == 3  # at 2× the training length the three differ: each from its own row
+    assert any("3 from the checkpoints' shipped results.json" in c.value for c in at.caption)
+    assert not list((tmp_path / "empty-cache").glob("*.json"))  # read in place, not copied
 
 
 def test_headline_reads_only_evaluate_results_not_other_json():
@@ -245,6 +271,17 @@ def test_biases_heatmap_colour_limit_from_the_url(app_env):
     heat2 = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")["data"][0]
     assert heat2["zmin"] == -5 and "saturated" in heat2["colorbar"]["title"]["text"]
     np.testing.assert_array_equal(arr(heat2["z"]), arr(heat["z"]))
+
+
+@pytest.mark.parametrize("bad", ["inf", "-1e400", "nan", "20.9", "abc", ""])
+def test_a_bad_url_value_falls_back_to_the_default(app_env, bad):
+    """A stale or hand-edited link still opens: each bad value is dropped, the page runs."""
+    at = page("pages/1_Learned_biases.py", ckpt="alibi", view="head", layer=bad, clip=bad).run()
+    no_exception(at)
+    assert at.sidebar.selectbox(key="biases_clip").value == 0 and at.sidebar.selectbox(key="biases_layer").value == 0
+    at = page("pages/4_Training_runs.py", smooth=bad).run()
+    no_exception(at)
+    assert at.sidebar.selectbox(key="train_smooth").value == 50
 
 
 def test_biases_bad_query_positions_is_a_clear_error(app_env):
@@ -444,9 +481,13 @@ def test_training_summary_row_without_evaluations():
     assert checkpoints.training_summary_row(info, [])["steps"] is None
     log = [{"step": k, "loss": float(k), "tokens_per_s": 10.0 * k} for k in range(1, 11)]
     row = checkpoints.training_summary_row(info, log, last_steps=4)  # steps 7..10
-    assert row["train loss (last 4 steps)"] == 8.5 and row["tokens/s (median, last 4 steps)"] == 90.0
-    with pytest.raises(ValueError, match="last_steps"):
-        checkpoints.training_summary_row(info, log, last_steps=0)
+    assert row["train loss (last 4 steps)"] == 8.5 and row["tokens/s (median, last 4 steps)"] == 85.0
+    assert checkpoints.training_summary_row(info, log, last_steps=1)["train loss (last step)"] == 10.0
+    log[8]["loss"] = math.nan  # a non-finite loss is skipped, not spread over the mean
+    assert checkpoints.training_summary_row(info, log, last_steps=4)["train loss (last 4 steps)"] == pytest.approx(25 / 3)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="last_steps"):
+            checkpoints.training_summary_row(info, log, last_steps=bad)
 
 
 # -- the library pieces under the pages ----------------------------------------------------------

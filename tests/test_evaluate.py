@@ -309,7 +309,7 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     again = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
     assert calls == [8, 16], "a repeated request must not recompute"
     assert all(e["cached"] for e in again["per_length"])
-    strip = lambda r: [{k: v for k, v in e.items() if k != "cached"} for e in r["per_length"]]
+    strip = lambda r: [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
     assert strip(again) == strip(first)
     ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16, 32], **kw)  # a new length reuses the others
     assert calls == [8, 16, 32]
@@ -319,7 +319,8 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     assert calls == [8, 16, 32, 8, 8]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong_key", "missing_field", "truncated"])
+@pytest.mark.parametrize("damage", ["garbage", "wrong_key", "missing_field", "truncated", "bool_tokens",
+                                    "string_bucket", "inconsistent_bpb", "negative_loss"])
 def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, damage):
     calls = _counting(monkeypatch)
     kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
@@ -336,6 +337,17 @@ def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, da
     elif damage == "missing_field":
         del obj["result"]["tokens_scored"]
         entry.write_text(json.dumps(obj))
+    elif damage in ("bool_tokens", "string_bucket", "inconsistent_bpb", "negative_loss"):
+        r = obj["result"]
+        if damage == "bool_tokens":
+            r["tokens_scored"] = True
+        elif damage == "string_bucket":
+            r["loss_by_position"]["nats"][0] = "x"
+        elif damage == "inconsistent_bpb":
+            r["bits_per_byte"] = 0.5  # no longer nats / ln 2
+        else:
+            r["nats_per_token"], r["perplexity"], r["bits_per_byte"] = -1.0, math.exp(-1.0), -1.0 / math.log(2)
+        entry.write_text(json.dumps(obj))
     else:
         entry.write_text(text[: len(text) // 2])
     again = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
@@ -346,7 +358,8 @@ def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, da
 
 def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, cache, monkeypatch):
     """A checkpoint folder's results.json answers a request with the same weights, data and
-    settings (how shipped checkpoints show numbers on a fresh machine), and nothing else."""
+    settings (how shipped checkpoints show numbers on a fresh machine), and nothing else; it is
+    read in place each time, never copied into the cache."""
     import shutil
     folder = tmp_path / "alibi"
     shutil.copytree(ckpts["alibi"], folder)
@@ -357,26 +370,38 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     calls = _counting(monkeypatch)
     fresh = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=cache, **kw)
     assert calls == [] and all(e["cached"] for e in fresh["per_length"])
-    strip = lambda r: [{k: v for k, v in e.items() if k != "cached"} for e in r["per_length"]]
-    assert strip(fresh) == strip(published)
-    assert len(list(cache.glob("*.json"))) == 2  # copied into the cache
+    strip = lambda r: [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
+    assert strip(fresh) == strip(published) and {e["source"] for e in fresh["per_length"]} == {"results.json"}
+    assert not list(cache.glob("*.json"))  # read in place, never copied into the cache
+    # publish_results.py never reads what it rewrites; then the cache answers
+    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=cache, use_published=False, **kw)[
+        "per_length"][0]["source"] == "computed" and calls == [8]
+    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=cache, **kw)["per_length"][0]["source"] == "cache"
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c2", **{**kw, "seed": 3})  # other settings
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c3", use_cache=False, **kw)  # --no-cache
-    assert calls == [8, 8]
+    assert calls == [8, 8, 8]
     # a stale results.json (other format version, or other weights) is never read
     stale = {**published, "settings": {**published["settings"], "format": ev.EVAL_FORMAT_VERSION - 1}}
     (folder / "results.json").write_text(json.dumps([stale]))
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c4", **kw)
-    poisoned = {**published, "per_length": [{**e, "nats_per_token": 0.123} for e in published["per_length"]]}
+    assert calls == [8, 8, 8, 8]
+    # a results.json corrected after a first look takes effect at once (nothing stale was cached)
+    poisoned = {**published, "per_length": [{**e, "nats_per_token": 0.123, "perplexity": math.exp(0.123),
+                                             "bits_per_byte": 0.123 / math.log(2)} for e in published["per_length"]]}
+    (folder / "results.json").write_text(json.dumps(poisoned))
+    look = lambda c: ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / c, **kw)["per_length"][0]
+    assert look("c5")["nats_per_token"] == 0.123
+    (folder / "results.json").write_text(json.dumps([published]))
+    assert look("c5")["nats_per_token"] == published["per_length"][0]["nats_per_token"]
     (folder / "results.json").write_text(json.dumps(poisoned))
     with torch.no_grad():  # retrain: other weights, so the sha256 no longer matches
         model = GPT.from_pretrained(str(folder))
         model.wte.weight.mul_(1.5)
         model.save_pretrained(folder)
-    again = ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c5", **kw)
-    assert calls == [8, 8, 8, 8] and again["per_length"][0]["nats_per_token"] != 0.123
+    again = look("c6")
+    assert calls == [8, 8, 8, 8, 8] and again["nats_per_token"] != 0.123 and again["source"] == "computed"
     (folder / "results.json").write_text("{not json")  # unreadable: ignored, not an error
-    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c6", **kw)["per_length"][0]["cached"] is False
+    assert look("c7")["cached"] is False
 
 
 def test_cache_key_changes_with_checkpoint_and_data(ckpts, corpus, tmp_path, cache, monkeypatch):

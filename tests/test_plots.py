@@ -162,9 +162,10 @@ def test_bias_heatmap_color_limit():
     assert (both.data[0].zmin, both.data[0].zmax) == (-10.0, 10.0)
     wide = P.bias_heatmap_figure(rep, 0, 0, color_limit=1000)  # within the limit: as without it
     assert wide.data[0].zmin is None and wide.data[0].colorbar.title.text == "bias (logits)"
-    for bad in (0, -5, float("nan"), "20"):
+    for bad in (0, -5, float("nan"), "20", True):
         with pytest.raises(ValueError, match="color_limit"):
             P.bias_heatmap_figure(rep, 0, 0, color_limit=bad)
+    assert P.bias_heatmap_figure(rep, 0, 0, color_limit=np.int64(20)).data[0].zmin == -20.0
 
 
 def test_dilution_figure():
@@ -309,6 +310,11 @@ def test_training_curves():
     for bad in (0, 2.5):
         with pytest.raises(ValueError, match="smooth"):
             P.training_curves_figure({"fire": log}, smooth=bad)
+    # one non-finite loss is skipped by the windows that hold it, not spread over the rest of the curve
+    holed = [dict(r) for r in log]
+    holed[1]["loss"] = math.nan
+    y = [t for t in traces(P.training_curves_figure({"fire": holed}, smooth=2)) if t["meta"]["series"] == "loss"][0]["y"]
+    np.testing.assert_allclose(y, [3.0, 3.0, 1.0, 0.875])
 
 
 def test_validation_curves():
