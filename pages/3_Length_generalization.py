@@ -4,7 +4,7 @@ Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
 ``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
 (perplexity vs length, loss by position).
-State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool.
+State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool, device (with a GPU).
 """
 import streamlit as st
 
@@ -70,12 +70,18 @@ if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one 
 elif extra := seed_groups(i.name for i in ui.list_checkpoints()[0]):
     sb.caption("Also trained with other seeds: " + "; ".join(", ".join(g) for g in extra.values())
                + ". Choose two or more runs of one encoding to pool them (mean ± std).")
-ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool"])
+devices = ["cuda", "cpu"] if default_device() == "cuda" else ["cpu"]
+device = devices[0]
+if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gives (slightly) other ones
+    device = sb.radio("Device", devices, key=ui.url_state(P, "device", devices[0], options=devices), horizontal=True,
+                      format_func={"cuda": "GPU (bf16 autocast)", "cpu": "CPU (float32)"}.get,
+                      help="The bundled checkpoints' published numbers were computed on CPU in float32: choose "
+                           "CPU to see them without running anything. Precision is part of every cached result.")
+ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool", "device"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
 
-device = default_device()
 settings = {"mode": mode, "stride": stride, "token_budget": budget, "seed": seed, "split": split, "device": device}
 specs = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "")]
 specs += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}") for s in scalings]
@@ -89,7 +95,9 @@ c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
 if not results:
     if not pending:
-        st.info("These settings have not been evaluated yet. Press **Run**.")
+        st.info("These settings have not been evaluated yet. Press **Run**."
+                + (" (The bundled checkpoints' published numbers are CPU float32 ones: choose Device → CPU in the "
+                   "sidebar to see them at once.)" if device == "cuda" else ""))
     st.stop()
 
 clean, errors = ui.split_errors(results)

@@ -183,6 +183,17 @@ def test_length_generalization_shows_shipped_results_without_run(tmp_path, monke
     assert not list((tmp_path / "empty-cache").glob("*.json"))  # read in place, not copied
 
 
+def test_length_generalization_device_choice_with_a_gpu(app_env, monkeypatch):
+    """With a GPU the page offers GPU or CPU; on CPU the float32 numbers (the bundled ones) apply."""
+    monkeypatch.setattr(checkpoints, "default_device", lambda: "cuda")
+    at = page("pages/3_Length_generalization.py", ckpt="fire", len="32", budget="256", device="cpu").run()
+    no_exception(at)
+    radio = at.sidebar.radio(key="lengen_device")
+    assert radio.options == ["GPU (bf16 autocast)", "CPU (float32)"] and radio.value == "cpu"
+    assert any("on cpu" in c.value for c in at.caption)
+    assert at.query_params["device"] == "cpu"
+
+
 def test_headline_reads_only_evaluate_results_not_other_json():
     """A JSON of another shape in the folder (here a loss in nats) is not taken for bits per byte."""
     other = {"runs": [{"per_length": [{"length": 512, "loss": 1.0}]}], "settings": {"data": "prose"}}
