@@ -26,7 +26,9 @@ def home() -> None:
         "bias to every attention logit: $b(i,j) = f_\\theta\\big(\\psi(i-j)\\,/\\,\\psi(\\max(L, i))\\big)$ "
         "with $\\psi(x)=\\log(|c\\,x|+1)$ and $f_\\theta$ a small MLP.\n\n"
         "Dividing by the query position *interpolates*: every distance a long input produces maps into the "
-        "[0, 1] range seen in training, which is why FIRE generalizes to longer inputs.\n\n"
+        "[0, 1] range seen in training — the paper's reason FIRE generalizes to longer inputs. (At the "
+        "bundled models' small scale it did not beat ALiBi or Kerple beyond the training length: see the "
+        "Length generalization page and the README.)\n\n"
         "The same form can represent T5's buckets, ALiBi, Kerple and Sandwich (Theorem 3.1), and trained "
         "heads turn out local, anti-local or mixed."
     )

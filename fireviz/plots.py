@@ -244,7 +244,7 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
     i.e. future keys). Queries run down, keys across; the training length is marked on both.
 
     Args: ``color_limit`` (logits, > 0) saturates the colours at |bias| ≥ it — a learned
-      Kerple-power bias reaches −10⁴ logits far from the diagonal, which on a full-range scale
+      Kerple-power bias reaches −10⁴…−10⁵ logits far from the diagonal, which on a full-range scale
       leaves the few keys a query can still attend to (bias within ~20 logits of its best key)
       one colour; None (default) spans the bias's whole range. The plotted ``z`` is never clipped.
     Returns: Figure with one Heatmap trace (x = key positions, y = query positions, tokens;
@@ -396,17 +396,18 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
     return " · ".join(parts)
 
 
-def _log_ticks(lo: float, hi: float, min_ticks: int = 3) -> list[float]:
-    """Tick values for a log axis over [lo, hi] (> 0): powers of ten, or 1-2-5 / 1-2-3-5-7
-    / every digit steps when the range is too short for ``min_ticks`` coarser ticks."""
+def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
+    """Tick values for a log axis over [lo, hi] (> 0): the finest of half digits / every digit /
+    1-2-3-5-7 / 1-2-5 / powers of ten that gives at most ``max_ticks`` ticks, so a short range (perplexity
+    3–5, where most curves sit) is labelled inside, not only at its ends."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
         return []
     lo, hi = min(lo, hi) / 1.05, max(lo, hi) * 1.05
     ticks: list[float] = []
-    for mantissas in ((1,), (1, 2, 5), (1, 2, 3, 5, 7), tuple(range(1, 10))):
+    for mantissas in (tuple(k / 2 for k in range(2, 20)), tuple(range(1, 10)), (1, 2, 3, 5, 7), (1, 2, 5), (1,)):
         ticks = [float(f"{m}e{e}") for e in range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
                  for m in mantissas if lo <= m * 10.0 ** e <= hi]
-        if len(ticks) >= min_ticks:
+        if len(ticks) <= max_ticks:
             break
     return ticks if len(ticks) >= 2 else []
 
@@ -420,8 +421,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
       a group's members), error bars ± the sample std of the members' perplexities,
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
-      on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at powers of ten (or
-      1-2-5 steps on a short range) only. Lengths reported as errors are skipped. Trace
+      on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at the
+      finest of half digits / every digit / 1-2-3-5-7 / 1-2-5 / powers of ten that fits ten labels. Lengths reported as errors are skipped. Trace
       meta ``{"group", "n"}``; error bars in ``error_y.array``.
     Raises: ValueError as ``group_perplexity``, or for an empty list.
     """

@@ -39,9 +39,11 @@ clip_options = [0, 5, 20, 100]
 clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
                     key=ui.url_state(P, "clip", 0, int, options=clip_options), disabled=view != "head",
                     format_func=lambda v: f"saturate at |bias| ≥ {v} logits" if v else "full range",
-                    help="A learned Kerple-power bias falls to −10⁴ logits far from the diagonal; on the full range "
-                         "the keys a query can still attend to are all one colour. Saturating at 20 logits "
-                         "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them. Only the colours change, not the numbers.")
+                    help="A learned Kerple-power bias falls to −10⁴…−10⁵ logits far from the diagonal; on the full "
+                         "range the keys a query can still attend to are all one colour. Saturating at 20 logits "
+                         "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them, if the grid is fine enough: it has ~128 "
+                         "points up to the largest query position, so enter small query positions (e.g. 127 for "
+                         "a 1-token grid) to see a band a few tokens wide. Only the colours change, not the numbers.")
 ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip"])
 
 positions = None
@@ -108,8 +110,8 @@ if reports:
         st.caption("Rotary (RoPE) checkpoints have a position kernel, not an additive bias, and NoPE has neither: "
                    "their rows show —.")
     if table:
-        st.caption(f"Classified at query position i = {additive[0].get('classify_at')} tokens (the training length's "
-                   f"last query by default). Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
+        st.caption(f"Classified at query position i = {additive[0].get('classify_at')} tokens (the smallest query "
+                   f"position: by default the training length's last query). Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
                    "ρ = Spearman correlation of bias with distance; peak_fraction 0 = prefers the nearest key, "
                    "1 = the farthest.")
         st.dataframe(table, hide_index=True, key=ui.key(P, "table"))

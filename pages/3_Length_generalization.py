@@ -50,8 +50,10 @@ mode = sb.radio("Mode", list(evaluate.MODES), key=ui.url_state(P, "mode", "nonov
                 horizontal=True)
 stride = None
 if mode == "sliding":
+    # default: half the training length, but never more than the smallest chosen length
     stride = int(sb.number_input("Stride (tokens; at most the smallest length)", 1, 1 << 16,
-                                 key=ui.url_state(P, "stride", max(1, train_lens[0] // 2), int, lo=1, hi=1 << 16)))
+                                 key=ui.url_state(P, "stride", max(1, min([train_lens[0] // 2, *lengths])), int,
+                                                  lo=1, hi=1 << 16)))
 budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
                              key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
 seed = int(sb.number_input("Window-selection seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
@@ -109,11 +111,15 @@ caption = ui.eval_caption(clean)
 shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
 ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
-                               "seeds (n and std in the table; the error bars are often smaller than the markers)." if pool else ""), P, "ppl")
+                               "seeds (n and std in the table; the error bars are often smaller than the markers). "
+                               "The std covers training seeds only: another window seed moves every row together, "
+                               "often by more, so compare rows within a length." if pool else ""), P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
+if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
+    table = [{k: v for k, v in r.items() if not k.endswith("_std")} for r in table]
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(table)),
-             column_config={"length": st.column_config.NumberColumn("length (tokens)"),
+             column_config={"group": "encoding (seeds pooled)" if pool else "checkpoint","length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
                             "bits_per_byte_std": st.column_config.NumberColumn(
                                 "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"),

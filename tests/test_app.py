@@ -157,6 +157,7 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     at.sidebar.checkbox(key="lengen_pool").uncheck().run()
     no_exception(at)
     assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {"fire", "fire_seed1", "alibi"}
+    assert not [c for c in at.dataframe[0].value.columns if c.endswith("_std")]  # nothing pooled: no std columns
 
 
 def test_length_generalization_shows_shipped_results_without_run(tmp_path, monkeypatch):

@@ -235,8 +235,13 @@ def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     assert "data latex" in caption and "split validation" in caption and "stride" not in caption
     assert "window seed 0" in caption  # the evaluation's seed, not the checkpoint's training seed
     assert list(fig.layout.xaxis.tickvals) == [16, 64, 256]
-    # log y labelled at a few round values only (no crowded minor-digit labels)
-    assert list(fig.layout.yaxis.ticktext) == ["3", "5", "7"]
+    # the log y-axis is labelled inside a short range (perplexity 3–5: every digit), coarser on a long one
+    assert P._log_ticks(3.3, 4.6) == [3.5, 4.0, 4.5]
+    assert P._log_ticks(3.3, 19.0) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    assert P._log_ticks(1.0, 1000.0) == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+    assert P._log_ticks(0.0, 5.0) == []
+    # log y labelled at round values, every digit on this short range (ten labels at most)
+    assert list(fig.layout.yaxis.ticktext) == ["3", "4", "5", "6", "7", "8"]
 
 
 def test_loss_by_position():
