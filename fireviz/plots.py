@@ -37,6 +37,9 @@ _COLORS = qualitative.Plotly + ["#222A2A", "#B68100", "#862A16", "#778AAE", "#6C
                                 "#750D86"] + qualitative.D3
 
 
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+
+
 def _color(i: int) -> str:
     return _COLORS[i % len(_COLORS)]
 
@@ -459,12 +462,15 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
 
 
 def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Sequence[int] | None = None,
-                            group_key: str | None = None) -> go.Figure:
+                            group_key: str | None = None, color_groups: Mapping[str, str] | None = None) -> go.Figure:
     """Loss by position in the evaluation window: one line per (result, evaluation length).
 
     Args: one result or a list (``fireviz.evaluate`` layout: ``per_length[*].loss_by_position
       = {bucket_starts [B] (tokens), nats [B] (nats/token)}``); ``lengths`` restricts the
       evaluation lengths drawn; names come from the same keys as ``group_perplexity``.
+      Colours go by name in first-seen order, as in ``perplexity_figure`` (so one page's two
+      figures agree), the evaluation length by dash; ``color_groups`` maps a name to the
+      name whose colour it takes (pooled seeds: ``{"fire_seed1": "fire"}``).
     Returns: Figure; x = position in window (bucket start, tokens), y = loss (nats/token),
       training length(s) marked; trace meta ``{"group", "length"}``.
     Raises: ValueError if no result has loss-by-position data for the chosen lengths.
@@ -473,7 +479,9 @@ def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Seque
         results = [results]
     fig = go.Figure()
     trains = set()
-    k = 0
+    color_index: dict[str, int] = {}
+    drawn = sorted({int(row["length"]) for res in results for row in _as_dict(res).get("per_length", [])
+                    if lengths is None or int(row["length"]) in set(int(x) for x in lengths)})
     for res in results:
         res = _as_dict(res)
         name = _group_name(res, group_key)
@@ -485,10 +493,11 @@ def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Seque
             lbp = row.get("loss_by_position")
             if not lbp:
                 continue
+            k = color_index.setdefault((color_groups or {}).get(name, name), len(color_index))
+            dash = _DASHES[drawn.index(int(row["length"])) % len(_DASHES)]
             fig.add_trace(go.Scatter(x=np.asarray(lbp["bucket_starts"], dtype=np.int64), y=_arr(lbp["nats"]),
-                                     mode="lines", name=f"{name} @ {row['length']}", line=dict(color=_color(k)),
+                                     mode="lines", name=f"{name} @ {row['length']}", line=dict(color=_color(k), dash=dash),
                                      meta={"group": name, "length": int(row["length"])}))
-            k += 1
     if not fig.data:
         raise ValueError("no loss_by_position data for the chosen results/lengths")
     for t in sorted(trains):
@@ -571,7 +580,8 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
     Returns: two-row Figure sharing x = tokens seen (or step when rows lack ``tokens``):
       top train loss (line), val loss (markers), val loss @ 4× (open markers), its y range
       zoomed to the 95th percentile of train loss (or higher, to keep every series' last
-      value), so the first steps do not squash the end; bottom the learning rate. One legend
+      value and every validation point after the first 10% of training in view), so the
+      first steps do not squash the end; bottom the learning rate. One legend
       entry per run (legend groups). Trace meta ``{"run", "series"}`` with series loss |
       val_loss | val_loss_4x | lr, plus ``"smooth"`` on the train-loss traces.
     Raises: ValueError for no rows or ``smooth`` < 1.
@@ -585,6 +595,8 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
     xkey = "tokens" if use_tokens else "step"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
     train_losses, last_values, lowest = [], [], math.inf
+    x_end = max((row[xkey] for rows in runs.values() for row in rows if xkey in row), default=0)
+    late_val: list[float] = []  # validation points past the first 10% of training stay in view
     for k, (run, rows) in enumerate(runs.items()):
         col = _color(k)
 
@@ -618,15 +630,18 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
                     last_values.append(float(finite[-1]))
                     if key == "loss":
                         train_losses.extend(finite.tolist())
+                    else:
+                        late = y[np.isfinite(y) & (x >= 0.1 * x_end)]
+                        late_val.extend(late.tolist())
     fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=2, col=1)
     fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
     if train_losses and last_values:
         # zoom to where runs differ: the first few % of steps (≈ ln 257 nats) would squash the end.
         # Every series' last value stays in view; a double-click on the plot shows everything.
-        top = max(float(np.percentile(train_losses, 95)), max(last_values))
+        top = max(float(np.percentile(train_losses, 95)), max(last_values), max(late_val, default=-math.inf))
         fig.update_yaxes(range=[lowest - 0.03 * (top - lowest), top + 0.05 * (top - lowest)], row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
-    fig.update_layout(title="Training curves", meta={"x": xkey})
+    fig.update_layout(title="Training curves", meta={"x": xkey}, height=650)
     return fig
 
 

@@ -135,7 +135,9 @@ st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})
 pick = st.multiselect("Lengths to draw", done_lens, default=done_lens[-1:], key=ui.key(P, "lbp_len"))
 if pick:
-    lbp = plots.loss_by_position_figure(clean, lengths=pick)
+    # pooled: each run in its encoding's colour from the figure above
+    same = {r.get("label") or r["checkpoint"]: p["label"] for r, p in zip(clean, shown)} if pool else None
+    lbp = plots.loss_by_position_figure(clean, lengths=pick, color_groups=same)
     ui.show_figure(lbp, caption + " Loss averaged over equal-width buckets of window positions"
                    + (", one line per checkpoint (not pooled)." if pool else "."), P, "lbp")
     ui.downloads(P, "loss_by_position", plots.figure_to_csv(lbp), plots.figure_data(lbp))

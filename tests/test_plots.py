@@ -254,6 +254,13 @@ def test_loss_by_position():
     assert sorted(m["x0"] for m in shapes(fig, P.TRAIN_MARK)) == [SEQ, 32]
     assert "nats/token" in fig.layout.yaxis.title.text
     assert len(P.loss_by_position_figure(results[0]).data) == 3  # a single result, every length
+    # colours as in perplexity_figure (by name, first seen), lengths by dash; pooled runs share a colour
+    ppl_colors = [t.line.color for t in P.perplexity_figure(results).data]
+    both = P.loss_by_position_figure(results, lengths=[16, 64])
+    assert [t.line.color for t in both.data] == [ppl_colors[0]] * 2 + [ppl_colors[1]] * 2
+    assert [t.line.dash for t in both.data] == ["solid", "dash"] * 2
+    pooled = P.loss_by_position_figure(results, lengths=[64], color_groups={"rope": "fire"})
+    assert pooled.data[0].line.color == pooled.data[1].line.color
     with pytest.raises(ValueError):
         P.loss_by_position_figure(results, lengths=[999])
 
@@ -299,6 +306,11 @@ def test_training_curves():
     long = [{"step": s, "tokens": s, "loss": 1.0 + 5.0 * math.exp(-s / 5)} for s in range(1, 101)]
     lo, hi = P.training_curves_figure({"x": long}).layout.yaxis.range
     assert lo < 1.0 and 2.5 < hi < 3.5
+    # a validation point mid-run above that (NoPE at 4× length climbs while training) stays in view
+    bumpy = [dict(r) for r in long]
+    bumpy[59].update(val_loss=1.5, val_loss_4x=4.2)
+    bumpy[99].update(val_loss=1.4, val_loss_4x=3.9)
+    assert P.training_curves_figure({"x": bumpy}).layout.yaxis.range[1] > 4.2
     assert [t["name"] for t in traces(fig) if t["showlegend"] is not False] == ["fire", "rope"]
     assert fig.layout.xaxis2.title.text == "tokens seen" and "nats/token" in fig.layout.yaxis.title.text
     steps = P.training_curves_figure([{"step": 5, "loss": 2.0}])
