@@ -4,6 +4,7 @@ Thin over ``fireviz.fit`` (``make_target``, ``fit_fire`` run by ``fireviz.jobs.s
 and ``fireviz.plots.fit_figure``. State in the URL: target, heads, width, max_len, steps, seed
 and the target's parameters.
 """
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -78,6 +79,9 @@ with left:
 
 q = jobs.default_queue("fit")
 job_key = st.session_state.get(ui.key(P, "job"))
+# what the sidebar asks for now, to tell when the fit on show is of other settings
+asked = json.dumps([target, params, int(max_len), None if target == "checkpoint" else int(num_heads), int(width),
+                    int(steps), int(seed)], sort_keys=True, default=str)
 if go:
     clicked = time.time()
     try:
@@ -88,6 +92,7 @@ if go:
             ui.error(f"Cannot fit this target: {e}", "Change the parameter named above.")
         st.stop()
     st.session_state[ui.key(P, "job")] = job_key = job.key
+    st.session_state[ui.key(P, "asked")] = asked
     # the same fit finished earlier in this process: its result is reused, not recomputed
     st.session_state[ui.key(P, "cached")] = job.status == jobs.DONE and (job.finished or clicked) < clicked
 
@@ -109,6 +114,9 @@ with right:
         st.warning("The fit was stopped before it started. Press **Fit** again.")
         st.stop()
     d = res.to_dict()
+    if st.session_state.get(ui.key(P, "asked")) not in (None, asked):
+        st.info(f"Showing the last fit ({LABELS[res.target.name]}); the settings have changed since. "
+                "Press **Fit** to fit them.")
     if res.stopped:
         st.warning(f"Stopped after {res.steps_run} of {res.steps} steps: the best parameters so far are shown.")
     m = st.columns(4)

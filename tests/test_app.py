@@ -384,6 +384,11 @@ def test_fit_alibi_live_and_download(app_env):
     assert next(m for m in at.metric if m.label == "fit time").value == "cached"
     names = [b.proto.label for b in at.get("download_button")]
     assert any("fire_fit.safetensors" in n for n in names) and any(n.endswith(".json") for n in names)
+    assert not any("settings have changed" in i.value for i in at.info)
+    # settings changed without a new Fit: the old result stays, marked as such
+    at.number_input(key="fit_width").set_value(16).run()
+    no_exception(at)
+    assert any("Showing the last fit (ALiBi" in i.value and "Press **Fit**" in i.value for i in at.info)
 
 
 def test_fit_bad_kerple_parameter_is_a_clear_error(app_env):
