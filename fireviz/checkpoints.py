@@ -115,13 +115,14 @@ class CheckpointInfo:
         return f"{self.name} ({self.position_encoding})"
 
     def summary_row(self) -> dict:
-        """One row for the checkpoint table: name, encoding, training seed, parameters, tokens,
-        progress (see :func:`training_progress`), length, data, headline."""
-        row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed,
-               "parameters": self.num_parameters, "training tokens": self.training_tokens,
-               "progress": training_progress(self.training), "training length": self.seq_len, "data": self.data}
+        """One row for the checkpoint table: name, encoding, training seed, headline numbers (first,
+        so a narrow window shows them), parameters, tokens, progress (see
+        :func:`training_progress`), length, data, where the numbers come from."""
+        row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed}
         row.update({k: v for k, v in self.headline.items() if k != "source"})
-        row["numbers from"] = self.headline.get("source", "")
+        row.update({"parameters": self.num_parameters, "training tokens": self.training_tokens,
+                    "progress": training_progress(self.training), "training length": self.seq_len, "data": self.data,
+                    "numbers from": self.headline.get("source", "")})
         return row
 
 
