@@ -581,11 +581,10 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             token_cache[i] = document_tokens(docs[i])
         return token_cache[i]
 
-    settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths, "mode": mode,
-                "stride": stride,
-                "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
-                "position_buckets": int(position_buckets), "precision": precision, "batch_tokens": batch_tokens,
-                "bos": BOS_CONVENTION, "documents": len(docs)}
+    settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths,
+                "mode": mode, "stride": stride, "token_budget": token_budget, "seed": int(seed),
+                "rope_scaling": rope_scaling, "position_buckets": int(position_buckets), "precision": precision,
+                "batch_tokens": batch_tokens, "bos": BOS_CONVENTION, "documents": len(docs)}
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
     total = sum(len(p) for p in plans.values() if isinstance(p, list)) * len(loaded)

@@ -654,7 +654,9 @@ def eval_caption(results: Sequence[dict]) -> str:
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]
-    published = sum(1 for e in entries if e.get("cached") and e.get("source") == "results.json")
+    from .evaluate import PUBLISHED_RESULTS
+
+    published = sum(1 for e in entries if e.get("cached") and e.get("source") == PUBLISHED_RESULTS)
     cached = sum(1 for e in entries if e.get("cached")) - published
     parts.append(f"{cached}/{len(entries)} lengths from the cache"
                  + (f", {published} from the checkpoints' shipped results.json (same weights, data and settings)"
