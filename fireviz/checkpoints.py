@@ -51,6 +51,12 @@ def seed_run(name: str) -> tuple[str, int] | None:
     return (m["base"], int(m["seed"])) if m else None
 
 
+def seed_base(name: str) -> str:
+    """The seed-0 run's name for any run: ``"fire_seed2"`` → ``"fire"``, ``"fire"`` → ``"fire"``."""
+    run = seed_run(name)
+    return run[0] if run else name
+
+
 def seed_groups(names) -> dict[str, list[str]]:
     """``{base: [base, extra-seed names…]}`` (sorted) for each name among ``names`` that has
     extra-seed runs (see :func:`seed_run`) among them too; {} when none has."""

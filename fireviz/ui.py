@@ -361,8 +361,7 @@ def pool_seeds(results: Sequence[dict]) -> list[dict]:
         name = str(r.get("checkpoint", ""))
         label = str(r.get("label") or name)
         suffix = label[len(name):] if label.startswith(name) else ""
-        run = ck.seed_run(name)
-        out.append({**r, "label": (run[0] if run else name) + suffix})
+        out.append({**r, "label": ck.seed_base(name) + suffix})
     return out
 
 

@@ -111,7 +111,8 @@ if reports:
                    "their rows show —.")
     if table:
         st.caption(f"Classified at query position i = {additive[0].get('classify_at')} tokens (the smallest query "
-                   f"position: by default the training length's last query). Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
+                   "position: by default the training length's last query). "
+                   f"Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
                    "ρ = Spearman correlation of bias with distance; peak_fraction 0 = prefers the nearest key, "
                    "1 = the farthest.")
         st.dataframe(table, hide_index=True, key=ui.key(P, "table"))

@@ -9,7 +9,7 @@ State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool, 
 import streamlit as st
 
 from fireviz import evaluate, plots, ui
-from fireviz.checkpoints import default_device, seed_groups, seed_run
+from fireviz.checkpoints import default_device, seed_base, seed_groups
 from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
@@ -64,7 +64,7 @@ if rope:
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
 pool = False
-bases = [(seed_run(i.name) or (i.name, 0))[0] for i in chosen]
+bases = [seed_base(i.name) for i in chosen]
 if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one encoding chosen
     pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
                        help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
@@ -119,7 +119,8 @@ table = ui.perplexity_table(plots.group_perplexity(shown))
 if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
     table = [{k: v for k, v in r.items() if not k.endswith("_std")} for r in table]
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(table)),
-             column_config={"group": "encoding (seeds pooled)" if pool else "checkpoint","length": st.column_config.NumberColumn("length (tokens)"),
+             column_config={"group": "encoding (seeds pooled)" if pool else "checkpoint",
+                            "length": st.column_config.NumberColumn("length (tokens)"),
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
                             "bits_per_byte_std": st.column_config.NumberColumn(
                                 "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"),

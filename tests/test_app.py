@@ -100,6 +100,7 @@ def test_seed_runs_are_named_and_sorted_after_seed_zero(tmp_path):
     from conftest import make_tiny_checkpoint
 
     assert checkpoints.seed_run("fire_seed2") == ("fire", 2)
+    assert checkpoints.seed_base("fire_seed2") == "fire" and checkpoints.seed_base("fire_seedling") == "fire_seedling"
     assert checkpoints.seed_run("kerple_power_seed10") == ("kerple_power", 10)
     for name in ("fire", "fire_seed0", "fire_seedling", "seed1", "fire_seed-1"):
         assert checkpoints.seed_run(name) is None, name
