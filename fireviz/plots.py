@@ -400,9 +400,10 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
 
 
 def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
-    """Tick values for a log axis over [lo, hi] (> 0): the finest of half digits / every digit /
-    1-2-3-5-7 / 1-2-5 / powers of ten that gives at most ``max_ticks`` ticks, so a short range (perplexity
-    3–5, where most curves sit) is labelled inside, not only at its ends."""
+    """Tick values for a log axis over [lo, hi] (> 0): the finest of half digits / every
+    digit / 1-2-3-5-7 / 1-2-5 / powers of ten that gives at most ``max_ticks`` ticks, so a
+    short range (perplexity 3–5, where most curves sit) is labelled inside, not only at its
+    ends."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
         return []
     lo, hi = min(lo, hi) / 1.05, max(lo, hi) * 1.05
@@ -425,7 +426,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
       on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at the
-      finest of half digits / every digit / 1-2-3-5-7 / 1-2-5 / powers of ten that fits ten labels. Lengths reported as errors are skipped. Trace
+      finest of half digits / every digit / 1-2-3-5-7 / 1-2-5 / powers of ten that fits ten
+      labels. Lengths reported as errors are skipped. Trace
       meta ``{"group", "n"}``; error bars in ``error_y.array``.
     Raises: ValueError as ``group_perplexity``, or for an empty list.
     """
