@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -196,12 +195,16 @@ def fmt_seed_table(runs: list[dict]) -> list[str]:
     groups = seed_groups(list(plain))
     if not groups:
         return []
+    # the app's "Pool training seeds" table comes from the same plots.group_perplexity
+    pooled = plots.group_perplexity([{**plain[name], "group": enc} for enc, names in groups.items() for name in names],
+                                    group_key="group")
+    by = {(r["group"], r["length"]): r for r in pooled}
     out = ["| encoding | seeds | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 2) + "|"]
     for enc, names in groups.items():
         cells = []
         for n in LENGTHS:
-            vals = [e["bits_per_byte"] for name in names for e in plain[name]["per_length"] if e["length"] == n]
-            cells.append(f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}" if len(vals) == len(names) else "—")
+            r = by.get((enc, n))
+            cells.append(f"{r['bits_per_byte']:.3f} ± {r['bits_per_byte_std']:.3f}" if r and r["n"] == len(names) else "—")
         out.append(f"| {enc} | {len(names)} | " + " | ".join(cells) + " |")
     return out
 

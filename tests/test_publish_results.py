@@ -22,7 +22,8 @@ def pub():
 
 def run(label: str, bpb: list[float], rope_scaling=None) -> dict:
     return {"label": label, "settings": {"rope_scaling": rope_scaling},
-            "per_length": [{"length": n, "bits_per_byte": b} for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)]}
+            "per_length": [{"length": n, "bits_per_byte": b, "perplexity": 2.0 ** b}
+                           for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)]}
 
 
 def test_seed_groups_pair_extra_seeds_with_their_seed_zero_run(pub):
