@@ -38,7 +38,8 @@ _NOT_RESULTS = {CONFIG_FILE, "trainer_state.json", "tokenizer.json", "generation
 HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, "*.json", "README.md"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Command that creates a checkpoint, shown when none is found.
-TRAIN_HINT = "python -m fireviz train configs/<encoding>.toml   (writes checkpoints/<name>/)"
+TRAIN_HINT = ("python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
+              "--out checkpoints/my_run")
 #: An extra-seed run sits beside its seed-0 run: ``fire_seed1`` is ``fire`` trained with train.seed=1.
 SEED_FOLDER = re.compile(r"^(?P<base>[A-Za-z0-9_.-]+?)_seed(?P<seed>[1-9][0-9]*)$")
 

@@ -15,6 +15,17 @@ Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats
   window positions ``0 … n−2`` score the targets at window positions ``1 … n−1``; the first
   token of a window is context only. BOS (document position 0) is therefore never a target.
 * Only documents with at least ``n`` tokens are eligible at length ``n``.
+* ``mode="same_text"`` (the default and the published protocol): one fixed set of tokens
+  is scored at every requested length. With ``M`` the largest requested length that some
+  document holds, the documents with at least ``M`` tokens qualify (the others are
+  skipped and counted in ``documents_skipped``); each contributes its first ``M`` tokens,
+  cut at length ``n`` into the non-overlapping windows ``[0, n), [n, 2n), …`` plus, when
+  ``n`` does not divide ``M``, one tail window ``[M − n, M)`` that scores only the tokens
+  not yet scored (``sliding_windows(M, n, stride=n)``). Every length therefore scores the
+  same documents and, up to the first token of each window (context only), the same
+  tokens: a change from one column to the next is the effect of context alone.
+  ``token_budget`` (default None: every qualifying document) takes whole documents in
+  seeded random order until ``documents · (M − 1)`` reaches it.
 * ``mode="nonoverlapping"`` (Press et al. 2022, "Train Short, Test Long", nonoverlapping
   evaluation): candidates are the windows ``[0, n), [n, 2n), …`` of every eligible
   document, enumerated in document-id order, shuffled with ``torch.Generator().manual_seed
@@ -33,6 +44,16 @@ Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats
 
 The selection depends only on the data, the length and the settings, never on the
 checkpoint, so every checkpoint at a given length sees the same windows (paired comparison).
+
+Uncertainty. Each length keeps its per-document sums (``per_document``: document ids,
+summed nats, scored tokens). ``ci95`` is a 95 % percentile bootstrap interval of the
+token-weighted bits per byte, resampling documents with replacement (``BOOTSTRAP_SAMPLES``
+resamples, generator seeded with ``BOOTSTRAP_SEED``): documents, not tokens, are the
+independent units. For every checkpoint but the reference (the first given unless told),
+``paired_delta_bpb`` = its bits per byte minus the reference's on the same windows, with
+``paired_ci95`` from the same document resampling applied to both at once (Koehn 2004,
+paired bootstrap resampling) — far narrower than either interval, since the text's own
+difficulty cancels.
 """
 from __future__ import annotations
 
@@ -60,7 +81,11 @@ DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: targets (tokens) scored per length unless told otherwise
 DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
-MODES = ("nonoverlapping", "sliding")
+MODES = ("same_text", "nonoverlapping", "sliding")
+DEFAULT_MODE = "same_text"
+#: document resamples of the bootstrap intervals, and the seed of their generator
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 0
 ROPE_SCALINGS = ("pi", "yarn")
 SPLITS = ("validation", "train", "all")
 #: bumped whenever the numbers a given setting produces would change; part of the cache key
@@ -70,6 +95,8 @@ BOS_CONVENTION = ("each document starts with BOS (id 256) as in training; window
                   "window is context only, so BOS is never a target")
 _PER_LENGTH_FIELDS = ("length", "nats_per_token", "perplexity", "bits_per_byte", "tokens_scored", "windows",
                       "loss_by_position")
+#: fields added after the first round of results: checked when present, required in same_text
+_PER_DOCUMENT_FIELDS = ("doc", "nats", "tokens")
 
 ProgressFn = Callable[[int, int, str], None]
 StopFn = Callable[[], bool]
@@ -166,6 +193,8 @@ def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: 
     """
     _check_length(length)
     mode = _check_mode(mode, stride)
+    if mode == "same_text":
+        raise EvaluationError("mode='same_text' plans every length at once: use plan_same_text")
     if mode == "sliding" and stride > length:
         raise EvaluationError(f"stride {stride} is larger than the window ({length} tokens)")
     if token_budget is not None and token_budget < 1:
@@ -201,12 +230,73 @@ def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: 
     return sorted(chosen, key=lambda w: (w.doc, w.start))
 
 
+@dataclass(frozen=True)
+class SameTextPlan:
+    """The fixed text of a ``same_text`` evaluation (see the module docstring).
+
+    Attributes:
+      prefix_tokens: ``M``, the largest requested length some document holds (tokens).
+      documents: indices (into the evaluated list) of the documents scored, sorted.
+      documents_skipped: documents shorter than ``M`` (not scored at any length).
+      windows: length → windows over the first ``M`` tokens of each scored document;
+        a length no document holds maps to its error message instead.
+    """
+
+    prefix_tokens: int
+    documents: tuple[int, ...]
+    documents_skipped: int
+    windows: dict
+
+
+def plan_same_text(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], lengths: Sequence[int], *,
+                   token_budget: int | None = None, seed: int = 0) -> SameTextPlan:
+    """The windows of a ``same_text`` evaluation: the same documents and tokens at every length.
+
+    Args:
+      doc_ids, doc_num_tokens: per document, its id and ``num_tokens`` (incl. BOS).
+      lengths: window lengths in tokens (each >= 2).
+      token_budget: None (default) for every qualifying document; else whole documents in
+        seeded random order (``torch.Generator().manual_seed(seed)``) until
+        ``documents · (M − 1) >= token_budget``.
+    Returns: a :class:`SameTextPlan`; lengths longer than every document map to an error
+      message (they cannot be evaluated; they do not shrink the text of the others).
+    Raises: EvaluationError for a bad length or budget, or if no length can be evaluated.
+    """
+    lengths = [int(n) for n in lengths]
+    for n in lengths:
+        _check_length(n)
+    if token_budget is not None and token_budget < 1:
+        raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
+    longest = max(doc_num_tokens, default=0)
+    feasible = [n for n in lengths if n <= longest]
+    if not feasible:
+        raise EvaluationError(f"no document has {min(lengths)} tokens (the longest has {longest}); windows never "
+                              "cross documents, so these lengths cannot be evaluated on this data")
+    M = max(feasible)
+    eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= M), key=lambda i: (doc_ids[i], i))
+    if token_budget is not None:
+        order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(int(seed))).tolist()
+        take = min(len(eligible), max(1, math.ceil(token_budget / (M - 1))))
+        eligible = sorted((eligible[k] for k in order[:take]), key=lambda i: (doc_ids[i], i))
+    windows: dict = {}
+    for n in dict.fromkeys(lengths):
+        if n > M:
+            windows[n] = (f"no document has {n} tokens (the longest has {longest}); windows never cross documents, "
+                          "so this length cannot be evaluated on this data")
+            continue
+        per_doc = sliding_windows(M, n, n)
+        windows[n] = [Window(d, start, first) for d in eligible for start, first in per_doc]
+    skipped = sum(1 for n in doc_num_tokens if n < M)
+    return SameTextPlan(M, tuple(eligible), skipped, windows)
+
+
 def _check_length(length: int) -> None:
     if int(length) != length or length < 2:
         raise EvaluationError(f"evaluation length must be an integer >= 2 tokens (got {length!r})")
 
 
-def _check_mode(mode: str, stride: int | None) -> str:
+def _check_mode(mode: str | None, stride: int | None) -> str:
+    mode = DEFAULT_MODE if mode is None else mode
     if mode not in MODES:
         raise EvaluationError(f"mode must be one of {', '.join(MODES)} (got {mode!r})")
     if mode == "sliding":
@@ -215,7 +305,8 @@ def _check_mode(mode: str, stride: int | None) -> str:
         if int(stride) != stride or stride < 1:
             raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
     elif stride is not None:
-        raise EvaluationError("a stride applies only to mode='sliding' (non-overlapping windows have none)")
+        raise EvaluationError(f"a stride applies only to mode='sliding' ({mode} windows do not overlap and have "
+                              "none); drop --stride or add --mode sliding")
     return mode
 
 
@@ -238,7 +329,8 @@ def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tu
 # ---------------------------------------------------------------------------------------------
 def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
                   device: torch.device | str = "cpu", batch_tokens: int = 8192,
-                  on_batch: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  on_batch: Callable[[int], None] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, dict[int, float], dict[int, int]]:
     """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
 
     Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
@@ -252,8 +344,10 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
       windows: from ``plan_windows``; all of ``length`` tokens.
       on_batch: called with the number of windows finished after each batch (may raise
         ``EvaluationCancelled`` to stop).
-    Returns: ``(nats_sum float64 [length], counts int64 [length])`` indexed by window
-      position; index 0 is always zero (never a target).
+    Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
+      tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
+      never a target); the last two map each document index to its summed nats (float)
+      and scored tokens (int).
     Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
     """
     device = torch.device(device)
@@ -261,6 +355,8 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     counts = torch.zeros(length, dtype=torch.int64)
     per_batch = max(1, int(batch_tokens) // length)
     pos = torch.arange(1, length)  # target positions
+    doc_nats: dict[int, float] = {}
+    doc_tokens_scored: dict[int, int] = {}
     use_autocast = device.type == "cuda"
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
@@ -272,22 +368,133 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
             nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
                                   reduction="none").view(len(batch), length - 1).double().cpu()
             keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
-            nats[1:] += (nll * keep).sum(0)
+            kept = nll * keep
+            nats[1:] += kept.sum(0)
             counts[1:] += keep.sum(0)
+            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist()):
+                doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
+                doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
             del logits, nll
             if on_batch is not None:
                 on_batch(len(batch))
-    return nats.numpy(), counts.numpy()
+    return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
+
+
+def bootstrap_indices(num_documents: int, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Document resamples with replacement, int64 ``[samples, num_documents]``.
+
+    Deterministic (numpy ``default_rng(seed)``); the same matrix for every checkpoint with
+    the same number of documents, which is what makes the paired bootstrap paired.
+    Raises: EvaluationError for ``num_documents < 1`` or ``samples < 1``.
+    """
+    if num_documents < 1 or samples < 1:
+        raise EvaluationError(f"a bootstrap needs >= 1 document and >= 1 sample (got {num_documents}, {samples})")
+    return np.random.default_rng(seed).integers(0, num_documents, size=(samples, num_documents))
+
+
+def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int = BOOTSTRAP_SAMPLES,
+                   seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """95 % percentile bootstrap interval of the token-weighted bits per byte over documents.
+
+    Args: per document, summed nats (float) and scored tokens (int, > 0 in total).
+    Returns: ``[low, high]`` in bits per byte (2.5th and 97.5th percentiles of
+      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); ``[x, x]`` for a
+      single document (no spread can be estimated from one).
+    Raises: EvaluationError for mismatched lengths or no scored token.
+    """
+    nats, tokens = np.asarray(nats, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    if nats.shape != tokens.shape or nats.ndim != 1 or tokens.sum() <= 0:
+        raise EvaluationError("bootstrap needs one summed loss and one positive token count per document")
+    idx = bootstrap_indices(len(nats), samples, seed)
+    stats = nats[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTSTRAP_SAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> dict | None:
+    """Paired bits-per-byte difference of two per-length entries scored on the same windows.
+
+    Args: two ``summarize`` entries (with ``per_document``) of the same length.
+    Returns: ``{"paired_delta_bpb": candidate − reference (bits per byte), "paired_ci95":
+      [low, high]}`` — the interval from resampling documents jointly (paired bootstrap,
+      Koehn 2004); None when the entries did not score the same documents and tokens
+      (different windows cannot be paired). Raises nothing.
+    """
+    a, b = candidate.get("per_document"), reference.get("per_document")
+    if not (isinstance(a, dict) and isinstance(b, dict)) or a.get("doc") != b.get("doc") \
+            or a.get("tokens") != b.get("tokens") or not a.get("doc"):
+        return None
+    tokens = np.asarray(a["tokens"], dtype=np.float64)
+    diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
+    if tokens.sum() <= 0:
+        return None
+    idx = bootstrap_indices(len(tokens), samples, seed)
+    stats = diff[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return {"paired_delta_bpb": float(diff.sum() / tokens.sum() / math.log(2)), "paired_ci95": [float(lo), float(hi)]}
+
+
+_PAIRED_KEYS = ("paired_delta_bpb", "paired_ci95", "paired_reference")
+
+
+def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -> list[dict]:
+    """Copies of ``results`` whose per-length entries, for every result but the reference,
+    carry ``paired_delta_bpb``, ``paired_ci95`` and ``paired_reference`` against the
+    reference's entry of the same length (see :func:`paired_difference`); lengths that
+    cannot be paired (other windows, an error) get none. The inputs are not modified.
+
+    Args: ``reference``: an index into ``results``, a checkpoint name or path, or a label.
+    Returns: the new list; each result also gets ``paired_reference`` (the reference's label
+      or checkpoint name).
+    Raises: EvaluationError for a reference that is not among the results.
+    """
+    if not results:
+        return []
+    ref = _reference_index(results, reference)
+    ref_name = results[ref].get("label") or results[ref]["checkpoint"]
+    ref_entries = {e["length"]: e for e in results[ref]["per_length"] if "error" not in e}
+    out = []
+    for k, r in enumerate(results):
+        entries = []
+        for e in r["per_length"]:
+            e = {key: v for key, v in e.items() if key not in _PAIRED_KEYS}
+            if k != ref and "error" not in e and e["length"] in ref_entries:
+                diff = paired_difference(e, ref_entries[e["length"]])
+                if diff is not None:
+                    e.update(diff, paired_reference=ref_name)
+            entries.append(e)
+        out.append({**r, "paired_reference": ref_name, "per_length": entries})
+    return out
+
+
+def _reference_index(results: Sequence[dict], reference: int | str) -> int:
+    if isinstance(reference, int) and not isinstance(reference, bool):
+        if 0 <= reference < len(results):
+            return reference
+        raise EvaluationError(f"reference index {reference} is out of range for {len(results)} checkpoint(s)")
+    names = [str(reference), Path(str(reference)).name]
+    for k, r in enumerate(results):
+        if r.get("label") == str(reference):
+            return k
+    for k, r in enumerate(results):
+        if r.get("checkpoint") in names or r.get("checkpoint_path") == str(reference):
+            return k
+    given = ", ".join(r.get("checkpoint", "?") for r in results)
+    raise EvaluationError(f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
+                          "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT"))
 
 
 def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, windows: int,
-              buckets: int = DEFAULT_POSITION_BUCKETS) -> dict:
+              buckets: int = DEFAULT_POSITION_BUCKETS, per_document: dict | None = None) -> dict:
     """The per-length numbers from per-position sums (see ``score_windows``).
 
     Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
       it), "bits_per_byte" (nats / ln 2; one token is one byte), "tokens_scored", "windows",
       "loss_by_position": {"bucket_starts", "bucket_ends" (exclusive, window positions in
-      tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``.
+      tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``; with
+      ``per_document`` (``{"doc": [ids], "nats": [summed nats], "tokens": [scored]}``) also
+      that, ``documents`` and ``ci95`` (:func:`bootstrap_ci95`, bits per byte).
     Raises: EvaluationError if nothing was scored.
     """
     total = int(counts_by_pos.sum())
@@ -300,9 +507,14 @@ def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, w
         c = int(counts_by_pos[s:e].sum())
         b_tok.append(c)
         b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)
-    return {"length": int(length), "nats_per_token": mean, "perplexity": math.exp(mean),
-            "bits_per_byte": mean / math.log(2), "tokens_scored": total, "windows": int(windows),
-            "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok}}
+    out = {"length": int(length), "nats_per_token": mean, "perplexity": math.exp(mean),
+           "bits_per_byte": mean / math.log(2), "tokens_scored": total, "windows": int(windows),
+           "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok}}
+    if per_document is not None:
+        out["documents"] = len(per_document["doc"])
+        out["per_document"] = per_document
+        out["ci95"] = bootstrap_ci95(per_document["nats"], per_document["tokens"])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +658,16 @@ def _valid_entry(entry: object, length: int) -> bool:
         return False
     if "seconds" in entry and not _number(entry["seconds"]):
         return False
+    if "per_document" in entry or "ci95" in entry:
+        pd, ci = entry.get("per_document"), entry.get("ci95")
+        if not (isinstance(pd, dict) and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
+                and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1 and pd["doc"]
+                and all(isinstance(v, str) for v in pd["doc"]) and all(_number(v) for v in pd["nats"])
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
+                and sum(pd["tokens"]) == entry["tokens_scored"] and entry.get("documents") == len(pd["doc"])):
+            return False
+        if not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
+            return False
     lbp = entry["loss_by_position"]
     if not (isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
                                                                                     "nats", "tokens"))):
@@ -481,7 +703,10 @@ def _published_read(published: list[dict], length_settings: dict, length: int) -
     # every setting that is part of the cache key must match, the format version included
     for r in published:
         s = r["settings"]
-        if any(s.get(k) != v for k, v in length_settings.items() if k != "length"):
+        if any(s.get(k) != v for k, v in length_settings.items() if k not in ("length", "normalizer_cap")):
+            continue
+        # the cap in effect for this checkpoint (None for a plain FIRE row and for every non-FIRE one)
+        if r.get("normalizer_cap") != length_settings.get("normalizer_cap"):
             continue
         for e in r["per_length"]:
             if isinstance(e, dict) and e.get("length") == length and _valid_entry(e, length):
@@ -516,19 +741,60 @@ def _load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[li
         raise DataError(f"{e}{hint}") from e
 
 
+def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> int | None:
+    """The token budget a mode uses: ``"auto"`` → None (every qualifying document) for
+    ``same_text``, ``DEFAULT_TOKEN_BUDGET`` for the random-window modes; an int >= 1 or
+    None as given. Raises: EvaluationError for anything else."""
+    if isinstance(token_budget, str) and token_budget == "auto":
+        return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
+    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
+                                     or token_budget < 1):
+        raise EvaluationError(f"token_budget must be an integer >= 1, None (every window) or 'auto' "
+                              f"(got {token_budget!r})")
+    return None if token_budget is None else int(token_budget)
+
+
+def _fire_modules(model: GPT) -> list:
+    from .encodings import FIRE
+    return [m for m in model.encodings if isinstance(m, FIRE)]
+
+
+def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
+    """Set FIRE's normalizer cap ψ(min(max(L, i), cap)) (tokens) on every FIRE module of ``model``.
+
+    Returns: the cap in effect — ``cap`` for a FIRE/FIRE-S checkpoint, None for any other
+      (its bias has no normalizer, so its numbers are the uncapped ones). ``cap=None``
+      restores the checkpoint's own setting.
+    Raises: EvaluationError for a cap that is not an integer >= 1.
+    """
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1):
+        raise EvaluationError(f"normalizer_cap must be an integer number of tokens >= 1 (got {cap!r}); e.g. the "
+                              "training length, --normalizer-cap 512")
+    modules = _fire_modules(model)
+    if not modules:
+        return None
+    own = model.config.encoding_options.get("normalizer_cap")
+    for m in modules:
+        m.normalizer_cap = float(cap) if cap is not None else (None if own is None else float(own))
+    return None if cap is None else int(cap)
+
+
 def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathLike,
-                  lengths: Iterable[int] = DEFAULT_LENGTHS, *, mode: str = "nonoverlapping",
-                  stride: int | None = None, token_budget: int | None = DEFAULT_TOKEN_BUDGET, seed: int = 0,
+                  lengths: Iterable[int] = DEFAULT_LENGTHS, *, mode: str = DEFAULT_MODE,
+                  stride: int | None = None, token_budget: int | None | str = "auto", seed: int = 0,
                   rope_scaling: str | None = None, split: str | None = None,
                   position_buckets: int = DEFAULT_POSITION_BUCKETS, device: str | torch.device = "auto",
                   batch_tokens: int | None = None, progress: ProgressFn | None = None,
                   should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
-                  use_cache: bool = True, use_published: bool = True) -> list[dict]:
+                  use_cache: bool = True, use_published: bool = True, normalizer_cap: int | None = None,
+                  reference: int | str = 0) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
     See ``evaluate_checkpoint`` for the arguments and the result; the data is loaded and the
-    windows are planned once. ``progress(done, total, message)`` counts windows over all
-    checkpoints and lengths (cached lengths count as done at once).
+    windows are planned once. ``progress(done, total, message)`` counts target tokens over
+    all checkpoints and lengths (cached lengths count as done at once). Every result but
+    the ``reference`` one (index or checkpoint name; default the first) carries, per length,
+    ``paired_delta_bpb`` and ``paired_ci95`` against it (``with_paired_differences``).
     Raises: as ``evaluate_checkpoint``; a checkpoint that does not load raises
       CheckpointError before any scoring.
     """
@@ -540,8 +806,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         _check_length(n)
     lengths = list(dict.fromkeys(int(n) for n in lengths))  # user order, duplicates once
     mode = _check_mode(mode, stride)
-    if token_budget is not None and (int(token_budget) != token_budget or token_budget < 1):
-        raise EvaluationError(f"token_budget must be an integer >= 1 or None (got {token_budget!r})")
+    token_budget = resolve_token_budget(mode, token_budget)
     if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
         raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})")
     if position_buckets < 1:
@@ -549,6 +814,9 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     if batch_tokens is not None and not (isinstance(batch_tokens, int) and batch_tokens >= 1):
         raise EvaluationError(f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
                               "default (8192 on CPU, 16384 on CUDA)")
+    if normalizer_cap is not None and (isinstance(normalizer_cap, bool) or
+                                       not isinstance(normalizer_cap, (int, np.integer)) or normalizer_cap < 1):
+        raise EvaluationError(f"normalizer_cap must be an integer number of tokens >= 1 (got {normalizer_cap!r})")
     dev = resolve_device(device)
     precision = "bfloat16-autocast" if dev.type == "cuda" else "float32"
     batch_tokens = int(batch_tokens or (16384 if dev.type == "cuda" else 8192))
@@ -561,19 +829,30 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         if rope_scaling is not None and model.config.position_encoding != "rope":
             raise EvaluationError(f"rope_scaling={rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
                                   f"position_encoding={model.config.position_encoding!r}")
-        loaded.append((ckpt, sha, model))
+        cap = apply_normalizer_cap(model, None if normalizer_cap is None else int(normalizer_cap))
+        loaded.append((ckpt, sha, model, cap))
     if not loaded:
         raise EvaluationError("no checkpoints given")
+    if isinstance(reference, str):
+        _reference_index([{"checkpoint": Path(str(c)).name or str(c), "checkpoint_path": str(c)}
+                          for c, *_ in loaded], reference)  # a wrong reference fails before scoring
+    elif not (0 <= reference < len(loaded)):
+        raise EvaluationError(f"reference index {reference} is out of range for {len(loaded)} checkpoint(s)")
 
     docs, split = _load_eval_documents(data, split)
     fingerprint = data_fingerprint(docs)
     ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
     plans: dict[int, list[Window] | str] = {}
-    for n in dict.fromkeys(lengths):
-        try:
-            plans[n] = plan_windows(ids, sizes, n, mode=mode, stride=stride, token_budget=token_budget, seed=seed)
-        except EvaluationError as e:
-            plans[n] = str(e)
+    same_text: SameTextPlan | None = None
+    if mode == "same_text":
+        same_text = plan_same_text(ids, sizes, lengths, token_budget=token_budget, seed=seed)
+        plans = dict(same_text.windows)
+    else:
+        for n in lengths:
+            try:
+                plans[n] = plan_windows(ids, sizes, n, mode=mode, stride=stride, token_budget=token_budget, seed=seed)
+            except EvaluationError as e:
+                plans[n] = str(e)
     token_cache: dict[int, torch.Tensor] = {}
 
     def doc_tokens(i: int) -> torch.Tensor:
@@ -584,22 +863,39 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths,
                 "mode": mode, "stride": stride, "token_budget": token_budget, "seed": int(seed),
                 "rope_scaling": rope_scaling, "position_buckets": int(position_buckets), "precision": precision,
-                "batch_tokens": batch_tokens, "bos": BOS_CONVENTION, "documents": len(docs)}
+                "batch_tokens": batch_tokens, "bos": BOS_CONVENTION, "documents": len(docs),
+                "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}
+    if same_text is not None:
+        settings.update(prefix_tokens=same_text.prefix_tokens, documents_scored=len(same_text.documents),
+                        documents_skipped=same_text.documents_skipped)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
-    total = sum(len(p) for p in plans.values() if isinstance(p, list)) * len(loaded)
+
+    def plan_tokens(plan: list[Window], n: int) -> int:
+        return sum(n - w.first_target for w in plan)
+
+    total = sum(plan_tokens(p, n) for n, p in plans.items() if isinstance(p, list)) * len(loaded)
     done = 0
+    t_scoring = None  # when the first computed (not cached) batch started: the ETA's clock
+    done_at_start = 0
 
     def report(message: str) -> None:
         if progress is not None:
             progress(done, total, message)
+
+    def eta() -> str:
+        if t_scoring is None or done <= done_at_start:
+            return ""
+        rate = (done - done_at_start) / max(time.perf_counter() - t_scoring, 1e-9)
+        left = (total - done) / rate if rate > 0 else float("inf")
+        return f", {rate:,.0f} tokens/s, ~{_duration(left)} left" if math.isfinite(left) else ""
 
     def check_stop() -> None:
         if should_stop is not None and should_stop():
             raise EvaluationCancelled("evaluation cancelled; finished lengths are cached")
 
     results = []
-    for ckpt, sha, model in loaded:
+    for ckpt, sha, model, cap in loaded:
         t_ckpt = time.perf_counter()
         name = Path(str(ckpt)).name or str(ckpt)
         cfg = model.config
@@ -611,16 +907,21 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             if isinstance(plan, str):
                 per_length.append({"length": n, "error": plan})
                 continue
+            n_tokens = plan_tokens(plan, n)
             if cfg.absolute_position_embedding and n > cfg.seq_len:
                 per_length.append({"length": n, "error": f"absolute position embeddings cover {cfg.seq_len} "
                                                           f"tokens; length {n} cannot be evaluated"})
-                done += len(plan)
+                done += n_tokens
                 report(f"{name} L={n}: skipped")
                 continue
             length_settings = {"format": EVAL_FORMAT_VERSION, "length": n, "mode": mode, "stride": stride,
                                "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
                                "split": split, "position_buckets": int(position_buckets), "precision": precision,
                                "bos": BOS_CONVENTION}
+            if same_text is not None:  # the windows at n depend on the prefix M
+                length_settings["prefix_tokens"] = same_text.prefix_tokens
+            if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
+                length_settings["normalizer_cap"] = cap
             key = cache_key(sha, fingerprint, length_settings)
             entry_path = cache_root / f"{key}.json"
             cached = _cache_read(entry_path, key, n) if use_cache else None
@@ -631,11 +932,13 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 cached, source = _published_read(published, length_settings, n), PUBLISHED_RESULTS
             if cached is not None:
                 per_length.append({**cached, "cached": True, "source": source})
-                done += len(plan)
+                done += n_tokens
                 report(f"{name} L={n}: cached")
                 continue
             check_stop()
             t0 = time.perf_counter()
+            if t_scoring is None:
+                t_scoring, done_at_start = t0, done
             if on_device is None:
                 on_device = model.to(dev)
             scored_model, extra = on_device, {}
@@ -643,20 +946,33 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 scored_model, extra = rope_scaled_model(on_device, rope_scaling, n)
             finished = 0
 
-            def on_batch(k: int, n=n, plan=plan) -> None:
+            def on_batch(k: int, n=n, plan=plan, n_tokens=n_tokens) -> None:
                 nonlocal done, finished
-                done += k
                 finished += k
-                report(f"{name} L={n}: {finished}/{len(plan)} windows")
+                done = done_before + sum(n - w.first_target for w in plan[:finished])
+                report(f"{name} L={n}: {finished}/{len(plan)} windows{eta()}")
                 check_stop()
 
-            report(f"{name} L={n}: 0/{len(plan)} windows")
-            nats, counts = score_windows(scored_model, doc_tokens, plan, n, device=dev, batch_tokens=batch_tokens,
-                                         on_batch=on_batch)
-            entry = summarize(n, nats, counts, len(plan), position_buckets)
-            entry["documents"] = len({w.doc for w in plan})
+            done_before = done
+            report(f"{name} L={n}: 0/{len(plan)} windows ({n_tokens:,} tokens){eta()}")
+            nats, counts, doc_nats, doc_scored = score_windows(scored_model, doc_tokens, plan, n, device=dev,
+                                                               batch_tokens=batch_tokens, on_batch=on_batch)
+            done = done_before + n_tokens
+            order = sorted(doc_nats, key=lambda i: (ids[i], i))
+            per_document = {"doc": [ids[i] for i in order], "nats": [doc_nats[i] for i in order],
+                            "tokens": [doc_scored[i] for i in order]}
+            entry = summarize(n, nats, counts, len(plan), position_buckets, per_document=per_document)
+            if same_text is not None:
+                entry["prefix_tokens"] = same_text.prefix_tokens
+                entry["documents_skipped"] = same_text.documents_skipped
+            if cap is not None:
+                entry["normalizer_cap"] = cap
             entry.update(extra)
             entry["seconds"] = time.perf_counter() - t0
+            if not all(_number(entry[k]) for k in ("nats_per_token", "perplexity", "bits_per_byte")):
+                raise EvaluationError(f"{name} gives a non-finite loss ({entry['nats_per_token']}) at length {n}: its "
+                                      "weights or this text produce NaN/inf logits; check the checkpoint (a NaN in "
+                                      "model.safetensors) — nothing was cached")
             if use_cache:
                 write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
                                                "settings": length_settings, "fireviz_version": __version__,
@@ -669,10 +985,20 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         results.append({"checkpoint": name, "checkpoint_path": str(ckpt), "checkpoint_sha256": sha,
                         "position_encoding": cfg.position_encoding, "train_seq_len": cfg.seq_len,
                         "settings": settings, "data_fingerprint": fingerprint, "fireviz_version": __version__,
-                        "device": _device_name(dev), "seconds": seconds,
+                        "device": _device_name(dev), "seconds": seconds, "normalizer_cap": cap,
                         "per_length": per_length})
+    results = with_paired_differences(results, reference)
     report("done")
     return results
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
@@ -683,8 +1009,15 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
       checkpoint: a checkpoint folder (config.json + model.safetensors) or a Hub repo id.
       data: ``"prose" | "latex" | "code"`` or a path accepted by ``fireviz.data.load_documents``.
       lengths: window lengths ``n`` in tokens (bytes), each >= 2.
-      mode: ``"nonoverlapping"`` (default) or ``"sliding"`` with ``stride`` tokens (1..n).
-      token_budget: targets scored per length (default 65536); None = every eligible window.
+      mode: ``"same_text"`` (default: the same documents' first M tokens at every length),
+        ``"nonoverlapping"`` (random windows per length) or ``"sliding"`` with ``stride``
+        tokens (1..n); see the module docstring.
+      token_budget: ``"auto"`` (default: every qualifying document for same_text, 65536
+        targets per length otherwise), an int (targets) or None (every eligible window).
+      normalizer_cap: FIRE/FIRE-S only: evaluate with ψ(min(max(L, i), cap)), cap in tokens
+        (e.g. the training length); part of the cache key and saved with the numbers
+        (``normalizer_cap``); other checkpoints are evaluated as they are.
+      reference: index or name of the checkpoint the others are paired against.
       seed: window-selection seed; the selection never depends on the checkpoint.
       rope_scaling: None, ``"pi"`` or ``"yarn"`` — zero-shot extension of a RoPE checkpoint
         with factor ``max(1, n / seq_len)`` (see ``rope_scaled_model``).
@@ -704,8 +1037,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
         (scripts/publish_results.py, which rewrites those files, must not read them).
     Returns: ``{"checkpoint", "checkpoint_path", "checkpoint_sha256", "position_encoding",
       "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
-      "per_length": [summarize(...) + {"documents", "seconds", "cached", "source"} or {"length",
-      "error"}]}`` with ``source`` ``"computed"``, ``"cache"`` or ``"results.json"``;
+      "normalizer_cap", "paired_reference", "per_length": [summarize(...) + {"documents",
+      "per_document", "ci95", "seconds", "cached", "source"} (+ "prefix_tokens",
+      "documents_skipped" for same_text; "paired_delta_bpb", "paired_ci95",
+      "paired_reference" but for the reference) or {"length", "error"}]}`` with ``source``
+      ``"computed"``, ``"cache"`` or ``"results.json"``;
       ``settings`` holds ``format`` (``EVAL_FORMAT_VERSION``) and the arguments above.
       ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data
       and planning windows included); a per-length ``seconds`` is the scoring time when it
@@ -729,21 +1065,61 @@ def _device_name(dev: torch.device) -> str:
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
+def _ci_text(ci, signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f" [{ci[0]:{f}}, {ci[1]:{f}}]" if isinstance(ci, list) and len(ci) == 2 else ""
+
+
 def format_table(results: Sequence[dict]) -> str:
-    """A plain-text table: one row per checkpoint, one column per length, "bpb (ppl)" cells."""
+    """A plain-text report: what was scored per length (documents, windows, tokens), then one
+    row per checkpoint with "bpb [95 % CI]" cells, then the paired differences against the
+    reference checkpoint with their 95 % intervals (bits per byte)."""
     lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
+    width = lambda rows, head: [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def render(head, rows):
+        widths = width(rows, head)
+        line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)
+                                       for i, (c, w) in enumerate(zip(cells, widths)))
+        return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+    def enc(r):
+        cap = r.get("normalizer_cap")
+        return (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
+                                          else "") + (f" cap {cap}" if cap else ""))
+
+    s0 = results[0]["settings"] if results else {}
+    text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
+    if s0.get("mode") == "same_text":
+        text += (f": the first {s0.get('prefix_tokens')} tokens of each of {s0.get('documents_scored')} documents at "
+                 f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
+    out = [text]
+    scored_head = ["length", "", ""] + [str(n) for n in lengths]
+    first = {e["length"]: e for e in results[0]["per_length"]} if results else {}
+    scored_rows = []
+    for label, key in (("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")):
+        scored_rows.append([label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths])
+    out += render(scored_head, scored_rows)
     head = ["checkpoint", "enc", "train"] + [str(n) for n in lengths]
     rows = []
     for r in results:
-        cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f} ({e['perplexity']:.2f})")
+        cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
                  for e in r["per_length"]}
-        rows.append([r["checkpoint"], r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if
-                     r["settings"]["rope_scaling"] else ""), str(r["train_seq_len"])]
-                    + [cells.get(n, "") for n in lengths])
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-    out = ["bits per byte (perplexity) by evaluation length in tokens", line(head), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
+        rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+    out += ["", "bits per byte [95 % bootstrap interval over documents] by evaluation length in tokens"]
+    out += render(head, rows)
+    paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
+    if paired:
+        ref = paired[0]["per_length"][0].get("paired_reference") or next(
+            e["paired_reference"] for e in paired[0]["per_length"] if "paired_reference" in e)
+        prow = []
+        for r in paired:
+            cells = {e["length"]: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True)
+                     for e in r["per_length"] if "paired_delta_bpb" in e}
+            prow.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+        out += ["", f"paired difference in bits per byte vs {ref} on the same windows [95 % interval]; "
+                    "negative = better than the reference"]
+        out += render(head, prow)
     errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
               if "error" in e]
     if errors:
@@ -761,18 +1137,40 @@ def _parse_lengths(text: str) -> list[int]:
     return lengths
 
 
+def _parse_budget(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token budget must be an integer, 0 (every window) or auto (got {text!r})")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"token budget must be >= 0 (got {value})")
+    return value or None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m fireviz eval`` argument parser."""
     p = argparse.ArgumentParser(prog="python -m fireviz eval",
                                 description="Perplexity / bits per byte vs evaluation length for checkpoints.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
-    p.add_argument("--data", required=True, help=f"{', '.join(DOMAINS)} or a PATH.jsonl[.gz|.xz] / .txt / folder")
+    p.add_argument("--data", default="prose",
+                   help=f"{', '.join(DOMAINS)} or a PATH.jsonl[.gz|.xz] / .txt / folder (default %(default)s, the "
+                        "bundled checkpoints' training domain)")
     p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
                    help="comma-separated window lengths in tokens (default %(default)s)")
-    p.add_argument("--mode", choices=MODES, default="nonoverlapping")
+    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
+                   help="same_text (default): the first M tokens of every document holding the largest length M, "
+                        "at every length; nonoverlapping: random windows per length; sliding: with --stride")
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
-    p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
-                   help="target tokens per length (default %(default)s; 0 = every window)")
+    p.add_argument("--token-budget", type=_parse_budget, default="auto",
+                   help=f"target tokens per length; default: every qualifying document for same_text, "
+                        f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window")
+    p.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
+                   help="FIRE/FIRE-S: evaluate with the normalizer ψ(min(max(L, i), N)), N in tokens "
+                        "(e.g. the training length); other checkpoints are unaffected")
+    p.add_argument("--reference", default=None, metavar="CKPT",
+                   help="checkpoint the others are paired against (default: the first given)")
     p.add_argument("--seed", type=int, default=0, help="window selection seed")
     p.add_argument("--split", choices=SPLITS, default="validation")
     p.add_argument("--rope-scaling", choices=ROPE_SCALINGS, default=None,
@@ -807,19 +1205,21 @@ def main(argv: list[str] | None = None) -> int:
         if bar is None:  # created on the first report, so an early error prints one line only
             from tqdm.auto import tqdm
             # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
+            # tokens, not windows: a 16k-token window is 128× a 128-token one; the message has the ETA
             bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True,
-                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} windows [{elapsed}]")
+                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]")
         bar.total = total
         bar.n = done
-        bar.set_description_str(message[:60], refresh=False)
+        bar.set_description_str(message[:100], refresh=False)
         bar.refresh()
 
     try:
         results = evaluate_many(args.checkpoints, args.data, args.lengths, mode=args.mode, stride=args.stride,
-                                token_budget=args.token_budget or None, seed=args.seed, rope_scaling=args.rope_scaling,
+                                token_budget=args.token_budget, seed=args.seed, rope_scaling=args.rope_scaling,
                                 split=args.split, position_buckets=args.position_buckets, device=args.device,
                                 batch_tokens=args.batch_tokens, progress=progress, cache_dir=args.cache_dir,
-                                use_cache=not args.no_cache)
+                                use_cache=not args.no_cache, normalizer_cap=args.normalizer_cap,
+                                reference=0 if args.reference is None else args.reference)
     except (CheckpointError, DataError, EvaluationError) as e:
         if bar is not None:
             bar.close()

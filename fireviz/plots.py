@@ -28,6 +28,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from .evaluate import bootstrap_ci95, paired_difference
+
 TRAIN_MARK = "training length"
 FIT_RANGE_MARK = "fitted range"
 # Plotly's ten, then dark hues unlike them (from Dark24), so the 13 rows of a results figure
@@ -349,14 +351,44 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
     grouped by ``group_key`` when given, else by ``label``, else ``group``, else
     ``checkpoint`` — several seeds of one encoding share a label.
     Returns: rows {group, length (tokens), bits_per_byte (mean), bits_per_byte_std,
-      perplexity = exp(mean nats/token) (the perplexity of the mean loss, so it agrees with
-      the mean bits per byte), perplexity_std, nats_per_token (mean), n (members),
-      train_seq_len}, in first-seen group order and increasing length. The stds are sample
+      ci95_low, ci95_high (bits per byte: a single run's ``ci95``; for pooled members scored
+      on the same documents, the bootstrap interval of their per-document mean loss, i.e.
+      over text only; None without per-document losses), perplexity = exp(mean nats/token)
+      (the perplexity of the mean loss, so it agrees with the mean bits per byte),
+      perplexity_std, nats_per_token (mean), n (members), documents, windows,
+      tokens_scored (of the first member), train_seq_len}, in first-seen group order and
+      increasing length. The stds are sample
       standard deviations over members (ddof = 1; None for one member). Bits per byte =
       nats/token / ln 2 (tokens are bytes) where an entry has no ``bits_per_byte``.
     Raises: ValueError for a result without a group name or per_length entries without
       ``length``/``perplexity``.
     """
+    out = []
+    for name, g in _grouped_rows(results, group_key).items():
+        for length in sorted(g["lengths"]):
+            members = g["lengths"][length]
+            vals = np.array([m[:3] for m in members])
+            n = len(vals)
+            std = (lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None)  # noqa: E731
+            pooled = _pooled_documents([m[3] for m in members])
+            ci = None
+            if n == 1 and isinstance(members[0][3].get("ci95"), list):
+                ci = members[0][3]["ci95"]
+            elif pooled is not None:
+                ci = bootstrap_ci95(pooled["nats"], pooled["tokens"])
+            first = members[0][3]
+            out.append({"group": name, "length": length, "bits_per_byte": float(vals[:, 2].mean()),
+                        "bits_per_byte_std": std(2), "ci95_low": None if ci is None else float(ci[0]),
+                        "ci95_high": None if ci is None else float(ci[1]),
+                        "perplexity": float(math.exp(vals[:, 1].mean())),
+                        "perplexity_std": std(0), "nats_per_token": float(vals[:, 1].mean()), "n": n,
+                        "documents": first.get("documents"), "windows": first.get("windows"),
+                        "tokens_scored": first.get("tokens_scored"), "train_seq_len": g["train"]})
+    return out
+
+
+def _grouped_rows(results: Sequence[Mapping], group_key: str | None) -> "OrderedDict[str, dict]":
+    # group → {"lengths": {length: [(perplexity, nats, bpb, entry)]}, "train": training length}
     groups: "OrderedDict[str, dict]" = OrderedDict()
     for res in results:
         res = _as_dict(res)
@@ -369,18 +401,103 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
                 raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
             nats = float(row["nats_per_token"]) if row.get("nats_per_token") is not None else math.log(row["perplexity"])
             bpb = float(row.get("bits_per_byte", nats / math.log(2)))
-            g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb))
+            g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb, row))
+    return groups
+
+
+def _pooled_documents(entries: Sequence[Mapping]) -> dict | None:
+    """Per-document nats averaged over members scored on the same documents and tokens
+    (``{"doc", "nats", "tokens"}``), or None when any member lacks them or they differ."""
+    docs = [e.get("per_document") for e in entries]
+    if not docs or not all(isinstance(d, Mapping) and d.get("doc") for d in docs):
+        return None
+    if any(d["doc"] != docs[0]["doc"] or d["tokens"] != docs[0]["tokens"] for d in docs):
+        return None
+    nats = np.mean(np.array([d["nats"] for d in docs], dtype=np.float64), axis=0)
+    return {"doc": list(docs[0]["doc"]), "nats": nats.tolist(), "tokens": list(docs[0]["tokens"])}
+
+
+def paired_difference_rows(results: Sequence[Mapping], reference: str | None = None,
+                           group_key: str | None = None) -> list[dict]:
+    """Bits-per-byte differences against a reference group on the same documents, per length.
+
+    Groups as in ``group_perplexity`` (seeds of one encoding pooled: their per-document
+    losses are averaged before differencing). For every group but the reference and every
+    length both scored on the same documents and tokens (``per_document``; see
+    ``fireviz.evaluate.paired_difference``): ``paired_delta_bpb`` = group − reference and
+    its 95 % paired bootstrap interval over documents.
+    Args: ``reference``: a group name (default: the first group).
+    Returns: rows {group, reference, length (tokens), paired_delta_bpb, ci95_low, ci95_high
+      (bits per byte), n (members), documents}; lengths without per-document losses on both
+      sides are left out.
+    Raises: ValueError for a reference that is not a group, and as ``group_perplexity``.
+    """
+    groups = _grouped_rows(results, group_key)
+    if not groups:
+        return []
+    ref = next(iter(groups)) if reference is None else str(reference)
+    if ref not in groups:
+        raise ValueError(f"reference {ref!r} is not one of the groups ({', '.join(groups)})")
     out = []
     for name, g in groups.items():
+        if name == ref:
+            continue
         for length in sorted(g["lengths"]):
-            vals = np.array(g["lengths"][length])
-            n = len(vals)
-            std = (lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None)  # noqa: E731
-            out.append({"group": name, "length": length, "bits_per_byte": float(vals[:, 2].mean()),
-                        "bits_per_byte_std": std(2), "perplexity": float(math.exp(vals[:, 1].mean())),
-                        "perplexity_std": std(0), "nats_per_token": float(vals[:, 1].mean()), "n": n,
-                        "train_seq_len": g["train"]})
+            if length not in groups[ref]["lengths"]:
+                continue
+            mine = _pooled_documents([m[3] for m in g["lengths"][length]])
+            theirs = _pooled_documents([m[3] for m in groups[ref]["lengths"][length]])
+            if mine is None or theirs is None:
+                continue
+            diff = paired_difference({"per_document": mine}, {"per_document": theirs})
+            if diff is None:
+                continue
+            out.append({"group": name, "reference": ref, "length": length,
+                        "paired_delta_bpb": diff["paired_delta_bpb"], "ci95_low": diff["paired_ci95"][0],
+                        "ci95_high": diff["paired_ci95"][1], "n": len(g["lengths"][length]),
+                        "documents": len(mine["doc"])})
     return out
+
+
+def paired_difference_figure(results: Sequence[Mapping], reference: str | None = None,
+                             group_key: str | None = None, log_x: bool = True) -> go.Figure:
+    """Paired difference in bits per byte against a reference, vs evaluation length.
+
+    Args: as ``paired_difference_rows``. Returns: Figure; x = evaluation length (tokens),
+      y = ``paired_delta_bpb`` (below 0: better than the reference on the same text), error
+      bars = the 95 % paired bootstrap interval over documents (``error_y.array`` above,
+      ``error_y.arrayminus`` below), a zero line, dashed training length(s); trace meta
+      ``{"group", "reference", "n"}``. Raises: ValueError when nothing can be paired.
+    """
+    rows = paired_difference_rows(results, reference, group_key)
+    if not rows:
+        raise ValueError("no paired differences: the results need per-document losses on the same documents "
+                         "(evaluate them together, or in mode same_text) and at least two groups")
+    ref = rows[0]["reference"]
+    order = list(OrderedDict.fromkeys(_group_name(_as_dict(r), group_key) for r in results))
+    fig = go.Figure()
+    for name in [g for g in order if any(r["group"] == g for r in rows)]:
+        g = [r for r in rows if r["group"] == name]
+        y = np.array([r["paired_delta_bpb"] for r in g])
+        fig.add_trace(go.Scatter(
+            x=np.array([r["length"] for r in g]), y=y, mode="lines+markers", name=name,
+            line=dict(color=_color(order.index(name))),
+            error_y=dict(type="data", symmetric=False, array=np.array([r["ci95_high"] for r in g]) - y,
+                         arrayminus=y - np.array([r["ci95_low"] for r in g]), visible=True),
+            meta={"group": name, "reference": ref, "n": max(r["n"] for r in g)}))
+    fig.add_hline(y=0, line=dict(color="black", width=1))
+    trains = sorted({g["train"] for g in _grouped_rows(results, group_key).values() if g["train"]})
+    for t in trains:
+        _mark_length(fig, t, text=f"train {t}")
+    if log_x:
+        lengths = sorted({r["length"] for r in rows})
+        fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_layout(title=dict(text=f"Paired difference vs {ref} (same documents, 95 % bootstrap interval)",
+                                 subtitle=dict(text=_settings_caption(results))),
+                      xaxis_title="evaluation length (tokens)",
+                      yaxis_title=f"bits per byte − {ref} (below 0: better)",
+                      meta={"reference": ref, "train_seq_len": trains})
+    return fig
 
 
 def _settings_caption(results: Sequence[Mapping]) -> str:
@@ -391,6 +508,8 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
     names = {"seed": "window seed"}
     parts = []
     for k in keys:
+        if k == "seed" and all(s.get("mode") == "same_text" and s.get("token_budget") is None for s in settings):
+            continue  # every qualifying document, nothing drawn: the seed picks nothing
         vals = {json.dumps(s.get(k), sort_keys=True) for s in settings if s.get(k) is not None}
         if len(vals) == 1:
             parts.append(f"{names.get(k, k)} {json.loads(vals.pop())}")
@@ -422,7 +541,8 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     Args: ``results`` as in ``group_perplexity`` (same grouping rules); groups with several
       members get mean ± std error bars. ``log_x``: lengths on a log axis (they usually double).
     Returns: Figure; x = evaluation length (tokens), y = perplexity = exp(mean nats/token over
-      a group's members), error bars ± the sample std of the members' perplexities,
+      a group's members), error bars ± the sample std of the members' perplexities (a
+      single run with ``ci95``: its 95 % bootstrap interval over documents, 2^bpb),
       a dashed ``"training length"`` line at each distinct ``train_seq_len``, the shared
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
       on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at the
@@ -442,6 +562,11 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
         err = None
         if n > 1:
             err = dict(type="data", array=np.array([r["perplexity_std"] or 0.0 for r in g]), visible=True)
+        elif all(r["ci95_low"] is not None for r in g):  # one run: its 95 % interval over documents
+            ppl = np.array([r["perplexity"] for r in g])
+            err = dict(type="data", symmetric=False, visible=True,
+                       array=np.exp2(np.array([r["ci95_high"] for r in g])) - ppl,
+                       arrayminus=ppl - np.exp2(np.array([r["ci95_low"] for r in g])))
         fig.add_trace(go.Scatter(x=np.array([r["length"] for r in g]), y=np.array([r["perplexity"] for r in g]),
                                  error_y=err, mode="lines+markers", line=dict(color=_color(k)),
                                  name=name + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
@@ -451,6 +576,7 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
         _mark_length(fig, t, text=f"train {t}")
     fig.update_yaxes(type="log")
     ys = [r["perplexity"] + sign * (r["perplexity_std"] or 0.0) for r in rows for sign in (-1, 1)]
+    ys += [2.0 ** r[k] for r in rows for k in ("ci95_low", "ci95_high") if r[k] is not None]
     yticks = _log_ticks(min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0, max(ys))
     if yticks:  # label only these (plotly's own log ticks label every minor digit on a short range)
         fig.update_yaxes(tickvals=yticks, ticktext=[f"{v:g}" for v in yticks])
@@ -644,6 +770,56 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
         fig.update_yaxes(range=[lowest - 0.03 * (top - lowest), top + 0.05 * (top - lowest)], row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
     fig.update_layout(title="Training curves", meta={"x": xkey}, height=650)
+    return fig
+
+
+def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figure:
+    """Trajectories of the learned position parameters during training.
+
+    Args: run name → ``train_log.jsonl`` rows; rows logged at validation carry
+      ``position_parameters`` = ``{parameter: {layer: [value per head]}}`` (FIRE's ``c`` and
+      ``L`` in tokens, Kerple's ``r1``, ``r2``; ``fireviz.train.position_parameters``).
+    Returns: Figure with one panel per parameter name (shared x = tokens seen), one line per
+      run × layer × head, named ``"run L<layer> H<head>"`` (``H`` omitted for a scalar);
+      ``L`` on a log y-axis. Trace meta ``{"run", "parameter", "layer", "head"}``.
+    Raises: ValueError when no row of any run has ``position_parameters``.
+    """
+    series: "OrderedDict[str, OrderedDict]" = OrderedDict()  # parameter → (run, layer, head) → [(tokens, v)]
+    for run, rows in logs.items():
+        for row in rows:
+            params = row.get("position_parameters")
+            if not isinstance(params, Mapping):
+                continue
+            for name, layers in params.items():
+                if not isinstance(layers, Mapping):
+                    continue
+                for layer, values in layers.items():
+                    for head, v in enumerate(values if isinstance(values, (list, tuple)) else [values]):
+                        if isinstance(v, numbers.Real) and math.isfinite(v):
+                            key = (run, str(layer), head if len(values) > 1 else None)
+                            series.setdefault(name, OrderedDict()).setdefault(key, []).append(
+                                (row.get("tokens", row.get("step")), float(v)))
+    if not series:
+        raise ValueError("no run logged its position parameters (train_log.jsonl rows without "
+                         "'position_parameters': trained before fireviz logged them, or an encoding without any)")
+    names = list(series)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
+    runs = list(logs)
+    for r, name in enumerate(names, start=1):
+        for (run, layer, head), pts in series[name].items():
+            label = f"{run} L{layer}" + (f" H{head}" if head is not None else "")
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                     name=label, legendgroup=run, marker=dict(size=4),
+                                     line=dict(color=_color(runs.index(run)), width=1),
+                                     meta={"run": run, "parameter": name, "layer": int(layer), "head": head}),
+                          row=r, col=1)
+        if name == "L":
+            fig.update_yaxes(type="log", row=r, col=1, title_text="L (tokens)")
+        else:
+            fig.update_yaxes(title_text=name, row=r, col=1)
+    fig.update_xaxes(title_text="tokens seen", row=len(names), col=1)
+    fig.update_layout(title="Learned position parameters during training (at each validation)",
+                      height=260 * len(names) + 120)
     return fig
 
 

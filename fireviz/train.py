@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from . import __version__
 from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
 from .files import atomic_write, atomic_write_text, read_safetensors, sha256_files
+from .encodings import PositionEncoding
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
 STATE_FORMAT = "fireviz-trainer-state/1"
@@ -534,7 +535,25 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    for module in model.modules():  # projected gradient descent for constrained encodings (Kerple)
+        if isinstance(module, PositionEncoding):
+            module.project_()
     return loss_sum / n, grad_norm
+
+
+def position_parameters(model: GPT) -> dict[str, dict[str, list[float]]]:
+    """The learned scalar position parameters of every layer, as the forward pass uses them.
+
+    Returns ``{parameter: {layer: [value per head (or one value)]}}`` with layer as a string
+    ("0", "1", …; one entry "0" for an encoding shared by all layers), e.g. FIRE's ``c`` and
+    ``L`` (tokens) and Kerple's ``r1``, ``r2``; empty for encodings without such parameters.
+    Logged in ``train_log.jsonl`` at every validation point under ``position_parameters``.
+    """
+    out: dict[str, dict[str, list[float]]] = {}
+    for layer, enc in enumerate(model.encodings):
+        for name, values in enc.position_parameters().items():
+            out.setdefault(name, {})[str(layer)] = [float(v) for v in values]
+    return out
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
@@ -798,13 +817,18 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d)
         return res
 
+    def position_record() -> dict:
+        params = position_parameters(raw_model)
+        return {"position_parameters": params} if params else {}
+
     bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
                desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
     last = {"loss": None, "val_loss": None, "val_loss_4x": None}
     try:
         if start_step == 0 and tc.eval_interval > 0:
             last.update(run_eval())
-            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in ("val_loss", "val_loss_4x")}})
+            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in ("val_loss", "val_loss_4x")},
+                       **position_record()})
         model.train()
         for step in range(start_step, end_step):
             t0 = time.perf_counter()
@@ -829,6 +853,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
                 last.update(run_eval())
                 rec.update({k: last[k] for k in ("val_loss", "val_loss_4x")})
+                rec.update(position_record())
             write_log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", refresh=False)

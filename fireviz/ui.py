@@ -646,10 +646,23 @@ def eval_caption(results: Sequence[dict]) -> str:
     if not results:
         return ""
     s = results[0].get("settings", {})
-    parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)",
-             f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
-             f"token budget {s.get('token_budget')} per length", f"window seed {s.get('seed')}",
-             f"precision {s.get('precision')}"]
+    parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)"]
+    if s.get("mode") == "same_text":
+        parts.append(f"same text at every length: the first {s.get('prefix_tokens')} tokens of "
+                     f"{s.get('documents_scored')} documents ({s.get('documents_skipped')} shorter ones skipped"
+                     + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "") + ")")
+    else:
+        parts += [f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
+                  f"token budget {s.get('token_budget')} per length", f"window seed {s.get('seed')}"]
+    parts.append(f"precision {s.get('precision')}")
+    first = {e.get("length"): e for e in results[0].get("per_length", []) if "error" not in e}
+    if first:
+        parts.append("scored per length: " + ", ".join(
+            f"{n}: {e.get('documents', '?')} docs / {e.get('windows')} windows / {e.get('tokens_scored'):,} tokens"
+            for n, e in sorted(first.items())))
+    caps = sorted({r.get("normalizer_cap") for r in results if r.get("normalizer_cap")})
+    if caps:
+        parts.append("FIRE normalizer capped at " + ", ".join(str(c) for c in caps) + " tokens where labelled")
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]

@@ -4,7 +4,8 @@ Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
 ``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
 (perplexity vs length, loss by position).
-State in the URL: ckpt, domain, len, mode, stride, budget, seed, scaling, pool, device (with a GPU).
+State in the URL: ckpt, domain, len, mode, stride, budget, docs, seed, scaling, cap, ref, pool, device
+(with a GPU).
 """
 import streamlit as st
 
@@ -14,9 +15,12 @@ from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
 ui.setup_page("Length generalization")
-st.markdown("Perplexity at evaluation lengths up to many times the training length. Windows never cross documents; "
-            "every checkpoint sees the same windows at a given length. Runs go on in the background: reload the "
-            "page or open a second tab and you find the run there, never started twice.")
+st.markdown("Perplexity at evaluation lengths up to many times the training length. By default every length scores "
+            "**the same text** — the first M tokens (M = the largest length) of every document that long, cut into "
+            "windows of each length — so a change along a line is the effect of context alone. Every checkpoint "
+            "sees the same windows, so differences between checkpoints are paired (with their own, much narrower "
+            "intervals below). Runs go on in the background: reload the page or open a second tab and you find "
+            "the run there, never started twice.")
 
 chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
 if not chosen:
@@ -46,16 +50,28 @@ options = sorted({2 ** k for k in range(4, 17)} | set(train_lens))
 default_lens = [n for n in options if train_lens[0] // 2 <= n <= 8 * train_lens[-1]]
 lengths = sb.multiselect("Evaluation lengths (tokens)", options,
                          key=ui.url_state(P, "len", default_lens, int, options=options, multi=True))
-mode = sb.radio("Mode", list(evaluate.MODES), key=ui.url_state(P, "mode", "nonoverlapping", options=list(evaluate.MODES)),
-                horizontal=True)
+MODE_NAMES = {"same_text": "same text at every length", "nonoverlapping": "random windows per length",
+              "sliding": "sliding window"}
+mode = sb.radio("Protocol", list(evaluate.MODES), format_func=MODE_NAMES.get,
+                key=ui.url_state(P, "mode", evaluate.DEFAULT_MODE, options=list(evaluate.MODES)),
+                help="Same text: one fixed set of tokens (each qualifying document's first M tokens) at every "
+                     "length — the published protocol. Random windows: each length draws its own windows under a "
+                     "token budget, so columns score different text. Sliding: overlapping windows with a stride.")
 stride = None
 if mode == "sliding":
     # default: half the training length, but never more than the smallest chosen length
     stride = int(sb.number_input("Stride (tokens; at most the smallest length)", 1, 1 << 16,
                                  key=ui.url_state(P, "stride", max(1, min([train_lens[0] // 2, *lengths])), int,
                                                   lo=1, hi=1 << 16)))
-budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
-                             key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
+if mode == "same_text":
+    docs_limit = int(sb.number_input("Documents (0 = every document holding the largest length)", 0, 10**6,
+                                     key=ui.url_state(P, "docs", 0, int, lo=0, hi=10**6),
+                                     help="A smaller number is quicker: that many documents, drawn with the seed "
+                                          "below, each scored on its first M tokens at every length."))
+    budget = None if docs_limit == 0 else docs_limit * (max(lengths, default=2) - 1)
+else:
+    budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
+                                 key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
 seed = int(sb.number_input("Window-selection seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
@@ -63,6 +79,14 @@ if rope:
     scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
+fires = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
+cap = 0
+if fires:
+    cap = int(sb.number_input("Also FIRE with its normalizer capped at (tokens; 0 = off)", 0, 1 << 20,
+                              key=ui.url_state(P, "cap", 0, int, lo=0, hi=1 << 20),
+                              help="ψ(min(max(L, i), N)): queries beyond N are normalized as if at N, so FIRE's "
+                                   "input for a distance stays what it was in training. Drawn beside the plain "
+                                   "rows; N = the training length is the natural choice."))
 pool = False
 bases = [seed_base(i.name) for i in chosen]
 if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one encoding chosen
@@ -79,7 +103,7 @@ if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gi
                       format_func={"cuda": "GPU (bf16 autocast)", "cpu": "CPU (float32)"}.get,
                       help="The bundled checkpoints' published numbers were computed on CPU in float32: choose "
                            "CPU to see them without running anything. Precision is part of every cached result.")
-ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "seed", "scaling", "pool", "device"])
+ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seed", "scaling", "cap", "pool", "device"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
@@ -87,11 +111,14 @@ if not lengths:
 settings = {"mode": mode, "stride": stride, "token_budget": budget, "seed": seed, "split": split, "device": device}
 specs = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "")]
 specs += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}") for s in scalings]
+if cap:
+    specs.append(([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}"))
 
 c1, c2 = st.columns([1, 5])
 run = c1.button("Run", type="primary", key=ui.key(P, "run"))
 c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}"
            + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
+           + (f", plus {len(fires)} FIRE checkpoint(s) with the normalizer capped at {cap}" if cap else "")
            + ". Finished lengths are cached on disk and reused.")
 
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
@@ -99,7 +126,11 @@ if not results:
     if not pending:
         st.info("These settings have not been evaluated yet. Press **Run**."
                 + (" (The bundled checkpoints' published numbers are CPU float32 ones: choose Device → CPU in the "
-                   "sidebar to see them at once.)" if device == "cuda" else ""))
+                   "sidebar to see them at once.)" if device == "cuda" else "")
+                + (" The bundled checkpoints' numbers are published with Protocol → *random windows per length* "
+                   "(token budget 16384): choose it to see them at once, or Run the same-text protocol (minutes "
+                   "per checkpoint on a CPU; fewer Documents in the sidebar make it quicker)."
+                   if mode == "same_text" else ""))
     st.stop()
 
 clean, errors = ui.split_errors(results)
@@ -111,9 +142,12 @@ caption = ui.eval_caption(clean)
 shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
 ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
-                               "seeds (n and std in the table; the error bars are often smaller than the markers). "
-                               "The std covers training seeds only: another window seed moves every row together, "
-                               "often by more, so compare rows within a length." if pool else ""), P, "ppl")
+                               "seeds (n and std in the table; the error bars are often smaller than the markers); "
+                               "the table's 95 % interval is over documents of the seed-mean loss. The std covers "
+                               "training seeds only, the interval the text only." if pool else
+                               " Error bars: 95 % bootstrap interval over documents (the text's own spread; "
+                               "differences between checkpoints are much tighter, see the paired figure)."),
+               P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
 if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
@@ -124,6 +158,10 @@ st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_hei
                             "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
                             "bits_per_byte_std": st.column_config.NumberColumn(
                                 "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"),
+                            "ci95_low": st.column_config.NumberColumn(
+                                "95 % low", format="%.4f", help="bootstrap interval over documents, bits per byte"),
+                            "ci95_high": st.column_config.NumberColumn("95 % high", format="%.4f"),
+                            "tokens_scored": st.column_config.NumberColumn("tokens scored"),
                             "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
                             "perplexity": st.column_config.NumberColumn(
                                 format="%.3f", help="exp(mean nats/token): the perplexity of the mean loss over pooled seeds"),
@@ -131,6 +169,31 @@ st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_hei
                                 "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"),
                             "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),
                             "train_seq_len": st.column_config.NumberColumn("training length")})
+
+st.subheader("Paired differences on the same text")
+labels = list(dict.fromkeys(r.get("label") or r["checkpoint"] for r in shown))
+if len(labels) < 2:
+    st.caption("Choose two or more checkpoints to compare them on the same documents.")
+else:
+    ref = st.selectbox("Reference", labels, key=ui.url_state(P, "ref", labels[0], options=labels),
+                       help="Every other checkpoint's bits per byte minus this one's, on the same documents.")
+    ui.sync_url(P, ["ref"])  # after its widget: the first sync would drop a ?ref= it cannot see yet
+    paired = plots.paired_difference_rows(shown, reference=ref)
+    if not paired:
+        st.caption("These results carry no per-document losses (computed by an older fireviz, or on other "
+                   "windows): press Run to compute them.")
+    else:
+        pfig = plots.paired_difference_figure(shown, reference=ref)
+        ui.show_figure(pfig, caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
+                       "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
+                       "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
+                       P, "paired")
+        ui.downloads(P, "paired_differences", plots.figure_to_csv(pfig), paired)
+        st.dataframe(paired, hide_index=True, key=ui.key(P, "paired_table"), height=ui.table_height(len(paired)),
+                     column_config={"group": "checkpoint", "length": st.column_config.NumberColumn("length (tokens)"),
+                                    "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
+                                    "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
+                                    "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f")})
 
 st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})

@@ -54,6 +54,17 @@ if logs:
                                 "tokens": st.column_config.NumberColumn(format="localized"),
                                 f"tokens/s (median, {span})": st.column_config.NumberColumn(
                                     format="%.0f", help="throughput of the machine the run last ran on")})
+    st.subheader("Learned position parameters")
+    try:
+        pfig = plots.position_parameters_figure(logs)
+    except ValueError:
+        st.caption("None of these runs logged position parameters: FIRE's c and L and Kerple's r1, r2 are "
+                   "recorded at every validation point by runs trained with this version of fireviz.")
+    else:
+        ui.show_figure(pfig, "The values the forward pass uses (Kerple's after its constraints r ≥ 0.01, "
+                             "r2 ≤ 2 for the power variant), per layer and head, at every validation point.",
+                       P, "position_parameters")
+        ui.downloads(P, "position_parameters", plots.figure_to_csv(pfig), plots.figure_data(pfig))
     for info in chosen:
         with st.expander(f"{info.name}: training settings and data provenance"):
             st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

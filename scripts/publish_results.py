@@ -1,14 +1,22 @@
 """Evaluate every checkpoint in checkpoints/ the same way and publish the results.
 
-For each domain: ``fireviz.evaluate.evaluate_many`` over all checkpoints (paired windows),
-non-overlapping, the same token budget per length; the RoPE checkpoint also as RoPE-PI and
-YaRN. Writes per checkpoint ``results.json`` (a list of evaluate results) and a model card
+For each domain: ``fireviz.evaluate.evaluate_many`` over all checkpoints (paired windows) with
+the published protocol — ``mode="same_text"``: every validation document that holds the
+largest length, its first 8192 tokens scored at every length, no token budget — so every
+column scores the same text. The RoPE checkpoint is also evaluated as RoPE-PI and YaRN, and
+every FIRE / FIRE-S checkpoint also with its normalizer capped at the training length
+(``normalizer_cap``). Every row carries 95 % bootstrap intervals over documents (``ci95``) and
+its paired difference against the reference checkpoint (``--reference``, default alibi) with
+its interval (``paired_delta_bpb``, ``paired_ci95``).
+
+Writes per checkpoint ``results.json`` (a list of evaluate results) and a model card
 ``README.md``; writes ``checkpoints/RESULTS.md`` (bits per byte by length and domain) and
 ``checkpoints/results_<domain>.html`` (+ PNG when Chromium is there), the validation curves of all
 runs (``checkpoints/validation_curves.{html,png}``), and rewrites the generated tables in the
 repository README between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``.
 
-    python scripts/publish_results.py [--domains prose,latex,code] [--token-budget 16384]
+    python scripts/publish_results.py [--domains prose,latex,code] [--reference alibi]
+        [--mode nonoverlapping --token-budget 16384]   # the earlier random-window protocol
 """
 from __future__ import annotations
 
@@ -52,7 +60,7 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
     Returns: ``(rows sorted by domain then scaling, old rows dropped as stale)``.
     """
     def pair(r: dict) -> tuple:
-        return r["settings"]["data"], r["settings"].get("rope_scaling")
+        return r["settings"]["data"], r["settings"].get("rope_scaling"), r["settings"].get("normalizer_cap")
 
     def recipe(r: dict) -> tuple:
         s = r["settings"]
@@ -83,6 +91,9 @@ def name_row(r: dict) -> None:
 def label(result: dict) -> str:
     scaling = result["settings"].get("rope_scaling")
     name = result["checkpoint"]
+    cap = result["settings"].get("normalizer_cap")
+    if cap:
+        return f"{name} (normalizer cap {cap})"
     if not scaling:
         return name
     # the bundled RoPE checkpoint keeps the row names of earlier tables; any other RoPE folder is named
@@ -113,7 +124,37 @@ def render_png(fig, path: Path) -> None:
             browser.close()
 
 
-def model_card(folder: Path, results: list[dict], budget: int) -> str:
+def protocol_text(settings: dict) -> str:
+    """One sentence naming the evaluation protocol of a result's ``settings``."""
+    if settings.get("mode") == "same_text":
+        docs = ("all" if settings.get("token_budget") is None else f"{settings.get('documents_scored')} "
+                f"(drawn with seed {settings.get('seed')})")
+        return (f"the same text at every length: the first {settings.get('prefix_tokens')} tokens of {docs} "
+                f"{settings.get('split')} documents at least that long "
+                f"({settings.get('documents_skipped')} shorter ones skipped), cut into non-overlapping windows of "
+                "each length; 95 % bootstrap intervals over documents in brackets")
+    return (f"{settings.get('mode')} windows drawn at random per length from {settings.get('split')} documents, at "
+            f"least {settings.get('token_budget')} scored tokens per length (whole windows), window-selection seed "
+            f"{settings.get('seed')}")
+
+
+def bpb_cell(e: dict) -> str:
+    """``"1.944 [1.888, 1.999]"`` (bits per byte and its 95 % interval), ``"1.944"`` without one, ``"—"``."""
+    if "bits_per_byte" not in e:
+        return "—"
+    ci = e.get("ci95")
+    return f"{e['bits_per_byte']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if isinstance(ci, list) else "")
+
+
+def paired_cell(e: dict) -> str:
+    """``"+0.011 [+0.007, +0.014]"``: the paired difference against the reference, or ``"—"``."""
+    if "paired_delta_bpb" not in e:
+        return "—"
+    lo, hi = e["paired_ci95"]
+    return f"{e['paired_delta_bpb']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def model_card(folder: Path, results: list[dict], budget: int | None = None) -> str:
     cfg = json.loads((folder / "config.json").read_text())
     tr = cfg.get("training", {})
     log = read_train_log(folder / "train_log.jsonl")
@@ -145,24 +186,40 @@ def model_card(folder: Path, results: list[dict], budget: int) -> str:
         lines += [f"| {r['step']} | {r.get('tokens', 0):,} | {r['val_loss']:.3f} | {r.get('val_loss_4x', float('nan')):.3f} |"
                   for r in vals]
         lines.append("")
-    lines += [f"Evaluation (bits per byte, non-overlapping windows, at least {budget} scored tokens per length, validation split):", "",
+    protocol = protocol_text(results[0]["settings"]) if results else "none yet"
+    lines += [f"Evaluation (bits per byte; {protocol}):", "",
               "| data | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
     for r in results:
         row = {e["length"]: e for e in r["per_length"]}
-        name = r["settings"]["data"] + (f" ({r['settings']['rope_scaling']})" if r["settings"].get("rope_scaling") else "")
-        lines.append(f"| {name} | " + " | ".join(f"{row[n]['bits_per_byte']:.3f}" if "bits_per_byte" in row.get(n, {})
-                                                  else "—" for n in LENGTHS) + " |")
+        s = r["settings"]
+        name = s["data"] + (f" ({s['rope_scaling']})" if s.get("rope_scaling") else "") + (
+            f" (normalizer cap {s['normalizer_cap']})" if s.get("normalizer_cap") else "")
+        lines.append(f"| {name} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
     lines += ["", "Reproduce: `python scripts/publish_results.py` (see the repository README)."]
     return "\n".join(lines) + "\n"
 
 
 def fmt_bpb_table(runs: list[dict]) -> list[str]:
-    """Markdown rows: one per result, bits per byte at each of LENGTHS ("—" where missing)."""
+    """Markdown rows: one per result, bits per byte at each of LENGTHS with its 95 % interval
+    where the result has one (``bpb_cell``; "—" where missing)."""
     out = ["| encoding | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
     for r in runs:
         row = {e["length"]: e for e in r["per_length"]}
-        out.append(f"| {r['label']} | " + " | ".join(
-            f"{row[n]['bits_per_byte']:.3f}" if "bits_per_byte" in row.get(n, {}) else "—" for n in LENGTHS) + " |")
+        out.append(f"| {r['label']} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
+    return out
+
+
+def fmt_paired_table(runs: list[dict]) -> list[str]:
+    """Markdown rows: per result but the reference, its paired difference in bits per byte
+    against the reference on the same documents, with the 95 % paired bootstrap interval
+    (``paired_cell``). Returns [] when no result carries a paired difference."""
+    paired = [r for r in runs if any("paired_delta_bpb" in e for e in r["per_length"])]
+    if not paired:
+        return []
+    out = ["| encoding | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
+    for r in paired:
+        row = {e["length"]: e for e in r["per_length"]}
+        out.append(f"| {r['label']} | " + " | ".join(paired_cell(row.get(n, {})) for n in LENGTHS) + " |")
     return out
 
 
@@ -226,31 +283,41 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", default="prose,latex,code")
     ap.add_argument("--only", default="", help="comma-separated checkpoint names (default: all)")
-    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--mode", default=evaluate.DEFAULT_MODE, choices=["same_text", "nonoverlapping"])
+    ap.add_argument("--token-budget", type=int, default=None,
+                    help="default: none for same_text (every qualifying document), 16384 for nonoverlapping")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
     args = ap.parse_args()
+    if args.token_budget is None and args.mode == "nonoverlapping":
+        args.token_budget = 16384
     folders = sorted(p for p in CKPTS.iterdir() if (p / "model.safetensors").exists()
                      and (not args.only or p.name in args.only.split(",")))
     if not folders:
         sys.exit("no checkpoints in checkpoints/")
     readme = ROOT / "README.md"
-    markers = ["results-prose", "validation"] + (["seeds"] if seed_groups([f.name for f in folders]) else [])
+    markers = ["results-prose", "validation"] + (["seeds"] if seed_groups([f.name for f in folders]) else []) + (
+        ["paired-prose"] if args.mode == "same_text" else [])
     for name in markers:  # fail before an hour of evaluation, not after
         replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
     domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
+    names = [f.name for f in folders]
+    reference = names.index(args.reference) if args.reference in names else 0
+    kw = dict(mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto",
+              use_published=False)  # never read back the results.json files this script rewrites
     for domain in domains:
-        # use_published=False: never read back the results.json files this script rewrites
-        runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, token_budget=args.token_budget,
-                                      seed=args.seed, device="auto", use_published=False)
+        runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
         for f in folders:
             cfg = json.loads((f / "config.json").read_text())
             if cfg["position_encoding"] == "rope":
                 for scaling in ("pi", "yarn"):
-                    runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, token_budget=args.token_budget,
-                                                   seed=args.seed, rope_scaling=scaling, device="auto",
-                                                   use_published=False)
+                    runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
+            if cfg["position_encoding"] in ("fire", "fire_s"):  # FIRE as trained, its normalizer capped
+                runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cfg["seq_len"], **kw)
+        # the scaled and capped rows were scored on the same windows: pair them with the reference too
+        runs = evaluate.with_paired_differences(runs, reference)
         for r in runs:
             name_row(r)
             by_ckpt[r["checkpoint"]].append(r)
@@ -269,7 +336,7 @@ def main() -> int:
             print(f"{f.name}: dropped its {r['settings'].get('data')} result made on other weights or settings; "
                   "run without --domains to evaluate every domain again", flush=True)
         write_json_atomic(f / "results.json", by_ckpt[f.name])
-        atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name], args.token_budget))
+        atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
     logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
     seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
     if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
@@ -280,6 +347,8 @@ def main() -> int:
         text = readme.read_text(encoding="utf-8")
         if "prose" in table:
             text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
+            if "paired-prose" in markers:
+                text = replace_generated(text, "paired-prose", fmt_paired_table(table["prose"]))
             if "seeds" in markers:
                 text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
         text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
@@ -288,11 +357,14 @@ def main() -> int:
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0
     md = ["# Results: bits per byte by evaluation length", "",
-          f"Non-overlapping windows from validation documents at least as long as the window, "
-          f"at least {args.token_budget} scored tokens per length (whole windows), window-selection seed {args.seed}; training length {seq_len} bytes. "
-          "Lower is better.", ""]
+          f"Per domain: {protocol_text(next(iter(table.values()))[0]['settings'])}; training length {seq_len} "
+          "bytes. Lower is better.", ""]
     for domain, runs in table.items():
-        md += [f"## {domain}", ""] + fmt_bpb_table(runs) + [""]
+        md += [f"## {domain}", "", protocol_text(runs[0]["settings"]) + ".", ""] + fmt_bpb_table(runs) + [""]
+        if paired := fmt_paired_table(runs):
+            ref = next(r["paired_reference"] for r in runs if r.get("paired_reference"))
+            md += [f"Paired difference against {ref} on the same documents (bits per byte; below 0: better), "
+                   "95 % paired bootstrap interval over documents:", ""] + paired + [""]
         if seeds := fmt_seed_table(runs):
             md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]

@@ -124,19 +124,19 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "fire_seed1", "alibi"],
-              len=["16", "32"], budget="256", pool="true").run()
+              len=["16", "32"], budget="256", pool="true", mode="nonoverlapping").run()
     at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(at)
     assert at.sidebar.checkbox(key="lengen_pool").value is True
     at.button(key="lengen_run").click()
-    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 3)  # perplexity, paired difference, loss by position
     ppl = figures(at)[0]
     lines = [t for t in ppl["data"] if t.get("mode") == "lines+markers"]
     assert [(t["meta"]["group"], t["meta"]["n"]) for t in lines] == [("fire", 2), ("alibi", 1)]
     assert lines[0]["name"] == "fire (mean ± std, 2 seeds)"
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     ref = evaluate.evaluate_many([str(root / "fire"), str(root / "fire_seed1")], str(upload), [16, 32],
-                                 token_budget=256, split="all", device="cpu")
+                                 mode="nonoverlapping", token_budget=256, split="all", device="cpu")
     ppls = np.array([[e["perplexity"] for e in r["per_length"]] for r in ref])
     assert not np.allclose(ppls[0], ppls[1])  # two different models
     fire = lines[0]
@@ -168,13 +168,14 @@ def test_length_generalization_shows_shipped_results_without_run(tmp_path, monke
 
     root = tmp_path / "root"
     make_tiny_checkpoint(root / "rope", "rope", seed=2)
-    kw = dict(token_budget=256, device="cpu", cache_dir=tmp_path / "publisher")
+    kw = dict(mode="nonoverlapping", token_budget=256, device="cpu", cache_dir=tmp_path / "publisher")
     shipped = [evaluate.evaluate_many([str(root / "rope")], "prose", [64], rope_scaling=s, **kw)[0]
                for s in (None, "pi", "yarn")]
     (root / "rope" / "results.json").write_text(json.dumps(shipped))
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "empty-cache"))
-    at = page("pages/3_Length_generalization.py", ckpt="rope", len="64", budget="256", scaling=["pi", "yarn"])
+    at = page("pages/3_Length_generalization.py", ckpt="rope", len="64", budget="256", scaling=["pi", "yarn"],
+              mode="nonoverlapping")
     run_until(at, lambda a: bool(a.dataframe) and len(set(a.dataframe[0].value["group"])) == 3, timeout=60)
     table = at.dataframe[0].value
     assert list(table["group"]) == ["rope", "rope + pi", "rope + yarn"]
@@ -432,12 +433,12 @@ def test_length_generalization_bad_upload_is_a_clear_error(app_env):
 def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_env):
     q = jobs.default_queue("evaluate")
     at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
-              budget="256").run()
+              budget="256", mode="nonoverlapping").run()
     at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(at)
     before = len(q.jobs())
     at.button(key="lengen_run").click()
-    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 3)
     assert len(q.jobs()) == before + 1
     ppl = figures(at)[0]
     assert {tr["name"] for tr in ppl["data"]} == {"fire", "alibi"}
@@ -449,7 +450,7 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
     # the same numbers as the library (now all from the on-disk cache the job wrote)
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     ref = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],
-                                 token_budget=256, split="all", device="cpu")
+                                 mode="nonoverlapping", token_budget=256, split="all", device="cpu")
     for r in ref:
         assert all(e["cached"] for e in r["per_length"])
         tr = next(t for t in ppl["data"] if t["name"] == r["checkpoint"])
@@ -457,10 +458,10 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
         np.testing.assert_array_equal(arr(tr["x"]), [16, 32, 64])
     # a second tab (new session) with the same settings finds the finished job: no new run
     tab2 = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
-                budget="256").run()
+                budget="256", mode="nonoverlapping").run()
     tab2.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(tab2)
-    assert len(tab2.get("plotly_chart")) == 2
+    assert len(tab2.get("plotly_chart")) == 3
     tab2.button(key="lengen_run").click().run()
     assert len(q.jobs()) == before + 1, "pressing Run again must not start the same evaluation twice"
 
@@ -552,3 +553,60 @@ def test_checkpoint_discovery_and_errors(tiny_checkpoints_dir, tmp_path):
     with pytest.raises(CheckpointError, match="neither"):
         checkpoints.resolve_checkpoint("not a name!", tiny_checkpoints_dir)
     assert checkpoints.list_checkpoints(tmp_path / "missing") == []
+
+
+def test_length_generalization_same_text_intervals_paired_and_cap(app_env):
+    """The default protocol scores the same text at every length; the table carries 95 %
+    intervals, the paired figure the differences against the chosen reference, and the cap
+    control adds capped FIRE rows computed with evaluate's normalizer_cap."""
+    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
+              cap="16", ref="alibi").run()
+    at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
+    no_exception(at)
+    assert at.sidebar.radio(key="lengen_mode").value == "same_text"
+    at.button(key="lengen_run").click()
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 3 and bool(a.dataframe)
+              and "fire cap 16" in set(a.dataframe[0].value["group"]))
+    table = at.dataframe[0].value
+    assert list(dict.fromkeys(table["group"])) == ["fire", "alibi", "fire cap 16"]
+    assert (table["ci95_low"] <= table["bits_per_byte"]).all() and (table["bits_per_byte"] <= table["ci95_high"]).all()
+    assert table["documents"].nunique() == 1
+    caption = " ".join(c.value for c in at.caption)
+    assert "same text at every length: the first 64 tokens of" in caption
+    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    plain = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],
+                                   split="all", device="cpu", reference=1)
+    capped = evaluate.evaluate_many([str(app_env / "fire")], str(upload), [16, 32, 64], split="all", device="cpu",
+                                    normalizer_cap=16)[0]
+    assert all(e["cached"] for r in plain + [capped] for e in r["per_length"])  # what the page's jobs computed
+    np.testing.assert_allclose(table[table["group"] == "fire cap 16"]["bits_per_byte"],
+                               [e["bits_per_byte"] for e in capped["per_length"]], rtol=1e-12)
+    assert at.selectbox(key="lengen_ref").value == "alibi"
+    paired = figures(at)[1]
+    assert paired["layout"]["meta"]["reference"] == "alibi"
+    fire = next(t for t in paired["data"] if t.get("meta", {}).get("group") == "fire")
+    np.testing.assert_allclose(arr(fire["y"]), [e["paired_delta_bpb"] for e in plain[0]["per_length"]], rtol=1e-9)
+    np.testing.assert_allclose(arr(fire["y"]) + arr(fire["error_y"]["array"]),
+                               [e["paired_ci95"][1] for e in plain[0]["per_length"]], rtol=1e-9)
+    assert at.query_params["ref"] == "alibi" and at.query_params["cap"] == "16"
+
+
+def test_training_runs_plot_position_parameters(tmp_path, monkeypatch):
+    from conftest import make_tiny_checkpoint
+
+    root = tmp_path / "root"
+    make_tiny_checkpoint(root / "kerple_log", "kerple_log", seed=3)
+    rows = [{"step": 0, "tokens": 0, "val_loss": 5.0, "position_parameters": {"r1": {"0": [1.0, 2.0]},
+                                                                                "r2": {"0": [0.5, 0.25]}}},
+            {"step": 1, "tokens": 64, "loss": 4.0},
+            {"step": 2, "tokens": 128, "loss": 3.9, "val_loss": 3.5,
+             "position_parameters": {"r1": {"0": [1.1, 2.1]}, "r2": {"0": [0.6, 0.01]}}}]
+    (root / "kerple_log" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    at = page("pages/4_Training_runs.py").run()
+    no_exception(at)
+    fig = figures(at)[1]
+    tr = next(t for t in fig["data"] if t["meta"] == {"run": "kerple_log", "parameter": "r2", "layer": 0, "head": 1})
+    np.testing.assert_allclose(arr(tr["y"]), [0.25, 0.01])
+    np.testing.assert_allclose(arr(tr["x"]), [0, 128])

@@ -18,6 +18,7 @@ from fireviz.encodings import (
 )
 
 import fireviz.encodings.fire as fire_module
+from fireviz.model import GPT, GPTConfig
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
 SHARED_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "encodings.json"
@@ -446,3 +447,79 @@ def test_bias_lengths_must_be_integers():
         with pytest.raises(ValueError, match=match):
             enc.bias(*args)
     assert enc.bias(2, 4, 1).shape == (2, 2, 4)
+
+
+# ---------------------------------------------------------------- Kerple keeps its gradient
+@pytest.mark.parametrize("cls", [KerpleLog, KerplePower])
+def test_kerple_gradient_below_the_bound(cls):
+    """A parameter below its bound still gets a gradient (the clamp was in the graph before)."""
+    enc = cls(1, init_r1=1.0, init_r2=0.005)
+    enc.bias(8, 8).sum().backward()
+    assert enc.r2.grad is not None and enc.r2.grad.abs().item() > 0
+    assert enc.constrained()[1].item() == pytest.approx(0.01)  # the value used is still the constrained one
+
+
+@pytest.mark.parametrize("cls", [KerpleLog, KerplePower])
+def test_kerple_recovers_from_below_the_bound(cls):
+    """Fitted toward r2 = 0.5 from 0.005 (below 0.01) with Adam, lr 0.01, 300 steps and the
+    trainer's projection after each step, r2 gets past 0.4 (it stayed at 0.005 when clamped)."""
+    enc = cls(1, init_r1=1.0, init_r2=0.005)
+    with torch.no_grad():
+        target = cls(1, init_r1=1.0, init_r2=0.5).bias(64, 64)
+    enc.r1.requires_grad_(False)  # r1 is the right one: only r2 has to move
+    opt = torch.optim.Adam([enc.r2], lr=0.01)
+    for _ in range(300):
+        opt.zero_grad()
+        (enc.bias(64, 64) - target).pow(2).mean().backward()
+        opt.step()
+        enc.project_()
+        assert enc.r2.item() >= 0.01  # the projection keeps the raw parameter feasible
+    assert enc.constrained()[1].item() > 0.4
+
+
+def test_kerple_projection_and_parameters():
+    enc = KerplePower(2, init_r1=1.0, init_r2=1.0)
+    with torch.no_grad():
+        enc.r1.copy_(torch.tensor([-3.0, 0.5]))
+        enc.r2.copy_(torch.tensor([5.0, 0.001]))
+    before = enc.bias(4, 4)
+    enc.project_()
+    assert enc.r1.tolist() == pytest.approx([0.01, 0.5]) and enc.r2.tolist() == pytest.approx([2.0, 0.01])
+    assert torch.equal(enc.bias(4, 4), before)  # projection does not change the bias the model uses
+    assert enc.position_parameters() == {"r1": pytest.approx([0.01, 0.5]), "r2": pytest.approx([2.0, 0.01])}
+    log = KerpleLog(1, init_r1=1.0, init_r2=3.0)
+    log.project_()
+    assert log.r2.item() == 3.0  # the log variant has no upper bound on r2
+
+
+# ---------------------------------------------------------------- RoPE under a cast of the model
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scaling", [None, {"type": "pi", "factor": 4.0},
+                                     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}])
+def test_rope_angles_exact_after_casting_the_model(dtype, scaling):
+    """model.to(bf16/fp16) must not round the frequencies: cos/sin at 8191 and 65535 within
+    1e-3 of float64 (before the fix bf16 was off by 1.4 at 8191)."""
+    from fireviz.encodings import rope_inv_freq, yarn_inv_freq
+    head_dim = 32
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=2 * head_dim, seq_len=64,
+                          position_encoding="rope")).to(dtype)
+    enc = RotaryEmbedding(2, head_dim, rope_scaling=scaling).to(dtype)
+    for e in (enc, model.encodings[0] if scaling is None else enc):
+        assert e.inv_freq.dtype == torch.float64
+        if scaling is None:
+            inv = rope_inv_freq(head_dim, 10000.0, torch.float64)
+        elif scaling["type"] == "pi":
+            inv = rope_inv_freq(head_dim, 10000.0, torch.float64) / 4.0
+        else:
+            inv = yarn_inv_freq(head_dim, 10000.0, 4.0, 512, dtype=torch.float64)[0]
+        factor = e.attention_factor
+        pos = torch.tensor([8191, 65535])
+        ang = pos.double()[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], -1)
+        cos, sin = e.cos_sin(pos)
+        assert (cos.double() - ang.cos() * factor).abs().max().item() < 1e-3
+        assert (sin.double() - ang.sin() * factor).abs().max().item() < 1e-3
+    x = torch.randn(1, 2, 2, head_dim).to(dtype)
+    out = enc.rotate(x, torch.tensor([8191, 65535]))
+    assert out.dtype == dtype
+    model(torch.zeros(1, 8, dtype=torch.long))  # the cast model still runs

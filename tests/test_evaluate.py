@@ -199,7 +199,7 @@ def test_nonoverlapping_equals_hand_computation(ckpts, corpus, cache, enc):
                 for p in range(1, length):
                     by_pos[p].append(float(x[p - 1]))
         expected = float(torch.cat(nll).mean())
-        r = ev.evaluate_checkpoint(ckpts[enc], corpus, [length], token_budget=None, split="all", device="cpu",
+        r = ev.evaluate_checkpoint(ckpts[enc], corpus, [length], mode="nonoverlapping", token_budget=None, split="all", device="cpu",
                                    cache_dir=cache, position_buckets=4)
         e = r["per_length"][0]
         assert e["nats_per_token"] == pytest.approx(expected, rel=1e-6)
@@ -237,7 +237,7 @@ def test_token_count_end_to_end_both_modes(ckpts, corpus, cache):
     r = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8, 16], mode="sliding", stride=5, **kw)
     for e in r["per_length"]:
         assert e["tokens_scored"] == sum(n - 1 for n in DOC_TOKENS if n >= e["length"])
-    r = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8, 16], **kw)
+    r = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8, 16], mode="nonoverlapping", **kw)
     for e in r["per_length"]:
         n = e["length"]
         assert e["tokens_scored"] == sum(k // n for k in DOC_TOKENS if k >= n) * (n - 1)
@@ -246,7 +246,7 @@ def test_token_count_end_to_end_both_modes(ckpts, corpus, cache):
 def test_sliding_stride_window_equals_nonoverlapping(ckpts, tmp_path, cache):
     path = _write_jsonl(tmp_path / "mult.jsonl", [16, 32, 24, 8, 40])  # multiples of the window
     kw = dict(token_budget=None, split="all", device="cpu", cache_dir=cache)
-    a = ev.evaluate_checkpoint(ckpts["fire"], path, [8], **kw)["per_length"][0]
+    a = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="nonoverlapping", **kw)["per_length"][0]
     b = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="sliding", stride=8, **kw)["per_length"][0]
     for key in ("tokens_scored", "windows"):
         assert a[key] == b[key]
@@ -267,7 +267,8 @@ def test_result_shape_and_paired_windows(ckpts, corpus, cache, monkeypatch):
 
     monkeypatch.setattr(ev, "score_windows", spy)
     calls = []
-    results = ev.evaluate_many([ckpts["fire"], ckpts["rope"]], corpus, [8, 16], token_budget=30, split="all",
+    results = ev.evaluate_many([ckpts["fire"], ckpts["rope"]], corpus, [8, 16], mode="nonoverlapping",
+                               token_budget=30, split="all",
                                device="cpu", cache_dir=cache, progress=lambda d, t, m: calls.append((d, t)))
     assert seen["fire"] == seen["rope"]  # identical windows for every checkpoint at a length
     for start, toks, _ in seen["fire"][0] + seen["fire"][1]:  # BOS opens a window iff it opens a document
@@ -303,7 +304,7 @@ def _counting(monkeypatch):
 
 def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     calls = _counting(monkeypatch)
-    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
     first = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
     assert calls == [8, 16] and not any(e["cached"] for e in first["per_length"])
     again = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
@@ -323,7 +324,7 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
                                     "string_bucket", "inconsistent_bpb", "negative_loss"])
 def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, damage):
     calls = _counting(monkeypatch)
-    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
     first = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
     (entry,) = list(cache.glob("*.json"))
     text = entry.read_text()
@@ -363,7 +364,7 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     import shutil
     folder = tmp_path / "alibi"
     shutil.copytree(ckpts["alibi"], folder)
-    kw = dict(token_budget=40, split="all", device="cpu")
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu")
     published = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=tmp_path / "publisher", **kw)
     assert published["settings"]["format"] == ev.EVAL_FORMAT_VERSION
     (folder / "results.json").write_text(json.dumps([published]))
@@ -406,7 +407,7 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
 
 def test_cache_key_changes_with_checkpoint_and_data(ckpts, corpus, tmp_path, cache, monkeypatch):
     calls = _counting(monkeypatch)
-    kw = dict(token_budget=40, split="all", device="cpu", cache_dir=cache)
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
     ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)
     other = _write_jsonl(tmp_path / "other.jsonl", DOC_TOKENS, prefix="x")
     ev.evaluate_checkpoint(ckpts["fire"], other, [8], **kw)
@@ -556,7 +557,7 @@ def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
                    "--cache-dir", str(cache), "--out", str(out), "--device", "cpu"])
     captured = capsys.readouterr()
     assert rc == 0
-    assert "bits per byte (perplexity)" in captured.out and "fire" in captured.out and "error" in captured.out
+    assert "bits per byte [95 % bootstrap interval" in captured.out and "fire" in captured.out and "error" in captured.out
     results = json.loads(out.read_text())
     assert [r["checkpoint"] for r in results] == ["fire", "rope"]
     assert [("error" in e) for e in results[0]["per_length"]] == [False, False, True]
@@ -597,3 +598,179 @@ def test_default_cache_dir_from_environment(ckpts, corpus, cache, tmp_path, monk
     assert len(list((tmp_path / "default-cache").glob("*.json"))) == 1
     assert ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], token_budget=20, split="all")["per_length"][0]["cached"]
     assert calls == [8]
+
+
+# ---------------------------------------------------------------------------------------------
+# same text at every length, intervals, paired differences, the FIRE normalizer cap
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(2, 120), min_size=1, max_size=12),
+       lengths=st.lists(st.integers(2, 130), min_size=1, max_size=5), budget=st.none() | st.integers(1, 500),
+       seed=st.integers(0, 3))
+def test_same_text_plan_scores_one_fixed_text(sizes, lengths, budget, seed):
+    ids = [f"d{i:02d}" for i in range(len(sizes))]
+    if min(lengths) > max(sizes):
+        with pytest.raises(ev.EvaluationError, match="no document has"):
+            ev.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
+        return
+    plan = ev.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
+    M = plan.prefix_tokens
+    assert M == max(n for n in lengths if n <= max(sizes))
+    assert plan.documents_skipped == sum(1 for n in sizes if n < M)
+    assert all(sizes[d] >= M for d in plan.documents) and plan.documents == tuple(sorted(plan.documents))
+    if budget is None:
+        assert len(plan.documents) == len(sizes) - plan.documents_skipped
+    else:
+        assert len(plan.documents) == min(len(sizes) - plan.documents_skipped, max(1, -(-budget // (M - 1))))
+    for n in lengths:
+        windows = plan.windows[n]
+        if n > M:
+            assert isinstance(windows, str) and "no document has" in windows
+            continue
+        assert {w.doc for w in windows} == set(plan.documents)  # the same documents at every length
+        for d in plan.documents:
+            targets = _targets([(w.start, w.first_target) for w in windows if w.doc == d], n)
+            assert len(targets) == len(set(targets))  # nothing scored twice
+            assert set(targets) <= set(range(1, M))  # inside the document's first M tokens
+            # every token of the prefix but the first token of each regular window
+            assert set(range(1, M)) - set(targets) <= set(range(n, M, n))
+            assert all(w.start + n <= M for w in windows if w.doc == d)
+
+
+def test_same_text_is_the_default_and_scores_the_same_text(ckpts, corpus, cache):
+    r = ev.evaluate_many([ckpts["alibi"], ckpts["fire"]], corpus, [8, 16, 32], split="all", device="cpu",
+                         cache_dir=cache)
+    s = r[0]["settings"]
+    assert s["mode"] == "same_text" and s["token_budget"] is None and s["prefix_tokens"] == 32
+    assert s["documents_scored"] == sum(1 for n in DOC_TOKENS if n >= 32) == 3
+    assert s["documents_skipped"] == 4
+    for res in r:
+        entries = res["per_length"]
+        assert {e["documents"] for e in entries} == {3}
+        assert len({tuple(e["per_document"]["doc"]) for e in entries}) == 1
+        counts = [e["tokens_scored"] for e in entries]
+        assert max(counts) - min(counts) <= sum(32 // n for n in (8,)) * 3  # only window-first tokens differ
+        for e in entries:
+            assert e["prefix_tokens"] == 32 and e["documents_skipped"] == 4
+            assert sum(e["per_document"]["tokens"]) == e["tokens_scored"]
+            nats = sum(e["per_document"]["nats"]) / e["tokens_scored"]
+            assert nats == pytest.approx(e["nats_per_token"], rel=1e-9)
+            lo, hi = e["ci95"]
+            assert lo <= e["bits_per_byte"] <= hi
+    # paired against the first checkpoint; the reference itself has none
+    assert all("paired_delta_bpb" not in e for e in r[0]["per_length"])
+    for a, b in zip(r[0]["per_length"], r[1]["per_length"]):
+        assert b["paired_reference"] == "alibi"
+        assert b["paired_delta_bpb"] == pytest.approx(b["bits_per_byte"] - a["bits_per_byte"], abs=1e-9)
+        lo, hi = b["paired_ci95"]
+        assert lo <= b["paired_delta_bpb"] <= hi
+    json.dumps(r, allow_nan=False)
+
+
+def test_same_text_equals_hand_computation(ckpts, corpus, cache):
+    model = GPT.from_pretrained(str(ckpts["rope"])).eval()
+    docs = sorted(load_documents(corpus), key=lambda d: d.id)
+    M, n = 34, 16  # 34 = a document's size: windows [0,16), [16,32) and the tail [18,34)
+    nll = []
+    for d in docs:
+        toks = document_tokens(d)
+        if len(toks) < M:
+            continue
+        for start in (0, 16):
+            nll.append(_hand_nll(model, toks[start:start + n]))
+        tail = _hand_nll(model, toks[18:34])  # scores document positions 32, 33 (window positions 14, 15)
+        nll.append(tail[-2:])
+    r = ev.evaluate_checkpoint(ckpts["rope"], corpus, [n, M], split="all", device="cpu", cache_dir=cache)
+    e = r["per_length"][0]
+    assert e["tokens_scored"] == sum(len(x) for x in nll) and e["windows"] == 3 * 3
+    assert e["nats_per_token"] == pytest.approx(float(torch.cat(nll).mean()), rel=1e-6)
+
+
+def test_bootstrap_interval_and_paired_difference_properties():
+    rng = random.Random(0)
+    tokens = [rng.randint(50, 200) for _ in range(30)]
+    nats = [t * (1.0 + rng.random()) for t in tokens]
+    lo, hi = ev.bootstrap_ci95(nats, tokens)
+    mean = sum(nats) / sum(tokens) / math.log(2)
+    assert lo < mean < hi and hi - lo > 0
+    assert ev.bootstrap_ci95(nats, tokens) == [lo, hi]  # deterministic
+    assert ev.bootstrap_ci95([5.0], [10]) == [pytest.approx(5 / 10 / math.log(2))] * 2
+    a = {"per_document": {"doc": [str(i) for i in range(30)], "nats": nats, "tokens": tokens}}
+    shifted = {"per_document": {**a["per_document"], "nats": [x + 0.1 * t for x, t in zip(nats, tokens)]}}
+    d = ev.paired_difference(shifted, a)  # a constant per-token shift: no spread at all
+    assert d["paired_delta_bpb"] == pytest.approx(0.1 / math.log(2))
+    assert d["paired_ci95"] == [pytest.approx(0.1 / math.log(2))] * 2
+    noisy = {"per_document": {**a["per_document"], "nats": [x + rng.gauss(0, 1) for x in nats]}}
+    lo, hi = ev.paired_difference(noisy, a)["paired_ci95"]
+    assert hi - lo < (ev.bootstrap_ci95(nats, tokens)[1] - ev.bootstrap_ci95(nats, tokens)[0])  # pairing helps
+    other_docs = {"per_document": {**a["per_document"], "doc": ["x"] * 30}}
+    assert ev.paired_difference(other_docs, a) is None  # different text is never paired
+    with pytest.raises(ev.EvaluationError):
+        ev.bootstrap_ci95([1.0, 2.0], [1])
+
+
+def test_reference_choice_and_errors(ckpts, corpus, cache):
+    kw = dict(split="all", device="cpu", cache_dir=cache)
+    r = ev.evaluate_many([ckpts["alibi"], ckpts["fire"]], corpus, [8], reference="fire", **kw)
+    assert "paired_delta_bpb" in r[0]["per_length"][0] and "paired_delta_bpb" not in r[1]["per_length"][0]
+    assert r[0]["per_length"][0]["paired_reference"] == "fire"
+    with pytest.raises(ev.EvaluationError, match="not one of the evaluated checkpoints"):
+        ev.evaluate_many([ckpts["alibi"], ckpts["fire"]], corpus, [8], reference="t5", **kw)
+
+
+def test_normalizer_cap_is_a_setting_of_its_own(ckpts, corpus, cache, monkeypatch):
+    calls = _counting(monkeypatch)
+    kw = dict(split="all", device="cpu", cache_dir=cache)
+    plain = ev.evaluate_checkpoint(ckpts["fire"], corpus, [32], **kw)["per_length"][0]
+    capped = ev.evaluate_checkpoint(ckpts["fire"], corpus, [32], normalizer_cap=4, **kw)
+    e = capped["per_length"][0]
+    assert calls == [32, 32]  # cached separately: the capped run was computed, not read
+    assert capped["normalizer_cap"] == 4 and e["normalizer_cap"] == 4 and capped["settings"]["normalizer_cap"] == 4
+    assert e["nats_per_token"] != plain["nats_per_token"]
+    assert ev.evaluate_checkpoint(ckpts["fire"], corpus, [32], normalizer_cap=4, **kw)["per_length"][0]["cached"]
+    # by hand: the same model with the cap set in its config gives the same number
+    model = GPT.from_pretrained(str(ckpts["fire"])).eval()
+    for m in model.encodings:
+        m.normalizer_cap = 4.0
+    toks = [document_tokens(d) for d in sorted(load_documents(corpus), key=lambda d: d.id)]
+    nll = torch.cat([_hand_nll(model, t[:32]) for t in toks if len(t) >= 32])
+    assert e["nats_per_token"] == pytest.approx(float(nll.mean()), rel=1e-6)
+    # a checkpoint without a normalizer is evaluated as it is, from the plain cache entry
+    alibi = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [32], **kw)["per_length"][0]
+    again = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [32], normalizer_cap=4, **kw)
+    assert again["normalizer_cap"] is None and again["per_length"][0]["cached"]
+    assert again["per_length"][0]["nats_per_token"] == alibi["nats_per_token"]
+    with pytest.raises(ev.EvaluationError, match="normalizer_cap"):
+        ev.evaluate_checkpoint(ckpts["fire"], corpus, [32], normalizer_cap=0, **kw)
+
+
+def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path, cache, capsys):
+    out = tmp_path / "r.json"
+    rc = ev.main([str(ckpts["alibi"]), str(ckpts["fire"]), "--data", str(corpus), "--split", "all",
+                  "--lengths", "8,16,32", "--cache-dir", str(cache), "--out", str(out), "--device", "cpu",
+                  "--quiet"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "same_text: the first 32 tokens of each of 3 documents at every length (4 shorter documents skipped)" in text
+    for label in ("documents", "windows", "tokens scored", "paired difference in bits per byte vs alibi"):
+        assert label in text
+    results = json.loads(out.read_text())
+    for e in results[1]["per_length"]:
+        assert {"ci95", "paired_delta_bpb", "paired_ci95", "documents", "windows", "tokens_scored"} <= set(e)
+        assert f"{e['paired_delta_bpb']:+.3f} [{e['paired_ci95'][0]:+.3f}, {e['paired_ci95'][1]:+.3f}]" in text
+    rc = ev.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "32",
+                  "--normalizer-cap", "4", "--cache-dir", str(cache), "--device", "cpu", "--quiet"])
+    assert rc == 0 and "fire cap 4" in capsys.readouterr().out
+
+
+def test_published_capped_rows_never_answer_a_plain_request(ckpts, corpus, tmp_path, cache):
+    import shutil
+    folder = tmp_path / "fire"
+    shutil.copytree(ckpts["fire"], folder)
+    kw = dict(split="all", device="cpu")
+    capped = ev.evaluate_checkpoint(folder, corpus, [32], normalizer_cap=4, cache_dir=tmp_path / "pub", **kw)
+    (folder / "results.json").write_text(json.dumps([capped]))
+    plain = ev.evaluate_checkpoint(folder, corpus, [32], cache_dir=cache, **kw)["per_length"][0]
+    assert plain["source"] == "computed" and plain["nats_per_token"] != capped["per_length"][0]["nats_per_token"]
+    again = ev.evaluate_checkpoint(folder, corpus, [32], normalizer_cap=4, cache_dir=tmp_path / "c2", **kw)
+    assert again["per_length"][0]["source"] == ev.PUBLISHED_RESULTS

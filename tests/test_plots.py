@@ -210,7 +210,11 @@ def test_perplexity_groups_seeds_with_error_bars():
     assert rows[0] == {"group": "fire", "length": 16, "bits_per_byte": pytest.approx(sum(bpb) / 2),
                        "bits_per_byte_std": pytest.approx(abs(bpb[1] - bpb[0]) / math.sqrt(2)),
                        "perplexity": pytest.approx(math.sqrt(15.0)), "perplexity_std": pytest.approx(math.sqrt(2)),
-                       "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2), "n": 2, "train_seq_len": SEQ}
+                       "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2), "n": 2, "train_seq_len": SEQ,
+                       # no per-document losses in these results: no interval, and what was scored is passed on
+                       "ci95_low": None, "ci95_high": None, "documents": None,
+                       "windows": results[0]["per_length"][0].get("windows"),
+                       "tokens_scored": results[0]["per_length"][0].get("tokens_scored")}
     assert rows[-1]["group"] == "rope" and rows[-1]["bits_per_byte_std"] is None and rows[-1]["perplexity"] == pytest.approx(90.0)
     # grouping by checkpoint instead: three lines, no error bars
     by_ckpt = traces(P.perplexity_figure(results, group_key="checkpoint"))
@@ -383,3 +387,73 @@ def test_csv_and_json_export(fire_report):
     assert "z" not in rows[0] and "error_y" not in rows[0]  # line figure without error bars
     r = next(r for r in rows if r["layer"] == "0" and r["head"] == "0" and r["x"] == str(SEQ - 1))
     assert float(r["y"]) == pytest.approx(-3.0, abs=1e-4)
+
+
+def _doc_result(name, group, nats_by_doc, tokens, length=16):
+    docs = [f"d{i}" for i in range(len(tokens))]
+    mean = sum(nats_by_doc) / sum(tokens)
+    from fireviz.evaluate import bootstrap_ci95
+    entry = {"length": length, "nats_per_token": mean, "perplexity": math.exp(mean), "bits_per_byte": mean / math.log(2),
+             "tokens_scored": sum(tokens), "windows": len(tokens), "documents": len(tokens),
+             "per_document": {"doc": docs, "nats": list(nats_by_doc), "tokens": list(tokens)},
+             "ci95": bootstrap_ci95(nats_by_doc, tokens)}
+    return {"checkpoint": name, "label": group, "train_seq_len": SEQ, "settings": {"mode": "same_text"},
+            "per_length": [entry]}
+
+
+def test_intervals_and_paired_differences_of_single_and_pooled_runs():
+    tokens = [100, 120, 80, 150, 90, 110]
+    base = [t * (1.0 + 0.1 * k) for k, t in enumerate(tokens)]
+    a = _doc_result("alibi", "alibi", base, tokens)
+    f0 = _doc_result("fire", "fire", [x + 0.05 * t for x, t in zip(base, tokens)], tokens)
+    f1 = _doc_result("fire_seed1", "fire", [x + 0.15 * t + (k % 2) for k, (x, t) in enumerate(zip(base, tokens))],
+                     tokens)
+    rows = {r["group"]: r for r in P.group_perplexity([a, f0, f1])}
+    assert (rows["alibi"]["ci95_low"], rows["alibi"]["ci95_high"]) == tuple(a["per_length"][0]["ci95"])
+    assert rows["fire"]["n"] == 2 and rows["fire"]["ci95_low"] < rows["fire"]["bits_per_byte"] < rows["fire"]["ci95_high"]
+    paired = P.paired_difference_rows([a, f0, f1], reference="alibi")
+    assert [(r["group"], r["length"], r["n"]) for r in paired] == [("fire", 16, 2)]
+    pooled = [(x0 + x1) / 2 for x0, x1 in zip(f0["per_length"][0]["per_document"]["nats"],
+                                               f1["per_length"][0]["per_document"]["nats"])]
+    expected = (sum(pooled) - sum(base)) / sum(tokens) / math.log(2)
+    assert paired[0]["paired_delta_bpb"] == pytest.approx(expected)
+    assert paired[0]["ci95_low"] <= expected <= paired[0]["ci95_high"]
+    fig = P.paired_difference_figure([a, f0, f1], reference="alibi")
+    tr = fig.data[0]
+    assert tr.meta == {"group": "fire", "reference": "alibi", "n": 2}
+    np.testing.assert_allclose(np.asarray(tr.y) + np.asarray(tr.error_y.array), [paired[0]["ci95_high"]])
+    np.testing.assert_allclose(np.asarray(tr.y) - np.asarray(tr.error_y.arrayminus), [paired[0]["ci95_low"]])
+    with pytest.raises(ValueError, match="not one of the groups"):
+        P.paired_difference_rows([a, f0], reference="t5")
+    other = _doc_result("rope", "rope", base[:-1], tokens[:-1])  # other documents: never paired
+    assert P.paired_difference_rows([a, other]) == []
+    with pytest.raises(ValueError, match="no paired differences"):
+        P.paired_difference_figure([a, other])
+    # a single run's perplexity error bars are its interval, 2^bpb
+    single = P.perplexity_figure([a])
+    ci = a["per_length"][0]["ci95"]
+    y = single.data[0].y[0]
+    assert single.data[0].error_y.array[0] == pytest.approx(2 ** ci[1] - y)
+    assert single.data[0].error_y.arrayminus[0] == pytest.approx(y - 2 ** ci[0])
+
+
+def test_position_parameters_figure():
+    logs = {"kerple_power": [{"step": 0, "tokens": 0, "val_loss": 5.0,
+                              "position_parameters": {"r1": {"0": [1.0, 2.0], "1": [0.5, 0.5]},
+                                                      "r2": {"0": [0.5, 0.01], "1": [1.0, 2.0]}}},
+                             {"step": 1, "tokens": 10, "loss": 4.0},
+                             {"step": 2, "tokens": 20, "val_loss": 3.0,
+                              "position_parameters": {"r1": {"0": [1.5, 2.5], "1": [0.5, 0.6]},
+                                                      "r2": {"0": [0.6, 0.02], "1": [1.0, 1.9]}}}],
+            "fire": [{"step": 0, "tokens": 0, "position_parameters": {"c": {"0": [0.1]}, "L": {"0": [128.0]}}},
+                     {"step": 5, "tokens": 50, "position_parameters": {"c": {"0": [0.2]}, "L": {"0": [200.0]}}}],
+            "alibi": [{"step": 0, "tokens": 0, "val_loss": 5.0}]}
+    fig = P.position_parameters_figure(logs)
+    by = {(t.meta["run"], t.meta["parameter"], t.meta["layer"], t.meta["head"]): t for t in fig.data}
+    assert len(by) == 8 + 2
+    np.testing.assert_allclose(by[("kerple_power", "r2", 0, 1)].y, [0.01, 0.02])
+    np.testing.assert_allclose(by[("kerple_power", "r2", 0, 1)].x, [0, 20])
+    np.testing.assert_allclose(by[("fire", "L", 0, None)].y, [128.0, 200.0])
+    assert by[("fire", "c", 0, None)].name == "fire L0"
+    with pytest.raises(ValueError, match="no run logged"):
+        P.position_parameters_figure({"alibi": logs["alibi"]})

@@ -543,3 +543,48 @@ def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
         assert cfg["training"]["steps"] == 4 and "--resume" in cfg["training"]["command"]
         steps = [r["step"] for r in map(json.loads, (tmp_path / name / "train_log.jsonl").read_text().splitlines())]
         assert [s for s in steps if s > 0] == [1, 2, 3, 4]  # (step 0 is the evaluation before training)
+
+
+# ------------------------------------------------------------------------------------------
+# Learned position parameters: projected onto their constraints, logged at validation
+# ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("encoding,names", [("kerple_power", {"r1", "r2"}), ("kerple_log", {"r1", "r2"}),
+                                            ("fire", {"c", "L"}), ("fire_s", {"c", "L"}), ("alibi", set())])
+def test_position_parameters_are_logged_at_every_validation(encoding, names, corpus, tmp_path):
+    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=20),
+                                                 [f"model.position_encoding={encoding}"]))
+    train(mc, tc, tmp_path / "run", progress=False)
+    log = _log(tmp_path / "run")
+    validated = [r for r in log if "val_loss" in r]
+    assert [r["step"] for r in validated] == [0, 10, 20]
+    for r in log:
+        assert ("position_parameters" in r) == (bool(names) and "val_loss" in r)
+    if not names:
+        return
+    layers = 1 if encoding == "fire_s" else mc.n_layer
+    for r in validated:
+        params = r["position_parameters"]
+        assert set(params) == names
+        for values in params.values():
+            assert sorted(values) == [str(k) for k in range(layers)]
+            assert all(len(v) == (mc.n_head if encoding.startswith("kerple") else 1) for v in values.values())
+    # the logged values are those of the saved model at the last step
+    model = GPT.from_pretrained(str(tmp_path / "run"))
+    from fireviz.train import position_parameters
+    assert position_parameters(model) == validated[-1]["position_parameters"]
+    if encoding.startswith("kerple"):
+        assert validated[0]["position_parameters"]["r2"] != validated[-1]["position_parameters"]["r2"]
+
+
+def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpus, tmp_path):
+    """A Kerple r2 initialised below 0.01 is projected to the bound after the first step and
+    moves on from there (with the clamp in the graph it froze at its initial value)."""
+    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=20),
+                                                 ["model.position_encoding=kerple_power",
+                                                  "model.encoding_options.init_r2=0.005"]))
+    train(mc, tc, tmp_path / "run", progress=False)
+    model = GPT.from_pretrained(str(tmp_path / "run"))
+    for enc in model.encodings:
+        assert (enc.r2 >= 0.01).all() and (enc.r1 >= 0.01).all()  # raw parameters are feasible
+        assert not torch.equal(enc.r2.detach(), torch.full_like(enc.r2, 0.005))
+        assert not torch.equal(enc.r2.detach(), torch.full_like(enc.r2, 0.01))  # moved past the bound

@@ -94,6 +94,21 @@ class PositionEncoding(nn.Module):
         """
         raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no rotate()")
 
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Project learnable parameters back onto their constraint set, in place.
+
+        Called by the trainer after every optimizer step (projected gradient descent, as the
+        KERPLE reference code does). No-op for encodings without constrained parameters.
+        """
+
+    def position_parameters(self) -> dict[str, list[float]]:
+        """The encoding's scalar position parameters as used in the forward pass, per head
+        where they are per head: e.g. FIRE's ``{"c": [c], "L": [L tokens]}``, Kerple's
+        ``{"r1": [...], "r2": [...]}``. Empty for encodings without such parameters. The
+        trainer logs them at every validation point (``train_log.jsonl``)."""
+        return {}
+
 
 class ToeplitzBias(PositionEncoding):
     """An additive bias that depends only on the distance ``d = i − j``: b_h(i, j) = g_h(d).

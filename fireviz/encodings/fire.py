@@ -291,6 +291,10 @@ class FIRE(PositionEncoding):
             return torch.zeros((), device=self.c.device)
         return torch.abs(self.L_multiplier * self.init_L)
 
+    def position_parameters(self) -> dict[str, list[float]]:
+        """``{"c": [c], "L": [L in tokens]}``: ψ's scale and the learned threshold (floats)."""
+        return {"c": [float(self.c.detach())], "L": [float(self.threshold().detach())]}
+
     def normalizer(self, q_positions: torch.Tensor) -> torch.Tensor:
         """ψ(max(L, i)) + eps (capped when normalizer_cap is set), float32 ``[q]``."""
         pos = torch.maximum(q_positions.float(), self.threshold())

@@ -1,7 +1,12 @@
 """KERPLE: kernelized relative positional embeddings. Source: Chi et al. 2022 (NeurIPS),
 §4.2 (logarithmic and power variants) and the reference code (chijames/KERPLE), whose
-constraints r1, r2 >= 0.01 and, for the power variant, r2 <= 2 are applied here as a
-clamp in the forward pass."""
+constraints r1, r2 >= 0.01 and, for the power variant, r2 <= 2 are kept as the reference
+keeps them: the parameters are projected back onto the constraint set (``project_``, called
+by the trainer after each optimizer step), not clamped inside the graph. A clamp in the
+graph has zero gradient below its bound, so a parameter that crossed it froze for good.
+In the forward pass the bound is applied with a straight-through estimator: the value is
+clamped (so an unprojected parameter still gives the constrained bias), the gradient
+passes as if unclamped."""
 from __future__ import annotations
 
 import torch
@@ -36,16 +41,51 @@ class _Kerple(ToeplitzBias):
         self.r1 = nn.Parameter(r1.float())
         self.r2 = nn.Parameter(r2.float())
 
+    #: upper bound of r2 (None: unbounded); the power variant sets 2.
+    r2_max: float | None = None
+
     def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(r1, r2)`` after the reference constraints, float32 ``[num_heads]`` each."""
-        r2_max = KERPLE_POWER_MAX if isinstance(self, KerplePower) else None
-        return self.r1.clamp(min=KERPLE_MIN), self.r2.clamp(min=KERPLE_MIN, max=r2_max)
+        """``(r1, r2)`` after the reference constraints, float32 ``[num_heads]`` each.
+
+        Values are clamped to r1 >= 0.01, 0.01 <= r2 (<= 2 for the power variant); the
+        gradient is the identity (straight-through), so it never vanishes at a bound.
+        """
+        return (_straight_through_clamp(self.r1, KERPLE_MIN, None),
+                _straight_through_clamp(self.r2, KERPLE_MIN, self.r2_max))
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clamp the raw r1, r2 in place onto the constraint set (the reference's projection)."""
+        self.r1.clamp_(min=KERPLE_MIN)
+        self.r2.clamp_(min=KERPLE_MIN, max=self.r2_max)
+
+    def position_parameters(self) -> dict[str, list[float]]:
+        """``{"r1": [...], "r2": [...]}``: the constrained values per head (floats)."""
+        r1, r2 = self.constrained()
+        return {"r1": r1.detach().cpu().tolist(), "r2": r2.detach().cpu().tolist()}
+
+
+class _StraightThroughClamp(torch.autograd.Function):
+    """``x.clamp(lo, hi)`` exactly in value; the incoming gradient passes unchanged."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi):
+        return x.clamp(min=lo, max=hi)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+def _straight_through_clamp(x: torch.Tensor, lo: float | None, hi: float | None) -> torch.Tensor:
+    """``x.clamp(lo, hi)`` in value (bit-exact), identity in gradient."""
+    return _StraightThroughClamp.apply(x, lo, hi)
 
 
 class KerpleLog(_Kerple):
     """Logarithmic KERPLE: ``b_h(d) = −r1_h · log(1 + r2_h · |d|)`` logits, d = i − j tokens.
 
-    Parameters r1, r2: float32 ``[num_heads]``, learnable, clamped to >= 0.01 when used.
+    Parameters r1, r2: float32 ``[num_heads]``, learnable, constrained to >= 0.01 (see the module docstring).
     Raises: ValueError for a given r1 or r2 <= 0.
     """
 
@@ -62,6 +102,8 @@ class KerplePower(_Kerple):
     respect to r2 stays finite at d = 0 (where the bias is exactly 0).
     Raises: ValueError for a given r1 or r2 <= 0.
     """
+
+    r2_max = KERPLE_POWER_MAX
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
         """``[num_heads, *d.shape]`` float32 logits for distances ``d = i − j`` (tokens)."""

@@ -15,10 +15,10 @@ import torch
 from .base import PositionEncoding
 
 
-def rope_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """RoPE frequencies θ_k = base^(−2k/head_dim), k = 0..head_dim/2 − 1 (radians per token).
 
-    Returns: float32 ``[head_dim // 2]``.
+    Returns: ``[head_dim // 2]`` in ``dtype`` (float32 by default; computed in float64).
     Raises: ValueError if head_dim is not a positive even integer or base <= 1.
     """
     if head_dim < 2 or head_dim % 2:
@@ -26,7 +26,7 @@ def rope_inv_freq(head_dim: int, base: float = 10000.0) -> torch.Tensor:
     if not (math.isfinite(base) and base > 1):
         raise ValueError(f"rope_theta (base) must be > 1 (got {base})")
     exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-    return (1.0 / base**exponent).float()
+    return (1.0 / base**exponent).to(dtype)
 
 
 def _yarn_correction_dim(num_rotations: float, head_dim: int, base: float, max_pos: int) -> float:
@@ -40,7 +40,8 @@ def yarn_attention_factor(factor: float) -> float:
 
 
 def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_position_embeddings: int,
-                  beta_fast: float = 32, beta_slow: float = 1) -> tuple[torch.Tensor, float]:
+                  beta_fast: float = 32, beta_slow: float = 1,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
     """YaRN frequencies and attention factor (Peng et al. 2023, §3.2–3.4; HF reference).
 
     ``original_max_position_embeddings``: the training context in tokens; ``beta_fast`` /
@@ -50,7 +51,7 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
     those above ``high = ceil(dim(beta_slow))`` become θ_k / s (interpolate), with a linear
     ramp in between.
 
-    Returns: ``(inv_freq float32 [head_dim // 2], attention_factor)``; fireviz multiplies
+    Returns: ``(inv_freq [head_dim // 2] in dtype (float32 default), attention_factor)``; fireviz multiplies
     both q and k by attention_factor once, so the logits scale by its square (= 1/t).
     Raises: ValueError for factor < 1, beta_fast <= beta_slow, or bad head_dim/base.
     """
@@ -59,7 +60,7 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
     if not beta_fast > beta_slow > 0:
         raise ValueError(f"YaRN needs beta_fast > beta_slow > 0 rotations (got beta_fast={beta_fast}, "
                          f"beta_slow={beta_slow}; the paper uses 32 and 1)")
-    theta = rope_inv_freq(head_dim, base).double()
+    theta = rope_inv_freq(head_dim, base, torch.float64)
     low = max(math.floor(_yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)), 0)
     high = min(math.ceil(_yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)), head_dim - 1)
     if low == high:
@@ -67,15 +68,18 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
     extrapolation_weight = 1 - ramp
     inv_freq = theta / factor * (1 - extrapolation_weight) + theta * extrapolation_weight
-    return inv_freq.float(), yarn_attention_factor(factor)
+    return inv_freq.to(dtype), yarn_attention_factor(factor)
 
 
 class RotaryEmbedding(PositionEncoding):
     """RoPE (``rope``), RoPE with position interpolation (``rope_pi``) or YaRN (``yarn``).
 
     ``rotate(x, positions)`` returns x rotated pair-wise (rotate-half layout) by angles
-    ``positions · inv_freq``; angles, cos and sin are computed in float32 with autocast
-    off, and the result is cast back to ``x.dtype``. For ``yarn`` the result is also scaled
+    ``positions · inv_freq``. The frequencies are a float64 buffer that keeps its dtype
+    when the module is cast (``model.to(torch.bfloat16)`` moves it, never rounds it: in
+    bf16 the angle at position 8191 would be off by radians); angles, cos and sin are
+    computed in float64, the rotation in float32 with autocast off, and the result is cast
+    back to ``x.dtype``. For ``yarn`` the result is also scaled
     by the attention factor (applied once per tensor, i.e. to q and to k).
 
     Args:
@@ -95,7 +99,7 @@ class RotaryEmbedding(PositionEncoding):
         self.rope_theta = float(rope_theta)
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None
         self.attention_factor = 1.0
-        inv_freq = rope_inv_freq(head_dim, self.rope_theta)
+        inv_freq = rope_inv_freq(head_dim, self.rope_theta, torch.float64)
         if self.rope_scaling:
             kind = self.rope_scaling.get("type")
             factor = float(self.rope_scaling.get("factor", 1.0))
@@ -111,17 +115,27 @@ class RotaryEmbedding(PositionEncoding):
                     raise ValueError("yarn rope_scaling needs original_max_position_embeddings (the training length)")
                 inv_freq, self.attention_factor = yarn_inv_freq(
                     head_dim, self.rope_theta, factor, int(orig),
-                    self.rope_scaling.get("beta_fast", 32), self.rope_scaling.get("beta_slow", 1))
+                    self.rope_scaling.get("beta_fast", 32), self.rope_scaling.get("beta_slow", 1), torch.float64)
             else:
                 raise ValueError(f"rope_scaling type must be 'pi' or 'yarn' (got {kind!r})")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() / .bfloat16() would round the frequencies; keep them float64
+        # and follow only the device change.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``cos, sin`` of shape ``[T, head_dim]`` for int positions ``[T]`` (tokens)."""
+        """float32 ``cos, sin`` of shape ``[T, head_dim]`` for int positions ``[T]`` (tokens);
+        angles and their cos/sin computed in float64 whatever the module's dtype."""
         with torch.autocast(device_type=positions.device.type, enabled=False):
-            angles = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None, :]
+            angles = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None, :]
             angles = torch.cat([angles, angles], dim=-1)
-            return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+            return ((angles.cos() * self.attention_factor).float(),
+                    (angles.sin() * self.attention_factor).float())
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [..., T, head_dim]`` at absolute ``positions [T]``; same dtype as x."""
