@@ -25,10 +25,12 @@ distances 0 … seq_len − 1 seen in training. Never imports Streamlit.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
 import sys
+from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -36,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .encodings import ToeplitzBias
+from .encodings import ToeplitzBias, fire_modules
 from .model import BOS_ID, GPT
 
 #: Multiples of the training length used for the default bias query positions.
@@ -376,6 +378,8 @@ class LayerBiases:
         if self.fire is not None:
             out["fire"] = {"c": _r(self.fire["c"]), "threshold_L": _r(self.fire["threshold_L"]),
                            "mlp_x": _rl(self.fire["mlp_x"]), "mlp_bias": _rl(self.fire["mlp_bias"])}
+            if "input_vs_query" in self.fire:
+                out["fire"]["input_vs_query"] = self.fire["input_vs_query"]
         return out
 
 
@@ -387,7 +391,8 @@ class BiasReport:
     none), ``train_seq_len`` (tokens), ``n_layer``, ``n_head``, ``query_positions`` (tokens,
     0-based), ``classify_at`` (the query position of the headline locality), ``layers``
     (``LayerBiases`` per layer, empty curves for non-additive kinds), ``kernel`` (rotary only:
-    ``{"distance": [D], "value": [D], "attention_factor", "label"}``), ``note``.
+    ``{"distance": [D], "value": [D], "attention_factor", "label"}``), ``note``,
+    ``normalizer_cap`` (tokens; FIRE computed with a capped normalizer, else None).
     """
 
     checkpoint: str | None
@@ -401,6 +406,7 @@ class BiasReport:
     layers: list[LayerBiases]
     kernel: dict | None = None
     note: str = ""
+    normalizer_cap: int | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: the attributes above, ``locality_rules``, and per layer
@@ -418,6 +424,7 @@ class BiasReport:
                 "query_positions": list(self.query_positions), "classify_at": self.classify_at,
                 "units": {"position": "tokens (0-based)", "distance": "tokens", "bias": "logits"},
                 "locality_rules": dict(LOCALITY_RULES), "note": self.note, "kernel": kernel,
+                "normalizer_cap": self.normalizer_cap,
                 "layers": [layer.to_dict() for layer in self.layers]}
 
 
@@ -432,10 +439,49 @@ def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list
     return list(range(start, stop, stride))
 
 
+#: distances (tokens) whose FIRE input ψ(d)/ψ(max(L, i)) is followed against the query position
+FIRE_INPUT_DISTANCES = (1, 16, 64, 256)
+
+
+def fire_input_vs_query(encoding, distances: Sequence[int] = FIRE_INPUT_DISTANCES,
+                        query_positions: Sequence[int] | None = None, max_position: int = 8192) -> dict:
+    """FIRE's MLP input for fixed distances as the query moves (Li et al. 2024, eq. 3–4).
+
+    For each distance d and query position i >= d: x(d, i) = ψ(d) / ψ(max(L, i)) (with the
+    encoding's normalizer cap, if any; ψ(d) alone without progressive interpolation). Past
+    the training length the normalizer keeps growing, so a fixed distance looks nearer and
+    nearer to f_θ — the dilution mechanism.
+    Args: a ``FIRE`` module; ``distances`` in tokens (>= 1); ``query_positions`` (tokens) or
+      None for ~96 log-spaced positions from 1 to ``max_position``.
+    Returns: ``{"distances": [D], "query_positions": [Q], "input": [D][Q] floats, None where
+      d > i (no such key)}``.
+    Raises: ValueError for a distance < 1 or an empty grid.
+    """
+    d = [int(x) for x in distances]
+    if not d or min(d) < 1:
+        raise ValueError(f"distances must be >= 1 token (got {list(distances)})")
+    if query_positions is None:
+        q = sorted({int(round(x)) for x in np.geomspace(1, max(2, max_position), 96)} | {max_position})
+    else:
+        q = sorted({int(x) for x in query_positions})
+    if not q or q[0] < 0:
+        raise ValueError("query positions must be a non-empty list of integers >= 0")
+    with torch.no_grad():
+        dev = encoding.c.device
+        psi_d = encoding.psi(torch.tensor(d, device=dev, dtype=torch.float32))
+        if encoding.progressive_interpolation:
+            x = psi_d[:, None] / encoding.normalizer(torch.tensor(q, device=dev))[None, :]
+        else:
+            x = psi_d[:, None].expand(len(d), len(q))
+        x = x.double().cpu().numpy()
+    grid = [[_r(float(x[a, b])) if d[a] <= q[b] else None for b in range(len(q))] for a in range(len(d))]
+    return {"distances": d, "query_positions": q, "input": grid}
+
+
 @torch.no_grad()
 def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classify_at: int | None = None,
                 matrix_window: tuple[int, int, int] | None = None, checkpoint: str | None = None,
-                mlp_grid_points: int = 201) -> BiasReport:
+                mlp_grid_points: int = 201, normalizer_cap: int | None = None) -> BiasReport:
     """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``).
 
     Args:
@@ -448,11 +494,35 @@ def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classi
         on both axes); default 0 … max query position with at most 128 points per axis.
       checkpoint: name stored in the report.
       mlp_grid_points: FIRE only, points of the f_θ curve on [0, 1].
-    Returns: ``BiasReport``. Additive encodings get curves/matrix/locality; rotary ones the
+      normalizer_cap: FIRE only: compute every curve with ψ(min(max(L, i), cap)) (tokens), as
+        ``fireviz eval --normalizer-cap`` evaluates, on a copy of the model (the model given
+        is never changed). Ignored
+        (``report.normalizer_cap`` None) for encodings without a normalizer.
+    Returns: ``BiasReport``; FIRE layers also carry ``fire["input_vs_query"]``
+      (:func:`fire_input_vs_query`, up to 16× the training length). Additive encodings get curves/matrix/locality; rotary ones the
       ``rotary_kernel`` over distances 0 … max query position (Su et al. 2021 §3.4.3) and no
       per-head locality; NoPE neither (``note`` says so).
     Raises: ValueError for negative/empty query positions or a bad window.
     """
+    model = _capped_copy(model, normalizer_cap)
+    report = _bias_report(model, query_positions, classify_at, matrix_window, checkpoint, mlp_grid_points)
+    report.normalizer_cap = int(normalizer_cap) if normalizer_cap is not None and fire_modules(model) else None
+    return report
+
+
+def _capped_copy(model: GPT, cap: int | None) -> GPT:
+    # A copy, never the caller's model: the app shares one loaded model between sessions.
+    if cap is None or not fire_modules(model):
+        return model
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+        raise ValueError(f"normalizer_cap must be an integer number of tokens >= 1 (got {cap!r})")
+    copy = deepcopy(model)
+    for m in fire_modules(copy):
+        m.normalizer_cap = float(cap)
+    return copy
+
+
+def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint, mlp_grid_points) -> BiasReport:
     cfg = model.config
     positions = _check_positions(query_positions if query_positions is not None
                                  else default_query_positions(cfg.seq_len))
@@ -503,7 +573,8 @@ def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classi
         if is_fire:
             x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
             lb.fire = {"c": float(enc.c), "threshold_L": float(enc.threshold()), "mlp_x": x.cpu().numpy(),
-                       "mlp_bias": enc.mlp_forward(x).float().cpu().numpy()}
+                       "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
+                       "input_vs_query": fire_input_vs_query(enc, max_position=max(16 * cfg.seq_len, positions[-1]))}
         report.layers.append(lb)
     return report
 
@@ -553,7 +624,7 @@ class DilutionResult:
     count as near), ``rows`` (consecutive query rows averaged per position), ``share`` float64
     ``[layers, heads, positions]`` (probability in [0, 1], averaged over rows and batch),
     ``train_seq_len`` (tokens), ``checkpoint``, ``encoding``, ``tokens`` (scored sequence
-    length per batch item).
+    length per batch item), ``normalizer_cap`` (tokens, FIRE measured capped; else None).
     """
 
     query_positions: list[int]
@@ -564,10 +635,12 @@ class DilutionResult:
     checkpoint: str | None = None
     encoding: str | None = None
     tokens: int = 0
+    normalizer_cap: int | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dict with ``share`` as nested lists [layer][head][position]."""
         return {"checkpoint": self.checkpoint, "encoding": self.encoding, "train_seq_len": self.train_seq_len,
+                "normalizer_cap": self.normalizer_cap,
                 "query_positions": list(self.query_positions), "near": self.near, "rows": self.rows,
                 "tokens": self.tokens, "units": {"position": "tokens (0-based)", "share": "attention probability"},
                 "share": _rl(self.share)}
@@ -579,7 +652,8 @@ class _StopForward(Exception):
 
 @torch.no_grad()
 def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
-                       near: int = 64, rows: int = 8, checkpoint: str | None = None) -> DilutionResult:
+                       near: int = 64, rows: int = 8, checkpoint: str | None = None,
+                       normalizer_cap: int | None = None) -> DilutionResult:
     """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
 
     Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` and, at the input of
@@ -598,6 +672,8 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
       query_positions: tokens, 0-based; default m·seq_len − 1 for m = 1, 2, 4, 8, 16.
       near: how many nearest keys (including the query's own position) count as near.
       rows: consecutive query rows averaged per position (clipped at position 0).
+      normalizer_cap: FIRE only: measure with ψ(min(max(L, i), cap)) (tokens); the model is
+        left as it was. Recorded as ``normalizer_cap`` (None for other encodings).
     Returns: ``DilutionResult`` with ``share [layers, heads, positions]``.
     Raises: ValueError if tokens are not 1-D/2-D integers, too short for the largest query
       position, or near/rows < 1; the model's own ValueError for a model with absolute
@@ -647,6 +723,8 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
                 raise _StopForward
         return hook
 
+    capped = normalizer_cap is not None and bool(fire_modules(model))
+    model = _capped_copy(model, normalizer_cap)
     was_training = model.training
     model.eval()
     try:
@@ -662,7 +740,63 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
         model.train(was_training)
     return DilutionResult(query_positions=positions, near=int(near), rows=int(rows), share=share,
                           train_seq_len=int(cfg.seq_len), checkpoint=checkpoint, encoding=cfg.position_encoding,
-                          tokens=n)
+                          tokens=n, normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None)
+
+
+#: bumped when the numbers a given dilution setting produces would change (part of the cache key)
+DILUTION_FORMAT_VERSION = 1
+
+
+def dilution_cache_path(checkpoint: str | os.PathLike, tokens: torch.Tensor, query_positions: Sequence[int],
+                        near: int, rows: int, normalizer_cap: int | None,
+                        cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
+    the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
+    settings. ``cache_dir`` defaults to ``fireviz.evaluate.default_cache_dir()``.
+    Raises: OSError if the checkpoint's files cannot be read."""
+    from .evaluate import default_cache_dir
+    from .files import sha256_files
+    folder = Path(checkpoint)
+    tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
+    blob = json.dumps({"format": DILUTION_FORMAT_VERSION,
+                       "checkpoint_sha256": sha256_files(folder / "model.safetensors", folder / "config.json"),
+                       "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(),
+                       "query_positions": [int(p) for p in query_positions], "near": int(near), "rows": int(rows),
+                       "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}, sort_keys=True)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / "dilution" / f"{hashlib.sha256(blob.encode()).hexdigest()}.json"
+
+
+def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tensor,
+                              query_positions: Sequence[int], near: int = 64, rows: int = 8,
+                              normalizer_cap: int | None = None, cache_dir: str | os.PathLike | None = None,
+                              compute: bool = True) -> dict | None:
+    """``attention_dilution(...).to_dict()`` for a checkpoint folder, cached on disk.
+
+    Reads the cached result when one exists for exactly these weights, tokens and settings
+    (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
+    writes the result atomically. A damaged cache file is recomputed (never shown).
+    Returns: the result dict (``"cached"``: whether it was read), or None when not cached
+      and ``compute`` is False. Raises: as ``attention_dilution`` and ``load_checkpoint``.
+    """
+    from .files import write_json_atomic
+    positions = _check_positions(query_positions)
+    path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        share = np.asarray(obj["share"], dtype=np.float64)
+        if share.ndim == 3 and share.shape[2] == len(positions) and np.isfinite(share).all() \
+                and obj.get("query_positions") == positions:
+            return {**obj, "cached": True}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        pass
+    if not compute:
+        return None
+    model = load_checkpoint(checkpoint)
+    out = attention_dilution(model, tokens, positions, near=near, rows=rows, checkpoint=Path(checkpoint).name,
+                             normalizer_cap=normalizer_cap).to_dict()
+    write_json_atomic(path, out)
+    return {**out, "cached": False}
 
 
 def text_tokens(text: str) -> torch.Tensor:
@@ -727,6 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--near", type=int, default=64, help="keys counted as near for dilution (default 64)")
     ap.add_argument("--dilution-positions", default=None,
                     help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
+    ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
+                    help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens")
     ap.add_argument("--out", default=None, help="output JSON (default CKPT/biases.json)")
     try:
         args = ap.parse_args(argv)
@@ -745,6 +881,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     if args.near < 1:
         return fail(f"--near must be >= 1 (got {args.near})")
+    if args.normalizer_cap is not None and args.normalizer_cap < 1:
+        return fail(f"--normalizer-cap must be >= 1 token (got {args.normalizer_cap}); e.g. the training length")
     try:
         model = load_checkpoint(args.checkpoint)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line
@@ -761,10 +899,12 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
                         f"query position needs {need}; give a longer text or smaller --dilution-positions")
     try:
-        report = bias_report(model, positions, classify_at=args.classify_at, matrix_window=window, checkpoint=name)
+        report = bias_report(model, positions, classify_at=args.classify_at, matrix_window=window, checkpoint=name,
+                             normalizer_cap=args.normalizer_cap)
         out = report.to_dict()
         if tokens is not None:
-            out["dilution"] = attention_dilution(model, tokens, dil_positions, near=args.near, checkpoint=name).to_dict()
+            out["dilution"] = attention_dilution(model, tokens, dil_positions, near=args.near, checkpoint=name,
+                                                 normalizer_cap=args.normalizer_cap).to_dict()
     except ValueError as e:
         return fail(str(e))
     out_path = Path(args.out) if args.out else Path(args.checkpoint) / "biases.json"
@@ -774,8 +914,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         return fail(f"cannot write {out_path}: {e}")
     rows = locality_table([out])
+    if args.normalizer_cap is not None and out.get("normalizer_cap") is None:
+        print(f"note: {out['encoding']} has no normalizer; --normalizer-cap changes nothing")
     if rows:
-        print(f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position {out['classify_at']})")
+        cap = f", normalizer capped at {out['normalizer_cap']}" if out.get("normalizer_cap") else ""
+        print(f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position "
+              f"{out['classify_at']}{cap})")
         for r in rows:
             print(f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}")
     else:

@@ -74,6 +74,7 @@ import torch.nn.functional as F
 
 from . import __version__
 from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
+from .encodings import fire_modules
 from .files import sha256_files, write_json_atomic
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
@@ -754,11 +755,6 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
     return None if token_budget is None else int(token_budget)
 
 
-def _fire_modules(model: GPT) -> list:
-    from .encodings import FIRE
-    return [m for m in model.encodings if isinstance(m, FIRE)]
-
-
 def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
     """Set FIRE's normalizer cap ψ(min(max(L, i), cap)) (tokens) on every FIRE module of ``model``.
 
@@ -770,7 +766,7 @@ def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1):
         raise EvaluationError(f"normalizer_cap must be an integer number of tokens >= 1 (got {cap!r}); e.g. the "
                               "training length, --normalizer-cap 512")
-    modules = _fire_modules(model)
+    modules = fire_modules(model)
     if not modules:
         return None
     own = model.config.encoding_options.get("normalizer_cap")

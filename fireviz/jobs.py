@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Collection
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
@@ -315,6 +316,55 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
 
     return q.submit(description, work, label=("cache lookup" if probe else "evaluation") + label_suffix,
                     device=settings.get("device"))
+
+
+# -- attention dilution ---------------------------------------------------------------------------
+def dilution_description(checkpoint_paths: list[str], source: str, query_positions: list[int], near: int,
+                         rows: int = 8, normalizer_cap: int | None = None) -> dict:
+    """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
+    make a retrained checkpoint a new job. Raises: CheckpointError for unreadable weights."""
+    from .checkpoints import weights_fingerprint
+
+    return {"kind": "dilution", "checkpoints": [{"path": str(p), "fingerprint": weights_fingerprint(p)}
+                                                for p in checkpoint_paths],
+            "source": str(source), "query_positions": [int(p) for p in query_positions], "near": int(near),
+            "rows": int(rows), "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}
+
+
+def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_positions: list[int], near: int,
+                    rows: int = 8, normalizer_cap: int | None = None, queue_: JobQueue | None = None) -> Job:
+    """Measure ``fireviz.analysis.attention_dilution`` for each checkpoint in the background
+    (the "evaluate" queue), plain and — for FIRE checkpoints when ``normalizer_cap`` is set —
+    with the normalizer capped; each result is cached on disk
+    (``analysis.cached_attention_dilution``), so a finished measurement is never repeated.
+
+    Args: checkpoint folders; ``tokens`` LongTensor ``[T]`` of the text; ``source`` a name of
+      the text for the job's key (e.g. ``"prose:validation:<doc id>"`` or an upload's content
+      hash); ``query_positions`` (tokens); ``near`` keys counted as near.
+    Returns: the :class:`Job`; its result is a list of ``DilutionResult.to_dict()``.
+    Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
+    """
+    description = dilution_description(checkpoint_paths, source, query_positions, near, rows, normalizer_cap)
+
+    def work(progress, should_stop):
+        from . import analysis
+        from .encodings import fire_modules
+
+        out = []
+        plan = [(p, None) for p in checkpoint_paths]
+        if normalizer_cap:
+            plan += [(p, int(normalizer_cap)) for p in checkpoint_paths
+                     if fire_modules(analysis.load_checkpoint(p))]
+        for k, (path, cap) in enumerate(plan):
+            if should_stop():
+                raise JobCancelled()
+            progress(k, len(plan), f"{Path(path).name}" + (f" (cap {cap})" if cap else ""))
+            out.append(analysis.cached_attention_dilution(path, tokens, query_positions, near=near, rows=rows,
+                                                          normalizer_cap=cap))
+        progress(len(plan), len(plan), "done")
+        return out
+
+    return (queue_ or default_queue("evaluate")).submit(description, work, label="attention dilution")
 
 
 # -- FIRE fits ----------------------------------------------------------------------------------

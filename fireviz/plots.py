@@ -186,53 +186,150 @@ def _layer(r: dict, layer: int) -> dict:
     raise ValueError(f"layer {layer} is not in the report (layers 0..{r.get('n_layer', 0) - 1})")
 
 
-def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance") -> go.Figure:
+X_AXES = ("distance", "log_distance", "normalized")
+
+
+def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance", capped=None) -> go.Figure:
     """One head's bias curves at every query position of the report.
 
     Args:
       report: ``BiasReport`` or its ``to_dict()`` (additive encodings).
       x_axis: ``"distance"`` (i − j, tokens; curves stretch as i grows under FIRE's
-        progressive interpolation) or ``"normalized"`` (FIRE only: the MLP input
-        ψ(i − j)/ψ(max(L, i)) of Li et al. 2024 eq. 3–4; all curves lie on f_θ, drawn dashed).
-    Returns: Figure; trace meta ``{"layer", "head", "query_position"}`` (f_θ: ``{"mlp": True}``).
-      On the distance axis the training length is marked.
+        progressive interpolation), ``"log_distance"`` (the same on a log axis from distance
+        1: learned FIRE and Kerple-log curves are nearly straight there) or ``"normalized"``
+        (FIRE only: the MLP input ψ(i − j)/ψ(max(L, i)) of Li et al. 2024 eq. 3–4; all curves
+        lie on f_θ, drawn dashed).
+      capped: optional second report of the same checkpoint computed with a normalizer cap
+        (``bias_report(..., normalizer_cap=N)``): its curves are overlaid dashed, named
+        ``"i = …, cap N"``, meta ``capped: N``.
+    Returns: Figure; trace meta ``{"layer", "head", "query_position", "capped"}`` (f_θ:
+      ``{"mlp": True}``). On the distance axes the training length is marked.
     Raises: ValueError for a non-additive report, a missing layer/head, a bad ``x_axis``,
       or ``"normalized"`` on a non-FIRE report.
     """
     r = _as_dict(report)
     if r.get("kind") != "additive":
         raise ValueError(f"{r.get('encoding')} has no additive bias (kind {r.get('kind')}); use bias_grid_figure")
-    if x_axis not in ("distance", "normalized"):
-        raise ValueError(f"x_axis must be 'distance' or 'normalized' (got {x_axis!r})")
+    if x_axis not in X_AXES:
+        raise ValueError(f"x_axis must be one of {', '.join(X_AXES)} (got {x_axis!r})")
     lay = _layer(r, layer)
     if not 0 <= head < r["n_head"]:
         raise ValueError(f"head {head} out of range 0..{r['n_head'] - 1}")
     fig = go.Figure()
-    for k, c in enumerate(lay["curves"]):
-        i = c["query_position"]
-        y = _arr(c["bias"])[head]
-        if x_axis == "distance":
-            x = np.asarray(c.get("distance", range(y.size)), dtype=np.int64)
-        else:
-            if "normalized_input" not in c:
-                raise ValueError(f"{r.get('encoding')} is not FIRE: no normalized input to plot against")
-            x = _arr(c["normalized_input"])
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"i = {i}", line=dict(color=_color(k)),
-                                 meta={"layer": layer, "head": head, "query_position": i}))
+    sets = [(lay, None)]
+    if capped is not None:
+        c_r = _as_dict(capped)
+        sets.append((_layer(c_r, layer), c_r.get("normalizer_cap")))
+    for lay_k, cap in sets:
+        for k, c in enumerate(lay_k["curves"]):
+            i = c["query_position"]
+            y = _arr(c["bias"])[head]
+            if x_axis == "normalized":
+                if "normalized_input" not in c:
+                    raise ValueError(f"{r.get('encoding')} is not FIRE: no normalized input to plot against")
+                x = _arr(c["normalized_input"])
+            else:
+                x = np.asarray(c.get("distance", range(y.size)), dtype=np.int64)
+                if x_axis == "log_distance":  # distance 0 has no place on a log axis
+                    keep = x >= 1
+                    x, y = x[keep], y[keep]
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"i = {i}" + (f", cap {cap}" if cap else ""),
+                                     line=dict(color=_color(k), dash="dash" if cap else None),
+                                     meta={"layer": layer, "head": head, "query_position": i, "capped": cap}))
     if x_axis == "normalized" and lay.get("fire"):
         f = lay["fire"]
         fig.add_trace(go.Scatter(x=_arr(f["mlp_x"]), y=_arr(f["mlp_bias"])[head], mode="lines", name="f_θ(x)",
                                  line=dict(color="black", dash="dot"), meta={"layer": layer, "head": head, "mlp": True}))
         xt = "normalized distance ψ(i − j)/ψ(max(L, i)) (dimensionless)"
     else:
-        xt = "distance i − j (tokens)"
+        xt = "distance i − j (tokens" + (", log scale)" if x_axis == "log_distance" else ")")
         _mark_length(fig, r.get("train_seq_len"))
+        if x_axis == "log_distance":
+            fig.update_xaxes(type="log")
     loc = next((h for h in lay.get("heads", []) if h["head"] == head), None)
     sub = f"locality {loc['locality']} (ρ = {loc['rank_correlation']:.2f}, peak at {loc['peak_distance']} tokens)" if loc else ""
     fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: layer {layer}, head {head}",
                                  subtitle=dict(text=sub)),
                       xaxis_title=xt, yaxis_title="bias (logits)", legend_title_text="query position",
                       meta={"train_seq_len": r.get("train_seq_len"), "layer": layer, "head": head, "x_axis": x_axis})
+    return fig
+
+
+def fire_input_figure(report, layer: int, capped=None) -> go.Figure:
+    """FIRE's MLP input ψ(d)/ψ(max(L, i)) for fixed distances d against the query position i.
+
+    Args: a FIRE ``BiasReport`` (or ``to_dict()``) whose layer carries
+      ``fire["input_vs_query"]``; ``capped``: the same from a report with a normalizer cap,
+      drawn dashed. Returns: Figure; x = query position i (tokens, log), y = the input in
+      [0, 1]; one line per distance (meta ``{"layer", "distance", "capped"}``); the training
+      range 0 … train_seq_len shaded (the positions f_θ saw). Past it, an uncapped line
+      keeps falling: a fixed distance looks ever nearer to f_θ.
+    Raises: ValueError for a report without FIRE input data.
+    """
+    r = _as_dict(report)
+    sets = [(r, None)] + ([(_as_dict(capped), _as_dict(capped).get("normalizer_cap"))] if capped is not None else [])
+    fig = go.Figure()
+    for rep, cap in sets:
+        fire = (_layer(rep, layer).get("fire") or {}).get("input_vs_query")
+        if not fire:
+            raise ValueError(f"{rep.get('encoding')} layer {layer} has no FIRE input data (not a FIRE report)")
+        q = np.asarray(fire["query_positions"], dtype=np.int64)
+        for k, (d, row) in enumerate(zip(fire["distances"], fire["input"])):
+            y = np.array([np.nan if v is None else v for v in row], dtype=np.float64)
+            fig.add_trace(go.Scatter(x=q, y=y, mode="lines", name=f"d = {d}" + (f", cap {cap}" if cap else ""),
+                                     line=dict(color=_color(k), dash="dash" if cap else None),
+                                     meta={"layer": layer, "distance": int(d), "capped": cap}))
+    train = r.get("train_seq_len")
+    if train:
+        fig.add_vrect(x0=1, x1=train, fillcolor="gray", opacity=0.12, line_width=0,
+                      annotation_text="training positions", annotation_position="top left")
+    fig.update_xaxes(type="log")
+    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: f_θ's input for fixed distances, "
+                                      f"layer {layer}",
+                                 subtitle=dict(text="ψ(d)/ψ(max(L, i)): past the training positions the normalizer "
+                                                    "grows on, so far keys look near")),
+                      xaxis_title="query position i (tokens, log scale)",
+                      yaxis_title="normalized distance (f_θ's input)", yaxis_range=[0, 1.02],
+                      meta={"train_seq_len": train, "layer": layer})
+    return fig
+
+
+def dilution_compare_figure(results: Sequence) -> go.Figure:
+    """Attention share on the nearest keys vs query position, one panel per layer, one line
+    per checkpoint (mean over heads); capped-normalizer results dashed.
+
+    Args: ``fireviz.analysis.DilutionResult``s or their ``to_dict()`` (same ``near``).
+    Returns: Figure with one row per layer; trace meta ``{"checkpoint", "layer",
+      "normalizer_cap"}``, y = mean share over heads (probability), x = query position
+      (tokens, log), training length marked. Raises: ValueError for no results.
+    """
+    rs = [_as_dict(r) for r in results]
+    if not rs:
+        raise ValueError("no dilution results to plot")
+    n_layer = max(_arr(r["share"]).shape[0] for r in rs)
+    fig = make_subplots(rows=n_layer, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[f"layer {l}" for l in range(n_layer)])
+    names = list(OrderedDict.fromkeys(r.get("checkpoint") or r.get("encoding") for r in rs))
+    for r in rs:
+        share = _arr(r["share"])
+        name = r.get("checkpoint") or r.get("encoding")
+        cap = r.get("normalizer_cap")
+        for l in range(share.shape[0]):
+            fig.add_trace(go.Scatter(x=np.asarray(r["query_positions"]), y=share[l].mean(0), mode="lines+markers",
+                                     name=name + (f" (cap {cap})" if cap else ""), legendgroup=name + str(cap),
+                                     showlegend=l == 0, line=dict(color=_color(names.index(name)),
+                                                                 dash="dash" if cap else None),
+                                     meta={"checkpoint": name, "layer": l, "normalizer_cap": cap}), row=l + 1, col=1)
+    for l in range(n_layer):
+        _mark_length(fig, rs[0].get("train_seq_len"), row=l + 1, col=1)
+        fig.update_yaxes(range=[0, 1.02], row=l + 1, col=1)
+    fig.update_xaxes(type="log")
+    fig.update_xaxes(title_text="query position i (tokens)", row=n_layer, col=1)
+    near = rs[0].get("near")
+    fig.update_layout(title=dict(text=f"Attention on the nearest {near} keys (mean over heads)",
+                                 subtitle=dict(text=f"mean over {rs[0].get('rows')} query rows per position; "
+                                                    "a falling line is attention spreading thin")),
+                      height=220 * n_layer + 140, meta={"near": near, "train_seq_len": rs[0].get("train_seq_len")})
     return fig
 
 

@@ -485,16 +485,20 @@ MAX_QUERY_POSITION = 1 << 17
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
-def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str) -> dict:
+def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str,
+                 normalizer_cap: int | None = None) -> dict:
     from . import analysis
 
     model = _load_model(path, mtime_ns, "cpu")
-    return analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
+    return analysis.bias_report(model, list(positions) if positions else None, checkpoint=name,
+                                normalizer_cap=normalizer_cap).to_dict()
 
 
-def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None) -> dict:
-    """``fireviz.analysis.bias_report(model, positions).to_dict()`` for a checkpoint, cached
-    (``st.cache_data``) by folder, weights modification time and positions (tokens).
+def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None,
+                normalizer_cap: int | None = None) -> dict:
+    """``fireviz.analysis.bias_report(model, positions, normalizer_cap=…).to_dict()`` for a
+    checkpoint, cached (``st.cache_data``) by folder, weights modification time, positions
+    (tokens) and FIRE normalizer cap (tokens; computed on a copy of the shared model).
 
     Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
     """
@@ -503,7 +507,7 @@ def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None)
                          "pick smaller positions")
     mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
     return _bias_report(info.path, mtime, tuple(sorted(set(int(p) for p in positions))) if positions else None,
-                        info.name)
+                        info.name, normalizer_cap)
 
 
 # -- background jobs --------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """Learned biases: what each head of a checkpoint learned, at several query positions.
 
 Thin over ``fireviz.analysis.bias_report`` (curves, heatmap matrix, locality) and
-``fireviz.plots`` (figures). State in the URL: ckpt, view, layer, head, pos, x, clip.
+``fireviz.plots`` (figures); the dilution panel runs ``fireviz.jobs.submit_dilution`` in the
+background (cached on disk by ``analysis.cached_attention_dilution``). State in the URL: ckpt,
+view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 """
 import streamlit as st
 
-from fireviz import analysis, plots, ui
+from fireviz import analysis, jobs, plots, ui
+from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
 
 P = "biases"
 ui.setup_page("Learned biases")
@@ -31,10 +34,21 @@ layer = sb.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer",
                      disabled=view != "head")
 head = sb.selectbox("Head", list(range(n_head)), key=ui.url_state(P, "head", 0, int, options=list(range(n_head))),
                     disabled=view != "head")
-x_axis = sb.radio("x axis (one-head view)", ["distance", "normalized"],
-                  key=ui.url_state(P, "x", "distance", options=["distance", "normalized"]),
-                  format_func={"distance": "distance i − j", "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))"}.get,
-                  disabled=view != "head")
+x_axis = sb.radio("x axis (one-head view)", list(plots.X_AXES),
+                  key=ui.url_state(P, "x", "distance", options=list(plots.X_AXES)),
+                  format_func={"distance": "distance i − j", "log_distance": "distance, log scale",
+                               "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))"}.get,
+                  disabled=view != "head",
+                  help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight.")
+fire_chosen = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
+cap = 0
+if fire_chosen:
+    cap = int(sb.number_input("FIRE normalizer cap (tokens; 0 = off)", 0, 1 << 20,
+                              key=ui.url_state(P, "cap", 0, int, lo=0, hi=1 << 20),
+                              help="Overlay FIRE's curves with the normalizer ψ(min(max(L, i), N)): past N a query "
+                                   "is normalized as at N, so each distance keeps the input f_θ saw in training "
+                                   "(N = the training length). Dashed in the one-head view, the f_θ-input figure "
+                                   "and the dilution panel."))
 clip_options = [0, 5, 20, 100]
 clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
                     key=ui.url_state(P, "clip", 0, int, options=clip_options), disabled=view != "head",
@@ -44,7 +58,7 @@ clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
                          "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them, if the grid is fine enough: it has ~128 "
                          "points up to the largest query position, so enter small query positions (e.g. 127 for "
                          "a 1-token grid) to see a band a few tokens wide. Only the colours change, not the numbers.")
-ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip"])
+ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip", "cap"])
 
 positions = None
 text = st.session_state[ui.key(P, "pos")].strip()
@@ -86,15 +100,28 @@ for col, info in zip(cols, chosen):
             ui.error(f"{info.name} has {rep['n_layer']} layers × {rep['n_head']} heads; layer {layer}, head {head} "
                      "does not exist.", "Pick a smaller layer or head.")
             continue
-        use_x = x_axis if (x_axis == "distance" or info.position_encoding in ("fire", "fire_s")) else "distance"
+        is_fire = info.position_encoding in ("fire", "fire_s")
+        use_x = x_axis if (x_axis != "normalized" or is_fire) else "distance"
         if use_x != x_axis:
             st.caption(f"{info.position_encoding} is not FIRE: drawn against the distance instead.")
-        fig = plots.head_bias_figure(rep, layer, head, x_axis=use_x)
+        capped = ui.bias_report(info, positions, normalizer_cap=cap) if (cap and is_fire) else None
+        fig = plots.head_bias_figure(rep, layer, head, x_axis=use_x, capped=capped)
         if use_x == "normalized":
             caption = (f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens, against FIRE's MLP "
                        "input ψ(i−j)/ψ(max(L, i)): every query's curve lies on f_θ (dotted), squeezed into [0, 1].")
+        if capped is not None:
+            caption += (f" Dashed: the same with the normalizer capped at {cap} tokens — a query past {cap} then "
+                        f"sees the curve of query {cap} for distances below {cap}.")
         ui.show_figure(fig, caption, P, f"head_{info.name}")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
+        if is_fire:
+            fi = plots.fire_input_figure(rep, layer, capped=capped)
+            ui.show_figure(fi, "f_θ's input for fixed distances as the query moves: inside the shaded training "
+                               "positions each distance kept its value; past them the normalizer ψ(max(L, i)) grows "
+                               "on and the input falls, so far keys look near to f_θ — attention spreads thin "
+                               "(the dilution panel below)." + (f" Dashed: capped at {cap}." if capped else ""),
+                           P, f"fire_input_{info.name}")
+            ui.downloads(P, f"{info.name}_L{layer}_fire_input", plots.figure_to_csv(fi), plots.figure_data(fi))
         hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)
         ui.show_figure(hm, "Query × key grid (tokens); blank above the diagonal = future keys (masked).",
                        P, f"heatmap_{info.name}")
@@ -121,3 +148,65 @@ if reports:
         st.caption("No additive bias in the chosen checkpoint(s), so no locality to classify.")
     with st.expander("Full bias report (JSON)"):
         ui.downloads(P, "bias_report", None, reports)
+
+
+# -- attention dilution: why FIRE's long-context loss rises -------------------------------------
+st.subheader("Attention dilution")
+st.caption("Share of attention on the nearest k keys against the query position, per layer (mean over heads), "
+           "measured on real text. A line that falls past the training length is attention spreading over far "
+           "keys. Runs in the background; results are cached on disk.")
+dc1, dc2, dc3 = st.columns([2, 3, 1])
+sources = list(DOMAINS) + ["upload"]
+dtext = dc1.selectbox("Text", sources, key=ui.url_state(P, "dtext", "prose", options=sources),
+                      format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document")
+near = int(dc3.number_input("k nearest keys", 1, 4096, key=ui.url_state(P, "dnear", 16, int, lo=1, hi=4096)))
+seq = max(int(i.config.get("seq_len", 512)) for i in chosen)
+dil_positions = analysis.default_query_positions(seq, analysis.DEFAULT_DILUTION_MULTIPLES)
+need = dil_positions[-1] + 1
+docs, source = [], None
+try:
+    if dtext == "upload":
+        up = dc2.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "dupload"))
+        if up is not None:
+            path = ui.save_upload(up.name, up.getvalue())
+            docs, source = load_documents(path), f"upload:{path.parent.name}"
+    else:
+        docs, source = split_documents(load_documents(dtext), "validation"), f"{dtext}:validation"
+except DataError as e:
+    ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
+long_docs = [d for d in docs if d.num_tokens >= need]
+if docs and not long_docs:
+    ui.error(f"No document of this text has {need} tokens, the largest query position (16× the training length) "
+             "plus one.", "Upload a longer text.")
+elif long_docs:
+    ids = [d.id for d in long_docs]
+    doc_id = dc2.selectbox(f"Document ({len(ids)} hold {need} tokens)", ids,
+                           key=ui.url_state(P, "ddoc", ids[0], options=ids))
+    ui.sync_url(P, ["dtext", "ddoc", "dnear"])
+    doc = long_docs[ids.index(doc_id)]
+    tokens = document_tokens(doc)
+    paths = [i.path for i in chosen]
+    plan = [(i.path, None) for i in chosen] + [(i.path, cap) for i in fire_chosen if cap]
+    found = [analysis.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
+             for p, c in plan]
+    job = jobs.default_queue("evaluate").find(jobs.dilution_description(paths, f"{source}:{doc_id}", dil_positions,
+                                                                        near, normalizer_cap=cap or None))
+    if all(r is not None for r in found):
+        dfig = plots.dilution_compare_figure(found)
+        ui.show_figure(dfig, f"Document {doc_id} ({doc.num_tokens:,} tokens), query positions "
+                             f"{', '.join(map(str, dil_positions))}; each point averages 8 query rows."
+                       + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
+                       P, "dilution")
+        ui.downloads(P, "attention_dilution", plots.figure_to_csv(dfig), found)
+    elif job is not None and job.status not in jobs.FINISHED:
+        ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
+    else:
+        if job is not None and job.status == jobs.ERROR:
+            ui.error(f"The dilution measurement failed: {ui.job_error_text(job.error)[0]}")
+        if st.button("Measure dilution", key=ui.key(P, "dilution_run")):
+            job = jobs.submit_dilution(paths, tokens, f"{source}:{doc_id}", dil_positions, near,
+                                       normalizer_cap=cap or None)
+            ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
+        else:
+            st.caption(f"Not measured yet for these checkpoints on {doc_id}: press **Measure dilution** "
+                       "(seconds per checkpoint on a CPU).")

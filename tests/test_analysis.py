@@ -367,3 +367,72 @@ def test_cli_bad_input_exits_2_with_one_line(argv, needle, checkpoint, tmp_path,
     assert A.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and err[0].startswith("fireviz biases: error:")
+
+
+# ---------------------------------------------------------------- the normalizer cap, f_θ's input
+def test_bias_report_with_a_normalizer_cap_leaves_the_model_alone():
+    model = tiny("fire")
+    set_fire_heads(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    plain = A.bias_report(model, [32, 200]).to_dict()
+    capped = A.bias_report(model, [32, 200], normalizer_cap=32).to_dict()
+    assert capped["normalizer_cap"] == 32 and plain["normalizer_cap"] is None
+    assert all(m.normalizer_cap is None for m in model.encodings)  # computed on a copy
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    for lp, lc in zip(plain["layers"], capped["layers"]):
+        c32, c200 = (next(c for c in lc["curves"] if c["query_position"] == i) for i in (32, 200))
+        p32 = next(c for c in lp["curves"] if c["query_position"] == 32)
+        assert c32["bias"] == p32["bias"]  # at the cap nothing changes
+        assert [row[:32] for row in c200["bias"]] == [row[:32] for row in p32["bias"]]
+    assert A.bias_report(tiny("alibi"), [32], normalizer_cap=32).normalizer_cap is None  # no normalizer
+    with pytest.raises(ValueError, match="normalizer_cap"):
+        A.bias_report(model, [32], normalizer_cap=0)
+
+
+def test_fire_input_vs_query_is_psi_over_the_normalizer():
+    model = tiny("fire")
+    enc = model.encodings[0]
+    out = A.fire_input_vs_query(enc, distances=[1, 64], query_positions=[0, 10, 64, 1000])
+    assert out["distances"] == [1, 64] and out["query_positions"] == [0, 10, 64, 1000]
+    assert out["input"][1][:2] == [None, None]  # no key 64 tokens back from query 10
+    L = float(enc.threshold().detach())
+    for d, row in zip(out["distances"], out["input"]):
+        for i, v in zip(out["query_positions"], row):
+            if d <= i:
+                c = float(enc.c.detach())
+                assert v == pytest.approx(math.log1p(c * d) / (math.log1p(c * max(L, i)) + enc.eps), rel=1e-5)
+    with pytest.raises(ValueError):
+        A.fire_input_vs_query(enc, distances=[0])
+
+
+def test_cached_attention_dilution_reads_back_and_recomputes_a_damaged_entry(tmp_path):
+    model = tiny("fire")
+    set_fire_heads(model)
+    folder = tmp_path / "fire"
+    model.save_pretrained(folder)
+    tokens = torch.randint(0, 256, (700,))
+    kw = dict(near=4, cache_dir=tmp_path / "cache")
+    assert A.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw) is None
+    first = A.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)
+    again = A.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw)
+    assert first["cached"] is False and again["cached"] is True and again["share"] == first["share"]
+    direct = A.attention_dilution(GPT.from_pretrained(str(folder)), tokens, [31, 63, 255], near=4).to_dict()
+    assert first["share"] == direct["share"]
+    capped = A.cached_attention_dilution(folder, tokens, [31, 63, 255], normalizer_cap=32, **kw)
+    assert capped["normalizer_cap"] == 32 and capped["share"] != first["share"]
+    path = A.dilution_cache_path(folder, tokens, [31, 63, 255], 4, 8, None, tmp_path / "cache")
+    path.write_text("[" * 50000 + "]" * 50000)  # damaged: recomputed, never shown
+    assert A.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)["cached"] is False
+
+
+def test_biases_cli_normalizer_cap(tmp_path, capsys):
+    model = tiny("fire")
+    set_fire_heads(model)
+    model.save_pretrained(tmp_path / "fire")
+    out = tmp_path / "b.json"
+    assert cli_main(["biases", str(tmp_path / "fire"), "--query-positions", "32,200", "--normalizer-cap", "32",
+                     "--out", str(out)]) == 0
+    assert "normalizer capped at 32" in capsys.readouterr().out
+    assert json.loads(out.read_text())["normalizer_cap"] == 32
+    assert cli_main(["biases", str(tmp_path / "fire"), "--normalizer-cap", "0"]) == 2
+    assert "--normalizer-cap must be >= 1" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from fireviz import analysis, checkpoints, evaluate, jobs, ui
-from fireviz.model import CheckpointError
+from fireviz.model import GPT, CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
@@ -610,3 +610,47 @@ def test_training_runs_plot_position_parameters(tmp_path, monkeypatch):
     tr = next(t for t in fig["data"] if t["meta"] == {"run": "kerple_log", "parameter": "r2", "layer": 0, "head": 1})
     np.testing.assert_allclose(arr(tr["y"]), [0.25, 0.01])
     np.testing.assert_allclose(arr(tr["x"]), [0, 128])
+
+
+# -- Learned biases: the FIRE mechanism ---------------------------------------------------------
+def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
+    """The cap control overlays capped curves (at a query past the cap they equal the uncapped
+    curve of the query at the cap, for distances below it), the fixed-distance figure follows
+    f_θ's input, and the dilution panel measures in the background what analysis computes."""
+    at = page("pages/1_Learned_biases.py", ckpt="fire", view="head", layer="1", head="0", pos="32,255",
+              cap="32", dnear="4").run()
+    no_exception(at)
+    assert at.sidebar.number_input(key="biases_cap").value == 32
+    figs = figures(at)
+    curves = {(t["meta"]["query_position"], t["meta"]["capped"]): t for t in figs[0]["data"]
+              if "query_position" in t.get("meta", {})}
+    assert set(curves) == {(32, None), (255, None), (32, 32), (255, 32)}
+    plain_32, capped_255, plain_255 = (arr(curves[k]["y"]) for k in ((32, None), (255, 32), (255, None)))
+    np.testing.assert_array_equal(capped_255[:32], plain_32[:32])  # distances 0..31 < cap
+    assert not np.allclose(plain_255[:32], plain_32[:32])  # uncapped, the curve stretches
+    fire_input = next(f for f in figs if "fixed distances" in f["layout"]["title"]["text"])
+    lines = {(t["meta"]["distance"], t["meta"]["capped"]): t for t in fire_input["data"]}
+    assert set(d for d, _ in lines) == set(analysis.FIRE_INPUT_DISTANCES)
+    q = arr(lines[(1, None)]["x"])
+    y_plain, y_capped = arr(lines[(1, None)]["y"]), arr(lines[(1, 32)]["y"])
+    past = q >= 32
+    np.testing.assert_allclose(y_capped[past], y_capped[past][0])  # capped: constant past the cap
+    assert y_plain[past][-1] < y_plain[past][0]  # uncapped: falls as the normalizer grows
+    model = GPT.from_pretrained(str(app_env / "fire"))
+    enc = model.encodings[1]
+    import torch
+    expected = (enc.psi(torch.tensor([1.0])) / enc.normalizer(torch.tensor(q.astype(np.int64)))).detach().double().numpy()
+    np.testing.assert_allclose(y_plain, expected, rtol=1e-5)
+    # dilution: not measured yet → Measure → the panel's figure matches the library
+    assert any("Not measured yet" in c.value for c in at.caption)
+    at.button(key="biases_dilution_run").click()
+    run_until(at, lambda a: any("nearest 4 keys" in f["layout"]["title"]["text"] for f in figures(a)), timeout=120)
+    dil = next(f for f in figures(at) if "nearest 4 keys" in f["layout"]["title"]["text"])
+    from fireviz.data import document_tokens, load_documents, split_documents
+    doc = next(d for d in split_documents(load_documents("prose"), "validation") if d.num_tokens >= 16 * 32)
+    direct = analysis.attention_dilution(model, document_tokens(doc), near=4)
+    capped = analysis.attention_dilution(model, document_tokens(doc), near=4, normalizer_cap=32)
+    tr = {(t["meta"]["layer"], t["meta"]["normalizer_cap"]): t for t in dil["data"]}
+    np.testing.assert_allclose(arr(tr[(1, None)]["y"]), direct.share[1].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(arr(tr[(1, 32)]["y"]), capped.share[1].mean(0), rtol=1e-5)
+    np.testing.assert_array_equal(arr(tr[(0, None)]["x"]), direct.query_positions)

@@ -457,3 +457,34 @@ def test_position_parameters_figure():
     assert by[("fire", "c", 0, None)].name == "fire L0"
     with pytest.raises(ValueError, match="no run logged"):
         P.position_parameters_figure({"alibi": logs["alibi"]})
+
+
+def test_head_bias_log_distance_and_fire_input_figures():
+    import torch
+    from fireviz import analysis
+    from fireviz.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=32, position_encoding="fire")).eval()
+    rep = analysis.bias_report(model, [31, 127]).to_dict()
+    capped = analysis.bias_report(model, [31, 127], normalizer_cap=32).to_dict()
+    fig = P.head_bias_figure(rep, 0, 1, x_axis="log_distance", capped=capped)
+    assert fig.layout.xaxis.type == "log"
+    assert all(min(t.x) >= 1 for t in fig.data)  # distance 0 left out of a log axis
+    assert sorted((t.meta["query_position"], t.meta["capped"] or 0) for t in fig.data) == [
+        (31, 0), (31, 32), (127, 0), (127, 32)]
+    fi = P.fire_input_figure(rep, 0, capped=capped)
+    assert {(t.meta["distance"], t.meta["capped"]) for t in fi.data} == {
+        (d, c) for d in analysis.FIRE_INPUT_DISTANCES for c in (None, 32)}
+    assert fi.layout.shapes[0].x1 == 32  # the training positions, shaded
+    with pytest.raises(ValueError, match="x_axis"):
+        P.head_bias_figure(rep, 0, 0, x_axis="bogus")
+    alibi = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=32, position_encoding="alibi")).eval()
+    with pytest.raises(ValueError, match="no FIRE input"):
+        P.fire_input_figure(analysis.bias_report(alibi, [31]).to_dict(), 0)
+    toks = torch.randint(0, 256, (600,))
+    d = [analysis.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire"),
+         analysis.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire", normalizer_cap=32)]
+    dfig = P.dilution_compare_figure(d)
+    assert [(t.meta["checkpoint"], t.meta["layer"], t.meta["normalizer_cap"]) for t in dfig.data] == [
+        ("fire", 0, None), ("fire", 0, 32)]
+    np.testing.assert_allclose(dfig.data[0].y, d[0].share[0].mean(0), rtol=1e-5)  # to_dict: 6 digits

@@ -474,3 +474,9 @@ class FIRE(PositionEncoding):
         if direct:
             return out
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+def fire_modules(module: nn.Module) -> list[FIRE]:
+    """Every FIRE module inside ``module`` (a GPT, an encoding list, or a FIRE itself)."""
+    return [m for m in module.modules() if isinstance(m, FIRE)]
+
