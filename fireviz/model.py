@@ -144,8 +144,9 @@ class KVCache:
 
 
 def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int,
-                          device: torch.device) -> torch.Tensor | None:
-    """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1``.
+                          device: torch.device, position_offset: int = 0) -> torch.Tensor | None:
+    """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1`` (all shifted
+    by ``position_offset`` tokens, see ``PositionEncoding.bias``).
 
     Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
     additive encodings, on the encoding's device; bool ``[q_len, k_len]`` (True = may
@@ -153,6 +154,8 @@ def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_
     Raises: ValueError for bad lengths/offset (``query_positions``).
     """
     if encoding.kind == "additive":
+        if position_offset:
+            return encoding.masked_bias(q_len, k_len, q_offset, position_offset)
         return encoding.masked_bias(q_len, k_len, q_offset)  # bias and −inf in as few passes as it can
     i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
     return torch.arange(k_len, device=device)[None, :] <= i
@@ -170,22 +173,23 @@ class CausalSelfAttention(nn.Module):
         self.query_block = config.attn_query_block
 
     def forward(self, x: torch.Tensor, encoding: PositionEncoding, q_offset: int,
-                cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [batch, pos, d_model]`` at absolute positions ``q_offset…`` → same shape.
+                cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None,
+                position_offset: int = 0) -> torch.Tensor:
+        """``x [batch, pos, d_model]`` at absolute positions ``position_offset + q_offset…`` → same shape.
 
         ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
         """
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if encoding.kind == "rotary":
-            pos = torch.arange(q_offset, q_offset + T, device=x.device)
+            pos = torch.arange(q_offset, q_offset + T, device=x.device) + position_offset
             q, k = encoding.rotate(q, pos), encoding.rotate(k, pos)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         if T <= self.query_block:
-            y = self._attend(q, k, v, encoding, q_offset, k_len, dropout, mask)
+            y = self._attend(q, k, v, encoding, q_offset, k_len, dropout, mask, position_offset)
         else:
             # Query blocks: each block sees only the keys it may attend to (causal), so
             # memory is ∝ block × length and the masked half is never computed.
@@ -194,15 +198,15 @@ class CausalSelfAttention(nn.Module):
                 stop = min(start + self.query_block, T)
                 keys = q_offset + stop
                 outs.append(self._attend(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], encoding,
-                                         q_offset + start, keys, dropout, None))
+                                         q_offset + start, keys, dropout, None, position_offset))
             y = torch.cat(outs, dim=2)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
     @staticmethod
-    def _attend(q, k, v, encoding, q_offset, k_len, dropout, mask):
+    def _attend(q, k, v, encoding, q_offset, k_len, dropout, mask, position_offset=0):
         q_len = q.shape[2]
         if mask is None and not (encoding.kind != "additive" and q_len == k_len):
-            mask = causal_attention_mask(encoding, q_len, k_len, q_offset, q.device)
+            mask = causal_attention_mask(encoding, q_len, k_len, q_offset, q.device, position_offset)
         return attention(q, k, v, mask, dropout)
 
 
@@ -218,9 +222,9 @@ class Block(nn.Module):
                                  nn.Linear(4 * config.d_model, config.d_model, bias=False), nn.Dropout(config.dropout))
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, encoding, q_offset, cache=None, layer=0, mask=None):
+    def forward(self, x, encoding, q_offset, cache=None, layer=0, mask=None, position_offset=0):
         """Pre-LN residual block: x + attn(ln(x)), then + mlp(ln(x)); x ``[batch, T, d_model]``."""
-        x = x + self.drop(self.attn(self.ln_1(x), encoding, q_offset, cache, layer, mask))
+        x = x + self.drop(self.attn(self.ln_1(x), encoding, q_offset, cache, layer, mask, position_offset))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -278,24 +282,35 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         n = sum(p.numel() for p in self.parameters())
         return n if include_embeddings else n - self.wte.weight.numel()
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, position_offset: int = 0) -> torch.Tensor:
         """Next-token logits ``[batch, pos, vocab]`` for token ids ``idx [batch, pos]`` (int64).
 
         With ``cache`` the tokens continue the cached ones (absolute positions start at
-        ``cache.length``) and the cache is extended.
-        Raises: ValueError if ids are out of the vocabulary or absolute embeddings would
-        be asked for a position past seq_len.
+        ``cache.length``) and the cache is extended. ``position_offset`` (tokens, >= 0)
+        places the whole input at absolute positions ``position_offset …`` — a window taken
+        from deep inside a long sequence (``train.random_position_offset``); encodings of
+        i − j alone are unchanged by it, FIRE's normalizer and RoPE's angles see it.
+        Raises: ValueError if ids are out of the vocabulary, absolute embeddings would be
+        asked for a position past seq_len, or for a negative / non-integer offset or an
+        offset together with a cache.
         """
         B, T = idx.shape
+        if isinstance(position_offset, bool) or int(position_offset) != position_offset or position_offset < 0:
+            raise ValueError(f"position_offset must be an integer number of tokens >= 0 (got {position_offset!r})")
+        position_offset = int(position_offset)
+        if position_offset and cache is not None:
+            raise ValueError("position_offset cannot be combined with a KV cache (the cache already places the "
+                             "tokens); use one or the other")
         q_offset = cache.length if cache is not None else 0
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got {int(idx.min())}..{int(idx.max())}")
         x = self.wte(idx)
         if self.wpe is not None:
-            if q_offset + T > self.config.seq_len:
+            start = q_offset + position_offset
+            if start + T > self.config.seq_len:
                 raise ValueError(f"absolute position embeddings cover {self.config.seq_len} tokens; got "
-                                 f"{q_offset + T}. Use a relative encoding to go longer.")
-            x = x + self.wpe(torch.arange(q_offset, q_offset + T, device=idx.device))
+                                 f"{start + T}. Use a relative encoding to go longer.")
+            x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = self.drop(x)
         # One mask per distinct encoding module when the whole input is one attention call:
         # shared encodings (ALiBi, Sandwich, fire_s) then compute their bias once per pass.
@@ -306,9 +321,10 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             mask = None
             if single_block and enc.kind == "additive":
                 if id(enc) not in masks:
-                    masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device)
+                    masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device,
+                                                           position_offset)
                 mask = masks[id(enc)]
-            x = block(x, enc, q_offset, cache, layer, mask)
+            x = block(x, enc, q_offset, cache, layer, mask, position_offset)
         if cache is not None:
             cache.length += T
         return self.lm_head(self.ln_f(x))

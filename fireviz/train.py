@@ -104,6 +104,15 @@ class TrainConfig:
       dtype: ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"``,
         ``"bfloat16"`` (autocast; weights and optimizer stay float32).
       compile: wrap the model in ``torch.compile`` (CUDA recommended).
+      random_position_offset: largest absolute starting position in tokens (0 = off, the
+        default): each micro-batch's windows are placed at an offset drawn uniformly from
+        [0, random_position_offset] (``position_offsets``; generator seeded by seed, step,
+        rank and micro-batch), so FIRE's normalizer ψ(max(L, i)) and RoPE's angles see the
+        query positions of long evaluations while windows stay seq_len long (randomized
+        positions: Ruoss et al. 2023; with FIRE: Zhou et al. 2024). Encodings of i − j alone
+        (T5, ALiBi, Kerple, Sandwich) are unchanged by it. All windows of one micro-batch
+        share the offset (one bias per attention call); with grad_accum > 1 a step draws
+        several. Needs a relative encoding (no absolute position embedding).
     """
 
     data: str = "prose"
@@ -124,6 +133,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"
     compile: bool = False
+    random_position_offset: int = 0
 
     def validate(self) -> "TrainConfig":
         """Check every field; returns self. Raises TrainingError naming the field."""
@@ -131,7 +141,8 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps"):
             if getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed"):
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed",
+                     "random_position_offset"):
             if getattr(self, name) < 0:
                 raise TrainingError(f"train.{name} must be >= 0 (got {getattr(self, name)})")
         if self.eval_batches < 1:
@@ -257,6 +268,10 @@ def configs_from_tables(tables: dict) -> tuple[GPTConfig, TrainConfig]:
     except ValueError as e:
         raise TrainingError(f"[model] {e}") from e
     tc = TrainConfig(**tables.get("train", {})).validate()
+    if tc.random_position_offset and mc.absolute_position_embedding:
+        raise TrainingError("train.random_position_offset needs a relative encoding: absolute position embeddings "
+                            f"cover only seq_len={mc.seq_len} positions; set model.absolute_position_embedding=false "
+                            "or train.random_position_offset=0")
     return mc, tc
 
 
@@ -289,6 +304,8 @@ def config_hash(model_config: GPTConfig, train_config: TrainConfig) -> str:
     """sha256 over every setting that changes the trained numbers (all but ``_FREE_ON_RESUME``)."""
     s = settings_dict(model_config, train_config)
     s["train"] = {k: v for k, v in s["train"].items() if k not in _FREE_ON_RESUME}
+    if not s["train"].get("random_position_offset"):  # off: the hash of runs made before the option existed
+        s["train"].pop("random_position_offset", None)
     return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
 
 
@@ -325,6 +342,17 @@ def window_starts(step: int, tc: TrainConfig, num_tokens: int, seq_len: int) -> 
                             "use more data or a shorter seq_len")
     g = torch.Generator().manual_seed(derive_seed(tc.seed, "data", step))
     return torch.randint(0, num_tokens - seq_len, (tc.batch_size,), generator=g)
+
+
+def position_offsets(step: int, tc: TrainConfig, rank: int = 0) -> list[int] | None:
+    """Absolute starting positions (tokens) of this process's micro-batches at ``step``:
+    ``grad_accum`` ints drawn uniformly from ``[0, tc.random_position_offset]`` with a
+    generator seeded by ``(seed, "position_offset", step, rank)`` only (so a resumed run draws
+    the same ones); None when the option is off (nothing is drawn, no RNG is touched)."""
+    if not tc.random_position_offset:
+        return None
+    g = torch.Generator().manual_seed(derive_seed(tc.seed, "position_offset", step, rank))
+    return torch.randint(0, tc.random_position_offset + 1, (tc.grad_accum,), generator=g).tolist()
 
 
 def validation_windows(docs: list[Document], length: int, count: int) -> torch.Tensor:
@@ -509,7 +537,7 @@ def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[
 
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[torch.Tensor],
                   grad_clip: float, device: torch.device, autocast=nullcontext,
-                  ddp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  ddp: bool = False, position_offsets: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step with gradient accumulation (nanoGPT's inner loop).
 
     Args:
@@ -519,6 +547,8 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
       grad_clip: max global L2 norm of the gradient (0: no clipping, norm still returned).
       autocast: a context factory (``nullcontext`` or bf16 ``torch.autocast``).
       ddp: ``model`` is DDP — gradients are all-reduced only on the last micro-batch.
+      position_offsets: per micro-batch, the absolute position (tokens) its windows start at
+        (``train.random_position_offset``); None = 0 for all.
     Returns: ``(mean loss, grad norm)``, float32 0-d tensors on ``device``; the loss is the
       mean next-token cross-entropy of this process's micro-batches in nats/token.
     """
@@ -529,7 +559,8 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
         batch = batch.to(device, non_blocking=True)
         ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
         with ctx:
-            loss = _forward_loss(model, batch[:, :-1], batch[:, 1:], autocast)
+            loss = _forward_loss(model, batch[:, :-1], batch[:, 1:], autocast,
+                                 position_offsets[m] if position_offsets else 0)
             (loss / n).backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
@@ -613,9 +644,9 @@ def _truncate_log(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in kept))
 
 
-def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast) -> torch.Tensor:
+def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0) -> torch.Tensor:
     with autocast():
-        logits = model(x)
+        logits = model(x, position_offset=position_offset) if position_offset else model(x)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
@@ -839,8 +870,9 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             starts = window_starts(step, tc, stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum:]
             micro_batches = [stream.batch(starts[m * micro:(m + 1) * micro], mc.seq_len + 1)
                              for m in range(tc.grad_accum)]
+            offsets = position_offsets(step, tc, d.rank)
             loss_mean, grad_norm = training_step(model, opt, micro_batches, tc.grad_clip, device, autocast,
-                                                 ddp=d.world > 1)
+                                                 ddp=d.world > 1, position_offsets=offsets)
             loss_all = _all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world
             loss_value = float(loss_all)
             if not math.isfinite(loss_value):

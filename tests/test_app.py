@@ -258,8 +258,9 @@ def test_biases_one_head_view_from_the_url_and_two_checkpoints(app_env):
     at = page("pages/1_Learned_biases.py", ckpt=["fire", "alibi"], view="head", layer="1", head="1", pos="31,63").run()
     no_exception(at)
     figs = figures(at)
-    assert len(figs) == 4  # per checkpoint: curves + heatmap, side by side
-    curves = [f for f in figs if f["data"][0]["type"] == "scatter"]
+    assert len(figs) == 5  # per checkpoint: curves + heatmap, side by side; FIRE also f_θ's input
+    curves = [f for f in figs if f["data"][0]["type"] == "scatter" and "query_position" in f["data"][0]["meta"]]
+    assert len(curves) == 2
     assert {tr["meta"]["query_position"] for f in curves for tr in f["data"]} == {31, 63}
     assert all(tr["meta"]["layer"] == 1 and tr["meta"]["head"] == 1 for f in curves for tr in f["data"])
     # ALiBi head 1 of 2: slope 2^-8 → bias −d/256 at every query position

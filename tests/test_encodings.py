@@ -523,3 +523,49 @@ def test_rope_angles_exact_after_casting_the_model(dtype, scaling):
     out = enc.rotate(x, torch.tensor([8191, 65535]))
     assert out.dtype == dtype
     model(torch.zeros(1, 8, dtype=torch.long))  # the cast model still runs
+
+
+# ---------------------------------------------------------------- position_offset (randomized positions)
+@pytest.mark.parametrize("kw", [{}, {"normalizer_cap": 40.0}, {"progressive_interpolation": False}, {"mlp_depth": 2}])
+@pytest.mark.parametrize("grad", [False, True])
+def test_fire_position_offset_is_the_block_of_a_longer_sequence(kw, grad):
+    """A window at absolute offset P sees the bias of rows/keys P… of the full sequence:
+    the distances stay, the normalizer takes the absolute query position."""
+    fire = random_fire(heads=2, init_L=16.0, **kw)
+    P, T = 37, 24
+    full = fire.bias_reference(P + T, P + T, 0)[:, P:, P:]
+    with torch.set_grad_enabled(grad):
+        b = fire.bias(T, T, 0, position_offset=P)
+        m = fire.masked_bias(T, T, 0, position_offset=P)
+    torch.testing.assert_close(b, full, atol=1e-5, rtol=1e-5)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(m.masked_fill(future, 0.0), full.masked_fill(future, 0.0), atol=1e-5, rtol=1e-5)
+    assert torch.isinf(m[:, future]).all()
+    if grad:
+        b.sum().backward()
+        assert fire.c.grad is not None and torch.isfinite(fire.c.grad)
+    with pytest.raises(ValueError, match="position_offset"):
+        fire.bias(T, T, 0, position_offset=-1)
+
+
+@pytest.mark.parametrize("name", TOEPLITZ)
+def test_toeplitz_biases_ignore_the_position_offset(name):
+    enc = build_encoding(name, 2, 16)
+    assert torch.equal(enc.bias(8, 8, 0, position_offset=500), enc.bias(8, 8, 0))
+    assert torch.equal(enc.masked_bias(8, 8, 0, position_offset=500), enc.masked_bias(8, 8, 0))
+
+
+def test_model_position_offset():
+    torch.manual_seed(0)
+    x = torch.randint(0, 256, (2, 12))
+    for enc, moves in (("fire", True), ("rope", False), ("alibi", False), ("nope", False)):
+        m = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=16, position_encoding=enc)).eval()
+        diff = (m(x, position_offset=100) - m(x)).abs().max().item()
+        # RoPE: q·k depends on m − n only, so a shift changes the logits by rounding alone
+        assert (diff > 1e-4) == moves, (enc, diff)
+    m = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=16, position_encoding="fire")).eval()
+    with pytest.raises(ValueError, match="position_offset"):
+        m(x, position_offset=-3)
+    from fireviz.model import KVCache
+    with pytest.raises(ValueError, match="KV cache"):
+        m(x, cache=KVCache(1), position_offset=4)

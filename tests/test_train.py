@@ -588,3 +588,47 @@ def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpu
         assert (enc.r2 >= 0.01).all() and (enc.r1 >= 0.01).all()  # raw parameters are feasible
         assert not torch.equal(enc.r2.detach(), torch.full_like(enc.r2, 0.005))
         assert not torch.equal(enc.r2.detach(), torch.full_like(enc.r2, 0.01))  # moved past the bound
+
+
+# ------------------------------------------------------------------------------------------
+# Randomized absolute positions (train.random_position_offset)
+# ------------------------------------------------------------------------------------------
+def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(corpus, tmp_path):
+    from fireviz.train import config_hash
+    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), []))
+    mc0, tc0 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), ["train.random_position_offset=0"]))
+    assert config_hash(mc, tc) == config_hash(mc0, tc0)  # runs made before the option still resume
+    train(mc, tc, tmp_path / "a", progress=False)
+    train(mc0, tc0, tmp_path / "b", progress=False)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    mc1, tc1 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), ["train.random_position_offset=64"]))
+    assert config_hash(mc1, tc1) != config_hash(mc, tc)
+
+
+@pytest.mark.parametrize("encoding", ["fire", "alibi", "rope"])
+def test_random_position_offset_trains_and_moves_only_position_dependent_encodings(encoding, corpus, tmp_path):
+    from fireviz.train import position_offsets
+    over = [f"model.position_encoding={encoding}"]
+    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10), over))
+    mc1, tc1 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10, grad_accum=2),
+                                                   over + ["train.random_position_offset=200"]))
+    offs = [position_offsets(s, tc1) for s in range(10)]
+    assert all(len(o) == 2 and all(0 <= v <= 200 for v in o) for o in offs)
+    assert len({v for o in offs for v in o}) > 5 and offs == [position_offsets(s, tc1) for s in range(10)]
+    assert position_offsets(0, tc) is None
+    train(mc1, tc1, tmp_path / "off", progress=False)
+    log = _log(tmp_path / "off")
+    assert math.isfinite(log[-1]["val_loss"])
+    # ALiBi depends on i − j only: the offset changes nothing, so the run equals one without it
+    mc2, tc2 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10, grad_accum=2), over))
+    train(mc2, tc2, tmp_path / "plain", progress=False)
+    same = (tmp_path / "off" / "model.safetensors").read_bytes() == (tmp_path / "plain" / "model.safetensors").read_bytes()
+    assert same == (encoding == "alibi")
+
+
+def test_random_position_offset_refuses_absolute_embeddings(corpus):
+    with pytest.raises(TrainingError, match="random_position_offset needs a relative encoding"):
+        configs_from_tables(apply_overrides(_tables(corpus), ["model.absolute_position_embedding=true",
+                                                               "train.random_position_offset=64"]))
+    with pytest.raises(TrainingError, match="random_position_offset must be >= 0"):
+        configs_from_tables(apply_overrides(_tables(corpus), ["train.random_position_offset=-1"]))

@@ -70,21 +70,26 @@ class PositionEncoding(nn.Module):
             raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
         self.num_heads = num_heads
 
-    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0) -> torch.Tensor:
         """Additive logits ``[num_heads, q_len, k_len]`` (float32). Additive kinds only.
 
+        ``position_offset`` (tokens, >= 0) shifts every position: queries sit at
+        ``position_offset + q_offset …``, keys at ``position_offset + 0 …`` (a window that
+        starts deep inside a long sequence; randomized positions, Ruoss et al. 2023). A bias
+        of i − j alone ignores it; FIRE's normalizer ψ(max(L, i)) does not.
         Raises: TypeError for a rotary or NoPE encoding.
         """
         raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no bias()")
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
+                    position_offset: int = 0) -> torch.Tensor:
         """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``:
         the additive causal mask attention uses. Subclasses may fuse the two (same values).
 
         Raises: TypeError for a rotary or NoPE encoding; ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        b = self.bias(q_len, k_len, q_offset)
+        b = self.bias(q_len, k_len, q_offset, position_offset)
         return b.masked_fill(relative_distance(q_len, k_len, q_offset, b.device) < 0, float("-inf"))
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -126,8 +131,9 @@ class ToeplitzBias(PositionEncoding):
         in tokens, negative (future) ones included. Subclasses implement it."""
         raise NotImplementedError
 
-    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
-        """Bias logits, float32 ``[num_heads, q_len, k_len]``; see :class:`PositionEncoding`.
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0) -> torch.Tensor:
+        """Bias logits, float32 ``[num_heads, q_len, k_len]``; see :class:`PositionEncoding`
+        (``position_offset`` changes nothing: the bias depends on i − j only).
 
         Raises: ValueError for bad lengths/offset (see :func:`query_positions`).
         """
@@ -139,8 +145,10 @@ class ToeplitzBias(PositionEncoding):
         # Rows are sliding windows of the reversed table: one copy forward, a strided sum back.
         return table.flip(-1).unfold(-1, k_len, 1).flip(1)
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
-        """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``.
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
+                    position_offset: int = 0) -> torch.Tensor:
+        """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``
+        (``position_offset`` changes nothing: the bias depends on i − j only).
 
         The −inf goes into the per-distance table (d < 0), so the mask costs no extra pass
         over ``[num_heads, q_len, k_len]``; equal to ``bias(...).masked_fill(j > i, −inf)``.

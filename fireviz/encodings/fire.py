@@ -317,17 +317,19 @@ class FIRE(PositionEncoding):
         """f_θ applied elementwise: ``[...]`` float32 → ``[num_heads, ...]`` logits."""
         return self.mlp(x.unsqueeze(-1)).movedim(-1, 0)
 
-    def bias_reference(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+    def bias_reference(self, q_len: int, k_len: int, q_offset: int | None = None,
+                       position_offset: int = 0) -> torch.Tensor:
         """The plain formula over all pairs at once (memory q·k·width): for tests and audits.
 
         Returns ``[num_heads, q_len, k_len]`` float32 logits, eq. 3–4 evaluated literally,
-        future keys included (no mask). Raises: ValueError for bad lengths/offset
-        (``query_positions``).
+        future keys included (no mask), every position shifted by ``position_offset``.
+        Raises: ValueError for bad lengths/offset (``query_positions``).
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        P = _check_position_offset(position_offset)
         dev = self.c.device
-        x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev),
-                                     torch.arange(k_len, device=dev))
+        x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev) + P,
+                                     torch.arange(k_len, device=dev) + P)
         return self.mlp_forward(x)
 
     # -- fast exact evaluation -------------------------------------------------------------
@@ -383,22 +385,25 @@ class FIRE(PositionEncoding):
     def _needs_grad(self) -> bool:
         return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 
-    def _fused(self, q_len: int, k_len: int, q_offset: int, causal: bool) -> torch.Tensor | None:
+    def _fused(self, q_len: int, k_len: int, q_offset: int, causal: bool,
+               position_offset: int = 0) -> torch.Tensor | None:
         """The compiled path: every row in one kernel pass (and one for the backward), or None
         where it does not apply (mlp_depth 2, not on CPU, numba missing)."""
         if self.mlp_depth != 1 or self.c.device.type != "cpu" or _row_kernel() is None:
             return None
         psi_d = self.psi(torch.arange(q_offset - k_len + 1, q_offset + q_len))
-        if self.progressive_interpolation:
-            norm = self.normalizer(torch.arange(q_offset, q_offset + q_len))
+        if self.progressive_interpolation:  # the distances are local, the normalizer's i absolute
+            norm = self.normalizer(torch.arange(q_offset, q_offset + q_len) + position_offset)
         else:
             norm = torch.ones(q_len)
         bps, slope, intercept = self.piecewise_linear()
         return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal))
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
+                    position_offset: int = 0) -> torch.Tensor:
         """``bias`` with −inf at future keys (j > i): float32 ``[num_heads, q_len, k_len]``,
-        queries at absolute positions q_offset… (tokens); the additive causal mask.
+        queries at absolute positions position_offset + q_offset… (tokens); the additive
+        causal mask.
 
         With the compiled kernels one pass writes bias and −inf together (and future keys
         cost no MLP work); otherwise the torch-path bias is masked (in place without
@@ -406,25 +411,29 @@ class FIRE(PositionEncoding):
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        fused = self._fused(q_len, k_len, q_offset, causal=True)
+        P = _check_position_offset(position_offset)
+        fused = self._fused(q_len, k_len, q_offset, causal=True, position_offset=P)
         if fused is not None:
             return fused
-        b = self.bias(q_len, k_len, q_offset)
+        b = self.bias(q_len, k_len, q_offset, P)
         future = relative_distance(q_len, k_len, q_offset, b.device) < 0
         if b.requires_grad:
             return b.masked_fill(future, float("-inf"))
         return b.masked_fill_(future, float("-inf"))  # bias() returned a fresh tensor
 
-    def bias(self, q_len: int, k_len: int, q_offset: int | None = None) -> torch.Tensor:
+    def bias(self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0) -> torch.Tensor:
         """FIRE logits, float32 ``[num_heads, q_len, k_len]``; queries at q_offset… (tokens).
 
+        ``position_offset`` (tokens) shifts every query and key: the distances stay, the
+        normalizer ψ(max(L, i)) takes the absolute query position position_offset + i.
         Exact to the plain formula (compiled kernels when available, see the module doc);
         peak extra memory about the output size (on the torch path, rows outside the
         Toeplitz blocks go ``BIAS_QUERY_BLOCK`` at a time).
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        fused = self._fused(q_len, k_len, q_offset, causal=False)
+        P = _check_position_offset(position_offset)
+        fused = self._fused(q_len, k_len, q_offset, causal=False, position_offset=P)
         if fused is not None:
             return fused
         dev = self.c.device
@@ -433,7 +442,7 @@ class FIRE(PositionEncoding):
         if not self.progressive_interpolation:
             return toeplitz_from_table(self._rows_general(psi_d[None, :])[:, 0], q_len, k_len)
 
-        q_pos = torch.arange(q_offset, q_offset + q_len, device=dev)
+        q_pos = torch.arange(q_offset, q_offset + q_len, device=dev) + P  # absolute: the normalizer's i
         L = self.threshold()
         # Rows sharing a normalizer: i < L (→ ψ(L)) and i >= cap (→ ψ(cap)). A row at
         # i == L goes the general way so torch.maximum's tie gradient matches the formula.
@@ -474,6 +483,12 @@ class FIRE(PositionEncoding):
         if direct:
             return out
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+def _check_position_offset(position_offset) -> int:
+    if isinstance(position_offset, bool) or int(position_offset) != position_offset or position_offset < 0:
+        raise ValueError(f"position_offset must be an integer number of tokens >= 0 (got {position_offset!r})")
+    return int(position_offset)
 
 
 def fire_modules(module: nn.Module) -> list[FIRE]:
