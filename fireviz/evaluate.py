@@ -72,7 +72,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import __version__
+from . import __version__, synthetic
 from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
 from .encodings import fire_modules
 from .files import sha256_files, write_json_atomic
@@ -84,6 +84,8 @@ DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
 MODES = ("same_text", "nonoverlapping", "sliding")
 DEFAULT_MODE = "same_text"
+#: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
+SYNTHETIC_SEQUENCES = 64
 #: document resamples of the bootstrap intervals, and the seed of their generator
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -330,8 +332,7 @@ def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tu
 # ---------------------------------------------------------------------------------------------
 def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
                   device: torch.device | str = "cpu", batch_tokens: int = 8192,
-                  on_batch: Callable[[int], None] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, dict[int, float], dict[int, int]]:
+                  on_batch: Callable[[int], None] | None = None, with_accuracy: bool = False) -> tuple:
     """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
 
     Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
@@ -348,7 +349,8 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
       tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
       never a target); the last two map each document index to its summed nats (float)
-      and scored tokens (int).
+      and scored tokens (int). With ``with_accuracy`` a fifth: document index → targets
+      whose argmax prediction is right (int).
     Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
     """
     device = torch.device(device)
@@ -358,6 +360,7 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     pos = torch.arange(1, length)  # target positions
     doc_nats: dict[int, float] = {}
     doc_tokens_scored: dict[int, int] = {}
+    doc_correct: dict[int, int] = {}
     use_autocast = device.type == "cuda"
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
@@ -375,9 +378,15 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
             for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist()):
                 doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
                 doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
+            if with_accuracy:
+                hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
+                for w, h in zip(batch, hit):
+                    doc_correct[w.doc] = doc_correct.get(w.doc, 0) + int(h)
             del logits, nll
             if on_batch is not None:
                 on_batch(len(batch))
+    if with_accuracy:
+        return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored, doc_correct
     return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
 
 
@@ -409,6 +418,19 @@ def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int
     idx = bootstrap_indices(len(nats), samples, seed)
     stats = nats[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
     lo, hi = np.percentile(stats, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def bootstrap_ratio_ci95(numerators, denominators, *, samples: int = BOOTSTRAP_SAMPLES,
+                         seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """95 % percentile bootstrap interval of Σ numerators / Σ denominators over units
+    resampled with replacement (e.g. correct answers / answer tokens over sequences).
+    Raises: EvaluationError for mismatched lengths or a zero denominator sum."""
+    num, den = np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape or num.ndim != 1 or den.sum() <= 0:
+        raise EvaluationError("a ratio bootstrap needs one numerator and one positive denominator per unit")
+    idx = bootstrap_indices(len(num), samples, seed)
+    lo, hi = np.percentile(num[idx].sum(1) / den[idx].sum(1), [2.5, 97.5])
     return [float(lo), float(hi)]
 
 
@@ -835,21 +857,47 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     elif not (0 <= reference < len(loaded)):
         raise EvaluationError(f"reference index {reference} is out of range for {len(loaded)} checkpoint(s)")
 
-    docs, split = _load_eval_documents(data, split)
-    fingerprint = data_fingerprint(docs)
-    ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
     plans: dict[int, list[Window] | str] = {}
     same_text: SameTextPlan | None = None
-    if mode == "same_text":
-        same_text = plan_same_text(ids, sizes, lengths, token_budget=token_budget, seed=seed)
-        plans = dict(same_text.windows)
-    else:
+    token_cache: dict[int, torch.Tensor] = {}
+    if synthetic.is_synthetic(data):
+        # every length gets its own task sequences of exactly that length (the same for every
+        # checkpoint); only the answer positions are scored
+        if mode != DEFAULT_MODE or stride is not None:
+            raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
+        task = synthetic.load_task(data)
+        count = SYNTHETIC_SEQUENCES if token_budget is None else max(1, int(token_budget))
+        mode, split, token_budget = "synthetic", "synthetic", count
+        fingerprint = task.fingerprint()
+        docs, ids = [], []
         for n in lengths:
             try:
-                plans[n] = plan_windows(ids, sizes, n, mode=mode, stride=stride, token_budget=token_budget, seed=seed)
-            except EvaluationError as e:
+                first = task.split(n)
+            except DataError as e:
                 plans[n] = str(e)
-    token_cache: dict[int, torch.Tensor] = {}
+                continue
+            seqs = task.sequences(n, count, synthetic.EVALUATION_SEED + n)
+            start = len(ids)
+            for k in range(count):
+                token_cache[start + k] = seqs[k]
+                ids.append(f"{task.name}/{n}/{k:05d}")
+            plans[n] = [Window(start + k, 0, first) for k in range(count)]
+        n_documents = count
+    else:
+        docs, split = _load_eval_documents(data, split)
+        fingerprint = data_fingerprint(docs)
+        ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
+        n_documents = len(docs)
+        if mode == "same_text":
+            same_text = plan_same_text(ids, sizes, lengths, token_budget=token_budget, seed=seed)
+            plans = dict(same_text.windows)
+        else:
+            for n in lengths:
+                try:
+                    plans[n] = plan_windows(ids, sizes, n, mode=mode, stride=stride, token_budget=token_budget,
+                                            seed=seed)
+                except EvaluationError as e:
+                    plans[n] = str(e)
 
     def doc_tokens(i: int) -> torch.Tensor:
         if i not in token_cache:
@@ -859,7 +907,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths,
                 "mode": mode, "stride": stride, "token_budget": token_budget, "seed": int(seed),
                 "rope_scaling": rope_scaling, "position_buckets": int(position_buckets), "precision": precision,
-                "batch_tokens": batch_tokens, "bos": BOS_CONVENTION, "documents": len(docs),
+                "batch_tokens": batch_tokens, "bos": BOS_CONVENTION, "documents": n_documents,
                 "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}
     if same_text is not None:
         settings.update(prefix_tokens=same_text.prefix_tokens, documents_scored=len(same_text.documents),
@@ -951,13 +999,21 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
 
             done_before = done
             report(f"{name} L={n}: 0/{len(plan)} windows ({n_tokens:,} tokens){eta()}")
-            nats, counts, doc_nats, doc_scored = score_windows(scored_model, doc_tokens, plan, n, device=dev,
-                                                               batch_tokens=batch_tokens, on_batch=on_batch)
+            nats, counts, doc_nats, doc_scored, doc_correct = score_windows(
+                scored_model, doc_tokens, plan, n, device=dev, batch_tokens=batch_tokens, on_batch=on_batch,
+                with_accuracy=True)
             done = done_before + n_tokens
             order = sorted(doc_nats, key=lambda i: (ids[i], i))
             per_document = {"doc": [ids[i] for i in order], "nats": [doc_nats[i] for i in order],
                             "tokens": [doc_scored[i] for i in order]}
             entry = summarize(n, nats, counts, len(plan), position_buckets, per_document=per_document)
+            if mode == "synthetic":  # answer accuracy: next-token argmax right, and whole answers right
+                correct = np.array([doc_correct[i] for i in order], dtype=np.float64)
+                toks = np.array(per_document["tokens"], dtype=np.float64)
+                entry["accuracy"] = float(correct.sum() / toks.sum())
+                entry["sequence_accuracy"] = float((correct == toks).mean())
+                entry["accuracy_ci95"] = bootstrap_ratio_ci95(correct, toks)
+                entry["first_answer_position"] = plan[0].first_target
             if same_text is not None:
                 entry["prefix_tokens"] = same_text.prefix_tokens
                 entry["documents_skipped"] = same_text.documents_skipped
@@ -1089,6 +1145,9 @@ def format_table(results: Sequence[dict]) -> str:
     if s0.get("mode") == "same_text":
         text += (f": the first {s0.get('prefix_tokens')} tokens of each of {s0.get('documents_scored')} documents at "
                  f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
+    if s0.get("mode") == "synthetic":
+        text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
+                "checkpoint); only the answer positions are scored")
     out = [text]
     scored_head = ["length", "", ""] + [str(n) for n in lengths]
     first = {e["length"]: e for e in results[0]["per_length"]} if results else {}
@@ -1104,6 +1163,14 @@ def format_table(results: Sequence[dict]) -> str:
         rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
     out += ["", "bits per byte [95 % bootstrap interval over documents] by evaluation length in tokens"]
     out += render(head, rows)
+    if any("accuracy" in e for r in results for e in r["per_length"]):
+        acc_rows = []
+        for r in results:
+            cells = {e["length"]: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
+                     + f" / {e['sequence_accuracy']:.2f}" for e in r["per_length"] if "accuracy" in e}
+            acc_rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+        out += ["", "answer accuracy [95 % interval over sequences] / share of sequences copied without error"]
+        out += render(head, acc_rows)
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
         ref = paired[0]["per_length"][0].get("paired_reference") or next(
@@ -1151,7 +1218,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Perplexity / bits per byte vs evaluation length for checkpoints.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
     p.add_argument("--data", default="prose",
-                   help=f"{', '.join(DOMAINS)} or a PATH.jsonl[.gz|.xz] / .txt / folder (default %(default)s, the "
+                   help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
+                        "--token-budget is then the sequences per length, default 64) (default %(default)s, the "
                         "bundled checkpoints' training domain)")
     p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
                    help="comma-separated window lengths in tokens (default %(default)s)")

@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import __version__
+from . import __version__, synthetic
 from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
 from .files import atomic_write, atomic_write_text, read_safetensors, sha256_files
 from .encodings import PositionEncoding
@@ -537,7 +537,8 @@ def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[
 
 def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[torch.Tensor],
                   grad_clip: float, device: torch.device, autocast=nullcontext,
-                  ddp: bool = False, position_offsets: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  ddp: bool = False, position_offsets: list[int] | None = None,
+                  first_target: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step with gradient accumulation (nanoGPT's inner loop).
 
     Args:
@@ -549,6 +550,8 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
       ddp: ``model`` is DDP — gradients are all-reduced only on the last micro-batch.
       position_offsets: per micro-batch, the absolute position (tokens) its windows start at
         (``train.random_position_offset``); None = 0 for all.
+      first_target: window position of the first target that counts (1 = all; a synthetic
+        task's first answer position, ``fireviz.synthetic.CopyTask.split``).
     Returns: ``(mean loss, grad norm)``, float32 0-d tensors on ``device``; the loss is the
       mean next-token cross-entropy of this process's micro-batches in nats/token.
     """
@@ -560,7 +563,7 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
         ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
         with ctx:
             loss = _forward_loss(model, batch[:, :-1], batch[:, 1:], autocast,
-                                 position_offsets[m] if position_offsets else 0)
+                                 position_offsets[m] if position_offsets else 0, first_target)
             (loss / n).backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
@@ -644,19 +647,25 @@ def _truncate_log(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in kept))
 
 
-def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0) -> torch.Tensor:
+def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0,
+                  first_target: int = 1) -> torch.Tensor:
     with autocast():
         logits = model(x, position_offset=position_offset) if position_offset else model(x)
+    if first_target > 1:  # a synthetic task: only its answers are targets (the rest is random)
+        y = y.clone()
+        y[:, : first_target - 1] = -100  # cross_entropy's ignore_index
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 @torch.no_grad()
 def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torch.device, autocast,
-                     d: _Dist | None = None) -> float:
+                     d: _Dist | None = None, first_target: int = 1) -> float:
     """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
 
     Rank r of a process group evaluates windows r, r + world, …; sums are all-reduced.
-    ``micro``: windows per forward pass. Returns NaN when there are no windows at all.
+    ``micro``: windows per forward pass. ``first_target``: window position of the first
+    target that counts (1 = all; a synthetic task's answers). Returns NaN when there are
+    no windows at all.
     """
     d = d or _Dist()
     was_training = model.training
@@ -667,8 +676,10 @@ def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torc
         w = mine[i: i + micro].to(device)
         with autocast():
             logits = model(w[:, :-1])
-        nats = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum")
-        total += torch.tensor([float(nats), w[:, 1:].numel()], dtype=torch.float64)
+        y = w[:, first_target:]
+        pred = logits[:, first_target - 1:].float()
+        nats = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), y.reshape(-1), reduction="sum")
+        total += torch.tensor([float(nats), y.numel()], dtype=torch.float64)
     model.train(was_training)
     total = _all_reduce_sum(total.to(d.comm_device), d).cpu()
     return float(total[0] / total[1])
@@ -766,17 +777,26 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
                             f"(got {stop_at_step!r})")
     end_step = tc.max_steps if stop_at_step is None else stop_at_step
 
-    docs = load_documents(tc.data)
-    train_docs = split_documents(docs, "train")
-    val_docs = split_documents(docs, "validation")
-    stream = TokenStream(train_docs, min_tokens=mc.seq_len + 1)
-    fingerprint = data_fingerprint(train_docs)
+    n_val = tc.eval_batches * tc.batch_size
+    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
+    answers_from = lambda length: 1  # noqa: E731 - language modelling: every target counts
+    if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
+        task = synthetic.load_task(tc.data)
+        stream = synthetic.SyntheticStream(task)
+        answers_from = task.split  # the loss counts its answers only (the rest is random)
+        fingerprint = val_fingerprint = task.fingerprint()
+        val_sets = {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths}
+    else:
+        docs = load_documents(tc.data)
+        train_docs = split_documents(docs, "train")
+        val_docs = split_documents(docs, "validation")
+        stream = TokenStream(train_docs, min_tokens=mc.seq_len + 1)
+        fingerprint = data_fingerprint(train_docs)
+        val_fingerprint = data_fingerprint(val_docs)
+        val_sets = {L: validation_windows(val_docs, L, n_val) for L in eval_lengths}
     if resume and state["data_fingerprint"] != fingerprint:
         raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
                             f"(fingerprint {fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
-    n_val = tc.eval_batches * tc.batch_size
-    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
-    val_sets = {L: validation_windows(val_docs, L, n_val) for L in eval_lengths}
 
     torch.manual_seed(tc.seed)
     model = GPT(dataclasses.replace(mc, training={}))
@@ -811,7 +831,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         "data_split": "train",
         "data_fingerprint": fingerprint,
         "train_tokens_available": stream.num_tokens,
-        "validation_fingerprint": data_fingerprint(val_docs),
+        "validation_fingerprint": val_fingerprint,
         "validation_lengths": list(eval_lengths),
         "validation_windows": {str(L): int(v.shape[0]) for L, v in val_sets.items()},
         "world_size": d.world,
@@ -845,7 +865,8 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         res = {}
         for L, key in zip(eval_lengths, ("val_loss", "val_loss_4x")):
             eval_micro = max(1, micro * mc.seq_len // L)
-            res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d)
+            res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d,
+                                        first_target=answers_from(L + 1))
         return res
 
     def position_record() -> dict:
@@ -872,7 +893,8 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
                              for m in range(tc.grad_accum)]
             offsets = position_offsets(step, tc, d.rank)
             loss_mean, grad_norm = training_step(model, opt, micro_batches, tc.grad_clip, device, autocast,
-                                                 ddp=d.world > 1, position_offsets=offsets)
+                                                 ddp=d.world > 1, position_offsets=offsets,
+                                                 first_target=answers_from(mc.seq_len + 1))
             loss_all = _all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world
             loss_value = float(loss_all)
             if not math.isfinite(loss_value):
