@@ -514,8 +514,9 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
     # A copy, never the caller's model: the app shares one loaded model between sessions.
     if cap is None or not fire_modules(model):
         return model
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-        raise ValueError(f"normalizer_cap must be an integer number of tokens >= 1 (got {cap!r})")
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= 1 << 40:
+        raise ValueError(f"normalizer_cap must be an integer number of tokens in 1..{1 << 40} (got {cap!r}); e.g. "
+                         "the training length")
     copy = deepcopy(model)
     for m in fire_modules(copy):
         m.normalizer_cap = float(cap)
@@ -760,7 +761,7 @@ def dilution_cache_path(checkpoint: str | os.PathLike, tokens: torch.Tensor, que
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
     blob = json.dumps({"format": DILUTION_FORMAT_VERSION,
                        "checkpoint_sha256": sha256_files(folder / "model.safetensors", folder / "config.json"),
-                       "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(),
+                       "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(), "tokens_shape": list(tok.shape),
                        "query_positions": [int(p) for p in query_positions], "near": int(near), "rows": int(rows),
                        "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}, sort_keys=True)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -787,7 +788,8 @@ def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tenso
         share = np.asarray(obj["share"], dtype=np.float64)
         if share.ndim == 3 and share.shape[2] == len(positions) and np.isfinite(share).all() \
                 and obj.get("query_positions") == positions:
-            return {**obj, "cached": True}
+            # the same weights may sit in another folder: name the one asked for
+            return {**obj, "checkpoint": Path(checkpoint).name, "cached": True}
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     if not compute:
@@ -881,8 +883,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     if args.near < 1:
         return fail(f"--near must be >= 1 (got {args.near})")
-    if args.normalizer_cap is not None and args.normalizer_cap < 1:
-        return fail(f"--normalizer-cap must be >= 1 token (got {args.normalizer_cap}); e.g. the training length")
+    if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= 1 << 40:
+        return fail(f"--normalizer-cap must be >= 1 token and at most {1 << 40} (got {args.normalizer_cap}); e.g. "
+                    "the training length")
     try:
         model = load_checkpoint(args.checkpoint)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line

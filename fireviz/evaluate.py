@@ -19,11 +19,12 @@ Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats
   is scored at every requested length. With ``M`` the largest requested length that some
   document holds, the documents with at least ``M`` tokens qualify (the others are
   skipped and counted in ``documents_skipped``); each contributes its first ``M`` tokens,
-  cut at length ``n`` into the non-overlapping windows ``[0, n), [n, 2n), …`` plus, when
-  ``n`` does not divide ``M``, one tail window ``[M − n, M)`` that scores only the tokens
-  not yet scored (``sliding_windows(M, n, stride=n)``). Every length therefore scores the
-  same documents and, up to the first token of each window (context only), the same
-  tokens: a change from one column to the next is the effect of context alone.
+  cut at length ``n`` into windows that overlap by one token, ``[0, n), [n − 1, 2n − 1),
+  …`` — the last target of a window is the first (context-only) token of the next — plus
+  one tail window ending at ``M`` that scores only what is left
+  (``sliding_windows(M, n, stride=n − 1)``). Every length therefore scores exactly the same
+  targets, tokens ``1 … M − 1`` of the same documents, each once: a change from one column
+  to the next is the effect of context alone.
   ``token_budget`` (default None: every qualifying document) takes whole documents in
   seeded random order until ``documents · (M − 1)`` reaches it.
 * ``mode="nonoverlapping"`` (Press et al. 2022, "Train Short, Test Long", nonoverlapping
@@ -84,6 +85,8 @@ DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
 MODES = ("same_text", "nonoverlapping", "sliding")
 DEFAULT_MODE = "same_text"
+#: largest FIRE normalizer cap accepted (tokens): beyond any length anyone evaluates, and exact in float64
+MAX_CAP = 1 << 40
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
 SYNTHETIC_SEQUENCES = 64
 #: document resamples of the bootstrap intervals, and the seed of their generator
@@ -287,7 +290,7 @@ def plan_same_text(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length
             windows[n] = (f"no document has {n} tokens (the longest has {longest}); windows never cross documents, "
                           "so this length cannot be evaluated on this data")
             continue
-        per_doc = sliding_windows(M, n, n)
+        per_doc = sliding_windows(M, n, n - 1)  # every target 1 … M − 1 once, at every length
         windows[n] = [Window(d, start, first) for d in eligible for start, first in per_doc]
     skipped = sum(1 for n in doc_num_tokens if n < M)
     return SameTextPlan(M, tuple(eligible), skipped, windows)
@@ -403,18 +406,20 @@ def bootstrap_indices(num_documents: int, samples: int = BOOTSTRAP_SAMPLES, seed
 
 
 def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int = BOOTSTRAP_SAMPLES,
-                   seed: int = BOOTSTRAP_SEED) -> list[float]:
+                   seed: int = BOOTSTRAP_SEED) -> list[float] | None:
     """95 % percentile bootstrap interval of the token-weighted bits per byte over documents.
 
     Args: per document, summed nats (float) and scored tokens (int, > 0 in total).
     Returns: ``[low, high]`` in bits per byte (2.5th and 97.5th percentiles of
-      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); ``[x, x]`` for a
-      single document (no spread can be estimated from one).
+      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); None for a single
+      document (no spread can be estimated from one: an interval of width 0 would look certain).
     Raises: EvaluationError for mismatched lengths or no scored token.
     """
     nats, tokens = np.asarray(nats, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
     if nats.shape != tokens.shape or nats.ndim != 1 or tokens.sum() <= 0:
         raise EvaluationError("bootstrap needs one summed loss and one positive token count per document")
+    if len(nats) < 2:
+        return None  # one document: its spread cannot be estimated
     idx = bootstrap_indices(len(nats), samples, seed)
     stats = nats[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
     lo, hi = np.percentile(stats, [2.5, 97.5])
@@ -422,13 +427,16 @@ def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int
 
 
 def bootstrap_ratio_ci95(numerators, denominators, *, samples: int = BOOTSTRAP_SAMPLES,
-                         seed: int = BOOTSTRAP_SEED) -> list[float]:
+                         seed: int = BOOTSTRAP_SEED) -> list[float] | None:
     """95 % percentile bootstrap interval of Σ numerators / Σ denominators over units
-    resampled with replacement (e.g. correct answers / answer tokens over sequences).
+    resampled with replacement (e.g. correct answers / answer tokens over sequences); None
+    for a single unit.
     Raises: EvaluationError for mismatched lengths or a zero denominator sum."""
     num, den = np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64)
     if num.shape != den.shape or num.ndim != 1 or den.sum() <= 0:
         raise EvaluationError("a ratio bootstrap needs one numerator and one positive denominator per unit")
+    if len(num) < 2:
+        return None
     idx = bootstrap_indices(len(num), samples, seed)
     lo, hi = np.percentile(num[idx].sum(1) / den[idx].sum(1), [2.5, 97.5])
     return [float(lo), float(hi)]
@@ -441,7 +449,7 @@ def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTST
     Args: two ``summarize`` entries (with ``per_document``) of the same length.
     Returns: ``{"paired_delta_bpb": candidate − reference (bits per byte), "paired_ci95":
       [low, high]}`` — the interval from resampling documents jointly (paired bootstrap,
-      Koehn 2004); None when the entries did not score the same documents and tokens
+      Koehn 2004; None for a single document); None when the entries did not score the same documents and tokens
       (different windows cannot be paired). Raises nothing.
     """
     a, b = candidate.get("per_document"), reference.get("per_document")
@@ -452,10 +460,13 @@ def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTST
     diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
     if tokens.sum() <= 0:
         return None
+    delta = float(diff.sum() / tokens.sum() / math.log(2))
+    if len(tokens) < 2:
+        return {"paired_delta_bpb": delta, "paired_ci95": None}  # one document: no interval
     idx = bootstrap_indices(len(tokens), samples, seed)
     stats = diff[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
     lo, hi = np.percentile(stats, [2.5, 97.5])
-    return {"paired_delta_bpb": float(diff.sum() / tokens.sum() / math.log(2)), "paired_ci95": [float(lo), float(hi)]}
+    return {"paired_delta_bpb": delta, "paired_ci95": [float(lo), float(hi)]}
 
 
 _PAIRED_KEYS = ("paired_delta_bpb", "paired_ci95", "paired_reference")
@@ -496,13 +507,18 @@ def _reference_index(results: Sequence[dict], reference: int | str) -> int:
         if 0 <= reference < len(results):
             return reference
         raise EvaluationError(f"reference index {reference} is out of range for {len(results)} checkpoint(s)")
-    names = [str(reference), Path(str(reference)).name]
-    for k, r in enumerate(results):
-        if r.get("label") == str(reference):
-            return k
-    for k, r in enumerate(results):
-        if r.get("checkpoint") in names or r.get("checkpoint_path") == str(reference):
-            return k
+    ref = str(reference)
+    for key in ("checkpoint_path", "label"):  # an exact path (or label) first
+        hits = [k for k, r in enumerate(results) if r.get(key) is not None and str(r.get(key)) == ref]
+        if hits:
+            return hits[0]
+    hits = [k for k, r in enumerate(results) if r.get("checkpoint") in (ref, Path(ref).name)]
+    if len(hits) > 1:
+        paths = ", ".join(str(results[k].get("checkpoint_path")) for k in hits)
+        raise EvaluationError(f"reference {ref!r} names {len(hits)} of the checkpoints ({paths}); give the path of "
+                              "the one to pair against")
+    if hits:
+        return hits[0]
     given = ", ".join(r.get("checkpoint", "?") for r in results)
     raise EvaluationError(f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
                           "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT"))
@@ -524,6 +540,10 @@ def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, w
     if total == 0:
         raise EvaluationError(f"no tokens were scored at length {length}")
     mean = float(nats_by_pos.sum() / total)
+    if not (math.isfinite(mean) and mean < 700):
+        raise EvaluationError(f"the mean loss at length {length} is {mean} nats/token (perplexity beyond float range): "
+                              "the checkpoint's weights or this text produce NaN, inf or exploding logits; check "
+                              "model.safetensors — nothing was cached")
     starts, ends = position_buckets(length, buckets)
     b_nats, b_tok = [], []
     for s, e in zip(starts, ends):
@@ -689,7 +709,9 @@ def _valid_entry(entry: object, length: int) -> bool:
                 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
                 and sum(pd["tokens"]) == entry["tokens_scored"] and entry.get("documents") == len(pd["doc"])):
             return False
-        if not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
+        if ci is None and len(pd["doc"]) == 1:
+            pass  # one document: no interval
+        elif not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
             return False
     lbp = entry["loss_by_position"]
     if not (isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
@@ -785,9 +807,9 @@ def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
       restores the checkpoint's own setting.
     Raises: EvaluationError for a cap that is not an integer >= 1.
     """
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1):
-        raise EvaluationError(f"normalizer_cap must be an integer number of tokens >= 1 (got {cap!r}); e.g. the "
-                              "training length, --normalizer-cap 512")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= MAX_CAP):
+        raise EvaluationError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_CAP} (got {cap!r}); e.g. "
+                              "the training length, --normalizer-cap 512")
     modules = fire_modules(model)
     if not modules:
         return None
@@ -805,7 +827,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                   batch_tokens: int | None = None, progress: ProgressFn | None = None,
                   should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
                   use_cache: bool = True, use_published: bool = True, normalizer_cap: int | None = None,
-                  reference: int | str = 0) -> list[dict]:
+                  reference: int | str = 0, require_intervals: bool = True) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
     See ``evaluate_checkpoint`` for the arguments and the result; the data is loaded and the
@@ -833,8 +855,10 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         raise EvaluationError(f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
                               "default (8192 on CPU, 16384 on CUDA)")
     if normalizer_cap is not None and (isinstance(normalizer_cap, bool) or
-                                       not isinstance(normalizer_cap, (int, np.integer)) or normalizer_cap < 1):
-        raise EvaluationError(f"normalizer_cap must be an integer number of tokens >= 1 (got {normalizer_cap!r})")
+                                       not isinstance(normalizer_cap, (int, np.integer))
+                                       or not 1 <= normalizer_cap <= MAX_CAP):
+        raise EvaluationError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_CAP} (got "
+                              f"{normalizer_cap!r}); e.g. the training length, --normalizer-cap 512")
     dev = resolve_device(device)
     precision = "bfloat16-autocast" if dev.type == "cuda" else "float32"
     batch_tokens = int(batch_tokens or (16384 if dev.type == "cuda" else 8192))
@@ -913,6 +937,8 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
         settings.update(prefix_tokens=same_text.prefix_tokens, documents_scored=len(same_text.documents),
                         documents_skipped=same_text.documents_skipped)
     cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if use_cache and cache_root.exists() and not cache_root.is_dir():
+        raise EvaluationError(f"the cache folder {cache_root} is a file; give a folder (--cache-dir) or --no-cache")
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
 
     def plan_tokens(plan: list[Window], n: int) -> int:
@@ -974,6 +1000,8 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 # read from results.json every time, never copied into the cache: a corrected
                 # results.json takes effect at once, and a read-only cache does not matter
                 cached, source = _published_read(published, length_settings, n), PUBLISHED_RESULTS
+            if cached is not None and require_intervals and "per_document" not in cached:
+                cached = None  # made before per-document losses were kept: no interval, no pairing
             if cached is not None:
                 per_length.append({**cached, "cached": True, "source": source})
                 done += n_tokens
@@ -1069,7 +1097,11 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
       normalizer_cap: FIRE/FIRE-S only: evaluate with ψ(min(max(L, i), cap)), cap in tokens
         (e.g. the training length); part of the cache key and saved with the numbers
         (``normalizer_cap``); other checkpoints are evaluated as they are.
-      reference: index or name of the checkpoint the others are paired against.
+      reference: index, path or name of the checkpoint the others are paired against (a
+        name shared by two of them is an error: give the path).
+      require_intervals: True (default): a cached or published entry made before fireviz
+        kept per-document losses (no ``ci95``, cannot be paired) is recomputed; False
+        accepts it as it is (the app's cache-only lookup shows such numbers at once).
       seed: window-selection seed; the selection never depends on the checkpoint.
       rope_scaling: None, ``"pi"`` or ``"yarn"`` — zero-shot extension of a RoPE checkpoint
         with factor ``max(1, n / seq_len)`` (see ``rope_scaled_model``).
@@ -1150,7 +1182,11 @@ def format_table(results: Sequence[dict]) -> str:
                 "checkpoint); only the answer positions are scored")
     out = [text]
     scored_head = ["length", "", ""] + [str(n) for n in lengths]
-    first = {e["length"]: e for e in results[0]["per_length"]} if results else {}
+    first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
+    for r in results:
+        for e in r["per_length"]:
+            if "error" not in e:
+                first.setdefault(e["length"], e)
     scored_rows = []
     for label, key in (("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")):
         scored_rows.append([label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths])

@@ -306,8 +306,10 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
 
         stop = (lambda: True) if probe else should_stop
         try:
+            # a cache lookup shows what is there, intervals or not; a run recomputes entries that
+            # predate per-document losses (require_intervals), so Run always gives intervals
             results = evaluate.evaluate_many(checkpoint_paths, data, description["lengths"], progress=progress,
-                                             should_stop=stop, **settings)
+                                             should_stop=stop, require_intervals=not probe, **settings)
         except evaluate.EvaluationCancelled:
             raise JobCancelled() from None
         for r in results:

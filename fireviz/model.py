@@ -289,7 +289,8 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         ``cache.length``) and the cache is extended. ``position_offset`` (tokens, >= 0)
         places the whole input at absolute positions ``position_offset …`` — a window taken
         from deep inside a long sequence (``train.random_position_offset``); encodings of
-        i − j alone are unchanged by it, FIRE's normalizer and RoPE's angles see it.
+        i − j alone are unchanged by it (RoPE's q·k too, up to rounding); FIRE's normalizer
+        ψ(max(L, i)) sees it.
         Raises: ValueError if ids are out of the vocabulary, absolute embeddings would be
         asked for a position past seq_len, or for a negative / non-integer offset or an
         offset together with a cache.

@@ -549,9 +549,10 @@ def paired_difference_rows(results: Sequence[Mapping], reference: str | None = N
             diff = paired_difference({"per_document": mine}, {"per_document": theirs})
             if diff is None:
                 continue
+            ci = diff["paired_ci95"] or [None, None]  # one document: no interval
             out.append({"group": name, "reference": ref, "length": length,
-                        "paired_delta_bpb": diff["paired_delta_bpb"], "ci95_low": diff["paired_ci95"][0],
-                        "ci95_high": diff["paired_ci95"][1], "n": len(g["lengths"][length]),
+                        "paired_delta_bpb": diff["paired_delta_bpb"], "ci95_low": ci[0],
+                        "ci95_high": ci[1], "n": len(g["lengths"][length]),
                         "documents": len(mine["doc"])})
     return out
 
@@ -576,11 +577,13 @@ def paired_difference_figure(results: Sequence[Mapping], reference: str | None =
     for name in [g for g in order if any(r["group"] == g for r in rows)]:
         g = [r for r in rows if r["group"] == name]
         y = np.array([r["paired_delta_bpb"] for r in g])
+        hi = np.array([np.nan if r["ci95_high"] is None else r["ci95_high"] for r in g], dtype=np.float64)
+        lo = np.array([np.nan if r["ci95_low"] is None else r["ci95_low"] for r in g], dtype=np.float64)
         fig.add_trace(go.Scatter(
             x=np.array([r["length"] for r in g]), y=y, mode="lines+markers", name=name,
             line=dict(color=_color(order.index(name))),
-            error_y=dict(type="data", symmetric=False, array=np.array([r["ci95_high"] for r in g]) - y,
-                         arrayminus=y - np.array([r["ci95_low"] for r in g]), visible=True),
+            error_y=dict(type="data", symmetric=False, array=np.nan_to_num(hi - y), arrayminus=np.nan_to_num(y - lo),
+                         visible=True),
             meta={"group": name, "reference": ref, "n": max(r["n"] for r in g)}))
     fig.add_hline(y=0, line=dict(color="black", width=1))
     trains = sorted({g["train"] for g in _grouped_rows(results, group_key).values() if g["train"]})

@@ -63,6 +63,8 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetenso
                     "train_log.jsonl")
 #: Training settings that do not change the trained numbers; they may differ on --resume.
 #: (``data`` may move: its content is checked by fingerprint instead.)
+#: largest train.random_position_offset (tokens)
+MAX_POSITION_OFFSET = 1 << 30
 _FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
 #: GPTConfig fields a config file may not set (written by the trainer itself).
 _MODEL_RESERVED = frozenset({"training"})
@@ -107,10 +109,12 @@ class TrainConfig:
       random_position_offset: largest absolute starting position in tokens (0 = off, the
         default): each micro-batch's windows are placed at an offset drawn uniformly from
         [0, random_position_offset] (``position_offsets``; generator seeded by seed, step,
-        rank and micro-batch), so FIRE's normalizer ψ(max(L, i)) and RoPE's angles see the
-        query positions of long evaluations while windows stay seq_len long (randomized
-        positions: Ruoss et al. 2023; with FIRE: Zhou et al. 2024). Encodings of i − j alone
-        (T5, ALiBi, Kerple, Sandwich) are unchanged by it. All windows of one micro-batch
+        rank and micro-batch), so FIRE's normalizer ψ(max(L, i)) sees the query positions of
+        long evaluations while windows stay seq_len long (in the spirit of randomized
+        positions, Ruoss et al. 2023, which sample sorted positions with gaps; with FIRE: Zhou
+        et al. 2024). Only FIRE / FIRE-S change with it: a contiguous shift leaves every bias
+        of i − j (T5, ALiBi, Kerple, Sandwich) and RoPE's q·k (a function of i − j) as they
+        were, up to rounding. All windows of one micro-batch
         share the offset (one bias per attention call); with grad_accum > 1 a step draws
         several. Needs a relative encoding (no absolute position embedding).
     """
@@ -141,6 +145,9 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "max_steps"):
             if getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
+        if self.random_position_offset > MAX_POSITION_OFFSET:
+            raise TrainingError(f"train.random_position_offset must be at most {MAX_POSITION_OFFSET} tokens (got "
+                                f"{self.random_position_offset})")
         for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed",
                      "random_position_offset"):
             if getattr(self, name) < 0:
@@ -268,11 +275,16 @@ def configs_from_tables(tables: dict) -> tuple[GPTConfig, TrainConfig]:
     except ValueError as e:
         raise TrainingError(f"[model] {e}") from e
     tc = TrainConfig(**tables.get("train", {})).validate()
+    _check_pair(mc, tc)
+    return mc, tc
+
+
+def _check_pair(mc: GPTConfig, tc: TrainConfig) -> None:
+    # settings that are fine alone but not together
     if tc.random_position_offset and mc.absolute_position_embedding:
         raise TrainingError("train.random_position_offset needs a relative encoding: absolute position embeddings "
                             f"cover only seq_len={mc.seq_len} positions; set model.absolute_position_embedding=false "
                             "or train.random_position_offset=0")
-    return mc, tc
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> tuple[GPTConfig, TrainConfig]:
@@ -765,6 +777,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         mc.validate()
     except ValueError as e:
         raise TrainingError(f"[model] {e}") from e
+    _check_pair(mc, tc)
     device = _resolve_device(tc, d)
     if device.type == "cuda":
         d.comm_device = device

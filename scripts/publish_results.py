@@ -150,6 +150,8 @@ def paired_cell(e: dict) -> str:
     """``"+0.011 [+0.007, +0.014]"``: the paired difference against the reference, or ``"—"``."""
     if "paired_delta_bpb" not in e:
         return "—"
+    if not e.get("paired_ci95"):
+        return f"{e['paired_delta_bpb']:+.3f}"
     lo, hi = e["paired_ci95"]
     return f"{e['paired_delta_bpb']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
@@ -304,7 +306,10 @@ def main() -> int:
     table: dict[str, list[dict]] = {}
     domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
     names = [f.name for f in folders]
-    reference = names.index(args.reference) if args.reference in names else 0
+    if args.reference not in names:
+        sys.exit(f"--reference {args.reference} is not among the checkpoints evaluated ({', '.join(names)}); "
+                 "name one of them")
+    reference = names.index(args.reference)
     kw = dict(mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto",
               use_published=False)  # never read back the results.json files this script rewrites
     for domain in domains:

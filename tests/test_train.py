@@ -632,3 +632,16 @@ def test_random_position_offset_refuses_absolute_embeddings(corpus):
                                                                "train.random_position_offset=64"]))
     with pytest.raises(TrainingError, match="random_position_offset must be >= 0"):
         configs_from_tables(apply_overrides(_tables(corpus), ["train.random_position_offset=-1"]))
+
+
+def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_path):
+    """From Python too (not only through a config file): the pair is refused before the first write."""
+    from fireviz.model import GPTConfig
+    from fireviz.train import TrainConfig
+    mc = GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=8, position_encoding="nope", absolute_position_embedding=True)
+    tc = TrainConfig(data=str(corpus), max_steps=2, random_position_offset=100, device="cpu")
+    with pytest.raises(TrainingError, match="needs a relative encoding"):
+        train(mc, tc, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(TrainingError, match="at most"):
+        TrainConfig(data=str(corpus), random_position_offset=10 ** 30).validate()
