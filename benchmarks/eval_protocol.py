@@ -49,12 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default=",".join(str(n) for n in evaluate.DEFAULT_LENGTHS))
     p.add_argument("--documents", type=int, default=0, help="0 = every qualifying document (the protocol)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="also write the results (evaluate's JSON, paired vs the first) here")
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"CPU: {cpu_model()} · {torch.get_num_threads()} torch threads · torch {torch.__version__}")
     print(f"protocol: data {args.data}, validation split, mode same_text, lengths {lengths}, "
           + ("every qualifying document" if args.documents == 0 else f"{args.documents} documents"))
     grand = 0.0
+    everything = []
     for ckpt in args.checkpoints.split(","):
         budget = None if args.documents == 0 else args.documents * (max(lengths) - 1)
         t0 = time.perf_counter()
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                                    use_cache=False)[0]
         total = time.perf_counter() - t0
         grand += total
+        everything.append(r)
         print(f"\n{ckpt} ({r['position_encoding']}): {r['settings']['documents_scored']} documents × "
               f"{r['settings']['prefix_tokens']} tokens")
         print(f"{'length':>7} {'docs':>5} {'windows':>8} {'tokens':>9} {'seconds':>8} {'tokens/s':>9}")
@@ -73,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{e['seconds']:>8.1f} {e['tokens_scored'] / e['seconds']:>9.0f}")
         print(f"total {total:.1f} s ({total / 60:.1f} min) for this checkpoint, loading and planning included")
     print(f"\nall checkpoints: {grand:.1f} s ({grand / 60:.1f} min)")
+    if args.out:
+        from fireviz.files import write_json_atomic
+        everything = evaluate.with_paired_differences(everything, 0)
+        write_json_atomic(args.out, everything)
+        print(evaluate.format_table(everything))
+        print(f"wrote {args.out}")
     return 0
 
 
