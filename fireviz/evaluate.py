@@ -92,6 +92,8 @@ SYNTHETIC_SEQUENCES = 64
 #: document resamples of the bootstrap intervals, and the seed of their generator
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
+#: fewer documents than this get no interval (``ci95``/``paired_ci95`` None), not a falsely narrow one
+MIN_INTERVAL_DOCUMENTS = 10
 ROPE_SCALINGS = ("pi", "yarn")
 SPLITS = ("validation", "train", "all")
 #: bumped whenever the numbers a given setting produces would change; part of the cache key
@@ -411,15 +413,16 @@ def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int
 
     Args: per document, summed nats (float) and scored tokens (int, > 0 in total).
     Returns: ``[low, high]`` in bits per byte (2.5th and 97.5th percentiles of
-      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); None for a single
-      document (no spread can be estimated from one: an interval of width 0 would look certain).
+      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); None for fewer than
+      ``MIN_INTERVAL_DOCUMENTS`` documents (with 2 or 3 the bootstrap has a handful of distinct
+      resamples and its interval looks far more certain than it is).
     Raises: EvaluationError for mismatched lengths or no scored token.
     """
     nats, tokens = np.asarray(nats, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
     if nats.shape != tokens.shape or nats.ndim != 1 or tokens.sum() <= 0:
         raise EvaluationError("bootstrap needs one summed loss and one positive token count per document")
-    if len(nats) < 2:
-        return None  # one document: its spread cannot be estimated
+    if len(nats) < MIN_INTERVAL_DOCUMENTS:
+        return None  # too few documents: a bootstrap over them would look far more certain than it is
     idx = bootstrap_indices(len(nats), samples, seed)
     stats = nats[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
     lo, hi = np.percentile(stats, [2.5, 97.5])
@@ -430,12 +433,12 @@ def bootstrap_ratio_ci95(numerators, denominators, *, samples: int = BOOTSTRAP_S
                          seed: int = BOOTSTRAP_SEED) -> list[float] | None:
     """95 % percentile bootstrap interval of Σ numerators / Σ denominators over units
     resampled with replacement (e.g. correct answers / answer tokens over sequences); None
-    for a single unit.
+    for fewer than ``MIN_INTERVAL_DOCUMENTS`` units.
     Raises: EvaluationError for mismatched lengths or a zero denominator sum."""
     num, den = np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64)
     if num.shape != den.shape or num.ndim != 1 or den.sum() <= 0:
         raise EvaluationError("a ratio bootstrap needs one numerator and one positive denominator per unit")
-    if len(num) < 2:
+    if len(num) < MIN_INTERVAL_DOCUMENTS:
         return None
     idx = bootstrap_indices(len(num), samples, seed)
     lo, hi = np.percentile(num[idx].sum(1) / den[idx].sum(1), [2.5, 97.5])
@@ -449,7 +452,7 @@ def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTST
     Args: two ``summarize`` entries (with ``per_document``) of the same length.
     Returns: ``{"paired_delta_bpb": candidate − reference (bits per byte), "paired_ci95":
       [low, high]}`` — the interval from resampling documents jointly (paired bootstrap,
-      Koehn 2004; None for a single document); None when the entries did not score the same documents and tokens
+      Koehn 2004; None for fewer than ``MIN_INTERVAL_DOCUMENTS`` documents); None when the entries did not score the same documents and tokens
       (different windows cannot be paired). Raises nothing.
     """
     a, b = candidate.get("per_document"), reference.get("per_document")
@@ -461,8 +464,8 @@ def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTST
     if tokens.sum() <= 0:
         return None
     delta = float(diff.sum() / tokens.sum() / math.log(2))
-    if len(tokens) < 2:
-        return {"paired_delta_bpb": delta, "paired_ci95": None}  # one document: no interval
+    if len(tokens) < MIN_INTERVAL_DOCUMENTS:
+        return {"paired_delta_bpb": delta, "paired_ci95": None}  # too few documents for an interval
     idx = bootstrap_indices(len(tokens), samples, seed)
     stats = diff[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
     lo, hi = np.percentile(stats, [2.5, 97.5])
@@ -577,7 +580,8 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
                                   "folder (save one with GPT.save_pretrained or `python -m fireviz train`)")
         return files
     name = str(checkpoint)
-    if path.exists() or name.count("/") != 1 or name.startswith((".", "/")):
+    if path.exists() or name.count("/") != 1 or name.startswith((".", "/")) or path.parent.is_dir():
+        # a path under an existing local folder (checkpoints/typo) is a local path, not a Hub id
         raise CheckpointError(f"checkpoint {checkpoint} not found: give a folder holding config.json and "
                               "model.safetensors (or a Hugging Face repo id owner/name)")
     from huggingface_hub import hf_hub_download
@@ -709,8 +713,8 @@ def _valid_entry(entry: object, length: int) -> bool:
                 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
                 and sum(pd["tokens"]) == entry["tokens_scored"] and entry.get("documents") == len(pd["doc"])):
             return False
-        if ci is None and len(pd["doc"]) == 1:
-            pass  # one document: no interval
+        if ci is None and len(pd["doc"]) < MIN_INTERVAL_DOCUMENTS:
+            pass  # too few documents: no interval
         elif not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
             return False
     lbp = entry["loss_by_position"]
@@ -1175,7 +1179,8 @@ def format_table(results: Sequence[dict]) -> str:
     s0 = results[0]["settings"] if results else {}
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
     if s0.get("mode") == "same_text":
-        text += (f": the first {s0.get('prefix_tokens')} tokens of each of {s0.get('documents_scored')} documents at "
+        d = s0.get("documents_scored")
+        text += (f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
                  f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
     if s0.get("mode") == "synthetic":
         text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
@@ -1207,6 +1212,16 @@ def format_table(results: Sequence[dict]) -> str:
             acc_rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
         out += ["", "answer accuracy [95 % interval over sequences] / share of sequences copied without error"]
         out += render(head, acc_rows)
+    few = sorted({e["length"] for r in results for e in r["per_length"]
+                  if "error" not in e and "per_document" in e and e.get("ci95") is None})
+    if few:
+        out += [f"(no interval at {', '.join(map(str, few))}: fewer than {MIN_INTERVAL_DOCUMENTS} documents "
+                "(sequences) scored; a bootstrap over so few would look far more certain than it is)"]
+    caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
+    if caps:
+        short = [n for n in lengths if n <= min(caps)]
+        out += [f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
+                + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")]
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
         ref = paired[0]["per_length"][0].get("paired_reference") or next(
@@ -1272,12 +1287,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, metavar="CKPT",
                    help="checkpoint the others are paired against (default: the first given)")
     p.add_argument("--seed", type=int, default=0, help="window selection seed")
-    p.add_argument("--split", choices=SPLITS, default="validation")
+    p.add_argument("--split", choices=SPLITS, default="validation",
+                   help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)")
     p.add_argument("--rope-scaling", choices=ROPE_SCALINGS, default=None,
                    help="zero-shot RoPE extension (factor = length / training length)")
-    p.add_argument("--position-buckets", type=int, default=DEFAULT_POSITION_BUCKETS)
+    p.add_argument("--position-buckets", type=int, default=DEFAULT_POSITION_BUCKETS,
+                   help="equal-width buckets of the loss-by-position curve (default %(default)s)")
     p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    p.add_argument("--batch-tokens", type=int, default=None)
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)")
     p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
     p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")

@@ -550,7 +550,8 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
                     run: bool) -> tuple[list[dict], list]:
     """The background evaluations behind the Length generalization page, one per spec.
 
-    ``specs``: ``(checkpoint paths, evaluate settings, label suffix)``. For each: the job with
+    ``specs``: ``(checkpoint paths, evaluate settings, label suffix)`` or, with lengths of its own
+    (instead of ``lengths``), ``(paths, settings, suffix, lengths)``. For each: the job with
     these arguments in this process (``jobs.find_evaluation``), else a cache-only probe that
     computes nothing; with ``run`` (the Run button) a missing, failed or cancelled job is
     submitted. Errors and cancellations are shown (problem and fix); unfinished jobs get a
@@ -560,12 +561,13 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
     from . import jobs
 
     results, pending = [], []
-    try:  # this page's own probes must not cancel one another (RoPE + PI + YaRN)
-        keep = {jobs.evaluation_key(paths, data, lengths, s, probe=True) for paths, s, _ in specs}
+    specs = [(spec[0], spec[1], spec[2], spec[3] if len(spec) > 3 else lengths) for spec in specs]
+    try:  # this page's own probes must not cancel one another (RoPE + PI + YaRN + capped FIRE)
+        keep = {jobs.evaluation_key(paths, data, lens, s, probe=True) for paths, s, _, lens in specs}
     except CheckpointError as e:  # its message names the problem and the fix
         error(f"Cannot read a checkpoint: {e}")
         st.stop()
-    for paths, s, suffix in specs:
+    for paths, s, suffix, lengths in specs:
         try:
             job = jobs.find_evaluation(paths, data, lengths, s)
             if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):

@@ -116,10 +116,14 @@ for col, info in zip(cols, chosen):
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
         if is_fire:
             fi = plots.fire_input_figure(rep, layer, capped=capped)
-            ui.show_figure(fi, "f_θ's input for fixed distances as the query moves: inside the shaded training "
-                               "positions each distance kept its value; past them the normalizer ψ(max(L, i)) grows "
-                               "on and the input falls, so far keys look near to f_θ — attention spreads thin "
-                               "(the dilution panel below)." + (f" Dashed: capped at {cap}." if capped else ""),
+            L = (next((l for l in rep["layers"] if l.get("layer") == layer), {}).get("fire") or {}).get("threshold_L")
+            ui.show_figure(fi, "f_θ's input for fixed distances as the query moves. Up to the learned threshold "
+                               + (f"L ≈ {L:.0f} tokens " if L else "L ")
+                               + "the normalizer is ψ(L) and each distance keeps its input; past L it falls — "
+                               "inside the shaded training positions too, where f_θ learned it — and past the "
+                               "training length it goes on falling to inputs f_θ never saw for such far keys, "
+                               "so they look near: attention spreads thin (the dilution panel below)."
+                               + (f" Dashed: capped at {cap} — flat past the cap." if capped else ""),
                            P, f"fire_input_{info.name}")
             ui.downloads(P, f"{info.name}_L{layer}_fire_input", plots.figure_to_csv(fi), plots.figure_data(fi))
         hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)

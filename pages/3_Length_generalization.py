@@ -72,7 +72,8 @@ if mode == "same_text":
 else:
     budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
                                  key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
-seed = int(sb.number_input("Window-selection seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
+seed = int(sb.number_input("Seed (windows drawn; in same-text mode the documents, when fewer than all)", 0, 10**6,
+                           key=ui.url_state(P, "seed", 0, int, lo=0)))
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
 if rope:
@@ -111,8 +112,9 @@ if not lengths:
 settings = {"mode": mode, "stride": stride, "token_budget": budget, "seed": seed, "split": split, "device": device}
 specs = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "")]
 specs += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}") for s in scalings]
-if cap:
-    specs.append(([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}"))
+capped_lengths = [n for n in lengths if n > cap]  # at or below the cap FIRE is the plain FIRE
+if cap and not capped_lengths:
+    sb.caption(f"The cap changes FIRE only at lengths beyond {cap} tokens: choose a longer length to see capped rows.")
 
 c1, c2 = st.columns([1, 5])
 run = c1.button("Run", type="primary", key=ui.key(P, "run"))
@@ -121,6 +123,9 @@ c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}
            + (f", plus {len(fires)} FIRE checkpoint(s) with the normalizer capped at {cap}" if cap else "")
            + ". Finished lengths are cached on disk and reused.")
 
+if cap and capped_lengths:  # its own lengths: identical rows at or below the cap would hide the plain ones
+    specs.append(([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}",
+                  capped_lengths))
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
 if not results:
     if not pending:

@@ -64,3 +64,12 @@ def app_env(tiny_checkpoints_dir, tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(tiny_checkpoints_dir))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "eval_cache"))
     return tiny_checkpoints_dir
+
+
+@pytest.fixture(autouse=True)
+def small_corpora_get_intervals(monkeypatch):
+    """The test corpora hold 3–7 documents; the product gives no interval below
+    ``evaluate.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
+    floor to 2; ``test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
+    import fireviz.evaluate as ev
+    monkeypatch.setattr(ev, "MIN_INTERVAL_DOCUMENTS", 2)

@@ -812,3 +812,21 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     again = ev.evaluate_many([ckpts["rope"]], corpus, [8], **kw)[0]["per_length"][0]
     assert not again["cached"] and again["ci95"] == first["ci95"]
     assert entry.exists()
+
+
+def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, capsys):
+    monkeypatch.setattr(ev, "MIN_INTERVAL_DOCUMENTS", 10)  # the product's floor
+    few = _write_jsonl(tmp_path / "few.jsonl", [40] * 9)
+    many = _write_jsonl(tmp_path / "many.jsonl", [40] * 10)
+    kw = dict(split="all", device="cpu", cache_dir=cache)
+    r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], few, [8], **kw)
+    assert r[0]["per_length"][0]["ci95"] is None and r[1]["per_length"][0]["paired_ci95"] is None
+    assert "paired_delta_bpb" in r[1]["per_length"][0]
+    assert "no interval at 8: fewer than 10 documents" in ev.format_table(r)
+    r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], many, [8], **kw)
+    assert r[0]["per_length"][0]["ci95"] is not None and r[1]["per_length"][0]["paired_ci95"] is not None
+    # a mistyped path under an existing folder fails at once (no Hub lookup)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local").mkdir()
+    with pytest.raises(CheckpointError, match="not found"):
+        ev.checkpoint_files("local/nosuch")  # looks like owner/name, but local/ exists here
