@@ -653,7 +653,7 @@ class _StopForward(Exception):
 
 @torch.no_grad()
 def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
-                       near: int = 64, rows: int = 8, checkpoint: str | None = None,
+                       near: int = 16, rows: int = 8, checkpoint: str | None = None,
                        normalizer_cap: int | None = None) -> DilutionResult:
     """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
 
@@ -769,7 +769,7 @@ def dilution_cache_path(checkpoint: str | os.PathLike, tokens: torch.Tensor, que
 
 
 def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tensor,
-                              query_positions: Sequence[int], near: int = 64, rows: int = 8,
+                              query_positions: Sequence[int], near: int = 16, rows: int = 8,
                               normalizer_cap: int | None = None, cache_dir: str | os.PathLike | None = None,
                               compute: bool = True) -> dict | None:
     """``attention_dilution(...).to_dict()`` for a checkpoint folder, cached on disk.
@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Options: ``--query-positions 511,4095`` (tokens, 0-based; default m·seq_len − 1 for
     m = 1, 2, 4, 8), ``--classify-at I``, ``--matrix START:STOP[:STRIDE]``, ``--text FILE``
-    (also measure attention dilution on ``[BOS] + bytes`` of that UTF-8 file), ``--near 64``,
+    (also measure attention dilution on ``[BOS] + bytes`` of that UTF-8 file), ``--near 16``,
     ``--dilution-positions``, ``--out FILE`` (default ``CKPT/biases.json``).
     Prints the per-head locality table to stdout.
     Returns: 0 on success, 2 on bad input (one ``fireviz biases: error: …`` line on stderr).
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="query position of the headline locality (default: smallest query position)")
     ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
     ap.add_argument("--text", default=None, help="UTF-8 text file: also measure attention dilution on it")
-    ap.add_argument("--near", type=int, default=64, help="keys counted as near for dilution (default 64)")
+    ap.add_argument("--near", type=int, default=16, help="keys counted as near for dilution (default 16, as the app)")
     ap.add_argument("--dilution-positions", default=None,
                     help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
     ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
