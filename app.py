@@ -29,8 +29,11 @@ def home() -> None:
         "[0, 1] range seen in training — the paper's reason FIRE generalizes to longer inputs. (At the "
         "bundled models' small scale it did not beat ALiBi or Kerple beyond the training length: see the "
         "Length generalization page and the README.)\n\n"
-        "The same form can represent T5's buckets, ALiBi, Kerple and Sandwich (Theorem 3.1), and trained "
-        "heads turn out local, anti-local or mixed."
+        "The same form can represent T5's buckets, ALiBi, Kerple and Sandwich (Theorem 3.1), and the paper "
+        "finds trained heads that are local and others that are anti-local. In the bundled prose models every "
+        "head is local (its bias falls with distance; one T5 head is mixed); the Learned biases page shows why their FIRE loses "
+        "ground past the training length: the normalizer keeps growing, far keys look near, attention "
+        "spreads thin."
     )
 
     found, problems = ui.list_checkpoints()
