@@ -490,6 +490,8 @@ def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -
         return []
     ref = _reference_index(results, reference)
     ref_name = results[ref].get("label") or results[ref]["checkpoint"]
+    if not results[ref].get("label") and [r.get("checkpoint") for r in results].count(ref_name) > 1:
+        ref_name = results[ref].get("checkpoint_path") or ref_name  # runs/x vs checkpoints/x: say which
     ref_entries = {e["length"]: e for e in results[ref]["per_length"] if "error" not in e}
     out = []
     for k, r in enumerate(results):
@@ -1171,6 +1173,11 @@ def format_table(results: Sequence[dict]) -> str:
                                        for i, (c, w) in enumerate(zip(cells, widths)))
         return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
+    names = [r["checkpoint"] for r in results]
+    # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
+    shown = {id(r): (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1
+             else r["checkpoint"] for r in results}
+
     def enc(r):
         cap = r.get("normalizer_cap")
         return (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
@@ -1201,7 +1208,7 @@ def format_table(results: Sequence[dict]) -> str:
     for r in results:
         cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
                  for e in r["per_length"]}
-        rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+        rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
     out += ["", "bits per byte [95 % bootstrap interval over documents] by evaluation length in tokens"]
     out += render(head, rows)
     if any("accuracy" in e for r in results for e in r["per_length"]):
@@ -1209,7 +1216,7 @@ def format_table(results: Sequence[dict]) -> str:
         for r in results:
             cells = {e["length"]: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
                      + f" / {e['sequence_accuracy']:.2f}" for e in r["per_length"] if "accuracy" in e}
-            acc_rows.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+            acc_rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
         out += ["", "answer accuracy [95 % interval over sequences] / share of sequences copied without error"]
         out += render(head, acc_rows)
     few = sorted({e["length"] for r in results for e in r["per_length"]
@@ -1230,7 +1237,7 @@ def format_table(results: Sequence[dict]) -> str:
         for r in paired:
             cells = {e["length"]: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True)
                      for e in r["per_length"] if "paired_delta_bpb" in e}
-            prow.append([r["checkpoint"], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+            prow.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
         out += ["", f"paired difference in bits per byte vs {ref} on the same windows [95 % interval]; "
                     "negative = better than the reference"]
         out += render(head, prow)

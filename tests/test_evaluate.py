@@ -784,6 +784,8 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     kw = dict(split="all", device="cpu", cache_dir=cache)
     r = ev.evaluate_many([a, b], corpus, [8], reference=str(b), **kw)
     assert "paired_delta_bpb" in r[0]["per_length"][0] and "paired_delta_bpb" not in r[1]["per_length"][0]
+    table = ev.format_table(r)  # two folders named final: the table names their paths
+    assert str(a) in table and f"vs {b}" in table
     with pytest.raises(ev.EvaluationError, match="names 2 of the checkpoints"):
         ev.evaluate_many([a, b], corpus, [8], reference="final", **kw)
     one = _write_jsonl(tmp_path / "one.jsonl", [40])
