@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .encodings import ToeplitzBias, fire_modules
+from .encodings import MAX_NORMALIZER_CAP, ToeplitzBias, check_normalizer_cap, fire_modules
 from .model import BOS_ID, GPT
 
 #: Multiples of the training length used for the default bias query positions.
@@ -514,9 +514,7 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
     # A copy, never the caller's model: the app shares one loaded model between sessions.
     if cap is None or not fire_modules(model):
         return model
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= 1 << 40:
-        raise ValueError(f"normalizer_cap must be an integer number of tokens in 1..{1 << 40} (got {cap!r}); e.g. "
-                         "the training length")
+    cap = check_normalizer_cap(cap)
     copy = deepcopy(model)
     for m in fire_modules(copy):
         m.normalizer_cap = float(cap)
@@ -883,9 +881,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(e))
     if args.near < 1:
         return fail(f"--near must be >= 1 (got {args.near})")
-    if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= 1 << 40:
-        return fail(f"--normalizer-cap must be >= 1 token and at most {1 << 40} (got {args.normalizer_cap}); e.g. "
-                    "the training length")
+    if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= MAX_NORMALIZER_CAP:
+        return fail(f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
+                    f"{args.normalizer_cap}); e.g. the training length")
     try:
         model = load_checkpoint(args.checkpoint)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line

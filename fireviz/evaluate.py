@@ -75,7 +75,7 @@ import torch.nn.functional as F
 
 from . import __version__, synthetic
 from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
-from .encodings import fire_modules
+from .encodings import check_normalizer_cap, fire_modules
 from .files import sha256_files, write_json_atomic
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
@@ -85,8 +85,6 @@ DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
 MODES = ("same_text", "nonoverlapping", "sliding")
 DEFAULT_MODE = "same_text"
-#: largest FIRE normalizer cap accepted (tokens): beyond any length anyone evaluates, and exact in float64
-MAX_CAP = 1 << 40
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
 SYNTHETIC_SEQUENCES = 64
 #: document resamples of the bootstrap intervals, and the seed of their generator
@@ -813,16 +811,17 @@ def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
       restores the checkpoint's own setting.
     Raises: EvaluationError for a cap that is not an integer >= 1.
     """
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= MAX_CAP):
-        raise EvaluationError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_CAP} (got {cap!r}); e.g. "
-                              "the training length, --normalizer-cap 512")
+    try:
+        cap = check_normalizer_cap(cap)
+    except ValueError as e:
+        raise EvaluationError(str(e)) from None
     modules = fire_modules(model)
     if not modules:
         return None
     own = model.config.encoding_options.get("normalizer_cap")
     for m in modules:
         m.normalizer_cap = float(cap) if cap is not None else (None if own is None else float(own))
-    return None if cap is None else int(cap)
+    return cap
 
 
 def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathLike,
@@ -860,11 +859,10 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     if batch_tokens is not None and not (isinstance(batch_tokens, int) and batch_tokens >= 1):
         raise EvaluationError(f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
                               "default (8192 on CPU, 16384 on CUDA)")
-    if normalizer_cap is not None and (isinstance(normalizer_cap, bool) or
-                                       not isinstance(normalizer_cap, (int, np.integer))
-                                       or not 1 <= normalizer_cap <= MAX_CAP):
-        raise EvaluationError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_CAP} (got "
-                              f"{normalizer_cap!r}); e.g. the training length, --normalizer-cap 512")
+    try:  # before any checkpoint is read
+        normalizer_cap = check_normalizer_cap(normalizer_cap)
+    except ValueError as e:
+        raise EvaluationError(str(e)) from None
     dev = resolve_device(device)
     precision = "bfloat16-autocast" if dev.type == "cuda" else "float32"
     batch_tokens = int(batch_tokens or (16384 if dev.type == "cuda" else 8192))

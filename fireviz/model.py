@@ -21,6 +21,7 @@ from torch import nn
 
 from .attention import attention
 from .encodings import ENCODING_NAMES, SHARED_ACROSS_LAYERS, PositionEncoding, build_encoding, encoding_options
+from .encodings.base import check_position_offset
 
 BOS_ID = 256  # byte-level vocabulary: ids 0..255 are bytes, 256 marks the start of a document
 BYTE_VOCAB_SIZE = 257
@@ -296,9 +297,7 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         offset together with a cache.
         """
         B, T = idx.shape
-        if isinstance(position_offset, bool) or int(position_offset) != position_offset or position_offset < 0:
-            raise ValueError(f"position_offset must be an integer number of tokens >= 0 (got {position_offset!r})")
-        position_offset = int(position_offset)
+        position_offset = check_position_offset(position_offset)
         if position_offset and cache is not None:
             raise ValueError("position_offset cannot be combined with a KV cache (the cache already places the "
                              "tokens); use one or the other")

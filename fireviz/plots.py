@@ -2,7 +2,7 @@
 
 Every builder takes JSON-like data (what ``fireviz.analysis``, ``fireviz.evaluate``,
 ``fireviz.fit`` and the trainer write), returns a ``plotly.graph_objects.Figure`` and
-never imports Streamlit. Conventions (shared/STYLE.md): bias vs distance per head; the
+never imports Streamlit. Conventions, the same in every figure: bias vs distance per head; the
 training length marked on every length axis (a dashed shape named ``"training length"``);
 perplexity on a log axis; units in every axis title. Each trace carries ``meta`` (layer,
 head, query position, checkpoint …) so ``figure_data`` / ``figure_to_csv`` /

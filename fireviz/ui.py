@@ -479,6 +479,17 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
+def normalizer_cap_input(page: str, chosen: Sequence[ck.CheckpointInfo], label: str,
+                         help: str) -> tuple[list[ck.CheckpointInfo], int]:
+    """The sidebar's FIRE normalizer cap (tokens; 0 = off, URL ``cap``), shown only when a
+    FIRE / FIRE-S checkpoint is chosen. Returns: ``(the chosen FIRE checkpoints, cap)``."""
+    fires = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
+    if not fires:
+        return fires, 0
+    return fires, int(st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20),
+                                              help=help))
+
+
 # -- cached library results -------------------------------------------------------------------
 #: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
 MAX_QUERY_POSITION = 1 << 17

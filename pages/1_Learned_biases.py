@@ -40,15 +40,11 @@ x_axis = sb.radio("x axis (one-head view)", list(plots.X_AXES),
                                "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))"}.get,
                   disabled=view != "head",
                   help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight.")
-fire_chosen = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
-cap = 0
-if fire_chosen:
-    cap = int(sb.number_input("FIRE normalizer cap (tokens; 0 = off)", 0, 1 << 20,
-                              key=ui.url_state(P, "cap", 0, int, lo=0, hi=1 << 20),
-                              help="Overlay FIRE's curves with the normalizer ψ(min(max(L, i), N)): past N a query "
-                                   "is normalized as at N, so each distance keeps the input f_θ saw in training "
-                                   "(N = the training length). Dashed in the one-head view, the f_θ-input figure "
-                                   "and the dilution panel."))
+fire_chosen, cap = ui.normalizer_cap_input(
+    P, chosen, "FIRE normalizer cap (tokens; 0 = off)",
+    help="Overlay FIRE's curves with the normalizer ψ(min(max(L, i), N)): past N a query is normalized as at N, so "
+         "each distance keeps the input f_θ saw in training (N = the training length). Dashed in the one-head "
+         "view, the f_θ-input figure and the dilution panel.")
 clip_options = [0, 5, 20, 100]
 clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
                     key=ui.url_state(P, "clip", 0, int, options=clip_options), disabled=view != "head",

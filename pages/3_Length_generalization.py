@@ -80,14 +80,10 @@ if rope:
     scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
                               key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
                               format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
-fires = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
-cap = 0
-if fires:
-    cap = int(sb.number_input("Also FIRE with its normalizer capped at (tokens; 0 = off)", 0, 1 << 20,
-                              key=ui.url_state(P, "cap", 0, int, lo=0, hi=1 << 20),
-                              help="ψ(min(max(L, i), N)): queries beyond N are normalized as if at N, so FIRE's "
-                                   "input for a distance stays what it was in training. Drawn beside the plain "
-                                   "rows; N = the training length is the natural choice."))
+fires, cap = ui.normalizer_cap_input(
+    P, chosen, "Also FIRE with its normalizer capped at (tokens; 0 = off)",
+    help="ψ(min(max(L, i), N)): queries beyond N are normalized as if at N, so FIRE's input for a distance stays "
+         "what it was in training. Drawn beside the plain rows; N = the training length is the natural choice.")
 pool = False
 bases = [seed_base(i.name) for i in chosen]
 if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one encoding chosen

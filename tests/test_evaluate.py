@@ -16,7 +16,7 @@ import fireviz.evaluate as ev
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
 from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
 
-# the in-repo copy of ../shared/reference/encodings.json (tests/test_encodings.py checks they agree)
+# the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
 # Document sizes in tokens (bytes + BOS). Lengths 8 and 16 see several documents; 64 sees one.
 DOC_TOKENS = [41, 34, 16, 9, 5, 64, 23]

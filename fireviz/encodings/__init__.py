@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .alibi import ALiBi, alibi_slopes
 from .base import BIAS_QUERY_BLOCK, PositionEncoding, ToeplitzBias, relative_distance
-from .fire import FIRE, fire_modules
+from .fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_cap, fire_modules
 from .kerple import KerpleLog, KerplePower
 from .nope import NoPE
 from .rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
@@ -100,6 +100,6 @@ def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> Posit
 __all__ = [
     "ENCODING_NAMES", "SHARED_ACROSS_LAYERS", "BIAS_QUERY_BLOCK", "build_encoding", "encoding_options",
     "PositionEncoding", "ToeplitzBias", "NoPE", "RotaryEmbedding", "T5RelativeBias", "ALiBi",
-    "KerpleLog", "KerplePower", "Sandwich", "FIRE", "fire_modules", "alibi_slopes", "relative_position_bucket",
+    "KerpleLog", "KerplePower", "Sandwich", "FIRE", "fire_modules", "check_normalizer_cap", "MAX_NORMALIZER_CAP", "alibi_slopes", "relative_position_bucket",
     "rope_inv_freq", "yarn_inv_freq", "yarn_attention_factor", "sandwich_kernel", "relative_distance",
 ]

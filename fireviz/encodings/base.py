@@ -1,4 +1,4 @@
-"""The one interface every position encoding answers (see shared/STYLE.md, "Interfaces").
+"""The one interface every position encoding answers, so the model, analysis and fitting treat them alike.
 
 Three kinds:
   * ``additive`` – ``bias(q_len, k_len, q_offset)`` returns float32 logits
@@ -42,6 +42,15 @@ def query_positions(q_len: int, k_len: int, q_offset: int | None) -> tuple[int, 
         raise ValueError(f"q_offset={q_offset} is negative; queries sit at absolute positions q_offset… "
                          "so it must be >= 0")
     return int(q_offset), int(k_len)
+
+
+def check_position_offset(position_offset) -> int:
+    """``position_offset`` (tokens, the absolute start of a window) as an int >= 0.
+
+    Raises: ValueError for a negative, fractional or bool offset."""
+    if isinstance(position_offset, bool) or int(position_offset) != position_offset or position_offset < 0:
+        raise ValueError(f"position_offset must be an integer number of tokens >= 0 (got {position_offset!r})")
+    return int(position_offset)
 
 
 def relative_distance(q_len: int, k_len: int, q_offset: int, device=None) -> torch.Tensor:

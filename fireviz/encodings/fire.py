@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import LazyKernel, numba_kernel_call
-from .base import BIAS_QUERY_BLOCK, PositionEncoding, query_positions, relative_distance
+from .base import (BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions,
+                   relative_distance)
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -326,7 +328,7 @@ class FIRE(PositionEncoding):
         Raises: ValueError for bad lengths/offset (``query_positions``).
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        P = _check_position_offset(position_offset)
+        P = check_position_offset(position_offset)
         dev = self.c.device
         x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev) + P,
                                      torch.arange(k_len, device=dev) + P)
@@ -411,7 +413,7 @@ class FIRE(PositionEncoding):
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        P = _check_position_offset(position_offset)
+        P = check_position_offset(position_offset)
         fused = self._fused(q_len, k_len, q_offset, causal=True, position_offset=P)
         if fused is not None:
             return fused
@@ -432,7 +434,7 @@ class FIRE(PositionEncoding):
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
-        P = _check_position_offset(position_offset)
+        P = check_position_offset(position_offset)
         fused = self._fused(q_len, k_len, q_offset, causal=False, position_offset=P)
         if fused is not None:
             return fused
@@ -485,10 +487,20 @@ class FIRE(PositionEncoding):
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-def _check_position_offset(position_offset) -> int:
-    if isinstance(position_offset, bool) or int(position_offset) != position_offset or position_offset < 0:
-        raise ValueError(f"position_offset must be an integer number of tokens >= 0 (got {position_offset!r})")
-    return int(position_offset)
+#: largest FIRE normalizer cap accepted (tokens): beyond any length evaluated, exact in float64
+MAX_NORMALIZER_CAP = 1 << 40
+
+
+def check_normalizer_cap(cap) -> int | None:
+    """``cap`` as an int in 1 … ``MAX_NORMALIZER_CAP`` tokens, or None.
+
+    Raises: ValueError naming the range and an example (the training length)."""
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= MAX_NORMALIZER_CAP:
+        raise ValueError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_NORMALIZER_CAP} (got "
+                         f"{cap!r}); e.g. the training length, --normalizer-cap 512")
+    return int(cap)
 
 
 def fire_modules(module: nn.Module) -> list[FIRE]:
