@@ -38,8 +38,7 @@ def home() -> None:
 
     found, problems = ui.list_checkpoints()
     st.subheader("Checkpoints")
-    for folder, problem in problems.items():
-        st.warning(f"Skipped `{folder}`: {problem}")
+    ui.checkpoint_warnings(found, problems)
     if not found:
         ui.no_checkpoints_message()
     else:

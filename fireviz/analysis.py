@@ -778,17 +778,17 @@ def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tenso
     Returns: the result dict (``"cached"``: whether it was read), or None when not cached
       and ``compute`` is False. Raises: as ``attention_dilution`` and ``load_checkpoint``.
     """
-    from .files import write_json_atomic
+    from .files import read_json, write_json_atomic
     positions = _check_positions(query_positions)
     path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = read_json(path, expect=dict)
         share = np.asarray(obj["share"], dtype=np.float64)
         if share.ndim == 3 and share.shape[2] == len(positions) and np.isfinite(share).all() \
                 and obj.get("query_positions") == positions:
             # the same weights may sit in another folder: name the one asked for
             return {**obj, "checkpoint": Path(checkpoint).name, "cached": True}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):  # FileFormatError is a ValueError: recompute
         pass
     if not compute:
         return None
@@ -802,7 +802,8 @@ def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tenso
 def text_tokens(text: str) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of ``text`` as LongTensor ``[1 + bytes]`` (BOS id 256), the
     document encoding fireviz trains on (byte-level vocabulary)."""
-    return torch.tensor([BOS_ID] + list(text.encode("utf-8")), dtype=torch.long)
+    from .data import text_bytes
+    return torch.tensor([BOS_ID] + list(text_bytes(text)), dtype=torch.long)
 
 
 # -- checkpoints and logs ----------------------------------------------------------------------

@@ -15,7 +15,6 @@ Nothing here imports Streamlit; nothing here unpickles (weights are safetensors 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -25,8 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import sha256_files
-from .model import GPT, CheckpointError
+from .files import FileFormatError, parse_json, read_json, read_jsonl, sha256_files
+from .model import GPT, CheckpointError, config_from_dict
+
+class CheckpointNotFoundError(CheckpointError):
+    """No checkpoint at a path: it does not exist, or lacks config.json / model.safetensors.
+    The app shows one message for all of these, so it does not reveal which server paths exist."""
+
 
 #: Environment variable naming the folder whose sub-folders are the checkpoints.
 CHECKPOINTS_ENV = "FIREVIZ_CHECKPOINTS_DIR"
@@ -93,6 +97,8 @@ class CheckpointInfo:
       data: a short description of the training data ("" if unknown).
       results: every results JSON in the folder, as ``{file name: parsed JSON}``.
       headline: see :func:`headline_numbers`.
+      problems: ``{file name: problem}`` for this checkpoint's files that were refused
+        (a results JSON or train log that is not what fireviz writes); they are left out.
     """
 
     name: str
@@ -108,6 +114,7 @@ class CheckpointInfo:
     results: dict = field(default_factory=dict)
     headline: dict = field(default_factory=dict)
     repo_id: str | None = None
+    problems: dict = field(default_factory=dict)
 
     @property
     def training_seed(self) -> int | None:
@@ -185,11 +192,73 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
     return infos, problems
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, expect: type | tuple | None = None) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from e
+        return read_json(path, expect=expect)
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_results(obj: Any, source: str = "results JSON") -> None:
+    """Check the types of a results JSON (one ``fireviz.evaluate`` result dict or a list of them).
+
+    Only the fields something reads are checked, each where present: ``settings`` an object
+    whose ``data`` is a string and ``rope_scaling`` null/string/object; ``per_length`` a list of
+    objects with an integer ``length`` and numeric ``bits_per_byte``, ``nats_per_token``,
+    ``perplexity``, integer ``tokens_scored``/``windows``/``documents`` and ``ci95``/
+    ``paired_ci95`` null or two numbers; ``checkpoint``, ``label``, ``position_encoding`` strings.
+    Raises: CheckpointError naming ``source`` and the first bad field.
+    """
+    def bad(where: str, want: str):
+        raise CheckpointError(f"{source}: {where} is not {want}; the file is not what fireviz writes — "
+                              "evaluate again or delete it")
+
+    items = obj if isinstance(obj, list) else [obj]
+    if not isinstance(obj, (list, dict)):
+        bad("the top level", "an object or a list of objects")
+    for n, r in enumerate(items):
+        at = f"result {n}" if isinstance(obj, list) else "the result"
+        if not isinstance(r, dict):
+            bad(at, "an object")
+        for k in ("checkpoint", "label", "position_encoding"):
+            if k in r and r[k] is not None and not isinstance(r[k], str):
+                bad(f"{at}.{k}", "a string")
+        if "settings" in r:
+            st = r["settings"]
+            if not isinstance(st, dict):
+                bad(f"{at}.settings", "an object")
+            if "data" in st and not isinstance(st["data"], str):
+                bad(f"{at}.settings.data", "a string")
+            if st.get("rope_scaling") is not None and not isinstance(st["rope_scaling"], (str, dict)):
+                bad(f"{at}.settings.rope_scaling", "null, a string or an object")
+        if "per_length" not in r:
+            continue
+        if not isinstance(r["per_length"], list):
+            bad(f"{at}.per_length", "a list")
+        for m, e in enumerate(r["per_length"]):
+            where = f"{at}.per_length[{m}]"
+            if not isinstance(e, dict):
+                bad(where, "an object")
+            if "length" in e and not (_is_int(e["length"]) and e["length"] >= 1):
+                bad(f"{where}.length", "an integer >= 1")
+            for k in ("bits_per_byte", "nats_per_token", "perplexity", "paired_delta_bpb", "accuracy"):
+                if e.get(k) is not None and not _is_number(e[k]):
+                    bad(f"{where}.{k}", "a number")
+            for k in ("tokens_scored", "windows", "documents"):
+                if e.get(k) is not None and not (_is_int(e[k]) and e[k] >= 0):
+                    bad(f"{where}.{k}", "an integer >= 0")
+            for k in ("ci95", "paired_ci95", "accuracy_ci95"):
+                v = e.get(k)
+                if v is not None and not (isinstance(v, list) and len(v) == 2 and all(map(_is_number, v))):
+                    bad(f"{where}.{k}", "null or two numbers")
 
 
 def count_parameters(weights: str | os.PathLike) -> int:
@@ -205,16 +274,22 @@ def count_parameters(weights: str | os.PathLike) -> int:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > 100_000_000:
                 raise ValueError(f"header length {n} is implausible")
-            header = json.loads(f.read(n))
+            header = parse_json(f.read(n).decode("utf-8"), f"the header of {weights}")
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         tensors = {k: v for k, v in header.items() if k != "__metadata__"}
         end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError) as e:
+    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         raise CheckpointError(f"{weights} is not a readable safetensors file ({e}); copy, download or "
                               "train the checkpoint again") from e
     if 8 + n + end > size:
         raise CheckpointError(f"{weights} is truncated ({size:,} bytes; its header needs {8 + n + end:,}); copy, "
                               "download or train the checkpoint again")
-    return int(sum(math.prod(v["shape"]) for v in tensors.values()))
+    try:
+        return int(sum(math.prod(int(d) for d in v["shape"]) for v in tensors.values()))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{weights} has a malformed header ({e}); copy, download or train the checkpoint "
+                              "again") from e
 
 
 def validation_rows(log: list[dict]) -> list[dict]:
@@ -223,7 +298,7 @@ def validation_rows(log: list[dict]) -> list[dict]:
 
     Args: ``log`` as returned by :func:`read_train_log`. Returns [] when nothing was evaluated.
     """
-    return [r for r in log if isinstance(r.get("val_loss"), (int, float)) and not isinstance(r["val_loss"], bool)]
+    return [r for r in log if _is_number(r.get("val_loss")) and math.isfinite(r["val_loss"])]
 
 
 def read_train_log(path: str | os.PathLike) -> list[dict]:
@@ -239,24 +314,20 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
         p = p / LOG_FILE
     if not p.is_file():
         return []
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read {p}: {e}") from e
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):
-                break
-            raise CheckpointError(f"{p}:{n} is not valid JSON ({e.msg})") from e
-        if not isinstance(obj, dict):
-            raise CheckpointError(f"{p}:{n} is not a JSON object")
-        records.append(obj)
+    try:  # NaN is kept: a diverged run logs its loss as NaN, and readers test isfinite
+        records = read_jsonl(p, allow_nonfinite=True)
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+    for n, rec in enumerate(records, 1):
+        for k in LOG_NUMBER_FIELDS:
+            if rec.get(k) is not None and not _is_number(rec[k]):
+                raise CheckpointError(f"{p}: record {n} has {k} = {str(rec[k])[:40]!r}, not a number; the file is "
+                                      "not what fireviz writes — restore or delete it")
     return records
+
+
+#: Train-log fields read as numbers (a record holding another type is refused).
+LOG_NUMBER_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_loss_4x")
 
 
 #: Steps over which the training-runs table averages the training loss and throughput by
@@ -295,19 +366,25 @@ def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int 
             f"tokens/s (median, {span})": statistics.median(speed) if speed else None}
 
 
-def read_results(path: str | os.PathLike) -> dict[str, Any]:
+def read_results(path: str | os.PathLike, problems: dict[str, str] | None = None) -> dict[str, Any]:
     """Every results JSON in a checkpoint folder (all ``*.json`` but config.json), by file name.
 
-    Unreadable files are left out. Returns {} if there are none.
+    Files that cannot be read or fail :func:`check_results` are left out (and untouched);
+    with ``problems`` given, each is recorded there as ``{file name: reason}``.
+    Returns {} if there are none.
     """
     out = {}
     for f in sorted(Path(path).glob("*.json")):
         if f.name in _NOT_RESULTS:
             continue
         try:
-            out[f.name] = _read_json(f)
-        except CheckpointError:
+            obj = _read_json(f)
+            check_results(obj, str(f))
+        except CheckpointError as e:
+            if problems is not None:
+                problems[f.name] = str(e)
             continue
+        out[f.name] = obj
     return out
 
 
@@ -385,31 +462,34 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     """
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
-        raise CheckpointError(f"checkpoint folder {p} does not exist; give a folder holding "
+        raise CheckpointNotFoundError(f"checkpoint folder {p} does not exist; give a folder holding "
                               f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a Hugging Face repo id (owner/name)")
     for f in (CONFIG_FILE, WEIGHTS_FILE):
         if not (p / f).is_file():
-            raise CheckpointError(f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})")
+            raise CheckpointNotFoundError(f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})")
     config = _read_json(p / CONFIG_FILE)
-    if not isinstance(config, dict) or "position_encoding" not in config:
-        raise CheckpointError(f"{p / CONFIG_FILE} is not a fireviz GPTConfig (no position_encoding field)")
+    config_from_dict(config, str(p / CONFIG_FILE))  # every field that changes the numbers, well typed
     training = config.get("training") if isinstance(config.get("training"), dict) else {}
-    log = read_train_log(p)
-    results = read_results(p)
+    problems: dict[str, str] = {}
+    try:
+        log = read_train_log(p)
+    except CheckpointError as e:  # a broken log costs the log, not the checkpoint
+        log, problems[LOG_FILE] = [], str(e)
+    results = read_results(p, problems)
     tokens = None
     for k in ("tokens", "tokens_seen", "training_tokens", "total_tokens"):
         if isinstance(training.get(k), (int, float)):
             tokens = int(training[k])
             break
     if tokens is None:
-        logged = [r["tokens"] for r in log if isinstance(r.get("tokens"), (int, float))]
+        logged = [r["tokens"] for r in log if _is_number(r.get("tokens")) and math.isfinite(r["tokens"])]
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
     return CheckpointInfo(
         name=name or p.name, path=str(p), source="hub" if repo_id else "local", config=config,
         position_encoding=str(config["position_encoding"]), num_parameters=count_parameters(p / WEIGHTS_FILE),
         seq_len=seq_len, training=training, training_tokens=tokens, data=_describe_data(training),
-        results=results, headline=headline_numbers(seq_len, results, log), repo_id=repo_id)
+        results=results, headline=headline_numbers(seq_len, results, log), repo_id=repo_id, problems=problems)
 
 
 def looks_like_hub_id(ref: str) -> bool:
@@ -439,7 +519,7 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
     if local.exists():
         return read_checkpoint(local)
     if not looks_like_hub_id(ref):
-        raise CheckpointError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
+        raise CheckpointNotFoundError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
                               "Hugging Face repo id of the form owner/name; check the spelling or the path")
     from huggingface_hub import snapshot_download
     try:

@@ -3,6 +3,12 @@
 Tokenizer: byte-level. A document becomes ``[BOS] + UTF-8 bytes`` (ids 0..255 are bytes,
 ``BOS_ID = 256``), so lengths and positions are in bytes and bits per byte is exact.
 
+Bytes are bytes: a file that is not valid UTF-8 is tokenized as the bytes it holds. Text is
+read with Python's ``surrogateescape`` (each undecodable byte b becomes U+DC00+b) and
+:func:`text_bytes` turns those back into the original bytes; a lone surrogate from a JSON
+escape (``"\ud800"``) becomes its 3 ``surrogatepass`` bytes. :func:`load_documents` warns once
+(``RawBytesWarning``) when a source holds such text.
+
 Bundled corpora (``data/<domain>.jsonl.xz``, see data/DATA.md for sources and licenses):
 ``prose`` (the paper's C4 analog), ``latex`` (arXiv analog), ``code`` (GitHub analog).
 
@@ -17,10 +23,13 @@ evaluation windows (fireviz.evaluate) never cross one.
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
 import lzma
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +48,42 @@ class DataError(ValueError):
     """Data that cannot be used: missing, empty, unreadable, or too short."""
 
 
+class RawBytesWarning(UserWarning):
+    """Data that is not valid UTF-8 (or holds lone surrogates) is tokenized as its raw bytes."""
+
+
+def _raw_bytes_handler(err: UnicodeError):
+    # encoding errors only: surrogateescape'd bytes (U+DC80…U+DCFF) back to themselves, any other
+    # surrogate as its surrogatepass (CESU-8 style) bytes
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    out = bytearray()
+    for ch in err.object[err.start:err.end]:
+        c = ord(ch)
+        out += bytes([c - 0xDC00]) if 0xDC80 <= c <= 0xDCFF else ch.encode("utf-8", "surrogatepass")
+    return bytes(out), err.end
+
+
+RAW_BYTES = "fireviz-raw-bytes"
+codecs.register_error(RAW_BYTES, _raw_bytes_handler)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_bytes(text: str) -> bytes:
+    """The bytes a document's text stands for: its UTF-8 encoding, with the raw bytes of a
+    non-UTF-8 file (read with ``surrogateescape``) restored and lone surrogates as their
+    ``surrogatepass`` bytes. Never raises for a str."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", RAW_BYTES)
+
+
+def has_raw_bytes(text: str) -> bool:
+    """True if ``text`` holds surrogates (undecodable bytes of its file, or lone-surrogate escapes)."""
+    return _SURROGATE.search(text) is not None
+
+
 @dataclass(frozen=True)
 class Document:
     """One text document. ``id`` is stable (it decides the split); ``text`` is str."""
@@ -52,15 +97,16 @@ class Document:
     @property
     def num_tokens(self) -> int:
         """Tokens of ``document_tokens(self)``: UTF-8 bytes + 1 (BOS)."""
-        return len(self.text.encode("utf-8")) + 1
+        return len(text_bytes(self.text)) + 1
 
 
 def _open_text(path: Path):
+    # surrogateescape: bytes that are not UTF-8 survive as U+DC80…U+DCFF (see text_bytes)
     if path.suffix == ".xz":
-        return lzma.open(path, "rt", encoding="utf-8")
+        return lzma.open(path, "rt", encoding="utf-8", errors="surrogateescape")
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, "r", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape")
+    return open(path, "r", encoding="utf-8", errors="surrogateescape")
 
 
 def _read_jsonl(path: Path) -> list[Document]:
@@ -72,8 +118,8 @@ def _read_jsonl(path: Path) -> list[Document]:
                     continue
                 try:
                     obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}); each line must be one "
+                except (json.JSONDecodeError, RecursionError) as e:
+                    raise DataError(f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
                                     "JSON object with a 'text' field") from e
                 if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                     raise DataError(f"{path}:{lineno} has no string 'text' field; each line must be a "
@@ -127,12 +173,16 @@ def load_documents(source: str | Path) -> list[Document]:
     docs = [d for d in docs if d.text]
     if not docs:
         raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
+    raw = sum(1 for d in docs if has_raw_bytes(d.text))
+    if raw:
+        warnings.warn(f"{raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
+                      "as the raw bytes they hold (byte-level tokenizer)", RawBytesWarning, stacklevel=2)
     return docs
 
 
 def is_validation(doc_id: str, fraction: float = VALIDATION_FRACTION) -> bool:
     """Deterministic split rule: sha256(id) as a fraction of 2^64 < fraction."""
-    h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
+    h = int.from_bytes(hashlib.sha256(text_bytes(doc_id)).digest()[:8], "big")
     return h / 2.0**64 < fraction
 
 
@@ -152,13 +202,24 @@ def split_documents(docs: list[Document], split: str, fraction: float = VALIDATI
 
 
 def encode_bytes(text: str) -> torch.Tensor:
-    """UTF-8 bytes of ``text`` as int64 token ids ``[n_bytes]`` (no BOS)."""
-    return torch.from_numpy(np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64))
+    """The bytes of ``text`` (:func:`text_bytes`) as int64 token ids ``[n_bytes]`` (no BOS)."""
+    return torch.from_numpy(np.frombuffer(text_bytes(text), dtype=np.uint8).astype(np.int64))
 
 
 def document_tokens(doc: Document) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of a document, int64 ``[doc.num_tokens]``."""
     return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), encode_bytes(doc.text)])
+
+
+def document_token_array(doc: Document) -> np.ndarray:
+    """``[BOS] + bytes`` of a document as uint16 ``[doc.num_tokens]``: the same ids as
+    :func:`document_tokens` in a quarter of the memory (2 bytes per token), for slicing
+    windows out of long documents."""
+    raw = np.frombuffer(text_bytes(doc.text), dtype=np.uint8)
+    out = np.empty(len(raw) + 1, dtype=np.uint16)
+    out[0] = BOS_ID
+    out[1:] = raw
+    return out
 
 
 def decode_tokens(tokens: torch.Tensor | list[int]) -> str:
@@ -171,7 +232,7 @@ def data_fingerprint(docs: list[Document]) -> str:
     """sha256 over ids and texts in order: identifies exactly which data a number came from."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(d.id.encode("utf-8") + b"\0" + hashlib.sha256(d.text.encode("utf-8")).digest())
+        h.update(text_bytes(d.id) + b"\0" + hashlib.sha256(text_bytes(d.text)).digest())
     return h.hexdigest()
 
 
@@ -185,7 +246,7 @@ class TokenStream:
     def __init__(self, docs: list[Document], min_tokens: int = 2):
         parts = []
         for d in sorted(docs, key=lambda d: d.id):
-            b = np.frombuffer(d.text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+            b = np.frombuffer(text_bytes(d.text), dtype=np.uint8).astype(np.uint16)
             parts.append(np.concatenate([np.array([BOS_ID], dtype=np.uint16), b]))
         self.tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if len(self.tokens) < min_tokens:

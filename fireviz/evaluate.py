@@ -74,10 +74,12 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__, synthetic
-from .data import DOMAINS, DataError, Document, data_fingerprint, document_tokens, load_documents, split_documents
+from .data import (DOMAINS, DataError, Document, data_fingerprint, document_token_array, load_documents,
+                   split_documents)
 from .encodings import check_normalizer_cap, fire_modules
-from .files import sha256_files, write_json_atomic
-from .model import GPT, CheckpointError, GPTConfig, load_state_checked
+from .files import FileFormatError, read_json, sha256_files, write_json_atomic
+from .memory import available_bytes, forward_bytes, gib
+from .model import GPT, CheckpointError, GPTConfig, load_state_checked, nonfinite_parameters
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: targets (tokens) scored per length unless told otherwise
@@ -110,6 +112,11 @@ StopFn = Callable[[], bool]
 
 class EvaluationError(ValueError):
     """Settings that cannot be evaluated: a bad mode/stride/length/device/scaling request."""
+
+
+class NonFiniteLossError(EvaluationError):
+    """A checkpoint's loss is NaN/inf: reported (naming the non-finite weights, if any), never
+    cached or shown as a number; the CLI exits non-zero."""
 
 
 class EvaluationCancelled(RuntimeError):
@@ -333,6 +340,13 @@ def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tu
 # ---------------------------------------------------------------------------------------------
 # Scoring
 # ---------------------------------------------------------------------------------------------
+def _as_long(tokens) -> torch.Tensor:
+    """A window's token ids (torch tensor or numpy array of any integer type) as int64."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.long()
+    return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+
+
 def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
                   device: torch.device | str = "cpu", batch_tokens: int = 8192,
                   on_batch: Callable[[int], None] | None = None, with_accuracy: bool = False) -> tuple:
@@ -345,7 +359,8 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
 
     Args:
       model: a GPT in eval mode on ``device``.
-      doc_tokens: document index → int64 ``[num_tokens]`` (``[BOS] + bytes``).
+      doc_tokens: document index → its ``[BOS] + bytes`` token ids ``[num_tokens]`` (a torch
+        tensor or a numpy integer array; each window is copied out as int64).
       windows: from ``plan_windows``; all of ``length`` tokens.
       on_batch: called with the number of windows finished after each batch (may raise
         ``EvaluationCancelled`` to stop).
@@ -368,7 +383,7 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
             batch = windows[b: b + per_batch]
-            x = torch.stack([doc_tokens(w.doc)[w.start: w.start + length] for w in batch]).to(device)
+            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start: w.start + length]) for w in batch]).to(device)
             first = torch.tensor([w.first_target for w in batch])
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
                 logits = model(x)
@@ -607,10 +622,6 @@ def load_checkpoint(checkpoint: str | os.PathLike) -> GPT:
     Raises: CheckpointError for a missing, corrupt or inconsistent checkpoint.
     """
     config, _ = checkpoint_files(checkpoint)
-    try:
-        json.loads(config.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"config.json of {checkpoint} is unreadable or not JSON ({e})") from e
     folder = config.parent
     try:
         model = GPT.from_pretrained(str(folder))
@@ -652,6 +663,30 @@ def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]
                        source="the RoPE checkpoint's weights")
     scaled.to(device)
     return scaled.eval(), {"position_encoding": name, "encoding_options": opts}
+
+
+def memory_problem(configs: Sequence[GPTConfig], length: int, batch: int, device: torch.device,
+                   batch_tokens: int) -> str | None:
+    """Why ``length`` cannot be evaluated in this machine's memory, or None if it fits.
+
+    The estimate (``fireviz.memory.forward_bytes`` of the largest of ``configs`` on ``batch``
+    windows) is compared with the memory available now. The message gives both figures and the
+    largest length that fits with ``batch_tokens``.
+    """
+    need = max(forward_bytes(c, batch, length) for c in configs)
+    free = available_bytes(str(device))
+    if free is None or need <= free:
+        return None
+    lo, hi = 2, length  # forward_bytes grows with the length: the largest that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if max(forward_bytes(c, max(1, batch_tokens // mid), mid) for c in configs) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return (f"length {length:,} needs about {gib(need)} of memory (estimate for {batch} window(s) of {length:,} tokens), "
+            f"more than the {gib(free)} available on {device.type}; the largest length that fits is about {lo:,} "
+            "tokens — ask for a shorter length (or a machine with more memory)")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -739,8 +774,8 @@ def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, finge
       results.json (weights retrained, corpus changed) is never used. Raises nothing.
     """
     try:
-        obj = json.loads((Path(checkpoint) / PUBLISHED_RESULTS).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        obj = read_json(Path(checkpoint) / PUBLISHED_RESULTS, expect=(dict, list))
+    except FileFormatError:
         return []
     items = obj if isinstance(obj, list) else [obj]
     return [r for r in items if isinstance(r, dict) and r.get("checkpoint_sha256") == checkpoint_hash
@@ -765,8 +800,8 @@ def _published_read(published: list[dict], length_settings: dict, length: int) -
 
 def _cache_read(path: Path, key: str, length: int) -> dict | None:
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        obj = read_json(path, expect=dict)
+    except FileFormatError:
         return None
     if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
         return None
@@ -927,9 +962,16 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 except EvaluationError as e:
                     plans[n] = str(e)
 
-    def doc_tokens(i: int) -> torch.Tensor:
-        if i not in token_cache:
-            token_cache[i] = document_tokens(docs[i])
+    for n, plan in list(plans.items()):  # memory before work: refuse a length that cannot fit
+        if isinstance(plan, list) and plan:
+            problem = memory_problem([m.config for *_, m, _ in loaded], n, min(max(1, batch_tokens // n), len(plan)),
+                                     dev, batch_tokens)
+            if problem:
+                plans[n] = problem
+
+    def doc_tokens(i: int):
+        if i not in token_cache:  # uint16 [BOS]+bytes: 2 bytes per token, windows are sliced out of it
+            token_cache[i] = document_token_array(docs[i])
         return token_cache[i]
 
     settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths,
@@ -1035,6 +1077,13 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 scored_model, doc_tokens, plan, n, device=dev, batch_tokens=batch_tokens, on_batch=on_batch,
                 with_accuracy=True)
             done = done_before + n_tokens
+            mean = float(nats.sum() / max(int(counts.sum()), 1))
+            if not (math.isfinite(mean) and mean < 700):  # NaN/inf, or a perplexity beyond float range
+                bad = nonfinite_parameters(scored_model)
+                why = (f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
+                       "restore or retrain the checkpoint" if bad else
+                       "the weights are finite, so the logits overflow on this text at this length")
+                raise NonFiniteLossError(f"{name}: loss is {mean:.6g} at length {n}: {why} (nothing was cached)")
             order = sorted(doc_nats, key=lambda i: (ids[i], i))
             per_document = {"doc": [ids[i] for i in order], "nats": [doc_nats[i] for i in order],
                             "tokens": [doc_scored[i] for i in order]}
@@ -1049,14 +1098,12 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             if same_text is not None:
                 entry["prefix_tokens"] = same_text.prefix_tokens
                 entry["documents_skipped"] = same_text.documents_skipped
+            elif mode != "synthetic":  # documents shorter than the window hold none: counted, not dropped silently
+                entry["documents_skipped"] = sum(1 for t in sizes if t < n)
             if cap is not None:
                 entry["normalizer_cap"] = cap
             entry.update(extra)
             entry["seconds"] = time.perf_counter() - t0
-            if not all(_number(entry[k]) for k in ("nats_per_token", "perplexity", "bits_per_byte")):
-                raise EvaluationError(f"{name} gives a non-finite loss ({entry['nats_per_token']}) at length {n}: its "
-                                      "weights or this text produce NaN/inf logits; check the checkpoint (a NaN in "
-                                      "model.safetensors) — nothing was cached")
             if use_cache:
                 write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": sha, "data_fingerprint": fingerprint,
                                                "settings": length_settings, "fireviz_version": __version__,
@@ -1198,7 +1245,10 @@ def format_table(results: Sequence[dict]) -> str:
             if "error" not in e:
                 first.setdefault(e["length"], e)
     scored_rows = []
-    for label, key in (("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")):
+    shown_rows = [("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")]
+    if s0.get("mode") in ("nonoverlapping", "sliding"):
+        shown_rows.insert(1, ("documents too short", "documents_skipped"))
+    for label, key in shown_rows:
         scored_rows.append([label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths])
     out += render(scored_head, scored_rows)
     head = ["checkpoint", "enc", "train"] + [str(n) for n in lengths]

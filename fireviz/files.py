@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -86,3 +86,147 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
 
     with safe_open(str(path), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading files fireviz did not just write: one reader, bounded, strict.
+
+class FileFormatError(ValueError):
+    """A file fireviz reads is unreadable, too large, too deeply nested, not the expected JSON
+    shape, or holds a non-finite number. The message names the file and the problem; the file
+    itself is never modified."""
+
+
+#: Largest JSON file read (bytes): results with per-document losses are ~1 MB; 64 MiB is far beyond.
+MAX_JSON_BYTES = 64 << 20
+#: Deepest nesting of arrays/objects accepted (fireviz's own files nest at most ~6 levels).
+MAX_JSON_DEPTH = 64
+_OPEN = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON ``text``, ignoring brackets inside strings.
+
+    Linear time and no recursion (so a ``'[' * 10**6`` file cannot exhaust the stack).
+    """
+    import re
+
+    import numpy as np
+
+    if "[" not in text and "{" not in text:
+        return 0
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"?', '""', text, flags=re.S)  # strings out (an unterminated one too)
+    raw = np.frombuffer(bare.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+    step = np.zeros(256, dtype=np.int64)
+    for k, v in _OPEN.items():
+        step[k] = v
+    depth = np.cumsum(step[raw])
+    return int(depth.max(initial=0))
+
+
+def _finite_float(s: str) -> float:
+    v = float(s)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {s} is out of float range")
+    return v
+
+
+def parse_json(text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEPTH,
+               allow_nonfinite: bool = False) -> Any:
+    """``json.loads(text)`` with fireviz's limits.
+
+    Args:
+      text: the JSON text; ``source`` names it in errors (a path, ``path:line``).
+      max_depth: deepest array/object nesting accepted.
+      allow_nonfinite: accept ``NaN``/``Infinity`` (train logs record a diverged loss as NaN);
+        otherwise they, and numbers that overflow a float (``1e999``), are refused.
+    Returns: the parsed value (dict, list, str, int, float, bool or None).
+    Raises: FileFormatError naming ``source`` and the problem.
+    """
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise FileFormatError(f"{source} nests {depth} levels deep (at most {max_depth} are read); it is not a "
+                              "file fireviz wrote — restore or delete it")
+    kwargs: dict = {}
+    if not allow_nonfinite:
+        def refuse(c):
+            raise ValueError(f"non-finite number {c}")
+        kwargs = {"parse_constant": refuse, "parse_float": _finite_float}
+    try:
+        return json.loads(text, **kwargs)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        raise FileFormatError(f"{source} is not valid JSON ({e}); restore or delete it") from e
+
+
+def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,
+              allow_nonfinite: bool = False, expect: type | tuple | None = None) -> Any:
+    """Read a JSON file fireviz did not just write: size-bounded, depth-bounded, finite.
+
+    Args:
+      path: the file. max_bytes: largest size read. max_depth, allow_nonfinite: see
+        :func:`parse_json`. expect: a type (or tuple) the top-level value must be, e.g. dict.
+    Returns: the parsed value.
+    Raises: FileFormatError (unreadable, not UTF-8, larger than ``max_bytes``, too deep, not
+      JSON, a non-finite number, or not of type ``expect``). The file is left as it is.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON file; "
+                                  "it is not a file fireviz wrote — restore or delete it")
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        text = raw.decode("utf-8")
+    except FileFormatError:
+        raise
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileFormatError(f"cannot read {path}: {e}") from e
+    obj = parse_json(text, str(path), max_depth=max_depth, allow_nonfinite=allow_nonfinite)
+    if expect is not None and (not isinstance(obj, expect) or isinstance(obj, bool) and bool not in (
+            expect if isinstance(expect, tuple) else (expect,))):
+        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        raise FileFormatError(f"{path} holds a JSON {type(obj).__name__}, not the {names} fireviz expects there; "
+                              "restore or delete it")
+    return obj
+
+
+def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: int = MAX_JSON_DEPTH,
+               allow_nonfinite: bool = False, tolerate_torn_tail: bool = True) -> list[dict]:
+    """The JSON objects of a JSON-lines file, one per non-empty line, in order.
+
+    Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
+      writer still appending, or killed mid-line) is dropped rather than refused.
+    Returns: the objects. Raises: FileFormatError naming ``path:line`` for any other bad line
+      (not JSON, too deep, non-finite where refused, not an object), or an oversized file.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
+                                  "file; restore or delete it")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except FileFormatError:
+        raise
+    except OSError as e:
+        raise FileFormatError(f"cannot read {path}: {e}") from e
+    lines = text.splitlines()
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if json_depth(line) > max_depth:  # too deep is never a torn write: refuse even on the last line
+            parse_json(line, f"{path}:{n}", max_depth=max_depth)
+        try:
+            obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
+        except FileFormatError:
+            if tolerate_torn_tail and n == last:
+                break
+            raise
+        if not isinstance(obj, dict):
+            raise FileFormatError(f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete "
+                                  "the file")
+        out.append(obj)
+    return out

@@ -53,7 +53,7 @@ import torch
 from .encodings import ALiBi, FIRE, KerpleLog, KerplePower, Sandwich, T5RelativeBias
 from .encodings.base import ToeplitzBias
 from .encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX
-from .files import atomic_write, read_safetensors, write_json_atomic
+from .files import FileFormatError, atomic_write, read_json, read_safetensors, write_json_atomic
 from .model import CheckpointError
 
 #: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
@@ -83,6 +83,9 @@ FIRE_OPTIONS_KEY = "fireviz.fire_options"
 
 # Grid of c·L (c times the threshold L) tried by the initialisation, from ψ nearly linear
 # in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴); refined by √10 around the best.
+#: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
+#: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.
+MAX_FIT_HEADS = 1024
 _CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 1.0))
 # Candidate kink positions per fit (data points; subsampled beyond this many distances).
 _MAX_CANDIDATES = 1024
@@ -220,6 +223,9 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
         return target
     if num_heads is None or int(num_heads) < 1:
         raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
+    if int(num_heads) > MAX_FIT_HEADS:
+        raise ValueError(f"num_heads={num_heads} is more than the {MAX_FIT_HEADS} heads a fit takes (published models "
+                         f"have at most 128 per layer); fit fewer heads, e.g. --heads 8")
     H = int(num_heads)
     if name == "t5":
         B = int(params.get("num_buckets", 32))
@@ -596,7 +602,8 @@ def _candidates(n: int) -> torch.Tensor:
 def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None, mlp_width: int = 32,
              steps: int = DEFAULT_STEPS, seed: int = 0,
              progress: Callable[[int, int, float], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, lr: float = 3e-3) -> FitResult:
+             should_stop: Callable[[], bool] | None = None, lr: float = 3e-3,
+             start_progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Fit a FIRE bias to ``target`` on all pairs ``0 ≤ j ≤ i < max_len`` (Theorem 3.1).
 
     Args:
@@ -612,9 +619,12 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
         is the same for every seed; it is recorded for provenance.
       progress: called as ``progress(step, steps, loss)`` after every step (step 0 = the
         initialisation), loss = the objective below.
-      should_stop: polled before every step; True ends the fit early with the best
-        parameters so far (``stopped=True``; still a complete, valid ``FitResult``).
+      should_stop: polled before every step and between the closed-form start's candidates;
+        True ends the fit early with the best parameters so far (``stopped=True``; still a
+        complete, valid ``FitResult``).
       lr: Adam learning rate for log c and the kink positions.
+      start_progress: called as ``start_progress(done, total)`` after each candidate c of the
+        closed-form start (the slow part for many heads), before any step.
     Objective: mean over heads of (RMSE_h / std_h)² on the fitted range, the per-distance
       errors weighted by their pair counts ``max_len − d`` (equal to the all-pairs error).
     Returns: ``FitResult`` (metrics are measured on the float32 module — ``FIRE.bias`` inside,
@@ -626,7 +636,7 @@ def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None
       unknown target name (and whatever ``make_target`` raises).
     """
     with one_torch_thread():
-        return _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr)
+        return _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr, start_progress)
 
 
 _THREADS_LOCK = threading.Lock()
@@ -655,7 +665,8 @@ def one_torch_thread():
                 torch.set_num_threads(_threads_state["before"])
 
 
-def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr) -> FitResult:
+def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr,
+         start_progress=None) -> FitResult:
     t0 = time.perf_counter()
     if isinstance(target, str):
         target = make_target(target, num_heads)
@@ -700,11 +711,20 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
         if best is None or float(loss) < best[0]:
             best = (float(loss), c, knots, cl)
 
-    for cl in _CL_GRID:  # coarse grid of c·L, then the two half-way points around the best
+    total_start = len(_CL_GRID) + 2
+    stopped = False
+    for k, cl in enumerate(_CL_GRID, 1):  # coarse grid of c·L, then the two half-way points around the best
         try_c(cl)
+        if start_progress is not None:
+            start_progress(k, total_start)
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
     coarse = best[3]
-    for factor in (10 ** -0.5, 10 ** 0.5):
+    for k, factor in enumerate((10 ** -0.5, 10 ** 0.5) if not stopped else (), len(_CL_GRID) + 1):
         try_c(coarse * factor)
+        if start_progress is not None:
+            start_progress(k, total_start)
     _, c0, knots0, _ = best
     n_live = knots0.numel()
     if n_live < K:  # too few distinct data points: park the spare kinks beyond x = 1 (never active)
@@ -735,8 +755,8 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
 
     _, loss = objective()
     record(loss, 0)
-    stopped, steps_run = False, 0
-    for step in range(1, steps + 1):
+    steps_run = 0
+    for step in range(1, steps + 1 if not stopped else 1):
         if should_stop is not None and should_stop():
             stopped = True
             break
@@ -884,8 +904,8 @@ def _t5_values(text: str):
     p = Path(text)
     if text.endswith(".json"):
         try:
-            return json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            return read_json(p)
+        except FileFormatError as e:
             raise _CLIError(f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file") from None
     vals = _numbers(text, "--t5-values")
     return [vals] if isinstance(vals, float) else vals
@@ -973,13 +993,22 @@ def main(argv: list[str] | None = None) -> int:
         target = _target_from_args(a)
         last = [0.0]
 
+        def report_start(done: int, total: int) -> None:
+            now = time.perf_counter()
+            if not a.quiet and (done == total or now - last[0] > 1.0):
+                last[0] = now
+                print(f"closed-form start: candidate c {done}/{total}", file=sys.stderr)
+
         def report(step: int, total: int, loss: float) -> None:
             now = time.perf_counter()
             if not a.quiet and (step == total or now - last[0] > 1.0):
                 last[0] = now
                 print(f"step {step}/{total}  loss {loss:.3e}", file=sys.stderr)
 
-        result = fit_fire(target, a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed, progress=report)
+        if not a.quiet:
+            print(f"fitting FIRE to {target.name} ({target.num_heads} heads, max_len {a.max_len})…", file=sys.stderr)
+        result = fit_fire(target, a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed, progress=report,
+                          start_progress=report_start)
     except _CLIError as e:
         print(f"fireviz fit: error: {e}", file=sys.stderr)
         return 2

@@ -397,7 +397,10 @@ def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | 
         def on_step(step: int, total: int, loss: float) -> None:
             progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
 
+        def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
+            progress(0, int(steps), f"closed-form start: candidate c {done}/{total}")
+
         return fit.fit_fire(built, int(max_len), mlp_width=int(mlp_width), steps=int(steps), seed=int(seed),
-                            progress=on_step, should_stop=should_stop)
+                            progress=on_step, should_stop=should_stop, start_progress=on_start)
 
     return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")

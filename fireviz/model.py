@@ -8,7 +8,6 @@ into the mask (added after the 1/√d_head scaling, before masking).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -20,6 +19,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .attention import attention
+from .files import FileFormatError, read_json
 from .encodings import ENCODING_NAMES, SHARED_ACROSS_LAYERS, PositionEncoding, build_encoding, encoding_options
 from .encodings.base import check_position_offset
 
@@ -119,6 +119,40 @@ class GPTConfig:
         if self.position_encoding == "yarn":
             opts.setdefault("original_max_position_embeddings", self.seq_len)
         return opts
+
+
+#: config.json fields that change what a model computes: a saved config must name every one
+#: (a missing ``seq_len`` would silently move FIRE's threshold, a missing
+#: ``position_encoding`` would load as FIRE). ``dropout``, ``attn_query_block`` and
+#: ``training`` do not change the numbers and may be absent (defaults apply).
+REQUIRED_CONFIG_FIELDS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "position_encoding",
+                          "encoding_options", "absolute_position_embedding")
+
+
+def config_from_dict(data: object, source: str = "config.json") -> GPTConfig:
+    """A validated :class:`GPTConfig` from a saved config.json's parsed JSON.
+
+    Args: ``data`` the parsed JSON; ``source`` names it in errors.
+    Returns: the config (``validate`` passed).
+    Raises: CheckpointError naming the problem: not an object, an unknown field, a missing
+      field of ``REQUIRED_CONFIG_FIELDS``, or a bad value.
+    """
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source} is not a JSON object (it holds a {type(data).__name__}); a config.json "
+                              "maps GPTConfig fields to values — restore it or train the checkpoint again")
+    known = {f.name for f in fields(GPTConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CheckpointError(f"{source} has unknown field(s) {unknown}; a fireviz config.json holds only "
+                              f"{sorted(known)}")
+    missing = [k for k in REQUIRED_CONFIG_FIELDS if k not in data]
+    if missing:
+        raise CheckpointError(f"{source} does not name {', '.join(missing)}, which decide what the model computes; "
+                              "add the value(s) the model was trained with (see GPTConfig) or train it again")
+    try:
+        return GPTConfig(**data).validate()
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source} is invalid: {e}") from None
 
 
 class KVCache:
@@ -385,12 +419,10 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             cfg = Path(path) / "config.json"
             if cfg.exists():
                 try:
-                    data = json.loads(cfg.read_text(encoding="utf-8"))
-                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise CheckpointError(f"{cfg} is not readable JSON ({e}); restore it or retrain") from e
-                if not isinstance(data, dict):
-                    raise CheckpointError(f"{cfg} is not a JSON object (got {type(data).__name__}); a fireviz "
-                                          "config.json maps GPTConfig field names to values")
+                    data = read_json(cfg)
+                except FileFormatError as e:
+                    raise CheckpointError(str(e)) from e
+                config_from_dict(data, str(cfg))
         elif os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
             raise CheckpointError(f"{path} is not a checkpoint folder (no such directory); give a folder "
                                   "with config.json and model.safetensors, or a Hub repo id 'owner/name'")
@@ -429,11 +461,7 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
                                       local_files_only=local_files_only)
         config = model_kwargs.pop("config", None)
         if isinstance(config, dict):
-            known = {f.name for f in fields(GPTConfig)}
-            unknown = set(config) - known
-            if unknown:
-                raise CheckpointError(f"config.json of {model_id} has unknown field(s) {sorted(unknown)}")
-            config = GPTConfig(**config)
+            config = config_from_dict(config, f"config.json of {model_id}")
         if config is None:
             raise CheckpointError(f"{model_id} has no config.json")
         try:
@@ -449,6 +477,11 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         return model
 
 
+def nonfinite_parameters(model: nn.Module) -> list[str]:
+    """Names of ``model``'s parameters and buffers holding NaN or ±inf (state_dict order); [] if none."""
+    return [k for k, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+
+
 def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
     """Strictly load ``state`` into ``model``, tolerating the tied ``lm_head.weight`` alias.
 
@@ -459,6 +492,12 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
     for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
         if a not in state and b in state:  # safetensors keeps one name of a tied pair
             state[a] = state[b]
+    tied = ("wte.weight", "lm_head.weight")
+    if all(k in state for k in tied) and all(k in own for k in tied) and own[tied[0]].data_ptr() == own[tied[1]].data_ptr():
+        a, b = state[tied[0]], state[tied[1]]
+        if a.shape != b.shape or not torch.equal(a, b):
+            raise CheckpointError(f"{source} holds wte.weight and lm_head.weight with different values, but the model "
+                                  "ties them (one matrix); keep one of the two tensors in the file or train again")
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     mismatched = [f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"

@@ -46,7 +46,7 @@ import sys
 import time
 import tomllib
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from . import __version__, synthetic
 from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
-from .files import atomic_write, atomic_write_text, read_safetensors, sha256_files
+from .files import FileFormatError, atomic_write, atomic_write_text, parse_json, read_json, read_safetensors, sha256_files
 from .encodings import PositionEncoding
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 
@@ -430,7 +430,9 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
                               "checkpoint, so there is nothing to resume; delete the folder or use another --out")
     try:
         tensors, meta = read_safetensors(st_path)
-        state = json.loads(meta["fireviz_trainer_state"])
+        state = parse_json(meta["fireviz_trainer_state"], f"the trainer state in {st_path}", allow_nonfinite=True)
+        if not isinstance(state, dict):
+            raise ValueError("the trainer state is not a JSON object")
     except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{st_path} is corrupt or truncated ({e}); the folder was left untouched") from e
     if state.get("format") != STATE_FORMAT:
@@ -438,9 +440,9 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
     summary, summary_step = {}, -1  # no trainer_state.json: the first checkpoint write was interrupted
     if js_path.exists():
         try:
-            summary = json.loads(js_path.read_text(encoding="utf-8"))
+            summary = read_json(js_path, expect=dict, allow_nonfinite=True)
             summary_step = int(summary["step"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:
             raise CheckpointError(f"{js_path} is corrupt or truncated ({e}); the folder was left untouched") from e
     if summary_step == state["step"]:
         # Same checkpoint: the recorded hashes must match (detects damage after writing).
@@ -649,12 +651,15 @@ def _truncate_log(path: Path, step: int) -> None:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
+            rec = parse_json(line, f"{path}:{i + 1}", allow_nonfinite=True)
+        except FileFormatError as e:
             if i == len(lines) - 1:
                 continue  # torn by a kill mid-append
-            raise CheckpointError(f"{path}:{i + 1} is not valid JSON; the log is corrupt") from e
-        if rec.get("step", 0) <= step:
+            raise CheckpointError(f"{e}; the log is corrupt") from e
+        step_of = rec.get("step", 0) if isinstance(rec, dict) else None
+        if not isinstance(step_of, (int, float)) or isinstance(step_of, bool):
+            raise CheckpointError(f"{path}:{i + 1} is not a train-log record with a numeric step; the log is corrupt")
+        if step_of <= step:
             kept.append(line)
     atomic_write_text(path, "".join(l + "\n" for l in kept))
 

@@ -138,6 +138,17 @@ def list_checkpoints() -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
     return _scan(str(checkpoints_root()))
 
 
+def checkpoint_warnings(found: list[ck.CheckpointInfo], problems: dict[str, str], where=None) -> None:
+    """One warning per skipped checkpoint folder and per refused file of a listed checkpoint
+    (a broken results JSON or train log: left out and untouched, the rest of it shown)."""
+    where = where or st
+    for folder, problem in problems.items():
+        where.warning(f"Skipped `{Path(folder).name}`: {problem}")
+    for info in found:
+        for name, problem in info.problems.items():
+            where.warning(f"`{info.name}`: left out `{name}`: {problem}")
+
+
 @st.cache_resource(ttl=600, show_spinner="Fetching checkpoint…")
 def _resolve(ref: str, root: str) -> ck.CheckpointInfo:
     return ck.resolve_checkpoint(ref, root)
@@ -177,6 +188,10 @@ def no_checkpoints_message() -> None:
 def _add_extra(ref: str) -> ck.CheckpointInfo | None:
     try:
         info = resolve(ref)
+    except ck.CheckpointNotFoundError:  # one message: the app does not tell which server paths exist
+        st.error(f"**Cannot use checkpoint `{ref}`.** There is no readable fireviz checkpoint there: give a folder "
+                 "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name).")
+        return None
     except CheckpointError as e:
         st.error(f"**Cannot use checkpoint `{ref}`.** {e}")
         return None
@@ -200,8 +215,7 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
     """
     where = where or st.sidebar
     found, problems = list_checkpoints()
-    for folder, problem in problems.items():
-        where.warning(f"Skipped `{Path(folder).name}`: {problem}")
+    checkpoint_warnings(found, problems, where)
     with where.expander("Add a checkpoint (folder or Hub repo id)"):
         ref = st.text_input("Local folder path or Hugging Face repo id (owner/name)", key=key(page, "add_ref"),
                             placeholder="checkpoints/fire  or  owner/fireviz-fire")
@@ -613,6 +627,8 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
 
 # -- evaluation helpers -----------------------------------------------------------------------
 UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
+#: Largest upload (MB), as ``server.maxUploadSize`` in .streamlit/config.toml.
+MAX_UPLOAD_MB = 32
 
 
 def save_upload(name: str, data: bytes) -> Path:
@@ -622,23 +638,42 @@ def save_upload(name: str, data: bytes) -> Path:
     The folder is named by the content's sha256, so the same file is the same data source
     (and the same cached results) in every tab and after a restart.
     Returns: the stored file's path.
-    Raises: fireviz.data.DataError naming the problem (not UTF-8, bad JSONL line, no text,
-      unsupported type).
+    A file that is refused (too large, no text, a bad JSONL line, an unsupported type) is
+    deleted again. Text that is not UTF-8 is taken as its raw bytes (byte-level tokenizer).
+    Raises: fireviz.data.DataError naming the problem.
     """
     import hashlib
 
+    import warnings
+
     from . import evaluate
-    from .data import DataError, load_documents
+    from .data import DataError, RawBytesWarning, load_documents
 
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name) or "upload.txt"
     if not data:
         raise DataError(f"{name} is empty; upload a .txt file or a .jsonl file with one {{\"text\": ...}} object per line")
+    if len(data) > MAX_UPLOAD_MB << 20:
+        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB, more than the {MAX_UPLOAD_MB} MB an upload may be; "
+                        "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)")
+    from .files import atomic_write
+
     folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / safe
-    if not path.exists():
-        path.write_bytes(data)
-    load_documents(path)  # raises DataError with the line and the fix
+    existed = path.exists()
+    if not existed:
+        atomic_write(path, lambda p: Path(p).write_bytes(data))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RawBytesWarning)  # raw bytes are fine; said in the docstring
+            load_documents(path)  # raises DataError with the line and the fix
+    except DataError:
+        if not existed:
+            path.unlink(missing_ok=True)
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+        raise
     return path
 
 

@@ -515,7 +515,7 @@ def test_bad_checkpoint(ckpts, corpus, tmp_path, cache):
         ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
     (broken / "model.safetensors").write_bytes(weights)
     (broken / "config.json").write_text("{oops")
-    with pytest.raises(CheckpointError, match="not JSON"):
+    with pytest.raises(CheckpointError, match="not valid JSON"):
         ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
     cfg = json.loads((ckpts["fire"] / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps({**cfg, "d_model": 64}))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from fireviz import fit
 from fireviz.encodings import FIRE, alibi_slopes
 from fireviz.fit import (BEYOND_FACTOR, FIRE_OPTIONS_KEY, TARGET_NAMES, FitResult, fit_fire, load_fitted_fire, main,
                          make_target, t5_bucket_values, target_from_checkpoint)
@@ -137,9 +138,9 @@ def test_progress_reports_every_step():
 def test_stop_request_gives_valid_partial_result(stop_after):
     polls = []
 
-    def should_stop() -> bool:
+    def should_stop() -> bool:  # polled once per candidate of the closed-form start, then before each step
         polls.append(1)
-        return len(polls) > stop_after
+        return len(polls) > len(fit._CL_GRID) + stop_after
 
     steps = 50
     result = fit_fire(make_target("sandwich", HEADS), 64, mlp_width=8, steps=steps, should_stop=should_stop)

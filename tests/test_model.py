@@ -236,7 +236,7 @@ def test_from_pretrained_names_bad_config_files_and_arguments(tmp_path):
     tiny("alibi").save_pretrained(tmp_path)
     cfg_path = tmp_path / "config.json"
     good = cfg_path.read_text()
-    for text, match in (("[1]", "not a JSON object"), ("{bad", "not readable JSON"),
+    for text, match in (("[1]", "not a JSON object"), ("{bad", "not valid JSON"),
                         (json.dumps({**json.loads(good), "n_layer": "1"}), "n_layer must be an integer")):
         cfg_path.write_text(text)
         with pytest.raises(CheckpointError, match=match):

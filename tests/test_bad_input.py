@@ -1,0 +1,361 @@
+"""Bad input never takes the app down and never gives a wrong number silently (issue 21).
+
+One test per case of the issue's table that this module covers, and property tests that
+write arbitrary JSON and bytes into a checkpoint folder's files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from conftest import make_tiny_checkpoint
+from fireviz import checkpoints, data, evaluate, train
+from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
+from fireviz.model import GPT, CheckpointError, config_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+NESTED = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    """Two good checkpoints (``good``, ``victim``) under one root."""
+    r = tmp_path / "root"
+    make_tiny_checkpoint(r / "good", "alibi", results=True)
+    make_tiny_checkpoint(r / "victim", "fire", results=True)
+    return r
+
+
+def _names(root: Path) -> list[str]:
+    infos, _ = checkpoints.scan_checkpoints(root)
+    return [i.name for i in infos]
+
+
+# -- one reader --------------------------------------------------------------------------------
+def test_json_depth_ignores_brackets_in_strings_and_needs_no_recursion():
+    assert json_depth('{"a": "[[[[", "b": [1, {"c": "}}"}]}') == 3
+    assert json_depth('"\\"[["') == 0
+    assert json_depth(NESTED) == 100_000
+
+
+@pytest.mark.parametrize("text, match", [(NESTED, "nests 100000 levels"), ("[NaN]", "non-finite"),
+                                         ("[-Infinity]", "non-finite"), ("[1e999]", "out of float range"),
+                                         ("{", "not valid JSON")])
+def test_parse_json_refuses_deep_nonfinite_and_broken(text, match):
+    with pytest.raises(FileFormatError, match=match):
+        parse_json(text, "x.json")
+
+
+def test_read_json_bounds_size_and_type(tmp_path):
+    p = tmp_path / "a.json"
+    p.write_text('{"a": 1}')
+    assert read_json(p, expect=dict) == {"a": 1}
+    with pytest.raises(FileFormatError, match="not the list"):
+        read_json(p, expect=list)
+    with pytest.raises(FileFormatError, match="more than the 4 read"):
+        read_json(p, max_bytes=4)
+    p.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(FileFormatError, match="cannot read"):
+        read_json(p)
+    assert p.read_bytes() == b'{"a": "\xff"}'  # left untouched
+
+
+def test_read_jsonl_keeps_nan_only_when_asked_and_drops_a_torn_tail(tmp_path):
+    p = tmp_path / "log.jsonl"
+    p.write_text('{"loss": NaN}\n{"loss": 1.0}\n{"loss": 2')
+    recs = read_jsonl(p, allow_nonfinite=True)
+    assert math.isnan(recs[0]["loss"]) and recs[1] == {"loss": 1.0} and len(recs) == 2
+    with pytest.raises(FileFormatError, match=":1 "):
+        read_jsonl(p)
+
+
+# -- the app's scan: a broken file costs only its own checkpoint ----------------------------
+@pytest.mark.parametrize("file", ["config.json", "results_prose.json", "train_log.jsonl"])
+def test_deeply_nested_json_affects_only_its_checkpoint(root, file):
+    victim = root / "victim" / file
+    victim.write_text(NESTED)
+    infos, problems = checkpoints.scan_checkpoints(root)
+    by = {i.name: i for i in infos}
+    assert "good" in by and by["good"].headline
+    if file == "config.json":
+        assert "victim" not in by and "nests 100000 levels" in problems[str(root / "victim")]
+    else:
+        assert "victim" in by and "nests 100000 levels" in by["victim"].problems[file]
+    assert victim.read_text() == NESTED  # reported, never rewritten
+
+
+def test_results_with_wrong_types_or_nonfinite_numbers_are_left_out(root):
+    res = root / "victim" / "results_prose.json"
+    for text, match in (('{"settings": {"data": ["prose"]}, "per_length": []}', "settings.data is not a string"),
+                        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": NaN}]}',
+                         "non-finite"),
+                        ('{"settings": {"data": "prose"}, "per_length": [{"length": "32"}]}', "length is not"),
+                        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "ci95": [1]}]}', "ci95")):
+        res.write_text(text)
+        info = checkpoints.read_checkpoint(root / "victim")
+        assert match in info.problems["results_prose.json"] and info.results == {}
+        assert "bpb" not in " ".join(info.headline)  # no headline from a refused file
+        assert "good" in _names(root)
+
+
+def test_train_log_with_a_non_number_step_is_left_out(root):
+    (root / "victim" / "train_log.jsonl").write_text('{"step": [1], "loss": 1.0}\n')
+    info = checkpoints.read_checkpoint(root / "victim")
+    assert "step" in info.problems["train_log.jsonl"]
+
+
+def test_eval_cli_on_a_nested_config_is_one_error_not_a_traceback(root, capsys, tmp_path):
+    (root / "victim" / "config.json").write_text(NESTED)
+    rc = evaluate.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
+                        "--lengths", "16", "--no-cache"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nests 100000 levels" in err and "Traceback" not in err
+
+
+# -- complete configs, tied tensors ----------------------------------------------------------------
+@pytest.mark.parametrize("field", ["seq_len", "position_encoding", "n_layer", "encoding_options"])
+def test_a_config_missing_a_field_that_changes_the_numbers_is_refused(root, field):
+    p = root / "victim" / "config.json"
+    cfg = json.loads(p.read_text())
+    del cfg[field]
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=f"does not name {field}"):
+        checkpoints.read_checkpoint(root / "victim")
+    with pytest.raises(CheckpointError, match=f"does not name {field}"):
+        GPT.from_pretrained(str(root / "victim"))
+    assert "good" in _names(root)
+
+
+def test_config_from_dict_takes_absent_fields_that_do_not_change_the_numbers():
+    cfg = {"n_layer": 1, "n_head": 1, "d_model": 8, "seq_len": 16, "vocab_size": 257, "position_encoding": "nope",
+           "encoding_options": {}, "absolute_position_embedding": False}
+    assert config_from_dict(cfg).dropout == 0.0
+
+
+def test_tied_tensors_that_disagree_are_refused(root):
+    w = root / "victim" / "model.safetensors"
+    state = load_file(str(w))
+    key = "wte.weight" if "wte.weight" in state else "lm_head.weight"
+    state["wte.weight"] = state[key].clone()
+    state["lm_head.weight"] = state[key] + 1.0
+    save_file(state, str(w))
+    with pytest.raises(CheckpointError, match="different values"):
+        GPT.from_pretrained(str(root / "victim"))
+    state["lm_head.weight"] = state["wte.weight"].clone()  # both present and equal: fine
+    save_file(state, str(w))
+    GPT.from_pretrained(str(root / "victim"))
+
+
+# -- numeric policy ------------------------------------------------------------------------------
+def _small_text(tmp_path: Path) -> Path:
+    p = tmp_path / "text.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "the quick brown fox jumps over the lazy dog " * 3})
+                         + "\n" for i in range(3)))
+    return p
+
+
+def test_nan_weights_are_reported_by_name_never_cached_and_fail_the_cli(root, tmp_path, capsys):
+    w = root / "victim" / "model.safetensors"
+    state = load_file(str(w))
+    name = next(k for k in state if k.endswith("ln_1.weight"))
+    state[name][0] = float("nan")
+    save_file(state, str(w))
+    cache = tmp_path / "cache"
+    with pytest.raises(evaluate.NonFiniteLossError, match=f"loss is nan at length 16: the weights contain NaN/inf in {name}"):
+        evaluate.evaluate_many([str(root / "victim")], str(_small_text(tmp_path)), [16], split="all", cache_dir=cache)
+    assert not any(cache.rglob("*.json")) if cache.exists() else True
+    for extra in ([], ["--no-cache"]):
+        rc = evaluate.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
+                            "--lengths", "16", "--cache-dir", str(cache)] + extra)
+        assert rc != 0 and name in capsys.readouterr().err
+
+
+# -- bytes are bytes --------------------------------------------------------------------------------
+def test_latin1_text_is_tokenized_as_its_raw_bytes(tmp_path):
+    raw = "café — naïve ".encode("latin-1", errors="replace") * 5
+    p = tmp_path / "latin1.txt"
+    p.write_bytes(raw)
+    with pytest.warns(data.RawBytesWarning, match="raw bytes"):
+        docs = data.load_documents(p)
+    toks = data.document_tokens(docs[0])
+    assert bytes(toks[1:].tolist()) == raw and docs[0].num_tokens == len(raw) + 1
+    stream = data.TokenStream(docs)
+    assert bytes(stream.tokens[1:].astype("uint8").tobytes()) == raw
+
+
+def test_invalid_utf8_and_lone_surrogates_in_jsonl(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b'{"id": "a", "text": "x\\ud800y"}\n{"id": "b\xff", "text": "ok \xe9 bytes"}\n')
+    with pytest.warns(data.RawBytesWarning):
+        docs = data.load_documents(p)
+    assert bytes(data.document_tokens(docs[0])[1:].tolist()) == b"x\xed\xa0\x80y"  # surrogatepass bytes
+    assert bytes(data.document_tokens(docs[1])[1:].tolist()) == b"ok \xe9 bytes"
+    data.data_fingerprint(docs)
+    data.is_validation(docs[1].id)
+
+
+def test_valid_utf8_warns_nothing_and_is_unchanged(tmp_path):
+    p = tmp_path / "u.txt"
+    p.write_text("naïve café ✓", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", data.RawBytesWarning)
+        docs = data.load_documents(p)
+    assert bytes(data.document_tokens(docs[0])[1:].tolist()) == "naïve café ✓".encode()
+
+
+def test_train_and_eval_take_a_lone_surrogate(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "ab\ud800cd " * 20}) + "\n" for i in range(3)))
+    with pytest.warns(data.RawBytesWarning):
+        docs = data.load_documents(p)
+    data.TokenStream(docs, min_tokens=17).batch(torch.tensor([0, 3]), 17)
+
+
+# -- uploads ------------------------------------------------------------------------------------
+def test_a_refused_upload_is_deleted(tmp_path, monkeypatch):
+    from fireviz import ui
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(data.DataError):
+        ui.save_upload("bad.jsonl", b'{"no_text": 1}\n')
+    assert not list((tmp_path / "cache").rglob("bad.jsonl"))
+    with pytest.raises(data.DataError, match="MB"):
+        ui.save_upload("big.txt", b"x" * ((ui.MAX_UPLOAD_MB << 20) + 1))
+    path = ui.save_upload("latin.txt", "café".encode("latin-1"))  # raw bytes are accepted
+    assert path.read_bytes() == "café".encode("latin-1")
+
+
+def test_streamlit_upload_limit_matches_the_library():
+    import tomllib
+
+    from fireviz import ui
+    cfg = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert cfg["server"]["maxUploadSize"] == ui.MAX_UPLOAD_MB
+
+
+# -- properties: arbitrary content never escapes as a foreign error ---------------------------
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                     | st.text(max_size=8), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+                     max_leaves=12)
+_key_json = st.fixed_dictionaries({}, optional={k: _json for k in (
+    "settings", "per_length", "data", "length", "bits_per_byte", "n_layer", "seq_len", "position_encoding",
+    "step", "loss", "val_loss", "tokens", "ci95")})
+_content = st.one_of(st.binary(max_size=200), _json.map(json.dumps), _key_json.map(json.dumps),
+                     st.just(NESTED), st.just('{"settings": {"data": "prose"}, "per_length": [{"length": 1e999}]}'))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(file=st.sampled_from(["config.json", "results_prose.json", "train_log.jsonl"]), content=_content)
+def test_any_content_in_one_checkpoints_file_leaves_the_others_listed(tmp_path_factory, file, content):
+    base = tmp_path_factory.mktemp("prop")
+    shutil.copytree(_pristine(tmp_path_factory), base / "root")
+    target = base / "root" / "victim" / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    infos, problems = checkpoints.scan_checkpoints(base / "root")  # raises nothing
+    assert "good" in [i.name for i in infos]
+    for i in infos:
+        [r for r in i.summary_row().values()]  # every cell builds
+    try:
+        checkpoints.read_checkpoint(base / "root" / "victim")
+    except CheckpointError:
+        pass
+    try:
+        GPT.from_pretrained(str(base / "root" / "victim"))
+    except CheckpointError:
+        pass
+
+
+_PRISTINE: dict = {}
+
+
+def _pristine(factory) -> Path:
+    if "root" not in _PRISTINE:
+        r = factory.mktemp("pristine") / "root"
+        make_tiny_checkpoint(r / "good", "alibi", results=True)
+        make_tiny_checkpoint(r / "victim", "fire", results=True)
+        _PRISTINE["root"] = r
+    return _PRISTINE["root"]
+
+
+@pytest.mark.parametrize("file, content, refused", [
+    ("config.json", NESTED, True), ("results_prose.json", NESTED, True), ("train_log.jsonl", NESTED, True),
+    ("results_prose.json", '{"settings": {"data": ["prose"]}, "per_length": []}', True),
+    ("train_log.jsonl", '{"step": 1, "loss": NaN, "val_loss": NaN}\n', False),  # a diverged run: shown, not a number
+    ("config.json", b"\xff\xfe\x00garbage", True)])
+def test_every_page_renders_the_other_checkpoints(root, monkeypatch, tmp_path, file, content, refused):
+    from streamlit.testing.v1 import AppTest
+    target = root / "victim" / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ["app.py"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")):
+        at = AppTest.from_file(str(ROOT / name), default_timeout=60).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert "good" in list(at.dataframe[0].value["checkpoint"])
+    assert any("victim" in w.value for w in at.warning) == refused
+
+
+def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path):
+    from streamlit.testing.v1 import AppTest
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "config.json").write_text("{}")
+    (tmp_path / "a_file.txt").write_text("x")
+    messages = []
+    for ref in (str(tmp_path / "no" / "such"), str(tmp_path / "exists"), str(tmp_path), str(tmp_path / "a_file.txt")):
+        at = AppTest.from_file(str(ROOT / "pages" / "4_Training_runs.py"), default_timeout=60).run()
+        at.sidebar.text_input(key="train_add_ref").set_value(ref)
+        at.sidebar.button(key="train_add_btn").click().run()
+        assert not at.exception
+        messages.append(" ".join(e.value for e in at.sidebar.error).replace(ref, "REF"))
+    assert len(set(messages)) == 1 and "no readable fireviz checkpoint" in messages[0]
+
+
+# -- memory before work ---------------------------------------------------------------------------
+def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_path, monkeypatch):
+    from fireviz import memory
+    cfg = GPT.from_pretrained(str(root / "good")).config
+    need_16 = memory.forward_bytes(cfg, 1, 16)
+    monkeypatch.setattr(evaluate, "available_bytes", lambda device: need_16 + 1)
+    calls = []
+    monkeypatch.setattr(evaluate, "score_windows", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    text = tmp_path / "long.jsonl"
+    text.write_text(json.dumps({"id": "a", "text": "x" * 5000}) + "\n")
+    r = evaluate.evaluate_many([str(root / "good")], str(text), [4096], split="all", use_cache=False,
+                               batch_tokens=16)[0]
+    err = r["per_length"][0]["error"]
+    assert "needs about" in err and "available" in err and "largest length that fits is about" in err
+    largest = int(err.split("largest length that fits is about ")[1].split(" ")[0].replace(",", ""))
+    assert memory.forward_bytes(cfg, max(1, 16 // largest), largest) <= need_16 + 1
+    assert memory.forward_bytes(cfg, max(1, 16 // (largest + 1)), largest + 1) > need_16 + 1
+    assert not calls  # nothing was scored
+
+
+def test_forward_bytes_grows_with_length_and_batch():
+    from fireviz import memory
+    from fireviz.model import GPTConfig
+    for enc in ("fire", "rope"):
+        cfg = GPTConfig(position_encoding=enc)
+        sizes = [memory.forward_bytes(cfg, 1, n) for n in (512, 1024, 4096, 16384)]
+        assert sizes == sorted(sizes) and memory.forward_bytes(cfg, 2, 512) > sizes[0]
+
+
+# -- progress for every long call -------------------------------------------------------------------
+def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
+    from fireviz import fit
+    rc = fit.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "100000" in err and f"{fit.MAX_FIT_HEADS}" in err
+    seen, stops = [], iter([False, False, True])
+    r = fit.fit_fire("alibi", 64, num_heads=2, steps=5, start_progress=lambda d, t: seen.append((d, t)),
+                     should_stop=lambda: next(stops, True))
+    assert seen[:3] == [(1, 9), (2, 9), (3, 9)] and r.stopped and r.steps_run == 0  # Stop works in the start
+    assert math.isfinite(r.relative_rmse)
