@@ -12,15 +12,18 @@ PORT ?= 8501
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
+	@echo "Setting up $(VENV): installing torch, streamlit, numba and the rest of requirements.txt (first time: a few minutes)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+	@echo "$(VENV) is ready."
 
 app: $(STAMP)
 	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 test: $(STAMP)
+	$(PY) -m ruff check --select F --output-format concise fireviz app.py pages scripts tests benchmarks
 	$(PY) -m pytest -q
 
 clean:

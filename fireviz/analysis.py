@@ -534,6 +534,10 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
     if classify_at < 1:
         raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
     all_positions = sorted(set(positions) | {classify_at})
+    from .memory import check_fits
+    # memory before work: one bias row [heads, i + 1] per query position (a few float32 copies)
+    check_fits(16 * cfg.n_head * (max(all_positions) + 1) + (64 << 20), "cpu",
+               f"the bias report up to query position {max(all_positions):,}", "ask for smaller query positions")
     enc0 = model.encoding(0)
     kind = enc0.kind
     report = BiasReport(checkpoint=checkpoint, encoding=cfg.position_encoding, kind=kind,
@@ -846,7 +850,8 @@ def main(argv: list[str] | None = None) -> int:
     Options: ``--query-positions 511,4095`` (tokens, 0-based; default m·seq_len − 1 for
     m = 1, 2, 4, 8), ``--classify-at I``, ``--matrix START:STOP[:STRIDE]``, ``--text FILE``
     (also measure attention dilution on ``[BOS] + bytes`` of that UTF-8 file), ``--near 16``,
-    ``--dilution-positions``, ``--out FILE`` (default ``CKPT/biases.json``).
+    ``--dilution-positions``, ``--out FILE`` (default ``biases_<checkpoint name>.json`` in the
+    current folder: a checkpoint folder is never written into unless asked).
     Prints the per-head locality table to stdout.
     Returns: 0 on success, 2 on bad input (one ``fireviz biases: error: …`` line on stderr).
     """
@@ -864,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
     ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
                     help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens")
-    ap.add_argument("--out", default=None, help="output JSON (default CKPT/biases.json)")
+    ap.add_argument("--out", default=None, help="output JSON (default ./biases_<checkpoint name>.json)")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -909,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  normalizer_cap=args.normalizer_cap).to_dict()
     except ValueError as e:
         return fail(str(e))
-    out_path = Path(args.out) if args.out else Path(args.checkpoint) / "biases.json"
+    out_path = Path(args.out) if args.out else Path(f"biases_{Path(args.checkpoint).resolve().name}.json")
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(out, allow_nan=False))

@@ -97,6 +97,8 @@ class Document:
     @property
     def num_tokens(self) -> int:
         """Tokens of ``document_tokens(self)``: UTF-8 bytes + 1 (BOS)."""
+        if self.text.isascii():  # one byte per character: no copy of a long text
+            return len(self.text) + 1
         return len(text_bytes(self.text)) + 1
 
 
@@ -211,15 +213,34 @@ def document_tokens(doc: Document) -> torch.Tensor:
     return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), encode_bytes(doc.text)])
 
 
-def document_token_array(doc: Document) -> np.ndarray:
-    """``[BOS] + bytes`` of a document as uint16 ``[doc.num_tokens]``: the same ids as
-    :func:`document_tokens` in a quarter of the memory (2 bytes per token), for slicing
-    windows out of long documents."""
-    raw = np.frombuffer(text_bytes(doc.text), dtype=np.uint8)
-    out = np.empty(len(raw) + 1, dtype=np.uint16)
-    out[0] = BOS_ID
-    out[1:] = raw
-    return out
+class DocumentTokens:
+    """``[BOS] + bytes`` of a document, sliceable like :func:`document_tokens`, in one byte
+    per token (the bytes themselves; BOS is added when a slice starts at position 0).
+
+    ``tokens[a:b]`` → int64 ``[b − a]`` (a step-1 slice); ``len(tokens)`` = ``doc.num_tokens``.
+    A window copies out only its own tokens, so a 50 MB document costs 50 MB, not 8 bytes
+    per token of int64.
+    """
+
+    def __init__(self, doc: Document):
+        self.raw = np.frombuffer(text_bytes(doc.text), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.raw) + 1
+
+    def __getitem__(self, key: slice) -> torch.Tensor:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("DocumentTokens takes step-1 slices only, e.g. tokens[start:start + n]")
+        a, b, _ = key.indices(len(self))
+        b = max(a, b)
+        out = np.empty(b - a, dtype=np.int64)
+        if b > a:
+            if a == 0:
+                out[0] = BOS_ID
+                out[1:] = self.raw[: b - 1]
+            else:
+                out[:] = self.raw[a - 1: b - 1]
+        return torch.from_numpy(out)
 
 
 def decode_tokens(tokens: torch.Tensor | list[int]) -> str:

@@ -74,7 +74,7 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__, synthetic
-from .data import (DOMAINS, DataError, Document, data_fingerprint, document_token_array, load_documents,
+from .data import (DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents,
                    split_documents)
 from .encodings import check_normalizer_cap, fire_modules
 from .files import FileFormatError, read_json, sha256_files, write_json_atomic
@@ -344,7 +344,7 @@ def _as_long(tokens) -> torch.Tensor:
     """A window's token ids (torch tensor or numpy array of any integer type) as int64."""
     if isinstance(tokens, torch.Tensor):
         return tokens.long()
-    return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))
+    return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))  # a numpy window
 
 
 def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
@@ -970,8 +970,8 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 plans[n] = problem
 
     def doc_tokens(i: int):
-        if i not in token_cache:  # uint16 [BOS]+bytes: 2 bytes per token, windows are sliced out of it
-            token_cache[i] = document_token_array(docs[i])
+        if i not in token_cache:  # [BOS]+bytes at one byte per token; windows are copied out of it
+            token_cache[i] = DocumentTokens(docs[i])
         return token_cache[i]
 
     settings = {"format": EVAL_FORMAT_VERSION, "data": str(data), "split": split, "lengths": lengths,

@@ -681,6 +681,9 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
     if num_heads is not None and num_heads != target.num_heads:
         raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
     max_len, H = int(max_len), target.num_heads
+    from .memory import check_fits, fit_bytes
+    check_fits(fit_bytes(H, max_len, mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK), "cpu",
+               f"fitting {H} heads over max_len {max_len}", "lower max_len or the number of heads")
 
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
         torch.manual_seed(seed)

@@ -98,3 +98,26 @@ def check_fits(needed: int, device: str = "cpu", what: str = "this call", hint: 
     if free is not None and needed > free:
         raise InsufficientMemoryError(f"{what} needs about {gib(needed)} of memory (estimate), more than the "
                                       f"{gib(free)} available on {device}" + (f"; {hint}" if hint else ""))
+
+
+def train_step_bytes(config, micro_batch: int, seq_len: int, num_parameters: int) -> int:
+    """Estimated memory (bytes) of one training step: weights, gradients and Adam's two moments
+    (16 bytes per parameter), the activations autograd keeps for the backward (≈ 20·d_model
+    floats per token per layer plus the logits and their gradient), and for an additive bias
+    the ``[heads, T, T]`` mask and its gradient per layer. Dominant terms only: a lower-side
+    estimate, so that nothing that fits is refused."""
+    tokens = micro_batch * seq_len
+    act = config.n_layer * 20 * config.d_model * tokens * FLOAT32 + 3 * config.vocab_size * tokens * FLOAT32
+    additive = config.position_encoding not in ("nope", "rope", "rope_pi", "yarn")
+    bias = config.n_layer * 2 * config.n_head * seq_len * seq_len * FLOAT32 if additive else 0
+    return int(16 * num_parameters + act + bias)
+
+
+def fit_bytes(num_heads: int, max_len: int, mlp_width: int = 32, beyond_factor: int = 4, chunk: int = 16) -> int:
+    """Estimated memory (bytes) of ``fireviz.fit.fit_fire``: the per-distance data (float64
+    ``[max_len, heads]``, a few copies) and the chunked check beyond the fitted range
+    (``[chunk, beyond_factor·max_len]`` rows through the MLP, float64 differences per head)."""
+    top = beyond_factor * max_len
+    data = 8 * max_len * (num_heads + mlp_width) * 8
+    beyond = chunk * top * (mlp_width * FLOAT32 + 4 * num_heads * 8) + num_heads * top * 8
+    return int(data + beyond)

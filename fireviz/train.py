@@ -816,6 +816,15 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
                             f"(fingerprint {fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
 
+    if device.type == "cpu" or device.type == "cuda":  # memory before work: refuse a step that cannot fit
+        from .memory import InsufficientMemoryError, check_fits, train_step_bytes
+        n_params = 12 * mc.n_layer * mc.d_model ** 2 + mc.vocab_size * mc.d_model  # before the model exists
+        try:
+            check_fits(train_step_bytes(mc, micro, mc.seq_len, n_params), str(device),
+                       f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
+                       "lower train.batch_size (or raise train.grad_accum) or model.seq_len")
+        except InsufficientMemoryError as e:
+            raise TrainingError(str(e)) from None
     torch.manual_seed(tc.seed)
     model = GPT(dataclasses.replace(mc, training={}))
     if resume:

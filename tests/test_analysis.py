@@ -345,9 +345,13 @@ def test_cli_writes_biases_json(checkpoint, tmp_path, capsys):
     assert "anti-local" in printed and str(out) in printed
 
 
-def test_cli_default_out_is_in_checkpoint(checkpoint):
+def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in checkpoint.iterdir())
     assert A.main([str(checkpoint), "--query-positions", "31"]) == 0
-    assert json.loads((checkpoint / "biases.json").read_text())["layers"][0]["heads"][0]["locality"] == "local"
+    out = tmp_path / f"biases_{checkpoint.name}.json"
+    assert json.loads(out.read_text())["layers"][0]["heads"][0]["locality"] == "local"
+    assert sorted(p.name for p in checkpoint.iterdir()) == before
 
 
 @pytest.mark.parametrize("argv,needle", [

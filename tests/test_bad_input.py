@@ -359,3 +359,62 @@ def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
                      should_stop=lambda: next(stops, True))
     assert seen[:3] == [(1, 9), (2, 9), (3, 9)] and r.stopped and r.steps_run == 0  # Stop works in the start
     assert math.isfinite(r.relative_rmse)
+
+
+def test_document_tokens_slices_equal_the_int64_tokens():
+    doc = data.Document("d", "héllo wörld " * 7)
+    full, lazy = data.document_tokens(doc), data.DocumentTokens(doc)
+    assert len(lazy) == len(full) == doc.num_tokens
+    for a, b in ((0, 1), (0, 9), (1, 9), (5, len(full)), (len(full) - 3, len(full) + 10), (4, 4)):
+        assert torch.equal(lazy[a:b], full[a:b]), (a, b)
+
+
+def test_eval_counts_documents_too_short_and_takes_lone_surrogates(root, tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": ("ab\ud800cd " * 20)[: 60 + 40 * i]}) + "\n"
+                         for i in range(4)))
+    with pytest.warns(data.RawBytesWarning):
+        r = evaluate.evaluate_many([str(root / "good")], str(p), [100], split="all", use_cache=False,
+                                   mode="nonoverlapping")[0]
+    e = r["per_length"][0]
+    assert e["documents_skipped"] == 1 and e["documents"] == 3 and math.isfinite(e["bits_per_byte"])
+    assert "documents too short" in evaluate.format_table([r])
+
+
+def test_train_takes_a_lone_surrogate(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "ab\ud800cd " * 40}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
+                   f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", data.RawBytesWarning)
+        rc = train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 0 and (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
+    from fireviz import analysis, fit, memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
+    with pytest.raises(ValueError, match="needs about .* more than the 10 MiB available"):
+        fit.fit_fire("alibi", 4096, num_heads=8, steps=1)
+    model = GPT.from_pretrained(str(make_tiny_checkpoint(tmp_path / "c", "alibi")))
+    with pytest.raises(ValueError, match="bias report up to query position"):
+        analysis.bias_report(model, query_positions=[10_000_000])
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 1000}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\nseq_len = 1024\nposition_encoding = "alibi"\n[train]\ndata = "{p}"\nmax_steps = 2\n'
+                   'batch_size = 16\n')
+    rc = train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
+    assert rc != 0 and not (tmp_path / "run" / "model.safetensors").exists()
+    assert "a training step (micro-batch 16 × seq_len 1024) needs about" in capsys.readouterr().err
+
+
+def test_the_estimates_let_normal_work_through():
+    from fireviz import memory
+    from fireviz.model import GPTConfig
+    cfg = GPTConfig(position_encoding="fire")
+    assert memory.train_step_bytes(cfg, 16, 512, 900_000) < 4 << 30  # the shipped recipe: well under 24 GB
+    assert memory.fit_bytes(8, 512) < 256 << 20
+    assert memory.forward_bytes(cfg, 1, 8192) < 1 << 30
