@@ -418,3 +418,54 @@ def test_the_estimates_let_normal_work_through():
     assert memory.train_step_bytes(cfg, 16, 512, 900_000) < 4 << 30  # the shipped recipe: well under 24 GB
     assert memory.fit_bytes(8, 512) < 256 << 20
     assert memory.forward_bytes(cfg, 1, 8192) < 1 << 30
+
+
+def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
+    import shlex
+    monkeypatch.chdir(ROOT)
+    words = shlex.split(checkpoints.TRAIN_HINT.replace("<encoding>", "alibi"))
+    assert words[:4] == ["python", "-m", "fireviz", "train"]
+    args = words[4:]
+    args[args.index("--out") + 1] = str(tmp_path / "my_run")  # never into the repository's checkpoints/
+    args += ["--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_interval=2", "--set", "train.checkpoint_interval=2",
+             "--set", "train.batch_size=2", "--set", "model.seq_len=64", "--no-progress"]
+    assert train.main(args) == 0
+    assert checkpoints.read_checkpoint(tmp_path / "my_run").position_encoding == "alibi"
+
+
+@pytest.mark.slow
+def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, root):
+    """One 24 MB single-line document: peak RSS above a 1 MB one grows by a few bytes per byte
+    (the text once, its bytes once), not the 18 bytes per byte of int64 tokens plus copies."""
+    import subprocess
+    import sys
+    code = ("import resource, sys; from fireviz import evaluate; "
+            "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
+            "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    peaks = {}
+    for mb in (1, 24):
+        p = tmp_path / f"doc{mb}.txt"
+        p.write_text(("river stone of the delta " * (mb * 2**20 // 25 + 1))[: mb * 2**20])
+        out = subprocess.run([sys.executable, "-c", code, str(root / "good"), str(p)], capture_output=True, text=True,
+                             check=True, cwd=ROOT)
+        peaks[mb] = int(out.stdout.strip().splitlines()[-1])
+    per_byte = (peaks[24] - peaks[1]) / (23 * 2**20)
+    assert per_byte < 6, f"{per_byte:.1f} bytes of memory per document byte"
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(file=st.sampled_from(["config.json", "results_prose.json", "train_log.jsonl"]), content=_content)
+def test_any_content_in_one_file_every_page_still_renders(tmp_path_factory, monkeypatch, file, content):
+    from streamlit.testing.v1 import AppTest
+    base = tmp_path_factory.mktemp("pages")
+    shutil.copytree(_pristine(tmp_path_factory), base / "root")
+    target = base / "root" / "victim" / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(base / "root"))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(base / "cache"))
+    for name in ["app.py"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")):
+        at = AppTest.from_file(str(ROOT / name), default_timeout=60).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        if name == "app.py":
+            assert "good" in list(at.dataframe[0].value["checkpoint"])
