@@ -146,7 +146,8 @@ def fire_normalized_input(encoding, query_position: int) -> np.ndarray:
 
 @torch.no_grad()
 def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequence[int]) -> np.ndarray:
-    """The additive bias on a query × key grid; NaN where the key is in the future (j > i).
+    """The additive bias on a query × key grid; NaN where the key is in the future (j > i),
+    except for a bidirectional encoding (a T5 encoder stack), whose future keys have a bias.
 
     Args: query and key positions in tokens (0-based, any order).
     Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits.
@@ -167,6 +168,12 @@ def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequenc
     if qs.size == 0 or ks.size == 0:
         return out
     future = ks[None, :] > qs[:, None]  # [q, k]
+    two_sided = bool(getattr(encoding, "bidirectional", False))
+    if two_sided and isinstance(encoding, ToeplitzBias):  # distances of both signs from one table
+        lo, hi = int(qs.min() - ks.max()), int(qs.max() - ks.min())
+        table = encoding.bias_by_distance(torch.arange(lo, hi + 1, device=encoding.device)).float().cpu().numpy()
+        out[:] = table[:, qs[:, None] - ks[None, :] - lo]
+        return out
     if hasattr(encoding, "normalized_distance") and hasattr(encoding, "mlp_forward"):
         dev = encoding.c.device
         kt = torch.as_tensor(ks, device=dev)
@@ -369,7 +376,7 @@ class LayerBiases:
             out["curves"].append(c)
         out["matrix"] = None if self.matrix is None else {
             "query_positions": list(map(int, self.matrix_query_positions)),
-            "key_positions": list(map(int, self.matrix_key_positions)), "bias": _rl(self.matrix)}
+            "key_positions": list(map(int, self.matrix_key_positions)), "bias": _rl(self.matrix, 9)}
         out["heads"] = []
         for h, s in enumerate(self.locality):
             row = {"head": h, **s.to_dict()}
@@ -411,10 +418,11 @@ class BiasReport:
     def to_dict(self) -> dict:
         """JSON-ready dict: the attributes above, ``locality_rules``, and per layer
         ``curves`` = [{query_position, distance [i+1], bias [heads][i+1], normalized_input?}],
-        ``matrix`` = {query_positions, key_positions, bias [heads][q][k] (null = future key)},
+        ``matrix`` = {query_positions, key_positions, bias [heads][q][k] (null = future key;
+        9 significant digits, float32-exact)},
         ``heads`` = [{head, locality, rank_correlation, peak_distance, peak_fraction,
         bias_range, query_position, reason, locality_by_query_position}], ``fire``?.
-        Floats are rounded to 6 significant digits (float32 precision is ~7)."""
+        Other floats are rounded to 6 significant digits (float32 precision is ~7)."""
         kernel = None
         if self.kernel is not None:
             kernel = {"distance": [int(x) for x in self.kernel["distance"]], "value": _rl(self.kernel["value"]),
@@ -811,6 +819,35 @@ def text_tokens(text: str) -> torch.Tensor:
 
 
 # -- checkpoints and logs ----------------------------------------------------------------------
+def _load_any(ref: str, stack: str = "decoder", revision: str | None = None):
+    """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
+    a folder whose config.json names ``model_type`` or a repo id not on disk is read through
+    ``fireviz.hub``; everything else is a fireviz checkpoint."""
+    from . import hub
+    folder = Path(ref).expanduser()
+    cfg = folder / "config.json"
+    if folder.is_dir() and cfg.is_file():
+        try:
+            published = hub.is_transformers_config(read_json_file(cfg))
+        except ValueError:
+            published = False  # let the checkpoint loader name the problem
+        if published:
+            return hub.load_published(str(folder), stack=stack)
+        return load_checkpoint(folder)
+    if hub.looks_like_hub_id(ref):
+        try:
+            return hub.load_published(ref, stack=stack, revision=revision)
+        except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
+            return load_checkpoint(ref)
+    return load_checkpoint(ref)
+
+
+def read_json_file(path) -> object:
+    """Parsed JSON of ``path`` through fireviz's bounded reader (raises FileFormatError, a ValueError)."""
+    from .files import read_json
+    return read_json(path)
+
+
 def load_checkpoint(folder: str | os.PathLike) -> GPT:
     """Load a checkpoint folder (config.json + model.safetensors) on CPU, in eval mode.
 
@@ -857,7 +894,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     ap = _Parser(prog="python -m fireviz biases",
                  description="Learned position biases, per-head locality and attention dilution of a checkpoint.")
-    ap.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
+    ap.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors), or a published model: "
+                    "a folder written by transformers or a Hugging Face repo id (T5 family, ALiBi, RoPE)")
+    ap.add_argument("--stack", choices=("decoder", "encoder"), default="decoder",
+                    help="published encoder-decoder (T5-family) models: which stack's bias (default decoder)")
+    ap.add_argument("--revision", default=None, help="published models on the Hub: branch, tag or commit")
     ap.add_argument("--query-positions", default=None,
                     help="comma-separated query positions in tokens, 0-based (default m*seq_len-1, m=1,2,4,8)")
     ap.add_argument("--classify-at", type=int, default=None,
@@ -891,10 +932,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
                     f"{args.normalizer_cap}); e.g. the training length")
     try:
-        model = load_checkpoint(args.checkpoint)
+        model = _load_any(args.checkpoint, args.stack, args.revision)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line
         return fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    name = Path(args.checkpoint).resolve().name
+    name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
+    if args.text is not None and not isinstance(model, GPT):
+        return fail("--text measures attention dilution, which needs the whole model; a published model is read "
+                    "for its position encoding only")
     tokens = None
     if args.text is not None:
         try:
@@ -914,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  normalizer_cap=args.normalizer_cap).to_dict()
     except ValueError as e:
         return fail(str(e))
-    out_path = Path(args.out) if args.out else Path(f"biases_{Path(args.checkpoint).resolve().name}.json")
+    out_path = Path(args.out) if args.out else Path(f"biases_{name.replace('/', '--')}.json")
     try:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(out, allow_nan=False))

@@ -1,0 +1,545 @@
+"""Published models' position encodings: a Hugging Face Hub id or a folder ``transformers`` wrote.
+
+fireviz shows and fits the position bias of models it did not train. Only what is needed is
+read: config.json, and for T5-family models the bias tables' bytes — the safetensors header
+gives their offsets, and ranged reads fetch just those bytes (t5-11b's table is 32×128 floats
+inside 45 GB), through ``model.safetensors.index.json`` for sharded weights. ALiBi and RoPE
+models need config.json alone. Nothing here imports ``transformers``; nothing unpickles
+(repositories with only ``pytorch_model.bin`` are refused).
+
+Families and their semantics (as the original implementations compute them):
+
+* **T5, mT5, ByT5, Flan-T5, LongT5** (``model_type`` t5 / mt5 / longt5): one learned table
+  ``[num_buckets, heads]`` in block 0 of each stack, shared by all its layers; **UMT5**
+  (umt5): one table per layer. Buckets: ``relative_position_bucket`` (Raffel et al. 2020
+  §2.1; HF ``T5Attention._relative_position_bucket``), bidirectional in the encoder, causal
+  in the decoder; ``stack`` picks one (default decoder). The encoder's bias covers keys after
+  the query too (``bidirectional``).
+* **ALiBi**: BLOOM and Falcon with ``alibi: true`` (Press et al. 2022 slopes, BLOOM's
+  ``build_alibi_tensor``), MPT with ``attn_config.alibi`` (MPT's ``gen_slopes`` with
+  ``alibi_bias_max``). Shown as ``−m_h·(i − j)``; BLOOM adds ``m_h·j``, which differs by a
+  per-query constant that softmax removes.
+* **RoPE** (Llama, Mistral, Qwen, Gemma, Phi, GPT-NeoX, Falcon without ALiBi, …):
+  ``rope_theta``, ``partial_rotary_factor`` (``rotary_pct``), ``head_dim``, and
+  ``rope_scaling`` / ``rope_parameters`` of type default, linear, dynamic, yarn, llama3 or
+  longrope, with frequencies as Hugging Face's ``ROPE_INIT_FUNCTIONS`` define them (dynamic
+  NTK shown at ``factor × max_position_embeddings``; longrope with its long factors). The
+  view is fireviz's RoPE position kernel.
+
+Files come from a local folder, or from the Hub (``HF_ENDPOINT``, ``HF_TOKEN`` for gated
+repos). Results are cached under ``<cache>/hub/<owner>--<name>/<commit>/`` and read from there
+offline.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .encodings import ALiBi, T5RelativeBias
+from .encodings.rope import RotaryEmbedding, rope_inv_freq, yarn_inv_freq
+from .files import FileFormatError, atomic_write, parse_json, read_json
+from .model import CheckpointError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+STACKS = ("decoder", "encoder")
+T5_TYPES = ("t5", "mt5", "longt5", "umt5")
+ROPE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+              "phi", "phi3", "gpt_neox", "falcon", "stablelm", "olmo", "olmo2", "cohere", "starcoder2", "granite",
+              "deepseek_v3", "internlm2", "exaone")
+ABSOLUTE_TYPES = ("gpt2", "gpt_neo", "opt", "bert", "roberta", "distilbert", "xglm", "bart", "mbart", "whisper",
+                  "biogpt", "codegen_abs")
+#: Largest safetensors header read (bytes); real headers are well under 1 MB.
+MAX_HEADER_BYTES = 100 << 20
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+#: Longest training length used for the default view (query positions m·seq_len − 1).
+MAX_VIEW_SEQ_LEN = 16384
+
+
+class HubModelError(CheckpointError):
+    """A published model cannot be read: not found, offline without a cache, gated, an unknown
+    or unsupported architecture, a missing tensor, or pickled weights only."""
+
+
+class NotPublishedModelError(HubModelError):
+    """The config.json is not a transformers one (no ``model_type``): e.g. a fireviz checkpoint."""
+
+
+@dataclass
+class PublishedConfig:
+    """What the analysis needs of a published model (the ``GPTConfig`` fields it reads).
+
+    Attributes: n_layer, n_head; seq_len (training context in tokens, for the default view;
+      at most ``MAX_VIEW_SEQ_LEN``); position_encoding ("t5", "alibi" or "rope"); family
+      (e.g. "T5 (shared table)", "UMT5", "BLOOM", "MPT", "Llama"); model_type; source (repo id
+      or folder); revision (commit sha, or None for a folder); stack ("decoder"/"encoder" for
+      T5-family models, else None); rope (the RoPE settings used, for RoPE models).
+    """
+
+    n_layer: int
+    n_head: int
+    seq_len: int
+    position_encoding: str
+    family: str
+    model_type: str
+    source: str
+    revision: str | None = None
+    stack: str | None = None
+    rope: dict = field(default_factory=dict)
+
+
+class PublishedModel(nn.Module):
+    """A published model's position encodings, with the interface fireviz's analysis reads:
+    ``config`` (a :class:`PublishedConfig`) and ``encoding(layer)``. No other weights."""
+
+    def __init__(self, config: PublishedConfig, encodings: list[nn.Module]):
+        super().__init__()
+        self.config = config
+        self.encodings = nn.ModuleList(encodings)
+
+    def encoding(self, layer: int) -> nn.Module:
+        """The position encoding of ``layer`` (a shared table repeats)."""
+        return self.encodings[layer if len(self.encodings) > 1 else 0]
+
+    @property
+    def label(self) -> str:
+        """``source (family[, stack])`` for legends and captions."""
+        stack = f", {self.config.stack}" if self.config.stack else ""
+        rev = f" @ {self.config.revision[:10]}" if self.config.revision else ""
+        return f"{self.config.source}{rev} ({self.config.family}{stack})"
+
+
+def is_transformers_config(cfg: object) -> bool:
+    """True for a config.json written by ``transformers`` (it names ``model_type``; a fireviz
+    config names ``position_encoding`` instead)."""
+    return isinstance(cfg, dict) and "model_type" in cfg and "position_encoding" not in cfg
+
+
+def looks_like_hub_id(ref: str) -> bool:
+    """``owner/name`` that is not an existing local path."""
+    return bool(_HUB_ID.match(ref or "")) and not Path(ref).expanduser().exists()
+
+
+def default_cache_dir() -> Path:
+    """``$FIREVIZ_CACHE_DIR/hub`` if set, else ``~/.cache/fireviz/hub``."""
+    env = os.environ.get("FIREVIZ_CACHE_DIR")
+    return (Path(env) if env else Path.home() / ".cache" / "fireviz") / "hub"
+
+
+# -- where the files come from ------------------------------------------------------------------
+class _Folder:
+    """A local folder written by transformers."""
+
+    def __init__(self, path: Path):
+        self.path, self.source, self.revision, self.bytes_read = path, str(path), None, 0
+
+    def config(self) -> dict:
+        try:
+            return read_json(self.path / "config.json", expect=dict)
+        except FileFormatError as e:
+            raise HubModelError(str(e)) from e
+
+    def exists(self, name: str) -> bool:
+        return (self.path / name).is_file()
+
+    def read_json(self, name: str) -> dict:
+        try:
+            return read_json(self.path / name, expect=dict)
+        except FileFormatError as e:
+            raise HubModelError(str(e)) from e
+
+    def read_range(self, name: str, start: int, stop: int) -> bytes:
+        with open(self.path / name, "rb") as f:
+            f.seek(start)
+            data = f.read(stop - start)
+        self.bytes_read += len(data)
+        if len(data) != stop - start:
+            raise HubModelError(f"{self.path / name} is truncated (wanted bytes {start}–{stop})")
+        return data
+
+
+class _Hub:
+    """A Hub repo: config via hf_hub_download (cached by commit), weights by ranged GETs."""
+
+    def __init__(self, repo_id: str, revision: str | None, token: str | None, local_files_only: bool):
+        from huggingface_hub import constants
+        self.repo_id, self.token, self.local_files_only = repo_id, token, local_files_only
+        self.endpoint = os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
+        self.source, self.bytes_read, self._rev = repo_id, 0, revision
+        self.revision: str | None = None
+
+    def _download(self, name: str) -> Path:
+        from huggingface_hub import hf_hub_download
+        try:
+            path = Path(hf_hub_download(self.repo_id, name, revision=self._rev, token=self.token,
+                                        endpoint=self.endpoint, local_files_only=self.local_files_only))
+        except Exception as e:  # offline, gated, unknown repo or file: one message each
+            raise _hub_error(self.repo_id, name, e) from e
+        if path.parent.parent.name == "snapshots":  # …/snapshots/<commit>/<file>
+            self.revision = path.parent.name
+        return path
+
+    def config(self) -> dict:
+        path = self._download("config.json")
+        try:
+            return read_json(path, expect=dict)
+        except FileFormatError as e:
+            raise HubModelError(str(e)) from e
+
+    def exists(self, name: str) -> bool:
+        try:
+            self._get(name, 0, 1)
+            return True
+        except HubModelError as e:
+            if "404" in str(e) or "not found" in str(e).lower():
+                return False
+            raise
+
+    def read_json(self, name: str) -> dict:
+        try:
+            return read_json(self._download(name), expect=dict)
+        except FileFormatError as e:
+            raise HubModelError(str(e)) from e
+
+    def _get(self, name: str, start: int, stop: int) -> bytes:
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session
+        url = hf_hub_url(self.repo_id, name, revision=self.revision or self._rev or "main", endpoint=self.endpoint)
+        headers = build_hf_headers(token=self.token)
+        headers["Range"] = f"bytes={start}-{stop - 1}"
+        try:
+            r = get_session().get(url, headers=headers, follow_redirects=True, timeout=30)
+        except Exception as e:
+            raise _hub_error(self.repo_id, name, e) from e
+        if r.status_code in (401, 403):
+            raise HubModelError(f"{self.repo_id} is gated or private ({r.status_code}); accept its license on the Hub "
+                                "and set HF_TOKEN (or pass token=…)")
+        if r.status_code == 404:
+            raise HubModelError(f"{self.repo_id} has no file {name} (404)")
+        if r.status_code not in (200, 206):
+            raise HubModelError(f"the Hub answered {r.status_code} for {self.repo_id}/{name}")
+        data = r.content
+        if r.status_code == 200:  # a server without Range support sent the whole file
+            data = data[start:stop]
+        self.bytes_read += len(r.content)
+        if len(data) != stop - start:
+            raise HubModelError(f"{self.repo_id}/{name} is shorter than its header says (wanted bytes {start}–{stop})")
+        return data
+
+    def read_range(self, name: str, start: int, stop: int) -> bytes:
+        if self.local_files_only:
+            raise HubModelError(f"{self.repo_id}: its position tensors are not in the cache and the Hub is off "
+                                "(offline); connect once to fetch them")
+        return self._get(name, start, stop)
+
+
+def _hub_error(repo_id: str, name: str, e: Exception) -> HubModelError:
+    kind, msg = type(e).__name__, (str(e).splitlines() or [type(e).__name__])[0]
+    text = f"{kind}: {msg}".lower()
+    if "gated" in text or "401" in text or "403" in text:
+        return HubModelError(f"{repo_id} is gated or private ({msg}); accept its license on the Hub and set HF_TOKEN")
+    if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or "connect" in text or "offline" in text:
+        return HubModelError(f"cannot reach the Hugging Face Hub for {repo_id} and it is not in the cache ({msg}); "
+                             "connect to the internet once, or give a local folder")
+    if kind in ("RepositoryNotFoundError",) or "repository not found" in text:
+        return HubModelError(f"{repo_id} is not a repository on the Hub ({msg}); check the id (owner/name)")
+    if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError") or "404" in text:
+        return HubModelError(f"{repo_id} has no file {name} ({msg})")
+    return HubModelError(f"cannot read {name} of {repo_id} ({kind}: {msg})")
+
+
+# -- safetensors: the header, then only the bytes of the tensors asked for ------------------------
+def _read_header(src, name: str) -> tuple[int, dict]:
+    (n,) = struct.unpack("<Q", src.read_range(name, 0, 8))
+    if not 2 <= n <= MAX_HEADER_BYTES:
+        raise HubModelError(f"{src.source}/{name}: safetensors header of {n} bytes is implausible; the file is corrupt")
+    try:
+        header = parse_json(src.read_range(name, 8, 8 + n).decode("utf-8"), f"{src.source}/{name} header")
+    except (FileFormatError, UnicodeDecodeError) as e:
+        raise HubModelError(f"{src.source}/{name}: unreadable safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise HubModelError(f"{src.source}/{name}: the safetensors header is not a JSON object")
+    return 8 + n, header
+
+
+def read_tensors(src, names: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` from ``src``'s safetensors weights, reading only their bytes.
+
+    Single ``model.safetensors`` or shards through ``model.safetensors.index.json``.
+    Raises: HubModelError if there are no safetensors weights (only ``*.bin``), a name is
+      missing, or a file is corrupt.
+    """
+    if src.exists("model.safetensors"):
+        where = {n: "model.safetensors" for n in names}
+    elif src.exists("model.safetensors.index.json"):
+        wmap = src.read_json("model.safetensors.index.json").get("weight_map")
+        if not isinstance(wmap, dict):
+            raise HubModelError(f"{src.source}: model.safetensors.index.json has no weight_map")
+        missing = [n for n in names if n not in wmap]
+        if missing:
+            raise HubModelError(f"{src.source} has no tensor {missing[0]} (its weight_map lists "
+                                f"{len(wmap)} tensors); is this the model type its config says?")
+        where = {n: str(wmap[n]) for n in names}
+    else:
+        raise HubModelError(f"{src.source} has no safetensors weights (model.safetensors or its index); fireviz never "
+                            "loads pickled pytorch_model.bin files — use a revision with safetensors")
+    out = {}
+    headers: dict[str, tuple[int, dict]] = {}
+    for n in names:
+        f = where[n]
+        if f not in headers:
+            headers[f] = _read_header(src, f)
+        base, header = headers[f]
+        info = header.get(n)
+        if not isinstance(info, dict):
+            raise HubModelError(f"{src.source}/{f} has no tensor {n}; is this the model type its config says?")
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = [int(s) for s in info["shape"]]
+            a, b = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise HubModelError(f"{src.source}/{f}: bad header entry for {n} ({e})") from e
+        if b - a != math.prod(shape) * torch.finfo(dtype).bits // 8 or a < 0:
+            raise HubModelError(f"{src.source}/{f}: the offsets of {n} do not match its shape")
+        raw = src.read_range(f, base + a, base + b)
+        out[n] = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape).float().clone()
+    return out
+
+
+# -- families -------------------------------------------------------------------------------------
+def _int(cfg: dict, *keys, default=None):
+    for k in keys:
+        v = cfg.get(k)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    if default is None:
+        raise HubModelError(f"config.json names none of {', '.join(keys)}; is it a complete transformers config?")
+    return default
+
+
+def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
+    """MPT's ALiBi slopes (``gen_slopes`` of mosaicml llm-foundry / HF ``modeling_mpt``):
+    with H' = 2^⌈log2 H⌉, m = 1/2^(k·max/H') for k = 1..H'; for H' ≠ H the odd-indexed then
+    even-indexed slopes, first H. Returns float32 ``[num_heads]``."""
+    hp = 2 ** math.ceil(math.log2(num_heads))
+    m = torch.arange(1, hp + 1, dtype=torch.float64) * (float(alibi_bias_max) / hp)
+    slopes = 1.0 / torch.pow(2.0, m)
+    if hp != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes.float()
+
+
+def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
+    """RoPE frequencies of a transformers config, as Hugging Face's ``ROPE_INIT_FUNCTIONS``.
+
+    Returns: ``(inv_freq float64 [rotary_dim // 2] in radians per token, attention_factor,
+      settings)`` with settings naming rope_type, rope_theta, rotary_dim and the scaling used.
+    Raises: HubModelError for an unknown rope_type or missing fields.
+    """
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else None
+    scaling = dict(params or (cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}) or {})
+    theta = float(scaling.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))))
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    head_dim = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else hidden // heads
+    partial = float(scaling.get("partial_rotary_factor", cfg.get("partial_rotary_factor", cfg.get("rotary_pct", 1.0))))
+    dim = int(head_dim * partial)
+    dim -= dim % 2
+    kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+    max_pos = _int(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
+    inv = rope_inv_freq(dim, theta, torch.float64)
+    att = 1.0
+    factor = float(scaling.get("factor", 1.0))
+    orig = int(scaling.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings", max_pos)))
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv = inv / factor
+    elif kind == "dynamic":  # NTK-aware base, at the length factor · max_position_embeddings
+        length = factor * max_pos
+        base = theta * ((factor * length / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+        inv = rope_inv_freq(dim, base, torch.float64)
+    elif kind == "yarn":
+        inv, att = yarn_inv_freq(dim, theta, factor, orig, float(scaling.get("beta_fast", 32)),
+                                 float(scaling.get("beta_slow", 1)), torch.float64)
+        if isinstance(scaling.get("attention_factor"), (int, float)):
+            att = float(scaling["attention_factor"])
+    elif kind == "llama3":
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        wavelen = 2 * math.pi / inv
+        low_wl, high_wl = orig / low, orig / high
+        llama = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (orig / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * llama / factor + smooth * llama
+        medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+        inv = torch.where(medium, smoothed, llama)
+    elif kind == "longrope":
+        ext = scaling.get("long_factor")
+        if not (isinstance(ext, list) and len(ext) == dim // 2):
+            raise HubModelError(f"longrope rope_scaling needs long_factor with {dim // 2} numbers")
+        inv = inv / torch.tensor(ext, dtype=torch.float64)
+        f = max_pos / orig if orig else factor
+        att = float(scaling.get("attention_factor") or (math.sqrt(1 + math.log(f) / math.log(orig)) if f > 1 else 1.0))
+    else:
+        raise HubModelError(f"rope_type {kind!r} is not one fireviz knows (default, linear, dynamic, yarn, llama3, "
+                            "longrope)")
+    settings = {"rope_type": kind, "rope_theta": theta, "rotary_dim": dim, "head_dim": head_dim,
+                "factor": factor, "original_max_position_embeddings": orig, "attention_factor": att}
+    return inv, att, settings
+
+
+def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
+    if stack not in STACKS:
+        raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
+    heads = _int(cfg, "num_heads")
+    layers = _int(cfg, "num_decoder_layers", "num_layers") if stack == "decoder" else _int(cfg, "num_layers")
+    buckets = _int(cfg, "relative_attention_num_buckets", default=32)
+    max_distance = _int(cfg, "relative_attention_max_distance", default=128)
+    per_layer = model_type == "umt5"
+    attn = "SelfAttention"
+    if model_type == "longt5" and stack == "encoder":
+        attn = "TransientGlobalSelfAttention" if cfg.get("encoder_attention_type") == "transient-global" \
+            else "LocalSelfAttention"
+    names = [f"{stack}.block.{i}.layer.0.{attn}.relative_attention_bias.weight"
+             for i in (range(layers) if per_layer else [0])]
+    tensors = read(names)
+    encs = []
+    for n in names:
+        t = tensors[n]
+        if tuple(t.shape) != (buckets, heads):
+            raise HubModelError(f"{src.source}: {n} has shape {tuple(t.shape)}, not [num_buckets={buckets}, "
+                                f"num_heads={heads}] as config.json says")
+        e = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=(stack == "encoder"))
+        with torch.no_grad():
+            e.relative_attention_bias.copy_(t)
+        encs.append(e.requires_grad_(False))
+    family = {"t5": "T5", "mt5": "mT5", "longt5": "LongT5", "umt5": "UMT5"}[model_type]
+    family += " (one table per layer)" if per_layer else " (one table shared by all layers)"
+    seq = min(_int(cfg, "n_positions", default=512), MAX_VIEW_SEQ_LEN)
+    return PublishedModel(PublishedConfig(layers, heads, seq, "t5", family, model_type, src.source, src.revision, stack),
+                          encs)
+
+
+def _alibi(cfg: dict, src, family: str, slopes: torch.Tensor, layers: int, seq: int) -> PublishedModel:
+    e = ALiBi(len(slopes))
+    e.slopes = slopes.float()
+    return PublishedModel(PublishedConfig(layers, len(slopes), min(seq, MAX_VIEW_SEQ_LEN), "alibi", family,
+                                          str(cfg["model_type"]), src.source, src.revision), [e])
+
+
+def _rope(cfg: dict, src, family: str) -> PublishedModel:
+    inv, att, settings = rope_frequencies(cfg)
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    e = RotaryEmbedding(heads, settings["rotary_dim"])
+    e.inv_freq = inv
+    e.attention_factor = att
+    seq = min(int(settings["original_max_position_embeddings"]), MAX_VIEW_SEQ_LEN)
+    return PublishedModel(PublishedConfig(layers, heads, seq, "rope", family, str(cfg["model_type"]), src.source,
+                                          src.revision, rope=settings), [e])
+
+
+def _build(cfg: dict, src, read, stack: str) -> PublishedModel:
+    mt = str(cfg.get("model_type", "")).lower()
+    if mt in T5_TYPES:
+        return _t5(cfg, src, read, stack, mt)
+    if mt == "bloom":
+        from .encodings import alibi_slopes
+        h = _int(cfg, "n_head", "num_attention_heads")
+        return _alibi(cfg, src, "BLOOM", alibi_slopes(h), _int(cfg, "n_layer", "num_hidden_layers"),
+                      _int(cfg, "seq_length", "max_position_embeddings", default=2048))
+    if mt == "mpt":
+        ac = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+        if not ac.get("alibi"):
+            raise HubModelError(f"{src.source}: this MPT model has attn_config.alibi false (learned absolute "
+                                "positions): no relative position bias to show")
+        h = _int(cfg, "n_heads", "num_attention_heads")
+        return _alibi(cfg, src, "MPT", mpt_alibi_slopes(h, float(ac.get("alibi_bias_max", 8))),
+                      _int(cfg, "n_layers", "num_hidden_layers"), _int(cfg, "max_seq_len", default=2048))
+    if mt in ("falcon", "refinedweb", "refinedwebmodel") and cfg.get("alibi"):
+        from .encodings import alibi_slopes
+        h = _int(cfg, "num_attention_heads", "n_head")
+        return _alibi(cfg, src, "Falcon (ALiBi)", alibi_slopes(h), _int(cfg, "num_hidden_layers", "n_layer"),
+                      _int(cfg, "max_position_embeddings", default=2048))
+    if mt in ABSOLUTE_TYPES:
+        raise HubModelError(f"{src.source} is a {mt} model with learned absolute position embeddings: it has no "
+                            "relative position bias or rotary kernel to show")
+    if mt in ROPE_TYPES or any(k in cfg for k in ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")):
+        return _rope(cfg, src, mt.replace("_", "-").title().replace("-", " ") or "RoPE")
+    raise HubModelError(f"{src.source}: model_type {mt or '(none)'!r} is not an architecture fireviz reads; it reads "
+                        "T5/mT5/ByT5/UMT5/LongT5, BLOOM, MPT and Falcon (ALiBi), and RoPE models (Llama, Mistral, "
+                        "Qwen, Gemma, Phi, …)")
+
+
+# -- the door -------------------------------------------------------------------------------------
+def load_published(ref: str, stack: str = "decoder", revision: str | None = None, token: str | None = None,
+                   cache_dir: str | os.PathLike | None = None, local_files_only: bool | None = None) -> PublishedModel:
+    """The position encodings of a published model: a local folder with a transformers
+    config.json, or a Hub repo id.
+
+    Args:
+      ref: folder path or ``owner/name``.
+      stack: ``"decoder"`` (default) or ``"encoder"`` for encoder–decoder (T5-family) models.
+      revision: branch, tag or commit on the Hub (default main). token: for gated repos
+        (default ``HF_TOKEN``).
+      cache_dir: where position tensors read from the Hub are kept, by repo and commit
+        (default :func:`default_cache_dir`); a later call, offline too, reads them from there.
+      local_files_only: use only the caches (default: ``HF_HUB_OFFLINE``).
+    Returns: a :class:`PublishedModel`; its ``bytes_read`` counts the weight-file bytes read
+      (0 when served from the cache).
+    Raises: HubModelError with the problem and the fix (see the class).
+    """
+    ref = (ref or "").strip()
+    if stack not in STACKS:
+        raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
+    local = Path(ref).expanduser()
+    if local.is_dir():
+        src = _Folder(local.resolve())
+    elif looks_like_hub_id(ref):
+        if local_files_only is None:
+            from huggingface_hub import constants
+            local_files_only = bool(constants.HF_HUB_OFFLINE)
+        src = _Hub(ref, revision, token or os.environ.get("HF_TOKEN"), bool(local_files_only))
+    else:
+        raise HubModelError(f"{ref!r} is neither a folder nor a Hugging Face repo id of the form owner/name")
+    cfg = src.config()
+    if not is_transformers_config(cfg):
+        raise NotPublishedModelError(f"{src.source}: config.json has no model_type, so it is not a transformers model config "
+                            "(a fireviz checkpoint is opened as a checkpoint instead)")
+    read = (lambda names: read_tensors(src, names)) if isinstance(src, _Folder) else _cached_reader(src, cache_dir)
+    model = _build(cfg, src, read, stack)
+    model.bytes_read = src.bytes_read
+    return model
+
+
+def _cached_reader(src: _Hub, cache_dir):
+    """``read(names)`` for a Hub repo: tensors from ``<cache>/<owner>--<name>/<commit>/`` when
+    there, else ranged reads whose result is added to the cache (atomically)."""
+    from safetensors.torch import load_file, save_file
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / src.repo_id.replace("/", "--") / (src.revision or "unknown") / "position_tensors.safetensors"
+
+    def read(names: list[str]) -> dict[str, torch.Tensor]:
+        cached: dict[str, torch.Tensor] = {}
+        if path.is_file():
+            try:
+                cached = load_file(str(path))
+            except Exception:  # a damaged entry is read again and replaced
+                cached = {}
+        if all(n in cached for n in names):
+            return {n: cached[n] for n in names}
+        if src.revision is None and src.local_files_only:
+            raise HubModelError(f"{src.repo_id} is not in the cache and the Hub is off (offline)")
+        got = read_tensors(src, [n for n in names if n not in cached])
+        merged = {**cached, **got}
+        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in merged.items()}, str(p),
+                                               metadata={"repo_id": src.repo_id, "revision": src.revision or ""}))
+        return {n: merged[n] for n in names}
+
+    return read

@@ -1,0 +1,317 @@
+"""Published models (issue 19): T5-family bias tables, ALiBi slopes and RoPE kernels read from
+folders with the layout ``transformers`` writes, and from a loopback server that answers the
+Hub's file endpoints (no internet here). References are written from the original formulas."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from fireviz import analysis, hub
+from fireviz.encodings import alibi_slopes
+
+from hub_server import COMMIT, HubServer
+
+REF = json.loads((Path(__file__).parent / "reference" / "encodings.json").read_text())
+
+
+# -- fixtures with the real file layout ------------------------------------------------------------
+def t5_folder(path: Path, model_type: str = "t5", layers: int = 2, dec_layers: int = 3, heads: int = 4,
+              buckets: int = 32, max_distance: int = 128, d_model: int = 64, vocab: int = 300, shards: int = 1,
+              seed: int = 0, encoder_attention_type: str | None = None) -> Path:
+    """A T5/mT5/UMT5/LongT5 folder as ``save_pretrained`` writes it (config fields, tensor names)."""
+    g = torch.Generator().manual_seed(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["T5ForConditionalGeneration"], "model_type": model_type, "d_model": d_model,
+           "d_kv": d_model // heads, "d_ff": 4 * d_model, "num_layers": layers, "num_decoder_layers": dec_layers,
+           "num_heads": heads, "relative_attention_num_buckets": buckets,
+           "relative_attention_max_distance": max_distance, "vocab_size": vocab, "is_encoder_decoder": True,
+           "feed_forward_proj": "relu", "n_positions": 512, "torch_dtype": "float32"}
+    if encoder_attention_type:
+        cfg["encoder_attention_type"] = encoder_attention_type
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    t = {"shared.weight": torch.randn(vocab, d_model, generator=g), "lm_head.weight": torch.randn(vocab, d_model, generator=g)}
+    for stack, n in (("encoder", layers), ("decoder", dec_layers)):
+        for i in range(n):
+            attn = "SelfAttention"
+            if model_type == "longt5" and stack == "encoder":
+                attn = "TransientGlobalSelfAttention" if encoder_attention_type == "transient-global" else "LocalSelfAttention"
+            pre = f"{stack}.block.{i}.layer.0.{attn}"
+            for w in "qkvo":
+                t[f"{pre}.{w}.weight"] = torch.randn(d_model, d_model, generator=g)
+            if i == 0 or model_type == "umt5":
+                t[f"{pre}.relative_attention_bias.weight"] = torch.randn(buckets, heads, generator=g)
+            t[f"{stack}.block.{i}.layer.0.layer_norm.weight"] = torch.ones(d_model)
+            ff = 2 if stack == "decoder" else 1
+            t[f"{stack}.block.{i}.layer.{ff}.DenseReluDense.wi.weight"] = torch.randn(4 * d_model, d_model, generator=g)
+            t[f"{stack}.block.{i}.layer.{ff}.DenseReluDense.wo.weight"] = torch.randn(d_model, 4 * d_model, generator=g)
+        t[f"{stack}.final_layer_norm.weight"] = torch.ones(d_model)
+    names = sorted(t)
+    if shards == 1:
+        save_file(t, str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        wmap = {}
+        for s in range(shards):
+            part = names[s::shards]
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({k: t[k] for k in part}, str(path / fname), metadata={"format": "pt"})
+            wmap.update({k: fname for k in part})
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wmap}))
+    return path
+
+
+def hf_t5_bias(table: torch.Tensor, q: int, k: int, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+    """HF ``T5Attention.compute_bias`` (its ``_relative_position_bucket``, float32 log as there), [H, q, k]."""
+    context = torch.arange(q, dtype=torch.long)[:, None]
+    memory = torch.arange(k, dtype=torch.long)[None, :]
+    relative_position = memory - context
+    relative_buckets = 0
+    if bidirectional:
+        num_buckets //= 2
+        relative_buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+    else:
+        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    if_large = max_exact + (torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
+                            * (num_buckets - max_exact)).to(torch.long)
+    if_large = torch.min(if_large, torch.full_like(if_large, num_buckets - 1))
+    relative_buckets += torch.where(is_small, relative_position, if_large)
+    return table[relative_buckets].permute(2, 0, 1).numpy()
+
+
+def _matrix(out: dict, layer: int) -> np.ndarray:
+    return np.array([[[np.nan if v is None else v for v in row] for row in h] for h in out["layers"][layer]["matrix"]["bias"]])
+
+
+# -- T5 family: the acceptance command -----------------------------------------------------------
+@pytest.mark.parametrize("model_type", ["t5", "umt5"])
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_biases_cli_on_a_t5_folder_matches_the_original_bias(tmp_path, model_type, stack, capsys):
+    folder = t5_folder(tmp_path / "m", model_type=model_type)
+    out = tmp_path / "b.json"
+    assert analysis.main([str(folder), "--stack", stack, "--matrix", "0:64", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    from safetensors.torch import load_file
+    w = load_file(str(folder / "model.safetensors"))
+    n_layers = 2 if stack == "encoder" else 3
+    assert d["n_layer"] == n_layers and d["n_head"] == 4 and len(d["layers"]) == n_layers
+    for layer in range(n_layers):
+        block = layer if model_type == "umt5" else 0
+        table = w[f"{stack}.block.{block}.layer.0.SelfAttention.relative_attention_bias.weight"]
+        ref = hf_t5_bias(table, 64, 64, stack == "encoder", 32, 128)
+        got = _matrix(d, layer)
+        if stack == "decoder":  # causal: the report leaves future keys empty
+            future = np.triu(np.ones((64, 64), bool), 1)
+            assert np.isnan(got[:, future]).all()
+            got, ref = got[:, ~future], ref[:, ~future]
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_t5_buckets_match_the_published_first_distances():
+    """The reference's first distance of each causal bucket, through the fireviz encoding
+    built by the hub reader and through the HF-formula reference above."""
+    ref = {int(k): v for k, v in REF["t5_relative_position_bucket"]["causal_first_distance_of_each_bucket"].items()}
+    table = torch.arange(32, dtype=torch.float32)[:, None]  # bias = bucket id
+    hf = hf_t5_bias(table, 200, 200, False, 32, 128)[0, 199, ::-1]  # row of query 199 by distance
+    from fireviz.encodings import T5RelativeBias
+    e = T5RelativeBias(1)
+    with torch.no_grad():
+        e.relative_attention_bias.copy_(table)
+    ours = e.bias_by_distance(torch.arange(200))[0].detach().numpy()
+    for b, first in ref.items():
+        assert hf[first] == b and ours[first] == b and (first == 0 or ours[first - 1] == b - 1)
+
+
+def test_sharded_longt5_and_shape_mismatch(tmp_path):
+    f = t5_folder(tmp_path / "lt", model_type="longt5", shards=3, encoder_attention_type="transient-global")
+    m = hub.load_published(str(f), stack="encoder")
+    assert m.config.family.startswith("LongT5") and m.config.n_layer == 2 and m.encoding(0).bidirectional
+    cfg = json.loads((f / "config.json").read_text())
+    (f / "config.json").write_text(json.dumps({**cfg, "num_heads": 8}))
+    with pytest.raises(hub.HubModelError, match="shape"):
+        hub.load_published(str(f), stack="encoder")
+
+
+# -- ALiBi and RoPE families: config.json only -----------------------------------------------------
+def test_bloom_and_mpt_alibi_slopes(tmp_path):
+    for h in (16, 12, 112):
+        assert torch.allclose(alibi_slopes(h), torch.tensor(_bloom_slopes(h)), rtol=1e-6)
+    (tmp_path / "bloom").mkdir()
+    (tmp_path / "bloom" / "config.json").write_text(json.dumps({"model_type": "bloom", "n_head": 12, "n_layer": 2,
+                                                                "hidden_size": 96, "seq_length": 2048}))
+    m = hub.load_published(str(tmp_path / "bloom"))
+    assert m.config.position_encoding == "alibi" and torch.allclose(m.encoding(0).slopes, alibi_slopes(12))
+    (tmp_path / "mpt").mkdir()
+    (tmp_path / "mpt" / "config.json").write_text(json.dumps({"model_type": "mpt", "n_heads": 12, "n_layers": 2,
+                                                              "d_model": 96, "max_seq_len": 2048,
+                                                              "attn_config": {"alibi": True, "alibi_bias_max": 8}}))
+    m = hub.load_published(str(tmp_path / "mpt"))
+    assert torch.allclose(m.encoding(0).slopes, torch.tensor(_mpt_slopes(12, 8)), rtol=1e-6)
+    out = tmp_path / "b.json"
+    assert analysis.main([str(tmp_path / "mpt"), "--matrix", "0:8", "--out", str(out)]) == 0
+    got = _matrix(json.loads(out.read_text()), 0)
+    i, j = np.arange(8)[:, None], np.arange(8)[None, :]
+    ref = -np.array(_mpt_slopes(12, 8))[:, None, None] * (i - j)
+    ok = j <= i
+    np.testing.assert_allclose(got[:, ok], np.broadcast_to(ref, got.shape)[:, ok], atol=1e-6)
+
+
+def _bloom_slopes(n: int) -> list[float]:
+    """BLOOM's build_alibi_tensor slopes (HF modeling_bloom), written from its formula."""
+    closest = 2 ** math.floor(math.log2(n))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** p for p in range(1, closest + 1)]
+    if closest != n:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra_base ** p for p in range(1, 1 + 2 * (n - closest), 2)]
+    return slopes
+
+
+def _mpt_slopes(n: int, alibi_bias_max: float) -> list[float]:
+    """MPT's gen_slopes (HF modeling_mpt), written from its formula."""
+    hp = 2 ** math.ceil(math.log2(n))
+    m = [(k + 1) * alibi_bias_max / hp for k in range(hp)]
+    s = [1.0 / 2 ** x for x in m]
+    if hp != n:
+        s = (s[1::2] + s[::2])[:n]
+    return s
+
+
+def _llama(scaling: dict | None, **extra) -> dict:
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "max_position_embeddings": 8192, "rope_theta": 500000.0, **extra}
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    return cfg
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0},
+                                     {"rope_type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}])
+def test_rope_configs_give_their_kernel(tmp_path, scaling):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(_llama(scaling)))
+    out = tmp_path / "b.json"
+    assert analysis.main([str(tmp_path / "m"), "--query-positions", "100,1000", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["kind"] == "rotary" and len(d["kernel"]["value"]) == 1001 and abs(d["kernel"]["value"][0] - 1) < 1e-6
+
+
+def test_llama3_frequencies_follow_the_reference_formula():
+    inv, att, s = hub.rope_frequencies(_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
+    base = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
+    wavelen = 2 * np.pi / base
+    expect = np.where(wavelen < 8192 / 4, base, np.where(wavelen > 8192 / 1, base / 8, np.nan))
+    medium = np.isnan(expect)
+    smooth = (8192 / wavelen[medium] - 1) / (4 - 1)
+    expect[medium] = (1 - smooth) * base[medium] / 8 + smooth * base[medium]
+    np.testing.assert_allclose(inv.numpy(), expect, rtol=1e-12)
+    assert att == 1.0 and s["rotary_dim"] == 64
+
+
+def test_partial_rotary_and_rope_parameters():
+    inv, _, s = hub.rope_frequencies({"model_type": "phi", "hidden_size": 256, "num_attention_heads": 4,
+                                      "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default",
+                                                                                         "rope_theta": 10000.0}})
+    assert s["rotary_dim"] == 32 and inv.shape == (16,)
+    np.testing.assert_allclose(inv.numpy(), 1.0 / 10000.0 ** (np.arange(0, 32, 2) / 32), rtol=1e-12)
+    ref = REF["yarn"]
+    _, att, _ = hub.rope_frequencies(_llama({"rope_type": "yarn", "factor": ref["factor"],
+                                             "original_max_position_embeddings": ref["original_max_position"]}))
+    assert att == pytest.approx(ref["mscale"], abs=5e-7)  # the reference gives 7 digits
+
+
+@pytest.mark.parametrize("cfg, match", [({"model_type": "gpt2", "n_head": 4, "n_layer": 2}, "absolute position"),
+                                        ({"model_type": "mamba"}, "not an architecture fireviz reads"),
+                                        ({"model_type": "mpt", "n_heads": 4, "n_layers": 1, "attn_config": {}},
+                                         "alibi false"),
+                                        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,
+                                          "num_hidden_layers": 1, "rope_scaling": {"rope_type": "weird"}},
+                                         "rope_type 'weird'")])
+def test_unsupported_models_are_one_clear_error(tmp_path, cfg, match, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(hub.HubModelError, match=match):
+        hub.load_published(str(tmp_path / "m"))
+    assert analysis.main([str(tmp_path / "m")]) == 2
+    assert match.split("'")[0] in capsys.readouterr().err
+
+
+def test_pickled_only_and_missing_tensor(tmp_path):
+    f = t5_folder(tmp_path / "m")
+    (f / "model.safetensors").rename(f / "pytorch_model.bin")
+    with pytest.raises(hub.HubModelError, match="never loads pickled"):
+        hub.load_published(str(f))
+    g = t5_folder(tmp_path / "g")
+    from safetensors.torch import load_file
+    w = load_file(str(g / "model.safetensors"))
+    del w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+    save_file(w, str(g / "model.safetensors"))
+    with pytest.raises(hub.HubModelError, match="has no tensor decoder.block.0"):
+        hub.load_published(str(g))
+
+
+# -- the Hub path, for real, against a loopback server ---------------------------------------------
+@pytest.fixture
+def hub_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "fireviz_cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    import huggingface_hub.constants as hc
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    return tmp_path
+
+
+def test_hub_reads_only_the_header_and_the_bias_tensors(hub_env, monkeypatch):
+    big = t5_folder(hub_env / "repo", d_model=256, vocab=4000, layers=2, dec_layers=2)
+    size = (big / "model.safetensors").stat().st_size
+    with HubServer({"google/t5-tiny": big}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        m = hub.load_published("google/t5-tiny", stack="encoder")
+        weights = server.bytes_sent("model.safetensors")
+        (n,) = np.frombuffer((big / "model.safetensors").read_bytes()[:8], dtype="<u8")
+        table = 32 * 4 * 4
+        assert m.config.revision == COMMIT and m.config.source == "google/t5-tiny"
+        assert weights <= 8 + int(n) + table + 1 + 64, (weights, size)  # header + the table (+ the existence probe)
+        assert weights < size / 100
+        # the same commit again: served from the cache, nothing more read from the weights
+        before = server.bytes_sent("model.safetensors")
+        hub.load_published("google/t5-tiny", stack="encoder")
+        assert server.bytes_sent("model.safetensors") == before
+    # offline, from the caches alone
+    import huggingface_hub.constants as hc
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    m2 = hub.load_published("google/t5-tiny", stack="encoder")
+    assert torch.equal(m2.encoding(0).relative_attention_bias, m.encoding(0).relative_attention_bias)
+
+
+def test_hub_sharded_gated_missing_and_offline(hub_env, monkeypatch):
+    sharded = t5_folder(hub_env / "sharded", model_type="umt5", shards=2)
+    gated = t5_folder(hub_env / "gated")
+    with HubServer({"org/umt5-tiny": sharded, "org/gated": gated}, gated=("org/gated",)) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        m = hub.load_published("org/umt5-tiny")
+        assert m.config.n_layer == 3 and len(m.encodings) == 3
+        with pytest.raises(hub.HubModelError, match="gated or private"):
+            hub.load_published("org/gated")
+        with pytest.raises(hub.HubModelError, match="org/nothing"):
+            hub.load_published("org/nothing")
+    import huggingface_hub.constants as hc
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    with pytest.raises(hub.HubModelError, match="cache"):
+        hub.load_published("org/never-fetched")
+    with pytest.raises(hub.HubModelError, match="owner/name"):
+        hub.load_published("not a repo id")
