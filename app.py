@@ -8,6 +8,14 @@ import streamlit as st
 
 from fireviz import ui
 
+#: Published models the Home page suggests (Hub id, what its position encoding is).
+SUGGESTED_MODELS = [
+    ("google/byt5-small", "ByT5: byte-level like fireviz, T5 buckets shared by all layers"),
+    ("google-t5/t5-base", "T5: 32 buckets up to distance 128; try the encoder stack (bidirectional)"),
+    ("google/umt5-small", "UMT5: one bucket table per layer"),
+    ("bigscience/bloom-560m", "BLOOM: ALiBi"),
+    ("meta-llama/Llama-3.2-1B", "Llama 3.2: RoPE with llama3 scaling (gated: set HF_TOKEN)"),
+]
 PAGES = {
     "biases": ("pages/1_Learned_biases.py", "Learned biases", ":material/show_chart:", "Learned_biases"),
     "fit": ("pages/2_Fit_FIRE.py", "Fit FIRE", ":material/functions:", "Fit_FIRE"),
@@ -61,6 +69,15 @@ def home() -> None:
               "train": "loss curves from each checkpoint's log"}
     for k, (path, title, icon, _) in PAGES.items():
         st.page_link(path, label=f"{title}: {blurbs[k]}", icon=icon)
+
+    st.subheader("Published models")
+    st.markdown(
+        "The Learned biases and Fit FIRE pages also read models from the Hugging Face Hub (or a folder "
+        "`transformers` wrote): T5's learned bucket tables per layer and head, ALiBi slopes, RoPE kernels with "
+        "every `rope_scaling` type. Only config.json and, for T5, the bias tables' bytes are fetched. Type an id into "
+        "a page's *Add a checkpoint* box, or open one of these (needs an internet connection the first time):")
+    links = [f"[`{m}`](/{PAGES['biases'][3]}?ckpt={m}) — {what}" for m, what in SUGGESTED_MODELS]
+    st.markdown("\n".join(f"- {line}" for line in links))
 
 
 nav = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]

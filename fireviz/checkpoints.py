@@ -99,6 +99,8 @@ class CheckpointInfo:
       headline: see :func:`headline_numbers`.
       problems: ``{file name: problem}`` for this checkpoint's files that were refused
         (a results JSON or train log that is not what fireviz writes); they are left out.
+      published: for a published model (``source == "published"``), its
+        ``fireviz.hub.PublishedModel`` (decoder stack); None for a fireviz checkpoint.
     """
 
     name: str
@@ -115,6 +117,13 @@ class CheckpointInfo:
     headline: dict = field(default_factory=dict)
     repo_id: str | None = None
     problems: dict = field(default_factory=dict)
+    published: Any = None
+
+    @property
+    def is_published(self) -> bool:
+        """True for a published model read through ``fireviz.hub`` (position encodings only:
+        the bias pages and fit take it, evaluation and training logs do not)."""
+        return self.published is not None
 
     @property
     def training_seed(self) -> int | None:
@@ -125,7 +134,9 @@ class CheckpointInfo:
 
     @property
     def label(self) -> str:
-        """``name (encoding)`` for widgets and legends."""
+        """``name (encoding)`` for widgets and legends; ``name (published: family)`` for a published model."""
+        if self.is_published:
+            return f"{self.name} (published: {self.published.config.family})"
         return f"{self.name} ({self.position_encoding})"
 
     def summary_row(self) -> dict:
@@ -516,8 +527,19 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
     if "/" not in ref and (root / ref).is_dir():
         return read_checkpoint(root / ref)
     local = Path(ref).expanduser()
+    if local.is_dir() and _is_transformers_folder(local):
+        return published_info(str(local))
     if local.exists():
         return read_checkpoint(local)
+    if looks_like_hub_id(ref) and not local_files_only:
+        from . import hub
+        try:
+            return published_info(ref)
+        except hub.NotPublishedModelError:
+            pass  # a fireviz checkpoint on the Hub: fetched below
+        except hub.HubModelError as e:
+            if "is not a repository" not in str(e) and "cannot reach" not in str(e):
+                raise
     if not looks_like_hub_id(ref):
         raise CheckpointNotFoundError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
                               "Hugging Face repo id of the form owner/name; check the spelling or the path")
@@ -535,6 +557,32 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
         raise CheckpointError(f"cannot download {ref!r} from the Hugging Face Hub ({kind}: {msg}); "
                               "check the repo id and your access to it") from e
     return read_checkpoint(folder, name=ref, repo_id=ref)
+
+
+def _is_transformers_folder(folder: Path) -> bool:
+    from . import hub
+    try:
+        return hub.is_transformers_config(read_json(folder / CONFIG_FILE)) if (folder / CONFIG_FILE).is_file() else False
+    except FileFormatError:
+        return False
+
+
+def published_info(ref: str, stack: str = "decoder", revision: str | None = None) -> CheckpointInfo:
+    """A :class:`CheckpointInfo` for a published model (a transformers folder or a Hub id), read
+    through ``fireviz.hub.load_published`` (config.json, and for T5-family models the bias
+    tables only). Raises: ``fireviz.hub.HubModelError`` (a CheckpointError) naming the problem."""
+    from . import hub
+    model = hub.load_published(ref, stack=stack, revision=revision)
+    c = model.config
+    return CheckpointInfo(name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
+                          path=str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().is_dir() else ref,
+                          source="published", config={"n_layer": c.n_layer, "n_head": c.n_head, "seq_len": c.seq_len,
+                                                      "position_encoding": c.position_encoding, "family": c.family,
+                                                      "model_type": c.model_type, "revision": c.revision,
+                                                      "stack": c.stack},
+                          position_encoding=c.position_encoding, num_parameters=0, seq_len=c.seq_len,
+                          data="(published model)", repo_id=ref if hub.looks_like_hub_id(ref) else None,
+                          published=model)
 
 
 _FINGERPRINTS: dict[tuple[str, int, int], str] = {}

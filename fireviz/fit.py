@@ -69,7 +69,7 @@ TARGET_PARAMS: dict[str, frozenset[str]] = {
     "kerple_log": frozenset({"r1", "r2", "seed"}),
     "kerple_power": frozenset({"r1", "r2", "seed"}),
     "sandwich": frozenset({"dbar"}),
-    "checkpoint": frozenset({"path", "layer"}),
+    "checkpoint": frozenset({"path", "layer", "stack"}),
 }
 
 #: Multiple of ``max_len`` up to which ``fit_fire`` measures the error beyond the fitted range.
@@ -216,7 +216,7 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
     if name == "checkpoint":
         if "path" not in params:
             raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
-        target = target_from_checkpoint(params["path"], int(params.get("layer", 0)))
+        target = target_from_checkpoint(params["path"], int(params.get("layer", 0)), params.get("stack"))
         if num_heads is not None and num_heads != target.num_heads:
             raise ValueError(f"checkpoint {params['path']} has {target.num_heads} heads, not {num_heads}; "
                              "omit num_heads (CLI: --heads) to use the checkpoint's")
@@ -259,8 +259,11 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
     return FitTarget("sandwich", enc, {"dbar": dbar, "compression": enc.compression.tolist()})
 
 
-def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
-    """The learned (or fixed) bias of one layer of a trained fireviz GPT checkpoint.
+def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) -> FitTarget:
+    """The learned (or fixed) bias of one layer of a trained fireviz GPT checkpoint, or of a
+    published model (a transformers folder or Hub id read through ``fireviz.hub``: T5-family
+    tables of ``stack`` — decoder by default; for the bidirectional encoder its keys before
+    the query, i.e. d = i − j >= 0 — or ALiBi slopes).
 
     Loads ``GPT.from_pretrained(path)`` (safetensors only) and takes
     ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
@@ -270,13 +273,30 @@ def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
     Raises: FileNotFoundError for a local path that is not a folder; CheckpointError
       (not a checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
     """
+    from . import hub
     from .model import GPT
 
     local = Path(str(path)).expanduser()
     if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
         raise FileNotFoundError(f"checkpoint folder {path} does not exist (a checkpoint is a folder with "
                                 "config.json and model.safetensors, e.g. checkpoints/<name>)")
-    model = GPT.from_pretrained(str(local) if local.is_dir() else str(path))
+    model = None
+    cfg_file = local / "config.json"
+    if local.is_dir() and cfg_file.is_file():
+        try:
+            if hub.is_transformers_config(read_json(cfg_file)):
+                model = hub.load_published(str(local), stack=stack or "decoder")
+        except FileFormatError:
+            pass  # the checkpoint loader names the problem
+    elif hub.looks_like_hub_id(str(path)):
+        try:
+            model = hub.load_published(str(path), stack=stack or "decoder")
+        except hub.NotPublishedModelError:
+            model = None  # a fireviz checkpoint on the Hub
+    if model is None:
+        if stack is not None:
+            raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
+        model = GPT.from_pretrained(str(local) if local.is_dir() else str(path))
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
@@ -286,8 +306,10 @@ def target_from_checkpoint(path: str, layer: int = 0) -> FitTarget:
         raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
                          f"needs a Toeplitz bias: one of {', '.join(allowed)}")
     enc.requires_grad_(False)
-    return FitTarget("checkpoint", enc, {"path": str(path), "layer": int(layer),
-                                         "encoding": cfg.position_encoding, "seq_len": cfg.seq_len})
+    params = {"path": str(path), "layer": int(layer), "encoding": cfg.position_encoding, "seq_len": cfg.seq_len}
+    if isinstance(model, hub.PublishedModel):
+        params.update(published=model.config.family, revision=model.config.revision, stack=model.config.stack)
+    return FitTarget("checkpoint", enc, params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -919,7 +941,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m fireviz fit",
         description="Fit FIRE (Li et al. 2024) to a T5/ALiBi/Kerple/Sandwich bias or a checkpoint's "
                     "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.")
-    p.add_argument("--target", required=True, help=f"one of {', '.join(TARGET_NAMES)}")
+    p.add_argument("--target", required=True, help=f"one of {', '.join(TARGET_NAMES)}, or a checkpoint folder, a transformers model folder or a Hub id")
     p.add_argument("--max-len", type=int, required=True, help="fitted range in tokens (>= 2)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; a checkpoint's own)")
     p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
@@ -940,6 +962,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
     g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
     g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
+    g.add_argument("--stack", choices=("decoder", "encoder"),
+                   help="checkpoint: a published encoder-decoder model's stack (default decoder)")
     return p
 
 
@@ -949,10 +973,16 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
     "r1": ("r1", ("kerple_log", "kerple_power")), "r2": ("r2", ("kerple_log", "kerple_power")),
     "dbar": ("dbar", ("sandwich",)), "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
     "checkpoint": ("path", ("checkpoint",)), "layer": ("layer", ("checkpoint",)),
+    "stack": ("stack", ("checkpoint",)),
 }
 
 
 def _target_from_args(a: argparse.Namespace) -> FitTarget:
+    from . import hub
+    if a.target not in TARGET_NAMES and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
+        if a.checkpoint is not None:
+            raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
+        a.checkpoint, a.target = a.target, "checkpoint"  # --target <model>: a checkpoint or published model
     if a.target not in TARGET_NAMES:
         raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(TARGET_NAMES)}")
     params = {}

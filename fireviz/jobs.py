@@ -370,6 +370,15 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
 
 
 # -- FIRE fits ----------------------------------------------------------------------------------
+def _bytes_fingerprint(module) -> str:
+    """sha256 (16 hex digits) of a module's tensors, in state_dict order."""
+    import hashlib
+    h = hashlib.sha256()
+    for k, t in module.state_dict().items():
+        h.update(k.encode() + t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int,
                steps: int, seed: int = 0, queue_: JobQueue | None = None) -> Job:
     """Run ``fireviz.fit.fit_fire`` in the background on the "fit" queue (or return the job
@@ -389,7 +398,9 @@ def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | 
     built = fit.make_target(target, num_heads, **target_params)  # validate now
     description = {"kind": "fit", "target": target, "params": target_params, "max_len": int(max_len),
                    "num_heads": num_heads, "mlp_width": int(mlp_width), "steps": int(steps), "seed": int(seed)}
-    if target == "checkpoint":
+    if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
+        description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
+    elif target == "checkpoint":
         from .checkpoints import weights_fingerprint
         description["fingerprint"] = weights_fingerprint(target_params["path"])
 

@@ -169,6 +169,8 @@ def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
 
     Reloaded when model.safetensors changes. Raises CheckpointError for a bad folder.
     """
+    if isinstance(info_or_path, ck.CheckpointInfo) and info_or_path.is_published:
+        return info_or_path.published  # position encodings only (fireviz.hub.PublishedModel)
     path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
     w = Path(path) / ck.WEIGHTS_FILE
     try:
@@ -202,7 +204,7 @@ def _add_extra(ref: str) -> ck.CheckpointInfo | None:
 def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None = None,
                       label: str = "Checkpoints", default_count: int = 1,
                       filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
-                      where=None) -> list[ck.CheckpointInfo]:
+                      where=None, allow_published: bool = False) -> list[ck.CheckpointInfo]:
     """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
 
     Options are the checkpoints under the root and any added in this session (by local
@@ -233,6 +235,10 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
             info = _add_extra(ref)
             if info is not None:
                 by_name[ref] = info
+    if not allow_published:  # published models have position encodings only: no evaluation, no logs
+        for n in [n for n, i in by_name.items() if i.is_published]:
+            del by_name[n]
+            where.info(f"`{n}` is a published model: its position bias is on the Learned biases and Fit FIRE pages.")
     if filter_fn is not None:
         by_name = {n: i for n, i in by_name.items() if filter_fn(i)}
     names = list(by_name)
@@ -252,8 +258,15 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
 
 
 def checkpoint_caption(info: ck.CheckpointInfo) -> str:
-    """One line about a checkpoint: encoding, shape, parameters, training length and tokens, data."""
+    """One line about a checkpoint: encoding, shape, parameters, training length and tokens, data
+    (for a published model: source, family, revision, stack and what was read)."""
     c = info.config
+    if info.is_published:
+        rev = f" @ `{c.get('revision')[:12]}`" if c.get("revision") else ""
+        stack = f", {c.get('stack')} stack" if c.get("stack") else ""
+        return (f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "
+                f"× {c.get('n_head')} heads{stack}; position encoding {info.position_encoding} read from config.json"
+                + (" and the bias tables' bytes" if info.position_encoding == "t5" else "") + " only")
     parts = [f"**{info.name}**: {info.position_encoding}",
              f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
              f"{info.num_parameters:,} parameters", f"trained at {info.seq_len} tokens"]
@@ -519,17 +532,33 @@ def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, na
                                 normalizer_cap=normalizer_cap).to_dict()
 
 
+@st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
+def _published_bias_report(ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None,
+                           name: str) -> dict:
+    from . import analysis, hub
+    model = hub.load_published(ref, stack=stack, revision=revision)
+    out = analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
+    out["published"] = {"source": model.config.source, "family": model.config.family, "revision": model.config.revision,
+                        "stack": model.config.stack, "model_type": model.config.model_type}
+    return out
+
+
 def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None,
-                normalizer_cap: int | None = None) -> dict:
+                normalizer_cap: int | None = None, stack: str | None = None) -> dict:
     """``fireviz.analysis.bias_report(model, positions, normalizer_cap=…).to_dict()`` for a
     checkpoint, cached (``st.cache_data``) by folder, weights modification time, positions
     (tokens) and FIRE normalizer cap (tokens; computed on a copy of the shared model).
 
+    A published model (``info.is_published``) is read through ``fireviz.hub`` for ``stack``
+    (T5-family encoder or decoder; default decoder), cached by source, revision and stack.
     Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
     """
     if positions and max(positions) > MAX_QUERY_POSITION:
         raise ValueError(f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; "
                          "pick smaller positions")
+    if info.is_published:
+        return _published_bias_report(info.path, info.config.get("revision"), stack or "decoder",
+                                      tuple(sorted(set(int(p) for p in positions))) if positions else None, info.name)
     mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
     return _bias_report(info.path, mtime, tuple(sorted(set(int(p) for p in positions))) if positions else None,
                         info.name, normalizer_cap)

@@ -17,9 +17,17 @@ st.markdown("Bias b(i, j) in logits (added to q·k/√d) against the distance i 
             "grows; T5, ALiBi, Kerple and Sandwich do not. A head is **local** when its bias falls with distance, "
             "**anti-local** when it rises.")
 
-chosen = ui.checkpoint_picker(P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)")
+chosen = ui.checkpoint_picker(P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)",
+                              allow_published=True)
 if not chosen:
     st.stop()
+published = [i for i in chosen if i.is_published]
+stack = None
+if any(i.config.get("stack") for i in published):  # an encoder–decoder (T5-family) model
+    stack = st.sidebar.radio("Stack (encoder–decoder models)", ["decoder", "encoder"],
+                             key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]), horizontal=True,
+                             help="The decoder's bias is causal; the encoder's is bidirectional, so its heatmap "
+                                  "has keys after the query too.")
 
 first = chosen[0]
 sb = st.sidebar
@@ -54,7 +62,7 @@ clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
                          "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them, if the grid is fine enough: it has ~128 "
                          "points up to the largest query position, so enter small query positions (e.g. 127 for "
                          "a 1-token grid) to see a band a few tokens wide. Only the colours change, not the numbers.")
-ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip", "cap"])
+ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip", "cap", "stack"])
 
 positions = None
 text = st.session_state[ui.key(P, "pos")].strip()
@@ -72,7 +80,7 @@ for col, info in zip(cols, chosen):
     with col:
         st.markdown(ui.checkpoint_caption(info))
         try:
-            rep = ui.bias_report(info, positions)
+            rep = ui.bias_report(info, positions, stack=stack)
         except ui.CheckpointError as e:  # its message names the problem and the fix
             ui.error(f"Cannot compute the biases of {info.name}: {e}")
             continue
@@ -123,7 +131,10 @@ for col, info in zip(cols, chosen):
                            P, f"fire_input_{info.name}")
             ui.downloads(P, f"{info.name}_L{layer}_fire_input", plots.figure_to_csv(fi), plots.figure_data(fi))
         hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)
-        ui.show_figure(hm, "Query × key grid (tokens); blank above the diagonal = future keys (masked).",
+        two_sided = (rep.get("published") or {}).get("stack") == "encoder"
+        ui.show_figure(hm, "Query × key grid (tokens); " + ("a bidirectional encoder: keys after the query have a bias too."
+                                                            if two_sided else
+                                                            "blank above the diagonal = future keys (masked)."),
                        P, f"heatmap_{info.name}")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_heatmap", plots.figure_to_csv(hm), plots.figure_data(hm))
 
@@ -151,7 +162,12 @@ if reports:
 
 
 # -- attention dilution: why FIRE's long-context loss rises -------------------------------------
+chosen = [i for i in chosen if not i.is_published]  # dilution runs the whole model: fireviz checkpoints only
 st.subheader("Attention dilution")
+if not chosen:
+    st.caption("Attention dilution runs the whole model on text; published models are read for their position "
+               "encoding only. Pick a fireviz checkpoint to measure it.")
+    st.stop()
 st.caption("Share of attention on the nearest k keys against the query position, per layer (mean over heads), "
            "measured on real text. A line that falls past the training length is attention spreading over far "
            "keys. Runs in the background; results are cached on disk.")

@@ -56,16 +56,37 @@ with left:
     else:
         found, _ = ui.list_checkpoints()
         toeplitz = [i for i in found if i.position_encoding in fit.FITTABLE_ENCODINGS]
-        if not toeplitz:
+        pub = st.text_input("…or a published model: Hugging Face repo id or folder (T5 family, ALiBi)",
+                            key=ui.url_state(P, "pub", ""), placeholder="google-t5/t5-small",
+                            help="Its bias table is read from the Hub (only those bytes) or the folder.").strip()
+        info = None
+        if pub:
+            try:
+                info = ui.resolve(pub)
+            except ui.CheckpointError as e:
+                ui.error(f"Cannot use {pub}: {e}")
+                st.stop()
+            if info.position_encoding not in fit.FITTABLE_ENCODINGS:
+                ui.error(f"{pub} has a {info.position_encoding} position encoding, not an additive bias that depends "
+                         "on the distance only.", "Pick a T5-family or ALiBi model.")
+                st.stop()
+            st.caption(ui.checkpoint_caption(info))
+        elif not toeplitz:
             ui.error("No checkpoint with a T5, ALiBi, Kerple or Sandwich bias was found.",
-                     f"Train one ({ui.ck.TRAIN_HINT}) or pick another target.")
+                     f"Train one ({ui.ck.TRAIN_HINT}), give a published model above, or pick another target.")
             st.stop()
-        names = [i.name for i in toeplitz]
-        name = st.selectbox("Checkpoint", names, key=ui.url_state(P, "ckpt", names[0], options=names))
-        info = toeplitz[names.index(name)]
+        else:
+            names = [i.name for i in toeplitz]
+            name = st.selectbox("Checkpoint", names, key=ui.url_state(P, "ckpt", names[0], options=names))
+            info = toeplitz[names.index(name)]
         n_layer = int(info.config.get("n_layer", 1))
         lay = st.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer))))
         params = {"path": info.path, "layer": int(lay)}
+        if info.config.get("stack"):
+            params["stack"] = st.radio("Stack", ["decoder", "encoder"], horizontal=True,
+                                       key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]),
+                                       help="The encoder's bias is bidirectional: FIRE is fitted to its keys before "
+                                            "the query.")
     if target in ("t5", "kerple_log", "kerple_power"):
         params["seed"] = int(st.number_input("Target seed", 0, 10**6, key=ui.url_state(P, "tseed", 0, int, lo=0)))
     width = st.number_input("FIRE MLP width", 2, 256, key=ui.url_state(P, "width", 32, int, lo=2, hi=256))
@@ -74,7 +95,7 @@ with left:
     steps = st.number_input("Optimisation steps", 0, 5000, key=ui.url_state(P, "steps", 200, int, lo=0, hi=5000))
     seed = st.number_input("Seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0))
     ui.sync_url(P, ["target", "heads", "buckets", "max_distance", "values", "slope", "r1", "r2", "dbar", "ckpt",
-                    "layer", "tseed", "width", "max_len", "steps", "seed"])
+                    "pub", "stack", "layer", "tseed", "width", "max_len", "steps", "seed"])
     go = st.button("Fit", type="primary", key=ui.key(P, "go"))
 
 q = jobs.default_queue("fit")

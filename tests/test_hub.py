@@ -315,3 +315,86 @@ def test_hub_sharded_gated_missing_and_offline(hub_env, monkeypatch):
         hub.load_published("org/never-fetched")
     with pytest.raises(hub.HubModelError, match="owner/name"):
         hub.load_published("not a repo id")
+
+
+# -- the app -----------------------------------------------------------------------------------------
+def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app_env):
+    import base64
+
+    from streamlit.testing.v1 import AppTest
+    repo = t5_folder(hub_env / "repo", layers=2, dec_layers=2, heads=2)
+    from safetensors.torch import load_file
+    table = load_file(str(repo / "model.safetensors"))["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+    root = Path(__file__).resolve().parent.parent
+    with HubServer({"google/t5-tiny": repo}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        at = AppTest.from_file(str(root / "pages" / "1_Learned_biases.py"), default_timeout=60)
+        at.query_params["ckpt"] = "google/t5-tiny"
+        at.query_params["pos"] = "31"
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("published T5" in m.value for m in at.markdown)
+        figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+        assert figs, "a bias grid is drawn"
+        ys = []
+        for tr in figs[0]["data"]:
+            y = tr.get("y")
+            if isinstance(y, dict) and "bdata" in y:
+                y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"]))
+            if y is not None and len(y) == 32:
+                ys.append(np.asarray(y, dtype=float))
+        ref = hf_t5_bias(table, 32, 32, False, 32, 128)[:, 31, ::-1]  # query 31, by distance 0..31
+        assert any(np.allclose(y, ref[h], atol=1e-5) for y in ys for h in range(2))
+        # the encoder stack from the sidebar: a bidirectional heatmap in the one-head view
+        at.sidebar.radio(key="biases_stack").set_value("encoder")
+        at.sidebar.radio(key="biases_view").set_value("head").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("bidirectional" in c.value for c in at.caption)
+        # other pages do not take it, and say where it belongs
+        lg = AppTest.from_file(str(root / "pages" / "4_Training_runs.py"), default_timeout=60)
+        lg.query_params["ckpt"] = "google/t5-tiny"
+        lg.run()
+        assert not lg.exception and any("published model" in i.value for i in lg.sidebar.info)
+
+
+def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
+    from fireviz import fit
+    folder = t5_folder(tmp_path / "m", model_type="umt5", heads=2)
+    out = tmp_path / "fit.json"
+    assert fit.main(["--target", str(folder), "--layer", "1", "--max-len", "64", "--steps", "20", "--quiet",
+                     "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["target_params"]["layer"] == 1 and d["target_params"]["published"].startswith("UMT5")
+    assert d["relative_rmse"] < 0.2  # FIRE represents T5's bucketed bias inside the fitted range (Thm 3.1)
+    t = fit.make_target("checkpoint", None, path=str(folder), layer=1, stack="encoder")
+    assert t.encoding.bidirectional and t.num_heads == 2
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text(json.dumps(_llama(None)))
+    assert fit.main(["--target", str(tmp_path / "r"), "--max-len", "64"]) == 2
+    assert "Toeplitz" in capsys.readouterr().err
+
+
+def test_app_fits_fire_to_a_hub_model(hub_env, monkeypatch, app_env):
+    import time
+
+    from streamlit.testing.v1 import AppTest
+    repo = t5_folder(hub_env / "repo", layers=1, dec_layers=2, heads=2)
+    root = Path(__file__).resolve().parent.parent
+    with HubServer({"google/t5-tiny": repo}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        at = AppTest.from_file(str(root / "pages" / "2_Fit_FIRE.py"), default_timeout=60)
+        for k, v in dict(target="checkpoint", pub="google/t5-tiny", layer="1", max_len="32", steps="5",
+                         width="8").items():
+            at.query_params[k] = v
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("published T5" in c.value for c in at.caption)
+        at.button(key="fit_go").click()
+        end = time.time() + 90
+        at.run()
+        while len(at.get("plotly_chart")) < 2 and time.time() < end:
+            assert not at.exception, [e.value for e in at.exception]
+            time.sleep(0.25)
+            at.run()
+        assert len(at.get("plotly_chart")) >= 2, "the fit finished and was drawn"
+        assert any(m.label == "relative RMSE" for m in at.metric)
