@@ -346,7 +346,8 @@ class LayerBiases:
     Attributes:
       layer: index.
       curves: ``{i: float32 [heads, i + 1]}`` bias (logits) at distances 0 … i for each query
-        position i (tokens).
+        position i (tokens); for a bidirectional encoding (a T5 encoder) ``[heads, 2i + 1]`` at
+        distances −i … i (keys i + i … 0), with ``curve_distances[i]`` naming them.
       normalized_input: FIRE only, ``{i: float32 [i + 1]}`` the MLP input ψ(d)/ψ(max(L, i)).
       matrix: float32 ``[heads, q, k]`` bias on ``matrix_query_positions × matrix_key_positions``
         (NaN at future keys), or None.
@@ -358,6 +359,7 @@ class LayerBiases:
 
     layer: int
     curves: dict[int, np.ndarray] = field(default_factory=dict)
+    curve_distances: dict[int, np.ndarray] = field(default_factory=dict)
     normalized_input: dict[int, np.ndarray] = field(default_factory=dict)
     matrix: np.ndarray | None = None
     matrix_query_positions: list[int] = field(default_factory=list)
@@ -370,7 +372,9 @@ class LayerBiases:
         """JSON-ready dict (see ``BiasReport.to_dict`` for the layout)."""
         out = {"layer": self.layer, "curves": []}
         for i, arr in self.curves.items():
-            c = {"query_position": int(i), "distance": list(range(arr.shape[1])), "bias": _rl(arr)}
+            dist = self.curve_distances.get(i)
+            c = {"query_position": int(i), "bias": _rl(arr),
+                 "distance": list(range(arr.shape[1])) if dist is None else [int(x) for x in dist]}
             if i in self.normalized_input:
                 c["normalized_input"] = _rl(self.normalized_input[i])
             out["curves"].append(c)
@@ -568,9 +572,15 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         enc = model.encoding(layer)
         lb = LayerBiases(layer=layer)
         is_fire = hasattr(enc, "normalized_distance")
+        two_sided = bool(getattr(enc, "bidirectional", False)) and isinstance(enc, ToeplitzBias)
         for i in all_positions:
             curve = bias_curve(enc, i)
-            if i in positions:
+            if i in positions and two_sided:  # keys after the query too: distances −i … −1 before 0 … i
+                with torch.no_grad():
+                    after = enc.bias_by_distance(torch.arange(-i, 0, device=enc.device)).float().cpu().numpy()
+                lb.curves[i] = np.concatenate([after, curve], axis=1)
+                lb.curve_distances[i] = np.arange(-i, i + 1)
+            elif i in positions:
                 lb.curves[i] = curve
                 if is_fire:
                     lb.normalized_input[i] = fire_normalized_input(enc, i)

@@ -7,7 +7,7 @@ that does — instead of climbing until the allocator fails.
 The estimate is the working memory of one inference forward pass of the GPT (fireviz.model)
 on ``batch`` windows of ``length`` tokens, float32, attention in query blocks of
 ``attn_query_block`` (a block's bias/mask ``[heads, block, keys]`` is built per layer), plus
-the logits and the loss; calibrated against measured peak RSS by benchmarks/eval_memory.py
+the logits and the loss; calibrated against measured peak RSS by benchmarks/memory_estimate.py
 (within 2× of it at 512…8192).
 """
 from __future__ import annotations

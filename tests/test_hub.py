@@ -398,3 +398,18 @@ def test_app_fits_fire_to_a_hub_model(hub_env, monkeypatch, app_env):
             at.run()
         assert len(at.get("plotly_chart")) >= 2, "the fit finished and was drawn"
         assert any(m.label == "relative RMSE" for m in at.metric)
+
+
+def test_encoder_curves_have_distances_of_both_signs(tmp_path):
+    folder = t5_folder(tmp_path / "m", heads=2)
+    enc = analysis.bias_report(hub.load_published(str(folder), stack="encoder"), [20]).to_dict()
+    dec = analysis.bias_report(hub.load_published(str(folder), stack="decoder"), [20]).to_dict()
+    ce, cd = enc["layers"][0]["curves"][0], dec["layers"][0]["curves"][0]
+    assert ce["distance"] == list(range(-20, 21)) and cd["distance"] == list(range(21))
+    from safetensors.torch import load_file
+    t = load_file(str(folder / "model.safetensors"))["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+    ref = hf_t5_bias(t, 41, 41, True, 32, 128)[:, 20, ::-1]  # query 20, keys 40 … 0 = distances −20 … 20
+    np.testing.assert_allclose(np.array(ce["bias"]), ref, atol=1e-5)
+    from fireviz import plots
+    fig = plots.bias_grid_figure(enc)
+    assert min(min(tr.x) for tr in fig.data if tr.x is not None) == -20
