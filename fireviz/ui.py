@@ -93,6 +93,54 @@ def url_state(page: str, name: str, default: Any, kind: type = str, options: Seq
     return k
 
 
+def fit_file_stem(target: str, params: dict, max_len: int) -> str:
+    """File name stem of a fit's downloads, naming what was fitted: ``fire_fit_alibi_L128``,
+    ``fire_fit_checkpoint_t5_layer2_L256`` (a checkpoint's folder or model name included)."""
+    parts = ["fire_fit", target]
+    if target == "checkpoint":
+        parts += [Path(str(params.get("path", ""))).name or str(params.get("path", "")), f"layer{params.get('layer', 0)}"]
+        if params.get("stack"):
+            parts.append(str(params["stack"]))
+    parts.append(f"L{int(max_len)}")
+    return "_".join("".join(c if c.isalnum() or c in "-._" else "-" for c in p) for p in parts if p)
+
+
+def int_values(raw: Iterable[str], lo: int, hi: int) -> list[int]:
+    """The whole numbers in ``raw`` (URL values; comma-separated ones split) within [lo, hi];
+    anything else is dropped."""
+    out = []
+    for r in raw:
+        for part in str(r).split(","):
+            try:
+                v = int(part.strip().replace("_", ""))
+            except ValueError:
+                continue
+            if lo <= v <= hi:
+                out.append(v)
+    return out
+
+
+def parse_lengths(picked: Iterable, lo: int, hi: int) -> tuple[list[int], list]:
+    """Lengths from a multiselect that accepts typed entries: ``(sorted unique ints in [lo, hi],
+    the entries that are not such a length)``. Typed text may hold thousands separators
+    (``3,000``, ``3 000``, ``3_000``)."""
+    good, bad = set(), []
+    for v in picked:
+        if isinstance(v, int) and not isinstance(v, bool):
+            n = v
+        else:
+            try:
+                n = int(str(v).strip().replace(",", "").replace("_", "").replace(" ", ""))
+            except ValueError:
+                bad.append(v)
+                continue
+        if lo <= n <= hi:
+            good.add(n)
+        else:
+            bad.append(v)
+    return sorted(good), bad
+
+
 def sync_url(page: str, names: Iterable[str]) -> None:
     """Write the current values of the page's widgets ``names`` into ``st.query_params``.
 

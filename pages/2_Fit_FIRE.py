@@ -168,9 +168,10 @@ with right:
         fig_out = plots.fit_figure(beyond, head=h)
         ui.show_figure(fig_out, caption + f" Here the query sits at i = {res.beyond_query}: FIRE's normalizer is "
                        "ψ(i), so its curve is the fitted one stretched over the longer context.", P, "fit_beyond")
+    stem = ui.fit_file_stem(res.target.name, res.target.params, res.max_len)
     with tempfile.TemporaryDirectory() as tmp:
-        weights = res.save(Path(tmp) / "fire_fit.safetensors").read_bytes()
-    ui.downloads(P, f"fire_fit_{res.target.name}", plots.figure_to_csv(fig_out), d,
-                 extra={"fire_fit.safetensors": (weights, "application/octet-stream")})
-    st.caption("fire_fit.safetensors loads with `fireviz.fit.load_fitted_fire(path)`; the JSON holds every number "
+        weights = res.save(Path(tmp) / f"{stem}.safetensors").read_bytes()
+    ui.downloads(P, stem, plots.figure_to_csv(fig_out), d,
+                 extra={f"{stem}.safetensors": (weights, "application/octet-stream")})
+    st.caption(f"{stem}.safetensors loads with `fireviz.fit.load_fitted_fire(path)`; the JSON holds every number "
                "(metrics per head, loss curve, both curves); the CSV the curves of the 'beyond' plot.")

@@ -45,11 +45,32 @@ if domain == "upload":
     split = "all"
 
 train_lens = sorted({i.seq_len for i in chosen})
-options = sorted({2 ** k for k in range(4, 17)} | set(train_lens))
+MAX_LENGTH = 1 << 20
+# any length the URL or the user asks for (1536, 3000 …), besides powers of two and the training lengths
+from_url = ui.int_values(st.query_params.get_all("len"), 2, MAX_LENGTH)
+if st.query_params.get_all("len") and st.query_params.get_all("len") != [str(n) for n in from_url]:
+    st.query_params["len"] = [str(n) for n in from_url]  # a stale or hand-edited link: keep its good lengths
+asked = set(from_url)
+asked |= set(st.session_state.get(ui.key(P, "typed_lengths"), []))
+options = sorted({2 ** k for k in range(4, 17)} | set(train_lens) | asked)
+pending = st.session_state.pop(ui.key(P, "len_pending"), None)
+if pending is not None:  # typed lengths, converted to ints on the previous run
+    st.session_state[ui.key(P, "len")] = pending
 # half the shortest to 8× the longest training length: every checkpoint is shown extrapolating
-default_lens = [n for n in options if train_lens[0] // 2 <= n <= 8 * train_lens[-1]]
-lengths = sb.multiselect("Evaluation lengths (tokens)", options,
-                         key=ui.url_state(P, "len", default_lens, int, options=options, multi=True))
+default_lens = [n for n in sorted({2 ** k for k in range(4, 17)} | set(train_lens))
+                if train_lens[0] // 2 <= n <= 8 * train_lens[-1]]
+picked = sb.multiselect("Evaluation lengths (tokens; type any other length and press Enter)", options,
+                        key=ui.url_state(P, "len", default_lens, int, options=options, multi=True),
+                        accept_new_options=True)
+lengths, bad = ui.parse_lengths(picked, 2, MAX_LENGTH)
+if bad:
+    sb.error(f"Not a length: {', '.join(map(str, bad))}. A length is a whole number of tokens from 2 to {MAX_LENGTH:,}.")
+new_typed = [n for n in lengths if n not in options]
+if new_typed:  # typed in: keep it as an option for the rest of the session, in the widget as an int
+    st.session_state[ui.key(P, "typed_lengths")] = sorted(set(st.session_state.get(ui.key(P, "typed_lengths"), [])
+                                                              + new_typed))
+    st.session_state[ui.key(P, "len_pending")] = lengths
+    st.rerun()
 MODE_NAMES = {"same_text": "same text at every length", "nonoverlapping": "random windows per length",
               "sliding": "sliding window"}
 mode = sb.radio("Protocol", list(evaluate.MODES), format_func=MODE_NAMES.get,

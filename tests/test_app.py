@@ -386,7 +386,7 @@ def test_fit_alibi_live_and_download(app_env):
     no_exception(at)
     assert next(m for m in at.metric if m.label == "fit time").value == "cached"
     names = [b.proto.label for b in at.get("download_button")]
-    assert any("fire_fit.safetensors" in n for n in names) and any(n.endswith(".json") for n in names)
+    assert any("fire_fit_alibi_L16.safetensors" in n for n in names) and any(n.endswith(".json") for n in names), names
     assert not any("settings have changed" in i.value for i in at.info)
     # settings changed without a new Fit: the old result stays, marked as such
     at.number_input(key="fit_width").set_value(16).run()
@@ -657,3 +657,22 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     np.testing.assert_allclose(arr(tr[(1, None)]["y"]), direct.share[1].mean(0), rtol=1e-5)
     np.testing.assert_allclose(arr(tr[(1, 32)]["y"]), capped.share[1].mean(0), rtol=1e-5)
     np.testing.assert_array_equal(arr(tr[(0, None)]["x"]), direct.query_positions)
+
+
+def test_length_generalization_takes_any_length_from_the_url_and_the_widget(app_env):
+    at = page("pages/3_Length_generalization.py", ckpt="fire", len=["48", "3000", "abc", "1"]).run()
+    no_exception(at)
+    assert at.sidebar.multiselect(key="lengen_len").value == [48, 3000]  # bad URL values dropped, any length kept
+    ms = at.sidebar.multiselect(key="lengen_len")
+    ms.set_value([48, "3,000", "100"]).run()
+    no_exception(at)
+    assert at.sidebar.multiselect(key="lengen_len").value == [48, 100, 3000]
+    assert [str(v) for v in at.query_params["len"]] == ["48", "100", "3000"]  # shareable
+    at.sidebar.multiselect(key="lengen_len").set_value([48, "12x"]).run()
+    no_exception(at)
+    assert any("Not a length: 12x" in e.value for e in at.sidebar.error)
+
+
+def test_parse_lengths():
+    from fireviz import ui
+    assert ui.parse_lengths([3000, "1,536", " 64 ", "0", "x", True], 2, 1 << 20) == ([64, 1536, 3000], ["0", "x", True])

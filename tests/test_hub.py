@@ -413,3 +413,28 @@ def test_encoder_curves_have_distances_of_both_signs(tmp_path):
     from fireviz import plots
     fig = plots.bias_grid_figure(enc)
     assert min(min(tr.x) for tr in fig.data if tr.x is not None) == -20
+
+
+def test_a_gated_repo_reads_with_hf_token(hub_env, monkeypatch):
+    gated = t5_folder(hub_env / "gated")
+    with HubServer({"org/gated": gated}, gated=("org/gated",)) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+        m = hub.load_published("org/gated")
+        assert m.config.n_layer == 3
+
+
+def test_longrope_and_dynamic_frequencies():
+    dim = 64
+    base = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    long_factor = list(np.linspace(1.0, 8.0, dim // 2))
+    cfg = {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * (dim // 2), "long_factor": long_factor}}
+    inv, att, _ = hub.rope_frequencies(cfg)
+    np.testing.assert_allclose(inv.numpy(), base / np.array(long_factor), rtol=1e-12)
+    assert att == pytest.approx(math.sqrt(1 + math.log(131072 / 4096) / math.log(4096)))
+    cfg = _llama({"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rope_theta=10000.0)
+    inv, _, _ = hub.rope_frequencies(cfg)
+    new_base = 10000.0 * ((2.0 * 8192 / 4096) - 1.0) ** (dim / (dim - 2))
+    np.testing.assert_allclose(inv.numpy(), 1.0 / new_base ** (np.arange(0, dim, 2) / dim), rtol=1e-12)
