@@ -379,6 +379,28 @@ def _bytes_fingerprint(module) -> str:
     return h.hexdigest()[:16]
 
 
+def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
+    from . import fit
+
+    built = fit.make_target(target, num_heads, **target_params)  # validate now
+    description = {"kind": "fit", "target": target, "params": target_params, "max_len": int(max_len),
+                   "num_heads": num_heads, "mlp_width": int(mlp_width), "steps": int(steps), "seed": int(seed)}
+    if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
+        description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
+    elif target == "checkpoint":
+        from .checkpoints import weights_fingerprint
+        description["fingerprint"] = weights_fingerprint(target_params["path"])
+    return built, description
+
+
+def find_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int, steps: int,
+             seed: int = 0) -> Job | None:
+    """The job ``submit_fit`` would return for these arguments, if this server has it; never submits
+    (a shared link opens on its finished fit). Raises: as ``submit_fit``."""
+    _, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
+    return default_queue("fit").find(description)
+
+
 def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int,
                steps: int, seed: int = 0, queue_: JobQueue | None = None) -> Job:
     """Run ``fireviz.fit.fit_fire`` in the background on the "fit" queue (or return the job
@@ -395,14 +417,7 @@ def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | 
     """
     from . import fit
 
-    built = fit.make_target(target, num_heads, **target_params)  # validate now
-    description = {"kind": "fit", "target": target, "params": target_params, "max_len": int(max_len),
-                   "num_heads": num_heads, "mlp_width": int(mlp_width), "steps": int(steps), "seed": int(seed)}
-    if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
-        description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
-    elif target == "checkpoint":
-        from .checkpoints import weights_fingerprint
-        description["fingerprint"] = weights_fingerprint(target_params["path"])
+    built, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
 
     def work(progress, should_stop):
         def on_step(step: int, total: int, loss: float) -> None:

@@ -118,6 +118,17 @@ if go:
     st.session_state[ui.key(P, "cached")] = job.status == jobs.DONE and (job.finished or clicked) < clicked
 
 job = q.get(job_key) if job_key else None
+if job is None:  # a shared link or a new tab: the same fit, finished on this server, is shown at once
+    try:
+        found = jobs.find_fit(target, params, int(max_len), None if target == "checkpoint" else int(num_heads),
+                              int(width), int(steps), int(seed))
+    except (ValueError, ui.CheckpointError):
+        found = None
+    if found is not None and found.status in jobs.FINISHED:
+        job = found
+        st.session_state[ui.key(P, "job")] = found.key
+        st.session_state[ui.key(P, "asked")] = asked
+        st.session_state[ui.key(P, "cached")] = True
 with right:
     if job is None:
         st.info(f"Pick a target and press **Fit**: {int(steps)} optimisation steps on distances 0–{int(max_len) - 1} "

@@ -676,3 +676,31 @@ def test_length_generalization_takes_any_length_from_the_url_and_the_widget(app_
 def test_parse_lengths():
     from fireviz import ui
     assert ui.parse_lengths([3000, "1,536", " 64 ", "0", "x", True], 2, 1 << 20) == ([64, 1536, 3000], ["0", "x", True])
+
+
+def test_fit_shared_url_opens_on_the_finished_fit(app_env):
+    query = dict(target="alibi", heads="2", max_len="16", steps="0", width="8")
+    at = page("pages/2_Fit_FIRE.py", **query).run()
+    at.button(key="fit_go").click()
+    run_until(at, lambda a: len(a.get("plotly_chart")) == 2)
+    other = page("pages/2_Fit_FIRE.py", **query).run()  # a new session from the same link: no click
+    no_exception(other)
+    assert len(other.get("plotly_chart")) == 2
+    assert next(m for m in other.metric if m.label == "fit time").value == "cached"
+
+
+@pytest.mark.slow
+def test_fit_stop_during_the_closed_form_start(app_env):
+    from fireviz import jobs
+    job = jobs.submit_fit("alibi", {}, 512, 256, 32, 50, seed=11)
+    deadline = time.time() + 60
+    while job.status == jobs.QUEUED and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # inside the closed-form start (256 heads: seconds)
+    assert job.snapshot()["status"] == jobs.RUNNING
+    jobs.default_queue("fit").cancel(job.key)
+    while job.status not in jobs.FINISHED and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.status == jobs.CANCELLED
+    res = job.snapshot()["result"]
+    assert res is not None and res.stopped and res.steps_run == 0
