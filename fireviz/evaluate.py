@@ -110,6 +110,10 @@ ProgressFn = Callable[[int, int, str], None]
 StopFn = Callable[[], bool]
 
 
+#: ``error`` of a length a ``cache_only`` call found no result for.
+NOT_COMPUTED = "not computed yet"
+
+
 class EvaluationError(ValueError):
     """Settings that cannot be evaluated: a bad mode/stride/length/device/scaling request."""
 
@@ -867,7 +871,8 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                   batch_tokens: int | None = None, progress: ProgressFn | None = None,
                   should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
                   use_cache: bool = True, use_published: bool = True, normalizer_cap: int | None = None,
-                  reference: int | str = 0, require_intervals: bool = True) -> list[dict]:
+                  reference: int | str = 0, require_intervals: bool = True,
+                  cache_only: bool = False) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
     See ``evaluate_checkpoint`` for the arguments and the result; the data is loaded and the
@@ -1053,6 +1058,10 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                 done += n_tokens
                 report(f"{name} L={n}: cached")
                 continue
+            if cache_only:  # nothing is computed: the length is reported as not computed yet
+                per_length.append({"length": n, "error": NOT_COMPUTED, "not_computed": True})
+                done += n_tokens
+                continue
             check_stop()
             t0 = time.perf_counter()
             if t_scoring is None:
@@ -1150,6 +1159,10 @@ def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
         (``normalizer_cap``); other checkpoints are evaluated as they are.
       reference: index, path or name of the checkpoint the others are paired against (a
         name shared by two of them is an error: give the path).
+      cache_only: True: compute nothing; lengths found in the cache (or results.json) are
+        returned as usual, the others as ``{"length", "error": NOT_COMPUTED, "not_computed": True}``
+        (how the app shows what is already there, e.g. the lengths an evaluation finished
+        before it was cancelled).
       require_intervals: True (default): a cached or published entry made before fireviz
         kept per-document losses (no ``ci95``, cannot be paired) is recomputed; False
         accepts it as it is (the app's cache-only lookup shows such numbers at once).

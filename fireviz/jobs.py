@@ -282,9 +282,9 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
     Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
       ``evaluation_description`` (settings are passed to evaluate_many as keywords);
       ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
-      " + yarn". With ``probe=True`` nothing is computed: the job only collects what is
-      already in evaluate's on-disk cache and ends ``cancelled`` (result None) if any length
-      is missing — pages use it to show cached results without a click. Probes run on their
+      " + yarn". With ``probe=True`` nothing is computed (``evaluate_many(cache_only=True)``):
+      the job collects what is already in evaluate's on-disk cache; lengths not there come
+      back as ``not_computed`` entries — pages use it to show cached results without a click. Probes run on their
       own queue ("probe") so they never wait behind a run; a new probe cancels the probes
       still waiting, except those whose key (``evaluation_key``) is in ``keep`` — a page
       that probes several settings at once (RoPE + PI + YaRN) keeps them all.
@@ -304,12 +304,12 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
     def work(progress, should_stop):
         from . import evaluate
 
-        stop = (lambda: True) if probe else should_stop
         try:
-            # a cache lookup shows what is there, intervals or not; a run recomputes entries that
-            # predate per-document losses (require_intervals), so Run always gives intervals
+            # a cache lookup shows what is there, intervals or not, and computes nothing; a run
+            # recomputes entries that predate per-document losses (require_intervals)
             results = evaluate.evaluate_many(checkpoint_paths, data, description["lengths"], progress=progress,
-                                             should_stop=stop, require_intervals=not probe, **settings)
+                                             should_stop=should_stop, require_intervals=not probe,
+                                             cache_only=probe, **settings)
         except evaluate.EvaluationCancelled:
             raise JobCancelled() from None
         for r in results:

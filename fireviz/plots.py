@@ -635,6 +635,11 @@ def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
     return ticks if len(ticks) >= 2 else []
 
 
+#: Perplexity of a uniform guess over the 256 byte values: 8 bits per byte, the chance level.
+UNIFORM_BYTE_PERPLEXITY = 256.0
+UNIFORM_MARK = "uniform bytes"
+
+
 def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, log_x: bool = True) -> go.Figure:
     """Perplexity vs evaluation length: log y, one line per checkpoint (or group of seeds).
 
@@ -647,7 +652,9 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
       evaluation settings (data, split, mode, stride, token budget, seed) in the subtitle;
       on a log x-axis the ticks are the evaluated lengths; the log y-axis is labelled at the
       finest of half digits / every digit / 1-2-3-5-7 / 1-2-5 / powers of ten that fits ten
-      labels. Lengths reported as errors are skipped. Trace
+      labels. When a curve comes within 2 bits per byte of chance (perplexity ≥ 64), a dotted
+      line (shape name ``UNIFORM_MARK``) marks the uniform-byte perplexity 256 = 8 bits per
+      byte, so near-chance rankings are read as such. Lengths reported as errors are skipped. Trace
       meta ``{"group", "n"}``; error bars in ``error_y.array``.
     Raises: ValueError as ``group_perplexity``, or for an empty list.
     """
@@ -677,6 +684,10 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     fig.update_yaxes(type="log")
     ys = [r["perplexity"] + sign * (r["perplexity_std"] or 0.0) for r in rows for sign in (-1, 1)]
     ys += [2.0 ** r[k] for r in rows for k in ("ci95_low", "ci95_high") if r[k] is not None]
+    if max(ys) >= UNIFORM_BYTE_PERPLEXITY / 4:  # near chance (≥ 6 bits per byte): show what chance is
+        fig.add_hline(y=UNIFORM_BYTE_PERPLEXITY, line=dict(dash="dot", color="gray", width=1), name=UNIFORM_MARK,
+                      annotation_text="uniform over 256 bytes (8 bits per byte)", annotation_position="bottom left")
+        ys.append(UNIFORM_BYTE_PERPLEXITY)
     yticks = _log_ticks(min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0, max(ys))
     if yticks:  # label only these (plotly's own log ticks label every minor digit on a short range)
         fig.update_yaxes(tickvals=yticks, ticktext=[f"{v:g}" for v in yticks])

@@ -648,6 +648,13 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
 
 
 
+def _cancelled_at(paths, data, lengths, settings) -> float:
+    """When the (non-probe) evaluation with these arguments ended, or 0."""
+    from . import jobs
+    job = jobs.find_evaluation(paths, data, lengths, settings)
+    return (job.finished or 0.0) if job is not None else 0.0
+
+
 def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: Sequence[int],
                     run: bool) -> tuple[list[dict], list]:
     """The background evaluations behind the Length generalization page, one per spec.
@@ -677,13 +684,19 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
         except CheckpointError as e:  # its message names the problem and the fix
             error(f"Cannot read a checkpoint: {e}")
             st.stop()
-        if job is None:  # never run in this process: look in the on-disk cache without computing
+        if job is None or job.status == jobs.CANCELLED:
+            # never run in this process, or cancelled: look in the on-disk cache without computing
+            # (a cancelled run's finished lengths are there)
+            was_cancelled = job is not None
             job = jobs.find_evaluation(paths, data, lengths, s, probe=True)
-            if job is None or (job.status == jobs.CANCELLED and job.started is None):
-                # none yet, or one cancelled before it looked (by a probe of other settings): look now
+            if job is None or job.status == jobs.CANCELLED or (was_cancelled and job.status == jobs.DONE
+                                                              and job.finished < _cancelled_at(paths, data, lengths, s)):
+                # none yet, cancelled before it looked (by a probe of other settings), or older than
+                # the cancelled run's last cached length: look now
                 job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True, keep=keep)
-            if job.status == jobs.CANCELLED:
-                continue  # not (fully) cached: press Run
+            if was_cancelled:
+                st.warning("The evaluation was cancelled; the lengths it finished are drawn below. Press **Run** "
+                           "to go on.")
         if job.status not in jobs.FINISHED:
             pending.append(job)
         if job.status == jobs.ERROR:
@@ -692,8 +705,6 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
                 error(f"Cannot evaluate: {text}")
             else:
                 error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
-        elif job.status == jobs.CANCELLED and job.result is None and job.description.get("probe") is None:
-            st.warning("The evaluation was cancelled; lengths it finished are cached. Press **Run** to go on.")
         elif job.status == jobs.DONE:
             results += job.result
     for job in pending:
@@ -764,7 +775,7 @@ def split_errors(results: Sequence[dict]) -> tuple[list[dict], list[str]]:
     for r in results:
         ok = [e for e in r.get("per_length", []) if "error" not in e]
         errors += [f"{r.get('label', r.get('checkpoint'))} @ {e['length']}: {e['error']}"
-                   for e in r.get("per_length", []) if "error" in e]
+                   for e in r.get("per_length", []) if "error" in e and not e.get("not_computed")]
         if ok:
             clean.append({**r, "per_length": ok})
     return clean, errors

@@ -144,7 +144,11 @@ if cap and capped_lengths:  # its own lengths: identical rows at or below the ca
     specs.append(([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}",
                   capped_lengths))
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
-if not results:
+missing = sorted({e["length"] for r in results for e in r.get("per_length", []) if e.get("not_computed")})
+if missing and not pending and any("error" not in e for r in results for e in r.get("per_length", [])):
+    st.info(f"Not computed yet at {', '.join(map(str, missing))} tokens: press **Run** to add "
+            f"{'it' if len(missing) == 1 else 'them'} (the lengths drawn are cached).")
+if not any("error" not in e for r in results for e in r.get("per_length", [])):
     if not pending:
         st.info("These settings have not been evaluated yet. Press **Run**."
                 + (" (The bundled checkpoints' published numbers are CPU float32 ones: choose Device → CPU in the "

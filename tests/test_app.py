@@ -704,3 +704,25 @@ def test_fit_stop_during_the_closed_form_start(app_env):
     assert job.status == jobs.CANCELLED
     res = job.snapshot()["result"]
     assert res is not None and res.stopped and res.steps_run == 0
+
+
+def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env):
+    from fireviz import jobs
+    fire = str(app_env / "fire")
+    settings = {"mode": "nonoverlapping", "stride": None, "token_budget": 256, "seed": 0, "split": "validation",
+                "device": "cpu", "rope_scaling": None}
+    evaluate.evaluate_many([fire], "prose", [16], **settings)  # length 16 finished (cached) before the cancel
+    job = jobs.submit_evaluation([fire], "prose", [16, 32], settings)
+    jobs.default_queue("evaluate").cancel(job.key)
+    deadline = time.time() + 60
+    while job.status not in jobs.FINISHED and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.status == jobs.CANCELLED
+    at = page("pages/3_Length_generalization.py", ckpt="fire", len=["16", "32"], mode="nonoverlapping", budget="256")
+    run_until(at, lambda a: bool(a.get("plotly_chart")))
+    assert any("cancelled" in w.value for w in at.warning)
+    assert not any("not been evaluated yet" in i.value for i in at.info)
+    assert any("Not computed yet at 32" in i.value for i in at.info)
+    ppl = figures(at)[0]
+    xs = sorted({int(x) for tr in ppl["data"] for x in arr(tr["x"])})
+    assert xs == [16]

@@ -488,3 +488,19 @@ def test_head_bias_log_distance_and_fire_input_figures():
     assert [(t.meta["checkpoint"], t.meta["layer"], t.meta["normalizer_cap"]) for t in dfig.data] == [
         ("fire", 0, None), ("fire", 0, 32)]
     np.testing.assert_allclose(dfig.data[0].y, d[0].share[0].mean(0), rtol=1e-5)  # to_dict: 6 digits
+
+
+def test_perplexity_figure_marks_chance_only_near_it():
+    from fireviz import plots
+
+    def result(bpb):
+        per = [{"length": n, "nats_per_token": b * math.log(2), "perplexity": 2 ** b, "bits_per_byte": b,
+                "tokens_scored": 100, "windows": 2} for n, b in zip((128, 256), bpb)]
+        return {"checkpoint": "x", "position_encoding": "fire", "train_seq_len": 128, "settings": {"data": "code"},
+                "per_length": per}
+
+    near = plots.perplexity_figure([result([6.5, 7.9])])
+    marks = [sh for sh in near.layout.shapes if sh.name == plots.UNIFORM_MARK]
+    assert len(marks) == 1 and marks[0].y0 == 256.0
+    far = plots.perplexity_figure([result([2.0, 2.1])])
+    assert not [sh for sh in far.layout.shapes if sh.name == plots.UNIFORM_MARK]
