@@ -50,27 +50,43 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .encodings import ALiBi, FIRE, KerpleLog, KerplePower, Sandwich, T5RelativeBias
+from .encodings import FIRE, encoding_spec, fit_target_names
 from .encodings.base import ToeplitzBias
-from .encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX
+from .encodings.specs import t5_bucket_values  # noqa: F401  (public here since it was first defined in fit)
 from .files import FileFormatError, atomic_write, read_json, read_safetensors, write_json_atomic
 from .model import CheckpointError
 
-#: Targets ``make_target`` builds; ``checkpoint`` reads a trained model's own bias.
-TARGET_NAMES: tuple[str, ...] = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich", "checkpoint")
-#: Position encodings of a checkpoint whose learned bias can be a fit target (Toeplitz biases:
-#: a function of i − j only, which Theorem 3.1 covers).
-FITTABLE_ENCODINGS: tuple[str, ...] = ("t5", "alibi", "kerple_log", "kerple_power", "sandwich")
+#: Built-in targets ``make_target`` builds (``target_names()`` adds registered encodings);
+#: ``checkpoint`` reads a trained or published model's own bias.
+TARGET_NAMES: tuple[str, ...] = fit_target_names() + ("checkpoint",)
+#: Built-in position encodings of a checkpoint whose learned bias can be a fit target (Toeplitz
+#: biases: a function of i − j only, which Theorem 3.1 covers); see ``fittable_encodings()``.
+FITTABLE_ENCODINGS: tuple[str, ...] = fit_target_names()
+#: Parameters of the ``checkpoint`` target (the others' come from their ``EncodingSpec.fit_params``).
+CHECKPOINT_PARAMS = frozenset({"path", "layer", "stack"})
 
-#: Keyword parameters each target takes (see ``make_target``).
-TARGET_PARAMS: dict[str, frozenset[str]] = {
-    "t5": frozenset({"num_buckets", "max_distance", "values", "seed"}),
-    "alibi": frozenset({"slope"}),
-    "kerple_log": frozenset({"r1", "r2", "seed"}),
-    "kerple_power": frozenset({"r1", "r2", "seed"}),
-    "sandwich": frozenset({"dbar"}),
-    "checkpoint": frozenset({"path", "layer", "stack"}),
-}
+
+def target_names() -> tuple[str, ...]:
+    """Every fit target: each registered encoding with a ``fit_target`` spec, then ``checkpoint``."""
+    return fit_target_names() + ("checkpoint",)
+
+
+def fittable_encodings() -> tuple[str, ...]:
+    """Registered encodings whose checkpoints can be fit targets (their spec has a fit target)."""
+    return fit_target_names()
+
+
+def target_params(name: str) -> frozenset[str]:
+    """Keyword parameters target ``name`` takes (see ``make_target``). Raises ValueError for an unknown target."""
+    if name == "checkpoint":
+        return CHECKPOINT_PARAMS
+    if name not in fit_target_names():
+        raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(target_names())}")
+    return frozenset(encoding_spec(name).fit_params)
+
+
+#: Keyword parameters of each built-in target (``target_params`` for any registered one).
+TARGET_PARAMS: dict[str, frozenset[str]] = {n: target_params(n) for n in TARGET_NAMES}
 
 #: Multiple of ``max_len`` up to which ``fit_fire`` measures the error beyond the fitted range.
 BEYOND_FACTOR = 4
@@ -125,62 +141,6 @@ class FitTarget:
         return self.encoding.bias_by_distance(d.to(self.encoding.device)).float().cpu()
 
 
-def _per_head(value, num_heads: int, what: str) -> torch.Tensor:
-    """A scalar or a list of ``num_heads`` numbers as float32 ``[num_heads]``."""
-    t = torch.as_tensor(value, dtype=torch.float32).flatten()
-    if t.numel() == 1:
-        return t.expand(num_heads).clone()
-    if t.numel() != num_heads:
-        raise ValueError(f"{what} needs 1 or num_heads={num_heads} values (got {t.numel()})")
-    return t
-
-
-def t5_bucket_values(profile, num_buckets: int, num_heads: int, seed: int = 0) -> torch.Tensor:
-    """Per-bucket T5 bias values, float32 ``[num_buckets, num_heads]`` (logits).
-
-    ``profile``:
-      * ``"random"``: a seeded draw N(0, 1) per bucket and head (torch.Generator(seed));
-        the hardest case (an unstructured step function of distance).
-      * ``"decay"``: ``v[b, h] = −4 · (h + 1)/num_heads · b/(num_buckets − 1)``: each head
-        loses up to 4(h+1)/H logits linearly in the bucket id, the shape trained T5 biases
-        tend to take (Raffel et al. 2020, §2.1 describe the buckets, not the values).
-      * numbers: ``[num_buckets]`` (one profile for all heads) or ``[num_buckets, num_heads]``.
-    Raises: ValueError for an unknown profile name, a wrong shape or non-finite values.
-    """
-    if isinstance(profile, str):
-        if profile == "random":
-            g = torch.Generator().manual_seed(int(seed))
-            return torch.randn(num_buckets, num_heads, generator=g)
-        if profile == "decay":
-            b = torch.arange(num_buckets, dtype=torch.float32)[:, None] / (num_buckets - 1)
-            h = torch.arange(1, num_heads + 1, dtype=torch.float32)[None, :] / num_heads
-            return -4.0 * h * b
-        raise ValueError(f"unknown T5 value profile {profile!r}; use 'random', 'decay' or a list of "
-                         f"{num_buckets} numbers (one per bucket)")
-    v = torch.as_tensor(profile, dtype=torch.float32)
-    if v.dim() == 1 and v.numel() == num_buckets:
-        v = v[:, None].expand(num_buckets, num_heads)
-    if tuple(v.shape) != (num_buckets, num_heads):
-        raise ValueError(f"T5 values must have shape [num_buckets={num_buckets}] or "
-                         f"[num_buckets, num_heads]=[{num_buckets}, {num_heads}] (got {tuple(v.shape)})")
-    if not torch.isfinite(v).all():
-        raise ValueError("T5 values must be finite")
-    return v.clone()
-
-
-def _kerple_r(value, default_draw: torch.Tensor, num_heads: int, what: str, upper: float | None) -> torch.Tensor:
-    r = default_draw if value is None else _per_head(value, num_heads, what)
-    if not torch.isfinite(r).all() or (r <= 0).any():
-        raise ValueError(f"Kerple needs {what} > 0 for every head (got {r.tolist()}); e.g. {what}=0.5")
-    if (r < KERPLE_MIN).any():
-        raise ValueError(f"Kerple's reference code clamps {what} to >= {KERPLE_MIN} (got {r.tolist()}); "
-                         f"pass {what} >= {KERPLE_MIN} so the target is exactly what you asked for")
-    if upper is not None and (r > upper).any():
-        raise ValueError(f"Kerple-power needs 0 < {what} <= {upper} (got {r.tolist()}); the kernel "
-                         "|d|^r2 is conditionally positive definite only there (Chi et al. 2022, §4.2)")
-    return r
-
-
 def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
     """Build a fit target by name, with its parameters.
 
@@ -207,12 +167,11 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
       bad T5 bucketing/values, an odd dbar, a checkpoint whose heads differ from
       ``num_heads``; CheckpointError/ValueError from ``target_from_checkpoint``.
     """
-    if name not in TARGET_NAMES:
-        raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(TARGET_NAMES)}")
-    unknown = set(params) - TARGET_PARAMS[name]
+    allowed = target_params(name)  # raises for an unknown target
+    unknown = set(params) - allowed
     if unknown:
         raise ValueError(f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(sorted(TARGET_PARAMS[name])) or 'none'}")
+                         f"{', '.join(sorted(allowed)) or 'none'}")
     if name == "checkpoint":
         if "path" not in params:
             raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
@@ -226,37 +185,8 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
     if int(num_heads) > MAX_FIT_HEADS:
         raise ValueError(f"num_heads={num_heads} is more than the {MAX_FIT_HEADS} heads a fit takes (published models "
                          f"have at most 128 per layer); fit fewer heads, e.g. --heads 8")
-    H = int(num_heads)
-    if name == "t5":
-        B = int(params.get("num_buckets", 32))
-        max_distance = int(params.get("max_distance", 128))
-        seed = int(params.get("seed", 0))
-        values = params.get("values", "random")
-        enc = T5RelativeBias(H, num_buckets=B, max_distance=max_distance, bidirectional=False)  # validates
-        v = t5_bucket_values(values, B, H, seed)
-        with torch.no_grad():
-            enc.relative_attention_bias.copy_(v)
-        shown = values if isinstance(values, str) else v.tolist()
-        return FitTarget("t5", enc.requires_grad_(False),
-                         {"num_buckets": B, "max_distance": max_distance, "values": shown, "seed": seed})
-    if name == "alibi":
-        slope = params.get("slope")
-        enc = ALiBi(H, slope=None if slope is None else float(slope))
-        return FitTarget("alibi", enc, {"slope": None if slope is None else float(slope),
-                                        "slopes": enc.slopes.tolist()})
-    if name in ("kerple_log", "kerple_power"):
-        seed = int(params.get("seed", 0))
-        g = torch.Generator().manual_seed(seed)
-        draw_r1 = (torch.rand(H, generator=g) * 2).clamp(min=KERPLE_MIN)
-        draw_r2 = torch.rand(H, generator=g).clamp(min=KERPLE_MIN)
-        r1 = _kerple_r(params.get("r1"), draw_r1, H, "r1", None)
-        r2 = _kerple_r(params.get("r2"), draw_r2, H, "r2", KERPLE_POWER_MAX if name == "kerple_power" else None)
-        cls = KerpleLog if name == "kerple_log" else KerplePower
-        enc = cls(H, init_r1=r1.tolist(), init_r2=r2.tolist()).requires_grad_(False)
-        return FitTarget(name, enc, {"r1": r1.tolist(), "r2": r2.tolist(), "seed": seed})
-    dbar = int(params.get("dbar", 128))
-    enc = Sandwich(H, dbar=dbar)  # validates dbar
-    return FitTarget("sandwich", enc, {"dbar": dbar, "compression": enc.compression.tolist()})
+    enc, shown = encoding_spec(name).fit_target(int(num_heads), **params)  # the encoding's own spec builds it
+    return FitTarget(name, enc, shown)
 
 
 def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) -> FitTarget:
@@ -300,7 +230,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
-    allowed = FITTABLE_ENCODINGS
+    allowed = fittable_encodings()
     enc = model.encoding(int(layer))
     if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
         raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
@@ -941,7 +871,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m fireviz fit",
         description="Fit FIRE (Li et al. 2024) to a T5/ALiBi/Kerple/Sandwich bias or a checkpoint's "
                     "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.")
-    p.add_argument("--target", required=True, help=f"one of {', '.join(TARGET_NAMES)}, or a checkpoint folder, a transformers model folder or a Hub id")
+    p.add_argument("--target", required=True, help=f"one of {', '.join(target_names())}, or a checkpoint folder, a transformers model folder or a Hub id")
     p.add_argument("--max-len", type=int, required=True, help="fitted range in tokens (>= 2)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; a checkpoint's own)")
     p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
@@ -962,6 +892,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
     g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
     g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
+    g.add_argument("--param", action="append", metavar="NAME=VALUE",
+                   help="any target's parameter as JSON (repeatable), e.g. --param r2=0.5 (see make_target)")
     g.add_argument("--stack", choices=("decoder", "encoder"),
                    help="checkpoint: a published encoder-decoder model's stack (default decoder)")
     return p
@@ -979,13 +911,21 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
 
 def _target_from_args(a: argparse.Namespace) -> FitTarget:
     from . import hub
-    if a.target not in TARGET_NAMES and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
+    if a.target not in target_names() and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
         if a.checkpoint is not None:
             raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
         a.checkpoint, a.target = a.target, "checkpoint"  # --target <model>: a checkpoint or published model
-    if a.target not in TARGET_NAMES:
-        raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(TARGET_NAMES)}")
+    if a.target not in target_names():
+        raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(target_names())}")
     params = {}
+    for item in a.param or []:  # --param NAME=VALUE (JSON value): any target's parameter
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise _CLIError(f"--param takes NAME=VALUE (got {item!r}), e.g. --param slope=0.5")
+        try:
+            params[name.strip()] = json.loads(value)
+        except ValueError:
+            params[name.strip()] = value  # a bare word, e.g. values=decay
     for flag, (name, targets) in _CLI_PARAM.items():
         value = getattr(a, flag)
         if value is None:

@@ -351,12 +351,13 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
     def work(progress, should_stop):
         from . import analysis
         from .checkpoints import read_checkpoint
+        from .encodings import has_normalizer
 
         out = []
         plan = [(p, None) for p in checkpoint_paths]
         if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
             plan += [(p, int(normalizer_cap)) for p in checkpoint_paths
-                     if read_checkpoint(p).position_encoding in ("fire", "fire_s")]
+                     if has_normalizer(read_checkpoint(p).position_encoding)]
         for k, (path, cap) in enumerate(plan):
             if should_stop():
                 raise JobCancelled()

@@ -20,13 +20,11 @@ from torch import nn
 
 from .attention import attention
 from .files import FileFormatError, read_json
-from .encodings import ENCODING_NAMES, SHARED_ACROSS_LAYERS, PositionEncoding, build_encoding, encoding_options
+from .encodings import PositionEncoding, build_encoding, encoding_names, encoding_options, encoding_spec
 from .encodings.base import check_position_offset
 
 BOS_ID = 256  # byte-level vocabulary: ids 0..255 are bytes, 256 marks the start of a document
 BYTE_VOCAB_SIZE = 257
-#: encodings with no learnable parameters: one module serves every layer
-_STATIC = frozenset({"nope", "rope", "rope_pi", "yarn", "alibi", "sandwich"})
 
 
 class CheckpointError(RuntimeError):
@@ -42,7 +40,7 @@ class GPTConfig:
       seq_len: training length in tokens (bytes); FIRE's default init_L is seq_len/4.
       vocab_size: 257 = 256 bytes + BOS.
       dropout: residual/attention dropout probability during training.
-      position_encoding: one of ``fireviz.encodings.ENCODING_NAMES``.
+      position_encoding: a registered encoding (``fireviz.encodings.encoding_names()``).
       encoding_options: keyword options for ``build_encoding`` (e.g. ``{"init_L": 128}``).
       absolute_position_embedding: add a learned absolute embedding (max seq_len positions).
       attn_query_block: queries per attention call; longer inputs go block by block so a
@@ -84,9 +82,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be a number in [0, 1) (got {self.dropout!r})")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if self.position_encoding not in ENCODING_NAMES:
+        if self.position_encoding not in encoding_names():
             raise ValueError(f"unknown position_encoding {self.position_encoding!r}; choose one of "
-                             f"{', '.join(ENCODING_NAMES)}")
+                             f"{', '.join(encoding_names())}")
         bad = set(self.encoding_options) - encoding_options(self.position_encoding)
         if bad:
             raise ValueError(f"position_encoding {self.position_encoding!r} does not take option(s) "
@@ -110,14 +108,14 @@ class GPTConfig:
     def resolved_encoding_options(self) -> dict:
         """``encoding_options`` plus fireviz's defaults tied to the training length.
 
-        FIRE: ``init_L = seq_len / 4`` (the paper's 512 at 2048). YaRN/RoPE-PI:
-        ``original_max_position_embeddings = seq_len``.
+        From the encoding's spec (``EncodingSpec.defaults_from_seq_len``): FIRE ``init_L =
+        seq_len / 4`` (the paper's 512 at 2048); YaRN ``original_max_position_embeddings = seq_len``.
         """
         opts = dict(self.encoding_options)
-        if self.position_encoding in ("fire", "fire_s"):
-            opts.setdefault("init_L", self.seq_len / 4)
-        if self.position_encoding == "yarn":
-            opts.setdefault("original_max_position_embeddings", self.seq_len)
+        spec = encoding_spec(self.position_encoding)
+        if spec.defaults_from_seq_len is not None:  # e.g. FIRE's init_L, YaRN's training length
+            for k, v in spec.defaults_from_seq_len(self.seq_len).items():
+                opts.setdefault(k, v)
         return opts
 
 
@@ -296,7 +294,7 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
         self._init_transformer_weights()
-        n_enc = 1 if (c.position_encoding in SHARED_ACROSS_LAYERS or c.position_encoding in _STATIC) else c.n_layer
+        n_enc = 1 if encoding_spec(c.position_encoding).one_module else c.n_layer
         opts = c.resolved_encoding_options()
         self.encodings = nn.ModuleList(
             build_encoding(c.position_encoding, c.n_head, c.head_dim, **opts) for _ in range(n_enc))

@@ -336,7 +336,8 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
 def _heatmap_note(encoding) -> str:
     # FIRE divides by ψ(max(L, i)), so its bias changes along a diagonal; the fixed-form biases
     # (T5 buckets, ALiBi, Kerple, Sandwich) are functions of i − j alone.
-    if str(encoding or "").startswith("fire"):
+    from .encodings import has_normalizer
+    if has_normalizer(encoding):
         return "FIRE depends on the query position i, not only on i − j"
     return f"{encoding} depends on i − j only: constant along each diagonal"
 

@@ -558,7 +558,8 @@ def normalizer_cap_input(page: str, chosen: Sequence[ck.CheckpointInfo], label: 
                          help: str) -> tuple[list[ck.CheckpointInfo], int]:
     """The sidebar's FIRE normalizer cap (tokens; 0 = off, URL ``cap``), shown only when a
     FIRE / FIRE-S checkpoint is chosen. Returns: ``(the chosen FIRE checkpoints, cap)``."""
-    fires = [i for i in chosen if i.position_encoding in ("fire", "fire_s")]
+    from .encodings import has_normalizer
+    fires = [i for i in chosen if has_normalizer(i.position_encoding)]
     if not fires:
         return fires, 0
     return fires, int(st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20),

@@ -9,6 +9,7 @@ import streamlit as st
 
 from fireviz import analysis, jobs, plots, ui
 from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
+from fireviz.encodings import has_normalizer
 
 P = "biases"
 ui.setup_page("Learned biases")
@@ -104,7 +105,7 @@ for col, info in zip(cols, chosen):
             ui.error(f"{info.name} has {rep['n_layer']} layers × {rep['n_head']} heads; layer {layer}, head {head} "
                      "does not exist.", "Pick a smaller layer or head.")
             continue
-        is_fire = info.position_encoding in ("fire", "fire_s")
+        is_fire = has_normalizer(info.position_encoding)
         use_x = x_axis if (x_axis != "normalized" or is_fire) else "distance"
         if use_x != x_axis:
             st.caption(f"{info.position_encoding} is not FIRE: drawn against the distance instead.")

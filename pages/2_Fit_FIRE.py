@@ -20,13 +20,13 @@ st.markdown("Theorem 3.1 of the FIRE paper: with the threshold L at least the fi
             "Kerple or Sandwich. Beyond the range FIRE's normalizer grows with the query position (progressive "
             "interpolation) while the target keeps its own formula: the plot shows both.")
 
-TARGETS = list(fit.TARGET_NAMES)
+TARGETS = list(fit.target_names())
 LABELS = {"t5": "T5 buckets", "alibi": "ALiBi", "kerple_log": "Kerple (log)", "kerple_power": "Kerple (power)",
           "sandwich": "Sandwich", "checkpoint": "a checkpoint's own bias"}
 left, right = st.columns([1, 2])
 with left:
     target = st.selectbox("Target", TARGETS, key=ui.url_state(P, "target", "alibi", options=TARGETS),
-                          format_func=LABELS.get)
+                          format_func=lambda t: LABELS.get(t) or fit.encoding_spec(t).summary or t)
     params: dict = {}
     num_heads = None
     if target != "checkpoint":
@@ -53,9 +53,18 @@ with left:
                     st.stop()
     elif target == "sandwich":
         params["dbar"] = st.number_input("d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096))
+    elif target != "checkpoint":  # a registered encoding: one box per fit parameter (JSON values, empty = default)
+        for name in sorted(fit.target_params(target)):
+            txt = st.text_input(f"{name} (a number or list; empty = its default)", key=ui.url_state(P, f"p_{name}", ""))
+            if txt.strip():
+                try:
+                    params[name] = json.loads(txt)
+                except ValueError:
+                    ui.error(f"{name}: {txt!r} is not a number or list", "Example: 0.5 or [0.5, 1.0]")
+                    st.stop()
     else:
         found, _ = ui.list_checkpoints()
-        toeplitz = [i for i in found if i.position_encoding in fit.FITTABLE_ENCODINGS]
+        toeplitz = [i for i in found if i.position_encoding in fit.fittable_encodings()]
         pub = st.text_input("…or a published model: Hugging Face repo id or folder (T5 family, ALiBi)",
                             key=ui.url_state(P, "pub", ""), placeholder="google-t5/t5-small",
                             help="Its bias table is read from the Hub (only those bytes) or the folder.").strip()
@@ -66,7 +75,7 @@ with left:
             except ui.CheckpointError as e:
                 ui.error(f"Cannot use {pub}: {e}")
                 st.stop()
-            if info.position_encoding not in fit.FITTABLE_ENCODINGS:
+            if info.position_encoding not in fit.fittable_encodings():
                 ui.error(f"{pub} has a {info.position_encoding} position encoding, not an additive bias that depends "
                          "on the distance only.", "Pick a T5-family or ALiBi model.")
                 st.stop()

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from fireviz import evaluate, plots
 from fireviz.checkpoints import read_train_log, seed_groups, validation_rows
+from fireviz.encodings import has_normalizer
 from fireviz.files import atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,7 +319,7 @@ def main() -> int:
             if cfg["position_encoding"] == "rope":
                 for scaling in ("pi", "yarn"):
                     runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
-            if cfg["position_encoding"] in ("fire", "fire_s"):  # FIRE as trained, its normalizer capped
+            if has_normalizer(cfg["position_encoding"]):  # FIRE as trained, its normalizer capped
                 runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cfg["seq_len"], **kw)
         # the scaled and capped rows were scored on the same windows: pair them with the reference too
         runs = evaluate.with_paired_differences(runs, reference)

@@ -1,7 +1,8 @@
 """Every position encoding the FIRE paper compares, behind one registry.
 
 ``build_encoding(name, num_heads, head_dim, **options)`` with ``name`` in
-``ENCODING_NAMES``. See ``base.PositionEncoding`` for the interface.
+``encoding_names()``; each encoding is one ``EncodingSpec`` (specs.py for the built-ins,
+``register_encoding`` for new ones). See ``base.PositionEncoding`` for the interface.
 """
 from __future__ import annotations
 
@@ -14,46 +15,28 @@ from .rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_in
 from .sandwich import Sandwich, sandwich_kernel
 from .t5 import T5RelativeBias, relative_position_bucket
 
-ENCODING_NAMES: tuple[str, ...] = (
-    "nope", "rope", "rope_pi", "yarn", "t5", "alibi",
-    "kerple_log", "kerple_power", "sandwich", "fire", "fire_s",
-)
+from .registry import (EncodingSpec, encoding_names, encoding_spec, fit_target_names, has_normalizer, register_encoding,
+                       unregister_encoding)
+from .specs import BUILTIN_SPECS
 
-#: Names whose encoding has learnable parameters shared by all layers (one module per model).
-SHARED_ACROSS_LAYERS = frozenset({"fire_s"})
+#: The built-in encodings (``encoding_names()`` lists these plus any registered later).
+ENCODING_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN_SPECS)
 
-_OPTIONS = {
-    "nope": set(),
-    "rope": {"rope_theta"},
-    "rope_pi": {"rope_theta", "rope_scaling_factor"},
-    "yarn": {"rope_theta", "rope_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow"},
-    "t5": {"num_buckets", "max_distance", "bidirectional", "init_std"},
-    "alibi": {"slope"},
-    "kerple_log": {"init_r1", "init_r2"},
-    "kerple_power": {"init_r1", "init_r2"},
-    "sandwich": {"dbar"},
-    "fire": {"mlp_width", "init_c", "init_L", "eps", "progressive_interpolation", "log_transform",
-             "learn_threshold", "mlp_depth", "normalizer_cap"},
-}
-_OPTIONS["fire_s"] = _OPTIONS["fire"]
+#: Built-in names whose encoding has learnable parameters shared by all layers (one module per
+#: model); ``encoding_spec(name).sharing`` says it for every encoding.
+SHARED_ACROSS_LAYERS = frozenset(s.name for s in BUILTIN_SPECS if s.sharing == "shared")
 
 
 def encoding_options(name: str) -> frozenset[str]:
     """The keyword options ``build_encoding(name, …)`` accepts. Raises ValueError for an unknown name."""
-    _check_name(name)
-    return frozenset(_OPTIONS[name])
-
-
-def _check_name(name: str) -> None:
-    if name not in ENCODING_NAMES:
-        raise ValueError(f"unknown position encoding {name!r}; choose one of {', '.join(ENCODING_NAMES)}")
+    return frozenset(encoding_spec(name).options)
 
 
 def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> PositionEncoding:
-    """Build one position-encoding module.
+    """Build one position-encoding module from its registered spec (``encoding_spec(name)``).
 
     Args:
-      name: one of ``ENCODING_NAMES``.
+      name: a registered encoding (``encoding_names()``; the built-ins are ``ENCODING_NAMES``).
       num_heads, head_dim: the attention shape it serves (head_dim matters to rotary kinds).
       options: per-encoding keywords (``encoding_options(name)`` lists them), e.g.
         ``rope_theta``; ``rope_scaling_factor`` and ``original_max_position_embeddings``
@@ -66,39 +49,17 @@ def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> Posit
       ``relative_position_bucket`` rejects; Kerple r1/r2 <= 0; an odd Sandwich dbar; a FIRE
       mlp_depth other than 1 or 2 (each message names the value).
     """
-    _check_name(name)
-    unknown = set(options) - _OPTIONS[name]
+    spec = encoding_spec(name)
+    unknown = set(options) - spec.options
     if unknown:
-        allowed = ", ".join(sorted(_OPTIONS[name])) or "none"
+        allowed = ", ".join(sorted(spec.options)) or "none"
         raise ValueError(f"encoding {name!r} does not take option(s) {sorted(unknown)}; allowed: {allowed}")
-    if name == "nope":
-        return NoPE(num_heads)
-    if name in ("rope", "rope_pi", "yarn"):
-        theta = options.get("rope_theta", 10000.0)
-        scaling = None
-        if name != "rope":
-            scaling = {"type": "pi" if name == "rope_pi" else "yarn",
-                       "factor": float(options.get("rope_scaling_factor", 1.0))}
-            if name == "yarn":
-                scaling["original_max_position_embeddings"] = options.get("original_max_position_embeddings")
-                scaling["beta_fast"] = options.get("beta_fast", 32)
-                scaling["beta_slow"] = options.get("beta_slow", 1)
-        return RotaryEmbedding(num_heads, head_dim, rope_theta=theta, rope_scaling=scaling)
-    if name == "t5":
-        return T5RelativeBias(num_heads, **options)
-    if name == "alibi":
-        return ALiBi(num_heads, **options)
-    if name == "kerple_log":
-        return KerpleLog(num_heads, **options)
-    if name == "kerple_power":
-        return KerplePower(num_heads, **options)
-    if name == "sandwich":
-        return Sandwich(num_heads, **options)
-    return FIRE(num_heads, **options)
+    return spec.build(num_heads, head_dim, **options)
 
 
 __all__ = [
-    "ENCODING_NAMES", "SHARED_ACROSS_LAYERS", "BIAS_QUERY_BLOCK", "build_encoding", "encoding_options",
+    "ENCODING_NAMES", "SHARED_ACROSS_LAYERS", "EncodingSpec", "encoding_names", "encoding_spec", "fit_target_names",
+    "register_encoding", "unregister_encoding", "has_normalizer", "BIAS_QUERY_BLOCK", "build_encoding", "encoding_options",
     "PositionEncoding", "ToeplitzBias", "NoPE", "RotaryEmbedding", "T5RelativeBias", "ALiBi",
     "KerpleLog", "KerplePower", "Sandwich", "FIRE", "fire_modules", "check_normalizer_cap", "MAX_NORMALIZER_CAP", "alibi_slopes", "relative_position_bucket",
     "rope_inv_freq", "yarn_inv_freq", "yarn_attention_factor", "sandwich_kernel", "relative_distance",

@@ -1,0 +1,164 @@
+"""The built-in position encodings, one :class:`~fireviz.encodings.registry.EncodingSpec` each.
+
+Each entry is the whole story of an encoding for the rest of fireviz: how it is built, its
+options, its layer sharing, what it takes from the training length, and (for biases of
+``i − j`` only) how it becomes a target of ``fireviz.fit`` — with the target builders here,
+next to the spec they belong to.
+"""
+from __future__ import annotations
+
+import torch
+
+from .alibi import ALiBi
+from .fire import FIRE
+from .kerple import KERPLE_MIN, KERPLE_POWER_MAX, KerpleLog, KerplePower
+from .nope import NoPE
+from .registry import EncodingSpec, register_encoding
+from .rope import RotaryEmbedding
+from .sandwich import Sandwich
+from .t5 import T5RelativeBias
+
+
+# -- builders --------------------------------------------------------------------------------------
+def _rope_builder(kind: str | None):
+    def build(num_heads: int, head_dim: int, **options) -> RotaryEmbedding:
+        scaling = None
+        if kind is not None:
+            scaling = {"type": kind, "factor": float(options.get("rope_scaling_factor", 1.0))}
+            if kind == "yarn":
+                scaling["original_max_position_embeddings"] = options.get("original_max_position_embeddings")
+                scaling["beta_fast"] = options.get("beta_fast", 32)
+                scaling["beta_slow"] = options.get("beta_slow", 1)
+        return RotaryEmbedding(num_heads, head_dim, rope_theta=options.get("rope_theta", 10000.0), rope_scaling=scaling)
+    return build
+
+
+def _heads_only(cls):
+    return lambda num_heads, head_dim, **options: cls(num_heads, **options)
+
+
+# -- fit targets (Theorem 3.1: FIRE can represent each of these) -----------------------------------
+def per_head(value, num_heads: int, what: str) -> torch.Tensor:
+    """A scalar or a list of ``num_heads`` numbers as float32 ``[num_heads]``.
+    Raises: ValueError for another count."""
+    t = torch.as_tensor(value, dtype=torch.float32).flatten()
+    if t.numel() == 1:
+        return t.expand(num_heads).clone()
+    if t.numel() != num_heads:
+        raise ValueError(f"{what} needs 1 or num_heads={num_heads} values (got {t.numel()})")
+    return t
+
+
+def t5_bucket_values(profile, num_buckets: int, num_heads: int, seed: int = 0) -> torch.Tensor:
+    """Per-bucket T5 bias values, float32 ``[num_buckets, num_heads]`` (logits).
+
+    ``profile``:
+      * ``"random"``: a seeded draw N(0, 1) per bucket and head (torch.Generator(seed));
+        the hardest case (an unstructured step function of distance).
+      * ``"decay"``: ``v[b, h] = −4 · (h + 1)/num_heads · b/(num_buckets − 1)``: each head
+        loses up to 4(h+1)/H logits linearly in the bucket id, the shape trained T5 biases
+        tend to take (Raffel et al. 2020, §2.1 describe the buckets, not the values).
+      * numbers: ``[num_buckets]`` (one profile for all heads) or ``[num_buckets, num_heads]``.
+    Raises: ValueError for an unknown profile name, a wrong shape or non-finite values.
+    """
+    if isinstance(profile, str):
+        if profile == "random":
+            g = torch.Generator().manual_seed(int(seed))
+            return torch.randn(num_buckets, num_heads, generator=g)
+        if profile == "decay":
+            b = torch.arange(num_buckets, dtype=torch.float32)[:, None] / (num_buckets - 1)
+            h = torch.arange(1, num_heads + 1, dtype=torch.float32)[None, :] / num_heads
+            return -4.0 * h * b
+        raise ValueError(f"unknown T5 value profile {profile!r}; use 'random', 'decay' or a list of "
+                         f"{num_buckets} numbers (one per bucket)")
+    v = torch.as_tensor(profile, dtype=torch.float32)
+    if v.dim() == 1 and v.numel() == num_buckets:
+        v = v[:, None].expand(num_buckets, num_heads)
+    if tuple(v.shape) != (num_buckets, num_heads):
+        raise ValueError(f"T5 values must have shape [num_buckets={num_buckets}] or "
+                         f"[num_buckets, num_heads]=[{num_buckets}, {num_heads}] (got {tuple(v.shape)})")
+    if not torch.isfinite(v).all():
+        raise ValueError("T5 values must be finite")
+    return v.clone()
+
+
+def _t5_target(num_heads: int, num_buckets=32, max_distance=128, values="random", seed=0):
+    B, max_distance, seed = int(num_buckets), int(max_distance), int(seed)
+    enc = T5RelativeBias(num_heads, num_buckets=B, max_distance=max_distance, bidirectional=False)  # validates
+    v = t5_bucket_values(values, B, num_heads, seed)
+    with torch.no_grad():
+        enc.relative_attention_bias.copy_(v)
+    shown = values if isinstance(values, str) else v.tolist()
+    return enc.requires_grad_(False), {"num_buckets": B, "max_distance": max_distance, "values": shown, "seed": seed}
+
+
+def _alibi_target(num_heads: int, slope=None):
+    enc = ALiBi(num_heads, slope=None if slope is None else float(slope))
+    return enc, {"slope": None if slope is None else float(slope), "slopes": enc.slopes.tolist()}
+
+
+def _kerple_r(value, default_draw: torch.Tensor, num_heads: int, what: str, upper: float | None) -> torch.Tensor:
+    r = default_draw if value is None else per_head(value, num_heads, what)
+    if not torch.isfinite(r).all() or (r <= 0).any():
+        raise ValueError(f"Kerple needs {what} > 0 for every head (got {r.tolist()}); e.g. {what}=0.5")
+    if (r < KERPLE_MIN).any():
+        raise ValueError(f"Kerple's reference code clamps {what} to >= {KERPLE_MIN} (got {r.tolist()}); "
+                         f"pass {what} >= {KERPLE_MIN} so the target is exactly what you asked for")
+    if upper is not None and (r > upper).any():
+        raise ValueError(f"Kerple-power needs 0 < {what} <= {upper} (got {r.tolist()}); the kernel "
+                         "|d|^r2 is conditionally positive definite only there (Chi et al. 2022, §4.2)")
+    return r
+
+
+def _kerple_target(cls, upper: float | None):
+    def target(num_heads: int, r1=None, r2=None, seed=0):
+        seed = int(seed)
+        g = torch.Generator().manual_seed(seed)
+        draw_r1 = (torch.rand(num_heads, generator=g) * 2).clamp(min=KERPLE_MIN)
+        draw_r2 = torch.rand(num_heads, generator=g).clamp(min=KERPLE_MIN)
+        r1 = _kerple_r(r1, draw_r1, num_heads, "r1", None)
+        r2 = _kerple_r(r2, draw_r2, num_heads, "r2", upper)
+        enc = cls(num_heads, init_r1=r1.tolist(), init_r2=r2.tolist()).requires_grad_(False)
+        return enc, {"r1": r1.tolist(), "r2": r2.tolist(), "seed": seed}
+    return target
+
+
+def _sandwich_target(num_heads: int, dbar=128):
+    enc = Sandwich(num_heads, dbar=int(dbar))  # validates dbar
+    return enc, {"dbar": int(dbar), "compression": enc.compression.tolist()}
+
+
+_FIRE_OPTIONS = frozenset({"mlp_width", "init_c", "init_L", "eps", "progressive_interpolation", "log_transform",
+                           "learn_threshold", "mlp_depth", "normalizer_cap"})
+
+BUILTIN_SPECS = (
+    EncodingSpec("nope", _heads_only(NoPE), sharing="static", summary="no position encoding (causal mask only)"),
+    EncodingSpec("rope", _rope_builder(None), frozenset({"rope_theta"}), "static", summary="rotary (RoFormer)"),
+    EncodingSpec("rope_pi", _rope_builder("pi"), frozenset({"rope_theta", "rope_scaling_factor"}), "static",
+                 summary="rotary with position interpolation"),
+    EncodingSpec("yarn", _rope_builder("yarn"),
+                 frozenset({"rope_theta", "rope_scaling_factor", "original_max_position_embeddings", "beta_fast",
+                            "beta_slow"}), "static",
+                 defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L}, summary="rotary with YaRN"),
+    EncodingSpec("t5", _heads_only(T5RelativeBias), frozenset({"num_buckets", "max_distance", "bidirectional",
+                                                               "init_std"}),
+                 fit_params=frozenset({"num_buckets", "max_distance", "values", "seed"}), fit_target=_t5_target,
+                 summary="T5 learned bucketed bias"),
+    EncodingSpec("alibi", _heads_only(ALiBi), frozenset({"slope"}), "static",
+                 fit_params=frozenset({"slope"}), fit_target=_alibi_target, summary="ALiBi linear bias"),
+    EncodingSpec("kerple_log", _heads_only(KerpleLog), frozenset({"init_r1", "init_r2"}),
+                 fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerpleLog, None),
+                 summary="Kerple logarithmic"),
+    EncodingSpec("kerple_power", _heads_only(KerplePower), frozenset({"init_r1", "init_r2"}),
+                 fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
+                 summary="Kerple power"),
+    EncodingSpec("sandwich", _heads_only(Sandwich), frozenset({"dbar"}), "static",
+                 fit_params=frozenset({"dbar"}), fit_target=_sandwich_target, summary="Sandwich"),
+    EncodingSpec("fire", _heads_only(FIRE), _FIRE_OPTIONS, defaults_from_seq_len=lambda L: {"init_L": L / 4},
+                 normalizer=True, summary="FIRE, one MLP per layer"),
+    EncodingSpec("fire_s", _heads_only(FIRE), _FIRE_OPTIONS, "shared", defaults_from_seq_len=lambda L: {"init_L": L / 4},
+                 normalizer=True, summary="FIRE-S, one MLP shared by all layers"),
+)
+
+for _spec in BUILTIN_SPECS:
+    register_encoding(_spec, replace=True)
