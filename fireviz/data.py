@@ -243,12 +243,6 @@ class DocumentTokens:
         return torch.from_numpy(out)
 
 
-def decode_tokens(tokens: torch.Tensor | list[int]) -> str:
-    """Token ids back to text (BOS dropped, invalid UTF-8 replaced)."""
-    ids = [int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens) if int(t) != BOS_ID]
-    return bytes(ids).decode("utf-8", errors="replace")
-
-
 def data_fingerprint(docs: list[Document]) -> str:
     """sha256 over ids and texts in order: identifies exactly which data a number came from."""
     h = hashlib.sha256()

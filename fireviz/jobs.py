@@ -158,13 +158,6 @@ class JobQueue:
                 job.status, job.message, job.finished = CANCELLED, "cancelled before it started", time.time()
             return True
 
-    def forget(self, key: str) -> None:
-        """Drop a finished job from memory (its on-disk cached results stay)."""
-        with self._lock:
-            job = self._jobs.get(key)
-            if job is not None and job.status in FINISHED:
-                del self._jobs[key]
-
     def wait(self, key: str, timeout: float | None = None) -> Job | None:
         """Block until the job finishes or ``timeout`` seconds pass; returns the job."""
         end = None if timeout is None else time.time() + timeout

@@ -17,7 +17,6 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -547,11 +546,6 @@ def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any =
 def error(problem: str, fix: str = "", where=None) -> None:
     """``st.error`` with the problem in bold and the fix after it."""
     (where or st).error(f"**{problem}**" + (f" {fix}" if fix else ""))
-
-
-def env_flag(name: str) -> bool:
-    """True if environment variable ``name`` is set to 1/true/yes."""
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def normalizer_cap_input(page: str, chosen: Sequence[ck.CheckpointInfo], label: str,
