@@ -548,7 +548,7 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
     all_positions = sorted(set(positions) | {classify_at})
     from .memory import check_fits
     # memory before work: one bias row [heads, i + 1] per query position (a few float32 copies)
-    check_fits(16 * cfg.n_head * (max(all_positions) + 1) + (64 << 20), "cpu",
+    check_fits(16 * cfg.n_head * cfg.n_layer * (max(all_positions) + 1) + (64 << 20), "cpu",
                f"the bias report up to query position {max(all_positions):,}", "ask for smaller query positions")
     enc0 = model.encoding(0)
     kind = enc0.kind
@@ -848,7 +848,7 @@ def _load_any(ref: str, stack: str = "decoder", revision: str | None = None):
         try:
             return hub.load_published(ref, stack=stack, revision=revision)
         except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
-            return load_checkpoint(ref)
+            return GPT.from_pretrained(ref).eval()
     return load_checkpoint(ref)
 
 
@@ -914,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--classify-at", type=int, default=None,
                     help="query position of the headline locality (default: smallest query position)")
     ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
-    ap.add_argument("--text", default=None, help="UTF-8 text file: also measure attention dilution on it")
+    ap.add_argument("--text", default=None, help="text file: also measure attention dilution on it (its bytes)")
     ap.add_argument("--near", type=int, default=16, help="keys counted as near for dilution (default 16, as the app)")
     ap.add_argument("--dilution-positions", default=None,
                     help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
@@ -952,7 +952,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = None
     if args.text is not None:
         try:
-            tokens = text_tokens(Path(args.text).read_text(encoding="utf-8"))
+            # bytes are bytes: text that is not UTF-8 is measured on the raw bytes it holds
+            tokens = text_tokens(Path(args.text).read_bytes().decode("utf-8", errors="surrogateescape"))
         except (OSError, UnicodeDecodeError) as e:
             return fail(f"cannot read --text {args.text}: {e}")
         need = (dil_positions or default_query_positions(model.config.seq_len, DEFAULT_DILUTION_MULTIPLES))[-1] + 1

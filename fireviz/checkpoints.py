@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import FileFormatError, parse_json, read_json, read_jsonl, sha256_files
+from .files import FileFormatError, check_safetensors_header, parse_json, read_json, read_jsonl, sha256_files
 from .model import GPT, CheckpointError, config_from_dict
 
 class CheckpointNotFoundError(CheckpointError):
@@ -263,6 +263,9 @@ def check_results(obj: Any, source: str = "results JSON") -> None:
             for k in ("bits_per_byte", "nats_per_token", "perplexity", "paired_delta_bpb", "accuracy"):
                 if e.get(k) is not None and not _is_number(e[k]):
                     bad(f"{where}.{k}", "a number")
+            for k, lo in (("bits_per_byte", 0.0), ("nats_per_token", 0.0), ("perplexity", 1.0), ("accuracy", 0.0)):
+                if _is_number(e.get(k)) and not e[k] >= lo:  # a loss is never negative
+                    bad(f"{where}.{k} = {e[k]}", f"a number >= {lo:g}")
             for k in ("tokens_scored", "windows", "documents"):
                 if e.get(k) is not None and not (_is_int(e[k]) and e[k] >= 0):
                     bad(f"{where}.{k}", "an integer >= 0")
@@ -286,21 +289,15 @@ def count_parameters(weights: str | os.PathLike) -> int:
             if n > 100_000_000:
                 raise ValueError(f"header length {n} is implausible")
             header = parse_json(f.read(n).decode("utf-8"), f"the header of {weights}")
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-    except (OSError, struct.error, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        entries = check_safetensors_header(header, size - 8 - n, str(weights))
+    except FileFormatError as e:
+        fix = "copy, download or train the checkpoint again"
+        raise CheckpointError(f"{e}; {fix}" if "truncated" in str(e) else f"{weights} is not a readable safetensors "
+                              f"file ({e}); {fix}") from e
+    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{weights} is not a readable safetensors file ({e}); copy, download or "
                               "train the checkpoint again") from e
-    if 8 + n + end > size:
-        raise CheckpointError(f"{weights} is truncated ({size:,} bytes; its header needs {8 + n + end:,}); copy, "
-                              "download or train the checkpoint again")
-    try:
-        return int(sum(math.prod(int(d) for d in v["shape"]) for v in tensors.values()))
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{weights} has a malformed header ({e}); copy, download or train the checkpoint "
-                              "again") from e
+    return int(sum(math.prod(v["shape"]) for v in entries.values()))
 
 
 def validation_rows(log: list[dict]) -> list[dict]:
@@ -489,11 +486,12 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     results = read_results(p, problems)
     tokens = None
     for k in ("tokens", "tokens_seen", "training_tokens", "total_tokens"):
-        if isinstance(training.get(k), (int, float)):
-            tokens = int(training[k])
+        v = training.get(k)
+        if _is_number(v) and 0 <= v < 1e15:  # a token count (1e15 is far beyond any run)
+            tokens = int(v)
             break
     if tokens is None:
-        logged = [r["tokens"] for r in log if _is_number(r.get("tokens")) and math.isfinite(r["tokens"])]
+        logged = [r["tokens"] for r in log if _is_number(r.get("tokens")) and 0 <= r["tokens"] < 1e15]
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
     return CheckpointInfo(

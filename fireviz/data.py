@@ -30,6 +30,7 @@ import json
 import lzma
 import re
 import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def _read_jsonl(path: Path) -> list[Document]:
                     continue
                 try:
                     obj = json.loads(line)
-                except (json.JSONDecodeError, RecursionError) as e:
+                except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
                     raise DataError(f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
                                     "JSON object with a 'text' field") from e
                 if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
@@ -129,7 +130,7 @@ def _read_jsonl(path: Path) -> list[Document]:
                 docs.append(Document(id=str(obj.get("id", f"{path.name}#{lineno}")), text=obj["text"],
                                      domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
                                      license=str(obj.get("license", ""))))
-    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
     return docs
 
@@ -168,8 +169,8 @@ def load_documents(source: str | Path) -> list[Document]:
         try:
             with _open_text(path) as f:
                 docs = [Document(id=path.name, text=f.read())]
-        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
-            raise DataError(f"cannot read {path} as UTF-8 text: {e}") from e
+        except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read {path} as text: {e}") from e
     else:
         raise DataError(f"unsupported data file {path.name!r}; use .jsonl, .jsonl.gz, .jsonl.xz or .txt")
     docs = [d for d in docs if d.text]

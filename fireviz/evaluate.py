@@ -912,6 +912,11 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     for ckpt in checkpoints:
         sha = checkpoint_sha256(ckpt)
         model = load_checkpoint(ckpt)
+        bad = nonfinite_parameters(model)
+        if bad:  # no number for such weights, not even a cached or published one
+            raise NonFiniteLossError(f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "
+                                     f"{', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every loss is NaN; "
+                                     "restore or retrain the checkpoint (nothing was evaluated or cached)")
         if rope_scaling is not None and model.config.position_encoding != "rope":
             raise EvaluationError(f"rope_scaling={rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
                                   f"position_encoding={model.config.position_encoding!r}")

@@ -7,6 +7,7 @@ folder. A crash or SIGKILL leaves either the old or the new file, never a torn o
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 import os
 from pathlib import Path
@@ -104,6 +105,17 @@ MAX_JSON_DEPTH = 64
 _OPEN = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
+def _regular_size(path: Path) -> int:
+    """Size of ``path`` if it is a regular file (links followed); FileFormatError for a FIFO,
+    device, socket or folder, which ``open`` could block on or misread."""
+    import stat as stat_
+
+    st = os.stat(path)
+    if not stat_.S_ISREG(st.st_mode):
+        raise FileFormatError(f"{path} is not a regular file (a folder, pipe or device); fireviz reads only files")
+    return st.st_size
+
+
 def json_depth(text: str) -> int:
     """Deepest nesting of ``[``/``{`` in JSON ``text``, ignoring brackets inside strings.
 
@@ -171,7 +183,7 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_d
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        size = _regular_size(path)
         if size > max_bytes:
             raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON file; "
                                   "it is not a file fireviz wrote — restore or delete it")
@@ -202,7 +214,7 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
+        size = _regular_size(path)
         if size > max_bytes:
             raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
                                   "file; restore or delete it")
@@ -230,3 +242,51 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
                                   "the file")
         out.append(obj)
     return out
+
+
+#: Bytes per element of each safetensors dtype (the format's own list).
+SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
+                        "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def check_safetensors_header(header: object, data_len: int | None, source: str) -> dict[str, dict]:
+    """Validate a parsed safetensors header as the format requires, before any tensor is read.
+
+    Every entry but ``__metadata__`` needs a known ``dtype``, a ``shape`` of integers >= 0 and
+    ``data_offsets`` [begin, end] of integers with ``end − begin`` = elements × itemsize; the
+    entries must tile the data buffer exactly (no gap, no overlap) and, when ``data_len`` (bytes
+    after the header) is known, end at it.
+    Returns: ``{name: entry}``. Raises: FileFormatError naming ``source`` and the bad entry
+    (a truncated file says so).
+    """
+    if not isinstance(header, dict):
+        raise FileFormatError(f"{source}: the safetensors header is not a JSON object")
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    spans = []
+    for name, e in entries.items():
+        def bad(why: str):
+            raise FileFormatError(f"{source}: tensor {name!r} has {why}; the file is corrupt")
+        if not isinstance(e, dict):
+            bad("a header entry that is not an object")
+        if e.get("dtype") not in SAFETENSORS_ITEMSIZE:
+            bad(f"an unknown dtype {str(e.get('dtype'))[:20]!r}")
+        shape, offs = e.get("shape"), e.get("data_offsets")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            bad("a shape that is not a list of integers >= 0")
+        if not (isinstance(offs, list) and len(offs) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs) and offs[0] <= offs[1]):
+            bad("data_offsets that are not two integers 0 <= begin <= end")
+        if offs[1] - offs[0] != math.prod(shape) * SAFETENSORS_ITEMSIZE[e["dtype"]]:
+            bad(f"data_offsets {offs} that do not hold its shape {shape} of {e['dtype']}")
+        spans.append((offs[0], offs[1], name))
+    spans.sort()
+    at = 0
+    for a, b, name in spans:
+        if a != at:
+            raise FileFormatError(f"{source}: tensor {name!r} starts at byte {a}, not {at}: the tensors do not tile the "
+                                  "data (a gap or an overlap); the file is corrupt")
+        at = b
+    if data_len is not None and at != data_len:
+        what = "truncated" if at > data_len else "longer than its header says"
+        raise FileFormatError(f"{source} is {what} ({data_len:,} bytes of tensor data; the header needs {at:,})")
+    return entries

@@ -44,7 +44,7 @@ from torch import nn
 
 from .encodings import ALiBi, T5RelativeBias
 from .encodings.rope import RotaryEmbedding, rope_inv_freq, yarn_inv_freq
-from .files import FileFormatError, atomic_write, parse_json, read_json
+from .files import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
 from .model import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -148,6 +148,9 @@ class _Folder:
     def exists(self, name: str) -> bool:
         return (self.path / name).is_file()
 
+    def size(self, name: str) -> int | None:
+        return (self.path / name).stat().st_size
+
     def read_json(self, name: str) -> dict:
         try:
             return read_json(self.path / name, expect=dict)
@@ -173,6 +176,7 @@ class _Hub:
         self.endpoint = os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
         self.source, self.bytes_read, self._rev = repo_id, 0, revision
         self.revision: str | None = None
+        self._sizes: dict[str, int] = {}
 
     def _download(self, name: str) -> Path:
         from huggingface_hub import hf_hub_download
@@ -191,6 +195,10 @@ class _Hub:
             return read_json(path, expect=dict)
         except FileFormatError as e:
             raise HubModelError(str(e)) from e
+
+    def size(self, name: str) -> int | None:
+        """Total size of ``name`` from the last ranged answer's Content-Range (None if unknown)."""
+        return self._sizes.get(name)
 
     def exists(self, name: str) -> bool:
         try:
@@ -226,7 +234,12 @@ class _Hub:
             raise HubModelError(f"the Hub answered {r.status_code} for {self.repo_id}/{name}")
         data = r.content
         if r.status_code == 200:  # a server without Range support sent the whole file
+            self._sizes[name] = len(data)
             data = data[start:stop]
+        else:
+            m = re.match(r"bytes \d+-\d+/(\d+)", r.headers.get("Content-Range", ""))
+            if m:
+                self._sizes[name] = int(m.group(1))
         self.bytes_read += len(r.content)
         if len(data) != stop - start:
             raise HubModelError(f"{self.repo_id}/{name} is shorter than its header says (wanted bytes {start}–{stop})")
@@ -256,15 +269,19 @@ def _hub_error(repo_id: str, name: str, e: Exception) -> HubModelError:
 
 # -- safetensors: the header, then only the bytes of the tensors asked for ------------------------
 def _read_header(src, name: str) -> tuple[int, dict]:
-    (n,) = struct.unpack("<Q", src.read_range(name, 0, 8))
+    head = src.read_range(name, 0, 8)
+    (n,) = struct.unpack("<Q", head)
     if not 2 <= n <= MAX_HEADER_BYTES:
         raise HubModelError(f"{src.source}/{name}: safetensors header of {n} bytes is implausible; the file is corrupt")
     try:
         header = parse_json(src.read_range(name, 8, 8 + n).decode("utf-8"), f"{src.source}/{name} header")
     except (FileFormatError, UnicodeDecodeError) as e:
         raise HubModelError(f"{src.source}/{name}: unreadable safetensors header ({e})") from e
-    if not isinstance(header, dict):
-        raise HubModelError(f"{src.source}/{name}: the safetensors header is not a JSON object")
+    try:
+        check_safetensors_header(header, src.size(name) - 8 - n if src.size(name) is not None else None,
+                                 f"{src.source}/{name}")
+    except FileFormatError as e:
+        raise HubModelError(str(e)) from e
     return 8 + n, header
 
 
@@ -286,6 +303,10 @@ def read_tensors(src, names: list[str]) -> dict[str, torch.Tensor]:
             raise HubModelError(f"{src.source} has no tensor {missing[0]} (its weight_map lists "
                                 f"{len(wmap)} tensors); is this the model type its config says?")
         where = {n: str(wmap[n]) for n in names}
+        for f in set(where.values()):  # a shard is a file of the repo itself, never a path elsewhere
+            if Path(f).name != f or f.startswith(".") or not f.endswith(".safetensors"):
+                raise HubModelError(f"{src.source}: model.safetensors.index.json names shard {f[:80]!r}, not a "
+                                    ".safetensors file of this repo")
     else:
         raise HubModelError(f"{src.source} has no safetensors weights (model.safetensors or its index); fireviz never "
                             "loads pickled pytorch_model.bin files — use a revision with safetensors")
@@ -299,34 +320,54 @@ def read_tensors(src, names: list[str]) -> dict[str, torch.Tensor]:
         info = header.get(n)
         if not isinstance(info, dict):
             raise HubModelError(f"{src.source}/{f} has no tensor {n}; is this the model type its config says?")
-        try:
-            dtype = _DTYPES[info["dtype"]]
-            shape = [int(s) for s in info["shape"]]
-            a, b = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise HubModelError(f"{src.source}/{f}: bad header entry for {n} ({e})") from e
-        if b - a != math.prod(shape) * torch.finfo(dtype).bits // 8 or a < 0:
-            raise HubModelError(f"{src.source}/{f}: the offsets of {n} do not match its shape")
+        if info["dtype"] not in _DTYPES:
+            raise HubModelError(f"{src.source}/{f}: {n} is stored as {info['dtype']}, not a float type")
+        dtype, shape = _DTYPES[info["dtype"]], info["shape"]
+        a, b = info["data_offsets"]
         raw = src.read_range(f, base + a, base + b)
         out[n] = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape).float().clone()
     return out
 
 
 # -- families -------------------------------------------------------------------------------------
-def _int(cfg: dict, *keys, default=None):
+#: Bounds on the sizes read from a published config.json (beyond every published model).
+MAX_LAYERS, MAX_HEADS, MAX_SIZE = 1024, 1024, 1 << 24
+
+
+def _int(cfg: dict, *keys, default=None, lo: int = 1, hi: int = MAX_SIZE):
+    """The first of ``keys`` that config.json names, as an integer in [lo, hi]."""
     for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool):
+        if k in cfg and cfg[k] is not None:
+            v = cfg[k]
+            if not (isinstance(v, int) and not isinstance(v, bool)):
+                raise HubModelError(f"config.json field {k} = {str(v)[:40]!r} is not an integer")
+            if not lo <= v <= hi:
+                raise HubModelError(f"config.json field {k} = {v} is outside {lo}..{hi:,}; the config is not a "
+                                    "working model's")
             return v
     if default is None:
         raise HubModelError(f"config.json names none of {', '.join(keys)}; is it a complete transformers config?")
     return default
 
 
+def _num(d: dict, key: str, default: float, lo: float = 0.0, strict: bool = True, where: str = "config.json") -> float:
+    """``d[key]`` (or ``default`` when absent/null) as a finite float > lo (>= lo if not strict)."""
+    v = d.get(key)
+    if v is None:
+        return float(default)
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > lo if strict else v >= lo)):
+        raise HubModelError(f"{where} field {key} = {str(v)[:40]!r} must be a finite number "
+                            f"{'>' if strict else '>='} {lo:g}")
+    return float(v)
+
+
 def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
     """MPT's ALiBi slopes (``gen_slopes`` of mosaicml llm-foundry / HF ``modeling_mpt``):
     with H' = 2^⌈log2 H⌉, m = 1/2^(k·max/H') for k = 1..H'; for H' ≠ H the odd-indexed then
     even-indexed slopes, first H. Returns float32 ``[num_heads]``."""
+    if not (math.isfinite(alibi_bias_max) and alibi_bias_max > 0):
+        raise HubModelError(f"MPT alibi_bias_max must be a finite number > 0 (got {alibi_bias_max})")
     hp = 2 ** math.ceil(math.log2(num_heads))
     m = torch.arange(1, hp + 1, dtype=torch.float64) * (float(alibi_bias_max) / hp)
     slopes = 1.0 / torch.pow(2.0, m)
@@ -342,21 +383,37 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
       settings)`` with settings naming rope_type, rope_theta, rotary_dim and the scaling used.
     Raises: HubModelError for an unknown rope_type or missing fields.
     """
-    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else None
-    scaling = dict(params or (cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}) or {})
-    theta = float(scaling.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0))))
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    for k in ("rope_parameters", "rope_scaling"):
+        if cfg.get(k) is not None and not isinstance(cfg[k], dict):
+            raise HubModelError(f"config.json field {k} must be an object or null (got {type(cfg[k]).__name__})")
+    scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    base_cfg = {**cfg, **{k: scaling[k] for k in ("rope_theta",) if k in scaling}}
+    theta = _num(base_cfg, "rope_theta" if base_cfg.get("rope_theta") is not None else "rotary_emb_base", 10000.0, lo=1.0)
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = cfg.get("head_dim") if isinstance(cfg.get("head_dim"), int) else hidden // heads
-    partial = float(scaling.get("partial_rotary_factor", cfg.get("partial_rotary_factor", cfg.get("rotary_pct", 1.0))))
+    head_dim = _int(cfg, "head_dim", hi=1 << 16) if cfg.get("head_dim") is not None else hidden // heads
+    pkey = "partial_rotary_factor" if scaling.get("partial_rotary_factor") is not None else None
+    partial = (_num(scaling, "partial_rotary_factor", 1.0, where="rope_scaling") if pkey else
+               _num(cfg, "partial_rotary_factor" if cfg.get("partial_rotary_factor") is not None else "rotary_pct", 1.0))
+    if partial > 1:
+        raise HubModelError(f"partial_rotary_factor {partial} must be in (0, 1]")
     dim = int(head_dim * partial)
     dim -= dim % 2
-    kind = str(scaling.get("rope_type", scaling.get("type", "default")))
+    if dim < 2:
+        raise HubModelError(f"the rotary part of a head is {dim} channels (head_dim {head_dim} × {partial}); it needs >= 2")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if not isinstance(kind, str):
+        raise HubModelError(f"rope_type must be a name (got {str(kind)[:40]!r})")
     max_pos = _int(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
     inv = rope_inv_freq(dim, theta, torch.float64)
     att = 1.0
-    factor = float(scaling.get("factor", 1.0))
-    orig = int(scaling.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings", max_pos)))
+    factor = _num(scaling, "factor", 1.0, where="rope_scaling")
+    if kind not in ("default", "longrope") and factor < 1:
+        raise HubModelError(f"rope_scaling factor {factor} must be >= 1 for {kind} scaling (it stretches the context)")
+    if scaling.get("original_max_position_embeddings") is not None:
+        orig = _int(scaling, "original_max_position_embeddings")
+    else:
+        orig = _int(cfg, "original_max_position_embeddings", default=max_pos)
     if kind == "default":
         pass
     elif kind == "linear":
@@ -366,12 +423,18 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
         base = theta * ((factor * length / max_pos) - (factor - 1)) ** (dim / (dim - 2))
         inv = rope_inv_freq(dim, base, torch.float64)
     elif kind == "yarn":
-        inv, att = yarn_inv_freq(dim, theta, factor, orig, float(scaling.get("beta_fast", 32)),
-                                 float(scaling.get("beta_slow", 1)), torch.float64)
-        if isinstance(scaling.get("attention_factor"), (int, float)):
-            att = float(scaling["attention_factor"])
+        try:
+            inv, att = yarn_inv_freq(dim, theta, factor, orig, _num(scaling, "beta_fast", 32, where="rope_scaling"),
+                                     _num(scaling, "beta_slow", 1, where="rope_scaling"), torch.float64)
+        except ValueError as e:
+            raise HubModelError(f"yarn rope_scaling: {e}") from None
+        if scaling.get("attention_factor") is not None:
+            att = _num(scaling, "attention_factor", 1.0, where="rope_scaling")
     elif kind == "llama3":
-        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        low = _num(scaling, "low_freq_factor", 1.0, where="rope_scaling")
+        high = _num(scaling, "high_freq_factor", 4.0, where="rope_scaling")
+        if not high > low:
+            raise HubModelError(f"llama3 rope_scaling needs high_freq_factor > low_freq_factor (got {high}, {low})")
         wavelen = 2 * math.pi / inv
         low_wl, high_wl = orig / low, orig / high
         llama = torch.where(wavelen > low_wl, inv / factor, inv)
@@ -381,14 +444,20 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
         inv = torch.where(medium, smoothed, llama)
     elif kind == "longrope":
         ext = scaling.get("long_factor")
-        if not (isinstance(ext, list) and len(ext) == dim // 2):
-            raise HubModelError(f"longrope rope_scaling needs long_factor with {dim // 2} numbers")
+        if not (isinstance(ext, list) and len(ext) == dim // 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in ext)):
+            raise HubModelError(f"longrope rope_scaling needs long_factor: {dim // 2} finite numbers > 0")
         inv = inv / torch.tensor(ext, dtype=torch.float64)
-        f = max_pos / orig if orig else factor
-        att = float(scaling.get("attention_factor") or (math.sqrt(1 + math.log(f) / math.log(orig)) if f > 1 else 1.0))
+        f = max_pos / orig
+        if scaling.get("attention_factor") is not None:
+            att = _num(scaling, "attention_factor", 1.0, where="rope_scaling")
+        else:
+            att = math.sqrt(1 + math.log(f) / math.log(orig)) if f > 1 and orig > 1 else 1.0
     else:
         raise HubModelError(f"rope_type {kind!r} is not one fireviz knows (default, linear, dynamic, yarn, llama3, "
                             "longrope)")
+    if not (torch.isfinite(inv).all() and (inv > 0).all() and math.isfinite(att) and att > 0):
+        raise HubModelError(f"the {kind} RoPE settings give non-finite or non-positive frequencies; check rope_scaling")
     settings = {"rope_type": kind, "rope_theta": theta, "rotary_dim": dim, "head_dim": head_dim,
                 "factor": factor, "original_max_position_embeddings": orig, "attention_factor": att}
     return inv, att, settings
@@ -397,10 +466,11 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
 def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
     if stack not in STACKS:
         raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
-    heads = _int(cfg, "num_heads")
-    layers = _int(cfg, "num_decoder_layers", "num_layers") if stack == "decoder" else _int(cfg, "num_layers")
-    buckets = _int(cfg, "relative_attention_num_buckets", default=32)
-    max_distance = _int(cfg, "relative_attention_max_distance", default=128)
+    heads = _int(cfg, "num_heads", hi=MAX_HEADS)
+    layers = (_int(cfg, "num_decoder_layers", "num_layers", hi=MAX_LAYERS) if stack == "decoder"
+              else _int(cfg, "num_layers", hi=MAX_LAYERS))
+    buckets = _int(cfg, "relative_attention_num_buckets", default=32, lo=2, hi=1 << 16)
+    max_distance = _int(cfg, "relative_attention_max_distance", default=128, lo=2)
     per_layer = model_type == "umt5"
     attn = "SelfAttention"
     if model_type == "longt5" and stack == "encoder":
@@ -435,8 +505,8 @@ def _alibi(cfg: dict, src, family: str, slopes: torch.Tensor, layers: int, seq: 
 
 def _rope(cfg: dict, src, family: str) -> PublishedModel:
     inv, att, settings = rope_frequencies(cfg)
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", hi=MAX_LAYERS)
     e = RotaryEmbedding(heads, settings["rotary_dim"])
     e.inv_freq = inv
     e.attention_factor = att
@@ -449,23 +519,28 @@ def _build(cfg: dict, src, read, stack: str) -> PublishedModel:
     mt = str(cfg.get("model_type", "")).lower()
     if mt in T5_TYPES:
         return _t5(cfg, src, read, stack, mt)
+    for k in ("alibi",):
+        if k in cfg and not isinstance(cfg[k], bool):
+            raise HubModelError(f"config.json field alibi must be true or false (got {str(cfg[k])[:20]!r})")
     if mt == "bloom":
         from .encodings import alibi_slopes
-        h = _int(cfg, "n_head", "num_attention_heads")
-        return _alibi(cfg, src, "BLOOM", alibi_slopes(h), _int(cfg, "n_layer", "num_hidden_layers"),
+        h = _int(cfg, "n_head", "num_attention_heads", hi=MAX_HEADS)
+        return _alibi(cfg, src, "BLOOM", alibi_slopes(h), _int(cfg, "n_layer", "num_hidden_layers", hi=MAX_LAYERS),
                       _int(cfg, "seq_length", "max_position_embeddings", default=2048))
     if mt == "mpt":
         ac = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+        if "alibi" in ac and not isinstance(ac["alibi"], bool):
+            raise HubModelError("config.json field attn_config.alibi must be true or false")
         if not ac.get("alibi"):
             raise HubModelError(f"{src.source}: this MPT model has attn_config.alibi false (learned absolute "
                                 "positions): no relative position bias to show")
-        h = _int(cfg, "n_heads", "num_attention_heads")
-        return _alibi(cfg, src, "MPT", mpt_alibi_slopes(h, float(ac.get("alibi_bias_max", 8))),
-                      _int(cfg, "n_layers", "num_hidden_layers"), _int(cfg, "max_seq_len", default=2048))
+        h = _int(cfg, "n_heads", "num_attention_heads", hi=MAX_HEADS)
+        return _alibi(cfg, src, "MPT", mpt_alibi_slopes(h, _num(ac, "alibi_bias_max", 8.0, where="attn_config")),
+                      _int(cfg, "n_layers", "num_hidden_layers", hi=MAX_LAYERS), _int(cfg, "max_seq_len", default=2048))
     if mt in ("falcon", "refinedweb", "refinedwebmodel") and cfg.get("alibi"):
         from .encodings import alibi_slopes
-        h = _int(cfg, "num_attention_heads", "n_head")
-        return _alibi(cfg, src, "Falcon (ALiBi)", alibi_slopes(h), _int(cfg, "num_hidden_layers", "n_layer"),
+        h = _int(cfg, "num_attention_heads", "n_head", hi=MAX_HEADS)
+        return _alibi(cfg, src, "Falcon (ALiBi)", alibi_slopes(h), _int(cfg, "num_hidden_layers", "n_layer", hi=MAX_LAYERS),
                       _int(cfg, "max_position_embeddings", default=2048))
     if mt in ABSOLUTE_TYPES:
         raise HubModelError(f"{src.source} is a {mt} model with learned absolute position embeddings: it has no "
@@ -513,7 +588,14 @@ def load_published(ref: str, stack: str = "decoder", revision: str | None = None
         raise NotPublishedModelError(f"{src.source}: config.json has no model_type, so it is not a transformers model config "
                             "(a fireviz checkpoint is opened as a checkpoint instead)")
     read = (lambda names: read_tensors(src, names)) if isinstance(src, _Folder) else _cached_reader(src, cache_dir)
-    model = _build(cfg, src, read, stack)
+    try:
+        model = _build(cfg, src, read, stack)
+    except HubModelError:
+        raise
+    except (ValueError, TypeError, ArithmeticError, RuntimeError, IndexError, KeyError, MemoryError, OSError) as e:
+        # anything a malformed config or weights file can still provoke: one error, naming it
+        raise HubModelError(f"{src.source}: cannot read its position encoding ({type(e).__name__}: "
+                            f"{(str(e).splitlines() or [''])[0][:200]}); the config.json or weights are malformed") from e
     model.bytes_read = src.bytes_read
     return model
 

@@ -31,6 +31,14 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is missing, corrupt, truncated or disagrees with its config."""
 
 
+#: Largest value of each size field of ``GPTConfig`` (far beyond any model fireviz trains; a
+#: config.json past them is refused before anything is allocated).
+CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "d_model": 1 << 16, "seq_len": 1 << 24, "vocab_size": 1 << 20,
+                 "attn_query_block": 1 << 20}
+#: Most parameters a ``GPT`` may have (≈ 68B: nothing fireviz trains comes near).
+MAX_PARAMETERS = 1 << 36
+
+
 @dataclass
 class GPTConfig:
     """Everything that defines a model (saved as config.json next to the weights).
@@ -63,13 +71,22 @@ class GPTConfig:
     training: dict = field(default_factory=dict)
 
     def validate(self) -> "GPTConfig":
-        """Check every field; returns self. Raises ValueError with the field and the fix."""
+        """Check every field; returns self. Raises ValueError with the field and the fix.
+
+        Sizes are bounded (``CONFIG_LIMITS``; at most ``MAX_PARAMETERS`` parameters) before
+        anything is built, so a config.json with absurd sizes is refused, not allocated."""
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "attn_query_block"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"GPTConfig.{name} must be an integer (got {v!r} of type {type(v).__name__})")
             if v < 1:
                 raise ValueError(f"GPTConfig.{name} must be >= 1 (got {v})")
+            if v > CONFIG_LIMITS[name]:
+                raise ValueError(f"GPTConfig.{name} = {v} is more than fireviz takes ({CONFIG_LIMITS[name]:,})")
+        n_params = 12 * self.n_layer * self.d_model ** 2 + self.vocab_size * self.d_model
+        if n_params > MAX_PARAMETERS:
+            raise ValueError(f"this config has ~{n_params:,} parameters, more than the {MAX_PARAMETERS:,} fireviz builds "
+                             "(n_layer, d_model or vocab_size is far too large)")
         if not isinstance(self.absolute_position_embedding, bool):
             raise ValueError(f"GPTConfig.absolute_position_embedding must be true or false "
                              f"(got {self.absolute_position_embedding!r})")
@@ -95,7 +112,7 @@ class GPTConfig:
             with torch.random.fork_rng(devices=[]):
                 build_encoding(self.position_encoding, self.n_head, self.d_model // self.n_head,
                                **self.resolved_encoding_options())
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
             raise ValueError(f"encoding_options {self.encoding_options} are invalid for "
                              f"{self.position_encoding!r}: {e}") from None
         return self
@@ -415,6 +432,9 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         path = os.fspath(pretrained_model_name_or_path)
         if os.path.isdir(path):
             cfg = Path(path) / "config.json"
+            if not cfg.is_file():
+                raise CheckpointError(f"{path} has no readable config.json (missing, a broken link or not a file): "
+                                      "not a fireviz checkpoint folder")
             if cfg.exists():
                 try:
                     data = read_json(cfg)
@@ -466,6 +486,8 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             model = cls(config)
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
+        except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
+            raise CheckpointError(f"the model of {model_id} does not fit in memory ({str(e).splitlines()[0][:200]})") from e
         try:
             state = load_file(weights, device=str(map_location))
         except (SafetensorError, OSError, ValueError) as e:
@@ -493,7 +515,9 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
     tied = ("wte.weight", "lm_head.weight")
     if all(k in state for k in tied) and all(k in own for k in tied) and own[tied[0]].data_ptr() == own[tied[1]].data_ptr():
         a, b = state[tied[0]], state[tied[1]]
-        if a.shape != b.shape or not torch.equal(a, b):
+        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(  # bit for bit: NaN equals itself
+            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        if not same:
             raise CheckpointError(f"{source} holds wte.weight and lm_head.weight with different values, but the model "
                                   "ties them (one matrix); keep one of the two tensors in the file or train again")
     missing = sorted(set(own) - set(state))

@@ -732,7 +732,7 @@ def save_upload(name: str, data: bytes) -> Path:
     from . import evaluate
     from .data import DataError, RawBytesWarning, load_documents
 
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name) or "upload.txt"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"
     if not data:
         raise DataError(f"{name} is empty; upload a .txt file or a .jsonl file with one {{\"text\": ...}} object per line")
     if len(data) > MAX_UPLOAD_MB << 20:
@@ -749,14 +749,16 @@ def save_upload(name: str, data: bytes) -> Path:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RawBytesWarning)  # raw bytes are fine; said in the docstring
             load_documents(path)  # raises DataError with the line and the fix
-    except DataError:
+    except Exception as e:
         if not existed:
             path.unlink(missing_ok=True)
             try:
                 folder.rmdir()
             except OSError:
                 pass
-        raise
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"cannot read the uploaded file {name}: {type(e).__name__}: {e}") from e
     return path
 
 

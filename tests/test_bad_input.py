@@ -170,7 +170,7 @@ def test_nan_weights_are_reported_by_name_never_cached_and_fail_the_cli(root, tm
     state[name][0] = float("nan")
     save_file(state, str(w))
     cache = tmp_path / "cache"
-    with pytest.raises(evaluate.NonFiniteLossError, match=f"loss is nan at length 16: the weights contain NaN/inf in {name}"):
+    with pytest.raises(evaluate.NonFiniteLossError, match=f"the weights contain NaN/inf in {name}"):
         evaluate.evaluate_many([str(root / "victim")], str(_small_text(tmp_path)), [16], split="all", cache_dir=cache)
     assert not any(cache.rglob("*.json")) if cache.exists() else True
     for extra in ([], ["--no-cache"]):
@@ -469,3 +469,76 @@ def test_any_content_in_one_file_every_page_still_renders(tmp_path_factory, monk
         assert not at.exception, (name, [e.value for e in at.exception])
         if name == "app.py":
             assert "good" in list(at.dataframe[0].value["checkpoint"])
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+def test_a_fifo_or_folder_named_like_a_json_file_is_refused_not_waited_on(root):
+    import os
+    os.mkfifo(root / "victim" / "results_x.json")
+    (root / "victim" / "results_y.json").mkdir()
+    info = checkpoints.read_checkpoint(root / "victim")  # returns: a FIFO is never opened
+    assert "not a regular file" in info.problems["results_x.json"] and "results_y.json" in info.problems
+
+
+@pytest.mark.parametrize("field, value", [("n_head", 2 ** 30), ("d_model", 2 ** 30), ("vocab_size", 10 ** 12),
+                                          ("n_layer", 10 ** 12)])
+def test_absurd_sizes_in_a_config_are_refused_before_allocating(root, field, value):
+    p = root / "victim" / "config.json"
+    p.write_text(json.dumps({**json.loads(p.read_text()), field: value}))
+    infos, problems = checkpoints.scan_checkpoints(root)
+    assert [i.name for i in infos] == ["good"] and "more than fireviz takes" in problems[str(root / "victim")]
+    with pytest.raises(CheckpointError):
+        GPT.from_pretrained(str(root / "victim"))
+
+
+def test_nan_weights_give_no_number_even_from_a_matching_results_json(root, tmp_path):
+    w = root / "victim" / "model.safetensors"
+    state = load_file(str(w))
+    k = "wte.weight" if "wte.weight" in state else "lm_head.weight"
+    state[k][0, 0] = float("nan")
+    save_file(state, str(w))
+    sha = evaluate.checkpoint_sha256(root / "victim")
+    text = _small_text(tmp_path)
+    fp = data.data_fingerprint(data.load_documents(text))
+    (root / "victim" / "results.json").write_text(json.dumps([{"checkpoint_sha256": sha, "data_fingerprint": fp,
+                                                              "settings": {"data": str(text)}, "per_length": []}]))
+    with pytest.raises(evaluate.NonFiniteLossError, match=k):
+        evaluate.evaluate_many([str(root / "victim")], str(text), [16], split="all", cache_dir=tmp_path / "c")
+
+
+def test_a_nan_in_the_tied_matrix_is_named_not_called_a_disagreement(root):
+    w = root / "victim" / "model.safetensors"
+    state = load_file(str(w))
+    k = "wte.weight" if "wte.weight" in state else "lm_head.weight"
+    t = state[k].clone()
+    t[0, 0] = float("nan")
+    state["wte.weight"], state["lm_head.weight"] = t, t.clone()
+    save_file(state, str(w))
+    from fireviz.model import nonfinite_parameters
+    assert "wte.weight" in nonfinite_parameters(GPT.from_pretrained(str(root / "victim")))
+
+
+def test_data_files_with_giant_numbers_or_corrupt_gzip_are_data_errors(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"id": "a", "text": "x", "n": ' + "9" * 5000 + "}\n")
+    with pytest.raises(data.DataError, match="not valid JSON"):
+        data.load_documents(p)
+    g = tmp_path / "d.jsonl.gz"
+    g.write_bytes(b"\x1f\x8b\x08\x00garbage-not-deflate")
+    with pytest.raises(data.DataError, match="cannot read"):
+        data.load_documents(g)
+
+
+def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
+    from fireviz import ui
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("..", ".", "../../x.txt", ".hidden.txt"):
+        path = ui.save_upload(name, b"hello world")
+        assert path.is_file() and (tmp_path / "cache" / "uploads") in path.parents and not path.name.startswith(".")
+
+
+def test_results_with_a_negative_loss_are_refused(root):
+    (root / "victim" / "results_prose.json").write_text(json.dumps(
+        {"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": -1.0}]}))
+    info = checkpoints.read_checkpoint(root / "victim")
+    assert "bits_per_byte = -1.0" in info.problems["results_prose.json"] and not info.headline.get("bpb @ 32")

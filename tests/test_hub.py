@@ -438,3 +438,61 @@ def test_longrope_and_dynamic_frequencies():
     inv, _, _ = hub.rope_frequencies(cfg)
     new_base = 10000.0 * ((2.0 * 8192 / 4096) - 1.0) ** (dim / (dim - 2))
     np.testing.assert_allclose(inv.numpy(), 1.0 / new_base ** (np.arange(0, dim, 2) / dim), rtol=1e-12)
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+@pytest.mark.parametrize("cfg, match", [
+    (_llama({"rope_type": "linear", "factor": 0}), "must be a finite number > 0"),
+    (_llama({"rope_type": "linear", "factor": -2}), "must be a finite number > 0"),
+    (_llama({"rope_type": "dynamic", "factor": 0.5}), "must be >= 1"),
+    (_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0}), "must be a finite number > 0"),
+    (_llama({"rope_type": "longrope", "long_factor": [0.0] * 32}), "finite numbers > 0"),
+    (_llama(None, rope_scaling=["linear"]), "must be an object or null"),
+    (_llama(None, num_attention_heads=0), "outside 1"),
+    (_llama(None, rope_theta=None, rotary_emb_base="x"), "finite number"),
+    (_llama({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}), "outside 1"),
+    ({"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": -8}},
+     "finite number > 0"),
+    ({"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": None}}, None),
+    ({"model_type": "falcon", "num_attention_heads": 4, "num_hidden_layers": 2, "alibi": "false",
+      "hidden_size": 64}, "true or false"),
+    ({"model_type": "bloom", "n_head": 4, "n_layer": 0}, "outside 1"),
+    ({"model_type": "bloom", "n_head": 4, "n_layer": 10 ** 9}, "outside 1"),
+])
+def test_bad_published_configs_are_one_clear_error(tmp_path, cfg, match):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    if match is None:  # null means the default (8)
+        assert torch.allclose(hub.load_published(str(tmp_path / "m")).encoding(0).slopes,
+                              hub.mpt_alibi_slopes(4, 8.0))
+        return
+    with pytest.raises(hub.HubModelError, match=match):
+        hub.load_published(str(tmp_path / "m"))
+
+
+def _shift_offsets(path: Path, tensor: str, by: int) -> None:
+    raw = path.read_bytes()
+    n = int(np.frombuffer(raw[:8], dtype="<u8")[0])
+    header = json.loads(raw[8:8 + n])
+    a, b = header[tensor]["data_offsets"]
+    header[tensor]["data_offsets"] = [a + by, b + by]
+    new = json.dumps(header).encode()
+    new += b" " * (n - len(new)) if len(new) <= n else b""
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n:])
+
+
+def test_weights_whose_offsets_do_not_tile_the_data_are_refused(tmp_path):
+    f = t5_folder(tmp_path / "m")
+    _shift_offsets(f / "model.safetensors", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", 4)
+    with pytest.raises(hub.HubModelError, match="do not tile|corrupt|longer|truncated"):
+        hub.load_published(str(f))
+
+
+def test_a_shard_index_cannot_point_outside_the_repo(tmp_path):
+    f = t5_folder(tmp_path / "m", shards=2)
+    idx = json.loads((f / "model.safetensors.index.json").read_text())
+    k = "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    idx["weight_map"][k] = "../other/model.safetensors"
+    (f / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(hub.HubModelError, match="not a .safetensors file of this repo"):
+        hub.load_published(str(f))
