@@ -36,10 +36,12 @@ class CheckpointNotFoundError(CheckpointError):
 CHECKPOINTS_ENV = "FIREVIZ_CHECKPOINTS_DIR"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
+#: The compressed train log of a shipped checkpoint (scripts/ship_checkpoint.py writes it).
+LOG_FILE_GZ = LOG_FILE + ".gz"
 #: JSON files in a checkpoint folder that are not evaluation results.
 _NOT_RESULTS = {CONFIG_FILE, "trainer_state.json", "tokenizer.json", "generation_config.json"}
 #: Files fetched from a Hub repo (never pickles: no *.bin, *.pt).
-HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, "*.json", "README.md"]
+HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, LOG_FILE_GZ, "*.json", "README.md"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Command that creates a checkpoint, shown when none is found.
 TRAIN_HINT = ("python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
@@ -310,7 +312,8 @@ def validation_rows(log: list[dict]) -> list[dict]:
 
 
 def read_train_log(path: str | os.PathLike) -> list[dict]:
-    """The records of a train_log.jsonl (a file, or a checkpoint folder holding one).
+    """The records of a train_log.jsonl (a file, ``.gz`` too, or a checkpoint folder holding
+    ``train_log.jsonl`` or, shipped compressed, ``train_log.jsonl.gz``).
 
     Returns: dicts in file order (step, tokens, loss [nats/token], lr, tokens_per_s, and on
       evaluation steps val_loss, val_loss_4x); [] if there is no log. A last line cut off by
@@ -319,8 +322,8 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     """
     p = Path(path)
     if p.is_dir():
-        p = p / LOG_FILE
-    if not p.is_file():
+        p = p / LOG_FILE if (p / LOG_FILE).exists() or not (p / LOG_FILE_GZ).exists() else p / LOG_FILE_GZ
+    if not p.exists():
         return []
     try:  # NaN is kept: a diverged run logs its loss as NaN, and readers test isfinite
         records = read_jsonl(p, allow_nonfinite=True)

@@ -205,7 +205,7 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_d
 
 def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: int = MAX_JSON_DEPTH,
                allow_nonfinite: bool = False, tolerate_torn_tail: bool = True) -> list[dict]:
-    """The JSON objects of a JSON-lines file, one per non-empty line, in order.
+    """The JSON objects of a JSON-lines file (``*.gz``: gzip-compressed), one per non-empty line, in order.
 
     Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
       writer still appending, or killed mid-line) is dropped rather than refused.
@@ -215,10 +215,20 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
     path = Path(path)
     try:
         size = _regular_size(path)
+        raw = path.read_bytes() if size <= max_bytes else b""
+        if path.suffix == ".gz":  # a shipped (compressed) log; bounded after decompression too
+            import gzip
+            import zlib
+            try:
+                with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as g:
+                    raw = g.read(max_bytes + 1)
+            except (OSError, EOFError, zlib.error) as e:
+                raise FileFormatError(f"{path} is not a readable gzip file ({e}); restore or delete it") from e
+            size = len(raw)
         if size > max_bytes:
             raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
                                   "file; restore or delete it")
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        text = raw.decode("utf-8", errors="replace")
     except FileFormatError:
         raise
     except OSError as e:

@@ -159,7 +159,7 @@ def paired_cell(e: dict) -> str:
 def model_card(folder: Path, results: list[dict], budget: int | None = None) -> str:
     cfg = json.loads((folder / "config.json").read_text())
     tr = cfg.get("training", {})
-    log = read_train_log(folder / "train_log.jsonl")
+    log = read_train_log(folder)
     vals = validation_rows(log)
     st = tr.get("settings", {})
     interim = bool(tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"])
@@ -342,7 +342,7 @@ def main() -> int:
                   "run without --domains to evaluate every domain again", flush=True)
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
-    logs = {f.name: read_train_log(f / "train_log.jsonl") for f in folders}
+    logs = {f.name: read_train_log(f) for f in folders}
     seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
     if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
         vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
