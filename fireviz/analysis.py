@@ -921,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
                     help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens")
     ap.add_argument("--out", default=None, help="output JSON (default ./biases_<checkpoint name>.json)")
+    ap.add_argument("--figure", default=None, metavar="FILE",
+                    help="also write the layer x head bias grid: .svg, .pdf or .png (for a paper) or .html")
     try:
         args = ap.parse_args(argv)
     except SystemExit as e:
@@ -987,4 +989,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(out["note"])
     print(f"wrote {out_path}")
+    if args.figure:
+        from . import plots  # the CLI layer draws; analysis itself only computes
+        try:
+            print(f"wrote {plots.write_figure(plots.bias_grid_figure(out), args.figure)}")
+        except (ValueError, plots.FigureExportError, OSError) as e:
+            return fail(f"--figure {args.figure}: {e}")
     return 0

@@ -20,6 +20,8 @@ import io
 import json
 import math
 import numbers
+import os
+from pathlib import Path
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
@@ -620,17 +622,21 @@ def _settings_caption(results: Sequence[Mapping]) -> str:
 
 
 def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
-    """Tick values for a log axis over [lo, hi] (> 0): the finest of half digits / every
-    digit / 1-2-3-5-7 / 1-2-5 / powers of ten that gives at most ``max_ticks`` ticks, so a
-    short range (perplexity 3–5, where most curves sit) is labelled inside, not only at its
-    ends."""
+    """Tick values for a log axis over the data range [lo, hi] (> 0): the finest of steps of
+    0.05 / 0.1 / 0.2 / 0.5 of a digit, every digit, 1-2-3-5-7, 1-2-5 or powers of ten that
+    gives at most ``max_ticks`` labels within the range (padded by 2 %), so a short range
+    (perplexity 3.6–4.0, where most curves sit) is labelled inside, not only at one end."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
         return []
-    lo, hi = min(lo, hi) / 1.05, max(lo, hi) * 1.05
+    lo, hi = min(lo, hi) / 1.02, max(lo, hi) * 1.02
+    sets = (tuple(k / 20 for k in range(20, 200)), tuple(k / 10 for k in range(10, 100)),
+            tuple(k / 5 for k in range(5, 50)), tuple(k / 2 for k in range(2, 20)), tuple(range(1, 10)),
+            (1, 2, 3, 5, 7), (1, 2, 5), (1,))
     ticks: list[float] = []
-    for mantissas in (tuple(k / 2 for k in range(2, 20)), tuple(range(1, 10)), (1, 2, 3, 5, 7), (1, 2, 5), (1,)):
-        ticks = [float(f"{m}e{e}") for e in range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
-                 for m in mantissas if lo <= m * 10.0 ** e <= hi]
+    for mantissas in sets:
+        ticks = sorted({float(f"{m * 10.0 ** e:.6g}") for e in range(math.floor(math.log10(lo)) - 1,
+                                                                   math.floor(math.log10(hi)) + 1)
+                        for m in mantissas if lo <= m * 10.0 ** e <= hi})
         if len(ticks) <= max_ticks:
             break
     return ticks if len(ticks) >= 2 else []
@@ -1043,3 +1049,85 @@ def figure_to_csv(fig: go.Figure) -> str:
         for x, y, e in zip(xs, ys, errs):
             w.writerow([*head, blank(x), blank(y), *([""] if has_z else []), *([blank(e)] if has_err else [])])
     return buf.getvalue()
+
+
+# -- figures for a paper ---------------------------------------------------------------------------
+#: Widths (points = CSS px at 72 per inch) of a two-column paper: one column (3.3 in), the page (6.9 in).
+PAPER_WIDTHS = {"column": 240, "page": 500}
+PAPER_FONT = dict(family="Times New Roman, Times, serif", size=8)
+EXPORT_FORMATS = ("svg", "pdf", "png")
+
+
+class FigureExportError(RuntimeError):
+    """A figure could not be written as SVG/PDF/PNG (kaleido or a Chromium browser is missing)."""
+
+
+def paper_figure(fig: go.Figure, width: str = "page") -> go.Figure:
+    """A copy of ``fig`` sized and lettered for a two-column paper: ``width`` ``"page"`` (6.9 in,
+    a figure* across both columns; the default) or ``"column"`` (3.3 in); height 3/5 of the width
+    (more for subplot grids: 1/5 per row); serif text (8 pt, 7 pt ticks and panel titles), white
+    background with light grid lines, tight margins. Raises: ValueError for another width."""
+    if width not in PAPER_WIDTHS:
+        raise ValueError(f"width must be one of {', '.join(PAPER_WIDTHS)} (got {width!r})")
+    out = go.Figure(fig)
+    w = PAPER_WIDTHS[width]
+    grid = getattr(fig, "_grid_ref", None)  # make_subplots: rows × columns of panels
+    rows = len(grid) if grid else 1
+    height = max(int(w * 0.6), int(w * 0.2 * rows) + 60) if grid else int(w * 0.6)
+    out.update_layout(font=PAPER_FONT, width=w, height=height, paper_bgcolor="white", plot_bgcolor="white",
+                      margin=dict(l=50, r=10, t=40, b=40), title_font=dict(size=9),
+                      legend=dict(font=dict(size=7)))
+    if out.layout.title and out.layout.title.subtitle and out.layout.title.subtitle.text:
+        out.update_layout(title_subtitle_font=dict(size=6))
+    out.update_annotations(font_size=7)
+    axis = dict(title_font_size=8, tickfont_size=7, gridcolor="#e5e5e5", zerolinecolor="#cccccc", linecolor="#444",
+                showline=True, automargin=True)
+    out.update_xaxes(**axis)
+    out.update_yaxes(**axis)
+    for ax in list(out.select_xaxes()) + list(out.select_yaxes()):  # explicit ticks stay explicit (as text)
+        if ax.tickvals is not None:
+            ax.update(tickmode="array", ticktext=[f"{v:g}" if isinstance(v, (int, float)) else str(v)
+                                                  for v in (ax.ticktext if ax.ticktext is not None else ax.tickvals)])
+    return out
+
+
+def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes:
+    """The figure as SVG, PDF or PNG bytes (kaleido, drawing with a headless Chromium).
+
+    Args: ``fmt`` in ``EXPORT_FORMATS``; ``paper``: ``paper_figure`` width (``"column"`` /
+      ``"page"``, the default) or None to keep the figure's own size and style.
+    Uses Debian's /usr/bin/chromium when ``BROWSER_PATH`` is not set.
+    Raises: ValueError for an unknown format; FigureExportError naming what is missing.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)} (got {fmt!r})")
+    import os
+    if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
+        os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
+    f = paper_figure(fig, paper) if paper else fig
+    try:
+        try:
+            return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
+        except ImportError:
+            raise
+        except Exception:  # a cold browser start sometimes loses kaleido's page script: once more
+            return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
+    except Exception as e:  # kaleido missing, no browser, a browser that failed to start
+        raise FigureExportError(f"cannot write the figure as {fmt.upper()} ({type(e).__name__}: "
+                                f"{(str(e).splitlines() or [''])[0][:200]}); it needs the kaleido package and a "
+                                "Chromium browser (apt install chromium, or set BROWSER_PATH)") from e
+
+
+def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None, paper: str | None = "page") -> Path:
+    """Write ``fig`` to ``path`` as ``fmt`` (default: the file's suffix: .svg, .pdf, .png, or
+    .html for the interactive figure), atomically. Returns the path. Raises: ValueError for an
+    unknown format; FigureExportError (see ``export_figure``)."""
+    from .files import atomic_write
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt == "html":
+        atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs="cdn"))
+        return path
+    data = export_figure(fig, fmt, paper)
+    atomic_write(path, lambda p: Path(p).write_bytes(data))
+    return path

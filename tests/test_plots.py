@@ -240,7 +240,8 @@ def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     assert "window seed 0" in caption  # the evaluation's seed, not the checkpoint's training seed
     assert list(fig.layout.xaxis.tickvals) == [16, 64, 256]
     # the log y-axis is labelled inside a short range (perplexity 3–5: every digit), coarser on a long one
-    assert P._log_ticks(3.3, 4.6) == [3.5, 4.0, 4.5]
+    assert P._log_ticks(3.3, 4.6) == [3.4, 3.6, 3.8, 4.0, 4.2, 4.4, 4.6]
+    assert P._log_ticks(3.6, 4.0) == [3.6, 3.7, 3.8, 3.9, 4.0]  # a short range is labelled inside
     assert P._log_ticks(3.3, 19.0) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
     assert P._log_ticks(1.0, 1000.0) == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
     assert P._log_ticks(0.0, 5.0) == []
@@ -504,3 +505,36 @@ def test_perplexity_figure_marks_chance_only_near_it():
     assert len(marks) == 1 and marks[0].y0 == 256.0
     far = plots.perplexity_figure([result([2.0, 2.1])])
     assert not [sh for sh in far.layout.shapes if sh.name == plots.UNIFORM_MARK]
+
+
+@pytest.mark.slow
+def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_traces(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from pypdf import PdfReader
+
+    from fireviz import analysis, plots
+    from fireviz.model import GPT, GPTConfig
+
+    def result(name, bpb):
+        per = [{"length": n, "nats_per_token": b * math.log(2), "perplexity": 2 ** b, "bits_per_byte": b,
+                "tokens_scored": 100, "windows": 2} for n, b in zip((128, 256, 512), bpb)]
+        return {"checkpoint": name, "position_encoding": "fire", "train_seq_len": 128, "settings": {"data": "prose"},
+                "per_length": per}
+
+    ppl = plots.perplexity_figure([result("alpha_run", [2.0, 1.9, 1.95]), result("beta_run", [2.1, 2.0, 2.2])])
+    torch.manual_seed(0)
+    grid = plots.bias_grid_figure(analysis.bias_report(GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=32,
+                                                                       position_encoding="alibi")), [31]).to_dict())
+    for fig, names in ((ppl, ["alpha_run", "beta_run"]), (grid, ["i = 31"])):
+        svg = plots.write_figure(fig, tmp_path / "f.svg")
+        root = ET.fromstring(svg.read_bytes())
+        text = " ".join(t for t in root.itertext())
+        assert all(n in text for n in names), text[:300]
+        n_lines = sum(1 for el in root.iter() if el.tag.endswith("path") and "js-line" in (el.get("class") or ""))
+        assert n_lines >= len([tr for tr in fig.data if tr.mode and "lines" in tr.mode])
+        pdf = plots.write_figure(fig, tmp_path / "f.pdf")
+        reader = PdfReader(str(pdf))
+        assert len(reader.pages) == 1 and all(n in reader.pages[0].extract_text() for n in names)
+    png = plots.export_figure(ppl, "png")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
