@@ -64,7 +64,9 @@ def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: i
         kw.update(row=row, col=col)
     label = dict(text=text if text is not None else f"{name} {x:g}", font=dict(size=9, color="gray"))
     if axis == "x":
-        fig.add_vline(x=x, label=dict(label, textposition=at, textangle=-90), **kw)
+        # drawn inside the plot area (it ran up into the title and subtitle)
+        fig.add_vline(x=x, label=dict(label, textposition=at, textangle=-90, xanchor="right", yanchor="top",
+                                      padding=4), **kw)
     else:
         fig.add_hline(y=x, label=dict(label, textposition=at), **kw)
 

@@ -83,8 +83,17 @@ def browser():
             b.close()
 
 
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+#: Window widths every page is looked at in (a laptop and a desktop browser), px.
+WIDTHS = (1024, 1400)
+
+
+@pytest.fixture(params=WIDTHS, ids=lambda w: f"{w}px")
+def width(request) -> int:
+    return request.param
+
+
+def _open(browser, url: str, width: int = 1400):
+    page = browser.new_page(viewport={"width": width, "height": 1000})
     page.set_default_timeout(PAGE_TIMEOUT_MS)
     page.goto(url, wait_until="domcontentloaded")
     page.wait_for_selector('[data-testid="stApp"]')
@@ -120,7 +129,7 @@ def _click_when_idle(page, button: str, ready_text: str) -> None:
     page.get_by_role("button", name=button, exact=True).click()
 
 
-def _check_and_shoot(page, name: str, charts: int = 1) -> None:
+def _check_and_shoot(page, name: str, charts: int = 1, width: int = 1400) -> None:
     page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
                            timeout=PAGE_TIMEOUT_MS)
     _settle(page)
@@ -128,11 +137,11 @@ def _check_and_shoot(page, name: str, charts: int = 1) -> None:
     body = page.inner_text("body")
     assert "Traceback" not in body
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / f"{name}_{width}px.png"), full_page=True)
 
 
-def test_home_page(server, browser):
-    page = _open(browser, server)
+def test_home_page(server, browser, width):
+    page = _open(browser, server, width)
     page.wait_for_selector('[data-testid="stDataFrame"]')
     _settle(page)
     assert page.locator('[data-testid="stException"]').count() == 0
@@ -141,38 +150,41 @@ def test_home_page(server, browser):
     for name in ("Learned biases", "Fit FIRE", "Length generalization", "Training runs"):
         assert name in body
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / "0_home.png"), full_page=True)
+    page.screenshot(path=str(SHOTS / f"0_home_{width}px.png"), full_page=True)
     page.close()
 
 
-def test_learned_biases_page(server, browser):
-    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&ckpt=alibi")
-    _check_and_shoot(page, "1_learned_biases_grid", charts=2)
+def test_learned_biases_page(server, browser, width):
+    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&ckpt=alibi", width)
+    _check_and_shoot(page, "1_learned_biases_grid", charts=2, width=width)
     page.close()
-    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&view=head&layer=1&head=0&x=normalized")
-    _check_and_shoot(page, "1_learned_biases_head", charts=2)
-    page.close()
-
-
-def test_fit_fire_page(server, browser):
-    page = _open(browser, f"{server}/Fit_FIRE?target=t5&heads=2&max_len=64&steps=20&width=16")
-    _click_when_idle(page, "Fit", ready_text="Pick a target and")
-    _check_and_shoot(page, "2_fit_fire")
+    page = _open(browser, f"{server}/Learned_biases?ckpt=fire&view=head&layer=1&head=0&x=normalized", width)
+    _check_and_shoot(page, "1_learned_biases_head", charts=2, width=width)
     page.close()
 
 
-def test_length_generalization_page(server, browser, tmp_path):
+def test_fit_fire_page(server, browser, width):
+    page = _open(browser, f"{server}/Fit_FIRE?target=t5&heads=2&max_len=64&steps=20&width=16", width)
+    ready = "Pick a target and" if width == WIDTHS[0] else "relative RMSE"  # the second width finds the fit done
+    if width == WIDTHS[0]:
+        _click_when_idle(page, "Fit", ready_text=ready)
+    _check_and_shoot(page, "2_fit_fire", width=width)
+    page.close()
+
+
+def test_length_generalization_page(server, browser, tmp_path, width):
     docs = [{"id": f"d{k}", "text": "Position encodings decide what a transformer sees. " * (10 + 3 * k)} for k in range(6)]
     upload = tmp_path / "mini.jsonl"
     upload.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    page = _open(browser, f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512")
+    page = _open(browser, f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512&mode=nonoverlapping", width)
     page.locator('input[type="file"]').set_input_files(str(upload))
-    _click_when_idle(page, "Run", ready_text="have not been evaluated yet")
-    _check_and_shoot(page, "3_length_generalization", charts=2)
+    if width == WIDTHS[0]:
+        _click_when_idle(page, "Run", ready_text="have not been evaluated yet")
+    _check_and_shoot(page, "3_length_generalization", charts=2, width=width)
     page.close()
 
 
-def test_training_runs_page(server, browser):
-    page = _open(browser, f"{server}/Training_runs")
-    _check_and_shoot(page, "4_training_runs")
+def test_training_runs_page(server, browser, width):
+    page = _open(browser, f"{server}/Training_runs", width)
+    _check_and_shoot(page, "4_training_runs", width=width)
     page.close()
