@@ -500,11 +500,10 @@ def figure_downloads(fig, page: str, name: str) -> None:
         return make
 
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    cols = st.columns([1, 1, 1, 5])
-    for col, fmt, mime in zip(cols, plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
-        col.download_button(fmt.upper(), render(fmt), file_name=f"{stem}.{fmt}", mime=mime,
-                            key=key(page, f"export_{name}_{fmt}"), on_click="ignore",
-                            help=f"{fmt.upper()} for a paper: a two-column page wide (6.9 in), serif 8 pt")
+    with st.popover("⬇ Figure for a paper", help="SVG, PDF or PNG, a two-column page wide (6.9 in), serif 8 pt"):
+        for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
+            st.download_button(f"{fmt.upper()}", render(fmt), file_name=f"{stem}.{fmt}", mime=mime,
+                               key=key(page, f"export_{name}_{fmt}"), on_click="ignore", help=f"{stem}.{fmt}")
 
 
 def rows_to_csv(rows: Sequence[dict]) -> str:
@@ -563,9 +562,10 @@ def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any =
         items.append((fname, data, mime))
     if not items:
         return
-    cols = where.columns(len(items))
+    cols = where.columns(max(len(items), 4))  # short labels (the file name is the tooltip): they fit at 1024 px
     for col, (fname, data, mime) in zip(cols, items):
-        col.download_button(f"⬇ {fname}", data, file_name=fname, mime=mime,
+        kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
+        col.download_button(f"⬇ {kind}", data, file_name=fname, mime=mime, help=fname,
                             key=key(page, f"dl_{name}_{fname}"), on_click="ignore")
 
 

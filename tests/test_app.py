@@ -385,7 +385,7 @@ def test_fit_alibi_live_and_download(app_env):
     at.button(key="fit_go").click().run()
     no_exception(at)
     assert next(m for m in at.metric if m.label == "fit time").value == "cached"
-    names = [b.proto.label for b in at.get("download_button")]
+    names = [b.proto.help for b in at.get("download_button")]  # labels are short; the tooltip is the file name
     assert any("fire_fit_alibi_L16.safetensors" in n for n in names) and any(n.endswith(".json") for n in names), names
     assert not any("settings have changed" in i.value for i in at.info)
     # settings changed without a new Fit: the old result stays, marked as such
