@@ -565,6 +565,7 @@ def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any =
     cols = where.columns(max(len(items), 4))  # short labels (the file name is the tooltip): they fit at 1024 px
     for col, (fname, data, mime) in zip(cols, items):
         kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
+        kind = {"SAFETENSORS": "weights"}.get(kind, kind)
         col.download_button(f"⬇ {kind}", data, file_name=fname, mime=mime, help=fname,
                             key=key(page, f"dl_{name}_{fname}"), on_click="ignore")
 
