@@ -4,8 +4,10 @@
    bf16 autocast, with and without ``torch.compile``, for FIRE and RoPE: tokens/s and model
    FLOPs utilization (MFU = 6·N·tokens/s + attention FLOPs, over the GPU's dense bf16 peak).
 2. FIRE evaluation memory at 8192 and 32768 (batch 1, one attention layer's worth): a
-   materialized bias (fireviz's SDPA path) against a bias computed inside the kernel with
-   ``torch.nn.attention.flex_attention`` and a ``score_mod`` evaluating FIRE's MLP.
+   materialized bias (fireviz's SDPA path) against the bias computed inside the kernel
+   (``fireviz.flex``: FlexAttention with a ``score_mod`` evaluating FIRE's MLP).
+3. The whole model's evaluation forward at 8k and 32k, ``set_attention_backend("sdpa")`` vs
+   ``"flex"`` (seconds, peak GPU memory), for FIRE and ALiBi.
 
 On a machine without CUDA it prints that it skipped and exits 0.
 
@@ -68,39 +70,39 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
             F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask)
     torch.cuda.synchronize()
     out["materialized"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
-    # (b) bias inside the kernel: flex_attention with a FIRE score_mod
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:
+    # (b) bias inside the kernel: fireviz.flex (FlexAttention with FIRE's score_mod)
+    from fireviz import flex
+    if not flex.flex_available():
         out["flex_attention"] = None
+        print(f"  FlexAttention unavailable: {flex.unavailable_reason()}")
         return out
-    lin1, lin2 = fire.mlp[0], fire.mlp[2]
-    w1, b1 = lin1.weight[:, 0].detach().float(), lin1.bias.detach().float()
-    W2, b2 = lin2.weight.detach().float(), lin2.bias.detach().float()
-    c, L, eps = fire.c.detach().float(), fire.threshold().detach().float(), fire.eps
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        d = (q_idx - kv_idx).float()
-        x = torch.log1p(torch.abs(c * d)) / (torch.log1p(torch.abs(c * torch.maximum(q_idx.float(), L))) + eps)
-        acc = b2[h]
-        for unit in range(w1.shape[0]):
-            acc = acc + W2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
-        return score + acc
-
-    def causal(b, h, q_idx, kv_idx):
-        return q_idx >= kv_idx
-    block_mask = create_block_mask(causal, None, None, n, n, device="cuda")
-    flex = torch.compile(flex_attention)
     with torch.inference_mode():
-        flex(q, k, v, score_mod=score_mod, block_mask=block_mask)  # compile
+        flex.causal_flex(q, k, v, fire)  # compile
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         t = time.perf_counter()
-        flex(q, k, v, score_mod=score_mod, block_mask=block_mask)
+        flex.causal_flex(q, k, v, fire)
         torch.cuda.synchronize()
     out["flex_attention"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
     return out
+
+
+def model_eval(n: int, backend: str, name: str = "fire"):
+    """One forward of the base-shape GPT (12L, 12H, d=768) at length n, bf16 autocast: (s, peak MiB)."""
+    from fireviz.model import GPT, GPTConfig
+    model = GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, position_encoding=name)).cuda().eval()
+    model.set_attention_backend(backend)
+    x = torch.randint(0, 256, (1, n), device="cuda")
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        model(x[:, :1024])  # compile / warm up
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        model(x)
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def main() -> int:
@@ -133,6 +135,16 @@ def main() -> int:
         except Exception as e:
             print(f"  {n:6d} failed: {type(e).__name__}: {str(e)[:200]}")
         torch.cuda.empty_cache()
+    print("\nWhole-model evaluation forward (12L, 12H, d=768, bf16), SDPA with a materialized bias vs FlexAttention")
+    for name in ("fire", "alibi"):
+        for n in (8192, 32768):
+            for backend in ("sdpa", "flex"):
+                try:
+                    sec, mib = model_eval(n, backend, name)
+                    print(f"  {name:5s} {n:6d} {backend:4s} {sec:7.3f} s  peak +{mib:8.0f} MiB")
+                except Exception as e:
+                    print(f"  {name:5s} {n:6d} {backend:4s} failed: {type(e).__name__}: {str(e)[:200]}")
+                torch.cuda.empty_cache()
     return 0
 
 

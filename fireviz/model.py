@@ -221,6 +221,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
         self.dropout = config.dropout
         self.query_block = config.attn_query_block
+        self.backend = "sdpa"  # or "flex" (GPT.set_attention_backend): the bias inside FlexAttention
 
     def forward(self, x: torch.Tensor, encoding: PositionEncoding, q_offset: int,
                 cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None,
@@ -238,6 +239,10 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.append(layer, k, v)
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
+        if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
+            from .flex import causal_flex  # no [heads, q, k] bias: computed inside the attention kernel
+            y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
+            return self.proj(y.transpose(1, 2).reshape(B, T, -1))
         if T <= self.query_block:
             y = self._attend(q, k, v, encoding, q_offset, k_len, dropout, mask, position_offset)
         else:
@@ -322,6 +327,16 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             if p.dim() == 2:
                 std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
+
+    def set_attention_backend(self, backend: str) -> "GPT":
+        """``"sdpa"`` (default: the bias as an SDPA mask, query blocks) or ``"flex"`` (inference:
+        the bias computed inside compiled FlexAttention, ``fireviz.flex``; no [heads, q, k]
+        tensor, for long contexts on a GPU). Returns self. Raises: ValueError for another name."""
+        if backend not in ("sdpa", "flex"):
+            raise ValueError(f"attention backend must be 'sdpa' or 'flex' (got {backend!r})")
+        for block in self.blocks:
+            block.attn.backend = backend
+        return self
 
     def encoding(self, layer: int) -> PositionEncoding:
         """The position-encoding module used by ``layer`` (shared modules repeat)."""
