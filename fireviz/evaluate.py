@@ -693,6 +693,19 @@ def memory_problem(configs: Sequence[GPTConfig], length: int, batch: int, device
             "tokens — ask for a shorter length (or a machine with more memory)")
 
 
+#: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.flex``)
+#: instead of materialising [heads, block, keys] per query block. CPU always uses the SDPA path.
+FLEX_MIN_LENGTH = 8192
+
+
+def _flex_ok(report) -> bool:
+    from . import flex
+    if flex.flex_available():
+        return True
+    report(f"FlexAttention unavailable ({flex.unavailable_reason()}); long lengths use the SDPA path")
+    return False
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` → CUDA when available, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"`` as given.
 
@@ -1044,6 +1057,9 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
                                "token_budget": token_budget, "seed": int(seed), "rope_scaling": rope_scaling,
                                "split": split, "position_buckets": int(position_buckets), "precision": precision,
                                "bos": BOS_CONVENTION}
+            use_flex = dev.type == "cuda" and n >= FLEX_MIN_LENGTH and _flex_ok(report)
+            if use_flex:  # bf16 numbers differ slightly between the two paths: part of the key (GPU only)
+                length_settings["attention"] = "flex"
             if same_text is not None:  # the windows at n depend on the prefix M
                 length_settings["prefix_tokens"] = same_text.prefix_tokens
             if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
@@ -1076,6 +1092,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
             scored_model, extra = on_device, {}
             if rope_scaling is not None:
                 scored_model, extra = rope_scaled_model(on_device, rope_scaling, n)
+            scored_model.set_attention_backend("flex" if use_flex else "sdpa")
             finished = 0
 
             def on_batch(k: int, n=n, plan=plan, n_tokens=n_tokens) -> None:
