@@ -301,7 +301,12 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
     else:
         k = url_state(page, "ckpt", names[0], options=names)
         chosen = [where.selectbox(label, names, key=k, format_func=fmt)]
-    return [by_name[n] for n in chosen if n in by_name]
+    picked = [by_name[n] for n in chosen if n in by_name]
+    if not picked:  # everything cleared: say so, and drop the stale ckpt= from the URL
+        if "ckpt" in st.query_params:
+            del st.query_params["ckpt"]
+        st.info(f"No checkpoint chosen: pick one or more in the sidebar ({label}).")
+    return picked
 
 
 def checkpoint_caption(info: ck.CheckpointInfo) -> str:

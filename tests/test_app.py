@@ -726,3 +726,12 @@ def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env
     ppl = figures(at)[0]
     xs = sorted({int(x) for tr in ppl["data"] for x in arr(tr["x"])})
     assert xs == [16]
+
+
+def test_clearing_every_checkpoint_says_so_and_clears_the_url(app_env):
+    at = page("pages/1_Learned_biases.py", ckpt="fire").run()
+    no_exception(at)
+    at.sidebar.multiselect(key="biases_ckpt").set_value([]).run()
+    no_exception(at)
+    assert any("No checkpoint chosen" in i.value for i in at.info)
+    assert "ckpt" not in at.query_params
