@@ -31,6 +31,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is missing, corrupt, truncated or disagrees with its config."""
 
 
+#: Format of the config.json fireviz writes: 2 = ``encoding_options`` complete (every option of
+#: the encoding named, defaults included); files without the field are format 1.
+CONFIG_FORMAT = 2
+
 #: Largest value of each size field of ``GPTConfig`` (far beyond any model fireviz trains; a
 #: config.json past them is refused before anything is allocated).
 CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "d_model": 1 << 16, "seq_len": 1 << 24, "vocab_size": 1 << 20,
@@ -55,6 +59,9 @@ class GPTConfig:
         forward pass needs memory ∝ block × length (tokens).
       training: provenance written by the trainer (settings, data, tokens seen); not used
         by the model itself.
+      config_format: 2 for a config.json the trainer writes (``to_json_dict``: ``encoding_options``
+        names every option, see ``complete_encoding_options``); 1 (or absent) for older files and
+        ``save_pretrained``, whose unset options take their defaults.
     Raises (``validate``): ValueError naming the bad field.
     """
 
@@ -69,6 +76,7 @@ class GPTConfig:
     absolute_position_embedding: bool = False
     attn_query_block: int = 1024
     training: dict = field(default_factory=dict)
+    config_format: int = 1
 
     def validate(self) -> "GPTConfig":
         """Check every field; returns self. Raises ValueError with the field and the fix.
@@ -122,6 +130,17 @@ class GPTConfig:
         """Channels per attention head: d_model // n_head (validate() requires divisibility)."""
         return self.d_model // self.n_head
 
+    def complete_encoding_options(self) -> dict:
+        """Every option of the encoding with the value this model uses: its spec's defaults,
+        then the training-length ones (``resolved_encoding_options``). What config.json holds."""
+        return {**encoding_spec(self.position_encoding).defaults, **self.resolved_encoding_options()}
+
+    def to_json_dict(self) -> dict:
+        """The config as written to config.json: every field, ``encoding_options`` complete,
+        ``config_format = CONFIG_FORMAT``."""
+        from dataclasses import asdict
+        return {**asdict(self), "encoding_options": self.complete_encoding_options(), "config_format": CONFIG_FORMAT}
+
     def resolved_encoding_options(self) -> dict:
         """``encoding_options`` plus fireviz's defaults tied to the training length.
 
@@ -164,6 +183,16 @@ def config_from_dict(data: object, source: str = "config.json") -> GPTConfig:
     if missing:
         raise CheckpointError(f"{source} does not name {', '.join(missing)}, which decide what the model computes; "
                               "add the value(s) the model was trained with (see GPTConfig) or train it again")
+    fmt = data.get("config_format", 1)
+    if fmt not in (1, CONFIG_FORMAT) or isinstance(fmt, bool):
+        raise CheckpointError(f"{source} has config_format {fmt!r}; this fireviz reads formats 1 and {CONFIG_FORMAT}")
+    if fmt == CONFIG_FORMAT and isinstance(data.get("encoding_options"), dict) and isinstance(
+            data.get("position_encoding"), str) and data["position_encoding"] in encoding_names():
+        absent = sorted(set(encoding_spec(data["position_encoding"]).defaults) - set(data["encoding_options"]))
+        if absent:  # format 2 names every option: a missing one was deleted, not defaulted
+            raise CheckpointError(f"{source} does not name encoding option(s) {', '.join(absent)} of "
+                                  f"{data['position_encoding']} (config_format {CONFIG_FORMAT} lists every option, "
+                                  "as trained); restore them or train the checkpoint again")
     try:
         return GPTConfig(**data).validate()
     except (TypeError, ValueError) as e:
@@ -447,9 +476,9 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         path = os.fspath(pretrained_model_name_or_path)
         if os.path.isdir(path):
             cfg = Path(path) / "config.json"
-            if not cfg.is_file():
-                raise CheckpointError(f"{path} has no readable config.json (missing, a broken link or not a file): "
-                                      "not a fireviz checkpoint folder")
+            if (cfg.is_symlink() or cfg.exists()) and not cfg.is_file():
+                raise CheckpointError(f"{path}: config.json is a broken link or not a file; restore it or train the "
+                                      "checkpoint again")
             if cfg.exists():
                 try:
                     data = read_json(cfg)

@@ -67,7 +67,7 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetenso
 MAX_POSITION_OFFSET = 1 << 30
 _FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
 #: GPTConfig fields a config file may not set (written by the trainer itself).
-_MODEL_RESERVED = frozenset({"training"})
+_MODEL_RESERVED = frozenset({"training", "config_format"})
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 
 
@@ -973,7 +973,8 @@ def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: Trai
     atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))
     atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
     config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
-    atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=2, sort_keys=True) + "\n")
+    # every encoding option named (config_format 2): a deleted option is an error on load, not a default
+    atomic_write_text(out / "config.json", json.dumps(config.to_json_dict(), indent=2, sort_keys=True) + "\n")
     summary = state | {"sha256": {n: sha256_files(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
     atomic_write_text(out / "trainer_state.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 

@@ -542,3 +542,27 @@ def test_results_with_a_negative_loss_are_refused(root):
         {"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": -1.0}]}))
     info = checkpoints.read_checkpoint(root / "victim")
     assert "bits_per_byte = -1.0" in info.problems["results_prose.json"] and not info.headline.get("bpb @ 32")
+
+
+def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
+                   f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
+                   'batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n')
+    assert train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["config_format"] == 2
+    assert saved["encoding_options"] == {"num_buckets": 32, "max_distance": 20, "bidirectional": False, "init_std": 0.02}
+    before = GPT.from_pretrained(str(tmp_path / "run"))
+    assert before.encoding(0).max_distance == 20
+    del saved["encoding_options"]["max_distance"]
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match="does not name encoding option.*max_distance"):
+        GPT.from_pretrained(str(tmp_path / "run"))
+    with pytest.raises(CheckpointError, match="max_distance"):
+        checkpoints.read_checkpoint(tmp_path / "run")
+    saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128

@@ -36,6 +36,9 @@ class EncodingSpec:
       fit_target: ``f(num_heads, **params) -> (encoding module, params as used)``: the target
         with its parameters resolved (seeded draws, defaults), for ``fireviz.fit.make_target``.
       summary: one line for help texts.
+      defaults: the value of each option when a config does not set it (None: derived, e.g.
+        from the training length). A saved config.json (``config_format`` 2) names every option
+        listed here, so a deleted option is an error, never a silent default.
     """
 
     name: str
@@ -47,10 +50,14 @@ class EncodingSpec:
     fit_params: frozenset | None = None
     fit_target: Callable[..., tuple] | None = None
     summary: str = ""
+    defaults: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.sharing not in SHARING:
             raise ValueError(f"EncodingSpec {self.name!r}: sharing must be one of {SHARING} (got {self.sharing!r})")
+        if set(self.defaults) - set(self.options):
+            raise ValueError(f"EncodingSpec {self.name!r}: defaults for options it does not take: "
+                             f"{sorted(set(self.defaults) - set(self.options))}")
         if (self.fit_params is None) != (self.fit_target is None):
             raise ValueError(f"EncodingSpec {self.name!r}: give fit_params and fit_target together, or neither")
 

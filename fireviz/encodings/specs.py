@@ -37,6 +37,16 @@ def _heads_only(cls):
     return lambda num_heads, head_dim, **options: cls(num_heads, **options)
 
 
+def _defaults(cls) -> dict:
+    """The keyword defaults of ``cls.__init__`` (after num_heads): the options' values when unset."""
+    import inspect
+    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+            if k not in ("self", "num_heads") and p.default is not inspect.Parameter.empty}
+
+
+_ROPE_DEFAULTS = {"rope_theta": 10000.0}
+
+
 # -- fit targets (Theorem 3.1: FIRE can represent each of these) -----------------------------------
 def per_head(value, num_heads: int, what: str) -> torch.Tensor:
     """A scalar or a list of ``num_heads`` numbers as float32 ``[num_heads]``.
@@ -133,31 +143,36 @@ _FIRE_OPTIONS = frozenset({"mlp_width", "init_c", "init_L", "eps", "progressive_
 
 BUILTIN_SPECS = (
     EncodingSpec("nope", _heads_only(NoPE), sharing="static", summary="no position encoding (causal mask only)"),
-    EncodingSpec("rope", _rope_builder(None), frozenset({"rope_theta"}), "static", summary="rotary (RoFormer)"),
+    EncodingSpec("rope", _rope_builder(None), frozenset({"rope_theta"}), "static", summary="rotary (RoFormer)",
+                 defaults=dict(_ROPE_DEFAULTS)),
     EncodingSpec("rope_pi", _rope_builder("pi"), frozenset({"rope_theta", "rope_scaling_factor"}), "static",
-                 summary="rotary with position interpolation"),
+                 summary="rotary with position interpolation", defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0}),
     EncodingSpec("yarn", _rope_builder("yarn"),
                  frozenset({"rope_theta", "rope_scaling_factor", "original_max_position_embeddings", "beta_fast",
                             "beta_slow"}), "static",
-                 defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L}, summary="rotary with YaRN"),
+                 defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L}, summary="rotary with YaRN",
+                 defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0, "original_max_position_embeddings": None,
+                           "beta_fast": 32, "beta_slow": 1}),
     EncodingSpec("t5", _heads_only(T5RelativeBias), frozenset({"num_buckets", "max_distance", "bidirectional",
                                                                "init_std"}),
                  fit_params=frozenset({"num_buckets", "max_distance", "values", "seed"}), fit_target=_t5_target,
-                 summary="T5 learned bucketed bias"),
+                 summary="T5 learned bucketed bias", defaults=_defaults(T5RelativeBias)),
     EncodingSpec("alibi", _heads_only(ALiBi), frozenset({"slope"}), "static",
-                 fit_params=frozenset({"slope"}), fit_target=_alibi_target, summary="ALiBi linear bias"),
+                 fit_params=frozenset({"slope"}), fit_target=_alibi_target, summary="ALiBi linear bias",
+                 defaults=_defaults(ALiBi)),
     EncodingSpec("kerple_log", _heads_only(KerpleLog), frozenset({"init_r1", "init_r2"}),
                  fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerpleLog, None),
-                 summary="Kerple logarithmic"),
+                 summary="Kerple logarithmic", defaults=_defaults(KerpleLog)),
     EncodingSpec("kerple_power", _heads_only(KerplePower), frozenset({"init_r1", "init_r2"}),
                  fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
-                 summary="Kerple power"),
+                 summary="Kerple power", defaults=_defaults(KerplePower)),
     EncodingSpec("sandwich", _heads_only(Sandwich), frozenset({"dbar"}), "static",
-                 fit_params=frozenset({"dbar"}), fit_target=_sandwich_target, summary="Sandwich"),
+                 fit_params=frozenset({"dbar"}), fit_target=_sandwich_target, summary="Sandwich",
+                 defaults=_defaults(Sandwich)),
     EncodingSpec("fire", _heads_only(FIRE), _FIRE_OPTIONS, defaults_from_seq_len=lambda L: {"init_L": L / 4},
-                 normalizer=True, summary="FIRE, one MLP per layer"),
+                 normalizer=True, summary="FIRE, one MLP per layer", defaults=_defaults(FIRE)),
     EncodingSpec("fire_s", _heads_only(FIRE), _FIRE_OPTIONS, "shared", defaults_from_seq_len=lambda L: {"init_L": L / 4},
-                 normalizer=True, summary="FIRE-S, one MLP shared by all layers"),
+                 normalizer=True, summary="FIRE-S, one MLP shared by all layers", defaults=_defaults(FIRE)),
 )
 
 for _spec in BUILTIN_SPECS:
