@@ -58,8 +58,11 @@ def home() -> None:
         st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
                    + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
                    + ".")
+        # columns with nothing in them (no seeds recorded, no published numbers) are left out: the
+        # rest then fits a 1024 px window without a sideways scroll as far as it can
+        shown = [c for c in dict.fromkeys(k for r in rows for k in r) if any(r.get(c) not in (None, "") for r in rows)]
         st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
-                     height=ui.table_height(len(rows)))
+                     column_order=shown, height=ui.table_height(len(rows)))
         ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
     st.subheader("Where next")
