@@ -44,13 +44,19 @@ if logs:
                         "and at 4× it (open). The loss axis starts zoomed past the first steps; double-click the "
                         "plot to see all of it.", P, "curves")
     ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
-    loss = st.column_config.NumberColumn(format="%.4f")
+    VAL_HELP = ("validation during training: the first windows of the validation documents (each document's "
+                "start, BOS first, then the next window of each), a fixed set; a document's start has the least "
+                "context, so this reads higher than random windows or the training loss — it is not overfitting")
+    st.caption("Validation loss here is the trainer's fixed set: document starts first (see the column help), so it "
+               "sits above the training loss and above the Length generalization page's numbers at the same "
+               "length; compare it between runs, not with those.")
     span = "last step" if smooth == 1 else f"last {smooth} steps"
     st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),
                  column_config={f"train loss ({span})": st.column_config.NumberColumn(
                                     format="%.4f", help="mean training loss over the same steps as the figure's "
                                                         "trailing mean: one batch's loss is too noisy to compare runs"),
-                                "last val loss": loss, "last val loss @ 4×": loss,
+                                "last val loss": st.column_config.NumberColumn(format="%.4f", help=VAL_HELP),
+                                "last val loss @ 4×": st.column_config.NumberColumn(format="%.4f", help=VAL_HELP),
                                 "tokens": st.column_config.NumberColumn(format="localized"),
                                 f"tokens/s (median, {span})": st.column_config.NumberColumn(
                                     format="%.0f", help="throughput of the machine the run last ran on")})
