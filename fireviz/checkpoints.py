@@ -338,7 +338,8 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
 
 
 #: Train-log fields read as numbers (a record holding another type is refused).
-LOG_NUMBER_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_loss_4x")
+LOG_NUMBER_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_loss_4x",
+                     "val_loss_random")
 
 
 #: Steps over which the training-runs table averages the training loss and throughput by
@@ -374,6 +375,7 @@ def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int 
             f"train loss ({span})": sum(losses) / len(losses) if losses else None,
             "last val loss": evals[-1]["val_loss"] if evals else None,
             "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
+            "last val loss (random windows)": evals[-1].get("val_loss_random") if evals else None,
             f"tokens/s (median, {span})": statistics.median(speed) if speed else None}
 
 

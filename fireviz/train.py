@@ -393,6 +393,24 @@ def validation_windows(docs: list[Document], length: int, count: int) -> torch.T
     return torch.stack(out)
 
 
+def random_validation_windows(docs: list[Document], length: int, count: int, seed: int = 0) -> torch.Tensor:
+    """A fixed validation set drawn like the evaluation's random windows: int64 ``[n, length + 1]``.
+
+    Candidates are the non-overlapping windows of ``length + 1`` tokens of every document that
+    holds one (windows never cross a boundary); ``count`` of them are drawn with
+    ``torch.Generator().manual_seed(seed)`` (n = min(count, candidates)), so, unlike
+    ``validation_windows`` (document starts), a window's position in its document is spread
+    like the text's. Raises: DataError if no document holds ``length + 1`` tokens.
+    """
+    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
+    cands = [(i, s) for i, t in enumerate(toks) for s in range(0, len(t) - length, length + 1)]
+    if not cands:
+        longest = max(len(t) for t in toks)
+        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest})")
+    pick = torch.randperm(len(cands), generator=torch.Generator().manual_seed(int(seed)))[:count].tolist()
+    return torch.stack([toks[cands[k][0]][cands[k][1]: cands[k][1] + length + 1] for k in sorted(pick)])
+
+
 # ---------------------------------------------------------------------------------------------
 # Files: atomic writes, checkpoint reading
 # ---------------------------------------------------------------------------------------------
@@ -804,6 +822,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         answers_from = task.split  # the loss counts its answers only (the rest is random)
         fingerprint = val_fingerprint = task.fingerprint()
         val_sets = {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths}
+        val_random = None  # fresh sequences already: nothing like document starts
     else:
         docs = load_documents(tc.data)
         train_docs = split_documents(docs, "train")
@@ -812,6 +831,9 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         fingerprint = data_fingerprint(train_docs)
         val_fingerprint = data_fingerprint(val_docs)
         val_sets = {L: validation_windows(val_docs, L, n_val) for L in eval_lengths}
+        # also windows drawn like the evaluation's (logged as val_loss_random): document starts
+        # read high (least context), which looks like overfitting and is not
+        val_random = random_validation_windows(val_docs, mc.seq_len, n_val)
     if resume and state["data_fingerprint"] != fingerprint:
         raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
                             f"(fingerprint {fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
@@ -861,6 +883,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
         "validation_fingerprint": val_fingerprint,
         "validation_lengths": list(eval_lengths),
         "validation_windows": {str(L): int(v.shape[0]) for L, v in val_sets.items()},
+        "validation_random_windows": None if val_random is None else int(val_random.shape[0]),
         "world_size": d.world,
         "num_parameters": raw_model.num_parameters(),
         "config_hash": config_hash(mc, tc),
@@ -894,6 +917,8 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             eval_micro = max(1, micro * mc.seq_len // L)
             res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d,
                                         first_target=answers_from(L + 1))
+        if val_random is not None:
+            res["val_loss_random"] = evaluate_windows(raw_model, val_random, micro, device, autocast, d)
         return res
 
     def position_record() -> dict:
@@ -902,11 +927,12 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
 
     bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
                desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
-    last = {"loss": None, "val_loss": None, "val_loss_4x": None}
+    last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None}
+    val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if val_random is not None else ())
     try:
         if start_step == 0 and tc.eval_interval > 0:
             last.update(run_eval())
-            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in ("val_loss", "val_loss_4x")},
+            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in val_keys},
                        **position_record()})
         model.train()
         for step in range(start_step, end_step):
@@ -933,7 +959,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
             last["loss"] = loss_value
             if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
                 last.update(run_eval())
-                rec.update({k: last[k] for k in ("val_loss", "val_loss_4x")})
+                rec.update({k: last[k] for k in val_keys})
                 rec.update(position_record())
             write_log(rec)
             bar.update(1)

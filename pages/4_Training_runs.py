@@ -49,14 +49,21 @@ if logs:
                 "context, so this reads higher than random windows or the training loss — it is not overfitting")
     st.caption("Validation loss here is the trainer's fixed set: document starts first (see the column help), so it "
                "sits above the training loss and above the Length generalization page's numbers at the same "
-               "length; compare it between runs, not with those.")
+               "length; compare it between runs, not with those. Runs trained with this fireviz also log the loss "
+               "on windows drawn at random positions (the last column), which reads like the evaluation.")
     span = "last step" if smooth == 1 else f"last {smooth} steps"
+    filled = [c for c in dict.fromkeys(k for r in summary for k in r) if any(r.get(c) is not None for r in summary)]
     st.dataframe(summary, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(summary)),
+                 column_order=filled,
                  column_config={f"train loss ({span})": st.column_config.NumberColumn(
                                     format="%.4f", help="mean training loss over the same steps as the figure's "
                                                         "trailing mean: one batch's loss is too noisy to compare runs"),
                                 "last val loss": st.column_config.NumberColumn(format="%.4f", help=VAL_HELP),
                                 "last val loss @ 4×": st.column_config.NumberColumn(format="%.4f", help=VAL_HELP),
+                                "last val loss (random windows)": st.column_config.NumberColumn(
+                                    format="%.4f", help="the same model on windows drawn at random positions of the "
+                                                        "validation documents, like the evaluation's (runs trained "
+                                                        "with this fireviz log it as val_loss_random)"),
                                 "tokens": st.column_config.NumberColumn(format="localized"),
                                 f"tokens/s (median, {span})": st.column_config.NumberColumn(
                                     format="%.0f", help="throughput of the machine the run last ran on")})

@@ -645,3 +645,25 @@ def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_p
     assert not (tmp_path / "run").exists()
     with pytest.raises(TrainingError, match="at most"):
         TrainConfig(data=str(corpus), random_position_offset=10 ** 30).validate()
+
+
+def test_training_also_logs_validation_on_random_windows(tmp_path):
+    from fireviz import train as T
+    from fireviz.checkpoints import read_train_log, training_summary_row, read_checkpoint
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 40}) + "\n"
+                         for i in range(30)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "alibi"\n'
+                   f'[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\n'
+                   'checkpoint_interval = 2\neval_batches = 1\n')
+    assert T.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    log = read_train_log(tmp_path / "run")
+    evals = [r for r in log if "val_loss" in r]
+    assert evals and all(math.isfinite(r["val_loss_random"]) for r in evals)
+    row = training_summary_row(read_checkpoint(tmp_path / "run"), log)
+    assert row["last val loss (random windows)"] == evals[-1]["val_loss_random"]
+    from fireviz.data import load_documents, split_documents
+    docs = split_documents(load_documents(p), "validation")
+    w1 = T.random_validation_windows(docs, 32, 4)
+    assert torch.equal(w1, T.random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33
