@@ -491,6 +491,11 @@ def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
         encs.append(e.requires_grad_(False))
     family = {"t5": "T5", "mt5": "mT5", "longt5": "LongT5", "umt5": "UMT5"}[model_type]
     family += " (one table per layer)" if per_layer else " (one table shared by all layers)"
+    if model_type == "longt5" and stack == "encoder":  # its encoder attends within a local window only
+        radius = _int(cfg, "local_radius", default=127)
+        family += (f"; encoder attention is local (keys within ±{radius} tokens"
+                   + (", plus transient global tokens" if attn.startswith("Transient") else "")
+                   + "): the bias beyond that distance is never used")
     seq = min(_int(cfg, "n_positions", default=512), MAX_VIEW_SEQ_LEN)
     return PublishedModel(PublishedConfig(layers, heads, seq, "t5", family, model_type, src.source, src.revision, stack),
                           encs)
