@@ -63,6 +63,10 @@ def home() -> None:
         shown = [c for c in dict.fromkeys(k for r in rows for k in r) if any(r.get(c) not in (None, "") for r in rows)]
         st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
                      column_order=shown, height=ui.table_height(len(rows)))
+        if any(i.position_encoding.startswith("kerple") for i in found):
+            st.caption("Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
+                       "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
+                       "projection, ship with the next republish — see the README.")
         ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
     st.subheader("Where next")

@@ -568,6 +568,8 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         report.layers = [LayerBiases(layer=l) for l in range(cfg.n_layer)]
         return report
     grid = _matrix_grid(positions[-1], matrix_window)
+    check_fits(3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20), "cpu", f"a {len(grid):,} × {len(grid):,} bias matrix",
+               "give a coarser --matrix START:STOP:STRIDE")  # float32 [heads, q, k], a few copies
     for layer in range(cfg.n_layer):
         enc = model.encoding(layer)
         lb = LayerBiases(layer=layer)

@@ -507,8 +507,10 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
 
 
 def looks_like_hub_id(ref: str) -> bool:
-    """True if ``ref`` has the shape of a Hub repo id (``owner/name``) and is not an existing path."""
-    return bool(_HUB_ID.match(ref)) and not Path(ref).expanduser().exists()
+    """True if ``ref`` has the shape of a Hub repo id (``owner/name``) and is not a local path
+    (see ``fireviz.hub.looks_like_hub_id``: one rule for the app, the CLI and the library)."""
+    from .hub import looks_like_hub_id as rule
+    return rule(ref)
 
 
 def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
@@ -540,9 +542,7 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
             return published_info(ref)
         except hub.NotPublishedModelError:
             pass  # a fireviz checkpoint on the Hub: fetched below
-        except hub.HubModelError as e:
-            if "is not a repository" not in str(e) and "cannot reach" not in str(e):
-                raise
+        # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
         raise CheckpointNotFoundError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
                               "Hugging Face repo id of the form owner/name; check the spelling or the path")

@@ -122,8 +122,10 @@ def is_transformers_config(cfg: object) -> bool:
 
 
 def looks_like_hub_id(ref: str) -> bool:
-    """``owner/name`` that is not an existing local path."""
-    return bool(_HUB_ID.match(ref or "")) and not Path(ref).expanduser().exists()
+    """``owner/name`` that is not a local path: neither it nor its first part (``owner``) exists
+    here, so ``checkpoints/typo`` is a mistyped folder, not a Hub repo."""
+    p = Path(ref or "").expanduser()
+    return bool(_HUB_ID.match(ref or "")) and not p.exists() and not p.parent.is_dir()
 
 
 def default_cache_dir() -> Path:
@@ -180,6 +182,8 @@ class _Hub:
 
     def _download(self, name: str) -> Path:
         from huggingface_hub import hf_hub_download
+        if not self.local_files_only and not _reachable(self.endpoint):
+            self.local_files_only = True  # no network: the caches answer at once, not after retries
         try:
             path = Path(hf_hub_download(self.repo_id, name, revision=self._rev, token=self.token,
                                         endpoint=self.endpoint, local_files_only=self.local_files_only))
@@ -250,6 +254,29 @@ class _Hub:
             raise HubModelError(f"{self.repo_id}: its position tensors are not in the cache and the Hub is off "
                                 "(offline); connect once to fetch them")
         return self._get(name, start, stop)
+
+
+_REACHABLE: dict[str, tuple[float, bool]] = {}
+
+
+def _reachable(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether ``endpoint``'s host accepts a TCP connection (checked once a minute): without a
+    network, huggingface_hub retries for ~25 s before failing; this answers in ``timeout``."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    now = time.monotonic()
+    if endpoint in _REACHABLE and now - _REACHABLE[endpoint][0] < 60:
+        return _REACHABLE[endpoint][1]
+    u = urlparse(endpoint)
+    try:
+        with socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout):
+            ok = True
+    except OSError:
+        ok = False
+    _REACHABLE[endpoint] = (now, ok)
+    return ok
 
 
 def _hub_error(repo_id: str, name: str, e: Exception) -> HubModelError:

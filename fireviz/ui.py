@@ -407,8 +407,8 @@ def locality_rules_text(rules: dict) -> str:
 
 def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
     """The rows of ``fireviz.analysis.locality_summary`` for display: shares as percentages,
-    and for rotary/NoPE checkpoints (no additive bias) "—" in the locality columns with a
-    note saying what they have instead."""
+    and for rotary/NoPE checkpoints (no additive bias) "—" in the text columns and empty counts,
+    with a note saying what they have instead."""
     out = []
     for r in summary:
         additive = r.get("kind") == "additive"
@@ -416,9 +416,9 @@ def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
         for k in ("share_local", "share_anti_local"):
             row[k] = percent(r.get(k)) if additive else "—"
         row["classify_at"] = str(r.get("classify_at")) if additive and r.get("classify_at") is not None else "—"
-        if not additive:
+        if not additive:  # None, not "—": these columns hold integers (a text cell breaks the table's types)
             for k in ("heads", "n_local", "n_anti_local", "n_mixed"):
-                row[k] = "—"
+                row[k] = None
         row["note"] = "" if additive else (
             "rotary: a position kernel, not a bias"
             if r.get("kind") == "rotary" else "no position encoding: no bias to classify")

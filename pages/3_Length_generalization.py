@@ -171,8 +171,11 @@ ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation
                                "seeds (n and std in the table; the error bars are often smaller than the markers); "
                                "the table's 95 % interval is over documents of the seed-mean loss. The std covers "
                                "training seeds only, the interval the text only." if pool else
-                               " Error bars: 95 % bootstrap interval over documents (the text's own spread; "
-                               "differences between checkpoints are much tighter, see the paired figure)."),
+                               (" Error bars: 95 % bootstrap interval over documents (the text's own spread; "
+                                "differences between checkpoints are much tighter, see the paired figure)."
+                                if any(e.get("ci95") for r in clean for e in r["per_length"]) else
+                                " No error bars: these results carry no per-document losses (computed before fireviz "
+                                "kept them); press Run to recompute them with intervals.")),
                P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
@@ -196,7 +199,7 @@ st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_hei
                             "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),
                             "train_seq_len": st.column_config.NumberColumn("training length")})
 
-st.subheader("Paired differences on the same text")
+st.subheader("Paired differences (every checkpoint on the same windows)")
 labels = list(dict.fromkeys(r.get("label") or r["checkpoint"] for r in shown))
 if len(labels) < 2:
     st.caption("Choose two or more checkpoints to compare them on the same documents.")
