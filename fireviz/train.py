@@ -927,11 +927,11 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
 
     bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
                desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
-    last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None}
+    last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None, "val_step": None}
     val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if val_random is not None else ())
     try:
         if start_step == 0 and tc.eval_interval > 0:
-            last.update(run_eval())
+            last.update(run_eval(), val_step=0)
             write_log({"step": 0, "tokens": 0, **{k: last[k] for k in val_keys},
                        **position_record()})
         model.train()
@@ -958,7 +958,7 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
                    "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / dt if dt > 0 else None}
             last["loss"] = loss_value
             if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
-                last.update(run_eval())
+                last.update(run_eval(), val_step=done)
                 rec.update({k: last[k] for k in val_keys})
                 rec.update(position_record())
             write_log(rec)
@@ -1046,6 +1046,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}: error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
-        vals = ", ".join(f"{k}={result[k]:.4f}" for k in ("loss", "val_loss", "val_loss_4x") if result[k] is not None)
+        vals = ", ".join(f"{k}={result[k]:.4f}" for k in ("loss",) if result.get(k) is not None)
+        if result.get("val_step") is not None:  # the last validation, which may be from an earlier step
+            at = "" if result["val_step"] == result["step"] else f" (validated at step {result['val_step']})"
+            vals += (", " if vals else "") + ", ".join(
+                f"{k}={result[k]:.4f}" for k in ("val_loss", "val_loss_4x") if result.get(k) is not None) + at
         print(f"trained to step {result['step']} ({result['tokens']} tokens) → {result['out_dir']}" + (f": {vals}" if vals else ""))
     return 0
