@@ -990,6 +990,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}")
     else:
         print(out["note"])
+    if "dilution" in out:  # what --text measured: the near share per layer at each query position
+        dl = out["dilution"]
+        print(f"attention share on the nearest {dl.get('near')} keys (mean over heads), by query position:")
+        print("layer " + " ".join(f"{p:>8d}" for p in dl["query_positions"]))
+        for layer, heads in enumerate(dl["share"]):
+            means = [sum(h[k] for h in heads) / len(heads) for k in range(len(dl["query_positions"]))]
+            print(f"{layer:5d} " + " ".join(f"{m:8.3f}" for m in means))
     print(f"wrote {out_path}")
     if args.figure:
         from . import plots  # the CLI layer draws; analysis itself only computes

@@ -19,8 +19,12 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     """Dispatch to a command's ``main``. Returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        from . import __version__
+        print(f"fireviz {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m fireviz {" + ",".join(COMMANDS) + "} [options]\n")
+        print("usage: python -m fireviz {" + ",".join(COMMANDS) + "} [options]   (or --version)\n")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         return 0 if argv else 2

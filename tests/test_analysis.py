@@ -440,3 +440,14 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
     assert json.loads(out.read_text())["normalizer_cap"] == 32
     assert cli_main(["biases", str(tmp_path / "fire"), "--normalizer-cap", "0"]) == 2
     assert "--normalizer-cap must be >= 1" in capsys.readouterr().err
+
+
+def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoint, tmp_path, capsys):
+    from fireviz import __version__, cli
+    text = tmp_path / "t.txt"
+    text.write_text("the river stone of the delta " * 40)
+    assert A.main([str(checkpoint), "--query-positions", "31", "--text", str(text), "--dilution-positions", "31,63",
+                   "--out", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "attention share on the nearest 16 keys" in out and "      31       63" in out
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"fireviz {__version__}"
