@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
 
 CHILD = r"""
 import json, resource, sys
@@ -35,16 +36,6 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({{"length": n, "batch": batch, "rss0": rss0, "work_estimate": memory.forward_bytes(cfg, batch, n),
                   "peak": peak}}))
 """
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv=None) -> int:
