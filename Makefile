@@ -23,7 +23,7 @@ app: $(STAMP)
 	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 test: $(STAMP)
-	$(PY) -m ruff check --select F --output-format concise fireviz app.py pages scripts tests benchmarks
+	$(PY) -m ruff check --output-format concise .
 	$(PY) -m pytest -q
 
 clean:

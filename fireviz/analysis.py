@@ -561,11 +561,11 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         report.kernel = {"distance": d, "value": rotary_kernel(enc0.inv_freq, d),
                          "attention_factor": float(getattr(enc0, "attention_factor", 1.0)), "label": ROTARY_KERNEL_LABEL}
         report.note = "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
-        report.layers = [LayerBiases(layer=l) for l in range(cfg.n_layer)]
+        report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
         return report
     if kind != "additive":
         report.note = f"{cfg.position_encoding} ({kind}) has no position bias and no kernel: order comes from the causal mask"
-        report.layers = [LayerBiases(layer=l) for l in range(cfg.n_layer)]
+        report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
         return report
     grid = _matrix_grid(positions[-1], matrix_window)
     check_fits(3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20), "cpu", f"a {len(grid):,} × {len(grid):,} bias matrix",

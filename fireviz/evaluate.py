@@ -1245,12 +1245,14 @@ def format_table(results: Sequence[dict]) -> str:
     row per checkpoint with "bpb [95 % CI]" cells, then the paired differences against the
     reference checkpoint with their 95 % intervals (bits per byte)."""
     lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
-    width = lambda rows, head: [max(len(x) for x in col) for col in zip(head, *rows)]
+    def width(rows, head):
+        return [max(len(x) for x in col) for col in zip(head, *rows)]
 
     def render(head, rows):
         widths = width(rows, head)
-        line = lambda cells: "  ".join(c.rjust(w) if i >= 3 else c.ljust(w)
-                                       for i, (c, w) in enumerate(zip(cells, widths)))
+
+        def line(cells):
+            return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
         return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
     names = [r["checkpoint"] for r in results]

@@ -124,15 +124,15 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
         raise ValueError(f"query positions {sorted(missing)} are not in the report (has {r['query_positions']})")
     n_layer, n_head = r["n_layer"], r["n_head"]
     heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
-    titles = [f"L{l} H{h}" + (f" · {heads_loc[(l, h)]}" if heads_loc.get((l, h)) else "")
-              for l in range(n_layer) for h in range(n_head)]
+    titles = [f"L{ly} H{h}" + (f" · {heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
+              for ly in range(n_layer) for h in range(n_head)]
     fig = make_subplots(rows=n_layer, cols=n_head, subplot_titles=titles, shared_xaxes=True,
                         horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
                         vertical_spacing=min(0.06, 0.5 / max(1, n_layer - 1)))
-    refs = {(l, h): _panel_refs(fig, l + 1, h + 1) for l in range(n_layer) for h in range(n_head)}
+    refs = {(ly, h): _panel_refs(fig, ly + 1, h + 1) for ly in range(n_layer) for h in range(n_head)}
     new_traces = []
     for lay in r["layers"]:
-        l = lay["layer"]
+        ly = lay["layer"]
         for c in lay["curves"]:
             i = c["query_position"]
             if i not in wanted:
@@ -142,21 +142,21 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
             idx = _subsample(bias.shape[1], max_points)
             dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
             for h in range(bias.shape[0]):
-                xr, yr = refs[(l, h)]
+                xr, yr = refs[(ly, h)]
                 new_traces.append(go.Scatter(x=dist, y=bias[h, idx], mode="lines", name=f"i = {i}",
-                                             legendgroup=f"i{i}", showlegend=(l == 0 and h == 0),
+                                             legendgroup=f"i{i}", showlegend=(ly == 0 and h == 0),
                                              line=dict(color=_color(k), width=1.2), xaxis=xr, yaxis=yr,
-                                             meta={"layer": l, "head": h, "query_position": i}))
+                                             meta={"layer": ly, "head": h, "query_position": i}))
     fig.add_traces(new_traces)
     # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
     fig.layout.shapes = [go.layout.Shape(
         type="line", x0=L, x1=L, xref=xr, y0=0, y1=1, yref=f"{yr} domain", name=TRAIN_MARK,
         line=dict(dash="dash", color="gray", width=1),
-        label=dict(text="train" if (l, h) == (0, 0) else "", textposition="end", textangle=-90,
+        label=dict(text="train" if (ly, h) == (0, 0) else "", textposition="end", textangle=-90,
                    font=dict(size=9, color="gray")))
-        for (l, h), (xr, yr) in refs.items()] if L is not None else []
-    for l in range(n_layer):
-        fig.update_yaxes(title_text="bias (logits)", row=l + 1, col=1)
+        for (ly, h), (xr, yr) in refs.items()] if L is not None else []
+    for ly in range(n_layer):
+        fig.update_yaxes(title_text="bias (logits)", row=ly + 1, col=1)
     for h in range(n_head):
         fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=h + 1)
     fig.update_layout(title=dict(text=title, subtitle=dict(
@@ -312,21 +312,21 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
         raise ValueError("no dilution results to plot")
     n_layer = max(_arr(r["share"]).shape[0] for r in rs)
     fig = make_subplots(rows=n_layer, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[f"layer {l}" for l in range(n_layer)])
+                        subplot_titles=[f"layer {ly}" for ly in range(n_layer)])
     names = list(OrderedDict.fromkeys(r.get("checkpoint") or r.get("encoding") for r in rs))
     for r in rs:
         share = _arr(r["share"])
         name = r.get("checkpoint") or r.get("encoding")
         cap = r.get("normalizer_cap")
-        for l in range(share.shape[0]):
-            fig.add_trace(go.Scatter(x=np.asarray(r["query_positions"]), y=share[l].mean(0), mode="lines+markers",
+        for ly in range(share.shape[0]):
+            fig.add_trace(go.Scatter(x=np.asarray(r["query_positions"]), y=share[ly].mean(0), mode="lines+markers",
                                      name=name + (f" (cap {cap})" if cap else ""), legendgroup=name + str(cap),
-                                     showlegend=l == 0, line=dict(color=_color(names.index(name)),
+                                     showlegend=ly == 0, line=dict(color=_color(names.index(name)),
                                                                  dash="dash" if cap else None),
-                                     meta={"checkpoint": name, "layer": l, "normalizer_cap": cap}), row=l + 1, col=1)
-    for l in range(n_layer):
-        _mark_length(fig, rs[0].get("train_seq_len"), row=l + 1, col=1)
-        fig.update_yaxes(range=[0, 1.02], row=l + 1, col=1)
+                                     meta={"checkpoint": name, "layer": ly, "normalizer_cap": cap}), row=ly + 1, col=1)
+    for ly in range(n_layer):
+        _mark_length(fig, rs[0].get("train_seq_len"), row=ly + 1, col=1)
+        fig.update_yaxes(range=[0, 1.02], row=ly + 1, col=1)
     fig.update_xaxes(type="log")
     fig.update_xaxes(title_text="query position i (tokens)", row=n_layer, col=1)
     near = rs[0].get("near")
@@ -418,10 +418,10 @@ def dilution_figure(result, layer: int | None = None) -> go.Figure:
         raise ValueError(f"layer {layer} out of range 0..{share.shape[0] - 1}")
     x = np.asarray(r["query_positions"], dtype=np.int64)
     fig = go.Figure()
-    for k, l in enumerate(layers):
+    for k, ly in enumerate(layers):
         for h in range(share.shape[1]):
-            fig.add_trace(go.Scatter(x=x, y=share[l, h], mode="lines+markers", name=f"L{l} H{h}",
-                                     line=dict(color=_color(l if layer is None else h)), meta={"layer": l, "head": h}))
+            fig.add_trace(go.Scatter(x=x, y=share[ly, h], mode="lines+markers", name=f"L{ly} H{h}",
+                                     line=dict(color=_color(ly if layer is None else h)), meta={"layer": ly, "head": h}))
     _mark_length(fig, r.get("train_seq_len"))
     fig.update_xaxes(type="log")
     fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding') or ''}: attention on the nearest "

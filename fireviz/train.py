@@ -679,7 +679,7 @@ def _truncate_log(path: Path, step: int) -> None:
             raise CheckpointError(f"{path}:{i + 1} is not a train-log record with a numeric step; the log is corrupt")
         if step_of <= step:
             kept.append(line)
-    atomic_write_text(path, "".join(l + "\n" for l in kept))
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0,

@@ -121,7 +121,7 @@ for col, info in zip(cols, chosen):
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
         if is_fire:
             fi = plots.fire_input_figure(rep, layer, capped=capped)
-            L = (next((l for l in rep["layers"] if l.get("layer") == layer), {}).get("fire") or {}).get("threshold_L")
+            L = (next((lay for lay in rep["layers"] if lay.get("layer") == layer), {}).get("fire") or {}).get("threshold_L")
             ui.show_figure(fi, "f_θ's input for fixed distances as the query moves. Up to the learned threshold "
                                + (f"L ≈ {L:.0f} tokens " if L else "L ")
                                + "the normalizer is ψ(L) and each distance keeps its input; past L it falls — "

@@ -32,7 +32,10 @@ def set_fire_heads(model: GPT, slope: float = SLOPE) -> None:
         for layer in range(model.config.n_layer):
             mlp = model.encoding(layer).mlp
             lin1, lin2 = mlp[0], mlp[2]
-            lin1.weight.zero_(); lin1.bias.zero_(); lin2.weight.zero_(); lin2.bias.zero_()
+            lin1.weight.zero_()
+            lin1.bias.zero_()
+            lin2.weight.zero_()
+            lin2.bias.zero_()
             lin1.weight[0, 0], lin1.bias[0] = 1.0, 0.0    # u0 = relu(x)
             lin1.weight[1, 0], lin1.bias[1] = 1.0, -0.5   # u1 = relu(x − 0.5)
             lin2.weight[0, 0] = -slope
@@ -107,7 +110,7 @@ def test_alibi_report_locality_and_matrix():
     rep = A.bias_report(m, query_positions=[15, 40], matrix_window=(0, 48, 3))
     slopes = m.encoding(0).slopes.numpy()
     np.testing.assert_allclose(rep.layers[0].curves[40], -slopes[:, None] * np.arange(41)[None], rtol=1e-6)
-    assert all(s.locality == "local" for l in rep.layers for s in l.locality)
+    assert all(s.locality == "local" for lay in rep.layers for s in lay.locality)
     mat = rep.layers[0].matrix
     grid = np.arange(0, 48, 3)
     assert mat.shape == (2, 16, 16)
@@ -164,12 +167,12 @@ def test_rotary_kernel_and_nope_report():
     d = np.arange(101)
     np.testing.assert_allclose(rep.kernel["value"], (np.cos(d) + np.cos(0.01 * d)) / 2, rtol=1e-6, atol=1e-7)
     assert "RoFormer" in rep.kernel["label"] and rep.kernel["value"][0] == pytest.approx(1.0)
-    assert all(not l.curves and not l.locality for l in rep.layers)
+    assert all(not lay.curves and not lay.locality for lay in rep.layers)
     pi = A.bias_report(tiny("rope_pi", n_head=8, rope_scaling_factor=4.0), query_positions=[100])
     np.testing.assert_allclose(pi.kernel["value"], (np.cos(d / 4) + np.cos(0.0025 * d)) / 2, rtol=1e-6, atol=1e-7)
     nope = A.bias_report(tiny("nope")).to_dict()
     assert nope["kernel"] is None and "no position bias" in nope["note"]
-    assert all(not l["curves"] and not l["heads"] for l in nope["layers"])
+    assert all(not lay["curves"] and not lay["heads"] for lay in nope["layers"])
     with pytest.raises(TypeError):
         A.bias_curve(tiny("nope").encoding(0), 5)
 
@@ -254,10 +257,10 @@ def reference_shares(model: GPT, tokens: torch.Tensor, positions, near: int, row
         model(tokens[None, : max(positions) + 1])
     monkeypatch.setattr(model_mod.F, "scaled_dot_product_attention", sdpa)
     out = np.zeros((len(probs), probs[0].shape[0], len(positions)))
-    for l, p in enumerate(probs):
+    for layer, p in enumerate(probs):
         for c, i in enumerate(positions):
             vals = [p[:, r, max(0, r - near + 1): r + 1].sum(-1) for r in range(max(0, i - rows + 1), i + 1)]
-            out[l, :, c] = torch.stack(vals).mean(0).numpy()
+            out[layer, :, c] = torch.stack(vals).mean(0).numpy()
     return out
 
 

@@ -310,7 +310,8 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     again = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
     assert calls == [8, 16], "a repeated request must not recompute"
     assert all(e["cached"] for e in again["per_length"])
-    strip = lambda r: [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
+    def strip(r):
+        return [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
     assert strip(again) == strip(first)
     ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16, 32], **kw)  # a new length reuses the others
     assert calls == [8, 16, 32]
@@ -371,7 +372,8 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     calls = _counting(monkeypatch)
     fresh = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=cache, **kw)
     assert calls == [] and all(e["cached"] for e in fresh["per_length"])
-    strip = lambda r: [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
+    def strip(r):
+        return [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
     assert strip(fresh) == strip(published) and {e["source"] for e in fresh["per_length"]} == {"results.json"}
     assert not list(cache.glob("*.json"))  # read in place, never copied into the cache
     # publish_results.py never reads what it rewrites; then the cache answers
@@ -390,7 +392,8 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     poisoned = {**published, "per_length": [{**e, "nats_per_token": 0.123, "perplexity": math.exp(0.123),
                                              "bits_per_byte": 0.123 / math.log(2)} for e in published["per_length"]]}
     (folder / "results.json").write_text(json.dumps(poisoned))
-    look = lambda c: ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / c, **kw)["per_length"][0]
+    def look(c):
+        return ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / c, **kw)["per_length"][0]
     assert look("c5")["nats_per_token"] == 0.123
     (folder / "results.json").write_text(json.dumps([published]))
     assert look("c5")["nats_per_token"] == published["per_length"][0]["nats_per_token"]

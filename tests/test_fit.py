@@ -400,7 +400,8 @@ def test_overlapping_fits_restore_the_thread_count_once_both_end():
     torch.set_num_threads(2)
     try:
         a, b = one_torch_thread(), one_torch_thread()
-        a.__enter__(); b.__enter__()
+        a.__enter__()
+        b.__enter__()
         assert torch.get_num_threads() == 1
         a.__exit__(None, None, None)
         assert torch.get_num_threads() == 1  # B is still fitting

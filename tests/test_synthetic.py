@@ -53,7 +53,7 @@ def _tables(**train):
 def test_training_on_the_copy_task_counts_only_the_answers(tmp_path):
     mc, tc = configs_from_tables(apply_overrides(_tables(), []))
     train(mc, tc, tmp_path / "run", progress=False)
-    log = [json.loads(l) for l in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "val_loss" in r] == [0, 6, 12]
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["training"]["data_fingerprint"] == S.CopyTask().fingerprint()

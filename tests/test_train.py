@@ -73,7 +73,7 @@ def _write_toml(path: Path, tables: dict) -> Path:
 
 
 def _log(out: Path) -> list[dict]:
-    return [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -191,8 +191,8 @@ def test_sigkill_and_resume_equals_uninterrupted_run(corpus, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    interrupted_at = max(r["step"] for r in (json.loads(l) for l in log_path.read_text().splitlines()
-                                             if l.strip().endswith("}")))
+    interrupted_at = max(r["step"] for r in (json.loads(line) for line in log_path.read_text().splitlines()
+                                             if line.strip().endswith("}")))
     assert 20 <= interrupted_at < 60
     resumed = _run_cli_subprocess(["--config", str(cfg), "--out", str(killed), "--resume"])
     _, err = resumed.communicate(timeout=180)
@@ -531,8 +531,9 @@ def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
             "--set", "train.batch_size=4", "--set", "model.seq_len=32", "--set", "model.d_model=32",
             "--set", "model.n_layer=1", "--set", "train.eval_batches=1", "--no-progress"]
     env = dict(os.environ, PYTHON=sys.executable, RUNS="alibi fire_seed1", OMP_NUM_THREADS="1")
-    run = lambda *extra: subprocess.run(["bash", str(SCRIPT), str(tmp_path), *tiny, *extra], env=env,
-                                        capture_output=True, text=True)
+    def run(*extra):
+        return subprocess.run(["bash", str(SCRIPT), str(tmp_path), *tiny, *extra], env=env,
+                                            capture_output=True, text=True)
     first = run("--stop-at-step", "2")
     assert first.returncode == 0, first.stderr
     second = run()  # continues both with --resume and the same settings
