@@ -69,6 +69,16 @@ def home() -> None:
                        "projection, ship with the next republish — see the README.")
         ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
+    for group in [g for g in ui.checkpoint_groups() if g]:  # e.g. copy: models of a synthetic task
+        gfound, _ = ui.list_checkpoints(group)
+        st.markdown(f"**Group `{group}`**: {len(gfound)} more checkpoint(s), "
+                    f"trained on {', '.join(sorted({i.data for i in gfound if i.data})) or 'other data'} "
+                    f"({', '.join(i.name for i in gfound)}); choose *Checkpoint group → {group}* in a page's sidebar, "
+                    f"or open its [biases](/{PAGES['biases'][3]}?group={group}) and "
+                    f"[length generalization](/{PAGES['lengen'][3]}?group={group})."
+                    + (" The copy task needs attention a fixed distance back: there FIRE learns anti-local heads."
+                       if group == "copy" else ""))
+
     st.subheader("Where next")
     blurbs = {"biases": "what each head learned: local, anti-local or mixed",
               "fit": "Theorem 3.1 live: FIRE imitating T5, ALiBi, Kerple, Sandwich",

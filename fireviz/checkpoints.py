@@ -179,6 +179,28 @@ def is_checkpoint_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
 
 
+def checkpoint_groups(root: str | os.PathLike | None = None) -> dict[str, Path]:
+    """The groups of checkpoints under ``root`` (default :func:`checkpoints_root`), by name.
+
+    ``""`` is the root itself (its direct checkpoint folders: the bundled prose models); every
+    other group is a sub-folder that is not itself a checkpoint but holds checkpoint folders
+    directly (e.g. ``checkpoints/copy``, the synthetic copy-task models). A group has its own
+    tables and defaults: its models are never listed or compared with another group's.
+    Returns: ``{name: folder}``, the root first, then sub-folders by name; ``{"": root}`` when
+    there are no sub-groups (also when root does not exist).
+    """
+    root = Path(root) if root is not None else checkpoints_root()
+    groups = {"": root}
+    if root.is_dir():
+        for sub in sorted(p for p in root.iterdir() if p.is_dir() and not is_checkpoint_dir(p)):
+            try:
+                if any(is_checkpoint_dir(c) for c in sub.iterdir() if c.is_dir()):
+                    groups[sub.name] = sub
+            except OSError:
+                continue  # unreadable folder: not a group
+    return groups
+
+
 def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointInfo]:
     """Every checkpoint folder directly under ``root`` (default :func:`checkpoints_root`), by name.
 

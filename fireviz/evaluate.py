@@ -88,7 +88,7 @@ DEFAULT_POSITION_BUCKETS = 16
 MODES = ("same_text", "nonoverlapping", "sliding")
 DEFAULT_MODE = "same_text"
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
-SYNTHETIC_SEQUENCES = 64
+SYNTHETIC_SEQUENCES = 256
 #: document resamples of the bootstrap intervals, and the seed of their generator
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -1362,7 +1362,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
     p.add_argument("--data", default="prose",
                    help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
-                        "--token-budget is then the sequences per length, default 64) (default %(default)s, the "
+                        f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
+                        "%(default)s, the "
                         "bundled checkpoints' training domain)")
     p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
                    help="comma-separated window lengths in tokens (default %(default)s)")

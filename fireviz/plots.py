@@ -709,6 +709,57 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     return fig
 
 
+def accuracy_figure(results: Sequence[Mapping], chance: float | None = None, log_x: bool = True) -> go.Figure:
+    """Answer accuracy vs evaluation length for results on a synthetic task (``fireviz.synthetic``).
+
+    Args: ``results``: evaluate results whose ``per_length`` entries carry ``accuracy`` (the
+      share of answer positions whose argmax prediction is right) and ``accuracy_ci95``;
+      entries without them (errors, other data) are skipped. ``chance``: accuracy of a uniform
+      guess, drawn as a dotted line (e.g. 1/64 for the copy task); None for none.
+    Returns: Figure; x = evaluation length (tokens), y = answer accuracy in [0, 1], error bars
+      its 95 % interval over sequences, one line per result (``label`` or ``checkpoint``; trace
+      meta ``{"group", "sequence_accuracy": [...]}``), a dashed training-length line per distinct
+      ``train_seq_len``.
+    Raises: ValueError when no result carries an accuracy.
+    """
+    fig = go.Figure()
+    trains, lengths = set(), set()
+    k = 0
+    for r in results:
+        es = [e for e in r.get("per_length", []) if isinstance(e.get("accuracy"), (int, float))]
+        if not es:
+            continue
+        x = np.array([e["length"] for e in es])
+        y = np.array([e["accuracy"] for e in es], dtype=float)
+        ci = [e.get("accuracy_ci95") for e in es]
+        err = None
+        if all(isinstance(c, (list, tuple)) and len(c) == 2 for c in ci):
+            err = dict(type="data", symmetric=False, visible=True, array=np.array([c[1] for c in ci]) - y,
+                       arrayminus=y - np.array([c[0] for c in ci]))
+        name = r.get("label") or r.get("checkpoint", "?")
+        fig.add_trace(go.Scatter(x=x, y=y, error_y=err, mode="lines+markers", name=name, line=dict(color=_color(k)),
+                                 meta={"group": name, "sequence_accuracy": [e.get("sequence_accuracy") for e in es]}))
+        k += 1
+        lengths |= set(x.tolist())
+        if r.get("train_seq_len"):
+            trains.add(int(r["train_seq_len"]))
+    if not k:
+        raise ValueError("no result carries an answer accuracy (evaluate on a synthetic task: --data synthetic:copy)")
+    for t in sorted(trains):
+        _mark_length(fig, t, text=f"train {t}")
+    if chance:
+        fig.add_hline(y=chance, line=dict(dash="dot", color="gray", width=1),
+                      annotation_text=f"chance ({chance:.3g})", annotation_position="bottom left")
+    if log_x:
+        fig.update_xaxes(type="log", tickvals=sorted(lengths), ticktext=[str(n) for n in sorted(lengths)])
+    fig.update_yaxes(range=[0, 1.02])
+    fig.update_layout(title=dict(text="Answer accuracy vs evaluation length",
+                                 subtitle=dict(text=_settings_caption(results))),
+                      xaxis_title="evaluation length (tokens)", yaxis_title="answer accuracy (argmax right)",
+                      meta={"train_seq_len": sorted(trains)})
+    return fig
+
+
 def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Sequence[int] | None = None,
                             group_key: str | None = None, color_groups: Mapping[str, str] | None = None) -> go.Figure:
     """Loss by position in the evaluation window: one line per (result, evaluation length).

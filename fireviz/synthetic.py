@@ -57,6 +57,8 @@ class CopyTask:
     """The copy task (module docstring). ``name`` is the ``--data`` value."""
 
     name: str = PREFIX + "copy"
+    #: answer accuracy of a uniform guess over the alphabet (1/64)
+    chance_accuracy: float = 1.0 / len(COPY_ALPHABET)
 
     def split(self, length: int) -> int:
         """Window position of the first answer token (n + 2) for a sequence of ``length``."""

@@ -27,6 +27,8 @@ from .model import CheckpointError  # noqa: F401  (pages catch ui.CheckpointErro
 
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
 EXTRA_KEY = "fireviz_extra_checkpoints"
+#: session-state key of the chosen checkpoint group ("" = the checkpoints root itself)
+GROUP_KEY = "fireviz_checkpoint_group"
 
 
 # -- pages and keys ---------------------------------------------------------------------------
@@ -179,10 +181,67 @@ def checkpoints_root() -> Path:
     return ck.checkpoints_root()
 
 
-def list_checkpoints() -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
-    """Checkpoints under the root (re-scanned at most every 5 s) and ``{folder: problem}``
-    for folders that could not be read. Returns ([], {}) if there are none."""
-    return _scan(str(checkpoints_root()))
+@st.cache_resource(ttl=5, show_spinner=False)
+def _groups(root: str) -> dict[str, Path]:
+    return ck.checkpoint_groups(root)
+
+
+def checkpoint_groups() -> dict[str, Path]:
+    """``{group: folder}`` under the root (``ck.checkpoint_groups``; re-scanned every 5 s)."""
+    return _groups(str(checkpoints_root()))
+
+
+def current_group() -> str:
+    """The checkpoint group chosen in this session ("" = the root's own checkpoints)."""
+    group = st.session_state.get(GROUP_KEY, "")
+    return group if group in checkpoint_groups() else ""
+
+
+def group_root(group: str | None = None) -> Path:
+    """The folder of ``group`` (default :func:`current_group`); the root for an unknown name."""
+    groups = checkpoint_groups()
+    return groups.get(current_group() if group is None else group, checkpoints_root())
+
+
+def list_checkpoints(group: str | None = None) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
+    """Checkpoints of ``group`` (default: the one chosen in the sidebar; "" = the root's own),
+    re-scanned at most every 5 s, and ``{folder: problem}`` for folders that could not be read.
+    Returns ([], {}) if there are none."""
+    return _scan(str(group_root(group)))
+
+
+def group_label(group: str) -> str:
+    """``"bundled (13, trained on prose)"`` / ``"copy (7, trained on synthetic:copy)"``."""
+    found, _ = list_checkpoints(group)
+    data = sorted({i.data for i in found if i.data})
+    return f"{group or 'bundled'} ({len(found)}" + (f", trained on {', '.join(data)})" if data else ")")
+
+
+def group_picker(page: str, where=None) -> str:
+    """Sidebar choice of the checkpoint group (URL parameter ``group``), shown only when the
+    root has sub-groups. Changing it clears the page's checkpoint choice (names belong to a
+    group). Returns: the chosen group ("" = the root's own checkpoints)."""
+    groups = list(checkpoint_groups())
+    if len(groups) < 2:
+        st.session_state[GROUP_KEY] = ""
+        return ""
+    where = where or st.sidebar
+    k = url_state(page, "group", current_group(), options=groups)
+
+    def changed() -> None:
+        st.session_state.pop(key(page, "ckpt"), None)
+        if "ckpt" in st.query_params:
+            del st.query_params["ckpt"]
+
+    group = where.selectbox("Checkpoint group", groups, key=k, format_func=group_label, on_change=changed,
+                            help="The bundled prose models, or a group of models trained on another task "
+                                 "(e.g. copy: the synthetic copy task). Groups are never mixed in one table.")
+    st.session_state[GROUP_KEY] = group
+    if group:
+        st.query_params["group"] = group
+    elif "group" in st.query_params:
+        del st.query_params["group"]
+    return group
 
 
 def checkpoint_warnings(found: list[ck.CheckpointInfo], problems: dict[str, str], where=None) -> None:
@@ -203,7 +262,7 @@ def _resolve(ref: str, root: str) -> ck.CheckpointInfo:
 
 def resolve(ref: str) -> ck.CheckpointInfo:
     """A checkpoint by name, folder path or Hub repo id (cached). Raises CheckpointError."""
-    return _resolve(ref.strip(), str(checkpoints_root()))
+    return _resolve(ref.strip(), str(group_root()))
 
 
 @st.cache_resource(max_entries=8, show_spinner="Loading model…")
@@ -263,6 +322,7 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
     Returns: the chosen checkpoints, in selection order ([] if none).
     """
     where = where or st.sidebar
+    group_picker(page, where)
     found, problems = list_checkpoints()
     checkpoint_warnings(found, problems, where)
     with where.expander("Add a checkpoint (folder or Hub repo id)"):

@@ -4,12 +4,12 @@ Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
 ``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
 (perplexity vs length, loss by position).
-State in the URL: ckpt, domain, len, mode, stride, budget, docs, seed, scaling, cap, ref, pool, device
+State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, seed, scaling, cap, ref, pool, device
 (with a GPU).
 """
 import streamlit as st
 
-from fireviz import evaluate, plots, ui
+from fireviz import evaluate, plots, synthetic, ui
 from fireviz.checkpoints import default_device, seed_base, seed_groups
 from fireviz.data import DOMAINS, DataError
 
@@ -27,9 +27,15 @@ if not chosen:
     st.stop()
 
 sb = st.sidebar
-domain = sb.selectbox("Data", list(DOMAINS) + ["upload"], key=ui.url_state(P, "domain", "prose", options=list(DOMAINS) + ["upload"]),
-                      format_func=lambda d: "your own file (.txt / .jsonl)" if d == "upload" else d)
+TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS]
+DATA_OPTIONS = list(DOMAINS) + TASKS + ["upload"]
+trained_on = {i.data for i in chosen}  # default: the chosen checkpoints' own training data, when they share it
+default_domain = next(iter(trained_on)) if len(trained_on) == 1 and next(iter(trained_on)) in DATA_OPTIONS else "prose"
+domain = sb.selectbox("Data", DATA_OPTIONS, key=ui.url_state(P, "domain", default_domain, options=DATA_OPTIONS),
+                      format_func=lambda d: "your own file (.txt / .jsonl)" if d == "upload" else
+                      (f"{d} (synthetic task: answer accuracy)" if d in TASKS else d))
 data, split = domain, "validation"
+is_task = domain in TASKS
 if domain == "upload":
     up = sb.file_uploader("Text or JSONL file (one {\"text\": …} object per line)", type=ui.UPLOAD_TYPES,
                           key=ui.key(P, "upload"))
@@ -73,7 +79,7 @@ if new_typed:  # typed in: keep it as an option for the rest of the session, in 
     st.rerun()
 MODE_NAMES = {"same_text": "same text at every length", "nonoverlapping": "random windows per length",
               "sliding": "sliding window"}
-mode = sb.radio("Protocol", list(evaluate.MODES), format_func=MODE_NAMES.get,
+mode = evaluate.DEFAULT_MODE if is_task else sb.radio("Protocol", list(evaluate.MODES), format_func=MODE_NAMES.get,
                 key=ui.url_state(P, "mode", evaluate.DEFAULT_MODE, options=list(evaluate.MODES)),
                 help="Same text: one fixed set of tokens (each qualifying document's first M tokens) at every "
                      "length — the published protocol. Random windows: each length draws its own windows under a "
@@ -84,7 +90,12 @@ if mode == "sliding":
     stride = int(sb.number_input("Stride (tokens; at most the smallest length)", 1, 1 << 16,
                                  key=ui.url_state(P, "stride", max(1, min([train_lens[0] // 2, *lengths])), int,
                                                   lo=1, hi=1 << 16)))
-if mode == "same_text":
+if is_task:  # fresh task sequences of each length, the same for every checkpoint; only answers are scored
+    budget = int(sb.number_input("Sequences per length", 1, 1 << 16,
+                                 key=ui.url_state(P, "seqs", evaluate.SYNTHETIC_SEQUENCES, int, lo=1, hi=1 << 16),
+                                 help=f"{evaluate.SYNTHETIC_SEQUENCES} reproduces the published numbers of the "
+                                      "task's checkpoint group."))
+elif mode == "same_text":
     docs_limit = int(sb.number_input("Documents (0 = every document holding the largest length)", 0, 10**6,
                                      key=ui.url_state(P, "docs", 0, int, lo=0, hi=10**6),
                                      help="A smaller number is quicker: that many documents, drawn with the seed "
@@ -93,8 +104,8 @@ if mode == "same_text":
 else:
     budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
                                  key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
-seed = int(sb.number_input("Seed (windows drawn; in same-text mode the documents, when fewer than all)", 0, 10**6,
-                           key=ui.url_state(P, "seed", 0, int, lo=0)))
+seed = 0 if is_task else int(sb.number_input("Seed (windows drawn; in same-text mode the documents, when fewer than all)",
+                                             0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
 if rope:
@@ -121,7 +132,8 @@ if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gi
                       format_func={"cuda": "GPU (bf16 autocast)", "cpu": "CPU (float32)"}.get,
                       help="The bundled checkpoints' published numbers were computed on CPU in float32: choose "
                            "CPU to see them without running anything. Precision is part of every cached result.")
-ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seed", "scaling", "cap", "pool", "device"])
+ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seqs", "seed", "scaling", "cap", "pool",
+               "device"])
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
@@ -178,6 +190,13 @@ ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation
                                 "kept them); press Run to recompute them with intervals.")),
                P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
+if is_task and any("accuracy" in e for r in clean for e in r["per_length"]):
+    afig = plots.accuracy_figure(clean, chance=synthetic.load_task(domain).chance_accuracy)
+    ui.show_figure(afig, caption + " Answer accuracy: the share of answer positions (the copied half) whose most "
+                   "likely next token is right; error bars: 95 % bootstrap interval over sequences. The legend's "
+                   "hover and the downloads also give the share of sequences copied without a single error.",
+                   P, "accuracy")
+    ui.downloads(P, "accuracy_vs_length", plots.figure_to_csv(afig), plots.figure_data(afig))
 table = ui.perplexity_table(plots.group_perplexity(shown))
 if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
     table = [{k: v for k, v in r.items() if not k.endswith("_std")} for r in table]

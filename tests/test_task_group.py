@@ -1,0 +1,134 @@
+"""Checkpoint groups, and the bundled copy-task group (checkpoints/copy) as shipped.
+
+A group is a sub-folder of the checkpoints root holding checkpoints of its own (the synthetic
+copy-task models); it is listed apart and never mixed into the prose models' lists. The
+shipped copy-task numbers are re-derived here from exactly the stored weights.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_tiny_checkpoint
+from streamlit.testing.v1 import AppTest
+
+from fireviz import analysis, checkpoints, evaluate, plots, synthetic
+
+ROOT = Path(__file__).resolve().parent.parent
+COPY = ROOT / "checkpoints" / "copy"
+COPY_NAMES = ["alibi", "fire", "fire_s", "kerple_log", "nope", "rope", "t5"]
+
+
+def test_groups_are_subfolders_that_hold_checkpoints(tmp_path):
+    make_tiny_checkpoint(tmp_path / "alibi", "alibi")
+    make_tiny_checkpoint(tmp_path / "copy" / "fire", "fire")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "deep" / "x").mkdir(parents=True)  # a folder of folders, none a checkpoint
+    make_tiny_checkpoint(tmp_path / "deep" / "x" / "fire", "fire")  # two levels down: not a group
+    groups = checkpoints.checkpoint_groups(tmp_path)
+    assert groups == {"": tmp_path, "copy": tmp_path / "copy"}
+    assert [i.name for i in checkpoints.list_checkpoints(tmp_path)] == ["alibi"]  # the group is not mixed in
+    assert checkpoints.scan_checkpoints(tmp_path)[1] == {}  # nor reported as a broken checkpoint
+    assert [i.name for i in checkpoints.list_checkpoints(groups["copy"])] == ["fire"]
+    assert checkpoints.checkpoint_groups(tmp_path / "missing") == {"": tmp_path / "missing"}
+
+
+def test_bundled_copy_group_is_listed_apart_from_the_prose_models():
+    groups = checkpoints.checkpoint_groups(ROOT / "checkpoints")
+    assert groups.get("copy") == COPY
+    prose, problems = checkpoints.scan_checkpoints(ROOT / "checkpoints")
+    assert "copy" not in {i.name for i in prose} and not problems
+    found = checkpoints.list_checkpoints(COPY)
+    assert [i.name for i in found] == COPY_NAMES
+    assert {i.data for i in found} == {"synthetic:copy"} and {i.seq_len for i in found} == {64}
+
+
+def test_shipped_copy_results_are_reproduced_from_the_stored_weights(tmp_path):
+    shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
+    assert set(shipped) == set(COPY_NAMES)
+    fresh = evaluate.evaluate_many([COPY / "fire", COPY / "alibi"], "synthetic:copy", [64, 128], device="cpu",
+                                   cache_dir=tmp_path, use_published=False)
+    assert fresh[0]["settings"]["token_budget"] == shipped["fire"]["settings"]["token_budget"] == 256
+    for r in fresh:
+        old = {e["length"]: e for e in shipped[r["checkpoint"]]["per_length"]}
+        for e in r["per_length"]:
+            assert e["accuracy"] == pytest.approx(old[e["length"]]["accuracy"], abs=1e-12)
+            assert e["bits_per_byte"] == pytest.approx(old[e["length"]]["bits_per_byte"], rel=1e-6)
+    acc = {n: {e["length"]: e["accuracy"] for e in shipped[n]["per_length"]} for n in COPY_NAMES}
+    # what the README says: four encodings copy at the training length, three never learned it
+    assert min(acc[n][64] for n in ("alibi", "fire", "fire_s", "kerple_log")) > 0.9
+    assert max(acc[n][64] for n in ("nope", "rope", "t5")) < 0.07
+    assert acc["fire"][128] == max(acc[n][128] for n in COPY_NAMES)  # FIRE keeps the most at 2×
+    assert max(acc[n][512] for n in COPY_NAMES) < 0.05  # and nothing copies at 8×
+
+
+def test_copy_fire_learns_anti_local_heads_alibi_cannot():
+    reps = [analysis.bias_report(checkpoints.load_model(COPY / n), checkpoint=n) for n in ("fire", "fire_s", "alibi")]
+    rows = analysis.locality_table(reps)
+    fire_l0 = [r for r in rows if r["checkpoint"] == "fire" and r["layer"] == 0]
+    assert [r["locality"] for r in fire_l0] == ["anti-local"] * 4
+    assert all(30 <= r["peak_distance"] <= 40 for r in fire_l0)  # next to the copy distance, 32 at length 64
+    assert {r["locality"] for r in rows if r["checkpoint"] == "fire_s"} == {"anti-local"}
+    assert {r["locality"] for r in rows if r["checkpoint"] == "alibi"} == {"local"}
+
+
+def test_accuracy_figure_draws_the_results_numbers():
+    runs = json.loads((COPY / "results.json").read_text())
+    fig = plots.accuracy_figure(runs, chance=synthetic.load_task("synthetic:copy").chance_accuracy)
+    assert [t.name for t in fig.data] == [r["checkpoint"] for r in runs]
+    for t, r in zip(fig.data, runs):
+        np.testing.assert_allclose(np.asarray(t.y), [e["accuracy"] for e in r["per_length"]])
+        lo = np.asarray([e["accuracy_ci95"][0] for e in r["per_length"]])
+        np.testing.assert_allclose(np.asarray(t.y) - np.asarray(t.error_y.arrayminus), lo)
+    assert fig.layout.meta["train_seq_len"] == [64]
+    with pytest.raises(ValueError, match="synthetic"):
+        plots.accuracy_figure([{"checkpoint": "x", "per_length": [{"length": 8, "bits_per_byte": 1.0}]}])
+
+
+def _page(name: str, **query) -> AppTest:
+    at = AppTest.from_file(str(ROOT / name), default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    return at
+
+
+@pytest.fixture
+def bundled_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(ROOT / "checkpoints"))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "eval_cache"))
+
+
+def test_app_group_picker_shows_the_copy_models_and_their_anti_local_heads(bundled_env):
+    at = _page("pages/1_Learned_biases.py", group="copy", ckpt="fire").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.selectbox(key="biases_group").value == "copy"
+    ms = at.sidebar.multiselect[0]
+    assert ms.value == ["fire"] and {o.split(" (")[0] for o in ms.options} == set(COPY_NAMES)  # options: labels
+    assert any("anti-local" in str(df.value.to_dict()) for df in at.dataframe)
+    # back to the bundled prose models: the copy models' names go, the default prose choice comes
+    at.sidebar.selectbox(key="biases_group").set_value("").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(o.startswith("kerple_power") for o in at.sidebar.multiselect[0].options) and "group" not in at.query_params
+
+
+def test_app_length_page_on_the_copy_group_defaults_to_its_task_and_draws_accuracy(bundled_env):
+    import time
+    at = _page("pages/3_Length_generalization.py", group="copy", ckpt=["fire", "alibi"], len=["64", "128"])
+    end = time.time() + 90
+    at.run()
+    while not any(json.loads(el.proto.spec)["layout"]["title"]["text"].startswith("Answer accuracy")
+                  for el in at.get("plotly_chart")) and time.time() < end:
+        assert not at.exception, [e.value for e in at.exception]
+        time.sleep(0.25)
+        at.run()
+    assert at.sidebar.selectbox(key="lengen_domain").value == "synthetic:copy"
+    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    acc = next(f for f in figs if f["layout"]["title"]["text"].startswith("Answer accuracy"))
+    shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
+    for t in acc["data"]:
+        want = {e["length"]: e["accuracy"] for e in shipped[t["name"]]["per_length"]}
+        ys = t["y"] if isinstance(t["y"], list) else np.frombuffer(__import__("base64").b64decode(t["y"]["bdata"]),
+                                                                   dtype=t["y"]["dtype"])
+        np.testing.assert_allclose(ys, [want[64], want[128]])
