@@ -28,10 +28,10 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
 import re
 import warnings
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -85,22 +85,160 @@ def has_raw_bytes(text: str) -> bool:
     return _SURROGATE.search(text) is not None
 
 
-@dataclass(frozen=True)
-class Document:
-    """One text document. ``id`` is stable (it decides the split); ``text`` is str."""
+#: documents of more bytes than this are kept on disk (a spool file read on demand), not as a str in memory
+SPOOL_BYTES = 4 << 20
+#: plain-text files read from disk where a window lies; compressed ones are decompressed to a
+#: spool file in chunks first
+TEXT_SUFFIXES = (".txt", ".md", ".tex", ".py")
+_CHUNK = 1 << 20
 
-    id: str
-    text: str
-    domain: str = ""
-    source: str = ""
-    license: str = ""
+
+class Document:
+    """One document. ``id`` is stable (it decides the split).
+
+    Its content is either in memory (``text``, a str as read) or, for a plain-text file and
+    for any document larger than ``SPOOL_BYTES``, its bytes on disk (:class:`FileBytes`):
+    a window reads just its own bytes, so a 50 MB document costs the windows being scored,
+    not 50 MB (a spooled document's file is unlinked at once and closed with the document).
+    ``text`` always works (it reads and decodes everything with ``surrogateescape``, so
+    streaming readers slice :meth:`raw_bytes` instead). Equality: same id, metadata and
+    bytes; hash: the id.
+    """
+
+    __slots__ = ("id", "_text", "_raw", "domain", "source", "license")
+
+    def __init__(self, id: str, text: str | None = None, domain: str = "", source: str = "", license: str = "",
+                 raw: FileBytes | None = None):
+        if (text is None) == (raw is None):
+            raise TypeError("a Document holds either text (str) or raw (FileBytes: its bytes on disk)")
+        self.id, self._text, self._raw = id, text, raw
+        self.domain, self.source, self.license = domain, source, license
+
+    @property
+    def text(self) -> str:
+        """The document as a str (decoded from disk with ``surrogateescape`` for a mapped one)."""
+        if self._text is not None:
+            return self._text
+        return self._raw[:].tobytes().decode("utf-8", errors="surrogateescape")
+
+    @property
+    def on_disk(self) -> bool:
+        """True when the content is a file read on demand (:class:`FileBytes`), not a str in memory."""
+        return self._raw is not None
+
+    def raw_bytes(self) -> np.ndarray | FileBytes:
+        """The document's bytes (:func:`text_bytes` of its text), sliceable to uint8 arrays:
+        :class:`FileBytes` for a document on disk (nothing read until sliced), else a uint8
+        ``[n_bytes]`` array of the encoded text."""
+        if self._raw is not None:
+            return self._raw
+        return np.frombuffer(text_bytes(self._text), dtype=np.uint8)
 
     @property
     def num_tokens(self) -> int:
         """Tokens of ``document_tokens(self)``: UTF-8 bytes + 1 (BOS)."""
-        if self.text.isascii():  # one byte per character: no copy of a long text
-            return len(self.text) + 1
-        return len(text_bytes(self.text)) + 1
+        if self._raw is not None:
+            return len(self._raw) + 1
+        if self._text.isascii():  # one byte per character: no copy of a long text
+            return len(self._text) + 1
+        return len(text_bytes(self._text)) + 1
+
+    def __len__(self) -> int:  # truthiness: a document with no bytes is empty
+        return self.num_tokens - 1
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Document):
+            return NotImplemented
+        return ((self.id, self.domain, self.source, self.license) == (other.id, other.domain, other.source, other.license)
+                and self.num_tokens == other.num_tokens and np.array_equal(self.raw_bytes()[:], other.raw_bytes()[:]))
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        where = "on disk" if self._raw is not None else "in memory"
+        return f"Document(id={self.id!r}, {self.num_tokens - 1:,} bytes {where})"
+
+
+class FileBytes:
+    """Bytes of a file read on demand with ``os.pread``: ``fb[a:b]`` → uint8 ``[b − a]`` (a
+    fresh array of just those bytes; nothing is mapped or kept), ``len(fb)`` the size.
+
+    ``path``: a file opened per read (a folder of many documents holds no descriptors), or
+    ``fileobj``: an open, already unlinked spool file, kept open for the document's life.
+    """
+
+    __slots__ = ("path", "fileobj", "size")
+
+    def __init__(self, size: int, path: Path | None = None, fileobj=None):
+        self.path, self.fileobj, self.size = path, fileobj, int(size)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("FileBytes takes step-1 slices only")
+        a, b, _ = key.indices(self.size)
+        if b <= a:
+            return np.zeros(0, dtype=np.uint8)
+        if self.fileobj is not None:
+            buf = _pread_all(self.fileobj.fileno(), b - a, a)
+        else:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                buf = _pread_all(fd, b - a, a)
+            finally:
+                os.close(fd)
+        return np.frombuffer(buf, dtype=np.uint8)
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = os.pread(fd, n - got, offset + got)
+        if not chunk:
+            raise DataError(f"a document file ended early ({offset + got} of {offset + n} bytes): it changed "
+                            "while in use; read the data again")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts) if len(parts) > 1 else parts[0]
+
+
+def _spool(chunks) -> FileBytes | None:
+    """Write byte ``chunks`` to an unlinked temporary file kept open (None if no bytes)."""
+    import tempfile
+    f = tempfile.TemporaryFile(prefix="fireviz-doc-")  # unlinked at once: gone with the last reference
+    n = 0
+    for c in chunks:
+        f.write(c)
+        n += len(c)
+    f.flush()
+    if not n:
+        f.close()
+        return None
+    return FileBytes(n, fileobj=f)
+
+
+def _text_document(doc_id: str, text: str, **meta) -> Document:
+    """A document for ``text``: in memory, or spooled to disk when larger than ``SPOOL_BYTES``."""
+    if len(text) > SPOOL_BYTES // 4 and len(text_bytes(text)) > SPOOL_BYTES:
+        raw = _spool([text_bytes(text)])
+        if raw is not None:
+            return Document(doc_id, raw=raw, **meta)
+    return Document(doc_id, text, **meta)
+
+
+def _raw_is_utf8(raw: np.ndarray) -> bool:
+    """Whether the bytes are valid UTF-8, checked in 1 MiB chunks (no full decode in memory)."""
+    dec = codecs.getincrementaldecoder("utf-8")("strict")
+    try:
+        for a in range(0, len(raw), _CHUNK):
+            dec.decode(raw[a: a + _CHUNK].tobytes())
+        dec.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _open_text(path: Path):
@@ -127,9 +265,10 @@ def _read_jsonl(path: Path) -> list[Document]:
                 if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                     raise DataError(f"{path}:{lineno} has no string 'text' field; each line must be a "
                                     "JSON object like {\"id\": ..., \"text\": ...}")
-                docs.append(Document(id=str(obj.get("id", f"{path.name}#{lineno}")), text=obj["text"],
-                                     domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
-                                     license=str(obj.get("license", ""))))
+                docs.append(_text_document(str(obj.get("id", f"{path.name}#{lineno}")), obj["text"],
+                                           domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
+                                           license=str(obj.get("license", ""))))
+                del obj, line  # a spooled document's str goes now, not at the next line
     except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
     return docs
@@ -165,18 +304,23 @@ def load_documents(source: str | Path) -> list[Document]:
         docs = [d for p in files for d in load_documents(p)] if files else []
     elif _is_jsonl(path):
         docs = _read_jsonl(path)
-    elif path.suffix in (".txt", ".gz", ".xz", ".md", ".tex", ".py"):
-        try:
-            with _open_text(path) as f:
-                docs = [Document(id=path.name, text=f.read())]
-        except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
+    elif path.suffix in TEXT_SUFFIXES + (".gz", ".xz"):
+        try:  # streamed: a plain file is read where a window lies, a compressed one spooled in chunks
+            if path.suffix in TEXT_SUFFIXES:
+                size = path.stat().st_size
+                raw = FileBytes(size, path=path.resolve()) if size else None
+            else:
+                with (lzma.open if path.suffix == ".xz" else gzip.open)(path, "rb") as f:
+                    raw = _spool(iter(lambda: f.read(_CHUNK), b""))
+            docs = [Document(path.name, raw=raw)] if raw is not None else []
+        except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
             raise DataError(f"cannot read {path} as text: {e}") from e
     else:
         raise DataError(f"unsupported data file {path.name!r}; use .jsonl, .jsonl.gz, .jsonl.xz or .txt")
-    docs = [d for d in docs if d.text]
+    docs = [d for d in docs if len(d)]
     if not docs:
         raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
-    raw = sum(1 for d in docs if has_raw_bytes(d.text))
+    raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
     if raw:
         warnings.warn(f"{raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
                       "as the raw bytes they hold (byte-level tokenizer)", RawBytesWarning, stacklevel=2)
@@ -211,20 +355,21 @@ def encode_bytes(text: str) -> torch.Tensor:
 
 def document_tokens(doc: Document) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of a document, int64 ``[doc.num_tokens]``."""
-    return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), encode_bytes(doc.text)])
+    return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), torch.from_numpy(doc.raw_bytes()[:].astype(np.int64))])
 
 
 class DocumentTokens:
-    """``[BOS] + bytes`` of a document, sliceable like :func:`document_tokens`, in one byte
-    per token (the bytes themselves; BOS is added when a slice starts at position 0).
+    """``[BOS] + bytes`` of a document, sliceable like :func:`document_tokens`, holding only
+    the document's bytes (``Document.raw_bytes``; BOS is added when a slice starts at 0).
 
     ``tokens[a:b]`` → int64 ``[b − a]`` (a step-1 slice); ``len(tokens)`` = ``doc.num_tokens``.
-    A window copies out only its own tokens, so a 50 MB document costs 50 MB, not 8 bytes
-    per token of int64.
+    A window copies out only its own tokens: an in-memory document costs one byte per token
+    (not 8 of int64), a document on disk (a text file, a spooled large one) nothing until a
+    window reads its bytes.
     """
 
     def __init__(self, doc: Document):
-        self.raw = np.frombuffer(text_bytes(doc.text), dtype=np.uint8)
+        self.raw = doc.raw_bytes()  # a document on disk stays there: slices read only their pages
 
     def __len__(self) -> int:
         return len(self.raw) + 1
@@ -248,7 +393,10 @@ def data_fingerprint(docs: list[Document]) -> str:
     """sha256 over ids and texts in order: identifies exactly which data a number came from."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(text_bytes(d.id) + b"\0" + hashlib.sha256(text_bytes(d.text)).digest())
+        raw, inner = d.raw_bytes(), hashlib.sha256()
+        for a in range(0, len(raw), _CHUNK):  # the same digest as of the whole bytes, in chunks
+            inner.update(raw[a: a + _CHUNK])
+        h.update(text_bytes(d.id) + b"\0" + inner.digest())
     return h.hexdigest()
 
 
@@ -262,7 +410,7 @@ class TokenStream:
     def __init__(self, docs: list[Document], min_tokens: int = 2):
         parts = []
         for d in sorted(docs, key=lambda d: d.id):
-            b = np.frombuffer(text_bytes(d.text), dtype=np.uint8).astype(np.uint16)
+            b = np.asarray(d.raw_bytes()[:]).astype(np.uint16)
             parts.append(np.concatenate([np.array([BOS_ID], dtype=np.uint16), b]))
         self.tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if len(self.tokens) < min_tokens:

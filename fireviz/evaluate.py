@@ -225,14 +225,20 @@ def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: 
     budget = math.inf if token_budget is None else token_budget
     chosen: list[Window] = []
     if mode == "nonoverlapping":
-        candidates = [(d, s) for d in eligible for s, _ in nonoverlapping_windows(doc_num_tokens[d], length)]
+        # candidate k is the k-th of every eligible document's nonoverlapping_windows, in order; it is
+        # found from the cumulative counts, so memory is 8 bytes per candidate (the permutation), not a
+        # Python tuple each (a 50 MB document holds ~10⁵ windows)
+        ends = np.cumsum([(doc_num_tokens[d] - length) // length + 1 for d in eligible])
         scored = 0
-        for k in torch.randperm(len(candidates), generator=gen).tolist():
+        for part in torch.randperm(int(ends[-1]), generator=gen).split(4096):
+            for k in part.tolist():
+                if scored >= budget:
+                    break
+                i = int(np.searchsorted(ends, k, side="right"))
+                chosen.append(Window(eligible[i], int(k - (ends[i - 1] if i else 0)) * length, 1))
+                scored += length - 1
             if scored >= budget:
                 break
-            d, s = candidates[k]
-            chosen.append(Window(d, s, 1))
-            scored += length - 1
     else:
         scored = 0
         for k in torch.randperm(len(eligible), generator=gen).tolist():

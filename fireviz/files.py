@@ -188,7 +188,7 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_d
             raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON file; "
                                   "it is not a file fireviz wrote — restore or delete it")
         with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)
+            raw = f.read(min(size, max_bytes) + 1)  # not max_bytes: read(n) allocates n bytes up front
         text = raw.decode("utf-8")
     except FileFormatError:
         raise
@@ -221,7 +221,11 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
             import zlib
             try:
                 with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as g:
-                    raw = g.read(max_bytes + 1)
+                    parts, got = [], 0
+                    while got <= max_bytes and (chunk := g.read(1 << 20)):  # read(n) would allocate n up front
+                        parts.append(chunk)
+                        got += len(chunk)
+                    raw = b"".join(parts)
             except (OSError, EOFError, zlib.error) as e:
                 raise FileFormatError(f"{path} is not a readable gzip file ({e}); restore or delete it") from e
             size = len(raw)

@@ -11,6 +11,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -435,22 +436,58 @@ def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, root):
-    """One 24 MB single-line document: peak RSS above a 1 MB one grows by a few bytes per byte
-    (the text once, its bytes once), not the 18 bytes per byte of int64 tokens plus copies."""
+    """One 24 MB single-line text file: peak RSS does not grow with it (windows read where they
+    lie, fireviz.data.FileBytes), not the 18 bytes per byte of int64 tokens plus copies."""
     import subprocess
     import sys
     code = ("import resource, sys; from fireviz import evaluate; "
             "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
             "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
-    peaks = {}
+    peaks: dict[int, int] = {}
     for mb in (1, 24):
         p = tmp_path / f"doc{mb}.txt"
         p.write_text(("river stone of the delta " * (mb * 2**20 // 25 + 1))[: mb * 2**20])
-        out = subprocess.run([sys.executable, "-c", code, str(root / "good"), str(p)], capture_output=True, text=True,
-                             check=True, cwd=ROOT)
-        peaks[mb] = int(out.stdout.strip().splitlines()[-1])
+    for mb in (1, 24, 1, 24):  # the lower of two runs each: a first run's peak can be ~40 MB higher by chance
+        out = subprocess.run([sys.executable, "-c", code, str(root / "good"), str(tmp_path / f"doc{mb}.txt")],
+                             capture_output=True, text=True, check=True, cwd=ROOT)
+        peaks[mb] = min(peaks.get(mb, 1 << 62), int(out.stdout.strip().splitlines()[-1]))
     per_byte = (peaks[24] - peaks[1]) / (23 * 2**20)
-    assert per_byte < 6, f"{per_byte:.1f} bytes of memory per document byte"
+    assert per_byte < 0.5, f"{per_byte:.2f} bytes of memory per document byte (a text file is read where windows lie)"
+
+
+@pytest.mark.parametrize("kind", ["txt", "txt.gz", "jsonl"])
+def test_documents_on_disk_read_the_same_tokens_as_in_memory(tmp_path, monkeypatch, kind):
+    """A plain file is read on demand, a compressed one spooled, a big JSONL line spooled:
+    every slice, the fingerprint (so every cache key), the split and the text are those of
+    the same document held in memory."""
+    import gzip
+    import json as _json
+
+    from fireviz import data
+    monkeypatch.setattr(data, "SPOOL_BYTES", 1000)  # spool anything over 1000 bytes
+    text = "Grüße, ✓ straße " * 400 + "\udcff end"  # non-ASCII, and one raw byte (0xff, surrogateescape'd)
+    raw = data.text_bytes(text)
+    p = tmp_path / f"doc.{kind}"
+    if kind == "txt":
+        p.write_bytes(raw)
+    elif kind == "txt.gz":
+        p.write_bytes(gzip.compress(raw))
+    else:
+        p.write_text(_json.dumps({"id": "doc.txt", "text": text}) + "\n")
+    with pytest.warns(data.RawBytesWarning):
+        (doc,) = data.load_documents(p)
+    if kind != "jsonl":
+        assert doc.id == p.name
+        doc = data.Document(doc.id, raw=doc.raw_bytes())
+    mem = data.Document(doc.id, text)
+    assert doc.on_disk and not mem.on_disk and doc == mem and len(doc) == len(raw)
+    assert data.data_fingerprint([doc]) == data.data_fingerprint([mem])
+    assert data.text_bytes(doc.text) == raw
+    a, b = data.DocumentTokens(doc), data.DocumentTokens(mem)
+    for lo, hi in [(0, 7), (5, 900), (len(a) - 3, len(a)), (3, 3)]:
+        assert torch.equal(a[lo:hi], b[lo:hi])
+    assert torch.equal(data.document_tokens(doc), data.document_tokens(mem))
+    assert np.array_equal(data.TokenStream([doc]).tokens, data.TokenStream([mem]).tokens)
 
 
 @pytest.mark.slow

@@ -835,3 +835,28 @@ def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, 
     (tmp_path / "local").mkdir()
     with pytest.raises(CheckpointError, match="not found"):
         ev.checkpoint_files("local/nosuch")  # looks like owner/name, but local/ exists here
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=8), length=st.integers(2, 600),
+       budget=st.one_of(st.none(), st.integers(1, 5000)), seed=st.integers(0, 3))
+def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(sizes, length, budget, seed):
+    """plan_windows finds candidate k from cumulative counts (no list of every window): the
+    windows drawn are exactly those of shuffling the full candidate list, as published."""
+    import math
+
+    ids = [f"d{i}" for i in range(len(sizes))]
+    eligible = sorted((i for i, n in enumerate(sizes) if n >= length), key=lambda i: (ids[i], i))
+    if not eligible:
+        with pytest.raises(ev.EvaluationError):
+            ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+        return
+    candidates = [(d, s) for d in eligible for s, _ in ev.nonoverlapping_windows(sizes[d], length)]
+    want, scored, cap = [], 0, math.inf if budget is None else budget
+    for k in torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed)).tolist():
+        if scored >= cap:
+            break
+        want.append(ev.Window(*candidates[k], 1))
+        scored += length - 1
+    got = ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+    assert got == sorted(want, key=lambda w: (w.doc, w.start))
