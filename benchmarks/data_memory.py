@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.eval_protocol import cpu_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
 
 CHILD = """
 import resource, sys

@@ -24,9 +24,9 @@ import json, resource, sys
 sys.path.insert(0, {root!r})
 from fireviz import evaluate, memory
 from fireviz.data import load_documents
-from fireviz.model import GPT
+from fireviz.checkpoints import load_model
 ckpt, n, batch_tokens = {ckpt!r}, {n}, {batch_tokens}
-cfg = GPT.from_pretrained(ckpt).config
+cfg = load_model(ckpt).config
 docs = load_documents("prose")
 rss0 = memory.current_rss()
 batch = max(1, batch_tokens // n)

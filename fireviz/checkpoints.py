@@ -632,15 +632,57 @@ def weights_fingerprint(path: str | os.PathLike) -> str:
     return _FINGERPRINTS[memo]
 
 
-def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
-    """Load the GPT in a checkpoint folder (safetensors, strict), on ``device``, in eval mode.
+def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of a checkpoint folder, or of a fireviz checkpoint
+    on the Hugging Face Hub (``owner/name``, :func:`looks_like_hub_id`; fetched into the
+    huggingface_hub cache).
 
-    Raises: CheckpointError if the folder or its files are bad.
+    Raises: CheckpointNotFoundError (a CheckpointError) if there is no such folder or repo;
+      CheckpointError if either file is missing or cannot be fetched.
     """
-    p = Path(path)
-    if not is_checkpoint_dir(p):
-        raise CheckpointError(f"{p} is not a checkpoint folder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    model = GPT.from_pretrained(str(p), map_location=device)
+    path = Path(checkpoint)
+    if path.is_dir():
+        files = path / CONFIG_FILE, path / WEIGHTS_FILE
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
+                                  "folder (save one with GPT.save_pretrained or `python -m fireviz train`)")
+        return files
+    name = str(checkpoint)
+    if not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is a local path
+        raise CheckpointNotFoundError(f"checkpoint {checkpoint} not found: give a folder holding config.json and "
+                                      "model.safetensors (or a Hugging Face repo id owner/name)")
+    from huggingface_hub import hf_hub_download
+    try:
+        return tuple(Path(hf_hub_download(repo_id=name, filename=f)) for f in (CONFIG_FILE, WEIGHTS_FILE))
+    except Exception as e:  # network, auth, 404, bad repo id: all mean "cannot load"
+        raise CheckpointError(f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
+                              f"Hugging Face Hub ({type(e).__name__}: {e})") from e
+
+
+def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
+    """The identity of a checkpoint: sha256 (hex) of ``model.safetensors`` followed by
+    ``config.json`` bytes (the evaluation and dilution caches' key, the jobs' key, results'
+    ``checkpoint_sha256``). Raises: CheckpointError as :func:`checkpoint_files`."""
+    config, weights = checkpoint_files(checkpoint)
+    return sha256_files(weights, config)
+
+
+def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
+    """Load the GPT of a checkpoint folder (or a fireviz checkpoint's Hub id) through
+    safetensors only (never pickle, strict), on ``device``, in eval mode. The one loader:
+    evaluation, analysis, fitting and the app all call it.
+
+    Raises: CheckpointError (CheckpointNotFoundError when there is nothing there) for a
+      missing, corrupt or inconsistent checkpoint; never another exception type for bad files.
+    """
+    config, _ = checkpoint_files(path)
+    try:
+        model = GPT.from_pretrained(str(config.parent), map_location=device)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not load: {type(e).__name__}: {e}") from e
     return model.to(device).eval()
 
 

@@ -74,10 +74,11 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__, synthetic
+from .checkpoints import checkpoint_files, checkpoint_sha256, load_model  # noqa: F401  (the one door)
 from .data import (DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents,
                    split_documents)
 from .encodings import check_normalizer_cap, fire_modules
-from .files import FileFormatError, read_json, sha256_files, write_json_atomic
+from .files import FileFormatError, read_json, write_json_atomic
 from .memory import available_bytes, forward_bytes, gib
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked, nonfinite_parameters
 
@@ -591,57 +592,6 @@ def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, w
 # ---------------------------------------------------------------------------------------------
 # Checkpoints, devices, cache
 # ---------------------------------------------------------------------------------------------
-def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
-    """``(config.json, model.safetensors)`` of a checkpoint folder (or a Hub repo id).
-
-    Raises: CheckpointError if the folder or either file is missing / cannot be fetched.
-    """
-    path = Path(checkpoint)
-    if path.is_dir():
-        files = path / "config.json", path / "model.safetensors"
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
-                                  "folder (save one with GPT.save_pretrained or `python -m fireviz train`)")
-        return files
-    name = str(checkpoint)
-    if path.exists() or name.count("/") != 1 or name.startswith((".", "/")) or path.parent.is_dir():
-        # a path under an existing local folder (checkpoints/typo) is a local path, not a Hub id
-        raise CheckpointError(f"checkpoint {checkpoint} not found: give a folder holding config.json and "
-                              "model.safetensors (or a Hugging Face repo id owner/name)")
-    from huggingface_hub import hf_hub_download
-    try:
-        return tuple(Path(hf_hub_download(repo_id=name, filename=f)) for f in ("config.json", "model.safetensors"))
-    except Exception as e:  # network, auth, 404, bad repo id: all mean "cannot load"
-        raise CheckpointError(f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
-                              f"Hugging Face Hub ({type(e).__name__}: {e})") from e
-
-
-def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
-    """sha256 (hex) of ``model.safetensors`` followed by ``config.json`` bytes.
-
-    Raises: CheckpointError as ``checkpoint_files``.
-    """
-    config, weights = checkpoint_files(checkpoint)
-    return sha256_files(weights, config)
-
-
-def load_checkpoint(checkpoint: str | os.PathLike) -> GPT:
-    """Load a checkpoint through safetensors only (never pickle), in eval mode on CPU.
-
-    Raises: CheckpointError for a missing, corrupt or inconsistent checkpoint.
-    """
-    config, _ = checkpoint_files(checkpoint)
-    folder = config.parent
-    try:
-        model = GPT.from_pretrained(str(folder))
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {checkpoint} does not load: {type(e).__name__}: {e}") from e
-    return model.eval()
-
-
 def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]:
     """The same RoPE weights with zero-shot PI (Chen et al. 2023) or YaRN (Peng et al. 2023).
 
@@ -930,7 +880,7 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     loaded = []
     for ckpt in checkpoints:
         sha = checkpoint_sha256(ckpt)
-        model = load_checkpoint(ckpt)
+        model = load_model(ckpt)
         bad = nonfinite_parameters(model)
         if bad:  # no number for such weights, not even a cached or published one
             raise NonFiniteLossError(f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "

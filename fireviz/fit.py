@@ -195,21 +195,21 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     tables of ``stack`` — decoder by default; for the bidirectional encoder its keys before
     the query, i.e. d = i − j >= 0 — or ALiBi slopes).
 
-    Loads ``GPT.from_pretrained(path)`` (safetensors only) and takes
+    Loads ``fireviz.checkpoints.load_model(path)`` (safetensors only) and takes
     ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
     ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
     Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path``, ``layer``,
       ``encoding`` (the checkpoint's encoding name) and ``seq_len`` (its training length).
-    Raises: FileNotFoundError for a local path that is not a folder; CheckpointError
-      (not a checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
+    Raises: CheckpointError (CheckpointNotFoundError for a path with nothing there; not a
+      checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
     """
     from . import hub
-    from .model import GPT
+    from .checkpoints import CheckpointNotFoundError, load_model
 
     local = Path(str(path)).expanduser()
     if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
-        raise FileNotFoundError(f"checkpoint folder {path} does not exist (a checkpoint is a folder with "
-                                "config.json and model.safetensors, e.g. checkpoints/<name>)")
+        raise CheckpointNotFoundError(f"checkpoint {path} not found: give a folder holding config.json and "
+                                      "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id")
     model = None
     cfg_file = local / "config.json"
     if local.is_dir() and cfg_file.is_file():
@@ -226,7 +226,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     if model is None:
         if stack is not None:
             raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
-        model = GPT.from_pretrained(str(local) if local.is_dir() else str(path))
+        model = load_model(str(local) if local.is_dir() else str(path))
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")

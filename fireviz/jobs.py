@@ -328,10 +328,10 @@ def dilution_description(checkpoint_paths: list[str], source: str, query_positio
 
 def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_positions: list[int], near: int,
                     rows: int = 8, normalizer_cap: int | None = None, queue_: JobQueue | None = None) -> Job:
-    """Measure ``fireviz.analysis.attention_dilution`` for each checkpoint in the background
+    """Measure ``fireviz.text_attention.attention_dilution`` for each checkpoint in the background
     (the "evaluate" queue), plain and — for FIRE checkpoints when ``normalizer_cap`` is set —
     with the normalizer capped; each result is cached on disk
-    (``analysis.cached_attention_dilution``), so a finished measurement is never repeated.
+    (``text_attention.cached_attention_dilution``), so a finished measurement is never repeated.
 
     Args: checkpoint folders; ``tokens`` LongTensor ``[T]`` of the text; ``source`` a name of
       the text for the job's key (e.g. ``"prose:validation:<doc id>"`` or an upload's content
@@ -342,7 +342,7 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
     description = dilution_description(checkpoint_paths, source, query_positions, near, rows, normalizer_cap)
 
     def work(progress, should_stop):
-        from . import analysis
+        from . import text_attention
         from .checkpoints import read_checkpoint
         from .encodings import has_normalizer
 
@@ -355,8 +355,8 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
             if should_stop():
                 raise JobCancelled()
             progress(k, len(plan), f"{Path(path).name}" + (f" (cap {cap})" if cap else ""))
-            out.append(analysis.cached_attention_dilution(path, tokens, query_positions, near=near, rows=rows,
-                                                          normalizer_cap=cap))
+            out.append(text_attention.cached_attention_dilution(path, tokens, query_positions, near=near, rows=rows,
+                                                                normalizer_cap=cap))
         progress(len(plan), len(plan), "done")
         return out
 

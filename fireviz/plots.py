@@ -302,7 +302,7 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
     """Attention share on the nearest keys vs query position, one panel per layer, one line
     per checkpoint (mean over heads); capped-normalizer results dashed.
 
-    Args: ``fireviz.analysis.DilutionResult``s or their ``to_dict()`` (same ``near``).
+    Args: ``fireviz.text_attention.DilutionResult``s or their ``to_dict()`` (same ``near``).
     Returns: Figure with one row per layer; trace meta ``{"checkpoint", "layer",
       "normalizer_cap"}``, y = mean share over heads (probability), x = query position
       (tokens, log), training length marked. Raises: ValueError for no results.
@@ -405,7 +405,7 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
 def dilution_figure(result, layer: int | None = None) -> go.Figure:
     """Attention share on the nearest keys vs query position (log x), one line per head.
 
-    Args: ``result`` a ``fireviz.analysis.DilutionResult`` or its ``to_dict()``; ``layer``
+    Args: ``result`` a ``fireviz.text_attention.DilutionResult`` or its ``to_dict()``; ``layer``
       one layer or None for all (line names ``L{layer} H{head}``).
     Returns: Figure; y = share in [0, 1] (probability), x = query position (tokens), training
       length marked; trace meta ``{"layer", "head"}``.

@@ -2,12 +2,12 @@
 
 Thin over ``fireviz.analysis.bias_report`` (curves, heatmap matrix, locality) and
 ``fireviz.plots`` (figures); the dilution panel runs ``fireviz.jobs.submit_dilution`` in the
-background (cached on disk by ``analysis.cached_attention_dilution``). State in the URL: ckpt,
+background (cached on disk by ``text_attention.cached_attention_dilution``). State in the URL: ckpt,
 view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 """
 import streamlit as st
 
-from fireviz import analysis, jobs, plots, ui
+from fireviz import analysis, jobs, plots, text_attention, ui
 from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 
@@ -204,7 +204,7 @@ elif long_docs:
     tokens = document_tokens(doc)
     paths = [i.path for i in chosen]
     plan = [(i.path, None) for i in chosen] + [(i.path, cap) for i in fire_chosen if cap]
-    found = [analysis.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
+    found = [text_attention.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
              for p, c in plan]
     job = jobs.default_queue("evaluate").find(jobs.dilution_description(paths, f"{source}:{doc_id}", dil_positions,
                                                                         near, normalizer_cap=cap or None))

@@ -10,6 +10,7 @@ import torch
 
 import fireviz.model as model_mod
 from fireviz import analysis as A
+from fireviz import text_attention as TA
 from fireviz.cli import main as cli_main
 from fireviz.model import GPT, GPTConfig
 
@@ -271,7 +272,7 @@ def test_dilution_matches_model_attention(encoding, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (200,), generator=gen)
     positions = [3, 31, 80, 150]
-    res = A.attention_dilution(m, tokens, positions, near=8, rows=4)
+    res = TA.attention_dilution(m, tokens, positions, near=8, rows=4)
     ref = reference_shares(m, tokens, positions, 8, 4, monkeypatch)
     assert res.share.shape == (2, 4, 4)
     np.testing.assert_allclose(res.share, ref, rtol=1e-4, atol=1e-5)
@@ -284,7 +285,7 @@ def test_dilution_uniform_attention_is_exact():
         for b in m.blocks:
             b.attn.qkv.weight.zero_()  # all scores 0: uniform over the i + 1 visible keys
     m.train()
-    res = A.attention_dilution(m, torch.zeros(300, dtype=torch.long), [10, 63, 255], near=16, rows=1)
+    res = TA.attention_dilution(m, torch.zeros(300, dtype=torch.long), [10, 63, 255], near=16, rows=1)
     expected = [1.0, 16 / 64, 16 / 256]
     np.testing.assert_allclose(res.share, np.broadcast_to(expected, res.share.shape), rtol=1e-6)
     assert m.training  # mode restored
@@ -296,7 +297,7 @@ def test_fire_interpolation_dilutes_a_local_head(fire_model):
             b.attn.qkv.weight.zero_()  # attention = softmax of the bias alone
     set_fire_heads(fire_model, slope=20.0)
     positions = A.default_query_positions(SEQ, A.DEFAULT_DILUTION_MULTIPLES)
-    res = A.attention_dilution(fire_model, torch.zeros(16 * SEQ, dtype=torch.long), near=8, rows=1)
+    res = TA.attention_dilution(fire_model, torch.zeros(16 * SEQ, dtype=torch.long), near=8, rows=1)
     assert res.query_positions == positions
     local = res.share[0, 0]
     assert all(a > b for a, b in zip(local, local[1:]))  # stretched bias spreads attention thin
@@ -308,15 +309,15 @@ def test_fire_interpolation_dilutes_a_local_head(fire_model):
 
 def test_dilution_input_errors(fire_model):
     with pytest.raises(ValueError, match="longer text"):
-        A.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [150])
+        TA.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [150])
     with pytest.raises(ValueError):
-        A.attention_dilution(fire_model, torch.zeros(100), [50])
+        TA.attention_dilution(fire_model, torch.zeros(100), [50])
     with pytest.raises(ValueError):
-        A.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [50], near=0)
+        TA.attention_dilution(fire_model, torch.zeros(100, dtype=torch.long), [50], near=0)
 
 
 def test_text_tokens():
-    t = A.text_tokens("hé")
+    t = TA.text_tokens("hé")
     assert t.tolist() == [256, 104, 0xC3, 0xA9] and t.dtype == torch.long
 
 
@@ -358,7 +359,7 @@ def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint,
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["{missing}"], "does not exist"),
+    (["{missing}"], "not found"),
     (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
     (["{ckpt}", "--query-positions", "-5"], "negative"),
     (["{ckpt}", "--query-positions", "0"], "needs one >= 1"),
@@ -419,17 +420,17 @@ def test_cached_attention_dilution_reads_back_and_recomputes_a_damaged_entry(tmp
     model.save_pretrained(folder)
     tokens = torch.randint(0, 256, (700,))
     kw = dict(near=4, cache_dir=tmp_path / "cache")
-    assert A.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw) is None
-    first = A.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)
-    again = A.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw)
+    assert TA.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw) is None
+    first = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)
+    again = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw)
     assert first["cached"] is False and again["cached"] is True and again["share"] == first["share"]
-    direct = A.attention_dilution(GPT.from_pretrained(str(folder)), tokens, [31, 63, 255], near=4).to_dict()
+    direct = TA.attention_dilution(GPT.from_pretrained(str(folder)), tokens, [31, 63, 255], near=4).to_dict()
     assert first["share"] == direct["share"]
-    capped = A.cached_attention_dilution(folder, tokens, [31, 63, 255], normalizer_cap=32, **kw)
+    capped = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], normalizer_cap=32, **kw)
     assert capped["normalizer_cap"] == 32 and capped["share"] != first["share"]
-    path = A.dilution_cache_path(folder, tokens, [31, 63, 255], 4, 8, None, tmp_path / "cache")
+    path = TA.dilution_cache_path(folder, tokens, [31, 63, 255], 4, 8, None, tmp_path / "cache")
     path.write_text("[" * 50000 + "]" * 50000)  # damaged: recomputed, never shown
-    assert A.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)["cached"] is False
+    assert TA.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)["cached"] is False
 
 
 def test_biases_cli_normalizer_cap(tmp_path, capsys):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fireviz import analysis, checkpoints, evaluate, jobs, ui
+from fireviz import analysis, checkpoints, evaluate, jobs, text_attention, ui
 from fireviz.model import GPT, CheckpointError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -651,8 +651,8 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     dil = next(f for f in figures(at) if "nearest 4 keys" in f["layout"]["title"]["text"])
     from fireviz.data import document_tokens, load_documents, split_documents
     doc = next(d for d in split_documents(load_documents("prose"), "validation") if d.num_tokens >= 16 * 32)
-    direct = analysis.attention_dilution(model, document_tokens(doc), near=4)
-    capped = analysis.attention_dilution(model, document_tokens(doc), near=4, normalizer_cap=32)
+    direct = text_attention.attention_dilution(model, document_tokens(doc), near=4)
+    capped = text_attention.attention_dilution(model, document_tokens(doc), near=4, normalizer_cap=32)
     tr = {(t["meta"]["layer"], t["meta"]["normalizer_cap"]): t for t in dil["data"]}
     np.testing.assert_allclose(arr(tr[(1, None)]["y"]), direct.share[1].mean(0), rtol=1e-5)
     np.testing.assert_allclose(arr(tr[(1, 32)]["y"]), capped.share[1].mean(0), rtol=1e-5)

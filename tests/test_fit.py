@@ -332,7 +332,7 @@ def test_cli_writes_json(tmp_path, capsys):
     (["--target", "bogus", "--max-len", "64"], "unknown --target 'bogus'"),
     (["--target", "alibi", "--max-len", "64", "--r1", "1"], "--r1 applies to kerple_log/kerple_power"),
     (["--target", "checkpoint", "--max-len", "64"], "needs --checkpoint PATH"),
-    (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "does not exist"),
+    (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "not found"),
     (["--target", "kerple_log", "--max-len", "64", "--r1", "a,b"], "comma-separated numbers"),
     (["--target", "alibi", "--max-len", "64", "--save-module", "."], "such as fire_fit.safetensors"),
 ])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fireviz import analysis as A
+from fireviz import text_attention as TA
 from fireviz import plots as P
 from fireviz.model import GPT, GPTConfig
 from plotly_data import decode, shapes, traces
@@ -483,8 +484,8 @@ def test_head_bias_log_distance_and_fire_input_figures():
     with pytest.raises(ValueError, match="no FIRE input"):
         P.fire_input_figure(analysis.bias_report(alibi, [31]).to_dict(), 0)
     toks = torch.randint(0, 256, (600,))
-    d = [analysis.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire"),
-         analysis.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire", normalizer_cap=32)]
+    d = [TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire"),
+         TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire", normalizer_cap=32)]
     dfig = P.dilution_compare_figure(d)
     assert [(t.meta["checkpoint"], t.meta["layer"], t.meta["normalizer_cap"]) for t in dfig.data] == [
         ("fire", 0, None), ("fire", 0, 32)]

@@ -1,0 +1,222 @@
+"""Attention on a text: where each head's probability goes, measured by running the model.
+
+The bias report (``fireviz.analysis``) reads the position encoding alone; this module runs the
+whole model on ``[BOS] + bytes`` of a text and reads the attention probabilities of every
+layer through a forward pre-hook on each attention module (the forward stops after the last
+layer it needs):
+
+* ``attention_dilution(model, tokens)``: per layer and head, the share of attention on the
+  nearest keys at chosen query positions — why FIRE's loss rises past the training length
+  (its normalizer ψ(max(L, i)) keeps growing, far keys look near, attention spreads thin).
+  ``cached_attention_dilution`` keeps results on disk.
+* ``attention_pattern(model, tokens, layer)``: one layer's full query × key probabilities per
+  head, as BertViz and CircuitsVis draw them, and the bias's share of each head's logits.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .analysis import DEFAULT_DILUTION_MULTIPLES, _capped_copy, _check_positions, _rl, default_query_positions
+from .checkpoints import checkpoint_sha256, load_model
+from .encodings import fire_modules
+from .model import BOS_ID, GPT
+
+
+# -- attention dilution ------------------------------------------------------------------------
+@dataclass
+class DilutionResult:
+    """Share of attention on the nearest keys, per layer, head and query position.
+
+    Attributes: ``query_positions`` (tokens, 0-based), ``near`` (keys j with 0 <= i − j < near
+    count as near), ``rows`` (consecutive query rows averaged per position), ``share`` float64
+    ``[layers, heads, positions]`` (probability in [0, 1], averaged over rows and batch),
+    ``train_seq_len`` (tokens), ``checkpoint``, ``encoding``, ``tokens`` (scored sequence
+    length per batch item), ``normalizer_cap`` (tokens, FIRE measured capped; else None).
+    """
+
+    query_positions: list[int]
+    near: int
+    rows: int
+    share: np.ndarray
+    train_seq_len: int
+    checkpoint: str | None = None
+    encoding: str | None = None
+    tokens: int = 0
+    normalizer_cap: int | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with ``share`` as nested lists [layer][head][position]."""
+        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "train_seq_len": self.train_seq_len,
+                "normalizer_cap": self.normalizer_cap,
+                "query_positions": list(self.query_positions), "near": self.near, "rows": self.rows,
+                "tokens": self.tokens, "units": {"position": "tokens (0-based)", "share": "attention probability"},
+                "share": _rl(self.share)}
+
+
+class _StopForward(Exception):
+    pass
+
+
+@torch.no_grad()
+def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
+                       near: int = 16, rows: int = 8, checkpoint: str | None = None,
+                       normalizer_cap: int | None = None) -> DilutionResult:
+    """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
+
+    Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` and, at the input of
+    every ``block.attn`` (a forward pre-hook), recomputes the attention probabilities of
+    only the chosen query rows exactly as ``CausalSelfAttention`` does: qkv projection,
+    rotary rotation at absolute positions (rotary kinds; YaRN's factor included),
+    q·k/√d_head, plus ``encoding.bias`` (additive kinds), causal mask, softmax. Memory is
+    ∝ rows × length per head, never length². The forward stops after the last block.
+    For each position i the share is averaged over the ``rows`` queries i − rows + 1 … i
+    (and the batch) to reduce token noise. A bias stretched by progressive interpolation
+    (FIRE) can spread attention thin past the training length: the share falls.
+
+    Args:
+      tokens: LongTensor ``[T]`` or ``[batch, T]`` of token ids (e.g. ``[BOS] + UTF-8 bytes``
+        of a real document), T > max query position.
+      query_positions: tokens, 0-based; default m·seq_len − 1 for m = 1, 2, 4, 8, 16.
+      near: how many nearest keys (including the query's own position) count as near.
+      rows: consecutive query rows averaged per position (clipped at position 0).
+      normalizer_cap: FIRE only: measure with ψ(min(max(L, i), cap)) (tokens); the model is
+        left as it was. Recorded as ``normalizer_cap`` (None for other encodings).
+    Returns: ``DilutionResult`` with ``share [layers, heads, positions]``.
+    Raises: ValueError if tokens are not 1-D/2-D integers, too short for the largest query
+      position, or near/rows < 1; the model's own ValueError for a model with absolute
+      position embeddings asked past its training length.
+    """
+    if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() not in (1, 2):
+        raise ValueError("tokens must be a 1-D or 2-D integer (Long) tensor of token ids")
+    if near < 1 or rows < 1:
+        raise ValueError(f"near and rows must be >= 1 (got near={near}, rows={rows})")
+    cfg = model.config
+    positions = _check_positions(query_positions if query_positions is not None
+                                 else default_query_positions(cfg.seq_len, DEFAULT_DILUTION_MULTIPLES))
+    idx = tokens.long()[None] if tokens.dim() == 1 else tokens.long()
+    n = positions[-1] + 1
+    if idx.shape[1] < n:
+        raise ValueError(f"tokens hold {idx.shape[1]} positions but query position {positions[-1]} needs "
+                         f"{n}; give a longer text or smaller query positions")
+    device = next(model.parameters()).device
+    idx = idx[:, :n].to(device)
+    share = np.zeros((cfg.n_layer, cfg.n_head, len(positions)), dtype=np.float64)
+    handles = []
+
+    def make_hook(layer: int, attn):
+        def hook(module, args, kwargs):
+            names = ("x", "encoding", "q_offset")
+            vals = dict(zip(names, args))
+            vals.update({k: kwargs[k] for k in names if k in kwargs})
+            x, enc, q_offset = vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
+            B, T, _ = x.shape
+            H, hd = attn.n_head, attn.head_dim
+            q, k, _ = attn.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # [B, H, T, hd]
+            if enc.kind == "rotary":
+                pos = torch.arange(q_offset, q_offset + T, device=x.device)
+                q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+            for p, i in enumerate(positions):
+                r0 = max(0, i - rows + 1)
+                qs, ks = q[:, :, r0:i + 1].float(), k[:, :, :i + 1].float()
+                scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
+                if enc.kind == "additive":
+                    scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
+                qpos = torch.arange(r0, i + 1, device=x.device)[:, None]
+                dist = qpos - torch.arange(i + 1, device=x.device)[None, :]  # [r, i + 1]
+                probs = torch.softmax(scores.masked_fill(dist < 0, float("-inf")), dim=-1)
+                near_mass = (probs * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
+                share[layer, :, p] = near_mass.mean(dim=(0, 2)).double().cpu().numpy()
+            if layer == cfg.n_layer - 1:
+                raise _StopForward
+        return hook
+
+    capped = normalizer_cap is not None and bool(fire_modules(model))
+    model = _capped_copy(model, normalizer_cap)
+    was_training = model.training
+    model.eval()
+    try:
+        for layer, block in enumerate(model.blocks):
+            handles.append(block.attn.register_forward_pre_hook(make_hook(layer, block.attn), with_kwargs=True))
+        try:
+            model(idx)
+        except _StopForward:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return DilutionResult(query_positions=positions, near=int(near), rows=int(rows), share=share,
+                          train_seq_len=int(cfg.seq_len), checkpoint=checkpoint, encoding=cfg.position_encoding,
+                          tokens=n, normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None)
+
+
+#: bumped when the numbers a given dilution setting produces would change (part of the cache key)
+DILUTION_FORMAT_VERSION = 1
+
+
+def dilution_cache_path(checkpoint: str | os.PathLike, tokens: torch.Tensor, query_positions: Sequence[int],
+                        near: int, rows: int, normalizer_cap: int | None,
+                        cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
+    the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
+    settings. ``cache_dir`` defaults to ``fireviz.evaluate.default_cache_dir()``.
+    Raises: OSError if the checkpoint's files cannot be read."""
+    from .evaluate import default_cache_dir
+    folder = Path(checkpoint)
+    tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
+    blob = json.dumps({"format": DILUTION_FORMAT_VERSION,
+                       "checkpoint_sha256": checkpoint_sha256(folder),
+                       "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(), "tokens_shape": list(tok.shape),
+                       "query_positions": [int(p) for p in query_positions], "near": int(near), "rows": int(rows),
+                       "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}, sort_keys=True)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / "dilution" / f"{hashlib.sha256(blob.encode()).hexdigest()}.json"
+
+
+def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tensor,
+                              query_positions: Sequence[int], near: int = 16, rows: int = 8,
+                              normalizer_cap: int | None = None, cache_dir: str | os.PathLike | None = None,
+                              compute: bool = True) -> dict | None:
+    """``attention_dilution(...).to_dict()`` for a checkpoint folder, cached on disk.
+
+    Reads the cached result when one exists for exactly these weights, tokens and settings
+    (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
+    writes the result atomically. A damaged cache file is recomputed (never shown).
+    Returns: the result dict (``"cached"``: whether it was read), or None when not cached
+      and ``compute`` is False. Raises: as ``attention_dilution`` and ``load_checkpoint``.
+    """
+    from .files import read_json, write_json_atomic
+    positions = _check_positions(query_positions)
+    path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
+    try:
+        obj = read_json(path, expect=dict)
+        share = np.asarray(obj["share"], dtype=np.float64)
+        if share.ndim == 3 and share.shape[2] == len(positions) and np.isfinite(share).all() \
+                and obj.get("query_positions") == positions:
+            # the same weights may sit in another folder: name the one asked for
+            return {**obj, "checkpoint": Path(checkpoint).name, "cached": True}
+    except (ValueError, KeyError, TypeError):  # FileFormatError is a ValueError: recompute
+        pass
+    if not compute:
+        return None
+    model = load_model(checkpoint)
+    out = attention_dilution(model, tokens, positions, near=near, rows=rows, checkpoint=Path(checkpoint).name,
+                             normalizer_cap=normalizer_cap).to_dict()
+    write_json_atomic(path, out)
+    return {**out, "cached": False}
+
+
+def text_tokens(text: str) -> torch.Tensor:
+    """``[BOS] + UTF-8 bytes`` of ``text`` as LongTensor ``[1 + bytes]`` (BOS id 256), the
+    document encoding fireviz trains on (byte-level vocabulary)."""
+    from .data import text_bytes
+    return torch.tensor([BOS_ID] + list(text_bytes(text)), dtype=torch.long)
