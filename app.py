@@ -22,6 +22,7 @@ PAGES = {
     "lengen": ("pages/3_Length_generalization.py", "Length generalization", ":material/straighten:",
                "Length_generalization"),
     "train": ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:", "Training_runs"),
+    "attention": ("pages/5_Attention.py", "Attention", ":material/grid_on:", "Attention"),
 }
 
 
@@ -83,7 +84,8 @@ def home() -> None:
     blurbs = {"biases": "what each head learned: local, anti-local or mixed",
               "fit": "Theorem 3.1 live: FIRE imitating T5, ALiBi, Kerple, Sandwich",
               "lengen": "perplexity far beyond the training length",
-              "train": "loss curves from each checkpoint's log"}
+              "train": "loss curves from each checkpoint's log",
+              "attention": "each head's attention on real text, and how much of it is position"}
     for k, (path, title, icon, _) in PAGES.items():
         st.page_link(path, label=f"{title}: {blurbs[k]}", icon=icon)
 

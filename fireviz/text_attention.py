@@ -220,3 +220,117 @@ def text_tokens(text: str) -> torch.Tensor:
     document encoding fireviz trains on (byte-level vocabulary)."""
     from .data import text_bytes
     return torch.tensor([BOS_ID] + list(text_bytes(text)), dtype=torch.long)
+
+
+# -- attention patterns per head ---------------------------------------------------------------
+#: longest text an attention pattern is computed for (tokens): a [heads, T, T] float32 matrix
+MAX_PATTERN_TOKENS = 2048
+
+
+@dataclass
+class AttentionPattern:
+    """One layer's attention on a text, per head.
+
+    Attributes: ``layer``; ``tokens`` (the ids scored, ``[BOS] + bytes``); ``probs`` float32
+    ``[heads, T, T]`` (row i: query position i's probabilities over keys 0…i, zero above the
+    diagonal); ``bias_share`` float64 ``[heads]`` or None (no additive bias): per head, the
+    bias's share of the logits' spread, mean over queries i >= 1 of
+    Var_j(b) / (Var_j(b) + Var_j(c)) over the keys j <= i it may see, with c = q·k/√d the
+    content logit and b the position bias (0: position plays no part, 1: the bias alone
+    decides); ``bias_share_by_query`` float64 ``[heads, T]`` (that ratio per query, NaN at
+    i = 0); ``checkpoint``, ``encoding``, ``train_seq_len``, ``normalizer_cap``.
+    """
+
+    layer: int
+    tokens: list[int]
+    probs: np.ndarray
+    bias_share: np.ndarray | None
+    bias_share_by_query: np.ndarray | None
+    train_seq_len: int
+    checkpoint: str | None = None
+    encoding: str | None = None
+    normalizer_cap: int | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (``probs`` as nested lists [head][query][key], 6 digits)."""
+        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "layer": self.layer,
+                "train_seq_len": self.train_seq_len, "normalizer_cap": self.normalizer_cap, "tokens": self.tokens,
+                "units": {"position": "tokens (0-based)", "probs": "attention probability",
+                          "bias_share": "share of the logits' variance over keys due to the position bias"},
+                "bias_share": None if self.bias_share is None else _rl(self.bias_share),
+                "bias_share_by_query": None if self.bias_share_by_query is None else _rl(self.bias_share_by_query),
+                "probs": _rl(self.probs)}
+
+
+@torch.no_grad()
+def attention_pattern(model: GPT, tokens: torch.Tensor, layer: int, checkpoint: str | None = None,
+                      normalizer_cap: int | None = None) -> AttentionPattern:
+    """The attention probabilities of every head of ``layer`` on one text, and the bias's share.
+
+    Runs the model on ``tokens`` (LongTensor ``[T]``, ``[BOS] + bytes``, 2 <= T <=
+    ``MAX_PATTERN_TOKENS``) up to ``layer`` and recomputes that layer's logits from its
+    queries and keys (rotated for RoPE) plus the encoding's bias, exactly as the forward
+    pass does (``fireviz.model.CausalSelfAttention``): probabilities equal the model's to
+    float32 rounding. ``normalizer_cap``: FIRE/FIRE-S measured with ψ(min(max(L, i), N)) on a
+    copy of the model (ignored for other encodings).
+    Returns: :class:`AttentionPattern`.
+    Raises: ValueError for a layer out of range, tokens that are not a 1-D integer tensor of
+      2…MAX_PATTERN_TOKENS ids, or a bad cap.
+    """
+    if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() != 1:
+        raise ValueError("tokens must be a 1-D integer (Long) tensor of token ids ([BOS] + bytes)")
+    T = int(tokens.numel())
+    if not 2 <= T <= MAX_PATTERN_TOKENS:
+        raise ValueError(f"an attention pattern takes 2 to {MAX_PATTERN_TOKENS} tokens (got {T}); cut the text")
+    cfg = model.config
+    if not 0 <= int(layer) < cfg.n_layer:
+        raise ValueError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layer - 1}")
+    capped = normalizer_cap is not None and bool(fire_modules(model))
+    model = _capped_copy(model, normalizer_cap)
+    attn = model.blocks[int(layer)].attn
+    got: dict = {}
+
+    def hook(module, args, kwargs):
+        vals = dict(zip(("x", "encoding", "q_offset"), args))
+        vals.update({k: kwargs[k] for k in ("x", "encoding", "q_offset") if k in kwargs})
+        x, enc = vals["x"], vals["encoding"]
+        B, n, _ = x.shape
+        q, k, _ = attn.qkv(x).view(B, n, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+        if enc.kind == "rotary":
+            pos = torch.arange(n, device=x.device)
+            q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+        got["content"] = (q[0].float() @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # [H, T, T]
+        got["bias"] = enc.bias(n, n, 0).float() if enc.kind == "additive" else None
+        raise _StopForward
+
+    was_training = model.training
+    model.eval()
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        model(tokens.long()[None].to(next(model.parameters()).device))
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+        model.train(was_training)
+    content, bias = got["content"].cpu(), None if got["bias"] is None else got["bias"].cpu()
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    logits = (content if bias is None else content + bias).masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    share = by_query = None
+    if bias is not None:
+        counts = allowed.sum(-1).double()  # keys per query: i + 1
+
+        def var(a: torch.Tensor) -> torch.Tensor:  # variance over the allowed keys, per query
+            a = a.double().masked_fill(~allowed, 0.0)
+            mean = a.sum(-1) / counts
+            return ((a - mean[..., None]) ** 2).masked_fill(~allowed, 0.0).sum(-1) / counts
+
+        vb, vc = var(bias.expand_as(content)), var(content)
+        ratio = (vb / (vb + vc).clamp_min(1e-30)).numpy()  # [H, T]
+        ratio[:, 0] = np.nan  # one key: no spread
+        by_query, share = ratio, np.nanmean(ratio[:, 1:], axis=1) if T > 1 else np.full(cfg.n_head, np.nan)
+    return AttentionPattern(layer=int(layer), tokens=[int(t) for t in tokens.tolist()], probs=probs.numpy(),
+                            bias_share=share, bias_share_by_query=by_query, train_seq_len=int(cfg.seq_len),
+                            checkpoint=checkpoint, encoding=cfg.position_encoding,
+                            normalizer_cap=int(normalizer_cap) if capped else None)

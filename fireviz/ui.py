@@ -667,6 +667,29 @@ def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, na
                                 normalizer_cap=normalizer_cap).to_dict()
 
 
+@st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
+def _attention_pattern(path: str, mtime_ns: int, tokens: tuple[int, ...], layer: int, name: str,
+                       normalizer_cap: int | None) -> dict:
+    import torch
+
+    from . import text_attention
+    model = _load_model(path, mtime_ns, "cpu")
+    return text_attention.attention_pattern(model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name,
+                                            normalizer_cap=normalizer_cap).to_dict()
+
+
+def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
+    """``text_attention.attention_pattern(...).to_dict()`` of a checkpoint on ``tokens``
+    (LongTensor ``[T]``), cached per weights, text, layer and cap. Raises: ValueError, CheckpointError."""
+    w = Path(info.path) / ck.WEIGHTS_FILE
+    try:
+        mtime = w.stat().st_mtime_ns
+    except OSError as e:
+        raise CheckpointError(f"cannot read {w}: {e}") from e
+    return _attention_pattern(info.path, mtime, tuple(int(t) for t in tokens.tolist()), int(layer), info.name,
+                              int(normalizer_cap) if normalizer_cap else None)
+
+
 @st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
 def _published_bias_report(ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None,
                            name: str) -> dict:

@@ -188,3 +188,10 @@ def test_training_runs_page(server, browser, width):
     page = _open(browser, f"{server}/Training_runs", width)
     _check_and_shoot(page, "4_training_runs", width=width)
     page.close()
+
+
+def test_attention_page(server, browser, width):
+    page = _open(browser, f"{server}/Attention?ckpt=fire&alen=100&cap=16", width)
+    _check_and_shoot(page, "5_attention", charts=2, width=width)
+    page.close()
+

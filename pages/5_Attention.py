@@ -1,0 +1,91 @@
+"""Attention on a text, per head: where each head looks, and how much of it is position.
+
+Thin over ``fireviz.text_attention.attention_pattern`` (one layer's probabilities per head and
+the bias's share of its logits, run in this process: one forward pass) and
+``fireviz.attention_plots``. State in the URL: group, ckpt, atext, adoc, astart, alen, layer, cap.
+"""
+import streamlit as st
+
+from fireviz import attention_plots, plots, text_attention, ui
+from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
+
+P = "attention"
+ui.setup_page("Attention on a text")
+st.markdown("Each head's attention probabilities on real text, queries down and keys across, as BertViz and "
+            "CircuitsVis draw them — and the **bias's share** of each head's logits: the variance over keys of the "
+            "position bias, against that of the content logits q·k/√d (0: the head looks by content alone; 1: by "
+            "position alone). For FIRE, the normalizer cap shows what changes past the training length.")
+
+chosen = ui.checkpoint_picker(P, multi=False, label="Checkpoint")
+if not chosen:
+    st.stop()
+info = chosen[0]
+if info.is_published:
+    st.info("A published model is read for its position encoding only; attention needs the whole model. Pick a "
+            "fireviz checkpoint.")
+    st.stop()
+sb = st.sidebar
+seq = int(info.config.get("seq_len", 512))
+n_layer = int(info.config.get("n_layer", 1))
+layer = int(sb.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer)))))
+fires, cap = ui.normalizer_cap_input(P, chosen, "FIRE normalizer cap (tokens; 0 = off)",
+                                     help="ψ(min(max(L, i), N)): drawn beside the plain pattern; it changes queries "
+                                          "past N only, so choose a text longer than N.")
+sources = list(DOMAINS) + ["upload"]
+atext = sb.selectbox("Text", sources, key=ui.url_state(P, "atext", "prose", options=sources),
+                     format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document")
+docs = []
+try:
+    if atext == "upload":
+        up = sb.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "upload"))
+        if up is not None:
+            docs = load_documents(ui.save_upload(up.name, up.getvalue()))
+    else:
+        docs = split_documents(load_documents(atext), "validation")
+except DataError as e:
+    ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
+    st.stop()
+if not docs:
+    st.info("Upload a .txt or .jsonl file in the sidebar.")
+    st.stop()
+ids = [d.id for d in docs]
+doc_id = sb.selectbox(f"Document ({len(ids)})", ids, key=ui.url_state(P, "adoc", ids[0], options=ids))
+doc = docs[ids.index(doc_id)]
+max_len = min(text_attention.MAX_PATTERN_TOKENS, doc.num_tokens)
+length = int(sb.number_input(f"Tokens (2–{max_len}; the pattern is length × length)", 2, max_len,
+                             key=ui.url_state(P, "alen", min(seq, max_len), int, lo=2, hi=max_len)))
+start = int(sb.number_input("Start at token (0 = the document's BOS)", 0, max(0, doc.num_tokens - length),
+                            key=ui.url_state(P, "astart", 0, int, lo=0, hi=max(0, doc.num_tokens - length))))
+ui.sync_url(P, ["ckpt", "layer", "cap", "atext", "adoc", "alen", "astart"])
+tokens = document_tokens(doc)[start:start + length]
+try:
+    plain = ui.attention_pattern(info, tokens, layer)
+    capped = ui.attention_pattern(info, tokens, layer, normalizer_cap=cap) if (cap and fires) else None
+except (ValueError, ui.CheckpointError) as e:
+    ui.error(f"Cannot compute the attention pattern: {e}")
+    st.stop()
+caption = (f"{ui.checkpoint_caption(info)}. Text: {doc_id}, tokens {start}…{start + length - 1} of "
+           f"{doc.num_tokens:,} ([BOS] + bytes), scored as one window from position 0.")
+st.markdown(caption)
+show = capped if capped is not None and st.radio(
+    "Pattern", ["plain", "capped"], horizontal=True, key=ui.key(P, "show"),
+    format_func={"plain": "as trained", "capped": f"normalizer capped at {cap}"}.get) == "capped" else plain
+fig = attention_plots.attention_pattern_figure(show)
+ui.show_figure(fig, "Rows: query positions; columns: the keys they attend to (future keys blank). Texts longer than "
+                    f"{attention_plots.MAX_HEATMAP_CELLS} tokens are drawn as block means.", P, "pattern")
+ui.downloads(P, "attention_pattern", plots.figure_to_csv(fig), show)
+if plain.get("bias_share") is None:
+    st.caption(f"{info.position_encoding} has no additive bias: its position information enters through "
+               + ("rotated queries and keys (RoPE), so there is no bias share to show." if info.position_encoding.startswith(("rope", "yarn"))
+                  else "the causal mask alone (NoPE)."))
+    st.stop()
+sfig = attention_plots.bias_share_figure([plain] + ([capped] if capped is not None else []))
+ui.show_figure(sfig, "Per head, how much of the logits' spread over keys comes from the position bias, as the query "
+                     "moves along the text" + (f"; dashed: the normalizer capped at {cap}." if capped else "."),
+               P, "share")
+rows = [{"head": h, "bias share": plain["bias_share"][h],
+         **({f"bias share, cap {cap}": capped["bias_share"][h]} if capped is not None else {})}
+        for h in range(len(plain["bias_share"]))]
+st.dataframe(rows, hide_index=True, key=ui.key(P, "share_table"),
+             column_config={k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k != "head"})
+ui.downloads(P, "bias_share", ui.rows_to_csv(rows), rows)
