@@ -124,11 +124,13 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
         raise ValueError(f"query positions {sorted(missing)} are not in the report (has {r['query_positions']})")
     n_layer, n_head = r["n_layer"], r["n_head"]
     heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
-    titles = [f"L{ly} H{h}" + (f" · {heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
+    # four or more panels side by side: the class on its own line (at 1024 px one line ran into the next title)
+    sep = "<br>" if n_head >= 4 else " · "
+    titles = [f"L{ly} H{h}" + (f"{sep}{heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
               for ly in range(n_layer) for h in range(n_head)]
     fig = make_subplots(rows=n_layer, cols=n_head, subplot_titles=titles, shared_xaxes=True,
                         horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
-                        vertical_spacing=min(0.06, 0.5 / max(1, n_layer - 1)))
+                        vertical_spacing=min(0.09 if sep == "<br>" else 0.06, 0.5 / max(1, n_layer - 1)))
     refs = {(ly, h): _panel_refs(fig, ly + 1, h + 1) for ly in range(n_layer) for h in range(n_head)}
     new_traces = []
     for lay in r["layers"]:
@@ -157,8 +159,9 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
         for (ly, h), (xr, yr) in refs.items()] if L is not None else []
     for ly in range(n_layer):
         fig.update_yaxes(title_text="bias (logits)", row=ly + 1, col=1)
-    for h in range(n_head):
-        fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=h + 1)
+    # one x title under the first column (one per column overlapped in narrow windows)
+    fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=1)
+    fig.update_annotations(font_size=11)  # the panel titles
     fig.update_layout(title=dict(text=title, subtitle=dict(
         text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i")),
         legend_title_text="query position", height=220 * n_layer + 120,

@@ -389,14 +389,20 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     return " · ".join(parts)
 
 
+#: Home-table details that, when every checkpoint shares them, are said once in a caption
+HOME_DETAIL_COLUMNS = ("parameters", "training tokens", "progress", "training length", "data", "numbers from")
+
+
 def checkpoint_table_config(rows: Sequence[dict]) -> dict:
     """``st.dataframe`` column_config for the Home table of ``CheckpointInfo.summary_row()``s:
-    headline columns labelled with what they are (quantity, length in tokens, data), e.g.
-    ``"bpb @32 (prose)"``; the underlying column names stay as in the rows."""
-    cfg: dict = {"checkpoint": st.column_config.TextColumn(width="medium"),
-                 "training seed": st.column_config.NumberColumn(help="train.seed: initialization and the order of "
-                                                                      "training windows"),
-                 "parameters": st.column_config.NumberColumn(format="localized"),
+    headline columns labelled short (``"bpb @512"``, ``"val @2048"``; the data in their help)
+    with pixel widths that fit a 1024 px window; the underlying column names stay as in the rows."""
+    # pixel widths: the headline columns of 13 checkpoints fit the ~560 px a 1024 px window leaves
+    cfg: dict = {"checkpoint": st.column_config.TextColumn(width=140),
+                 "encoding": st.column_config.TextColumn(width=95),
+                 "training seed": st.column_config.NumberColumn("seed", width=50, help="train.seed: initialization "
+                                                                                   "and the order of training windows"),
+                 "parameters": st.column_config.NumberColumn(format="localized", width=80),
                  "training tokens": st.column_config.NumberColumn(format="compact"),
                  "progress": st.column_config.TextColumn(
                      help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
@@ -412,15 +418,17 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
             n = col.removeprefix("bpb @ ")
             prose = all("prose" in str(r.get("numbers from", "")) for r in rows if r.get(col) is not None)
             cfg[col] = st.column_config.NumberColumn(
-                f"bpb @{n}" + (" (prose)" if prose else ""), format="%.3f",
-                help=f"bits per byte at {n}-token windows, from the checkpoint's results JSON")
+                f"bpb @{n}", format="%.3f", width=68,
+                help=f"bits per byte at {n}-token windows" + (" on prose" if prose else "")
+                     + ", from the checkpoint's results JSON")
         elif col.startswith("val loss"):
             L, data = common(col, "training length"), common(col, "data")
             four = "4L" in col
             at = f" @{4 * L if four else L}" if L else (" @4L" if four else " @L")
             cfg[col] = st.column_config.NumberColumn(
-                f"val loss{at}" + (f" ({data})" if data else ""), format="%.3f",
+                f"val{at}", format="%.3f", width=68,
                 help="last validation loss in train_log.jsonl, nats per token (÷ ln 2 = bits per byte)"
+                     + (f", on {data}" if data else "")
                      + (" at 4× the training length" if "4L" in col else " at the training length"))
     return cfg
 

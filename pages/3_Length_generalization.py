@@ -58,13 +58,15 @@ if st.query_params.get_all("len") and st.query_params.get_all("len") != [str(n) 
     st.query_params["len"] = [str(n) for n in from_url]  # a stale or hand-edited link: keep its good lengths
 asked = set(from_url)
 asked |= set(st.session_state.get(ui.key(P, "typed_lengths"), []))
-options = sorted({2 ** k for k in range(4, 17)} | set(train_lens) | asked)
+options = sorted({2 ** k for k in range(2, 21)} | set(train_lens) | asked)
 pending = st.session_state.pop(ui.key(P, "len_pending"), None)
 if pending is not None:  # typed lengths, converted to ints on the previous run
     st.session_state[ui.key(P, "len")] = pending
-# half the shortest to 8× the longest training length: every checkpoint is shown extrapolating
-default_lens = [n for n in sorted({2 ** k for k in range(4, 17)} | set(train_lens))
-                if train_lens[0] // 2 <= n <= 8 * train_lens[-1]]
+# a quarter of the shortest to 16× the longest training length, the lengths the bundled results are published
+# at (128…8192 for 512): every checkpoint is shown extrapolating, and the same-text prefix (the largest length)
+# is the published one, so its numbers appear without a run
+default_lens = [n for n in sorted({2 ** k for k in range(2, 21)} | set(train_lens))
+                if max(2, train_lens[0] // 4) <= n <= 16 * train_lens[-1]]
 picked = sb.multiselect("Evaluation lengths (tokens; type any other length and press Enter)", options,
                         key=ui.url_state(P, "len", default_lens, int, options=options, multi=True),
                         accept_new_options=True)

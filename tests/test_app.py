@@ -410,10 +410,10 @@ def _tiny_jsonl() -> bytes:
     return "".join(json.dumps(d) + "\n" for d in docs).encode()
 
 
-def test_length_generalization_default_lengths_reach_8x_the_longest_training_length(app_env):
+def test_length_generalization_default_lengths_are_a_quarter_to_16x_the_training_length(app_env):
     at = page("pages/3_Length_generalization.py", ckpt="fire").run()
     no_exception(at)
-    assert at.sidebar.multiselect(key="lengen_len").value == [16, 32, 64, 128, 256]
+    assert at.sidebar.multiselect(key="lengen_len").value == [8, 16, 32, 64, 128, 256, 512]
 
 
 def test_job_error_text_strips_the_checkpoint_error_prefix():
