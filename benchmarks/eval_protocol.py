@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fireviz import evaluate  # noqa: E402
+from fireviz.eval_cli import format_table  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         from fireviz.files import write_json_atomic
         everything = evaluate.with_paired_differences(everything, 0)
         write_json_atomic(args.out, everything)
-        print(evaluate.format_table(everything))
+        print(format_table(everything))
         print(f"wrote {args.out}")
     return 0
 

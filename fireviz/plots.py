@@ -30,7 +30,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from .evaluate import bootstrap_ci95, paired_difference
+from .stats import bootstrap_ci95, paired_difference
 
 TRAIN_MARK = "training length"
 FIT_RANGE_MARK = "fitted range"

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from fireviz import evaluate, plots
+from fireviz.eval_cli import format_table
 from fireviz.checkpoints import read_train_log, seed_groups, validation_rows
 from fireviz.encodings import has_normalizer
 from fireviz.files import atomic_write_text, write_json_atomic
@@ -333,7 +334,7 @@ def main() -> int:
             fig.write_html(CKPTS / f"results_{domain}.html", include_plotlyjs="cdn")
             write_json_atomic(CKPTS / f"results_{domain}.json", runs)
             render_png(fig, CKPTS / f"results_{domain}.png")
-        print(evaluate.format_table(runs), flush=True)
+        print(format_table(runs), flush=True)
     for f in folders:
         # keep the folder's results for domains not evaluated in this run (e.g. --domains code)
         by_ckpt[f.name], dropped = merge_results(read_results(f), by_ckpt[f.name])

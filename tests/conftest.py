@@ -69,7 +69,7 @@ def app_env(tiny_checkpoints_dir, tmp_path, monkeypatch) -> Path:
 @pytest.fixture(autouse=True)
 def small_corpora_get_intervals(monkeypatch):
     """The test corpora hold 3–7 documents; the product gives no interval below
-    ``evaluate.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
+    ``stats.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
     floor to 2; ``test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
-    import fireviz.evaluate as ev
-    monkeypatch.setattr(ev, "MIN_INTERVAL_DOCUMENTS", 2)
+    import fireviz.stats as stats
+    monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 2)

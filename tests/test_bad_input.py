@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from conftest import make_tiny_checkpoint
-from fireviz import checkpoints, data, evaluate, train
+from fireviz import checkpoints, data, eval_cli, evaluate, train
 from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
 from fireviz.model import GPT, CheckpointError, config_from_dict
 
@@ -116,7 +116,7 @@ def test_train_log_with_a_non_number_step_is_left_out(root):
 
 def test_eval_cli_on_a_nested_config_is_one_error_not_a_traceback(root, capsys, tmp_path):
     (root / "victim" / "config.json").write_text(NESTED)
-    rc = evaluate.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
+    rc = eval_cli.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
                         "--lengths", "16", "--no-cache"])
     err = capsys.readouterr().err
     assert rc == 2 and "nests 100000 levels" in err and "Traceback" not in err
@@ -175,7 +175,7 @@ def test_nan_weights_are_reported_by_name_never_cached_and_fail_the_cli(root, tm
         evaluate.evaluate_many([str(root / "victim")], str(_small_text(tmp_path)), [16], split="all", cache_dir=cache)
     assert not any(cache.rglob("*.json")) if cache.exists() else True
     for extra in ([], ["--no-cache"]):
-        rc = evaluate.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
+        rc = eval_cli.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
                             "--lengths", "16", "--cache-dir", str(cache)] + extra)
         assert rc != 0 and name in capsys.readouterr().err
 
@@ -379,7 +379,7 @@ def test_eval_counts_documents_too_short_and_takes_lone_surrogates(root, tmp_pat
                                    mode="nonoverlapping")[0]
     e = r["per_length"][0]
     assert e["documents_skipped"] == 1 and e["documents"] == 3 and math.isfinite(e["bits_per_byte"])
-    assert "documents too short" in evaluate.format_table([r])
+    assert "documents too short" in eval_cli.format_table([r])
 
 
 def test_train_takes_a_lone_surrogate(tmp_path):

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fireviz.evaluate as ev
+from fireviz import eval_cli, stats
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
 from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
 
@@ -565,7 +566,7 @@ def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
     assert [r["checkpoint"] for r in results] == ["fire", "rope"]
     assert [("error" in e) for e in results[0]["per_length"]] == [False, False, True]
     assert results[0]["settings"]["stride"] == 4 and results[0]["settings"]["mode"] == "sliding"
-    table = ev.format_table(results)
+    table = eval_cli.format_table(results)
     assert f"{results[1]['per_length'][1]['bits_per_byte']:.3f}" in table
 
 
@@ -589,7 +590,7 @@ def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):
     base = [str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8", "--cache-dir", str(cache)]
     if "--data" in args:
         base = base[:1] + base[3:]
-    rc = ev.main(base + args)
+    rc = eval_cli.main(base + args)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("fireviz eval: error:") and match in err[0]
@@ -745,7 +746,7 @@ def test_normalizer_cap_is_a_setting_of_its_own(ckpts, corpus, cache, monkeypatc
 
 def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path, cache, capsys):
     out = tmp_path / "r.json"
-    rc = ev.main([str(ckpts["alibi"]), str(ckpts["fire"]), "--data", str(corpus), "--split", "all",
+    rc = eval_cli.main([str(ckpts["alibi"]), str(ckpts["fire"]), "--data", str(corpus), "--split", "all",
                   "--lengths", "8,16,32", "--cache-dir", str(cache), "--out", str(out), "--device", "cpu",
                   "--quiet"])
     text = capsys.readouterr().out
@@ -757,7 +758,7 @@ def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path
     for e in results[1]["per_length"]:
         assert {"ci95", "paired_delta_bpb", "paired_ci95", "documents", "windows", "tokens_scored"} <= set(e)
         assert f"{e['paired_delta_bpb']:+.3f} [{e['paired_ci95'][0]:+.3f}, {e['paired_ci95'][1]:+.3f}]" in text
-    rc = ev.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "32",
+    rc = eval_cli.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "32",
                   "--normalizer-cap", "4", "--cache-dir", str(cache), "--device", "cpu", "--quiet"])
     assert rc == 0 and "fire cap 4" in capsys.readouterr().out
 
@@ -787,16 +788,16 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     kw = dict(split="all", device="cpu", cache_dir=cache)
     r = ev.evaluate_many([a, b], corpus, [8], reference=str(b), **kw)
     assert "paired_delta_bpb" in r[0]["per_length"][0] and "paired_delta_bpb" not in r[1]["per_length"][0]
-    table = ev.format_table(r)  # two folders named final: the table names their paths
+    table = eval_cli.format_table(r)  # two folders named final: the table names their paths
     assert str(a) in table and f"vs {b}" in table
     with pytest.raises(ev.EvaluationError, match="names 2 of the checkpoints"):
         ev.evaluate_many([a, b], corpus, [8], reference="final", **kw)
     one = _write_jsonl(tmp_path / "one.jsonl", [40])
     r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], one, [8], **kw)
     assert r[0]["per_length"][0]["ci95"] is None and r[1]["per_length"][0]["paired_ci95"] is None
-    assert ev.main([str(ckpts["fire"]), "--data", str(one), "--split", "all", "--lengths", "8", "--cache-dir",
+    assert eval_cli.main([str(ckpts["fire"]), "--data", str(one), "--split", "all", "--lengths", "8", "--cache-dir",
                     str(cache), "--quiet"]) == 0  # printed without an interval, no traceback
-    assert ev.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8",
+    assert eval_cli.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8",
                     "--normalizer-cap", "1" + "0" * 320, "--quiet"]) == 2
     assert "normalizer_cap must be an integer number of tokens in 1.." in capsys.readouterr().err
     blocker = tmp_path / "cachefile"
@@ -820,14 +821,14 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
 
 
 def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, capsys):
-    monkeypatch.setattr(ev, "MIN_INTERVAL_DOCUMENTS", 10)  # the product's floor
+    monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 10)  # the product's floor
     few = _write_jsonl(tmp_path / "few.jsonl", [40] * 9)
     many = _write_jsonl(tmp_path / "many.jsonl", [40] * 10)
     kw = dict(split="all", device="cpu", cache_dir=cache)
     r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], few, [8], **kw)
     assert r[0]["per_length"][0]["ci95"] is None and r[1]["per_length"][0]["paired_ci95"] is None
     assert "paired_delta_bpb" in r[1]["per_length"][0]
-    assert "no interval at 8: fewer than 10 documents" in ev.format_table(r)
+    assert "no interval at 8: fewer than 10 documents" in eval_cli.format_table(r)
     r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], many, [8], **kw)
     assert r[0]["per_length"][0]["ci95"] is not None and r[1]["per_length"][0]["paired_ci95"] is not None
     # a mistyped path under an existing folder fails at once (no Hub lookup)

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fireviz import eval_cli
 from fireviz import evaluate as ev
 from fireviz import synthetic as S
 from fireviz.data import DataError
@@ -98,7 +99,7 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
     assert again[0]["per_length"][0]["cached"]
     with pytest.raises(ev.EvaluationError, match="drop --mode"):
         ev.evaluate_many([tmp_path / "fire"], "synthetic:copy", [16], mode="sliding", stride=4, device="cpu")
-    assert "answer accuracy" in ev.format_table(r)
+    assert "answer accuracy" in eval_cli.format_table(r)
 
 
 def test_the_copy_config_loads():

@@ -1,0 +1,250 @@
+"""``python -m fireviz eval``: perplexity / bits per byte vs evaluation length, as a table.
+
+A thin layer over ``fireviz.evaluate.evaluate_many``: parses the arguments into its settings,
+prints progress and the tables (``format_table``), writes ``--out`` / ``--figure``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import stats
+from .data import DOMAINS, DataError
+from .evaluate import (DEFAULT_LENGTHS, DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES,
+                       ROPE_SCALINGS, SPLITS, SYNTHETIC_SEQUENCES, EvaluationError, evaluate_many)
+from .files import write_json_atomic
+from .model import CheckpointError
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def _ci_text(ci, signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f" [{ci[0]:{f}}, {ci[1]:{f}}]" if isinstance(ci, list) and len(ci) == 2 else ""
+
+
+def format_table(results: Sequence[dict]) -> str:
+    """A plain-text report: what was scored per length (documents, windows, tokens), then one
+    row per checkpoint with "bpb [95 % CI]" cells, then the paired differences against the
+    reference checkpoint with their 95 % intervals (bits per byte)."""
+    lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
+    def width(rows, head):
+        return [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def render(head, rows):
+        widths = width(rows, head)
+
+        def line(cells):
+            return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+    names = [r["checkpoint"] for r in results]
+    # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
+    shown = {id(r): (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1
+             else r["checkpoint"] for r in results}
+
+    def enc(r):
+        cap = r.get("normalizer_cap")
+        return (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
+                                          else "") + (f" cap {cap}" if cap else ""))
+
+    s0 = results[0]["settings"] if results else {}
+    text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
+    if s0.get("mode") == "same_text":
+        d = s0.get("documents_scored")
+        text += (f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
+                 f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
+    if s0.get("mode") == "synthetic":
+        text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
+                "checkpoint); only the answer positions are scored")
+    out = [text]
+    scored_head = ["length", "", ""] + [str(n) for n in lengths]
+    first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
+    for r in results:
+        for e in r["per_length"]:
+            if "error" not in e:
+                first.setdefault(e["length"], e)
+    scored_rows = []
+    shown_rows = [("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")]
+    if s0.get("mode") in ("nonoverlapping", "sliding"):
+        shown_rows.insert(1, ("documents too short", "documents_skipped"))
+    for label, key in shown_rows:
+        scored_rows.append([label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths])
+    out += render(scored_head, scored_rows)
+    head = ["checkpoint", "enc", "train"] + [str(n) for n in lengths]
+    rows = []
+    for r in results:
+        cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
+                 for e in r["per_length"]}
+        rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+    out += ["", "bits per byte [95 % bootstrap interval over documents] by evaluation length in tokens"]
+    out += render(head, rows)
+    if any("accuracy" in e for r in results for e in r["per_length"]):
+        acc_rows = []
+        for r in results:
+            cells = {e["length"]: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
+                     + f" / {e['sequence_accuracy']:.2f}" for e in r["per_length"] if "accuracy" in e}
+            acc_rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+        out += ["", "answer accuracy [95 % interval over sequences] / share of sequences copied without error"]
+        out += render(head, acc_rows)
+    few = sorted({e["length"] for r in results for e in r["per_length"]
+                  if "error" not in e and "per_document" in e and e.get("ci95") is None})
+    if few:
+        out += [f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
+                "(sequences) scored; a bootstrap over so few would look far more certain than it is)"]
+    caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
+    if caps:
+        short = [n for n in lengths if n <= min(caps)]
+        out += [f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
+                + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")]
+    paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
+    if paired:
+        ref = paired[0]["per_length"][0].get("paired_reference") or next(
+            e["paired_reference"] for e in paired[0]["per_length"] if "paired_reference" in e)
+        prow = []
+        for r in paired:
+            cells = {e["length"]: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True)
+                     for e in r["per_length"] if "paired_delta_bpb" in e}
+            prow.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+        out += ["", f"paired difference in bits per byte vs {ref} on the same windows [95 % interval]; "
+                    "negative = better than the reference"]
+        out += render(head, prow)
+    errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
+              if "error" in e]
+    if errors:
+        out += ["errors:"] + list(dict.fromkeys(errors))
+    return "\n".join(out)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})")
+    if not lengths:
+        raise argparse.ArgumentTypeError("give at least one length")
+    return lengths
+
+
+def _parse_budget(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token budget must be an integer, 0 (every window) or auto (got {text!r})")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"token budget must be >= 0 (got {value})")
+    return value or None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m fireviz eval`` argument parser."""
+    p = argparse.ArgumentParser(prog="python -m fireviz eval",
+                                description="Perplexity / bits per byte vs evaluation length for checkpoints.")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
+    p.add_argument("--data", default="prose",
+                   help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
+                        f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
+                        "%(default)s, the "
+                        "bundled checkpoints' training domain)")
+    p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
+                   help="comma-separated window lengths in tokens (default %(default)s)")
+    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
+                   help="same_text (default): the first M tokens of every document holding the largest length M, "
+                        "at every length; nonoverlapping: random windows per length; sliding: with --stride")
+    p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
+    p.add_argument("--token-budget", type=_parse_budget, default="auto",
+                   help=f"target tokens per length; default: every qualifying document for same_text, "
+                        f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window")
+    p.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
+                   help="FIRE/FIRE-S: evaluate with the normalizer ψ(min(max(L, i), N)), N in tokens "
+                        "(e.g. the training length); other checkpoints are unaffected")
+    p.add_argument("--reference", default=None, metavar="CKPT",
+                   help="checkpoint the others are paired against (default: the first given)")
+    p.add_argument("--seed", type=int, default=0, help="window selection seed")
+    p.add_argument("--split", choices=SPLITS, default="validation",
+                   help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)")
+    p.add_argument("--rope-scaling", choices=ROPE_SCALINGS, default=None,
+                   help="zero-shot RoPE extension (factor = length / training length)")
+    p.add_argument("--position-buckets", type=int, default=DEFAULT_POSITION_BUCKETS,
+                   help="equal-width buckets of the loss-by-position curve (default %(default)s)")
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)")
+    p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
+    p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
+    p.add_argument("--figure", default=None, metavar="FILE",
+                   help="also write the perplexity-vs-length figure: .svg, .pdf or .png (for a paper: 6.9 in "
+                        "wide, serif 8 pt) or .html (interactive)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
+    or when no length of any checkpoint could be evaluated, 130 when interrupted."""
+    args = build_parser().parse_intermixed_args(argv)
+    bar = None
+    if args.out:  # refuse a bad output path before the evaluation, not after it
+        out = Path(args.out)
+        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
+        if out.is_dir() or blocker is not None:
+            print(f"fireviz eval: error: --out {out} " + ("is a folder" if out.is_dir() else f"lies under {blocker}, "
+                  "which is a file") + "; give a file path such as results.json", file=sys.stderr)
+            return 2
+
+    def progress(done: int, total: int, message: str) -> None:
+        nonlocal bar
+        if args.quiet or (bar is None and total == 0):
+            return
+        if bar is None:  # created on the first report, so an early error prints one line only
+            from tqdm.auto import tqdm
+            # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
+            # tokens, not windows: a 16k-token window is 128× a 128-token one; the message has the ETA
+            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True,
+                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]")
+        bar.total = total
+        bar.n = done
+        bar.set_description_str(message[:100], refresh=False)
+        bar.refresh()
+
+    try:
+        results = evaluate_many(args.checkpoints, args.data, args.lengths, mode=args.mode, stride=args.stride,
+                                token_budget=args.token_budget, seed=args.seed, rope_scaling=args.rope_scaling,
+                                split=args.split, position_buckets=args.position_buckets, device=args.device,
+                                batch_tokens=args.batch_tokens, progress=progress, cache_dir=args.cache_dir,
+                                use_cache=not args.no_cache, normalizer_cap=args.normalizer_cap,
+                                reference=0 if args.reference is None else args.reference)
+    except (CheckpointError, DataError, EvaluationError) as e:
+        if bar is not None:
+            bar.close()
+        print(f"fireviz eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        print("fireviz eval: interrupted; finished lengths are cached", file=sys.stderr)
+        return 130
+    if bar is not None:
+        bar.close()
+    print(format_table(results))
+    if args.out:
+        write_json_atomic(args.out, results)
+        print(f"wrote {args.out}")
+    if args.figure and any("error" not in e for r in results for e in r["per_length"]):
+        from . import plots  # the CLI layer draws; the library above only computes
+        try:
+            shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
+            print(f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), args.figure)}")
+        except (ValueError, plots.FigureExportError, OSError) as e:
+            print(f"fireviz eval: error: --figure {args.figure}: {e}", file=sys.stderr)
+            return 2
+    if not any("error" not in e for r in results for e in r["per_length"]):
+        first = next(e["error"] for r in results for e in r["per_length"])
+        print(f"fireviz eval: error: no length could be evaluated: {first}", file=sys.stderr)
+        return 2
+    return 0
