@@ -57,12 +57,14 @@ def attention_pattern_figure(pattern, heads: Sequence[int] | None = None,
     if not heads or any(not 0 <= h < H for h in heads):
         raise ValueError(f"heads must be in 0..{H - 1} (got {heads})")
     share = p.get("bias_share")
-    titles = [f"head {h}" + (f" · bias share {share[h]:.2f}" if share is not None and share[h] is not None else "")
-              for h in heads]
     cols = min(4, len(heads))
+    sep = "<br>" if cols >= 3 else " · "  # side by side, one line ran into the next panel's title at 1024 px
+    titles = [f"head {h}" + (f"{sep}bias share {share[h]:.2f}" if share is not None and share[h] is not None else "")
+              for h in heads]
     rows = -(-len(heads) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.04,
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
                         vertical_spacing=0.12 if rows > 1 else 0.1)
+    fig.update_annotations(font_size=11)
     block = 1
     for n, h in enumerate(heads):
         z, block = block_mean(probs[h], max_cells)
@@ -82,7 +84,7 @@ def attention_pattern_figure(pattern, heads: Sequence[int] | None = None,
                    subtitle=dict(text=f"{T} tokens; queries down, keys across"
                                  + (f"; each cell averages {block}×{block} positions" if block > 1 else ""))),
         coloraxis=dict(colorscale="Viridis", colorbar=dict(title=dict(text="probability"))),
-        height=260 * rows + 120, meta={"layer": p["layer"], "heads": heads, "block": block})
+        height=260 * rows + 140, margin=dict(t=130), meta={"layer": p["layer"], "heads": heads, "block": block})
     fig.update_xaxes(title_text="key position j", row=rows, col=1)
     fig.update_yaxes(title_text="query position i", row=1, col=1)
     return fig
@@ -113,7 +115,7 @@ def bias_share_figure(patterns: Sequence) -> go.Figure:
             smooth = np.full_like(y, np.nan)
             c = np.cumsum(np.where(ok, y, 0.0))
             k = np.cumsum(ok)
-            w = 16
+            w = max(1, min(16, len(y)))
             smooth[ok] = ((c - np.concatenate([np.zeros(w), c[:-w]])) /
                           np.maximum(k - np.concatenate([np.zeros(w), k[:-w]]), 1))[ok]
             fig.add_trace(go.Scatter(x=np.arange(len(y)), y=smooth, mode="lines",
@@ -128,5 +130,5 @@ def bias_share_figure(patterns: Sequence) -> go.Figure:
     fig.update_layout(title=dict(text="The bias's share of the attention logits, by query position",
                                  subtitle=dict(text="Var_j(bias) / (Var_j(bias) + Var_j(q·k/√d)) over the keys a "
                                                     "query sees; mean over 16 queries")),
-                      xaxis_title="query position i (tokens)", yaxis_title="bias share")
+                      xaxis_title="query position i (tokens)", yaxis_title="bias share (mean over 16 queries)")
     return fig

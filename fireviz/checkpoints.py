@@ -170,7 +170,12 @@ def training_progress(training: dict) -> str:
 def checkpoints_root() -> Path:
     """The folder whose sub-folders are the checkpoints: ``$FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``."""
     env = os.environ.get(CHECKPOINTS_ENV)
-    return Path(env).expanduser().resolve() if env else REPO_ROOT / "checkpoints"
+    if not env:
+        return REPO_ROOT / "checkpoints"
+    try:
+        return Path(env).expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the path as given (scanning it finds nothing)
+        return Path(env).expanduser()
 
 
 def is_checkpoint_dir(path: str | os.PathLike) -> bool:
@@ -191,13 +196,16 @@ def checkpoint_groups(root: str | os.PathLike | None = None) -> dict[str, Path]:
     """
     root = Path(root) if root is not None else checkpoints_root()
     groups = {"": root}
-    if root.is_dir():
-        for sub in sorted(p for p in root.iterdir() if p.is_dir() and not is_checkpoint_dir(p)):
-            try:
-                if any(is_checkpoint_dir(c) for c in sub.iterdir() if c.is_dir()):
-                    groups[sub.name] = sub
-            except OSError:
-                continue  # unreadable folder: not a group
+    try:
+        subs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    except OSError:
+        return groups  # an unreadable root: no groups (the scan reports it)
+    for sub in subs:
+        try:
+            if not is_checkpoint_dir(sub) and any(is_checkpoint_dir(c) for c in sub.iterdir() if c.is_dir()):
+                groups[sub.name] = sub
+        except OSError:
+            continue  # an unreadable folder is not a group
     return groups
 
 
@@ -215,15 +223,21 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
     """Like :func:`list_checkpoints`, also returning ``{folder: problem}`` for unreadable ones."""
     root = Path(root) if root is not None else checkpoints_root()
     infos, problems = [], {}
-    if not root.is_dir():
-        return infos, problems
-    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-        if not (sub / CONFIG_FILE).exists() and not (sub / WEIGHTS_FILE).exists():
-            continue  # not meant to be a checkpoint (e.g. a cache folder)
+    try:
+        if not root.is_dir():
+            return infos, problems
+        subs = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError as e:
+        return infos, {str(root): f"cannot read the folder ({e.strerror or e}); check its permissions"}
+    for sub in subs:
         try:
+            if not (sub / CONFIG_FILE).exists() and not (sub / WEIGHTS_FILE).exists():
+                continue  # not meant to be a checkpoint (e.g. a cache folder, a group)
             infos.append(read_checkpoint(sub))
         except CheckpointError as e:
             problems[str(sub)] = str(e)
+        except OSError as e:  # e.g. a folder this user may not read: skipped, said once
+            problems[str(sub)] = f"cannot read the folder ({e.strerror or e}); check its permissions"
     return infos, problems
 
 

@@ -29,6 +29,7 @@ import hashlib
 import json
 import lzma
 import os
+import stat
 import re
 import warnings
 import zlib
@@ -164,14 +165,18 @@ class FileBytes:
     """Bytes of a file read on demand with ``os.pread``: ``fb[a:b]`` → uint8 ``[b − a]`` (a
     fresh array of just those bytes; nothing is mapped or kept), ``len(fb)`` the size.
 
-    ``path``: a file opened per read (a folder of many documents holds no descriptors), or
-    ``fileobj``: an open, already unlinked spool file, kept open for the document's life.
+    ``path``: a file opened per read (a folder of many documents holds no descriptors); its
+    size, modification time and inode are recorded when it is loaded and checked at every
+    read, so a file changed, replaced or deleted while in use is refused (DataError), never
+    scored as other text under the old fingerprint. ``fileobj`` + ``offset``: a range of an
+    open, already unlinked spool file (one per load, shared by its documents).
     """
 
-    __slots__ = ("path", "fileobj", "size")
+    __slots__ = ("path", "fileobj", "offset", "size", "stamp")
 
-    def __init__(self, size: int, path: Path | None = None, fileobj=None):
-        self.path, self.fileobj, self.size = path, fileobj, int(size)
+    def __init__(self, size: int, path: Path | None = None, fileobj=None, offset: int = 0):
+        self.path, self.fileobj, self.offset, self.size = path, fileobj, int(offset), int(size)
+        self.stamp = _stamp(os.stat(path)) if path is not None else None
 
     def __len__(self) -> int:
         return self.size
@@ -183,14 +188,26 @@ class FileBytes:
         if b <= a:
             return np.zeros(0, dtype=np.uint8)
         if self.fileobj is not None:
-            buf = _pread_all(self.fileobj.fileno(), b - a, a)
-        else:
+            return np.frombuffer(_pread_all(self.fileobj.fileno(), b - a, self.offset + a), dtype=np.uint8)
+        changed = (f"{self.path} changed, moved or was deleted while in use (it was {self.size:,} bytes when read); "
+                   "read the data again")
+        try:
             fd = os.open(self.path, os.O_RDONLY)
-            try:
-                buf = _pread_all(fd, b - a, a)
-            finally:
-                os.close(fd)
+        except OSError as e:
+            raise DataError(f"{changed} ({e.strerror})") from e
+        try:
+            if _stamp(os.fstat(fd)) != self.stamp:
+                raise DataError(changed)
+            buf = _pread_all(fd, b - a, a)
+        except OSError as e:
+            raise DataError(f"{changed} ({e.strerror})") from e
+        finally:
+            os.close(fd)
         return np.frombuffer(buf, dtype=np.uint8)
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
 def _pread_all(fd: int, n: int, offset: int) -> bytes:
@@ -205,25 +222,31 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
     return b"".join(parts) if len(parts) > 1 else parts[0]
 
 
-def _spool(chunks) -> FileBytes | None:
-    """Write byte ``chunks`` to an unlinked temporary file kept open (None if no bytes)."""
-    import tempfile
-    f = tempfile.TemporaryFile(prefix="fireviz-doc-")  # unlinked at once: gone with the last reference
-    n = 0
-    for c in chunks:
-        f.write(c)
-        n += len(c)
-    f.flush()
-    if not n:
-        f.close()
-        return None
-    return FileBytes(n, fileobj=f)
+class _Spool:
+    """One unlinked temporary file per load holding the bytes of its spooled documents (one
+    descriptor however many documents), closed when the last of them is dropped."""
+
+    def __init__(self):
+        self.file = None
+
+    def add(self, chunks) -> FileBytes | None:
+        """Append byte ``chunks``; their range as :class:`FileBytes` (None if no bytes)."""
+        import tempfile
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="fireviz-doc-")  # unlinked at once
+        start = self.file.seek(0, os.SEEK_END)
+        n = 0
+        for c in chunks:
+            self.file.write(c)
+            n += len(c)
+        self.file.flush()
+        return FileBytes(n, fileobj=self.file, offset=start) if n else None
 
 
-def _text_document(doc_id: str, text: str, **meta) -> Document:
+def _text_document(doc_id: str, text: str, spool: _Spool, **meta) -> Document:
     """A document for ``text``: in memory, or spooled to disk when larger than ``SPOOL_BYTES``."""
     if len(text) > SPOOL_BYTES // 4 and len(text_bytes(text)) > SPOOL_BYTES:
-        raw = _spool([text_bytes(text)])
+        raw = spool.add([text_bytes(text)])
         if raw is not None:
             return Document(doc_id, raw=raw, **meta)
     return Document(doc_id, text, **meta)
@@ -251,7 +274,7 @@ def _open_text(path: Path):
 
 
 def _read_jsonl(path: Path) -> list[Document]:
-    docs = []
+    docs, spool = [], _Spool()
     try:
         with _open_text(path) as f:
             for lineno, line in enumerate(f, 1):
@@ -265,13 +288,19 @@ def _read_jsonl(path: Path) -> list[Document]:
                 if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                     raise DataError(f"{path}:{lineno} has no string 'text' field; each line must be a "
                                     "JSON object like {\"id\": ..., \"text\": ...}")
-                docs.append(_text_document(str(obj.get("id", f"{path.name}#{lineno}")), obj["text"],
+                docs.append(_text_document(str(obj.get("id", f"{path.name}#{lineno}")), obj["text"], spool,
                                            domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
                                            license=str(obj.get("license", ""))))
                 del obj, line  # a spooled document's str goes now, not at the next line
     except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
     return docs
+
+
+def _is_text(path: Path) -> bool:
+    """A plain or compressed text file (``.txt``, ``.md``, ``.tex``, ``.py``, or ``.txt.gz`` / ``.txt.xz``)."""
+    name = path.name
+    return path.suffix in TEXT_SUFFIXES or any(name.endswith(t + c) for t in TEXT_SUFFIXES for c in (".gz", ".xz"))
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -285,7 +314,8 @@ def load_documents(source: str | Path) -> list[Document]:
     Args:
       source: ``"prose" | "latex" | "code"`` (bundled), a JSONL file (plain, .gz or .xz;
         one object per line with a ``text`` field, optional ``id``), a .txt file (one
-        document, id = file name), or a folder of such files (recursively, sorted).
+        document, id = file name; .md, .tex, .py and .gz/.xz-compressed text too), or a folder of such files
+        (recursively, sorted; a text file's id is then its path inside the folder).
     Returns: documents with non-empty text, in file order.
     Raises: DataError if the source does not exist, is unreadable, or holds no text.
     """
@@ -300,19 +330,28 @@ def load_documents(source: str | Path) -> list[Document]:
                 and "." not in source else "give"
             raise DataError(f"data source {str(source)!r} not found; {hint} a path to .jsonl[.gz|.xz], .txt or a folder")
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or p.suffix == ".txt"))
-        docs = [d for p in files for d in load_documents(p)] if files else []
+        files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or _is_text(p)))
+        docs = []
+        for p in files:
+            for d in load_documents(p):
+                if not _is_jsonl(p):  # a text file's id is its path in the folder: a/x.txt and b/x.txt differ
+                    d.id = p.relative_to(path).as_posix()
+                docs.append(d)
     elif _is_jsonl(path):
         docs = _read_jsonl(path)
     elif path.suffix in TEXT_SUFFIXES + (".gz", ".xz"):
         try:  # streamed: a plain file is read where a window lies, a compressed one spooled in chunks
+            if not stat.S_ISREG(path.stat().st_mode):
+                raise DataError(f"{path} is not a regular file (a pipe, device or special file); give a text file")
             if path.suffix in TEXT_SUFFIXES:
                 size = path.stat().st_size
                 raw = FileBytes(size, path=path.resolve()) if size else None
             else:
                 with (lzma.open if path.suffix == ".xz" else gzip.open)(path, "rb") as f:
-                    raw = _spool(iter(lambda: f.read(_CHUNK), b""))
+                    raw = _Spool().add(iter(lambda: f.read(_CHUNK), b""))
             docs = [Document(path.name, raw=raw)] if raw is not None else []
+        except DataError:
+            raise
         except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
             raise DataError(f"cannot read {path} as text: {e}") from e
     else:

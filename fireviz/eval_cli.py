@@ -58,7 +58,8 @@ def format_table(results: Sequence[dict]) -> str:
                  f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
     if s0.get("mode") == "synthetic":
         text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
-                "checkpoint); only the answer positions are scored")
+                "checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
+                "positions are scored")
     out = [text]
     scored_head = ["length", "", ""] + [str(n) for n in lengths]
     first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
@@ -67,7 +68,9 @@ def format_table(results: Sequence[dict]) -> str:
             if "error" not in e:
                 first.setdefault(e["length"], e)
     scored_rows = []
-    shown_rows = [("documents", "documents"), ("windows", "windows"), ("tokens scored", "tokens_scored")]
+    task = s0.get("mode") == "synthetic"
+    shown_rows = [("sequences" if task else "documents", "documents"), ("windows", "windows"),
+                  ("answer tokens scored" if task else "tokens scored", "tokens_scored")]
     if s0.get("mode") in ("nonoverlapping", "sliding"):
         shown_rows.insert(1, ("documents too short", "documents_skipped"))
     for label, key in shown_rows:
@@ -79,7 +82,8 @@ def format_table(results: Sequence[dict]) -> str:
         cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
                  for e in r["per_length"]}
         rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
-    out += ["", "bits per byte [95 % bootstrap interval over documents] by evaluation length in tokens"]
+    out += ["", ("bits per answer token [95 % bootstrap interval over sequences]" if task else
+                 "bits per byte [95 % bootstrap interval over documents]") + " by evaluation length in tokens"]
     out += render(head, rows)
     if any("accuracy" in e for r in results for e in r["per_length"]):
         acc_rows = []
@@ -108,7 +112,8 @@ def format_table(results: Sequence[dict]) -> str:
             cells = {e["length"]: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True)
                      for e in r["per_length"] if "paired_delta_bpb" in e}
             prow.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
-        out += ["", f"paired difference in bits per byte vs {ref} on the same windows [95 % interval]; "
+        out += ["", f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same windows "
+                    "[95 % interval]; "
                     "negative = better than the reference"]
         out += render(head, prow)
     errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             from tqdm.auto import tqdm
             # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
             # tokens, not windows: a 16k-token window is 128× a 128-token one; the message has the ETA
-            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True,
+            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True, disable=None,  # None: off when not a terminal
                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]")
         bar.total = total
         bar.n = done

@@ -164,7 +164,8 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     fig.update_annotations(font_size=11)  # the panel titles
     fig.update_layout(title=dict(text=title, subtitle=dict(
         text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i")),
-        legend_title_text="query position", height=220 * n_layer + 120,
+        legend_title_text="query position", height=220 * n_layer + 120 + (20 if sep == "<br>" else 0),
+        margin=dict(t=130 if sep == "<br>" else 100),
         meta={"train_seq_len": L, "encoding": r.get("encoding"), "checkpoint": r.get("checkpoint"),
               "units": {"x": "tokens", "y": "logits"}})
     return fig

@@ -27,7 +27,7 @@ import torch
 
 from .analysis import DEFAULT_DILUTION_MULTIPLES, _capped_copy, _check_positions, _rl, default_query_positions
 from .checkpoints import checkpoint_sha256, load_model
-from .encodings import fire_modules
+from .encodings import check_normalizer_cap, fire_modules
 from .model import BOS_ID, GPT
 
 
@@ -283,8 +283,10 @@ def attention_pattern(model: GPT, tokens: torch.Tensor, layer: int, checkpoint: 
     if not 2 <= T <= MAX_PATTERN_TOKENS:
         raise ValueError(f"an attention pattern takes 2 to {MAX_PATTERN_TOKENS} tokens (got {T}); cut the text")
     cfg = model.config
-    if not 0 <= int(layer) < cfg.n_layer:
-        raise ValueError(f"layer {layer} is out of range: the model has layers 0..{cfg.n_layer - 1}")
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < cfg.n_layer:
+        raise ValueError(f"layer {layer!r} is out of range: the model has layers 0..{cfg.n_layer - 1}")
+    if normalizer_cap is not None:
+        check_normalizer_cap(normalizer_cap)  # a bad cap is an error for every encoding, not only FIRE
     capped = normalizer_cap is not None and bool(fire_modules(model))
     model = _capped_copy(model, normalizer_cap)
     attn = model.blocks[int(layer)].attn

@@ -8,7 +8,7 @@ view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 import streamlit as st
 
 from fireviz import analysis, jobs, plots, text_attention, ui
-from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
+from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 
 P = "biases"
@@ -201,7 +201,7 @@ elif long_docs:
                            key=ui.url_state(P, "ddoc", ids[0], options=ids))
     ui.sync_url(P, ["dtext", "ddoc", "dnear"])
     doc = long_docs[ids.index(doc_id)]
-    tokens = document_tokens(doc)
+    tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
     paths = [i.path for i in chosen]
     plan = [(i.path, None) for i in chosen] + [(i.path, cap) for i in fire_chosen if cap]
     found = [text_attention.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)

@@ -179,6 +179,23 @@ for msg in errors:
 if not clean:
     st.stop()
 caption = ui.eval_caption(clean)
+if is_task:  # a task: answer accuracy, and bits per answer token (perplexity of a 64-symbol task says little)
+    afig = plots.accuracy_figure(clean, chance=synthetic.load_task(domain).chance_accuracy)
+    ui.show_figure(afig, caption + " Answer accuracy: the share of answer positions (the copied half) whose most "
+                   "likely next token is right; error bars: 95 % bootstrap interval over sequences. Length n: the "
+                   "model reads n tokens, as in training at seq_len n.", P, "accuracy")
+    ui.downloads(P, "accuracy_vs_length", plots.figure_to_csv(afig), plots.figure_data(afig))
+    rows = [{"checkpoint": r.get("label") or r["checkpoint"], "length": e["length"], "answer accuracy": e["accuracy"],
+             "95 % low": (e.get("accuracy_ci95") or [None])[0], "95 % high": (e.get("accuracy_ci95") or [None, None])[1],
+             "sequences copied without error": e.get("sequence_accuracy"), "bits per answer token": e["bits_per_byte"],
+             "sequences": e.get("documents")}
+            for r in clean for e in r["per_length"] if "accuracy" in e]
+    st.dataframe(rows, hide_index=True, key=ui.key(P, "task_table"), height=ui.table_height(len(rows)),
+                 column_config={k: st.column_config.NumberColumn(format="%.3f") for k in
+                                ("answer accuracy", "95 % low", "95 % high", "sequences copied without error",
+                                 "bits per answer token")})
+    ui.downloads(P, "task_results", ui.rows_to_csv(rows), rows)
+    st.stop()
 shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
 ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
@@ -192,16 +209,9 @@ ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation
                                 "kept them); press Run to recompute them with intervals.")),
                P, "ppl")
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
-if is_task and any("accuracy" in e for r in clean for e in r["per_length"]):
-    afig = plots.accuracy_figure(clean, chance=synthetic.load_task(domain).chance_accuracy)
-    ui.show_figure(afig, caption + " Answer accuracy: the share of answer positions (the copied half) whose most "
-                   "likely next token is right; error bars: 95 % bootstrap interval over sequences. The legend's "
-                   "hover and the downloads also give the share of sequences copied without a single error.",
-                   P, "accuracy")
-    ui.downloads(P, "accuracy_vs_length", plots.figure_to_csv(afig), plots.figure_data(afig))
 table = ui.perplexity_table(plots.group_perplexity(shown))
 if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
-    table = [{k: v for k, v in r.items() if not k.endswith("_std")} for r in table]
+    table = [{k: v for k, v in r.items() if not k.endswith("_std") and k != "n"} for r in table]
 st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(table)),
              column_config={"group": "encoding (seeds pooled)" if pool else "checkpoint",
                             "length": st.column_config.NumberColumn("length (tokens)"),

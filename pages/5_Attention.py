@@ -2,12 +2,12 @@
 
 Thin over ``fireviz.text_attention.attention_pattern`` (one layer's probabilities per head and
 the bias's share of its logits, run in this process: one forward pass) and
-``fireviz.attention_plots``. State in the URL: group, ckpt, atext, adoc, astart, alen, layer, cap.
+``fireviz.attention_plots``. State in the URL: group, ckpt, atext, adoc, astart, alen, aseed, layer, cap.
 """
 import streamlit as st
 
-from fireviz import attention_plots, plots, text_attention, ui
-from fireviz.data import DOMAINS, DataError, document_tokens, load_documents, split_documents
+from fireviz import attention_plots, plots, synthetic, text_attention, ui
+from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 
 P = "attention"
 ui.setup_page("Attention on a text")
@@ -31,41 +31,51 @@ layer = int(sb.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "lay
 fires, cap = ui.normalizer_cap_input(P, chosen, "FIRE normalizer cap (tokens; 0 = off)",
                                      help="ψ(min(max(L, i), N)): drawn beside the plain pattern; it changes queries "
                                           "past N only, so choose a text longer than N.")
-sources = list(DOMAINS) + ["upload"]
-atext = sb.selectbox("Text", sources, key=ui.url_state(P, "atext", "prose", options=sources),
-                     format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document")
-docs = []
-try:
-    if atext == "upload":
-        up = sb.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "upload"))
-        if up is not None:
-            docs = load_documents(ui.save_upload(up.name, up.getvalue()))
-    else:
-        docs = split_documents(load_documents(atext), "validation")
-except DataError as e:
-    ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
-    st.stop()
-if not docs:
-    st.info("Upload a .txt or .jsonl file in the sidebar.")
-    st.stop()
-ids = [d.id for d in docs]
-doc_id = sb.selectbox(f"Document ({len(ids)})", ids, key=ui.url_state(P, "adoc", ids[0], options=ids))
-doc = docs[ids.index(doc_id)]
-max_len = min(text_attention.MAX_PATTERN_TOKENS, doc.num_tokens)
-length = int(sb.number_input(f"Tokens (2–{max_len}; the pattern is length × length)", 2, max_len,
-                             key=ui.url_state(P, "alen", min(seq, max_len), int, lo=2, hi=max_len)))
-start = int(sb.number_input("Start at token (0 = the document's BOS)", 0, max(0, doc.num_tokens - length),
-                            key=ui.url_state(P, "astart", 0, int, lo=0, hi=max(0, doc.num_tokens - length))))
-ui.sync_url(P, ["ckpt", "layer", "cap", "atext", "adoc", "alen", "astart"])
-tokens = document_tokens(doc)[start:start + length]
+TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS]
+sources = list(DOMAINS) + TASKS + ["upload"]
+atext = sb.selectbox("Text", sources, key=ui.url_state(P, "atext", info.data if info.data in sources else "prose",
+                                                       options=sources),
+                     format_func=lambda d: "your own file" if d == "upload" else
+                     (f"{d} sequence (a task)" if d in TASKS else f"{d} validation document"))
+if atext in TASKS:  # a fresh task sequence from its seed: the natural input of a model trained on the task
+    length = int(sb.number_input(f"Sequence length (tokens; trained at {seq})", 4, text_attention.MAX_PATTERN_TOKENS,
+                                 key=ui.url_state(P, "alen", seq, int, lo=4, hi=text_attention.MAX_PATTERN_TOKENS)))
+    tseed = int(sb.number_input("Sequence seed", 0, 10**9, key=ui.url_state(P, "aseed", 0, int, lo=0, hi=10**9)))
+    ui.sync_url(P, ["ckpt", "layer", "cap", "atext", "alen", "aseed"])
+    tokens = synthetic.load_task(atext).sequence(length, tseed)
+    where = f"a {atext} sequence of {length} tokens (seed {tseed})"
+else:
+    try:
+        if atext == "upload":
+            up = sb.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "upload"))
+            docs = load_documents(ui.save_upload(up.name, up.getvalue())) if up is not None else []
+        else:
+            docs = split_documents(load_documents(atext), "validation")
+    except DataError as e:
+        ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
+        st.stop()
+    if not docs:
+        st.info("Upload a .txt or .jsonl file in the sidebar.")
+        st.stop()
+    ids = [d.id for d in docs]
+    doc_id = sb.selectbox(f"Document ({len(ids)})", ids, key=ui.url_state(P, "adoc", ids[0], options=ids))
+    doc = docs[ids.index(doc_id)]
+    max_len = min(text_attention.MAX_PATTERN_TOKENS, doc.num_tokens)
+    length = int(sb.number_input(f"Tokens (2–{max_len}; the pattern is length × length)", 2, max_len,
+                                 key=ui.url_state(P, "alen", min(seq, max_len), int, lo=2, hi=max_len)))
+    start = int(sb.number_input("Start at token (0 = the document's BOS)", 0, max(0, doc.num_tokens - length),
+                                key=ui.url_state(P, "astart", 0, int, lo=0, hi=max(0, doc.num_tokens - length))))
+    ui.sync_url(P, ["ckpt", "layer", "cap", "atext", "adoc", "alen", "astart"])
+    tokens = DocumentTokens(doc)[start:start + length]  # only these bytes are read (a long document stays on disk)
+    where = (f"{doc_id}, tokens {start}…{start + length - 1} of {doc.num_tokens:,} ([BOS] + bytes), scored as one "
+             "window from position 0")
 try:
     plain = ui.attention_pattern(info, tokens, layer)
     capped = ui.attention_pattern(info, tokens, layer, normalizer_cap=cap) if (cap and fires) else None
 except (ValueError, ui.CheckpointError) as e:
     ui.error(f"Cannot compute the attention pattern: {e}")
     st.stop()
-caption = (f"{ui.checkpoint_caption(info)}. Text: {doc_id}, tokens {start}…{start + length - 1} of "
-           f"{doc.num_tokens:,} ([BOS] + bytes), scored as one window from position 0.")
+caption = f"{ui.checkpoint_caption(info)}. Text: {where}."
 st.markdown(caption)
 show = capped if capped is not None and st.radio(
     "Pattern", ["plain", "capped"], horizontal=True, key=ui.key(P, "show"),
@@ -86,6 +96,7 @@ ui.show_figure(sfig, "Per head, how much of the logits' spread over keys comes f
 rows = [{"head": h, "bias share": plain["bias_share"][h],
          **({f"bias share, cap {cap}": capped["bias_share"][h]} if capped is not None else {})}
         for h in range(len(plain["bias_share"]))]
+st.caption("Bias share per head: the mean over query positions 1… of the curve above (unsmoothed).")
 st.dataframe(rows, hide_index=True, key=ui.key(P, "share_table"),
              column_config={k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k != "head"})
 ui.downloads(P, "bias_share", ui.rows_to_csv(rows), rows)

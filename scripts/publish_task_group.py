@@ -6,7 +6,8 @@ the prose models: its own tables, never mixed into theirs.
 
 For every checkpoint in the group: ``fireviz.evaluate.evaluate_many`` on the task (fresh
 sequences of each length, the same for every checkpoint; only the answer positions scored)
-at 32…512 tokens (½× to 8× the training length), paired against ``--reference``; and
+at 16…1024 tokens (¼× to 16× the training length; length n: the model reads n tokens, as in
+training at seq_len n), paired against ``--reference``; and
 ``fireviz.analysis.bias_report`` with the per-head locality at the training length.
 
 Writes per checkpoint ``results.json`` (one evaluate result: bits per byte and answer
@@ -17,7 +18,7 @@ checkpoint with an additive bias (Chromium via Playwright; skipped without it); 
 repository README's generated block ``<!-- generated:task-<group> -->``.
 
     python scripts/publish_task_group.py [--group copy] [--lengths 32,64,128,256,512]
-        [--sequences 256] [--reference alibi]
+        [--sequences 256] [--reference alibi]   (lengths default 16…1024: ¼× to 16× the training length)
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from pathlib import Path
 from publish_results import ROOT, bpb_cell, paired_cell, render_png, replace_generated
 
 from fireviz import analysis, evaluate, plots, synthetic
-from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, validation_rows
+from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints, validation_rows
+from fireviz.model import CheckpointError
 from fireviz.files import atomic_write_text, write_json_atomic
 
 CKPTS = ROOT / "checkpoints"
@@ -85,8 +87,8 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
              f"model.position_encoding={cfg['position_encoding']} --out runs/copy/{folder.name}`", ""]
     if vals:
         last = vals[-1]
-        lines += [f"Last validation loss during training: {last['val_loss']:.3f} nats/token at {cfg['seq_len']} "
-                  f"(all positions, answers and the random first half), step {last['step']}.", ""]
+        lines += [f"Last validation loss during training: {last['val_loss']:.3g} nats per answer token at "
+                  f"{cfg['seq_len']} (the copied half only, as the training loss), step {last['step']}.", ""]
     lines += [f"Evaluation on {result['settings']['documents']} fresh sequences per length (only the answer "
               "positions scored; 95 % intervals over sequences):", "",
               "| length | " + " | ".join(map(str, lengths)) + " |", "|---" * (len(lengths) + 1) + "|",
@@ -106,7 +108,8 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", default="copy", help="sub-folder of checkpoints/ (default copy)")
-    ap.add_argument("--lengths", default="32,64,128,256,512")
+    ap.add_argument("--lengths", default="16,32,64,128,256,512,1024",
+                    help="¼× to 16× the training length (64), as the app's default")
     ap.add_argument("--sequences", type=int, default=evaluate.SYNTHETIC_SEQUENCES)
     ap.add_argument("--reference", default="alibi")
     args = ap.parse_args()
@@ -114,20 +117,33 @@ def main() -> int:
     if args.group not in groups or not args.group:
         sys.exit(f"no checkpoint group {args.group!r} under {CKPTS}; groups: {', '.join(g for g in groups if g) or 'none'}")
     gdir = groups[args.group]
-    folders = sorted(p for p in gdir.iterdir() if (p / "model.safetensors").exists())
+    infos, problems = scan_checkpoints(gdir)
+    for folder, problem in problems.items():  # a broken checkpoint is left out (and said), the rest published
+        print(f"skipped {folder}: {problem}", file=sys.stderr)
+    if not infos:
+        sys.exit(f"no readable checkpoint in {gdir}")
+    folders = [Path(i.path) for i in infos]
     names = [f.name for f in folders]
-    data = {json.loads((f / "config.json").read_text()).get("training", {}).get("data") for f in folders}
+    data = {i.data for i in infos}
     if len(data) != 1 or not synthetic.is_synthetic(next(iter(data))):
         sys.exit(f"the checkpoints of {gdir} must share one synthetic training task (found {sorted(map(str, data))})")
     task = next(iter(data))
     if args.reference not in names:
         sys.exit(f"--reference {args.reference} is not in {gdir} ({', '.join(names)})")
-    lengths = [int(x) for x in args.lengths.split(",")]
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        sys.exit(f"--lengths {args.lengths!r} is not a comma-separated list of whole numbers of tokens, e.g. 16,32,64")
+    if args.sequences < 1:
+        sys.exit(f"--sequences must be at least 1 (got {args.sequences})")
     readme = ROOT / "README.md"
     marker = f"task-{args.group}"
     replace_generated(readme.read_text(encoding="utf-8"), marker, [])  # fail before evaluating, not after
-    runs = evaluate.evaluate_many([str(f) for f in folders], task, lengths, token_budget=args.sequences,
-                                  reference=names.index(args.reference), device="cpu", use_published=False)
+    try:
+        runs = evaluate.evaluate_many([str(f) for f in folders], task, lengths, token_budget=args.sequences,
+                                      reference=names.index(args.reference), device="cpu", use_published=False)
+    except (evaluate.EvaluationError, CheckpointError) as e:
+        sys.exit(f"cannot evaluate the group: {e}")
     reports = {}
     for f in folders:
         rep = analysis.bias_report(load_model(f), checkpoint=f.name)
@@ -142,6 +158,9 @@ def main() -> int:
             fig = plots.bias_grid_figure(reports[f.name])
             fig.update_layout(width=1000, height=600)
             render_png(fig, gdir / f"bias_grid_{f.name}.png")
+    for stale in gdir.glob("bias_grid_*.png"):  # figures of checkpoints no longer in the group
+        if stale.stem.removeprefix("bias_grid_") not in names:
+            stale.unlink()
     write_json_atomic(gdir / "results.json", runs)
     afig = plots.accuracy_figure(runs, chance=synthetic.load_task(task).chance_accuracy)
     afig.update_layout(width=1000, height=600)

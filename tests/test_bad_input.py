@@ -603,3 +603,48 @@ def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(
     saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did
     (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
     assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128
+
+
+def test_a_text_file_changed_or_deleted_while_in_use_is_refused_and_nothing_is_cached(tmp_path, root):
+    """The fingerprint is taken when the data is read; a file that changes afterwards must not be
+    scored as other text under it (nor cached)."""
+    import os
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 60)
+    cache = tmp_path / "cache"
+
+    def rewrite(done, total, message):
+        if "L=128" in message:  # the first length is finished: now the file changes (same size)
+            text.write_bytes(text.read_bytes()[::-1])
+            os.utime(text, ns=(1, 1))
+
+    with pytest.raises(data.DataError, match="changed"):
+        evaluate.evaluate_many([root / "good"], str(text), [64, 128], mode="nonoverlapping", token_budget=320,
+                               split="all", cache_dir=cache, progress=rewrite)
+    assert len(list(cache.glob("*.json"))) == 1  # the length scored before the change, nothing after
+    docs = data.load_documents(text)
+    text.unlink()
+    with pytest.raises(data.DataError, match="deleted"):
+        data.DocumentTokens(docs[0])[0:10]
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(data.DataError, match="not a regular file"):
+        data.load_documents(fifo)
+
+
+def test_a_data_folder_takes_every_text_kind_with_paths_as_ids_and_one_spool(tmp_path, monkeypatch):
+    import gzip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.txt").write_text("first document " * 10)
+    (tmp_path / "b" / "x.txt").write_text("second document " * 10)
+    (tmp_path / "c.md").write_text("# notes " * 10)
+    (tmp_path / "d.txt.gz").write_bytes(gzip.compress(b"compressed text " * 10))
+    docs = data.load_documents(tmp_path)
+    assert [d.id for d in docs] == ["a/x.txt", "b/x.txt", "c.md", "d.txt.gz"]
+    monkeypatch.setattr(data, "SPOOL_BYTES", 100)
+    (tmp_path / "e.jsonl").write_text("".join(json.dumps({"id": f"j{k}", "text": f"doc {k} " * 50}) + "\n"
+                                              for k in range(30)))
+    big = data.load_documents(tmp_path / "e.jsonl")
+    assert all(d.on_disk for d in big) and len({id(d.raw_bytes().fileobj) for d in big}) == 1  # one descriptor
+    assert [d.text for d in big] == [f"doc {k} " * 50 for k in range(30)]

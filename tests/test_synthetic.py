@@ -80,18 +80,18 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
     model = GPT.from_pretrained(str(tmp_path / "fire")).eval()
     task = S.CopyTask()
     for e in r[1]["per_length"]:
-        n = e["length"]
-        seqs = task.sequences(n, 6, S.EVALUATION_SEED + n)
-        first = task.split(n)
+        n = e["length"]  # the model reads n tokens of a sequence of n + 1, as a training window at seq_len n
+        seqs = task.sequences(n + 1, 6, S.EVALUATION_SEED + n)
+        first = task.split(n + 1)
         with torch.no_grad():
-            logits = model(seqs)
-        pred, tgt = logits[:, first - 1: n - 1], seqs[:, first:]
+            logits = model(seqs[:, :n])
+        pred, tgt = logits[:, first - 1: n], seqs[:, first:]
         nll = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), tgt.reshape(-1))
-        assert e["tokens_scored"] == 6 * (n - first) and e["windows"] == 6 and e["documents"] == 6
+        assert e["tokens_scored"] == 6 * (n + 1 - first) and e["windows"] == 6 and e["documents"] == 6
         assert e["nats_per_token"] == pytest.approx(float(nll), rel=1e-5)
         hits = (pred.argmax(-1) == tgt).sum(1)
-        assert e["accuracy"] == pytest.approx(float(hits.sum()) / (6 * (n - first)))
-        assert e["sequence_accuracy"] == pytest.approx(float((hits == n - first).float().mean()))
+        assert e["accuracy"] == pytest.approx(float(hits.sum()) / (6 * (n + 1 - first)))
+        assert e["sequence_accuracy"] == pytest.approx(float((hits == n + 1 - first).float().mean()))
         lo, hi = e["accuracy_ci95"]
         assert lo <= e["accuracy"] <= hi
         assert "paired_delta_bpb" in e and e["first_answer_position"] == first
