@@ -15,8 +15,6 @@ token, bits per byte = nats / ln 2.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import time
@@ -26,22 +24,23 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import __version__, synthetic
 from .checkpoints import checkpoint_files, checkpoint_sha256, load_model  # noqa: F401  (the one door)
 from .data import (DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents,
                    split_documents)
 from .encodings import check_normalizer_cap, fire_modules
-from .files import FileFormatError, read_json, write_json_atomic
+from .files import write_json_atomic
 from .memory import available_bytes, forward_bytes, gib
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked, nonfinite_parameters  # noqa: F401
-from . import stats
 from .stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_ci95, bootstrap_indices,  # noqa: F401  (re-exported)
                     bootstrap_ratio_ci95, paired_difference, with_paired_differences, _reference_index)
+from .eval_cache import (PUBLISHED_RESULTS, _cache_read, _lookup, _published_read, _valid_entry,  # noqa: F401
+                         cache_key, default_cache_dir, published_results)
+from .scoring import score_windows, summarize  # noqa: F401  (re-exported)
 from .windows import (DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES,  # noqa: F401
                       EvaluationError, SameTextPlan, Window, _check_length, _check_mode, nonoverlapping_windows,
-                      plan_same_text, plan_windows, position_buckets, sliding_windows)
+                      plan_same_text, plan_windows, sliding_windows)
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
@@ -53,10 +52,6 @@ EVAL_FORMAT_VERSION = 1
 BOS_CONVENTION = ("each document starts with BOS (id 256) as in training; windows are taken from a "
                   "document's [BOS]+bytes sequence and never cross documents; the first token of a "
                   "window is context only, so BOS is never a target")
-_PER_LENGTH_FIELDS = ("length", "nats_per_token", "perplexity", "bits_per_byte", "tokens_scored", "windows",
-                      "loss_by_position")
-#: fields added after the first round of results: checked when present, required in same_text
-_PER_DOCUMENT_FIELDS = ("doc", "nats", "tokens")
 
 ProgressFn = Callable[[int, int, str], None]
 StopFn = Callable[[], bool]
@@ -77,113 +72,6 @@ class EvaluationCancelled(RuntimeError):
 
 # ---------------------------------------------------------------------------------------------
 # Scoring
-# ---------------------------------------------------------------------------------------------
-def _as_long(tokens) -> torch.Tensor:
-    """A window's token ids (torch tensor or numpy array of any integer type) as int64."""
-    if isinstance(tokens, torch.Tensor):
-        return tokens.long()
-    return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))  # a numpy window
-
-
-def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
-                  device: torch.device | str = "cpu", batch_tokens: int = 8192,
-                  on_batch: Callable[[int], None] | None = None, with_accuracy: bool = False) -> tuple:
-    """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
-
-    Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
-    ``torch.inference_mode()`` (bf16 autocast on CUDA; float32 on CPU); the loss is
-    ``F.cross_entropy`` in float32 of the prediction at window position ``p − 1`` for the
-    token at position ``p``, kept only for ``p >= window.first_target``.
-
-    Args:
-      model: a GPT in eval mode on ``device``.
-      doc_tokens: document index → its ``[BOS] + bytes`` token ids ``[num_tokens]`` (a torch
-        tensor or a numpy integer array; each window is copied out as int64).
-      windows: from ``plan_windows``; all of ``length`` tokens.
-      on_batch: called with the number of windows finished after each batch (may raise
-        ``EvaluationCancelled`` to stop).
-    Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
-      tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
-      never a target); the last two map each document index to its summed nats (float)
-      and scored tokens (int). With ``with_accuracy`` a fifth: document index → targets
-      whose argmax prediction is right (int).
-    Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
-    """
-    device = torch.device(device)
-    nats = torch.zeros(length, dtype=torch.float64)
-    counts = torch.zeros(length, dtype=torch.int64)
-    per_batch = max(1, int(batch_tokens) // length)
-    pos = torch.arange(1, length)  # target positions
-    doc_nats: dict[int, float] = {}
-    doc_tokens_scored: dict[int, int] = {}
-    doc_correct: dict[int, int] = {}
-    use_autocast = device.type == "cuda"
-    with torch.inference_mode():
-        for b in range(0, len(windows), per_batch):
-            batch = windows[b: b + per_batch]
-            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start: w.start + length]) for w in batch]).to(device)
-            first = torch.tensor([w.first_target for w in batch])
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
-                logits = model(x)
-            nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                                  reduction="none").view(len(batch), length - 1).double().cpu()
-            keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
-            kept = nll * keep
-            nats[1:] += kept.sum(0)
-            counts[1:] += keep.sum(0)
-            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist()):
-                doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
-                doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
-            if with_accuracy:
-                hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
-                for w, h in zip(batch, hit):
-                    doc_correct[w.doc] = doc_correct.get(w.doc, 0) + int(h)
-            del logits, nll
-            if on_batch is not None:
-                on_batch(len(batch))
-    if with_accuracy:
-        return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored, doc_correct
-    return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
-
-
-def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, windows: int,
-              buckets: int = DEFAULT_POSITION_BUCKETS, per_document: dict | None = None) -> dict:
-    """The per-length numbers from per-position sums (see ``score_windows``).
-
-    Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
-      it), "bits_per_byte" (nats / ln 2; one token is one byte), "tokens_scored", "windows",
-      "loss_by_position": {"bucket_starts", "bucket_ends" (exclusive, window positions in
-      tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``; with
-      ``per_document`` (``{"doc": [ids], "nats": [summed nats], "tokens": [scored]}``) also
-      that, ``documents`` and ``ci95`` (:func:`bootstrap_ci95`, bits per byte).
-    Raises: EvaluationError if nothing was scored.
-    """
-    total = int(counts_by_pos.sum())
-    if total == 0:
-        raise EvaluationError(f"no tokens were scored at length {length}")
-    mean = float(nats_by_pos.sum() / total)
-    if not (math.isfinite(mean) and mean < 700):
-        raise EvaluationError(f"the mean loss at length {length} is {mean} nats/token (perplexity beyond float range): "
-                              "the checkpoint's weights or this text produce NaN, inf or exploding logits; check "
-                              "model.safetensors — nothing was cached")
-    starts, ends = position_buckets(length, buckets)
-    b_nats, b_tok = [], []
-    for s, e in zip(starts, ends):
-        c = int(counts_by_pos[s:e].sum())
-        b_tok.append(c)
-        b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)
-    out = {"length": int(length), "nats_per_token": mean, "perplexity": math.exp(mean),
-           "bits_per_byte": mean / math.log(2), "tokens_scored": total, "windows": int(windows),
-           "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok}}
-    if per_document is not None:
-        out["documents"] = len(per_document["doc"])
-        out["per_document"] = per_document
-        out["ci95"] = bootstrap_ci95(per_document["nats"], per_document["tokens"])
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints, devices, cache
 # ---------------------------------------------------------------------------------------------
 def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]:
     """The same RoPE weights with zero-shot PI (Chen et al. 2023) or YaRN (Peng et al. 2023).
@@ -274,109 +162,6 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def default_cache_dir() -> Path:
-    """``$FIREVIZ_CACHE_DIR`` if set, else ``~/.cache/fireviz/eval``."""
-    env = os.environ.get("FIREVIZ_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "fireviz" / "eval"
-
-
-def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> str:
-    """sha256 (hex) of the checkpoint hash, data fingerprint and canonical settings JSON."""
-    blob = json.dumps({"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint,
-                       "settings": length_settings}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _valid_entry(entry: object, length: int) -> bool:
-    # what summarize() writes, checked deep enough that a damaged cache entry or results.json
-    # is recomputed (or ignored) rather than shown or crashing a figure
-    if not isinstance(entry, dict) or any(k not in entry for k in _PER_LENGTH_FIELDS) or entry["length"] != length:
-        return False
-    nats, ppl, bpb = (entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte"))
-    if not (_number(nats) and _number(ppl) and _number(bpb) and nats >= 0):
-        return False
-    if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, nats / math.log(2), rel_tol=1e-6)):
-        return False
-    if not all(isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
-               for k in ("tokens_scored", "windows")):
-        return False
-    if "seconds" in entry and not _number(entry["seconds"]):
-        return False
-    if "per_document" in entry or "ci95" in entry:
-        pd, ci = entry.get("per_document"), entry.get("ci95")
-        if not (isinstance(pd, dict) and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
-                and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1 and pd["doc"]
-                and all(isinstance(v, str) for v in pd["doc"]) and all(_number(v) for v in pd["nats"])
-                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
-                and sum(pd["tokens"]) == entry["tokens_scored"] and entry.get("documents") == len(pd["doc"])):
-            return False
-        if ci is None and len(pd["doc"]) < stats.MIN_INTERVAL_DOCUMENTS:
-            pass  # too few documents: no interval
-        elif not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
-            return False
-    lbp = entry["loss_by_position"]
-    if not (isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
-                                                                                    "nats", "tokens"))):
-        return False
-    return all(v is None or _number(v) for v in lbp["nats"]) and \
-        all(_number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k])
-
-
-#: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).
-PUBLISHED_RESULTS = "results.json"
-
-
-def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, fingerprint: str) -> list[dict]:
-    """The results in ``<checkpoint>/results.json`` computed on exactly these weights and data.
-
-    Args: ``checkpoint_hash`` = ``checkpoint_sha256(checkpoint)``, ``fingerprint`` = the data
-      fingerprint. Returns: the matching result dicts (as ``evaluate_many`` returns them); []
-      when the file is missing, unreadable or made from other weights/data. A shipped
-      checkpoint's numbers thus show without recomputing on a fresh machine, and a stale
-      results.json (weights retrained, corpus changed) is never used. Raises nothing.
-    """
-    try:
-        obj = read_json(Path(checkpoint) / PUBLISHED_RESULTS, expect=(dict, list))
-    except FileFormatError:
-        return []
-    items = obj if isinstance(obj, list) else [obj]
-    return [r for r in items if isinstance(r, dict) and r.get("checkpoint_sha256") == checkpoint_hash
-            and r.get("data_fingerprint") == fingerprint and isinstance(r.get("settings"), dict)
-            and isinstance(r.get("per_length"), list)]
-
-
-def _published_read(published: list[dict], length_settings: dict, length: int) -> dict | None:
-    # every setting that is part of the cache key must match, the format version included
-    for r in published:
-        s = r["settings"]
-        if any(s.get(k) != v for k, v in length_settings.items() if k not in ("length", "normalizer_cap")):
-            continue
-        # the cap in effect for this checkpoint (None for a plain FIRE row and for every non-FIRE one)
-        if r.get("normalizer_cap") != length_settings.get("normalizer_cap"):
-            continue
-        for e in r["per_length"]:
-            if isinstance(e, dict) and e.get("length") == length and _valid_entry(e, length):
-                return {k: v for k, v in e.items() if k not in ("cached", "source")}
-    return None
-
-
-def _cache_read(path: Path, key: str, length: int) -> dict | None:
-    try:
-        obj = read_json(path, expect=dict)
-    except FileFormatError:
-        return None
-    if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
-        return None
-    return obj["result"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Public API
-# ---------------------------------------------------------------------------------------------
 def _load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[list[Document], str]:
     split = split or "validation"
     if split not in SPLITS:
@@ -711,20 +496,6 @@ def _score_length(c: _Loaded, model: GPT, n: int, windows: list[Window], plan: _
     if c.cap is not None:
         entry["normalizer_cap"] = c.cap
     return entry
-
-
-def _lookup(entry_path: Path, key: str, n: int, length_settings: dict, published: list[dict], use_cache: bool,
-            require_intervals: bool) -> dict | None:
-    """A finished result for these settings: the cache first, then the checkpoint's results.json."""
-    cached = _cache_read(entry_path, key, n) if use_cache else None
-    source = "cache"
-    if cached is None and published:
-        # read from results.json every time, never copied into the cache: a corrected
-        # results.json takes effect at once, and a read-only cache does not matter
-        cached, source = _published_read(published, length_settings, n), PUBLISHED_RESULTS
-    if cached is not None and require_intervals and "per_document" not in cached:
-        return None  # made before per-document losses were kept: no interval, no pairing
-    return None if cached is None else {**cached, "cached": True, "source": source}
 
 
 def _evaluate_one(c: _Loaded, s: EvalSettings, plan: _Plan, prog: _Progress, cache_root: Path, *, use_cache: bool,

@@ -855,9 +855,9 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
     # the title names the head and the range; the long target description is the subtitle (wraps
     # nowhere in plotly, so a narrow column must not need it in the title), the legend goes on top
     fig.update_layout(title=dict(text=f"head {head} · fitted on 0–{max_len - 1:g} tokens",
-                                 subtitle=dict(text=f"{fit.get('name', 'fit')}; beyond the range is extrapolation")),
+                                 subtitle=dict(text=f"{fit.get('name', 'fit')}<br>beyond the range is extrapolation")),
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
-                      margin=dict(t=110), meta={"max_len": max_len, "head": head})
+                      margin=dict(t=125), meta={"max_len": max_len, "head": head})
     return fig
 
 

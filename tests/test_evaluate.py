@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fireviz.evaluate as ev
-from fireviz import eval_cli, stats
+from fireviz import eval_cli, stats, windows
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
 from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
 
@@ -169,8 +169,8 @@ def test_plan_depends_on_seed_not_order():
 
 
 def test_position_buckets():
-    assert ev.position_buckets(8, 16) == ([1, 2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8])
-    starts, ends = ev.position_buckets(8192, 16)
+    assert windows.position_buckets(8, 16) == ([1, 2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8])
+    starts, ends = windows.position_buckets(8192, 16)
     assert starts[0] == 1 and ends[-1] == 8192 and len(starts) == 16 and starts[1:] == ends[:-1]
 
 
