@@ -35,7 +35,6 @@ No pickle anywhere: never ``torch.save``/``torch.load``.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -44,9 +43,9 @@ import os
 import shlex
 import sys
 import time
-import tomllib
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import torch
@@ -57,268 +56,14 @@ from .data import DataError, Document, TokenStream, data_fingerprint, document_t
 from .files import FileFormatError, atomic_write, atomic_write_text, parse_json, read_json, read_safetensors, sha256_files
 from .encodings import PositionEncoding
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
+from .train_config import (_FREE_ON_RESUME, MAX_POSITION_OFFSET, TrainConfig, TrainingError, _check_pair,  # noqa: F401  (re-exported)
+                           _MODEL_RESERVED, apply_overrides, config_hash, configs_from_tables, load_config,
+                           settings_dict)
 
 STATE_FORMAT = "fireviz-trainer-state/1"
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetensors", "trainer_state.json",
                     "train_log.jsonl")
-#: Training settings that do not change the trained numbers; they may differ on --resume.
-#: (``data`` may move: its content is checked by fingerprint instead.)
-#: largest train.random_position_offset (tokens)
-MAX_POSITION_OFFSET = 1 << 30
-_FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
-#: GPTConfig fields a config file may not set (written by the trainer itself).
-_MODEL_RESERVED = frozenset({"training", "config_format"})
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
-
-
-class TrainingError(ValueError):
-    """A training request that cannot run: a bad setting, an unknown key, an occupied or
-    missing output folder, a resume that disagrees with its checkpoint."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Settings
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class TrainConfig:
-    """The ``[train]`` table: how a model is trained (saved in ``config.json['training']``).
-
-    Attributes:
-      data: ``"prose" | "latex" | "code"`` (bundled) or a path accepted by
-        ``fireviz.data.load_documents``; training uses its ``train`` split.
-      batch_size: sequences per optimizer step, summed over all processes and
-        accumulation micro-steps (so tokens/step = batch_size × seq_len whatever the
-        number of GPUs). Must be divisible by world_size × grad_accum.
-      grad_accum: micro-steps per optimizer step on each process.
-      max_steps: optimizer steps in the whole run (the cosine reaches min_lr here).
-      lr, min_lr: peak and final learning rate; ``min_lr`` None → lr / 10.
-      warmup_steps: steps of linear warmup from 0 to lr.
-      weight_decay: AdamW decoupled decay on 2-D transformer weights only (not on
-        biases, LayerNorm or position-encoding parameters).
-      beta1, beta2: AdamW moment coefficients (0.9, 0.95 as in GPT-3 / nanoGPT).
-      grad_clip: max global L2 norm of the gradient; 0 disables clipping.
-      seed: seeds initialization, data windows and dropout.
-      eval_interval: validate every N steps (and at steps 0 and max_steps); 0 → only at
-        the end.
-      eval_batches: validation windows per length = eval_batches × batch_size.
-      checkpoint_interval: checkpoint every N steps (and at max_steps); 0 → only at the end.
-      device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``.
-      dtype: ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"``,
-        ``"bfloat16"`` (autocast; weights and optimizer stay float32).
-      compile: wrap the model in ``torch.compile`` (CUDA recommended).
-      random_position_offset: largest absolute starting position in tokens (0 = off, the
-        default): each micro-batch's windows are placed at an offset drawn uniformly from
-        [0, random_position_offset] (``position_offsets``; generator seeded by seed, step,
-        rank and micro-batch), so FIRE's normalizer ψ(max(L, i)) sees the query positions of
-        long evaluations while windows stay seq_len long (in the spirit of randomized
-        positions, Ruoss et al. 2023, which sample sorted positions with gaps; with FIRE: Zhou
-        et al. 2024). Only FIRE / FIRE-S change with it: a contiguous shift leaves every bias
-        of i − j (T5, ALiBi, Kerple, Sandwich) and RoPE's q·k (a function of i − j) as they
-        were, up to rounding. All windows of one micro-batch
-        share the offset (one bias per attention call); with grad_accum > 1 a step draws
-        several. Needs a relative encoding (no absolute position embedding).
-    """
-
-    data: str = "prose"
-    batch_size: int = 16
-    grad_accum: int = 1
-    max_steps: int = 1000
-    lr: float = 1e-3
-    min_lr: float | None = None
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_interval: int = 250
-    eval_batches: int = 4
-    checkpoint_interval: int = 500
-    device: str = "auto"
-    dtype: str = "auto"
-    compile: bool = False
-    random_position_offset: int = 0
-
-    def validate(self) -> "TrainConfig":
-        """Check every field; returns self. Raises TrainingError naming the field."""
-        _check_types(self, "train")
-        for name in ("batch_size", "grad_accum", "max_steps"):
-            if getattr(self, name) < 1:
-                raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
-        if self.random_position_offset > MAX_POSITION_OFFSET:
-            raise TrainingError(f"train.random_position_offset must be at most {MAX_POSITION_OFFSET} tokens (got "
-                                f"{self.random_position_offset})")
-        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed",
-                     "random_position_offset"):
-            if getattr(self, name) < 0:
-                raise TrainingError(f"train.{name} must be >= 0 (got {getattr(self, name)})")
-        if self.eval_batches < 1:
-            raise TrainingError(f"train.eval_batches must be >= 1 (got {self.eval_batches})")
-        if not self.lr > 0:
-            raise TrainingError(f"train.lr must be > 0 (got {self.lr})")
-        if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
-            raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
-        if self.warmup_steps > self.max_steps:
-            raise TrainingError(f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}; "
-                                f"also pass --set train.warmup_steps=N with N <= {self.max_steps}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise TrainingError(f"train.{name} must lie in [0, 1) (got {getattr(self, name)})")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise TrainingError(f"train.device must be auto, cpu or cuda (got {self.device!r})")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise TrainingError(f"train.dtype must be auto, float32 or bfloat16 (got {self.dtype!r})")
-        if not self.data:
-            raise TrainingError("train.data is empty; give a bundled corpus name or a path")
-        return self
-
-    @property
-    def final_lr(self) -> float:
-        """Learning rate at the end of the cosine schedule: ``min_lr``, or ``lr / 10`` when unset."""
-        return self.lr / 10 if self.min_lr is None else float(self.min_lr)
-
-
-def _check_types(obj, section: str) -> None:
-    """Raise TrainingError if a dataclass field holds a value of the wrong TOML type."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        want = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        ok = True
-        if want == "bool":
-            ok = isinstance(value, bool)
-        elif want == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif want.startswith("float"):
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or \
-                (value is None and "None" in want)
-        elif want == "str":
-            ok = isinstance(value, str)
-        elif want == "dict":
-            ok = isinstance(value, dict)
-        if not ok:
-            raise TrainingError(f"{section}.{f.name} must be {want.replace(' | None', '')} "
-                                f"(got {value!r} of type {type(value).__name__})")
-
-
-def _section_fields() -> dict[str, list[str]]:
-    return {"model": [f.name for f in fields(GPTConfig) if f.name not in _MODEL_RESERVED],
-            "train": [f.name for f in fields(TrainConfig)]}
-
-
-def _parse_value(text: str):
-    """A ``--set`` value as a TOML literal (``3e-4``, ``true``, ``"x"``, ``{a = 1}``); a bare
-    word that is not a literal (``alibi``) is taken as a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def apply_overrides(tables: dict, overrides: list[str]) -> dict:
-    """Apply ``key=value`` overrides to parsed TOML ``tables`` (a new dict is returned).
-
-    Keys: ``section.field`` (``model.position_encoding``, ``train.lr``), a nested
-    ``model.encoding_options.init_L``, or a bare ``field`` when only one section has it.
-    Raises: TrainingError for a malformed override or a key that does not exist (the
-    message lists the valid keys).
-    """
-    tables = json.loads(json.dumps(tables))  # deep copy of plain TOML data
-    valid = _section_fields()
-    for item in overrides:
-        if "=" not in item:
-            raise TrainingError(f"--set {item!r} is not key=value (e.g. --set train.lr=3e-4)")
-        key, text = item.split("=", 1)
-        parts = key.strip().split(".")
-        if parts[0] not in valid:
-            owners = [s for s, names in valid.items() if parts[0] in names]
-            if len(owners) != 1:
-                raise TrainingError(_unknown_key_message(key))
-            parts = [owners[0]] + parts
-        section, name = parts[0], parts[1] if len(parts) > 1 else ""
-        if name not in valid[section]:
-            raise TrainingError(_unknown_key_message(key))
-        if len(parts) > 2 and name != "encoding_options":
-            raise TrainingError(f"--set {key}: {section}.{name} is not a table")
-        node = tables.setdefault(section, {})
-        for p in parts[1:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = _parse_value(text.strip())
-    return tables
-
-
-def _unknown_key_message(key: str) -> str:
-    listing = "; ".join(f"[{s}] " + ", ".join(names) for s, names in _section_fields().items())
-    return f"unknown config key {key!r}; valid keys: {listing}"
-
-
-def configs_from_tables(tables: dict) -> tuple[GPTConfig, TrainConfig]:
-    """Build and validate ``(GPTConfig, TrainConfig)`` from ``{"model": {...}, "train": {...}}``.
-
-    Raises: TrainingError for an unknown table or key (listing the valid ones), a value of
-    the wrong type, or an invalid setting (e.g. an unknown position encoding).
-    """
-    valid = _section_fields()
-    unknown_tables = set(tables) - set(valid)
-    if unknown_tables:
-        raise TrainingError(f"unknown config table(s) {sorted(unknown_tables)}; use [model] and [train]")
-    for section, names in valid.items():
-        table = tables.get(section, {})
-        if not isinstance(table, dict):
-            raise TrainingError(f"[{section}] must be a table")
-        for key in table:
-            if key not in names:
-                raise TrainingError(_unknown_key_message(f"{section}.{key}"))
-    mc = GPTConfig(**tables.get("model", {}))
-    _check_types(mc, "model")
-    try:
-        mc.validate()
-    except ValueError as e:
-        raise TrainingError(f"[model] {e}") from e
-    tc = TrainConfig(**tables.get("train", {})).validate()
-    _check_pair(mc, tc)
-    return mc, tc
-
-
-def _check_pair(mc: GPTConfig, tc: TrainConfig) -> None:
-    # settings that are fine alone but not together
-    if tc.random_position_offset and mc.absolute_position_embedding:
-        raise TrainingError("train.random_position_offset needs a relative encoding: absolute position embeddings "
-                            f"cover only seq_len={mc.seq_len} positions; set model.absolute_position_embedding=false "
-                            "or train.random_position_offset=0")
-
-
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> tuple[GPTConfig, TrainConfig]:
-    """Read a TOML config (``[model]`` and ``[train]`` tables) and apply ``--set`` overrides.
-
-    ``path`` None starts from the defaults. Raises: TrainingError if the file is missing or
-    not valid TOML, or for any problem ``configs_from_tables`` names.
-    """
-    tables: dict = {}
-    if path is not None:
-        try:
-            tables = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError as e:
-            raise TrainingError(f"config file {path} not found") from e
-        except (OSError, UnicodeDecodeError) as e:
-            raise TrainingError(f"cannot read config file {path}: {e}") from e
-        except tomllib.TOMLDecodeError as e:
-            raise TrainingError(f"config file {path} is not valid TOML: {e}") from e
-    return configs_from_tables(apply_overrides(tables, list(overrides)))
-
-
-def settings_dict(model_config: GPTConfig, train_config: TrainConfig) -> dict:
-    """``{"model": …, "train": …}`` as plain JSON data (model without ``training``)."""
-    model = {k: v for k, v in asdict(model_config).items() if k not in _MODEL_RESERVED}
-    return {"model": model, "train": asdict(train_config)}
-
-
-def config_hash(model_config: GPTConfig, train_config: TrainConfig) -> str:
-    """sha256 over every setting that changes the trained numbers (all but ``_FREE_ON_RESUME``)."""
-    s = settings_dict(model_config, train_config)
-    s["train"] = {k: v for k, v in s["train"].items() if k not in _FREE_ON_RESUME}
-    if not s["train"].get("random_position_offset"):  # off: the hash of runs made before the option existed
-        s["train"].pop("random_position_offset", None)
-    return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -761,40 +506,89 @@ def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_
             dist.destroy_process_group()
 
 
-def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm,
-           stop_at_step: int | None = None) -> dict:
-    # ---- checks (nothing is written until all pass) --------------------------------------
-    state, tensors = None, None
+def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, TrainConfig, dict, dict]:
+    """The run to continue from ``out``'s trainer state: ``(mc, tc, state, tensors)``; given
+    settings must equal the saved ones outside ``_FREE_ON_RESUME``. Raises: TrainingError, CheckpointError."""
+    if not has_checkpoint(out):
+        raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
+    state, tensors = read_trainer_state(out)
+    try:
+        saved_mc = GPTConfig(**state["settings"]["model"])
+        saved_tc = TrainConfig(**state["settings"]["train"])
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
+    model_config, train_config = model_config or saved_mc, train_config or saved_tc
+    if config_hash(model_config, train_config) != state["config_hash"]:
+        now, then = settings_dict(model_config, train_config), state["settings"]
+        diff = [f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
+                for s in ("model", "train") for k in now[s]
+                if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)]
+        raise TrainingError(f"--resume with settings that differ from the checkpoint in {out}: "
+                            + "; ".join(diff) + ". Resume with the original settings or train into a new folder")
+    return model_config, train_config, state, tensors
+
+
+def _check_new_out(out: Path) -> None:
+    """A fresh run never overwrites a checkpoint. Raises: TrainingError naming the way out."""
+    if has_checkpoint(out):
+        if not (out / "trainer_state.safetensors").exists():
+            raise TrainingError(f"{out} holds files of a run that stopped before its first checkpoint (no "
+                                "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
+                                "or choose another --out (nothing was overwritten)")
+        raise TrainingError(f"{out} already holds a checkpoint; pass --resume to continue it or choose "
+                            "another --out (nothing was overwritten)")
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"--out {out} exists and is not a folder")
+
+
+@dataclass
+class _RunData:
+    """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
+    stream: object  # TokenStream or synthetic.SyntheticStream: num_tokens, batch(starts, length)
+    fingerprint: str
+    val_fingerprint: str
+    val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)
+    val_random: torch.Tensor | None  # windows drawn like the evaluation's (text only)
+    answers_from: Callable[[int], int]  # window length → first scored target (1 for text: every target counts)
+
+
+def _load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int]) -> _RunData:
+    n_val = tc.eval_batches * tc.batch_size
+    if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
+        task = synthetic.load_task(tc.data)
+        # the loss counts its answers only (the rest is random); sequences already fresh: no random windows
+        return _RunData(synthetic.SyntheticStream(task), task.fingerprint(), task.fingerprint(),
+                        {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths}, None, task.split)
+    docs = load_documents(tc.data)
+    train_docs, val_docs = split_documents(docs, "train"), split_documents(docs, "validation")
+    # also windows drawn like the evaluation's (logged as val_loss_random): document starts read high
+    # (least context), which looks like overfitting and is not
+    return _RunData(TokenStream(train_docs, min_tokens=mc.seq_len + 1), data_fingerprint(train_docs),
+                    data_fingerprint(val_docs), {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
+                    random_validation_windows(val_docs, mc.seq_len, n_val), lambda length: 1)
+
+
+def _check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
+    """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
+    from .memory import InsufficientMemoryError, check_fits, train_step_bytes
+    n_params = 12 * mc.n_layer * mc.d_model ** 2 + mc.vocab_size * mc.d_model  # before the model exists
+    try:
+        check_fits(train_step_bytes(mc, micro, mc.seq_len, n_params), str(device),
+                   f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
+                   "lower train.batch_size (or raise train.grad_accum) or model.seq_len")
+    except InsufficientMemoryError as e:
+        raise TrainingError(str(e)) from None
+
+
+def _settings_checked(model_config, train_config, out: Path, resume: bool, d: _Dist, stop_at_step):
+    """Every check before anything is written: ``(mc, tc, state, tensors, device, micro, end_step)``."""
+    state = tensors = None
     if resume:
-        if not has_checkpoint(out):
-            raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
-        state, tensors = read_trainer_state(out)
-        try:
-            saved_mc = GPTConfig(**state["settings"]["model"])
-            saved_tc = TrainConfig(**state["settings"]["train"])
-        except (KeyError, TypeError) as e:
-            raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
-        model_config = model_config or saved_mc
-        train_config = train_config or saved_tc
-        if config_hash(model_config, train_config) != state["config_hash"]:
-            now, then = settings_dict(model_config, train_config), state["settings"]
-            diff = [f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
-                    for s in ("model", "train") for k in now[s]
-                    if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)]
-            raise TrainingError(f"--resume with settings that differ from the checkpoint in {out}: "
-                                + "; ".join(diff) + ". Resume with the original settings or train into a new folder")
+        model_config, train_config, state, tensors = _resume_settings(out, model_config, train_config)
     else:
         if model_config is None or train_config is None:
             raise TrainingError("model_config and train_config are required unless resuming")
-        if has_checkpoint(out):
-            if not (out / "trainer_state.safetensors").exists():
-                raise TrainingError(f"{out} holds files of a run that stopped before its first checkpoint (no "
-                                    "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
-                                    "or choose another --out (nothing was overwritten)")
-            raise TrainingError(f"{out} already holds a checkpoint; pass --resume to continue it or choose "
-                                "another --out (nothing was overwritten)")
-        if out.exists() and not out.is_dir():
-            raise TrainingError(f"--out {out} exists and is not a folder")
+        _check_new_out(out)
     mc, tc = model_config, train_config.validate()
     try:
         mc.validate()
@@ -807,174 +601,174 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
     if tc.batch_size % (d.world * tc.grad_accum):
         raise TrainingError(f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
                             f"{d.world} × {tc.grad_accum}")
-    micro = tc.batch_size // (d.world * tc.grad_accum)
     if stop_at_step is not None and not (isinstance(stop_at_step, int) and 1 <= stop_at_step <= tc.max_steps):
         raise TrainingError(f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} "
                             f"(got {stop_at_step!r})")
-    end_step = tc.max_steps if stop_at_step is None else stop_at_step
+    micro = tc.batch_size // (d.world * tc.grad_accum)
+    return mc, tc, state, tensors, device, micro, tc.max_steps if stop_at_step is None else stop_at_step
 
-    n_val = tc.eval_batches * tc.batch_size
-    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
-    answers_from = lambda length: 1  # noqa: E731 - language modelling: every target counts
-    if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
-        task = synthetic.load_task(tc.data)
-        stream = synthetic.SyntheticStream(task)
-        answers_from = task.split  # the loss counts its answers only (the rest is random)
-        fingerprint = val_fingerprint = task.fingerprint()
-        val_sets = {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths}
-        val_random = None  # fresh sequences already: nothing like document starts
-    else:
-        docs = load_documents(tc.data)
-        train_docs = split_documents(docs, "train")
-        val_docs = split_documents(docs, "validation")
-        stream = TokenStream(train_docs, min_tokens=mc.seq_len + 1)
-        fingerprint = data_fingerprint(train_docs)
-        val_fingerprint = data_fingerprint(val_docs)
-        val_sets = {L: validation_windows(val_docs, L, n_val) for L in eval_lengths}
-        # also windows drawn like the evaluation's (logged as val_loss_random): document starts
-        # read high (least context), which looks like overfitting and is not
-        val_random = random_validation_windows(val_docs, mc.seq_len, n_val)
-    if resume and state["data_fingerprint"] != fingerprint:
-        raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
-                            f"(fingerprint {fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
 
-    if device.type == "cpu" or device.type == "cuda":  # memory before work: refuse a step that cannot fit
-        from .memory import InsufficientMemoryError, check_fits, train_step_bytes
-        n_params = 12 * mc.n_layer * mc.d_model ** 2 + mc.vocab_size * mc.d_model  # before the model exists
-        try:
-            check_fits(train_step_bytes(mc, micro, mc.seq_len, n_params), str(device),
-                       f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
-                       "lower train.batch_size (or raise train.grad_accum) or model.seq_len")
-        except InsufficientMemoryError as e:
-            raise TrainingError(str(e)) from None
+def _build_model(mc: GPTConfig, tc: TrainConfig, device: torch.device, out: Path, tensors) -> tuple:
+    """The GPT (seeded init, or the trainer state's weights) and its AdamW: ``(model, opt, names)``."""
     torch.manual_seed(tc.seed)
     model = GPT(dataclasses.replace(mc, training={}))
-    if resume:
+    if tensors is not None:
         load_state_checked(model, {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")},
                            source=str(out / "trainer_state.safetensors"))
     model.to(device)
     opt, names = build_optimizer(model, tc, device)
-    if resume:
+    if tensors is not None:
         _load_optimizer(opt, names, tensors, str(out / "trainer_state.safetensors"))
-        del tensors
-    start_step = state["step"] if resume else 0
-    tokens_per_step = tc.batch_size * mc.seq_len
-    _barrier(d)  # every rank passed its checks before rank 0 writes anything
+    return model, opt, names
 
-    # ---- setup ---------------------------------------------------------------------------
+
+def _wrapped(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
+    """``(model to step: compiled and/or DDP-wrapped, autocast context factory)``."""
     use_bf16 = tc.dtype == "bfloat16" or (tc.dtype == "auto" and device.type == "cuda")
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
         torch.backends.cudnn.allow_tf32 = True
-    raw_model = model
     if tc.compile:
         model = torch.compile(model)
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, autocast
 
-    provenance = {
-        "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
-        "data": tc.data,
-        "data_split": "train",
-        "data_fingerprint": fingerprint,
-        "train_tokens_available": stream.num_tokens,
-        "validation_fingerprint": val_fingerprint,
-        "validation_lengths": list(eval_lengths),
-        "validation_windows": {str(L): int(v.shape[0]) for L, v in val_sets.items()},
-        "validation_random_windows": None if val_random is None else int(val_random.shape[0]),
-        "world_size": d.world,
-        "num_parameters": raw_model.num_parameters(),
-        "config_hash": config_hash(mc, tc),
-        "fireviz_version": __version__,
-        "torch_version": torch.__version__,
-        "command": command or _command_line(),
-    }
+
+def _provenance(mc: GPTConfig, tc: TrainConfig, data: _RunData, eval_lengths, d: _Dist, model: GPT, command) -> dict:
+    """What config.json['training'] records about the run."""
+    return {"settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr}, "data": tc.data,
+            "data_split": "train", "data_fingerprint": data.fingerprint,
+            "train_tokens_available": data.stream.num_tokens, "validation_fingerprint": data.val_fingerprint,
+            "validation_lengths": list(eval_lengths),
+            "validation_windows": {str(L): int(v.shape[0]) for L, v in data.val_sets.items()},
+            "validation_random_windows": None if data.val_random is None else int(data.val_random.shape[0]),
+            "world_size": d.world, "num_parameters": model.num_parameters(), "config_hash": config_hash(mc, tc),
+            "fireviz_version": __version__, "torch_version": torch.__version__,
+            "command": command or _command_line()}
+
+
+def _open_log(out: Path, d: _Dist, resume: bool, start_step: int):
+    """The train log, appended to by rank 0 (a resumed one first cut back to the resumed step)."""
     log_path = out / "train_log.jsonl"
-    if d.master:
-        out.mkdir(parents=True, exist_ok=True)
-        for stray in out.glob(".*.tmp-*"):
-            stray.unlink()  # temp files of an interrupted write (ours; never a checkpoint file)
-        if resume:
-            _truncate_log(log_path, start_step)
-    log = open(log_path, "a", encoding="utf-8") if d.master else None
+    if not d.master:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp-*"):
+        stray.unlink()  # temp files of an interrupted write (ours; never a checkpoint file)
+    if resume:
+        _truncate_log(log_path, start_step)
+    return open(log_path, "a", encoding="utf-8")
 
-    def write_log(rec: dict) -> None:
-        if log is not None:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
 
-    def checkpoint(step: int) -> None:
-        if d.master:
-            _write_checkpoint(out, raw_model, opt, names, mc, tc, provenance, step, step * tokens_per_step,
-                              fingerprint, log)
-        _barrier(d)
-
-    def run_eval() -> dict:
-        res = {}
-        for L, key in zip(eval_lengths, ("val_loss", "val_loss_4x")):
-            eval_micro = max(1, micro * mc.seq_len // L)
-            res[key] = evaluate_windows(raw_model, val_sets[L], eval_micro, device, autocast, d,
-                                        first_target=answers_from(L + 1))
-        if val_random is not None:
-            res["val_loss_random"] = evaluate_windows(raw_model, val_random, micro, device, autocast, d)
-        return res
-
-    def position_record() -> dict:
-        params = position_parameters(raw_model)
-        return {"position_parameters": params} if params else {}
-
+def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm,
+           stop_at_step: int | None = None) -> dict:
+    mc, tc, state, tensors, device, micro, end_step = _settings_checked(model_config, train_config, out, resume, d,
+                                                                         stop_at_step)
+    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
+    data = _load_run_data(mc, tc, eval_lengths)
+    if resume and state["data_fingerprint"] != data.fingerprint:
+        raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
+                            f"(fingerprint {data.fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
+    if device.type in ("cpu", "cuda"):
+        _check_step_memory(mc, micro, device)
+    raw_model, opt, names = _build_model(mc, tc, device, out, tensors)
+    del tensors
+    start_step = state["step"] if resume else 0
+    _barrier(d)  # every rank passed its checks before rank 0 writes anything
+    model, autocast = _wrapped(raw_model, tc, d, device)
+    provenance = _provenance(mc, tc, data, eval_lengths, d, raw_model, command)
+    log = _open_log(out, d, resume, start_step)
+    run = _Run(raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, provenance,
+               log)
     bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
                desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
-    last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None, "val_step": None}
-    val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if val_random is not None else ())
     try:
-        if start_step == 0 and tc.eval_interval > 0:
-            last.update(run_eval(), val_step=0)
-            write_log({"step": 0, "tokens": 0, **{k: last[k] for k in val_keys},
-                       **position_record()})
-        model.train()
-        for step in range(start_step, end_step):
-            t0 = time.perf_counter()
-            lr = lr_at(step, tc)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
-            starts = window_starts(step, tc, stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum:]
-            micro_batches = [stream.batch(starts[m * micro:(m + 1) * micro], mc.seq_len + 1)
-                             for m in range(tc.grad_accum)]
-            offsets = position_offsets(step, tc, d.rank)
-            loss_mean, grad_norm = training_step(model, opt, micro_batches, tc.grad_clip, device, autocast,
-                                                 ddp=d.world > 1, position_offsets=offsets,
-                                                 first_target=answers_from(mc.seq_len + 1))
-            loss_all = _all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world
-            loss_value = float(loss_all)
-            if not math.isfinite(loss_value):
-                raise TrainingError(f"loss became {loss_value} at step {step + 1}; lower train.lr or check the data")
-            done = step + 1
-            dt = time.perf_counter() - t0
-            rec = {"step": done, "tokens": done * tokens_per_step, "loss": loss_value, "lr": lr,
-                   "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_step / dt if dt > 0 else None}
-            last["loss"] = loss_value
-            if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
-                last.update(run_eval(), val_step=done)
-                rec.update({k: last[k] for k in val_keys})
-                rec.update(position_record())
-            write_log(rec)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", refresh=False)
-            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step:
-                checkpoint(done)
-        if start_step >= end_step and d.master:
-            bar.write(f"{out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do")
+        run.loop(start_step, end_step, bar)
     finally:
         bar.close()
         if log is not None:
             log.close()
     final = max(start_step, end_step)
-    return {"step": final, "tokens": final * tokens_per_step, **last,
-            "out_dir": str(out)}
+    return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
+
+
+class _Run:
+    """One training run's loop, validation and checkpoints (everything decided beforehand)."""
+
+    def __init__(self, raw_model, model, opt, names, mc, tc, data: _RunData, eval_lengths, device, micro, autocast,
+                 d: _Dist, out: Path, provenance: dict, log):
+        self.raw, self.model, self.opt, self.names, self.mc, self.tc, self.data = raw_model, model, opt, names, mc, tc, data
+        self.eval_lengths, self.device, self.micro, self.autocast, self.d = eval_lengths, device, micro, autocast, d
+        self.out, self.provenance, self.log = out, provenance, log
+        self.tokens_per_step = tc.batch_size * mc.seq_len
+        self.last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None, "val_step": None}
+        self.val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if data.val_random is not None else ())
+
+    def loop(self, start_step: int, end_step: int, bar) -> None:
+        """Steps ``start_step + 1 … end_step``: the schedule, data and RNG follow from the step alone."""
+        tc, mc, d, micro = self.tc, self.mc, self.d, self.micro
+        if start_step == 0 and tc.eval_interval > 0:
+            self.validate(0, {"step": 0, "tokens": 0})
+        self.model.train()
+        for step in range(start_step, end_step):
+            t0 = time.perf_counter()
+            lr = lr_at(step, tc)
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+            torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
+            starts = window_starts(step, tc, self.data.stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum:]
+            micro_batches = [self.data.stream.batch(starts[m * micro:(m + 1) * micro], mc.seq_len + 1)
+                             for m in range(tc.grad_accum)]
+            loss_mean, grad_norm = training_step(self.model, self.opt, micro_batches, tc.grad_clip, self.device,
+                                                 self.autocast, ddp=d.world > 1,
+                                                 position_offsets=position_offsets(step, tc, d.rank),
+                                                 first_target=self.data.answers_from(mc.seq_len + 1))
+            loss = float(_all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
+            if not math.isfinite(loss):
+                raise TrainingError(f"loss became {loss} at step {step + 1}; lower train.lr or check the data")
+            done, dt = step + 1, time.perf_counter() - t0
+            rec = {"step": done, "tokens": done * self.tokens_per_step, "loss": loss, "lr": lr,
+                   "grad_norm": float(grad_norm), "tokens_per_s": self.tokens_per_step / dt if dt > 0 else None}
+            self.last["loss"] = loss
+            if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
+                self.validate(done, rec)
+            else:
+                self.write_log(rec)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step:
+                self.checkpoint(done)
+        if start_step >= end_step and d.master:
+            bar.write(f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do")
+
+    def validate(self, step: int, rec: dict) -> None:
+        """Validation losses (and FIRE's / Kerple's position parameters) into ``rec``, then logged."""
+        res = {}
+        for L, key in zip(self.eval_lengths, ("val_loss", "val_loss_4x")):
+            eval_micro = max(1, self.micro * self.mc.seq_len // L)
+            res[key] = evaluate_windows(self.raw, self.data.val_sets[L], eval_micro, self.device, self.autocast, self.d,
+                                        first_target=self.data.answers_from(L + 1))
+        if self.data.val_random is not None:
+            res["val_loss_random"] = evaluate_windows(self.raw, self.data.val_random, self.micro, self.device,
+                                                      self.autocast, self.d)
+        self.last.update(res, val_step=step)
+        params = position_parameters(self.raw)
+        self.write_log({**rec, **{k: self.last[k] for k in self.val_keys},
+                        **({"position_parameters": params} if params else {})})
+
+    def write_log(self, rec: dict) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
+
+    def checkpoint(self, step: int) -> None:
+        if self.d.master:
+            _write_checkpoint(self.out, self.raw, self.opt, self.names, self.mc, self.tc, self.provenance, step,
+                              step * self.tokens_per_step, self.data.fingerprint, self.log)
+        _barrier(self.d)
 
 
 def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: TrainConfig, provenance: dict,
@@ -1003,53 +797,3 @@ def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: Trai
     atomic_write_text(out / "config.json", json.dumps(config.to_json_dict(), indent=2, sort_keys=True) + "\n")
     summary = state | {"sha256": {n: sha256_files(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
     atomic_write_text(out / "trainer_state.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m fireviz train`` argument parser."""
-    p = argparse.ArgumentParser(prog="python -m fireviz train",
-                                description="Train a byte-level GPT with one position encoding.")
-    p.add_argument("--config", help="TOML file with [model] and [train] tables (optional with --resume)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting, e.g. --set model.position_encoding=alibi --set train.lr=3e-4")
-    p.add_argument("--out", required=True, help="checkpoint folder to create (or continue with --resume)")
-    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    p.add_argument("--stop-at-step", type=int, metavar="N",
-                   help="stop after step N (checkpoint written) keeping the max_steps schedule; continue later "
-                        "with --resume (training in sessions)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry: returns 0 on success, 2 with one line on stderr for any bad input."""
-    args = build_parser().parse_args(argv)
-    command = " ".join(shlex.quote(a) for a in ["python", "-m", "fireviz", "train", *(sys.argv[1:] if argv is None
-                                                                                         else argv)])
-    try:
-        if args.config is None and not args.resume:
-            raise TrainingError("--config is required (except with --resume, which reuses the checkpoint's)")
-        if args.config is None:
-            if args.set:
-                raise TrainingError("--set needs --config (a resumed run keeps its checkpoint's settings)")
-            mc = tc = None
-        else:
-            mc, tc = load_config(args.config, args.set)
-        result = train(mc, tc, args.out, resume=args.resume, command=command,
-                       progress=False if args.no_progress else None, stop_at_step=args.stop_at_step)
-    except (TrainingError, DataError, CheckpointError) as e:
-        rank = os.environ.get("RANK")
-        prefix = f"fireviz train [rank {rank}]" if rank not in (None, "0") else "fireviz train"
-        print(f"{prefix}: error: {e}", file=sys.stderr)
-        return 2
-    if int(os.environ.get("RANK", "0")) == 0:
-        vals = ", ".join(f"{k}={result[k]:.4f}" for k in ("loss",) if result.get(k) is not None)
-        if result.get("val_step") is not None:  # the last validation, which may be from an earlier step
-            at = "" if result["val_step"] == result["step"] else f" (validated at step {result['val_step']})"
-            vals += (", " if vals else "") + ", ".join(
-                f"{k}={result[k]:.4f}" for k in ("val_loss", "val_loss_4x") if result.get(k) is not None) + at
-        print(f"trained to step {result['step']} ({result['tokens']} tokens) → {result['out_dir']}" + (f": {vals}" if vals else ""))
-    return 0

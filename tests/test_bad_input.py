@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from conftest import make_tiny_checkpoint
-from fireviz import checkpoints, data, eval_cli, evaluate, train
+from fireviz import checkpoints, data, eval_cli, evaluate, train_cli
 from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
 from fireviz.model import GPT, CheckpointError, config_from_dict
 
@@ -390,7 +390,7 @@ def test_train_takes_a_lone_surrogate(tmp_path):
                    f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n')
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", data.RawBytesWarning)
-        rc = train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
+        rc = train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
     assert rc == 0 and (tmp_path / "run" / "model.safetensors").exists()
 
 
@@ -407,7 +407,7 @@ def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypat
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[model]\nseq_len = 1024\nposition_encoding = "alibi"\n[train]\ndata = "{p}"\nmax_steps = 2\n'
                    'batch_size = 16\n')
-    rc = train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
+    rc = train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
     assert rc != 0 and not (tmp_path / "run" / "model.safetensors").exists()
     assert "a training step (micro-batch 16 × seq_len 1024) needs about" in capsys.readouterr().err
 
@@ -430,7 +430,7 @@ def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
     args[args.index("--out") + 1] = str(tmp_path / "my_run")  # never into the repository's checkpoints/
     args += ["--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_interval=2", "--set", "train.checkpoint_interval=2",
              "--set", "train.batch_size=2", "--set", "model.seq_len=64", "--no-progress"]
-    assert train.main(args) == 0
+    assert train_cli.main(args) == 0
     assert checkpoints.read_checkpoint(tmp_path / "my_run").position_encoding == "alibi"
 
 
@@ -588,7 +588,7 @@ def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(
     cfg.write_text(f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
                    f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
                    'batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n')
-    assert train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["config_format"] == 2
     assert saved["encoding_options"] == {"num_buckets": 32, "max_distance": 20, "bidirectional": False, "init_std": 0.02}

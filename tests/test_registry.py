@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fireviz import analysis, evaluate, fit, train
+from fireviz import analysis, evaluate, fit, train_cli
 from fireviz.encodings import (ENCODING_NAMES, EncodingSpec, ToeplitzBias, build_encoding, encoding_names,
                                encoding_spec, register_encoding, unregister_encoding)
 from fireviz.model import GPT, GPTConfig
@@ -49,7 +49,7 @@ def test_a_toy_encoding_trains_evaluates_reports_and_fits(toy, tmp_path):
     cfg.write_text('[model]\nn_layer = 2\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "toy_linear"\n'
                    f'[train]\ndata = "{data}"\nmax_steps = 3\nwarmup_steps = 1\nbatch_size = 4\neval_interval = 3\n'
                    'checkpoint_interval = 3\neval_batches = 1\n')
-    assert train.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     model = GPT.from_pretrained(str(tmp_path / "run"))
     assert isinstance(model.encoding(0), ToyLinear) and model.encoding(0) is not model.encoding(1)  # per layer
     assert not torch.equal(model.encoding(0).w, torch.full((2,), 0.1))  # it learned

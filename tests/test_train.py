@@ -19,7 +19,8 @@ from fireviz.data import DataError, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
 from fireviz.model import BOS_ID, GPT, CheckpointError
 from fireviz.train import (TrainConfig, TrainingError, apply_overrides, configs_from_tables, evaluate_windows,
-                           load_config, lr_at, main, read_trainer_state, train, validation_windows, window_starts)
+                           load_config, lr_at, read_trainer_state, train, validation_windows, window_starts)
+from fireviz.train_cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ("the cat sat on a mat while one dog ran to the red barn and two birds sang over green hills "
@@ -649,7 +650,7 @@ def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_p
 
 
 def test_training_also_logs_validation_on_random_windows(tmp_path):
-    from fireviz import train as T
+    from fireviz import train_cli as T
     from fireviz.checkpoints import read_train_log, training_summary_row, read_checkpoint
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 40}) + "\n"
@@ -666,5 +667,6 @@ def test_training_also_logs_validation_on_random_windows(tmp_path):
     assert row["last val loss (random windows)"] == evals[-1]["val_loss_random"]
     from fireviz.data import load_documents, split_documents
     docs = split_documents(load_documents(p), "validation")
-    w1 = T.random_validation_windows(docs, 32, 4)
-    assert torch.equal(w1, T.random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33
+    from fireviz.train import random_validation_windows
+    w1 = random_validation_windows(docs, 32, 4)
+    assert torch.equal(w1, random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33
