@@ -1,6 +1,6 @@
 """``python -m fireviz <command>`` / ``fireviz <command>``: one entry point, one module per command.
 
-Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit),
+Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
 ``biases`` (fireviz.analysis). Each module exposes ``main(argv) -> int``.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 COMMANDS = {
     "train": ("fireviz.train_cli", "train a GPT with one position encoding (TOML config)"),
     "eval": ("fireviz.eval_cli", "perplexity vs evaluation length for checkpoints"),
-    "fit": ("fireviz.fit", "fit FIRE to a T5/ALiBi/Kerple/Sandwich bias (Theorem 3.1)"),
+    "fit": ("fireviz.fit_cli", "fit FIRE to a T5/ALiBi/Kerple/Sandwich bias (Theorem 3.1)"),
     "biases": ("fireviz.analysis", "learned biases and per-head locality of a checkpoint"),
 }
 

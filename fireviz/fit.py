@@ -36,57 +36,25 @@ width 32 both stay near 20 % per head; width 128 fits them to ~0.01 % and ~4 %.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from .encodings import FIRE, encoding_spec, fit_target_names
-from .encodings.base import ToeplitzBias
+from .encodings import FIRE
 from .encodings.specs import t5_bucket_values  # noqa: F401  (public here since it was first defined in fit)
-from .files import FileFormatError, atomic_write, read_json, read_safetensors, write_json_atomic
-from .model import CheckpointError
-
-#: Built-in targets ``make_target`` builds (``target_names()`` adds registered encodings);
-#: ``checkpoint`` reads a trained or published model's own bias.
-TARGET_NAMES: tuple[str, ...] = fit_target_names() + ("checkpoint",)
-#: Built-in position encodings of a checkpoint whose learned bias can be a fit target (Toeplitz
-#: biases: a function of i − j only, which Theorem 3.1 covers); see ``fittable_encodings()``.
-FITTABLE_ENCODINGS: tuple[str, ...] = fit_target_names()
-#: Parameters of the ``checkpoint`` target (the others' come from their ``EncodingSpec.fit_params``).
-CHECKPOINT_PARAMS = frozenset({"path", "layer", "stack"})
-
-
-def target_names() -> tuple[str, ...]:
-    """Every fit target: each registered encoding with a ``fit_target`` spec, then ``checkpoint``."""
-    return fit_target_names() + ("checkpoint",)
-
-
-def fittable_encodings() -> tuple[str, ...]:
-    """Registered encodings whose checkpoints can be fit targets (their spec has a fit target)."""
-    return fit_target_names()
-
-
-def target_params(name: str) -> frozenset[str]:
-    """Keyword parameters target ``name`` takes (see ``make_target``). Raises ValueError for an unknown target."""
-    if name == "checkpoint":
-        return CHECKPOINT_PARAMS
-    if name not in fit_target_names():
-        raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(target_names())}")
-    return frozenset(encoding_spec(name).fit_params)
-
-
-#: Keyword parameters of each built-in target (``target_params`` for any registered one).
-TARGET_PARAMS: dict[str, frozenset[str]] = {n: target_params(n) for n in TARGET_NAMES}
+from .files import atomic_write, read_safetensors
+from .fit_targets import (CHECKPOINT_PARAMS, FITTABLE_ENCODINGS, MAX_FIT_HEADS, TARGET_NAMES,  # noqa: F401
+                          TARGET_PARAMS,
+                          FitTarget, fittable_encodings, make_target, parse_numbers, target_from_checkpoint,
+                          target_names, target_params)
 
 #: Multiple of ``max_len`` up to which ``fit_fire`` measures the error beyond the fitted range.
 BEYOND_FACTOR = 4
@@ -99,9 +67,6 @@ FIRE_OPTIONS_KEY = "fireviz.fire_options"
 
 # Grid of c·L (c times the threshold L) tried by the initialisation, from ψ nearly linear
 # in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴); refined by √10 around the best.
-#: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
-#: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.
-MAX_FIT_HEADS = 1024
 _CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 1.0))
 # Candidate kink positions per fit (data points; subsampled beyond this many distances).
 _MAX_CANDIDATES = 1024
@@ -109,137 +74,6 @@ _MAX_CANDIDATES = 1024
 #: measured: every pair (i, j ≤ i) of these rows counts.
 BEYOND_ROWS = 256
 _BEYOND_CHUNK = 16  # query rows evaluated at once (memory: chunk · 4·max_len · width floats)
-
-
-# --------------------------------------------------------------------------------------------
-# Targets
-# --------------------------------------------------------------------------------------------
-@dataclass
-class FitTarget:
-    """A Toeplitz bias to fit: ``g_h(d)`` logits for distances ``d = i − j`` (tokens).
-
-    Attributes:
-      name: one of ``TARGET_NAMES``.
-      encoding: the fireviz encoding that defines the bias (T5RelativeBias, ALiBi, KerpleLog,
-        KerplePower or Sandwich), evaluated through its own ``bias_by_distance``; so the
-        target's extrapolation beyond the fitted range is that encoding's own formula.
-      params: JSON-able description of the parameters (what the CLI and ``to_dict`` show).
-    """
-
-    name: str
-    encoding: ToeplitzBias
-    params: dict = field(default_factory=dict)
-
-    @property
-    def num_heads(self) -> int:
-        """Number of attention heads of the target bias (its first output dimension)."""
-        return self.encoding.num_heads
-
-    @torch.no_grad()
-    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
-        """Target logits, float32 ``[num_heads, *d.shape]`` for int distances ``d`` (tokens)."""
-        return self.encoding.bias_by_distance(d.to(self.encoding.device)).float().cpu()
-
-
-def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
-    """Build a fit target by name, with its parameters.
-
-    Args:
-      name: one of ``TARGET_NAMES``.
-      num_heads: heads (>= 1); not needed for ``checkpoint`` (taken from the checkpoint).
-      params by target:
-        * ``t5``: ``num_buckets`` (32), ``max_distance`` (128 tokens), ``values``
-          ("random" (default) | "decay" | numbers, see ``t5_bucket_values``), ``seed`` (0).
-          Causal bucketing (``relative_position_bucket``, Raffel et al. 2020 §2.1).
-        * ``alibi``: ``slope`` (None → ``alibi_slopes(num_heads)``, Press et al. 2022 §3;
-          a number → that slope for every head). Bias ``−m_h·d``.
-        * ``kerple_log`` / ``kerple_power``: ``r1``, ``r2`` (a number or ``num_heads``
-          numbers; None → a seeded draw from the reference init r1 ~ U(0, 2), r2 ~ U(0, 1),
-          clamped to >= 0.01), ``seed`` (0). Bias ``−r1·log(1 + r2·d)`` resp. ``−r1·d^r2``
-          (Chi et al. 2022, §4.2).
-        * ``sandwich``: ``dbar`` (128, even). Bias ``(S(d) − dbar/2)/r_h``, ``r_h = 8h/H``
-          (Chi et al. 2023, §5).
-        * ``checkpoint``: ``path`` (a checkpoint folder or Hub id), ``layer`` (0); see
-          ``target_from_checkpoint``.
-    Returns: a ``FitTarget``.
-    Raises: ValueError for an unknown target or parameter, num_heads < 1, an ALiBi slope
-      that is not > 0, Kerple r1 or r2 outside (0.01, ∞) (r2 <= 2 for the power variant),
-      bad T5 bucketing/values, an odd dbar, a checkpoint whose heads differ from
-      ``num_heads``; CheckpointError/ValueError from ``target_from_checkpoint``.
-    """
-    allowed = target_params(name)  # raises for an unknown target
-    unknown = set(params) - allowed
-    if unknown:
-        raise ValueError(f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(sorted(allowed)) or 'none'}")
-    if name == "checkpoint":
-        if "path" not in params:
-            raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
-        target = target_from_checkpoint(params["path"], int(params.get("layer", 0)), params.get("stack"))
-        if num_heads is not None and num_heads != target.num_heads:
-            raise ValueError(f"checkpoint {params['path']} has {target.num_heads} heads, not {num_heads}; "
-                             "omit num_heads (CLI: --heads) to use the checkpoint's")
-        return target
-    if num_heads is None or int(num_heads) < 1:
-        raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
-    if int(num_heads) > MAX_FIT_HEADS:
-        raise ValueError(f"num_heads={num_heads} is more than the {MAX_FIT_HEADS} heads a fit takes (published models "
-                         f"have at most 128 per layer); fit fewer heads, e.g. --heads 8")
-    enc, shown = encoding_spec(name).fit_target(int(num_heads), **params)  # the encoding's own spec builds it
-    return FitTarget(name, enc, shown)
-
-
-def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) -> FitTarget:
-    """The learned (or fixed) bias of one layer of a trained fireviz GPT checkpoint, or of a
-    published model (a transformers folder or Hub id read through ``fireviz.hub``: T5-family
-    tables of ``stack`` — decoder by default; for the bidirectional encoder its keys before
-    the query, i.e. d = i − j >= 0 — or ALiBi slopes).
-
-    Loads ``fireviz.checkpoints.load_model(path)`` (safetensors only) and takes
-    ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
-    ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
-    Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path``, ``layer``,
-      ``encoding`` (the checkpoint's encoding name) and ``seq_len`` (its training length).
-    Raises: CheckpointError (CheckpointNotFoundError for a path with nothing there; not a
-      checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
-    """
-    from . import hub
-    from .checkpoints import CheckpointNotFoundError, load_model
-
-    local = Path(str(path)).expanduser()
-    if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
-        raise CheckpointNotFoundError(f"checkpoint {path} not found: give a folder holding config.json and "
-                                      "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id")
-    model = None
-    cfg_file = local / "config.json"
-    if local.is_dir() and cfg_file.is_file():
-        try:
-            if hub.is_transformers_config(read_json(cfg_file)):
-                model = hub.load_published(str(local), stack=stack or "decoder")
-        except FileFormatError:
-            pass  # the checkpoint loader names the problem
-    elif hub.looks_like_hub_id(str(path)):
-        try:
-            model = hub.load_published(str(path), stack=stack or "decoder")
-        except hub.NotPublishedModelError:
-            model = None  # a fireviz checkpoint on the Hub
-    if model is None:
-        if stack is not None:
-            raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
-        model = load_model(str(local) if local.is_dir() else str(path))
-    cfg = model.config
-    if not 0 <= int(layer) < cfg.n_layer:
-        raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
-    allowed = fittable_encodings()
-    enc = model.encoding(int(layer))
-    if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
-        raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
-                         f"needs a Toeplitz bias: one of {', '.join(allowed)}")
-    enc.requires_grad_(False)
-    params = {"path": str(path), "layer": int(layer), "encoding": cfg.position_encoding, "seq_len": cfg.seq_len}
-    if isinstance(model, hub.PublishedModel):
-        params.update(published=model.config.family, revision=model.config.revision, stack=model.config.stack)
-    return FitTarget("checkpoint", enc, params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -617,9 +451,7 @@ def one_torch_thread():
                 torch.set_num_threads(_threads_state["before"])
 
 
-def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr,
-         start_progress=None) -> FitResult:
-    t0 = time.perf_counter()
+def _check_fit_args(target, max_len, num_heads, mlp_width, steps) -> FitTarget:
     if isinstance(target, str):
         target = make_target(target, num_heads)
     if not isinstance(max_len, (int, np.integer)) or max_len < 2:
@@ -632,42 +464,49 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
         raise ValueError(f"steps must be >= 0 (got {steps})")
     if num_heads is not None and num_heads != target.num_heads:
         raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
-    max_len, H = int(max_len), target.num_heads
     from .memory import check_fits, fit_bytes
-    check_fits(fit_bytes(H, max_len, mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK), "cpu",
-               f"fitting {H} heads over max_len {max_len}", "lower max_len or the number of heads")
+    check_fits(fit_bytes(target.num_heads, int(max_len), mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK), "cpu",
+               f"fitting {target.num_heads} heads over max_len {max_len}", "lower max_len or the number of heads")
+    return target
 
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
-        torch.manual_seed(seed)
-        module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
-    L, eps = float(module.threshold().detach()), module.eps
 
-    # 1-D data: distances, pair weights, per-head standardised targets.
+@dataclass
+class _FitData:
+    """The 1-D problem: distances ``d [n]``, √pair-weights ``s [n]``, per-head standardised
+    targets ``Ys [n, H]`` (weighted by s) and the ``mean``/``scale [H]`` that undo it."""
+    d: torch.Tensor
+    s: torch.Tensor
+    Ys: torch.Tensor
+    mean: torch.Tensor
+    scale: torch.Tensor
+
+
+def _fit_data(target: FitTarget, max_len: int) -> _FitData:
     d = torch.arange(max_len, dtype=torch.float64)
     y = target.bias_by_distance(torch.arange(max_len)).double().T  # [n, H]
-    w = (max_len - d) / (max_len - d).sum()
+    w = (max_len - d) / (max_len - d).sum()  # pairs (i, j) with i − j = d among 0 <= j <= i < max_len
     s = w.sqrt()
     mean = (w[:, None] * y).sum(0)
     std = ((w[:, None] * (y - mean) ** 2).sum(0)).sqrt()
     scale = torch.where(std > 1e-12 * (1 + mean.abs()), std, torch.ones_like(std))
-    Ys = s[:, None] * (y - mean) / scale
+    return _FitData(d, s, s[:, None] * (y - mean) / scale, mean, scale)
 
-    # 2. closed-form start: best c on the grid, kinks by orthogonal least squares.
-    K = mlp_width - 1
+
+def _closed_form_start(fd: _FitData, L: float, eps: float, K: int, max_len: int, should_stop, start_progress):
+    """Best c on a grid of c·L, kinks by orthogonal least squares: ``(c0, knots0 [K], n_live, stopped)``."""
     cand = _candidates(max_len)
     best = None
 
-    def try_c(cl: float, k: int = K):
+    def try_c(cl: float):
         nonlocal best
         c = torch.tensor(cl / L, dtype=torch.float64)
-        x = _x_of_d(d, c, L, eps)
-        knots = _greedy_knots(x, s, Ys, cand, k)
-        _, loss = _solve_output(s[:, None] * _hidden(x, knots), Ys)
+        x = _x_of_d(fd.d, c, L, eps)
+        knots = _greedy_knots(x, fd.s, fd.Ys, cand, K)
+        _, loss = _solve_output(fd.s[:, None] * _hidden(x, knots), fd.Ys)
         if best is None or float(loss) < best[0]:
             best = (float(loss), c, knots, cl)
 
-    total_start = len(_CL_GRID) + 2
-    stopped = False
+    total_start, stopped = len(_CL_GRID) + 2, False
     for k, cl in enumerate(_CL_GRID, 1):  # coarse grid of c·L, then the two half-way points around the best
         try_c(cl)
         if start_progress is not None:
@@ -684,17 +523,23 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
     n_live = knots0.numel()
     if n_live < K:  # too few distinct data points: park the spare kinks beyond x = 1 (never active)
         knots0 = torch.cat([knots0, torch.full((K - n_live,), 2.0, dtype=torch.float64)])
+    return c0, knots0, n_live, stopped
 
-    # 3. refine log c and the kinks (variable projection: output layer solved each step).
+
+def _refine(fd: _FitData, L: float, eps: float, c0, knots0, n_live: int, steps: int, lr: float, stopped: bool,
+            progress, should_stop):
+    """Adam on log c and the kinks (variable projection: the output layer solved at every step).
+    Returns ``(best (log_c, knots), loss curve, steps run, stopped)``."""
+    K = knots0.numel()
     log_c = torch.nn.Parameter(c0.log().clone())
     knots = torch.nn.Parameter(knots0.clone())
     live = torch.arange(K) < n_live
     opt = _Adam([log_c, knots], lr=lr)
 
     def objective():
-        x = _x_of_d(d, log_c.exp(), L, eps)
+        x = _x_of_d(fd.d, log_c.exp(), L, eps)
         kn = torch.where(live, knots, knots.detach())
-        return _solve_output(s[:, None] * _hidden(x, kn), Ys)
+        return _solve_output(fd.s[:, None] * _hidden(x, kn), fd.Ys)
 
     curve: list[float] = []
     best_loss, best_state = math.inf, (log_c.detach().clone(), knots.detach().clone())
@@ -723,25 +568,44 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
         steps_run = step
         _, loss = objective()  # at the new parameters; its backward drives the next step
         record(loss, step)
+    return best_state, curve, steps_run, stopped
 
-    # Write the best iterate into the module: unit 0 = ReLU(x) (linear term), units k ≥ 1 =
-    # ReLU(x − t_k); output = per-head scale · β + mean.
-    with torch.no_grad():
-        log_c_best, knots_best = best_state
-        c_best = log_c_best.exp().float().double()  # the module stores c in float32
-        x = _x_of_d(d, c_best, L, eps)
-        beta, _ = _solve_output(s[:, None] * _hidden(x, knots_best), Ys)
-        beta = beta * scale[None, :]  # [K + 2, H]
-        lin1, lin2 = module.mlp[0], module.mlp[2]
-        module.c.fill_(float(c_best))
-        lin1.weight.fill_(1.0)
-        lin1.bias.zero_()
-        lin1.bias[1:] = (-knots_best).float()
-        lin2.weight.copy_(beta[1:].T.float())
-        lin2.bias.copy_((beta[0] + mean).float())
-        if n_live < K:  # parked kinks: the unit stays off on [0, 1]; zero its output anyway
-            lin2.weight[:, 1 + n_live:] = 0.0
 
+@torch.no_grad()
+def _write_module(module: FIRE, fd: _FitData, L: float, eps: float, best_state, n_live: int) -> None:
+    """The best iterate into the module: unit 0 = ReLU(x) (linear term), units k ≥ 1 =
+    ReLU(x − t_k); output = per-head scale · β + mean."""
+    log_c_best, knots_best = best_state
+    K = knots_best.numel()
+    c_best = log_c_best.exp().float().double()  # the module stores c in float32
+    x = _x_of_d(fd.d, c_best, L, eps)
+    beta, _ = _solve_output(fd.s[:, None] * _hidden(x, knots_best), fd.Ys)
+    beta = beta * fd.scale[None, :]  # [K + 2, H]
+    lin1, lin2 = module.mlp[0], module.mlp[2]
+    module.c.fill_(float(c_best))
+    lin1.weight.fill_(1.0)
+    lin1.bias.zero_()
+    lin1.bias[1:] = (-knots_best).float()
+    lin2.weight.copy_(beta[1:].T.float())
+    lin2.bias.copy_((beta[0] + fd.mean).float())
+    if n_live < K:  # parked kinks: the unit stays off on [0, 1]; zero its output anyway
+        lin2.weight[:, 1 + n_live:] = 0.0
+
+
+def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr,
+         start_progress=None) -> FitResult:
+    t0 = time.perf_counter()
+    target = _check_fit_args(target, max_len, num_heads, mlp_width, steps)
+    max_len, H = int(max_len), target.num_heads
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
+        torch.manual_seed(seed)
+        module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
+    L, eps = float(module.threshold().detach()), module.eps
+    fd = _fit_data(target, max_len)
+    c0, knots0, n_live, stopped = _closed_form_start(fd, L, eps, mlp_width - 1, max_len, should_stop, start_progress)
+    best_state, curve, steps_run, stopped = _refine(fd, L, eps, c0, knots0, n_live, steps, lr, stopped, progress,
+                                                    should_stop)
+    _write_module(module, fd, L, eps, best_state, n_live)
     return _evaluate(module, target, max_len, curve, steps, steps_run, stopped, t0, mlp_width, seed)
 
 
@@ -821,184 +685,3 @@ def _ratio(num: float, den: float) -> float:
     if den > 0:
         return num / den
     return 0.0 if num == 0 else math.inf
-
-
-# --------------------------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------------------------
-class _CLIError(Exception):
-    pass
-
-
-def parse_numbers(text: str, what: str) -> list[float] | float:
-    """``"0.5"`` → 0.5, ``"0.5, 1,2"`` → [0.5, 1.0, 2.0]: a per-head parameter as typed on the
-    command line or in the app (Kerple r1/r2, T5 bucket values).
-
-    Raises: ValueError naming ``what`` for text that is empty or not comma-separated numbers.
-    """
-    try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{what} must be a number or comma-separated numbers (got {text!r}); "
-                         "example: 0.5 or 0.5,1,1.5,2") from None
-    if not vals:
-        raise ValueError(f"{what} is empty; give a number or comma-separated numbers")
-    return vals[0] if len(vals) == 1 else vals
-
-
-def _numbers(text: str, what: str) -> list[float] | float:
-    try:
-        return parse_numbers(text, what)
-    except ValueError as e:
-        raise _CLIError(str(e)) from None
-
-
-def _t5_values(text: str):
-    if text in ("random", "decay"):
-        return text
-    p = Path(text)
-    if text.endswith(".json"):
-        try:
-            return read_json(p)
-        except FileFormatError as e:
-            raise _CLIError(f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file") from None
-    vals = _numbers(text, "--t5-values")
-    return [vals] if isinstance(vals, float) else vals
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m fireviz fit",
-        description="Fit FIRE (Li et al. 2024) to a T5/ALiBi/Kerple/Sandwich bias or a checkpoint's "
-                    "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.")
-    p.add_argument("--target", required=True, help=f"one of {', '.join(target_names())}, or a checkpoint folder, a transformers model folder or a Hub id")
-    p.add_argument("--max-len", type=int, required=True, help="fitted range in tokens (>= 2)")
-    p.add_argument("--heads", type=int, default=None, help="heads (default 8; a checkpoint's own)")
-    p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"refinement steps (default {DEFAULT_STEPS})")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the result JSON here (FitResult.to_dict)")
-    p.add_argument("--save-module", default=None, help="write the fitted FIRE here (safetensors)")
-    p.add_argument("--no-curves", action="store_true", help="leave per-distance curves out of the JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    g = p.add_argument_group("target parameters")
-    g.add_argument("--num-buckets", type=int, help="t5: buckets (32)")
-    g.add_argument("--max-distance", type=int, help="t5: max distance in tokens (128)")
-    g.add_argument("--t5-values", help="t5: random (default) | decay | comma list per bucket | file.json")
-    g.add_argument("--slope", type=float, help="alibi: one slope for every head (default: standard slopes)")
-    g.add_argument("--r1", help="kerple_*: r1, one number or one per head (default: seeded draw)")
-    g.add_argument("--r2", help="kerple_*: r2, one number or one per head (default: seeded draw)")
-    g.add_argument("--dbar", type=int, help="sandwich: dbar (128)")
-    g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
-    g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
-    g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
-    g.add_argument("--param", action="append", metavar="NAME=VALUE",
-                   help="any target's parameter as JSON (repeatable), e.g. --param r2=0.5 (see make_target)")
-    g.add_argument("--stack", choices=("decoder", "encoder"),
-                   help="checkpoint: a published encoder-decoder model's stack (default decoder)")
-    return p
-
-
-_CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
-    "num_buckets": ("num_buckets", ("t5",)), "max_distance": ("max_distance", ("t5",)),
-    "t5_values": ("values", ("t5",)), "slope": ("slope", ("alibi",)),
-    "r1": ("r1", ("kerple_log", "kerple_power")), "r2": ("r2", ("kerple_log", "kerple_power")),
-    "dbar": ("dbar", ("sandwich",)), "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
-    "checkpoint": ("path", ("checkpoint",)), "layer": ("layer", ("checkpoint",)),
-    "stack": ("stack", ("checkpoint",)),
-}
-
-
-def _target_from_args(a: argparse.Namespace) -> FitTarget:
-    from . import hub
-    if a.target not in target_names() and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
-        if a.checkpoint is not None:
-            raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
-        a.checkpoint, a.target = a.target, "checkpoint"  # --target <model>: a checkpoint or published model
-    if a.target not in target_names():
-        raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(target_names())}")
-    params = {}
-    for item in a.param or []:  # --param NAME=VALUE (JSON value): any target's parameter
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise _CLIError(f"--param takes NAME=VALUE (got {item!r}), e.g. --param slope=0.5")
-        try:
-            params[name.strip()] = json.loads(value)
-        except ValueError:
-            params[name.strip()] = value  # a bare word, e.g. values=decay
-    for flag, (name, targets) in _CLI_PARAM.items():
-        value = getattr(a, flag)
-        if value is None:
-            continue
-        if a.target not in targets:
-            raise _CLIError(f"--{flag.replace('_', '-')} applies to {'/'.join(targets)}, not --target {a.target}")
-        if flag in ("r1", "r2"):
-            value = _numbers(value, f"--{flag}")
-        elif flag == "t5_values":
-            value = _t5_values(value)
-        params[name] = value
-    if a.target == "checkpoint" and "path" not in params:
-        raise _CLIError("--target checkpoint needs --checkpoint PATH (a checkpoint folder)")
-    heads = a.heads if a.heads is not None or a.target == "checkpoint" else 8
-    return make_target(a.target, heads, **params)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fireviz fit --target NAME --max-len N [--heads H] [--width W] [--out fit.json]``.
-
-    Fits FIRE (``fit_fire``), prints a one-line summary, writes ``FitResult.to_dict()`` as
-    JSON to ``--out`` (keys include ``relative_rmse``, ``max_abs_error``,
-    ``relative_rmse_beyond``, ``seconds``) and the module to ``--save-module``.
-    Returns: 0 on success; 2 for bad arguments or parameters (one error line on stderr,
-    no traceback).
-    """
-    parser = _parser()
-    try:
-        a = parser.parse_args(argv)
-    except SystemExit as e:  # argparse already printed usage + the error
-        return int(e.code or 0)
-    for flag, out, example in (("--out", a.out, "fit.json"), ("--save-module", a.save_module, "fire_fit.safetensors")):
-        if out and Path(out).is_dir():  # refuse before computing, not after
-            print(f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / example}",
-                  file=sys.stderr)
-            return 2
-    try:
-        target = _target_from_args(a)
-        last = [0.0]
-
-        def report_start(done: int, total: int) -> None:
-            now = time.perf_counter()
-            if not a.quiet and (done == total or now - last[0] > 1.0):
-                last[0] = now
-                print(f"closed-form start: candidate c {done}/{total}", file=sys.stderr)
-
-        def report(step: int, total: int, loss: float) -> None:
-            now = time.perf_counter()
-            if not a.quiet and (step == total or now - last[0] > 1.0):
-                last[0] = now
-                print(f"step {step}/{total}  loss {loss:.3e}", file=sys.stderr)
-
-        if not a.quiet:
-            print(f"fitting FIRE to {target.name} ({target.num_heads} heads, max_len {a.max_len})…", file=sys.stderr)
-        result = fit_fire(target, a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed, progress=report,
-                          start_progress=report_start)
-    except _CLIError as e:
-        print(f"fireviz fit: error: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"fireviz fit: error: {e}", file=sys.stderr)
-        return 2
-    summary = (f"{target.name}: max_len={a.max_len} heads={target.num_heads} width={a.width}  "
-               f"relative RMSE {100 * result.relative_rmse:.3f}%  max |err| {result.max_abs_error:.3g} logits  "
-               f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
-               f"{result.seconds:.2f} s")
-    print(summary)
-    try:  # atomic writes create missing parent folders; nothing half-written is left behind
-        if a.out:
-            write_json_atomic(a.out, _json_safe(result.to_dict(curves=not a.no_curves)))
-        if a.save_module:
-            result.save(a.save_module)
-    except OSError as e:
-        print(f"fireviz fit: error: cannot write the result: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -351,8 +351,8 @@ def test_forward_bytes_grows_with_length_and_batch():
 
 # -- progress for every long call -------------------------------------------------------------------
 def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
-    from fireviz import fit
-    rc = fit.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
+    from fireviz import fit, fit_cli
+    rc = fit_cli.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
     err = capsys.readouterr().err
     assert rc == 2 and "100000" in err and f"{fit.MAX_FIT_HEADS}" in err
     seen, stops = [], iter([False, False, True])

@@ -15,8 +15,8 @@ import torch
 
 from fireviz import fit
 from fireviz.encodings import FIRE, alibi_slopes
-from fireviz.fit import (BEYOND_FACTOR, FIRE_OPTIONS_KEY, TARGET_NAMES, FitResult, fit_fire, load_fitted_fire, main,
-                         make_target, t5_bucket_values, target_from_checkpoint)
+from fireviz.fit import (BEYOND_FACTOR, FIRE_OPTIONS_KEY, TARGET_NAMES, FitResult, fit_fire, load_fitted_fire, make_target, t5_bucket_values, target_from_checkpoint)
+from fireviz.fit_cli import main
 from fireviz.model import GPT, GPTConfig
 
 HEADS = 4
@@ -362,7 +362,7 @@ def test_python_dash_m_fireviz_fit(tmp_path):
 
 
 def test_cli_output_paths(tmp_path, capsys):
-    from fireviz.fit import main as fit_main
+    from fireviz.fit_cli import main as fit_main
     args = ["--target", "alibi", "--max-len", "16", "--heads", "2", "--steps", "1", "--quiet"]
     assert fit_main(args + ["--out", str(tmp_path)]) == 2  # a folder is refused before fitting
     assert "is a folder" in capsys.readouterr().err

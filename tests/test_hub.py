@@ -358,10 +358,10 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
 
 
 def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
-    from fireviz import fit
+    from fireviz import fit, fit_cli
     folder = t5_folder(tmp_path / "m", model_type="umt5", heads=2)
     out = tmp_path / "fit.json"
-    assert fit.main(["--target", str(folder), "--layer", "1", "--max-len", "64", "--steps", "20", "--quiet",
+    assert fit_cli.main(["--target", str(folder), "--layer", "1", "--max-len", "64", "--steps", "20", "--quiet",
                      "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["target_params"]["layer"] == 1 and d["target_params"]["published"].startswith("UMT5")
@@ -370,7 +370,7 @@ def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
     assert t.encoding.bidirectional and t.num_heads == 2
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.json").write_text(json.dumps(_llama(None)))
-    assert fit.main(["--target", str(tmp_path / "r"), "--max-len", "64"]) == 2
+    assert fit_cli.main(["--target", str(tmp_path / "r"), "--max-len", "64"]) == 2
     assert "Toeplitz" in capsys.readouterr().err
 
 

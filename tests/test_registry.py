@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from fireviz import analysis, evaluate, fit, train_cli
+from fireviz import analysis, evaluate, fit, fit_cli, train_cli
 from fireviz.encodings import (ENCODING_NAMES, EncodingSpec, ToeplitzBias, build_encoding, encoding_names,
                                encoding_spec, register_encoding, unregister_encoding)
 from fireviz.model import GPT, GPTConfig
@@ -63,7 +63,7 @@ def test_a_toy_encoding_trains_evaluates_reports_and_fits(toy, tmp_path):
     assert "toy_linear" in fit.target_names() and "toy_linear" in fit.fittable_encodings()
     t = fit.make_target("checkpoint", path=str(tmp_path / "run"), layer=1)
     assert t.params["encoding"] == "toy_linear"
-    assert fit.main(["--target", "toy_linear", "--heads", "2", "--param", "w=0.3", "--max-len", "16", "--steps", "2",
+    assert fit_cli.main(["--target", "toy_linear", "--heads", "2", "--param", "w=0.3", "--max-len", "16", "--steps", "2",
                      "--quiet"]) == 0
 
 
