@@ -13,7 +13,7 @@ What this module answers, for a ``fireviz.model.GPT`` (usually a checkpoint fold
 * ``classify_locality(distance, bias)`` – ``local`` / ``anti-local`` / ``mixed`` with the
   scores behind it (see ``LOCALITY_RULES``).
 * Attention measured on a text (dilution, per-head patterns) is ``fireviz.text_attention``.
-* ``main(argv)`` – ``python -m fireviz biases CKPT …`` writes all of the above as JSON.
+* The command line (``python -m fireviz biases CKPT …``) is ``fireviz.biases_cli``.
 
 Conventions: positions and distances in tokens (bytes: the tokenizer is byte-level);
 biases in logits (added to q·k/√d_head before softmax); attention shares are probabilities.
@@ -23,20 +23,15 @@ distances 0 … seq_len − 1 seen in training. Never imports Streamlit.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from copy import deepcopy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from .encodings import MAX_NORMALIZER_CAP, ToeplitzBias, check_normalizer_cap, fire_modules
-from .checkpoints import load_model
+from .encodings import ToeplitzBias, check_normalizer_cap, fire_modules
 from .model import GPT
 
 #: Multiples of the training length used for the default bias query positions.
@@ -634,168 +629,3 @@ def locality_summary(reports: Sequence[BiasReport | dict]) -> list[dict]:
                     "share_anti_local": counts["anti-local"] / n if n else None,
                     "classify_at": d.get("classify_at")})
     return out
-
-
-# -- checkpoints and logs ----------------------------------------------------------------------
-def _load_any(ref: str, stack: str = "decoder", revision: str | None = None):
-    """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
-    a folder whose config.json names ``model_type`` or a repo id not on disk is read through
-    ``fireviz.hub``; everything else is a fireviz checkpoint."""
-    from . import hub
-    folder = Path(ref).expanduser()
-    cfg = folder / "config.json"
-    if folder.is_dir() and cfg.is_file():
-        try:
-            published = hub.is_transformers_config(read_json_file(cfg))
-        except ValueError:
-            published = False  # let the checkpoint loader name the problem
-        if published:
-            return hub.load_published(str(folder), stack=stack)
-        return load_model(folder)
-    if hub.looks_like_hub_id(ref):
-        try:
-            return hub.load_published(ref, stack=stack, revision=revision)
-        except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
-            pass
-    return load_model(ref)
-
-
-def read_json_file(path) -> object:
-    """Parsed JSON of ``path`` through fireviz's bounded reader (raises FileFormatError, a ValueError)."""
-    from .files import read_json
-    return read_json(path)
-
-
-# -- CLI ---------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one clear stderr line, exit code 2
-        print(f"fireviz biases: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _parse_window(text: str) -> tuple[int, int, int]:
-    parts = text.split(":")
-    try:
-        vals = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"--matrix {text!r}: expected START:STOP[:STRIDE] integers (tokens)") from None
-    if len(vals) == 2:
-        vals.append(1)
-    if len(vals) != 3:
-        raise ValueError(f"--matrix {text!r}: expected START:STOP[:STRIDE] integers (tokens)")
-    return vals[0], vals[1], vals[2]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fireviz biases CKPT [options]``: write a checkpoint's biases and locality as JSON.
-
-    Options: ``--query-positions 511,4095`` (tokens, 0-based; default m·seq_len − 1 for
-    m = 1, 2, 4, 8), ``--classify-at I``, ``--matrix START:STOP[:STRIDE]``, ``--text FILE``
-    (also measure attention dilution on ``[BOS] + bytes`` of that UTF-8 file), ``--near 16``,
-    ``--dilution-positions``, ``--out FILE`` (default ``biases_<checkpoint name>.json`` in the
-    current folder: a checkpoint folder is never written into unless asked).
-    Prints the per-head locality table to stdout.
-    Returns: 0 on success, 2 on bad input (one ``fireviz biases: error: …`` line on stderr).
-    """
-    ap = _Parser(prog="python -m fireviz biases",
-                 description="Learned position biases, per-head locality and attention dilution of a checkpoint.")
-    ap.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors), or a published model: "
-                    "a folder written by transformers or a Hugging Face repo id (T5 family, ALiBi, RoPE)")
-    ap.add_argument("--stack", choices=("decoder", "encoder"), default="decoder",
-                    help="published encoder-decoder (T5-family) models: which stack's bias (default decoder)")
-    ap.add_argument("--revision", default=None, help="published models on the Hub: branch, tag or commit")
-    ap.add_argument("--query-positions", default=None,
-                    help="comma-separated query positions in tokens, 0-based (default m*seq_len-1, m=1,2,4,8)")
-    ap.add_argument("--classify-at", type=int, default=None,
-                    help="query position of the headline locality (default: smallest query position)")
-    ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
-    ap.add_argument("--text", default=None, help="text file: also measure attention dilution on it (its bytes)")
-    ap.add_argument("--near", type=int, default=16, help="keys counted as near for dilution (default 16, as the app)")
-    ap.add_argument("--dilution-positions", default=None,
-                    help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
-    ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
-                    help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens")
-    ap.add_argument("--out", default=None, help="output JSON (default ./biases_<checkpoint name>.json)")
-    ap.add_argument("--figure", default=None, metavar="FILE",
-                    help="also write the layer x head bias grid: .svg, .pdf or .png (for a paper) or .html")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-    def fail(msg: str) -> int:
-        print(f"fireviz biases: error: {msg}", file=sys.stderr)
-        return 2
-
-    try:
-        positions = parse_positions(args.query_positions) if args.query_positions is not None else None
-        dil_positions = parse_positions(args.dilution_positions) if args.dilution_positions is not None else None
-        window = _parse_window(args.matrix) if args.matrix is not None else None
-    except ValueError as e:
-        return fail(str(e))
-    if args.near < 1:
-        return fail(f"--near must be >= 1 (got {args.near})")
-    if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= MAX_NORMALIZER_CAP:
-        return fail(f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
-                    f"{args.normalizer_cap}); e.g. the training length")
-    try:
-        model = _load_any(args.checkpoint, args.stack, args.revision)
-    except Exception as e:  # missing folder, corrupt weights, bad config: one line
-        return fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
-    name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
-    if args.text is not None and not isinstance(model, GPT):
-        return fail("--text measures attention dilution, which needs the whole model; a published model is read "
-                    "for its position encoding only")
-    tokens = None
-    if args.text is not None:
-        from .text_attention import attention_dilution, text_tokens  # it builds on this module
-        try:
-            # bytes are bytes: text that is not UTF-8 is measured on the raw bytes it holds
-            tokens = text_tokens(Path(args.text).read_bytes().decode("utf-8", errors="surrogateescape"))
-        except (OSError, UnicodeDecodeError) as e:
-            return fail(f"cannot read --text {args.text}: {e}")
-        need = (dil_positions or default_query_positions(model.config.seq_len, DEFAULT_DILUTION_MULTIPLES))[-1] + 1
-        if tokens.numel() < need:
-            return fail(f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
-                        f"query position needs {need}; give a longer text or smaller --dilution-positions")
-    try:
-        report = bias_report(model, positions, classify_at=args.classify_at, matrix_window=window, checkpoint=name,
-                             normalizer_cap=args.normalizer_cap)
-        out = report.to_dict()
-        if tokens is not None:
-            out["dilution"] = attention_dilution(model, tokens, dil_positions, near=args.near,  # noqa: F821
-                                                 checkpoint=name, normalizer_cap=args.normalizer_cap).to_dict()
-    except ValueError as e:
-        return fail(str(e))
-    out_path = Path(args.out) if args.out else Path(f"biases_{name.replace('/', '--')}.json")
-    try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, allow_nan=False))
-    except OSError as e:
-        return fail(f"cannot write {out_path}: {e}")
-    rows = locality_table([out])
-    if args.normalizer_cap is not None and out.get("normalizer_cap") is None:
-        print(f"note: {out['encoding']} has no normalizer; --normalizer-cap changes nothing")
-    if rows:
-        cap = f", normalizer capped at {out['normalizer_cap']}" if out.get("normalizer_cap") else ""
-        print(f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position "
-              f"{out['classify_at']}{cap})")
-        for r in rows:
-            print(f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}")
-    else:
-        print(out["note"])
-    if "dilution" in out:  # what --text measured: the near share per layer at each query position
-        dl = out["dilution"]
-        print(f"attention share on the nearest {dl.get('near')} keys (mean over heads), by query position:")
-        print("layer " + " ".join(f"{p:>8d}" for p in dl["query_positions"]))
-        for layer, heads in enumerate(dl["share"]):
-            means = [sum(h[k] for h in heads) / len(heads) for k in range(len(dl["query_positions"]))]
-            print(f"{layer:5d} " + " ".join(f"{m:8.3f}" for m in means))
-    print(f"wrote {out_path}")
-    if args.figure:
-        from . import plots  # the CLI layer draws; analysis itself only computes
-        try:
-            print(f"wrote {plots.write_figure(plots.bias_grid_figure(out), args.figure)}")
-        except (ValueError, plots.FigureExportError, OSError) as e:
-            return fail(f"--figure {args.figure}: {e}")
-    return 0

@@ -700,6 +700,30 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
     return model.to(device).eval()
 
 
+def load_model_or_published(ref: str, stack: str = "decoder", revision: str | None = None):
+    """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
+    a folder whose config.json names ``model_type`` or a repo id not on disk is read through
+    ``fireviz.hub``; everything else is a fireviz checkpoint (:func:`load_model`).
+    Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
+    from . import hub
+    folder = Path(ref).expanduser()
+    cfg = folder / "config.json"
+    if folder.is_dir() and cfg.is_file():
+        try:
+            published = hub.is_transformers_config(read_json(cfg))
+        except ValueError:
+            published = False  # let the checkpoint loader name the problem
+        if published:
+            return hub.load_published(str(folder), stack=stack)
+        return load_model(folder)
+    if hub.looks_like_hub_id(ref):
+        try:
+            return hub.load_published(ref, stack=stack, revision=revision)
+        except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
+            pass
+    return load_model(ref)
+
+
 def default_device() -> str:
     """``"cuda"`` when a GPU is visible to torch, else ``"cpu"``."""
     import torch

@@ -1,7 +1,7 @@
 """``python -m fireviz <command>`` / ``fireviz <command>``: one entry point, one module per command.
 
 Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
-``biases`` (fireviz.analysis). Each module exposes ``main(argv) -> int``.
+``biases`` (fireviz.biases_cli). Each module exposes ``main(argv) -> int``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ COMMANDS = {
     "train": ("fireviz.train_cli", "train a GPT with one position encoding (TOML config)"),
     "eval": ("fireviz.eval_cli", "perplexity vs evaluation length for checkpoints"),
     "fit": ("fireviz.fit_cli", "fit FIRE to a T5/ALiBi/Kerple/Sandwich bias (Theorem 3.1)"),
-    "biases": ("fireviz.analysis", "learned biases and per-head locality of a checkpoint"),
+    "biases": ("fireviz.biases_cli", "learned biases and per-head locality of a checkpoint"),
 }
 
 

@@ -15,7 +15,6 @@ import torch
 
 from .encodings import encoding_spec, fit_target_names
 from .encodings.base import ToeplitzBias
-from .files import FileFormatError, read_json
 
 #: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
 #: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.
@@ -162,29 +161,15 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
       checkpoint folder, corrupt files); ValueError if the layer is out of range or the encoding is not one of t5, alibi, kerple_log, kerple_power, sandwich.
     """
     from . import hub
-    from .checkpoints import CheckpointNotFoundError, load_model
+    from .checkpoints import CheckpointNotFoundError, load_model_or_published
 
     local = Path(str(path)).expanduser()
     if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
         raise CheckpointNotFoundError(f"checkpoint {path} not found: give a folder holding config.json and "
                                       "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id")
-    model = None
-    cfg_file = local / "config.json"
-    if local.is_dir() and cfg_file.is_file():
-        try:
-            if hub.is_transformers_config(read_json(cfg_file)):
-                model = hub.load_published(str(local), stack=stack or "decoder")
-        except FileFormatError:
-            pass  # the checkpoint loader names the problem
-    elif hub.looks_like_hub_id(str(path)):
-        try:
-            model = hub.load_published(str(path), stack=stack or "decoder")
-        except hub.NotPublishedModelError:
-            model = None  # a fireviz checkpoint on the Hub
-    if model is None:
-        if stack is not None:
-            raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
-        model = load_model(str(local) if local.is_dir() else str(path))
+    model = load_model_or_published(str(local) if local.is_dir() else str(path), stack=stack or "decoder")
+    if stack is not None and not isinstance(model, hub.PublishedModel):
+        raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
     cfg = model.config
     if not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")

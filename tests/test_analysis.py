@@ -10,6 +10,7 @@ import torch
 
 import fireviz.model as model_mod
 from fireviz import analysis as A
+from fireviz import biases_cli
 from fireviz import text_attention as TA
 from fireviz.cli import main as cli_main
 from fireviz.model import GPT, GPTConfig
@@ -352,7 +353,7 @@ def test_cli_writes_biases_json(checkpoint, tmp_path, capsys):
 def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = sorted(p.name for p in checkpoint.iterdir())
-    assert A.main([str(checkpoint), "--query-positions", "31"]) == 0
+    assert biases_cli.main([str(checkpoint), "--query-positions", "31"]) == 0
     out = tmp_path / f"biases_{checkpoint.name}.json"
     assert json.loads(out.read_text())["layers"][0]["heads"][0]["locality"] == "local"
     assert sorted(p.name for p in checkpoint.iterdir()) == before
@@ -372,7 +373,7 @@ def test_cli_bad_input_exits_2_with_one_line(argv, needle, checkpoint, tmp_path,
     short = tmp_path / "short.txt"
     short.write_text("tiny")
     argv = [a.format(ckpt=checkpoint, missing=tmp_path / "nope", short=short) for a in argv]
-    assert A.main(argv) == 2
+    assert biases_cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and err[0].startswith("fireviz biases: error:")
 
@@ -450,7 +451,7 @@ def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoin
     from fireviz import __version__, cli
     text = tmp_path / "t.txt"
     text.write_text("the river stone of the delta " * 40)
-    assert A.main([str(checkpoint), "--query-positions", "31", "--text", str(text), "--dilution-positions", "31,63",
+    assert biases_cli.main([str(checkpoint), "--query-positions", "31", "--text", str(text), "--dilution-positions", "31,63",
                    "--out", str(tmp_path / "b.json")]) == 0
     out = capsys.readouterr().out
     assert "attention share on the nearest 16 keys" in out and "      31       63" in out

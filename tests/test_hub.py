@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fireviz import analysis, hub
+from fireviz import analysis, biases_cli, hub
 from fireviz.encodings import alibi_slopes
 
 from hub_server import COMMIT, HubServer
@@ -96,7 +96,7 @@ def _matrix(out: dict, layer: int) -> np.ndarray:
 def test_biases_cli_on_a_t5_folder_matches_the_original_bias(tmp_path, model_type, stack, capsys):
     folder = t5_folder(tmp_path / "m", model_type=model_type)
     out = tmp_path / "b.json"
-    assert analysis.main([str(folder), "--stack", stack, "--matrix", "0:64", "--out", str(out)]) == 0
+    assert biases_cli.main([str(folder), "--stack", stack, "--matrix", "0:64", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     from safetensors.torch import load_file
     w = load_file(str(folder / "model.safetensors"))
@@ -156,7 +156,7 @@ def test_bloom_and_mpt_alibi_slopes(tmp_path):
     m = hub.load_published(str(tmp_path / "mpt"))
     assert torch.allclose(m.encoding(0).slopes, torch.tensor(_mpt_slopes(12, 8)), rtol=1e-6)
     out = tmp_path / "b.json"
-    assert analysis.main([str(tmp_path / "mpt"), "--matrix", "0:8", "--out", str(out)]) == 0
+    assert biases_cli.main([str(tmp_path / "mpt"), "--matrix", "0:8", "--out", str(out)]) == 0
     got = _matrix(json.loads(out.read_text()), 0)
     i, j = np.arange(8)[:, None], np.arange(8)[None, :]
     ref = -np.array(_mpt_slopes(12, 8))[:, None, None] * (i - j)
@@ -202,7 +202,7 @@ def test_rope_configs_give_their_kernel(tmp_path, scaling):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(_llama(scaling)))
     out = tmp_path / "b.json"
-    assert analysis.main([str(tmp_path / "m"), "--query-positions", "100,1000", "--out", str(out)]) == 0
+    assert biases_cli.main([str(tmp_path / "m"), "--query-positions", "100,1000", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["kind"] == "rotary" and len(d["kernel"]["value"]) == 1001 and abs(d["kernel"]["value"][0] - 1) < 1e-6
 
@@ -244,7 +244,7 @@ def test_unsupported_models_are_one_clear_error(tmp_path, cfg, match, capsys):
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(hub.HubModelError, match=match):
         hub.load_published(str(tmp_path / "m"))
-    assert analysis.main([str(tmp_path / "m")]) == 2
+    assert biases_cli.main([str(tmp_path / "m")]) == 2
     assert match.split("'")[0] in capsys.readouterr().err
 
 
