@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .plots import _color, _mark_length
+from .figure_base import _color, _mark_length
 
 #: the largest heatmap side drawn; longer texts are averaged over square blocks of positions
 MAX_HEATMAP_CELLS = 256
