@@ -13,9 +13,6 @@ app keeps running.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -24,6 +21,10 @@ import streamlit as st
 
 from . import checkpoints as ck
 from .model import CheckpointError  # noqa: F401  (pages catch ui.CheckpointError)
+from .presentation import (fit_file_stem, format_params, human_count, int_values, job_error_text,  # noqa: F401
+                           locality_rules_text, locality_summary_rows, parse_lengths, percent, perplexity_table,
+                           pool_seeds, rows_to_csv, split_errors, to_json)
+from .uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload  # noqa: F401  (re-exported for the pages)
 
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
 EXTRA_KEY = "fireviz_extra_checkpoints"
@@ -92,54 +93,6 @@ def url_state(page: str, name: str, default: Any, kind: type = str, options: Seq
         value = options[0] if options else None
     st.session_state[k] = value
     return k
-
-
-def fit_file_stem(target: str, params: dict, max_len: int) -> str:
-    """File name stem of a fit's downloads, naming what was fitted: ``fire_fit_alibi_L128``,
-    ``fire_fit_checkpoint_t5_layer2_L256`` (a checkpoint's folder or model name included)."""
-    parts = ["fire_fit", target]
-    if target == "checkpoint":
-        parts += [Path(str(params.get("path", ""))).name or str(params.get("path", "")), f"layer{params.get('layer', 0)}"]
-        if params.get("stack"):
-            parts.append(str(params["stack"]))
-    parts.append(f"L{int(max_len)}")
-    return "_".join("".join(c if c.isalnum() or c in "-._" else "-" for c in p) for p in parts if p)
-
-
-def int_values(raw: Iterable[str], lo: int, hi: int) -> list[int]:
-    """The whole numbers in ``raw`` (URL values; comma-separated ones split) within [lo, hi];
-    anything else is dropped."""
-    out = []
-    for r in raw:
-        for part in str(r).split(","):
-            try:
-                v = int(part.strip().replace("_", ""))
-            except ValueError:
-                continue
-            if lo <= v <= hi:
-                out.append(v)
-    return out
-
-
-def parse_lengths(picked: Iterable, lo: int, hi: int) -> tuple[list[int], list]:
-    """Lengths from a multiselect that accepts typed entries: ``(sorted unique ints in [lo, hi],
-    the entries that are not such a length)``. Typed text may hold thousands separators
-    (``3,000``, ``3 000``, ``3_000``)."""
-    good, bad = set(), []
-    for v in picked:
-        if isinstance(v, int) and not isinstance(v, bool):
-            n = v
-        else:
-            try:
-                n = int(str(v).strip().replace(",", "").replace("_", "").replace(" ", ""))
-            except ValueError:
-                bad.append(v)
-                continue
-        if lo <= n <= hi:
-            good.add(n)
-        else:
-            bad.append(v)
-    return sorted(good), bad
 
 
 def sync_url(page: str, names: Iterable[str]) -> None:
@@ -433,116 +386,10 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
     return cfg
 
 
-def format_params(params: dict) -> str:
-    """A target's parameters as readable text: ``"slopes 0.25, 0.0625 · seed 0"``; None
-    values are left out, a ``path`` is shown as its folder name ("checkpoint alibi"),
-    numbers with 3 significant digits."""
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        if isinstance(v, (list, tuple)):
-            return ", ".join(fmt(x) for x in v)
-        if isinstance(v, dict):
-            return ", ".join(f"{k} {fmt(x)}" for k, x in v.items())
-        return str(v)
-
-    parts = []
-    for k, v in params.items():
-        if v is None:
-            continue
-        parts.append(f"checkpoint {Path(str(v)).name}" if k == "path" else f"{k.replace('_', ' ')} {fmt(v)}")
-    return " · ".join(parts)
-
-
-def percent(x: float | None) -> str:
-    """A fraction as a short percentage: 0.0123 → "1.23%", 0.8034 → "80.3%", below 0.01 % →
-    "< 0.01%"; None/NaN → "—"."""
-    if x is None or not math.isfinite(x):
-        return "—"
-    v = 100 * x
-    if abs(v) < 0.01:
-        return "0%" if v == 0 else "< 0.01%"
-    return f"{v:.3g}%"
-
-
-def locality_rules_text(rules: dict) -> str:
-    """``fireviz.analysis.LOCALITY_RULES`` as one readable sentence."""
-    rho, peak, flat = rules.get("rank_correlation"), rules.get("peak_fraction"), rules.get("flat_range")
-    return (f"local = ρ ≤ −{rho:g} and peak_fraction ≤ {peak:g}; anti-local = ρ ≥ +{rho:g} and peak_fraction ≥ "
-            f"{peak:g}; mixed = anything else, or a curve flatter than {flat:g} logits; "
-            f"ρ over {rules.get('log_samples')} log-spaced distances")
-
-
-def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
-    """The rows of ``fireviz.analysis.locality_summary`` for display: shares as percentages,
-    and for rotary/NoPE checkpoints (no additive bias) "—" in the text columns and empty counts,
-    with a note saying what they have instead."""
-    out = []
-    for r in summary:
-        additive = r.get("kind") == "additive"
-        row = {k: v for k, v in r.items()}
-        for k in ("share_local", "share_anti_local"):
-            row[k] = percent(r.get(k)) if additive else "—"
-        row["classify_at"] = str(r.get("classify_at")) if additive and r.get("classify_at") is not None else "—"
-        if not additive:  # None, not "—": these columns hold integers (a text cell breaks the table's types)
-            for k in ("heads", "n_local", "n_anti_local", "n_mixed"):
-                row[k] = None
-        row["note"] = "" if additive else (
-            "rotary: a position kernel, not a bias"
-            if r.get("kind") == "rotary" else "no position encoding: no bias to classify")
-        out.append(row)
-    return out
-
-
-def pool_seeds(results: Sequence[dict]) -> list[dict]:
-    """Evaluation results relabelled so that extra-seed runs share their seed-0 run's label
-    (``fire_seed1`` and ``fire`` → ``"fire"``; ``"rope + pi"`` stays apart from ``"rope"``),
-    for ``plots.group_perplexity`` / ``perplexity_figure`` to give mean ± std over seeds.
-
-    Args: results from ``fireviz.evaluate`` (keys ``checkpoint``, optional ``label`` that
-      starts with the checkpoint name and may add a suffix such as ``" + yarn"``).
-    Returns: shallow copies with ``label`` replaced; the input is not changed.
-    """
-    out = []
-    for r in results:
-        name = str(r.get("checkpoint", ""))
-        label = str(r.get("label") or name)
-        suffix = label[len(name):] if label.startswith(name) else ""
-        out.append({**r, "label": ck.seed_base(name) + suffix})
-    return out
-
-
-def perplexity_table(rows: Sequence[dict]) -> list[dict]:
-    """``fireviz.plots.group_perplexity`` rows for the results table: bits per byte (mean and
-    sample std over pooled seeds) first, then perplexity, nats/token, n, training length."""
-    order = ["group", "length", "bits_per_byte", "bits_per_byte_std", "perplexity", "perplexity_std",
-             "nats_per_token", "n", "train_seq_len"]
-    return [{**{k: r[k] for k in order if k in r}, **{k: v for k, v in r.items() if k not in order}} for r in rows]
-
-
-def job_error_text(error: str | None) -> tuple[str, bool]:
-    """A background job's error text without the ``"CheckpointError: "`` prefix, and whether
-    it was a CheckpointError (whose message already names the problem and the fix)."""
-    text = str(error or "")
-    prefix = f"{CheckpointError.__name__}: "
-    return (text[len(prefix):], True) if text.startswith(prefix) else (text, False)
-
-
 def table_height(n_rows: int, max_rows: int = 16) -> int:
     """Pixel height for an ``st.dataframe`` that shows ``n_rows`` rows without scrolling (up to
     ``max_rows``; Streamlit's default cuts a table of about ten rows)."""
     return 38 + 35 * max(1, min(n_rows, max_rows))
-
-
-def human_count(n: float | int | None) -> str:
-    """12_300_000 → "12.3M" (k, M, B); None → "—"."""
-    if n is None:
-        return "—"
-    n = float(n)
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{unit}"
-    return f"{n:.0f}"
 
 
 # -- figures and downloads --------------------------------------------------------------------
@@ -577,48 +424,6 @@ def figure_downloads(fig, page: str, name: str) -> None:
         for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
             st.download_button(f"{fmt.upper()}", render(fmt), file_name=f"{stem}.{fmt}", mime=mime,
                                key=key(page, f"export_{name}_{fmt}"), on_click="ignore", help=f"{stem}.{fmt}")
-
-
-def rows_to_csv(rows: Sequence[dict]) -> str:
-    """CSV text of a list of flat dicts (columns = union of keys, in first-seen order)."""
-    cols: list[str] = []
-    for r in rows:
-        for c in r:
-            if c not in cols:
-                cols.append(c)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({c: _csv_value(r.get(c)) for c in cols})
-    return buf.getvalue()
-
-
-def _csv_value(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return v
-
-
-def to_json(obj: Any) -> str:
-    """Indented JSON text (NaN/inf written as null; numpy and tensors as lists)."""
-    return json.dumps(_jsonable(obj), indent=2)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if hasattr(obj, "tolist"):
-        return _jsonable(obj.tolist())
-    if hasattr(obj, "to_dict") and callable(obj.to_dict):
-        return _jsonable(obj.to_dict())
-    return obj
 
 
 def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any = None,
@@ -765,7 +570,6 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     _panel()
 
 
-
 def _cancelled_at(paths, data, lengths, settings) -> float:
     """When the (non-probe) evaluation with these arguments ended, or 0."""
     from . import jobs
@@ -832,73 +636,6 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
 
 
 # -- evaluation helpers -----------------------------------------------------------------------
-UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
-#: Largest upload (MB), as ``server.maxUploadSize`` in .streamlit/config.toml.
-MAX_UPLOAD_MB = 32
-
-
-def save_upload(name: str, data: bytes) -> Path:
-    """Store an uploaded text/JSONL file under the evaluation cache (``<cache>/uploads/<sha>/``)
-    and check that ``fireviz.data.load_documents`` reads it.
-
-    The folder is named by the content's sha256, so the same file is the same data source
-    (and the same cached results) in every tab and after a restart.
-    Returns: the stored file's path.
-    A file that is refused (too large, no text, a bad JSONL line, an unsupported type) is
-    deleted again. Text that is not UTF-8 is taken as its raw bytes (byte-level tokenizer).
-    Raises: fireviz.data.DataError naming the problem.
-    """
-    import hashlib
-
-    import warnings
-
-    from . import evaluate
-    from .data import DataError, RawBytesWarning, load_documents
-
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"
-    if not data:
-        raise DataError(f"{name} is empty; upload a .txt file or a .jsonl file with one {{\"text\": ...}} object per line")
-    if len(data) > MAX_UPLOAD_MB << 20:
-        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB, more than the {MAX_UPLOAD_MB} MB an upload may be; "
-                        "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)")
-    from .files import atomic_write
-
-    folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
-    path = folder / safe
-    existed = path.exists()
-    if not existed:
-        atomic_write(path, lambda p: Path(p).write_bytes(data))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RawBytesWarning)  # raw bytes are fine; said in the docstring
-            load_documents(path)  # raises DataError with the line and the fix
-    except Exception as e:
-        if not existed:
-            path.unlink(missing_ok=True)
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-        if isinstance(e, DataError):
-            raise
-        raise DataError(f"cannot read the uploaded file {name}: {type(e).__name__}: {e}") from e
-    return path
-
-
-def split_errors(results: Sequence[dict]) -> tuple[list[dict], list[str]]:
-    """Separate the per-length error entries of evaluation results from the numbers.
-
-    Returns: (results whose ``per_length`` holds only scored lengths — results with none
-      are dropped, messages ``"<label> @ <length>: <error>"``).
-    """
-    clean, errors = [], []
-    for r in results:
-        ok = [e for e in r.get("per_length", []) if "error" not in e]
-        errors += [f"{r.get('label', r.get('checkpoint'))} @ {e['length']}: {e['error']}"
-                   for e in r.get("per_length", []) if "error" in e and not e.get("not_computed")]
-        if ok:
-            clean.append({**r, "per_length": ok})
-    return clean, errors
 
 
 def eval_caption(results: Sequence[dict]) -> str:
