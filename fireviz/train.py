@@ -36,7 +36,6 @@ No pickle anywhere: never ``torch.save``/``torch.load``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -52,220 +51,35 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__, synthetic
-from .data import DataError, Document, TokenStream, data_fingerprint, document_tokens, load_documents, split_documents
-from .files import FileFormatError, atomic_write, atomic_write_text, parse_json, read_json, read_safetensors, sha256_files
+from .data import TokenStream, data_fingerprint, load_documents, split_documents
 from .encodings import PositionEncoding
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
+from .distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed  # noqa: F401
+from .schedule import (derive_seed, lr_at, position_offsets, random_validation_windows,  # noqa: F401
+                       validation_windows, window_starts)
+from .train_state import (CHECKPOINT_FILES, STATE_FORMAT, _load_optimizer, _model_state,  # noqa: F401
+                          _optimizer_tensors, _truncate_log, _write_checkpoint, has_checkpoint,
+                          read_trainer_state)
 from .train_config import (_FREE_ON_RESUME, MAX_POSITION_OFFSET, TrainConfig, TrainingError, _check_pair,  # noqa: F401  (re-exported)
                            _MODEL_RESERVED, apply_overrides, config_hash, configs_from_tables, load_config,
                            settings_dict)
 
-STATE_FORMAT = "fireviz-trainer-state/1"
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetensors", "trainer_state.json",
-                    "train_log.jsonl")
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 
 
 # ---------------------------------------------------------------------------------------------
 # Schedule, seeds, data
 # ---------------------------------------------------------------------------------------------
-def lr_at(step: int, tc: TrainConfig) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine.
-
-    ``lr·(step+1)/warmup_steps`` for step < warmup_steps; then
-    ``min_lr + ½(1 + cos(π·p))·(lr − min_lr)`` with p = (step − warmup)/(max_steps − warmup)
-    (SGDR's cosine without restarts, Loshchilov & Hutter 2017; the schedule nanoGPT uses).
-    """
-    if step < tc.warmup_steps:
-        return tc.lr * (step + 1) / tc.warmup_steps
-    span = max(1, tc.max_steps - tc.warmup_steps)
-    p = min(1.0, (step - tc.warmup_steps) / span)
-    return tc.final_lr + 0.5 * (1.0 + math.cos(math.pi * p)) * (tc.lr - tc.final_lr)
-
-
-def derive_seed(*parts) -> int:
-    """A 63-bit seed from any parts (sha256 of their repr joined by ':'): stable across runs."""
-    text = ":".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
-
-
-def window_starts(step: int, tc: TrainConfig, num_tokens: int, seq_len: int) -> torch.Tensor:
-    """Starts of the global batch of step ``step``: int64 ``[batch_size]`` in
-    ``[0, num_tokens − seq_len − 1]`` (a window holds seq_len + 1 tokens: inputs and targets).
-    Uniform, from a generator seeded by ``(seed, step)`` only.
-    Raises: TrainingError when the stream holds no window (num_tokens <= seq_len)."""
-    if num_tokens <= seq_len:
-        raise TrainingError(f"the training data holds {num_tokens} tokens, not one window of {seq_len} + 1; "
-                            "use more data or a shorter seq_len")
-    g = torch.Generator().manual_seed(derive_seed(tc.seed, "data", step))
-    return torch.randint(0, num_tokens - seq_len, (tc.batch_size,), generator=g)
-
-
-def position_offsets(step: int, tc: TrainConfig, rank: int = 0) -> list[int] | None:
-    """Absolute starting positions (tokens) of this process's micro-batches at ``step``:
-    ``grad_accum`` ints drawn uniformly from ``[0, tc.random_position_offset]`` with a
-    generator seeded by ``(seed, "position_offset", step, rank)`` only (so a resumed run draws
-    the same ones); None when the option is off (nothing is drawn, no RNG is touched)."""
-    if not tc.random_position_offset:
-        return None
-    g = torch.Generator().manual_seed(derive_seed(tc.seed, "position_offset", step, rank))
-    return torch.randint(0, tc.random_position_offset + 1, (tc.grad_accum,), generator=g).tolist()
-
-
-def validation_windows(docs: list[Document], length: int, count: int) -> torch.Tensor:
-    """A fixed, deterministic validation set: int64 ``[n, length + 1]`` token windows, n ≤ count.
-
-    Windows lie inside single documents (never crossing a boundary). Round k takes the
-    window at offset k·length of every document (sorted by id) that still has length + 1
-    tokens there, so round 0 windows start with the document's BOS. Rounds continue until
-    ``count`` windows are taken or no document has room.
-    Raises: DataError if no document holds length + 1 tokens.
-    """
-    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
-    out: list[torch.Tensor] = []
-    k = 0
-    while len(out) < count:
-        room = [t for t in toks if len(t) >= (k + 1) * length + 1]
-        if not room:
-            break
-        for t in room[: count - len(out)]:
-            out.append(t[k * length: (k + 1) * length + 1])
-        k += 1
-    if not out:
-        longest = max(len(t) for t in toks)
-        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest}); "
-                        f"validation at {length} tokens needs longer documents or a shorter seq_len")
-    return torch.stack(out)
-
-
-def random_validation_windows(docs: list[Document], length: int, count: int, seed: int = 0) -> torch.Tensor:
-    """A fixed validation set drawn like the evaluation's random windows: int64 ``[n, length + 1]``.
-
-    Candidates are the non-overlapping windows of ``length + 1`` tokens of every document that
-    holds one (windows never cross a boundary); ``count`` of them are drawn with
-    ``torch.Generator().manual_seed(seed)`` (n = min(count, candidates)), so, unlike
-    ``validation_windows`` (document starts), a window's position in its document is spread
-    like the text's. Raises: DataError if no document holds ``length + 1`` tokens.
-    """
-    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
-    cands = [(i, s) for i, t in enumerate(toks) for s in range(0, len(t) - length, length + 1)]
-    if not cands:
-        longest = max(len(t) for t in toks)
-        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest})")
-    pick = torch.randperm(len(cands), generator=torch.Generator().manual_seed(int(seed)))[:count].tolist()
-    return torch.stack([toks[cands[k][0]][cands[k][1]: cands[k][1] + length + 1] for k in sorted(pick)])
 
 
 # ---------------------------------------------------------------------------------------------
 # Files: atomic writes, checkpoint reading
 # ---------------------------------------------------------------------------------------------
-def has_checkpoint(out_dir: str | os.PathLike) -> bool:
-    """Whether ``out_dir`` holds any checkpoint file (config, weights, trainer state, log)."""
-    return any((Path(out_dir) / n).exists() for n in CHECKPOINT_FILES)
-
-
-def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Float CPU copy of the weights, tied ``lm_head.weight`` dropped, ``_orig_mod.`` stripped."""
-    state = {}
-    for k, v in model.state_dict().items():
-        k = k.replace("_orig_mod.", "").removeprefix("module.")
-        if k == "lm_head.weight":
-            continue  # tied to wte.weight; load_state_checked restores the alias
-        state[k] = v.detach().to("cpu", copy=True).contiguous()
-    return state
-
-
-def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Read and verify the resume state of a checkpoint folder.
-
-    Returns ``(state_json, tensors)``: the trainer state (step, tokens, settings,
-    config_hash, …) and the tensors of ``trainer_state.safetensors`` (``model.*``,
-    ``optim.*``), float32 on CPU.
-    Raises: CheckpointError if a file is missing, corrupt or truncated, or the files of one
-    checkpoint disagree (sha256 mismatch). Nothing is modified.
-    """
-    from safetensors import SafetensorError
-
-    out = Path(out_dir)
-    st_path, js_path = out / "trainer_state.safetensors", out / "trainer_state.json"
-    if not st_path.exists():
-        raise CheckpointError(f"{out} has no trainer_state.safetensors: the run stopped before its first "
-                              "checkpoint, so there is nothing to resume; delete the folder or use another --out")
-    try:
-        tensors, meta = read_safetensors(st_path)
-        state = parse_json(meta["fireviz_trainer_state"], f"the trainer state in {st_path}", allow_nonfinite=True)
-        if not isinstance(state, dict):
-            raise ValueError("the trainer state is not a JSON object")
-    except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{st_path} is corrupt or truncated ({e}); the folder was left untouched") from e
-    if state.get("format") != STATE_FORMAT:
-        raise CheckpointError(f"{st_path} has format {state.get('format')!r}, expected {STATE_FORMAT!r}")
-    summary, summary_step = {}, -1  # no trainer_state.json: the first checkpoint write was interrupted
-    if js_path.exists():
-        try:
-            summary = read_json(js_path, expect=dict, allow_nonfinite=True)
-            summary_step = int(summary["step"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{js_path} is corrupt or truncated ({e}); the folder was left untouched") from e
-    if summary_step == state["step"]:
-        # Same checkpoint: the recorded hashes must match (detects damage after writing).
-        for name in ("trainer_state.safetensors", "model.safetensors"):
-            want = summary.get("sha256", {}).get(name)
-            path = out / name
-            if want is None or not path.exists() or sha256_files(path) != want:
-                raise CheckpointError(f"{path} does not match the sha256 recorded in trainer_state.json "
-                                      "(corrupt, truncated or replaced); the folder was left untouched")
-    elif summary_step > state["step"]:
-        raise CheckpointError(f"trainer_state.json is at step {summary_step} but trainer_state.safetensors at "
-                              f"step {state['step']}: the checkpoint files are inconsistent")
-    # summary_step < state step (or no summary): a checkpoint write was interrupted after its first file;
-    # trainer_state.safetensors alone is complete and newer, so resume from it.
-    return state, tensors
 
 
 # ---------------------------------------------------------------------------------------------
 # Distributed helpers
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class _Dist:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    owns_group: bool = False
-    comm_device: torch.device = torch.device("cpu")  # where all-reduced tensors live (cuda for NCCL)
-
-    @property
-    def master(self) -> bool:
-        return self.rank == 0
-
-
-def _init_distributed(device_setting: str) -> _Dist:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return _Dist()
-    import torch.distributed as dist
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    owns = False
-    if not dist.is_initialized():
-        use_cuda = device_setting.startswith("cuda") or (device_setting == "auto" and torch.cuda.is_available())
-        if use_cuda:
-            torch.cuda.set_device(local)
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        owns = True
-    return _Dist(rank=rank, world=world, local_rank=local, owns_group=owns)
-
-
-def _barrier(d: _Dist) -> None:
-    if d.world > 1:
-        import torch.distributed as dist
-        dist.barrier()
-
-
-def _all_reduce_sum(t: torch.Tensor, d: _Dist) -> torch.Tensor:
-    if d.world > 1:
-        import torch.distributed as dist
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,66 +179,6 @@ def position_parameters(model: GPT) -> dict[str, dict[str, list[float]]]:
         for name, values in enc.position_parameters().items():
             out.setdefault(name, {})[str(layer)] = [float(v) for v in values]
     return out
-
-
-def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    params = [p for g in opt.param_groups for p in g["params"]]
-    out = {}
-    for name, p in zip(names, params):
-        st = opt.state.get(p, {})
-        for key, value in st.items():
-            t = value if torch.is_tensor(value) else torch.tensor(float(value))
-            out[f"optim.{name}.{key}"] = t.detach().to("cpu", torch.float32, copy=True).contiguous().reshape(t.shape)
-    return out
-
-
-def _load_optimizer(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor],
-                    source: str) -> None:
-    params = [p for g in opt.param_groups for p in g["params"]]
-    sd = opt.state_dict()
-    state = {}
-    for i, (name, p) in enumerate(zip(names, params)):
-        keys = {k[len(f"optim.{name}."):]: v for k, v in tensors.items() if k.startswith(f"optim.{name}.")
-                and "." not in k[len(f"optim.{name}."):]}
-        if not keys:
-            continue
-        for k in ("exp_avg", "exp_avg_sq"):
-            if k in keys and keys[k].shape != p.shape:
-                raise CheckpointError(f"{source}: optimizer moment {name}.{k} has shape {tuple(keys[k].shape)}, "
-                                      f"the model {tuple(p.shape)}")
-        st = {}
-        for k, v in keys.items():
-            st[k] = v.to(torch.float32) if k == "step" else v.to(p.device, p.dtype)
-        state[i] = st
-    known = {f"optim.{n}." for n in names}
-    stray = [k for k in tensors if k.startswith("optim.") and not any(k.startswith(p) for p in known)]
-    if stray:
-        raise CheckpointError(f"{source}: optimizer state for unknown parameters {stray[:5]}")
-    sd["state"] = state
-    opt.load_state_dict(sd)
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Keep the log lines with ``step`` ≤ the resumed step (a torn last line is dropped)."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = parse_json(line, f"{path}:{i + 1}", allow_nonfinite=True)
-        except FileFormatError as e:
-            if i == len(lines) - 1:
-                continue  # torn by a kill mid-append
-            raise CheckpointError(f"{e}; the log is corrupt") from e
-        step_of = rec.get("step", 0) if isinstance(rec, dict) else None
-        if not isinstance(step_of, (int, float)) or isinstance(step_of, bool):
-            raise CheckpointError(f"{path}:{i + 1} is not a train-log record with a numeric step; the log is corrupt")
-        if step_of <= step:
-            kept.append(line)
-    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0,
@@ -771,29 +525,3 @@ class _Run:
         _barrier(self.d)
 
 
-def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: TrainConfig, provenance: dict,
-                      step: int, tokens: int, fingerprint: str, log) -> None:
-    """Write one checkpoint: trainer_state.safetensors (complete resume state) first, then
-    model.safetensors, config.json, and trainer_state.json (with sha256 of both) last."""
-    from safetensors.torch import save_file
-
-    if log is not None:
-        log.flush()
-        os.fsync(log.fileno())
-    weights = _model_state(model)
-    state = {"format": STATE_FORMAT, "step": step, "tokens": tokens, "data_fingerprint": fingerprint,
-             "data_position": {"step": step, "rule": "window starts of step s drawn from seed (seed, 'data', s)"},
-             "scheduler": {"kind": "linear_warmup_cosine", "lr": tc.lr, "min_lr": tc.final_lr,
-                           "warmup_steps": tc.warmup_steps, "max_steps": tc.max_steps, "next_step": step},
-             "rng": "torch.manual_seed(derive_seed(seed, 'dropout', step, rank)) at every step",
-             "settings": settings_dict(mc, tc), "config_hash": config_hash(mc, tc),
-             "fireviz_version": __version__}
-    tensors = {f"model.{k}": v for k, v in weights.items()} | _optimizer_tensors(opt, names)
-    meta = {"format": "pt", "fireviz_trainer_state": json.dumps(state)}
-    atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))
-    atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
-    config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
-    # every encoding option named (config_format 2): a deleted option is an error on load, not a default
-    atomic_write_text(out / "config.json", json.dumps(config.to_json_dict(), indent=2, sort_keys=True) + "\n")
-    summary = state | {"sha256": {n: sha256_files(out / n) for n in ("trainer_state.safetensors", "model.safetensors")}}
-    atomic_write_text(out / "trainer_state.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
