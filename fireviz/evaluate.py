@@ -29,14 +29,15 @@ from . import __version__, synthetic
 from .checkpoints import checkpoint_files, checkpoint_sha256, load_model  # noqa: F401  (the one door)
 from .data import (DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents,
                    split_documents)
-from .encodings import check_normalizer_cap, fire_modules
+from .encodings import check_normalizer_cap
 from .files import write_json_atomic
-from .memory import available_bytes, forward_bytes, gib
+from .memory import memory_problem  # noqa: F401  (re-exported)
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked, nonfinite_parameters  # noqa: F401
 from .stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_ci95, bootstrap_indices,  # noqa: F401  (re-exported)
                     bootstrap_ratio_ci95, paired_difference, with_paired_differences, _reference_index)
 from .eval_cache import (PUBLISHED_RESULTS, _cache_read, _lookup, _published_read, _valid_entry,  # noqa: F401
                          cache_key, default_cache_dir, published_results)
+from .eval_variants import ROPE_SCALINGS, apply_normalizer_cap, rope_scaled_model  # noqa: F401
 from .scoring import score_windows, summarize  # noqa: F401  (re-exported)
 from .windows import (DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES,  # noqa: F401
                       EvaluationError, SameTextPlan, Window, _check_length, _check_mode, nonoverlapping_windows,
@@ -45,7 +46,6 @@ from .windows import (DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDG
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
 SYNTHETIC_SEQUENCES = 256
-ROPE_SCALINGS = ("pi", "yarn")
 SPLITS = ("validation", "train", "all")
 #: bumped whenever the numbers a given setting produces would change; part of the cache key
 EVAL_FORMAT_VERSION = 1
@@ -68,66 +68,6 @@ class NonFiniteLossError(EvaluationError):
 
 class EvaluationCancelled(RuntimeError):
     """Raised when ``should_stop()`` returned True; lengths finished before stay cached."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Scoring
-# ---------------------------------------------------------------------------------------------
-def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]:
-    """The same RoPE weights with zero-shot PI (Chen et al. 2023) or YaRN (Peng et al. 2023).
-
-    Factor ``s = max(1, length / seq_len)``; ``"pi"`` builds ``rope_pi`` with
-    ``rope_scaling_factor = s``; ``"yarn"`` builds ``yarn`` with the same factor and
-    ``original_max_position_embeddings = seq_len`` (its attention factor scales q and k
-    once each). RoPE has no encoding parameters, so the state dict loads unchanged.
-
-    Returns: ``(model in eval mode on the same device, {"position_encoding", "encoding_options"})``.
-    Raises: EvaluationError if ``model`` is not a plain-RoPE checkpoint or ``scaling`` is unknown.
-    """
-    cfg = model.config
-    if scaling not in ROPE_SCALINGS:
-        raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {scaling!r})")
-    if cfg.position_encoding != "rope":
-        raise EvaluationError(f"rope_scaling={scaling!r} needs a RoPE checkpoint; this one uses "
-                              f"position_encoding={cfg.position_encoding!r}")
-    factor = max(1.0, length / cfg.seq_len)
-    opts = {k: v for k, v in cfg.encoding_options.items() if k == "rope_theta"}
-    opts["rope_scaling_factor"] = factor
-    name = "rope_pi" if scaling == "pi" else "yarn"
-    if name == "yarn":
-        opts["original_max_position_embeddings"] = cfg.seq_len
-    fields_ = {k: getattr(cfg, k) for k in GPTConfig.__dataclass_fields__}
-    fields_.update(position_encoding=name, encoding_options=opts)
-    device = next(model.parameters()).device
-    scaled = GPT(GPTConfig(**fields_))  # fresh init is overwritten by the checkpoint's weights
-    load_state_checked(scaled, {k: v.to("cpu") for k, v in model.state_dict().items()},
-                       source="the RoPE checkpoint's weights")
-    scaled.to(device)
-    return scaled.eval(), {"position_encoding": name, "encoding_options": opts}
-
-
-def memory_problem(configs: Sequence[GPTConfig], length: int, batch: int, device: torch.device,
-                   batch_tokens: int) -> str | None:
-    """Why ``length`` cannot be evaluated in this machine's memory, or None if it fits.
-
-    The estimate (``fireviz.memory.forward_bytes`` of the largest of ``configs`` on ``batch``
-    windows) is compared with the memory available now. The message gives both figures and the
-    largest length that fits with ``batch_tokens``.
-    """
-    need = max(forward_bytes(c, batch, length) for c in configs)
-    free = available_bytes(str(device))
-    if free is None or need <= free:
-        return None
-    lo, hi = 2, length  # forward_bytes grows with the length: the largest that fits, by bisection
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if max(forward_bytes(c, max(1, batch_tokens // mid), mid) for c in configs) <= free:
-            lo = mid
-        else:
-            hi = mid - 1
-    return (f"length {length:,} needs about {gib(need)} of memory (estimate for {batch} window(s) of {length:,} tokens), "
-            f"more than the {gib(free)} available on {device.type}; the largest length that fits is about {lo:,} "
-            "tokens — ask for a shorter length (or a machine with more memory)")
 
 
 #: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.flex``)
@@ -187,27 +127,6 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
         raise EvaluationError(f"token_budget must be an integer >= 1, None (every window) or 'auto' "
                               f"(got {token_budget!r})")
     return None if token_budget is None else int(token_budget)
-
-
-def apply_normalizer_cap(model: GPT, cap: int | None) -> int | None:
-    """Set FIRE's normalizer cap ψ(min(max(L, i), cap)) (tokens) on every FIRE module of ``model``.
-
-    Returns: the cap in effect — ``cap`` for a FIRE/FIRE-S checkpoint, None for any other
-      (its bias has no normalizer, so its numbers are the uncapped ones). ``cap=None``
-      restores the checkpoint's own setting.
-    Raises: EvaluationError for a cap that is not an integer >= 1.
-    """
-    try:
-        cap = check_normalizer_cap(cap)
-    except ValueError as e:
-        raise EvaluationError(str(e)) from None
-    modules = fire_modules(model)
-    if not modules:
-        return None
-    own = model.config.encoding_options.get("normalizer_cap")
-    for m in modules:
-        m.normalizer_cap = float(cap) if cap is not None else (None if own is None else float(own))
-    return cap
 
 
 @dataclass(frozen=True)

@@ -121,3 +121,26 @@ def fit_bytes(num_heads: int, max_len: int, mlp_width: int = 32, beyond_factor: 
     data = 8 * max_len * (num_heads + mlp_width) * 8
     beyond = chunk * top * (mlp_width * FLOAT32 + 4 * num_heads * 8) + num_heads * top * 8
     return int(data + beyond)
+
+
+def memory_problem(configs, length: int, batch: int, device, batch_tokens: int) -> str | None:
+    """Why ``length`` cannot be evaluated in this machine's memory, or None if it fits.
+
+    The estimate (``fireviz.memory.forward_bytes`` of the largest of ``configs`` on ``batch``
+    windows) is compared with the memory available now. The message gives both figures and the
+    largest length that fits with ``batch_tokens``.
+    """
+    need = max(forward_bytes(c, batch, length) for c in configs)
+    free = available_bytes(str(device))
+    if free is None or need <= free:
+        return None
+    lo, hi = 2, length  # forward_bytes grows with the length: the largest that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if max(forward_bytes(c, max(1, batch_tokens // mid), mid) for c in configs) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return (f"length {length:,} needs about {gib(need)} of memory (estimate for {batch} window(s) of {length:,} tokens), "
+            f"more than the {gib(free)} available on {device.type}; the largest length that fits is about {lo:,} "
+            "tokens — ask for a shorter length (or a machine with more memory)")

@@ -325,7 +325,7 @@ def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_pat
     from fireviz import memory
     cfg = GPT.from_pretrained(str(root / "good")).config
     need_16 = memory.forward_bytes(cfg, 1, 16)
-    monkeypatch.setattr(evaluate, "available_bytes", lambda device: need_16 + 1)
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": need_16 + 1)
     calls = []
     monkeypatch.setattr(evaluate, "score_windows", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
     text = tmp_path / "long.jsonl"
