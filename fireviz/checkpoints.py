@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 import os
 import re
-import statistics
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .files import FileFormatError, check_safetensors_header, parse_json, read_json, read_jsonl, sha256_files
+from .run_records import (CONFIG_FILE, LOG_FILE, LOG_FILE_GZ, LOG_NUMBER_FIELDS,  # noqa: F401
+                          SUMMARY_STEPS, WEIGHTS_FILE, _is_number, _NOT_RESULTS, _read_json, check_results,
+                          headline_numbers, read_results, read_train_log, training_summary_row,
+                          validation_rows)
+from .files import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
 from .model import GPT, CheckpointError, config_from_dict
 
 class CheckpointNotFoundError(CheckpointError):
@@ -35,11 +38,6 @@ class CheckpointNotFoundError(CheckpointError):
 #: Environment variable naming the folder whose sub-folders are the checkpoints.
 CHECKPOINTS_ENV = "FIREVIZ_CHECKPOINTS_DIR"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
-#: The compressed train log of a shipped checkpoint (scripts/ship_checkpoint.py writes it).
-LOG_FILE_GZ = LOG_FILE + ".gz"
-#: JSON files in a checkpoint folder that are not evaluation results.
-_NOT_RESULTS = {CONFIG_FILE, "trainer_state.json", "tokenizer.json", "generation_config.json"}
 #: Files fetched from a Hub repo (never pickles: no *.bin, *.pt).
 HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, LOG_FILE_GZ, "*.json", "README.md"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -241,78 +239,6 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
     return infos, problems
 
 
-def _read_json(path: Path, expect: type | tuple | None = None) -> Any:
-    try:
-        return read_json(path, expect=expect)
-    except FileFormatError as e:
-        raise CheckpointError(str(e)) from e
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def check_results(obj: Any, source: str = "results JSON") -> None:
-    """Check the types of a results JSON (one ``fireviz.evaluate`` result dict or a list of them).
-
-    Only the fields something reads are checked, each where present: ``settings`` an object
-    whose ``data`` is a string and ``rope_scaling`` null/string/object; ``per_length`` a list of
-    objects with an integer ``length`` and numeric ``bits_per_byte``, ``nats_per_token``,
-    ``perplexity``, integer ``tokens_scored``/``windows``/``documents`` and ``ci95``/
-    ``paired_ci95`` null or two numbers; ``checkpoint``, ``label``, ``position_encoding`` strings.
-    Raises: CheckpointError naming ``source`` and the first bad field.
-    """
-    def bad(where: str, want: str):
-        raise CheckpointError(f"{source}: {where} is not {want}; the file is not what fireviz writes — "
-                              "evaluate again or delete it")
-
-    items = obj if isinstance(obj, list) else [obj]
-    if not isinstance(obj, (list, dict)):
-        bad("the top level", "an object or a list of objects")
-    for n, r in enumerate(items):
-        at = f"result {n}" if isinstance(obj, list) else "the result"
-        if not isinstance(r, dict):
-            bad(at, "an object")
-        for k in ("checkpoint", "label", "position_encoding"):
-            if k in r and r[k] is not None and not isinstance(r[k], str):
-                bad(f"{at}.{k}", "a string")
-        if "settings" in r:
-            st = r["settings"]
-            if not isinstance(st, dict):
-                bad(f"{at}.settings", "an object")
-            if "data" in st and not isinstance(st["data"], str):
-                bad(f"{at}.settings.data", "a string")
-            if st.get("rope_scaling") is not None and not isinstance(st["rope_scaling"], (str, dict)):
-                bad(f"{at}.settings.rope_scaling", "null, a string or an object")
-        if "per_length" not in r:
-            continue
-        if not isinstance(r["per_length"], list):
-            bad(f"{at}.per_length", "a list")
-        for m, e in enumerate(r["per_length"]):
-            where = f"{at}.per_length[{m}]"
-            if not isinstance(e, dict):
-                bad(where, "an object")
-            if "length" in e and not (_is_int(e["length"]) and e["length"] >= 1):
-                bad(f"{where}.length", "an integer >= 1")
-            for k in ("bits_per_byte", "nats_per_token", "perplexity", "paired_delta_bpb", "accuracy"):
-                if e.get(k) is not None and not _is_number(e[k]):
-                    bad(f"{where}.{k}", "a number")
-            for k, lo in (("bits_per_byte", 0.0), ("nats_per_token", 0.0), ("perplexity", 1.0), ("accuracy", 0.0)):
-                if _is_number(e.get(k)) and not e[k] >= lo:  # a loss is never negative
-                    bad(f"{where}.{k} = {e[k]}", f"a number >= {lo:g}")
-            for k in ("tokens_scored", "windows", "documents"):
-                if e.get(k) is not None and not (_is_int(e[k]) and e[k] >= 0):
-                    bad(f"{where}.{k}", "an integer >= 0")
-            for k in ("ci95", "paired_ci95", "accuracy_ci95"):
-                v = e.get(k)
-                if v is not None and not (isinstance(v, list) and len(v) == 2 and all(map(_is_number, v))):
-                    bad(f"{where}.{k}", "null or two numbers")
-
-
 def count_parameters(weights: str | os.PathLike) -> int:
     """Parameters stored in a safetensors file, from its header alone (no tensor is read).
 
@@ -336,158 +262,6 @@ def count_parameters(weights: str | os.PathLike) -> int:
         raise CheckpointError(f"{weights} is not a readable safetensors file ({e}); copy, download or "
                               "train the checkpoint again") from e
     return int(sum(math.prod(v["shape"]) for v in entries.values()))
-
-
-def validation_rows(log: list[dict]) -> list[dict]:
-    """The evaluation records of a train log, in step order: those with a numeric ``val_loss``
-    (nats/token at the training length; ``val_loss_4x`` at 4× it where logged).
-
-    Args: ``log`` as returned by :func:`read_train_log`. Returns [] when nothing was evaluated.
-    """
-    return [r for r in log if _is_number(r.get("val_loss")) and math.isfinite(r["val_loss"])]
-
-
-def read_train_log(path: str | os.PathLike) -> list[dict]:
-    """The records of a train_log.jsonl (a file, ``.gz`` too, or a checkpoint folder holding
-    ``train_log.jsonl`` or, shipped compressed, ``train_log.jsonl.gz``).
-
-    Returns: dicts in file order (step, tokens, loss [nats/token], lr, tokens_per_s, and on
-      evaluation steps val_loss, val_loss_4x); [] if there is no log. A last line cut off by
-      a run still writing is ignored.
-    Raises: CheckpointError naming the line if any other line is not a JSON object.
-    """
-    p = Path(path)
-    if p.is_dir():
-        p = p / LOG_FILE if (p / LOG_FILE).exists() or not (p / LOG_FILE_GZ).exists() else p / LOG_FILE_GZ
-    if not p.exists():
-        return []
-    try:  # NaN is kept: a diverged run logs its loss as NaN, and readers test isfinite
-        records = read_jsonl(p, allow_nonfinite=True)
-    except FileFormatError as e:
-        raise CheckpointError(str(e)) from e
-    for n, rec in enumerate(records, 1):
-        for k in LOG_NUMBER_FIELDS:
-            if rec.get(k) is not None and not _is_number(rec[k]):
-                raise CheckpointError(f"{p}: record {n} has {k} = {str(rec[k])[:40]!r}, not a number; the file is "
-                                      "not what fireviz writes — restore or delete it")
-    return records
-
-
-#: Train-log fields read as numbers (a record holding another type is refused).
-LOG_NUMBER_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_loss_4x",
-                     "val_loss_random")
-
-
-#: Steps over which the training-runs table averages the training loss and throughput by
-#: default: one batch's loss varies by ±0.1 nats at the end of a reference run, more than
-#: seeds differ.
-SUMMARY_STEPS = 50
-
-
-def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int = SUMMARY_STEPS) -> dict:
-    """One row for the training-runs table, from the end of a train_log.jsonl.
-
-    Args:
-      info: the checkpoint (name, encoding, training length, training seed).
-      log: its records as returned by :func:`read_train_log` (may be empty).
-      last_steps: how many of the last training records to average (≥ 1).
-    Returns: checkpoint, encoding, training seed, training length (tokens), steps, tokens,
-      "train loss (last N steps)" = mean of the finite training losses over the last
-      ``last_steps`` records ("train loss (last step)" for 1; nats/token), the last validation
-      loss at the training length and at 4× it (nats/token; None where the log has no
-      evaluation), and "tokens/s (median, last N steps)".
-    Raises: ValueError for ``last_steps`` not an integer >= 1.
-    """
-    if not (isinstance(last_steps, int) and not isinstance(last_steps, bool) and last_steps >= 1):
-        raise ValueError(f"last_steps must be an integer >= 1 (got {last_steps!r})")
-    train = [r for r in log if isinstance(r.get("loss"), (int, float))][-last_steps:]
-    losses = [r["loss"] for r in train if math.isfinite(r["loss"])]
-    speed = [r["tokens_per_s"] for r in train if isinstance(r.get("tokens_per_s"), (int, float))]
-    span = "last step" if last_steps == 1 else f"last {last_steps} steps"
-    last = log[-1] if log else {}
-    evals = validation_rows(log)
-    return {"checkpoint": info.name, "encoding": info.position_encoding, "training seed": info.training_seed,
-            "training length": info.seq_len, "steps": last.get("step"), "tokens": last.get("tokens"),
-            f"train loss ({span})": sum(losses) / len(losses) if losses else None,
-            "last val loss": evals[-1]["val_loss"] if evals else None,
-            "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
-            "last val loss (random windows)": evals[-1].get("val_loss_random") if evals else None,
-            f"tokens/s (median, {span})": statistics.median(speed) if speed else None}
-
-
-def read_results(path: str | os.PathLike, problems: dict[str, str] | None = None) -> dict[str, Any]:
-    """Every results JSON in a checkpoint folder (all ``*.json`` but config.json), by file name.
-
-    Files that cannot be read or fail :func:`check_results` are left out (and untouched);
-    with ``problems`` given, each is recorded there as ``{file name: reason}``.
-    Returns {} if there are none.
-    """
-    out = {}
-    for f in sorted(Path(path).glob("*.json")):
-        if f.name in _NOT_RESULTS:
-            continue
-        try:
-            obj = _read_json(f)
-            check_results(obj, str(f))
-        except CheckpointError as e:
-            if problems is not None:
-                problems[f.name] = str(e)
-            continue
-        out[f.name] = obj
-    return out
-
-
-def _result_entries(results: dict[str, Any]):
-    """Yield ``(domain, length in tokens, bits per byte)`` from every :func:`fireviz.evaluate`
-    result in ``results`` (a file holds one result dict or a list of them). JSON of any other
-    shape, and zero-shot RoPE-PI/YaRN rows (``settings.rope_scaling`` set: not the
-    checkpoint's own numbers), are ignored rather than guessed at."""
-    for obj in results.values():
-        for r in obj if isinstance(obj, list) else [obj]:
-            if not (isinstance(r, dict) and isinstance(r.get("settings"), dict) and isinstance(r.get("per_length"), list)):
-                continue
-            if r["settings"].get("rope_scaling"):
-                continue
-            for e in r["per_length"]:
-                if (isinstance(e, dict) and isinstance(e.get("length"), int)
-                        and isinstance(e.get("bits_per_byte"), (int, float))):
-                    yield r["settings"].get("data"), e["length"], float(e["bits_per_byte"])
-
-
-def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> dict:
-    """The numbers the home page shows for a checkpoint.
-
-    From its results JSON, on prose (or the only domain there is): bits per byte at the
-    training length ``L`` and at the longest evaluated length up to 8·L, as
-    ``{"bpb @ L": ..., "bpb @ 8L": ..., "source": "results"}`` (key names carry the lengths
-    in tokens, e.g. ``"bpb @ 512"``). Otherwise from the log: the last ``val_loss`` (nats per
-    token) and ``val_loss_4x`` if logged, ``source = "train_log"``. {} if neither exists.
-    Values are not rounded: the display formats them (rounding twice turns 1.95054 into 1.950).
-    """
-    by_domain: dict[Any, dict[int, float]] = {}
-    for dom, length, bpb in _result_entries(results):
-        by_domain.setdefault(dom, {})[length] = bpb
-    table = by_domain.get("prose") or (next(iter(by_domain.values())) if len(by_domain) == 1 else None)
-    if table:
-        out: dict[str, Any] = {}
-        if seq_len in table:
-            out[f"bpb @ {seq_len}"] = table[seq_len]
-        longer = [n for n in table if seq_len < n <= 8 * seq_len]
-        if longer:
-            n = max(longer)
-            out[f"bpb @ {n}"] = table[n]
-        if out:
-            out["source"] = "results" + (" (prose)" if "prose" in by_domain else "")
-            return out
-    evals = validation_rows(log)
-    if evals:
-        last = evals[-1]
-        out = {"val loss (nats/token)": float(last["val_loss"])}
-        if isinstance(last.get("val_loss_4x"), (int, float)):
-            out["val loss @ 4L (nats/token)"] = float(last["val_loss_4x"])
-        out["source"] = f"train_log step {last.get('step', '?')}"
-        return out
-    return {}
 
 
 def _describe_data(training: dict) -> str:
@@ -624,26 +398,7 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
                           published=model)
 
 
-_FINGERPRINTS: dict[tuple[str, int, int], str] = {}
-
-
-def weights_fingerprint(path: str | os.PathLike) -> str:
-    """sha256 (hex, first 16 digits) of a checkpoint's model.safetensors: identifies the weights.
-
-    Memoized per (file, modification time, size), so asking again is free.
-    Raises: CheckpointError if the file cannot be read.
-    """
-    w = Path(path) / WEIGHTS_FILE if Path(path).is_dir() else Path(path)
-    try:
-        st = w.stat()
-        memo = (str(w.resolve()), st.st_mtime_ns, st.st_size)
-        if memo in _FINGERPRINTS:
-            return _FINGERPRINTS[memo]
-        digest = sha256_files(w)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {w}: {e}") from e
-    _FINGERPRINTS[memo] = digest[:16]
-    return _FINGERPRINTS[memo]
+_FINGERPRINTS: dict[tuple, str] = {}
 
 
 def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
@@ -677,9 +432,15 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
 def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     """The identity of a checkpoint: sha256 (hex) of ``model.safetensors`` followed by
     ``config.json`` bytes (the evaluation and dilution caches' key, the jobs' key, results'
-    ``checkpoint_sha256``). Raises: CheckpointError as :func:`checkpoint_files`."""
+    ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as :func:`checkpoint_files`."""
     config, weights = checkpoint_files(checkpoint)
-    return sha256_files(weights, config)
+    try:  # memoized per (file, modification time, size) of both: asking again is free
+        memo = tuple((str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in (weights, config))
+        if memo not in _FINGERPRINTS:
+            _FINGERPRINTS[memo] = sha256_files(weights, config)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {weights} or {config}: {e}") from e
+    return _FINGERPRINTS[memo]
 
 
 def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:

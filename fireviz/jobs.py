@@ -241,9 +241,9 @@ def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int
 
 def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
                 probe: bool) -> dict:
-    from .checkpoints import weights_fingerprint
+    from .checkpoints import checkpoint_sha256
 
-    ckpts = [{"path": str(p), "fingerprint": weights_fingerprint(p)} for p in checkpoint_paths]
+    ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths]
     description = evaluation_description(ckpts, data, lengths, settings)
     return {**description, "probe": True} if probe else description
 
@@ -318,9 +318,9 @@ def dilution_description(checkpoint_paths: list[str], source: str, query_positio
                          rows: int = 8, normalizer_cap: int | None = None) -> dict:
     """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
     make a retrained checkpoint a new job. Raises: CheckpointError for unreadable weights."""
-    from .checkpoints import weights_fingerprint
+    from .checkpoints import checkpoint_sha256
 
-    return {"kind": "dilution", "checkpoints": [{"path": str(p), "fingerprint": weights_fingerprint(p)}
+    return {"kind": "dilution", "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)}
                                                 for p in checkpoint_paths],
             "source": str(source), "query_positions": [int(p) for p in query_positions], "near": int(near),
             "rows": int(rows), "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}
@@ -382,8 +382,8 @@ def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
     if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
         description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
     elif target == "checkpoint":
-        from .checkpoints import weights_fingerprint
-        description["fingerprint"] = weights_fingerprint(target_params["path"])
+        from .checkpoints import checkpoint_sha256
+        description["fingerprint"] = checkpoint_sha256(target_params["path"])
     return built, description
 
 
