@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from .encodings import ToeplitzBias, check_normalizer_cap, fire_modules
+from .locality import (LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality,  # noqa: F401
+                       spearman)
 from .model import GPT
 
 #: Multiples of the training length used for the default bias query positions.
@@ -40,18 +42,6 @@ DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
 DEFAULT_DILUTION_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8, 16)
 #: Most grid points per axis of the default query × key bias matrix.
 DEFAULT_MATRIX_POINTS = 128
-
-#: Thresholds of ``classify_locality`` (documented there). ``rank_correlation``: Spearman ρ
-#: between distance and bias over log-spaced distances; ``peak_fraction``: where the
-#: largest bias sits on a log-distance scale (0 = distance 0, 1 = farthest distance);
-#: ``flat_range``: curves whose max − min is below this many logits are ``mixed`` (flat).
-LOCALITY_RULES: dict[str, float] = {
-    "rank_correlation": 0.5,
-    "peak_fraction": 0.5,
-    "flat_range": 0.01,
-    "log_samples": 64,
-}
-LOCALITY_CLASSES: tuple[str, ...] = ("local", "anti-local", "mixed")
 
 ROTARY_KERNEL_LABEL = "RoPE position kernel: mean over k of cos(d·θ_k) (RoFormer §3.4.3 long-term decay), not a bias"
 
@@ -207,121 +197,6 @@ def rotary_kernel(inv_freq: torch.Tensor | np.ndarray, distances: Sequence[int] 
         raise ValueError("inv_freq is empty")
     d = np.asarray(distances, dtype=np.float64)
     return np.cos(d[:, None] * theta[None, :]).mean(axis=1)
-
-
-# -- locality ----------------------------------------------------------------------------------
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), dtype=np.float64)
-    sx = x[order]
-    start = 0
-    for stop in range(1, len(x) + 1):
-        if stop == len(x) or sx[stop] != sx[start]:
-            ranks[order[start:stop]] = 0.5 * (start + stop - 1)
-            start = stop
-    return ranks
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rank correlation with average ranks for ties; 0.0 if either side is constant.
-
-    Returns: float in [−1, 1]. Raises: ValueError for arrays of different length or < 2 items.
-    """
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
-        raise ValueError(f"spearman needs two 1-D arrays of equal length >= 2 (got {x.shape}, {y.shape})")
-    rx, ry = _average_ranks(x), _average_ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = math.sqrt(float((rx * rx).sum() * (ry * ry).sum()))
-    return 0.0 if den == 0 else float((rx * ry).sum() / den)
-
-
-@dataclass
-class LocalityScore:
-    """One head's locality at one query position (see ``classify_locality``).
-
-    Attributes: ``locality`` in LOCALITY_CLASSES; ``rank_correlation`` Spearman ρ of bias vs
-    distance over log-spaced distances; ``peak_distance`` (tokens) of the largest bias;
-    ``peak_fraction`` = log(1 + peak_distance)/log(1 + max distance); ``bias_range`` max − min
-    logits; ``query_position`` i (tokens) or None; ``reason`` a short human explanation.
-    """
-
-    locality: str
-    rank_correlation: float
-    peak_distance: int
-    peak_fraction: float
-    bias_range: float
-    query_position: int | None = None
-    reason: str = ""
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict of every attribute (floats rounded to 6 significant digits)."""
-        return {"locality": self.locality, "rank_correlation": _r(self.rank_correlation),
-                "peak_distance": int(self.peak_distance), "peak_fraction": _r(self.peak_fraction),
-                "bias_range": _r(self.bias_range), "query_position": self.query_position, "reason": self.reason}
-
-
-def classify_locality(distance: Sequence[int] | np.ndarray, bias: Sequence[float] | np.ndarray,
-                      query_position: int | None = None, rules: dict | None = None) -> LocalityScore:
-    """Classify one head's bias curve as ``local``, ``anti-local`` or ``mixed``.
-
-    The FIRE paper (Li et al. 2024, §4.4 and its figures of learned biases) finds heads whose
-    bias falls with distance (local) and heads whose bias rises (anti-local). Scores:
-
-    * ρ = Spearman rank correlation between distance and bias over ``log_samples``
-      log-spaced distances (0 and geometric steps up to the largest distance). Log spacing
-      gives each octave of distance equal weight, so a head that falls steeply over the
-      first 16 tokens and stays flat for 500 more counts as falling (on a linear grid the
-      flat tail would dominate).
-    * peak_fraction = log(1 + d*)/log(1 + d_max), d* the distance of the largest bias
-      (nearest one on ties): 0 means the head likes the nearest key, 1 the farthest.
-    * bias_range = max − min of the curve (logits).
-
-    Rules (``LOCALITY_RULES``, overridable with ``rules``): range < flat_range (0.01 logits)
-    → mixed (flat); ρ ≤ −0.5 and peak_fraction ≤ 0.5 → local; ρ ≥ +0.5 and
-    peak_fraction ≥ 0.5 → anti-local; otherwise mixed (e.g. U/∩-shaped or noisy).
-
-    Args: ``distance`` d >= 0 in tokens, strictly increasing, ``[D]``; ``bias`` logits ``[D]``.
-    Returns: ``LocalityScore``.
-    Raises: ValueError for mismatched/too-short inputs, negative or unsorted distances, or
-      non-finite biases.
-    """
-    r = dict(LOCALITY_RULES, **(rules or {}))
-    d = np.asarray(distance, dtype=np.float64)
-    b = np.asarray(bias, dtype=np.float64)
-    if d.ndim != 1 or d.shape != b.shape or d.size < 2:
-        raise ValueError(f"distance and bias must be 1-D of equal length >= 2 (got {d.shape}, {b.shape})")
-    if d[0] < 0 or np.any(np.diff(d) <= 0):
-        raise ValueError("distances must be >= 0 and strictly increasing (tokens)")
-    if not np.all(np.isfinite(b)):
-        raise ValueError("bias curve has non-finite values")
-    d_max = d[-1]
-    # log-spaced sample of the available distances (nearest available one to each target)
-    targets = np.unique(np.concatenate([[d[0]], np.geomspace(max(d[0], 1.0), max(d_max, 1.0), int(r["log_samples"]))]))
-    idx = np.unique(np.clip(np.searchsorted(d, targets), 0, d.size - 1))
-    rho = spearman(d[idx], b[idx]) if idx.size >= 2 else 0.0
-    peak = int(np.argmax(b))
-    peak_d = float(d[peak])
-    frac = math.log1p(peak_d) / math.log1p(d_max) if d_max > 0 else 0.0
-    rng = float(b.max() - b.min())
-    t, p = float(r["rank_correlation"]), float(r["peak_fraction"])
-    if rng < float(r["flat_range"]):
-        loc, why = "mixed", f"flat: range {rng:.3g} < {r['flat_range']} logits"
-    elif rho <= -t and frac <= p:
-        loc, why = "local", f"falls with distance (rho={rho:.2f} <= -{t}, peak at {peak_d:g} tokens)"
-    elif rho >= t and frac >= p:
-        loc, why = "anti-local", f"rises with distance (rho={rho:.2f} >= {t}, peak at {peak_d:g} tokens)"
-    else:
-        loc, why = "mixed", f"no monotone trend (rho={rho:.2f}, peak at {peak_d:g} tokens)"
-    return LocalityScore(loc, rho, int(peak_d), frac, rng, query_position, why)
-
-
-# -- the report --------------------------------------------------------------------------------
-def _r(v: float, digits: int = 6) -> float | None:
-    v = float(v)
-    if not math.isfinite(v):
-        return None
-    return float(f"{v:.{digits}g}")
 
 
 def _rl(a: np.ndarray, digits: int = 6):
