@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fireviz import analysis, biases_cli, hub
+from fireviz import analysis, biases_cli, hub, hub_rope
 from fireviz.encodings import alibi_slopes
 
 from hub_server import COMMIT, HubServer
@@ -208,7 +208,7 @@ def test_rope_configs_give_their_kernel(tmp_path, scaling):
 
 
 def test_llama3_frequencies_follow_the_reference_formula():
-    inv, att, s = hub.rope_frequencies(_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    inv, att, s = hub_rope.rope_frequencies(_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
     base = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
     wavelen = 2 * np.pi / base
@@ -221,13 +221,13 @@ def test_llama3_frequencies_follow_the_reference_formula():
 
 
 def test_partial_rotary_and_rope_parameters():
-    inv, _, s = hub.rope_frequencies({"model_type": "phi", "hidden_size": 256, "num_attention_heads": 4,
+    inv, _, s = hub_rope.rope_frequencies({"model_type": "phi", "hidden_size": 256, "num_attention_heads": 4,
                                       "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default",
                                                                                          "rope_theta": 10000.0}})
     assert s["rotary_dim"] == 32 and inv.shape == (16,)
     np.testing.assert_allclose(inv.numpy(), 1.0 / 10000.0 ** (np.arange(0, 32, 2) / 32), rtol=1e-12)
     ref = REF["yarn"]
-    _, att, _ = hub.rope_frequencies(_llama({"rope_type": "yarn", "factor": ref["factor"],
+    _, att, _ = hub_rope.rope_frequencies(_llama({"rope_type": "yarn", "factor": ref["factor"],
                                              "original_max_position_embeddings": ref["original_max_position"]}))
     assert att == pytest.approx(ref["mscale"], abs=5e-7)  # the reference gives 7 digits
 
@@ -431,11 +431,11 @@ def test_longrope_and_dynamic_frequencies():
     cfg = {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 131072,
            "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
            "rope_scaling": {"type": "longrope", "short_factor": [1.0] * (dim // 2), "long_factor": long_factor}}
-    inv, att, _ = hub.rope_frequencies(cfg)
+    inv, att, _ = hub_rope.rope_frequencies(cfg)
     np.testing.assert_allclose(inv.numpy(), base / np.array(long_factor), rtol=1e-12)
     assert att == pytest.approx(math.sqrt(1 + math.log(131072 / 4096) / math.log(4096)))
     cfg = _llama({"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rope_theta=10000.0)
-    inv, _, _ = hub.rope_frequencies(cfg)
+    inv, _, _ = hub_rope.rope_frequencies(cfg)
     new_base = 10000.0 * ((2.0 * 8192 / 4096) - 1.0) ** (dim / (dim - 2))
     np.testing.assert_allclose(inv.numpy(), 1.0 / new_base ** (np.arange(0, dim, 2) / dim), rtol=1e-12)
 
