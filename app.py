@@ -26,6 +26,38 @@ PAGES = {
 }
 
 
+def _checkpoints_table(found) -> None:
+    """The Home table: one row per checkpoint, headline numbers first, shared details said once."""
+    rows = [i.summary_row() for i in found]
+    cols = {c for r in rows for c in r}
+    units = ["bpb = bits per byte from results.json"] if any(c.startswith("bpb") for c in cols) else []
+    units += ["val = last validation loss in the training log, nats per token (÷ ln 2 = bits per byte)"] \
+        if any(c.startswith("val loss") for c in cols) else []
+    st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
+               + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
+               + ".")
+    # columns with nothing in them (no seeds recorded, no published numbers) are left out, and
+    # details every checkpoint shares are said once above the table: the rest fits a 1024 px window
+    shown = [c for c in dict.fromkeys(k for r in rows for k in r) if any(r.get(c) not in (None, "") for r in rows)]
+    shared = {c: rows[0].get(c) for c in ui.HOME_DETAIL_COLUMNS
+              if c in shown and len(rows) > 1 and all(r.get(c) == rows[0].get(c) for r in rows)}
+    if shared:
+        def said(c, v):
+            return f"{ui.human_count(v)} {c}" if c == "training tokens" else (
+                f"{v:,} {c}" if isinstance(v, int) and c == "parameters" else f"{c} {v}")
+        st.caption(f"All {len(rows)} share: " + " · ".join(said(c, v) for c, v in shared.items()) + ".")
+        shown = [c for c in shown if c not in shared]
+    if all(str(r["checkpoint"]).startswith(str(r["encoding"])) for r in rows):
+        shown = [c for c in shown if c != "encoding"]  # every name starts with its encoding: it says it
+    st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
+                 column_order=shown, height=ui.table_height(len(rows)))
+    if any(i.position_encoding.startswith("kerple") for i in found):
+        st.caption("Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
+                   "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
+                   "projection, ship with the next republish — see the README.")
+    ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
+
+
 def home() -> None:
     """What FIRE is, the checkpoints found with their headline numbers, where to go next."""
     ui.setup_page("fireviz: position encodings and length generalization")
@@ -51,34 +83,7 @@ def home() -> None:
     if not found:
         ui.no_checkpoints_message()
     else:
-        rows = [i.summary_row() for i in found]
-        cols = {c for r in rows for c in r}
-        units = ["bpb = bits per byte from results.json"] if any(c.startswith("bpb") for c in cols) else []
-        units += ["val = last validation loss in the training log, nats per token (÷ ln 2 = bits per byte)"] \
-            if any(c.startswith("val loss") for c in cols) else []
-        st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
-                   + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
-                   + ".")
-        # columns with nothing in them (no seeds recorded, no published numbers) are left out, and
-        # details every checkpoint shares are said once above the table: the rest fits a 1024 px window
-        shown = [c for c in dict.fromkeys(k for r in rows for k in r) if any(r.get(c) not in (None, "") for r in rows)]
-        shared = {c: rows[0].get(c) for c in ui.HOME_DETAIL_COLUMNS
-                  if c in shown and len(rows) > 1 and all(r.get(c) == rows[0].get(c) for r in rows)}
-        if shared:
-            def said(c, v):
-                return f"{ui.human_count(v)} {c}" if c == "training tokens" else (
-                    f"{v:,} {c}" if isinstance(v, int) and c == "parameters" else f"{c} {v}")
-            st.caption(f"All {len(rows)} share: " + " · ".join(said(c, v) for c, v in shared.items()) + ".")
-            shown = [c for c in shown if c not in shared]
-        if all(str(r["checkpoint"]).startswith(str(r["encoding"])) for r in rows):
-            shown = [c for c in shown if c != "encoding"]  # every name starts with its encoding: it says it
-        st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
-                     column_order=shown, height=ui.table_height(len(rows)))
-        if any(i.position_encoding.startswith("kerple") for i in found):
-            st.caption("Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
-                       "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
-                       "projection, ship with the next republish — see the README.")
-        ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
+        _checkpoints_table(found)
 
     for group in [g for g in ui.checkpoint_groups() if g]:  # e.g. copy: models of a synthetic task
         gfound, _ = ui.list_checkpoints(group)

@@ -25,74 +25,59 @@ def _ci_text(ci, signed: bool = False) -> str:
     return f" [{ci[0]:{f}}, {ci[1]:{f}}]" if isinstance(ci, list) and len(ci) == 2 else ""
 
 
-def format_table(results: Sequence[dict]) -> str:
-    """A plain-text report: what was scored per length (documents, windows, tokens), then one
-    row per checkpoint with "bpb [95 % CI]" cells, then the paired differences against the
-    reference checkpoint with their 95 % intervals (bits per byte)."""
-    lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
-    def width(rows, head):
-        return [max(len(x) for x in col) for col in zip(head, *rows)]
+def _render(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned text rows: the first three columns left-aligned, the numbers right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
 
-    def render(head, rows):
-        widths = width(rows, head)
+    def line(cells):
+        return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
-        def line(cells):
-            return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-        return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
-    names = [r["checkpoint"] for r in results]
-    # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
-    shown = {id(r): (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1
-             else r["checkpoint"] for r in results}
-
-    def enc(r):
-        cap = r.get("normalizer_cap")
-        return (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
-                                          else "") + (f" cap {cap}" if cap else ""))
-
+def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
+    """The text line (data, split, protocol) and the table of documents / windows / tokens per length."""
     s0 = results[0]["settings"] if results else {}
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
     if s0.get("mode") == "same_text":
         d = s0.get("documents_scored")
         text += (f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
                  f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
-    if s0.get("mode") == "synthetic":
+    task = s0.get("mode") == "synthetic"
+    if task:
         text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
                 "checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
                 "positions are scored")
-    out = [text]
-    scored_head = ["length", "", ""] + [str(n) for n in lengths]
     first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
     for r in results:
         for e in r["per_length"]:
             if "error" not in e:
                 first.setdefault(e["length"], e)
-    scored_rows = []
-    task = s0.get("mode") == "synthetic"
     shown_rows = [("sequences" if task else "documents", "documents"), ("windows", "windows"),
                   ("answer tokens scored" if task else "tokens scored", "tokens_scored")]
     if s0.get("mode") in ("nonoverlapping", "sliding"):
         shown_rows.insert(1, ("documents too short", "documents_skipped"))
-    for label, key in shown_rows:
-        scored_rows.append([label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths])
-    out += render(scored_head, scored_rows)
-    head = ["checkpoint", "enc", "train"] + [str(n) for n in lengths]
+    rows = [[label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths]
+            for label, key in shown_rows]
+    return [text] + _render(["length", "", ""] + [str(n) for n in lengths], rows)
+
+
+def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cell, keep=lambda e: True) -> list[str]:
+    """A titled table: one row per result (name, encoding, training length), ``cell(entry)`` per length."""
+    names = [r["checkpoint"] for r in results]
     rows = []
     for r in results:
-        cells = {e["length"]: ("error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
-                 for e in r["per_length"]}
-        rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
-    out += ["", ("bits per answer token [95 % bootstrap interval over sequences]" if task else
-                 "bits per byte [95 % bootstrap interval over documents]") + " by evaluation length in tokens"]
-    out += render(head, rows)
-    if any("accuracy" in e for r in results for e in r["per_length"]):
-        acc_rows = []
-        for r in results:
-            cells = {e["length"]: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
-                     + f" / {e['sequence_accuracy']:.2f}" for e in r["per_length"] if "accuracy" in e}
-            acc_rows.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
-        out += ["", "answer accuracy [95 % interval over sequences] / share of sequences copied without error"]
-        out += render(head, acc_rows)
+        # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
+        name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
+        cap = r.get("normalizer_cap")
+        enc = (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
+                                         else "") + (f" cap {cap}" if cap else ""))
+        cells = {e["length"]: cell(e) for e in r["per_length"] if keep(e)}
+        rows.append([name, enc, str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+    return ["", title] + _render(["checkpoint", "enc", "train"] + [str(n) for n in lengths], rows)
+
+
+def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
+    out = []
     few = sorted({e["length"] for r in results for e in r["per_length"]
                   if "error" not in e and "per_document" in e and e.get("ci95") is None})
     if few:
@@ -103,19 +88,34 @@ def format_table(results: Sequence[dict]) -> str:
         short = [n for n in lengths if n <= min(caps)]
         out += [f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
                 + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")]
+    return out
+
+
+def format_table(results: Sequence[dict]) -> str:
+    """A plain-text report: what was scored per length (documents, windows, tokens), then one
+    row per checkpoint with "bpb [95 % CI]" cells (answer accuracy too for a task), then the
+    paired differences against the reference checkpoint with their 95 % intervals, then errors."""
+    lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
+    task = bool(results) and results[0]["settings"].get("mode") == "synthetic"
+    out = _what_was_scored(results, lengths)
+    out += _per_checkpoint(results, lengths, ("bits per answer token [95 % bootstrap interval over sequences]" if task
+                                              else "bits per byte [95 % bootstrap interval over documents]")
+                           + " by evaluation length in tokens",
+                           lambda e: "error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
+    if any("accuracy" in e for r in results for e in r["per_length"]):
+        out += _per_checkpoint(results, lengths,
+                               "answer accuracy [95 % interval over sequences] / share of sequences copied without error",
+                               lambda e: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
+                               + f" / {e['sequence_accuracy']:.2f}", keep=lambda e: "accuracy" in e)
+    out += _notes(results, lengths)
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
-        ref = paired[0]["per_length"][0].get("paired_reference") or next(
-            e["paired_reference"] for e in paired[0]["per_length"] if "paired_reference" in e)
-        prow = []
-        for r in paired:
-            cells = {e["length"]: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True)
-                     for e in r["per_length"] if "paired_delta_bpb" in e}
-            prow.append([shown[id(r)], enc(r), str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
-        out += ["", f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same windows "
-                    "[95 % interval]; "
-                    "negative = better than the reference"]
-        out += render(head, prow)
+        ref = next(e["paired_reference"] for e in paired[0]["per_length"] if e.get("paired_reference"))
+        out += _per_checkpoint(paired, lengths,
+                               f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same "
+                               "windows [95 % interval]; negative = better than the reference",
+                               lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
+                               keep=lambda e: "paired_delta_bpb" in e)
     errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
               if "error" in e]
     if errors:

@@ -66,6 +66,40 @@ class _StopForward(Exception):
     pass
 
 
+def _attention_inputs(args, kwargs) -> tuple[torch.Tensor, object, int]:
+    """``(x, encoding, q_offset)`` of a ``CausalSelfAttention.forward`` call, positional or keyword."""
+    names = ("x", "encoding", "q_offset")
+    vals = dict(zip(names, args))
+    vals.update({k: kwargs[k] for k in names if k in kwargs})
+    return vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
+
+
+def _near_shares(attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[int], rows: int,
+                 near: int) -> np.ndarray:
+    """float64 ``[heads, positions]``: each head's attention on its ``near`` nearest keys, averaged
+    over the ``rows`` query rows ending at each position (and the batch), recomputed as the
+    forward pass does (qkv, rotation for RoPE, q·k/√d + bias, causal softmax)."""
+    B, T, _ = x.shape
+    H, hd = attn.n_head, attn.head_dim
+    q, k, _ = attn.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # [B, H, T, hd]
+    if enc.kind == "rotary":
+        pos = torch.arange(q_offset, q_offset + T, device=x.device)
+        q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+    out = np.zeros((H, len(positions)), dtype=np.float64)
+    for p, i in enumerate(positions):
+        r0 = max(0, i - rows + 1)
+        qs, ks = q[:, :, r0:i + 1].float(), k[:, :, :i + 1].float()
+        scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
+        if enc.kind == "additive":
+            scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
+        qpos = torch.arange(r0, i + 1, device=x.device)[:, None]
+        dist = qpos - torch.arange(i + 1, device=x.device)[None, :]  # [r, i + 1]
+        probs = torch.softmax(scores.masked_fill(dist < 0, float("-inf")), dim=-1)
+        near_mass = (probs * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
+        out[:, p] = near_mass.mean(dim=(0, 2)).double().cpu().numpy()
+    return out
+
+
 @torch.no_grad()
 def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
                        near: int = 16, rows: int = 8, checkpoint: str | None = None,
@@ -114,27 +148,8 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
 
     def make_hook(layer: int, attn):
         def hook(module, args, kwargs):
-            names = ("x", "encoding", "q_offset")
-            vals = dict(zip(names, args))
-            vals.update({k: kwargs[k] for k in names if k in kwargs})
-            x, enc, q_offset = vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
-            B, T, _ = x.shape
-            H, hd = attn.n_head, attn.head_dim
-            q, k, _ = attn.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # [B, H, T, hd]
-            if enc.kind == "rotary":
-                pos = torch.arange(q_offset, q_offset + T, device=x.device)
-                q, k = enc.rotate(q, pos), enc.rotate(k, pos)
-            for p, i in enumerate(positions):
-                r0 = max(0, i - rows + 1)
-                qs, ks = q[:, :, r0:i + 1].float(), k[:, :, :i + 1].float()
-                scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
-                if enc.kind == "additive":
-                    scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
-                qpos = torch.arange(r0, i + 1, device=x.device)[:, None]
-                dist = qpos - torch.arange(i + 1, device=x.device)[None, :]  # [r, i + 1]
-                probs = torch.softmax(scores.masked_fill(dist < 0, float("-inf")), dim=-1)
-                near_mass = (probs * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
-                share[layer, :, p] = near_mass.mean(dim=(0, 2)).double().cpu().numpy()
+            x, enc, q_offset = _attention_inputs(args, kwargs)
+            share[layer] = _near_shares(attn, x, enc, q_offset, positions, rows, near)
             if layer == cfg.n_layer - 1:
                 raise _StopForward
         return hook

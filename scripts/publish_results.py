@@ -282,6 +282,38 @@ def replace_generated(text: str, name: str, body: list[str]) -> str:
     return head + start + "\n" + "\n".join(body) + "\n" + end + tail
 
 
+def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) -> list[dict]:
+    """Every checkpoint on one domain, plus RoPE as PI and YaRN and FIRE with its normalizer capped
+    at the training length, all paired against the reference on the same windows."""
+    runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
+    for f in folders:
+        cfg = json.loads((f / "config.json").read_text())
+        if cfg["position_encoding"] == "rope":
+            for scaling in ("pi", "yarn"):
+                runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
+        if has_normalizer(cfg["position_encoding"]):  # FIRE as trained, its normalizer capped
+            runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cfg["seq_len"], **kw)
+    # the scaled and capped rows were scored on the same windows: pair them with the reference too
+    return evaluate.with_paired_differences(runs, reference)
+
+
+def write_readme_tables(readme: Path, markers: list[str], table: dict, logs: dict, seq_len: int) -> None:
+    """The validation-curves figure and the generated tables of the repository README."""
+    vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
+    vfig.update_layout(width=1000, height=600)
+    vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
+    render_png(vfig, CKPTS / "validation_curves.png")
+    text = readme.read_text(encoding="utf-8")
+    if "prose" in table:
+        text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
+        if "paired-prose" in markers:
+            text = replace_generated(text, "paired-prose", fmt_paired_table(table["prose"]))
+        if "seeds" in markers:
+            text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
+    text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
+    atomic_write_text(readme, text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", default="prose,latex,code")
@@ -314,16 +346,7 @@ def main() -> int:
     kw = dict(mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto",
               use_published=False)  # never read back the results.json files this script rewrites
     for domain in domains:
-        runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
-        for f in folders:
-            cfg = json.loads((f / "config.json").read_text())
-            if cfg["position_encoding"] == "rope":
-                for scaling in ("pi", "yarn"):
-                    runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
-            if has_normalizer(cfg["position_encoding"]):  # FIRE as trained, its normalizer capped
-                runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cfg["seq_len"], **kw)
-        # the scaled and capped rows were scored on the same windows: pair them with the reference too
-        runs = evaluate.with_paired_differences(runs, reference)
+        runs = evaluate_domain(folders, domain, reference, kw)
         for r in runs:
             name_row(r)
             by_ckpt[r["checkpoint"]].append(r)
@@ -346,19 +369,7 @@ def main() -> int:
     logs = {f.name: read_train_log(f) for f in folders}
     seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
     if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
-        vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
-        vfig.update_layout(width=1000, height=600)
-        vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
-        render_png(vfig, CKPTS / "validation_curves.png")
-        text = readme.read_text(encoding="utf-8")
-        if "prose" in table:
-            text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
-            if "paired-prose" in markers:
-                text = replace_generated(text, "paired-prose", fmt_paired_table(table["prose"]))
-            if "seeds" in markers:
-                text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
-        text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
-        atomic_write_text(readme, text)
+        write_readme_tables(readme, markers, table, logs, seq_len)
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0

@@ -1,0 +1,149 @@
+"""Figures with captions and downloads (CSV, JSON, figures for a paper), and cached library results."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import streamlit as st
+
+from .. import checkpoints as ck
+from ..model import CheckpointError
+from ..presentation import (to_json)
+from .picker import _load_model
+from .state import key, url_state
+
+
+def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
+    """Draw a plotly figure full width, with ``caption`` (evaluation settings etc.) under it and,
+    for a named figure, its paper-ready downloads (SVG, PDF, PNG; see ``figure_downloads``)."""
+    st.plotly_chart(fig, width="stretch", key=key(page, name) if page and name else None,
+                    config={"displaylogo": False})
+    if caption:
+        st.caption(caption)
+    if page and name:
+        figure_downloads(fig, page, name)
+
+
+def figure_downloads(fig, page: str, name: str) -> None:
+    """Download buttons for ``fig`` as SVG, PDF and PNG in a two-column paper's style
+    (``plots.paper_figure``: 6.9 in wide, serif 8 pt). Each file is drawn only when its
+    button is clicked (kaleido + Chromium take a few seconds); if that fails, the file holds
+    the reason instead."""
+    from .. import plots
+
+    def render(fmt: str):
+        def make() -> bytes:
+            try:
+                return plots.export_figure(fig, fmt)
+            except (plots.FigureExportError, ValueError) as e:
+                return f"fireviz could not export this figure: {e}\n".encode()
+        return make
+
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    with st.popover("⬇ Figure for a paper", help="SVG, PDF or PNG, a two-column page wide (6.9 in), serif 8 pt"):
+        for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
+            st.download_button(f"{fmt.upper()}", render(fmt), file_name=f"{stem}.{fmt}", mime=mime,
+                               key=key(page, f"export_{name}_{fmt}"), on_click="ignore", help=f"{stem}.{fmt}")
+
+
+def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any = None,
+              extra: dict[str, tuple[bytes, str]] | None = None, where=None) -> None:
+    """Download buttons in one row: ``<name>.csv`` (``csv_text``), ``<name>.json`` (``json_obj``),
+    and ``extra`` files ``{file name: (bytes, mime)}``."""
+    where = where or st
+    items = []
+    if csv_text is not None:
+        items.append((f"{name}.csv", csv_text.encode("utf-8"), "text/csv"))
+    if json_obj is not None:
+        items.append((f"{name}.json", to_json(json_obj).encode("utf-8"), "application/json"))
+    for fname, (data, mime) in (extra or {}).items():
+        items.append((fname, data, mime))
+    if not items:
+        return
+    cols = where.columns(max(len(items), 4))  # short labels (the file name is the tooltip): they fit at 1024 px
+    for col, (fname, data, mime) in zip(cols, items):
+        kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
+        kind = {"SAFETENSORS": "weights"}.get(kind, kind)
+        col.download_button(f"⬇ {kind}", data, file_name=fname, mime=mime, help=fname,
+                            key=key(page, f"dl_{name}_{fname}"), on_click="ignore")
+
+
+def normalizer_cap_input(page: str, chosen: Sequence[ck.CheckpointInfo], label: str,
+                         help: str) -> tuple[list[ck.CheckpointInfo], int]:
+    """The sidebar's FIRE normalizer cap (tokens; 0 = off, URL ``cap``), shown only when a
+    FIRE / FIRE-S checkpoint is chosen. Returns: ``(the chosen FIRE checkpoints, cap)``."""
+    from ..encodings import has_normalizer
+    fires = [i for i in chosen if has_normalizer(i.position_encoding)]
+    if not fires:
+        return fires, 0
+    return fires, int(st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20),
+                                              help=help))
+
+
+#: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
+MAX_QUERY_POSITION = 1 << 17
+
+
+@st.cache_data(max_entries=32, show_spinner="Computing biases…")
+def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str,
+                 normalizer_cap: int | None = None) -> dict:
+    from .. import analysis
+
+    model = _load_model(path, mtime_ns, "cpu")
+    return analysis.bias_report(model, list(positions) if positions else None, checkpoint=name,
+                                normalizer_cap=normalizer_cap).to_dict()
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
+def _attention_pattern(path: str, mtime_ns: int, tokens: tuple[int, ...], layer: int, name: str,
+                       normalizer_cap: int | None) -> dict:
+    import torch
+
+    from .. import text_attention
+    model = _load_model(path, mtime_ns, "cpu")
+    return text_attention.attention_pattern(model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name,
+                                            normalizer_cap=normalizer_cap).to_dict()
+
+
+def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
+    """``text_attention.attention_pattern(...).to_dict()`` of a checkpoint on ``tokens``
+    (LongTensor ``[T]``), cached per weights, text, layer and cap. Raises: ValueError, CheckpointError."""
+    w = Path(info.path) / ck.WEIGHTS_FILE
+    try:
+        mtime = w.stat().st_mtime_ns
+    except OSError as e:
+        raise CheckpointError(f"cannot read {w}: {e}") from e
+    return _attention_pattern(info.path, mtime, tuple(int(t) for t in tokens.tolist()), int(layer), info.name,
+                              int(normalizer_cap) if normalizer_cap else None)
+
+
+@st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
+def _published_bias_report(ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None,
+                           name: str) -> dict:
+    from .. import analysis, hub
+    model = hub.load_published(ref, stack=stack, revision=revision)
+    out = analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
+    out["published"] = {"source": model.config.source, "family": model.config.family, "revision": model.config.revision,
+                        "stack": model.config.stack, "model_type": model.config.model_type}
+    return out
+
+
+def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None,
+                normalizer_cap: int | None = None, stack: str | None = None) -> dict:
+    """``fireviz.analysis.bias_report(model, positions, normalizer_cap=…).to_dict()`` for a
+    checkpoint, cached (``st.cache_data``) by folder, weights modification time, positions
+    (tokens) and FIRE normalizer cap (tokens; computed on a copy of the shared model).
+
+    A published model (``info.is_published``) is read through ``fireviz.hub`` for ``stack``
+    (T5-family encoder or decoder; default decoder), cached by source, revision and stack.
+    Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
+    """
+    if positions and max(positions) > MAX_QUERY_POSITION:
+        raise ValueError(f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; "
+                         "pick smaller positions")
+    if info.is_published:
+        return _published_bias_report(info.path, info.config.get("revision"), stack or "decoder",
+                                      tuple(sorted(set(int(p) for p in positions))) if positions else None, info.name)
+    mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
+    return _bias_report(info.path, mtime, tuple(sorted(set(int(p) for p in positions))) if positions else None,
+                        info.name, normalizer_cap)

@@ -1,0 +1,274 @@
+"""Checkpoints in the app: groups, the cached scan, the sidebar picker, cached models, captions."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import streamlit as st
+
+from .. import checkpoints as ck
+from ..model import CheckpointError
+from ..presentation import (human_count)
+from .state import EXTRA_KEY, GROUP_KEY, key, url_state
+
+
+@st.cache_resource(ttl=5, show_spinner=False)
+def _scan(root: str) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
+    return ck.scan_checkpoints(root)
+
+
+def checkpoints_root() -> Path:
+    """The checkpoints root folder (``FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``)."""
+    return ck.checkpoints_root()
+
+
+@st.cache_resource(ttl=5, show_spinner=False)
+def _groups(root: str) -> dict[str, Path]:
+    return ck.checkpoint_groups(root)
+
+
+def checkpoint_groups() -> dict[str, Path]:
+    """``{group: folder}`` under the root (``ck.checkpoint_groups``; re-scanned every 5 s)."""
+    return _groups(str(checkpoints_root()))
+
+
+def current_group() -> str:
+    """The checkpoint group chosen in this session ("" = the root's own checkpoints)."""
+    group = st.session_state.get(GROUP_KEY, "")
+    return group if group in checkpoint_groups() else ""
+
+
+def group_root(group: str | None = None) -> Path:
+    """The folder of ``group`` (default :func:`current_group`); the root for an unknown name."""
+    groups = checkpoint_groups()
+    return groups.get(current_group() if group is None else group, checkpoints_root())
+
+
+def list_checkpoints(group: str | None = None) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
+    """Checkpoints of ``group`` (default: the one chosen in the sidebar; "" = the root's own),
+    re-scanned at most every 5 s, and ``{folder: problem}`` for folders that could not be read.
+    Returns ([], {}) if there are none."""
+    return _scan(str(group_root(group)))
+
+
+def group_label(group: str) -> str:
+    """``"bundled (13, trained on prose)"`` / ``"copy (7, trained on synthetic:copy)"``."""
+    found, _ = list_checkpoints(group)
+    data = sorted({i.data for i in found if i.data})
+    return f"{group or 'bundled'} ({len(found)}" + (f", trained on {', '.join(data)})" if data else ")")
+
+
+def group_picker(page: str, where=None) -> str:
+    """Sidebar choice of the checkpoint group (URL parameter ``group``), shown only when the
+    root has sub-groups. Changing it clears the page's checkpoint choice (names belong to a
+    group). Returns: the chosen group ("" = the root's own checkpoints)."""
+    groups = list(checkpoint_groups())
+    if len(groups) < 2:
+        st.session_state[GROUP_KEY] = ""
+        return ""
+    where = where or st.sidebar
+    k = url_state(page, "group", current_group(), options=groups)
+
+    def changed() -> None:
+        st.session_state.pop(key(page, "ckpt"), None)
+        if "ckpt" in st.query_params:
+            del st.query_params["ckpt"]
+
+    group = where.selectbox("Checkpoint group", groups, key=k, format_func=group_label, on_change=changed,
+                            help="The bundled prose models, or a group of models trained on another task "
+                                 "(e.g. copy: the synthetic copy task). Groups are never mixed in one table.")
+    st.session_state[GROUP_KEY] = group
+    if group:
+        st.query_params["group"] = group
+    elif "group" in st.query_params:
+        del st.query_params["group"]
+    return group
+
+
+def checkpoint_warnings(found: list[ck.CheckpointInfo], problems: dict[str, str], where=None) -> None:
+    """One warning per skipped checkpoint folder and per refused file of a listed checkpoint
+    (a broken results JSON or train log: left out and untouched, the rest of it shown)."""
+    where = where or st
+    for folder, problem in problems.items():
+        where.warning(f"Skipped `{Path(folder).name}`: {problem}")
+    for info in found:
+        for name, problem in info.problems.items():
+            where.warning(f"`{info.name}`: left out `{name}`: {problem}")
+
+
+@st.cache_resource(ttl=600, show_spinner="Fetching checkpoint…")
+def _resolve(ref: str, root: str) -> ck.CheckpointInfo:
+    return ck.resolve_checkpoint(ref, root)
+
+
+def resolve(ref: str) -> ck.CheckpointInfo:
+    """A checkpoint by name, folder path or Hub repo id (cached). Raises CheckpointError."""
+    return _resolve(ref.strip(), str(group_root()))
+
+
+@st.cache_resource(max_entries=8, show_spinner="Loading model…")
+def _load_model(path: str, mtime_ns: int, device: str):
+    return ck.load_model(path, device)
+
+
+def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
+    """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and reused.
+
+    Reloaded when model.safetensors changes. Raises CheckpointError for a bad folder.
+    """
+    if isinstance(info_or_path, ck.CheckpointInfo) and info_or_path.is_published:
+        return info_or_path.published  # position encodings only (fireviz.hub.PublishedModel)
+    path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
+    w = Path(path) / ck.WEIGHTS_FILE
+    try:
+        mtime = w.stat().st_mtime_ns
+    except OSError as e:
+        raise CheckpointError(f"cannot read {w}: {e}") from e
+    return _load_model(path, mtime, device)
+
+
+def no_checkpoints_message() -> None:
+    """An ``st.info`` box: no checkpoints found under the root, and the command that makes one."""
+    st.info(f"No checkpoints found in `{checkpoints_root()}`.\n\nCreate one with\n\n"
+            f"```\n{ck.TRAIN_HINT}\n```\n\nor add one from a local folder or a Hugging Face repo id "
+            "with the sidebar box of the other pages, or set `FIREVIZ_CHECKPOINTS_DIR` to a folder of checkpoints.")
+
+
+def _add_extra(ref: str) -> ck.CheckpointInfo | None:
+    try:
+        info = resolve(ref)
+    except ck.CheckpointNotFoundError:  # one message: the app does not tell which server paths exist
+        st.error(f"**Cannot use checkpoint `{ref}`.** There is no readable fireviz checkpoint there: give a folder "
+                 "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name).")
+        return None
+    except CheckpointError as e:
+        st.error(f"**Cannot use checkpoint `{ref}`.** {e}")
+        return None
+    st.session_state.setdefault(EXTRA_KEY, {})[ref] = info
+    return info
+
+
+def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None = None,
+                      label: str = "Checkpoints", default_count: int = 1,
+                      filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
+                      where=None, allow_published: bool = False) -> list[ck.CheckpointInfo]:
+    """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
+
+    Options are the checkpoints under the root and any added in this session (by local
+    folder or Hugging Face repo id; a bad one gives an ``st.error`` and is not added).
+    ``filter_fn`` hides checkpoints it rejects. The default selection (no ``ckpt`` in the
+    URL) is the first ``default_count`` names, seed-0 runs before extra-seed runs
+    (``fire_seed1``…), so extra seeds do not push other encodings out of the default view.
+    Shows the "no checkpoints" message if there is nothing to pick.
+    Returns: the chosen checkpoints, in selection order ([] if none).
+    """
+    where = where or st.sidebar
+    group_picker(page, where)
+    found, problems = list_checkpoints()
+    checkpoint_warnings(found, problems, where)
+    with where.expander("Add a checkpoint (folder or Hub repo id)"):
+        ref = st.text_input("Local folder path or Hugging Face repo id (owner/name)", key=key(page, "add_ref"),
+                            placeholder="checkpoints/fire  or  owner/fireviz-fire")
+        if st.button("Add", key=key(page, "add_btn")) and ref.strip():
+            info = _add_extra(ref.strip())
+            if info is not None:
+                st.success(f"Added {info.label}")
+    extra: dict[str, ck.CheckpointInfo] = st.session_state.get(EXTRA_KEY, {})
+    by_name = {i.name: i for i in found}
+    for ref, info in extra.items():
+        by_name.setdefault(ref, info)
+    # URL values that are paths or Hub ids: resolve them once (a shared link may name one).
+    for ref in st.query_params.get_all("ckpt"):
+        if ref not in by_name and key(page, "ckpt") not in st.session_state:
+            info = _add_extra(ref)
+            if info is not None:
+                by_name[ref] = info
+    if not allow_published:  # published models have position encodings only: no evaluation, no logs
+        for n in [n for n, i in by_name.items() if i.is_published]:
+            del by_name[n]
+            where.info(f"`{n}` is a published model: its position bias is on the Learned biases and Fit FIRE pages.")
+    if filter_fn is not None:
+        by_name = {n: i for n, i in by_name.items() if filter_fn(i)}
+    names = list(by_name)
+    if not names:
+        no_checkpoints_message()
+        return []
+    fmt = lambda n: by_name[n].label if n in by_name else n  # noqa: E731
+    if multi:
+        k = url_state(page, "ckpt", ck.seed0_first(names)[:default_count], options=names, multi=True)
+        if max_selections:
+            st.session_state[k] = [n for n in st.session_state[k] if n in names][:max_selections]
+        chosen = where.multiselect(label, names, key=k, format_func=fmt, max_selections=max_selections)
+    else:
+        k = url_state(page, "ckpt", names[0], options=names)
+        chosen = [where.selectbox(label, names, key=k, format_func=fmt)]
+    picked = [by_name[n] for n in chosen if n in by_name]
+    if not picked:  # everything cleared: say so, and drop the stale ckpt= from the URL
+        if "ckpt" in st.query_params:
+            del st.query_params["ckpt"]
+        st.info(f"No checkpoint chosen: pick one or more in the sidebar ({label}).")
+    return picked
+
+
+def checkpoint_caption(info: ck.CheckpointInfo) -> str:
+    """One line about a checkpoint: encoding, shape, parameters, training length and tokens, data
+    (for a published model: source, family, revision, stack and what was read)."""
+    c = info.config
+    if info.is_published:
+        rev = f" @ `{c.get('revision')[:12]}`" if c.get("revision") else ""
+        stack = f", {c.get('stack')} stack" if c.get("stack") else ""
+        return (f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "
+                f"× {c.get('n_head')} heads{stack}; position encoding {info.position_encoding} read from config.json"
+                + (" and the bias tables' bytes" if info.position_encoding == "t5" else "") + " only")
+    parts = [f"**{info.name}**: {info.position_encoding}",
+             f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
+             f"{info.num_parameters:,} parameters", f"trained at {info.seq_len} tokens"]
+    if info.training_tokens:
+        parts.append(f"on {human_count(info.training_tokens)} tokens")
+    if info.data:
+        parts.append(f"of {info.data}")
+    return " · ".join(parts)
+
+
+#: Home-table details that, when every checkpoint shares them, are said once in a caption
+HOME_DETAIL_COLUMNS = ("parameters", "training tokens", "progress", "training length", "data", "numbers from")
+
+
+def checkpoint_table_config(rows: Sequence[dict]) -> dict:
+    """``st.dataframe`` column_config for the Home table of ``CheckpointInfo.summary_row()``s:
+    headline columns labelled short (``"bpb @512"``, ``"val @2048"``; the data in their help)
+    with pixel widths that fit a 1024 px window; the underlying column names stay as in the rows."""
+    # pixel widths: the headline columns of 13 checkpoints fit the ~560 px a 1024 px window leaves
+    cfg: dict = {"checkpoint": st.column_config.TextColumn(width=140),
+                 "encoding": st.column_config.TextColumn(width=95),
+                 "training seed": st.column_config.NumberColumn("seed", width=50, help="train.seed: initialization "
+                                                                                   "and the order of training windows"),
+                 "parameters": st.column_config.NumberColumn(format="localized", width=80),
+                 "training tokens": st.column_config.NumberColumn(format="compact"),
+                 "progress": st.column_config.TextColumn(
+                     help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
+                          "interim = a checkpoint of a run that has not finished")}
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+
+    def common(col: str, field: str):
+        vals = {r.get(field) for r in rows if r.get(col) is not None}
+        return vals.pop() if len(vals) == 1 else None
+
+    for col in cols:
+        if col.startswith("bpb @ "):
+            n = col.removeprefix("bpb @ ")
+            prose = all("prose" in str(r.get("numbers from", "")) for r in rows if r.get(col) is not None)
+            cfg[col] = st.column_config.NumberColumn(
+                f"bpb @{n}", format="%.3f", width=68,
+                help=f"bits per byte at {n}-token windows" + (" on prose" if prose else "")
+                     + ", from the checkpoint's results JSON")
+        elif col.startswith("val loss"):
+            L, data = common(col, "training length"), common(col, "data")
+            four = "4L" in col
+            at = f" @{4 * L if four else L}" if L else (" @4L" if four else " @L")
+            cfg[col] = st.column_config.NumberColumn(
+                f"val{at}", format="%.3f", width=68,
+                help="last validation loss in train_log.jsonl, nats per token (÷ ln 2 = bits per byte)"
+                     + (f", on {data}" if data else "")
+                     + (" at 4× the training length" if "4L" in col else " at the training length"))
+    return cfg

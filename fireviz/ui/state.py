@@ -1,0 +1,116 @@
+"""Page setup, widget keys, page state in the URL, one-line errors."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import streamlit as st
+
+
+
+#: session_state key of the checkpoints added by path or Hub id (shared by all pages).
+EXTRA_KEY = "fireviz_extra_checkpoints"
+
+
+#: session-state key of the chosen checkpoint group ("" = the checkpoints root itself)
+GROUP_KEY = "fireviz_checkpoint_group"
+
+
+def setup_page(title: str, icon: str = "🔥") -> None:
+    """``st.set_page_config`` (wide layout) and the page title. Call first on every page."""
+    st.set_page_config(page_title=f"{title} · fireviz", page_icon=icon, layout="wide")
+    st.title(title)
+
+
+def key(page: str, name: str) -> str:
+    """The widget key of ``name`` on ``page``: ``"<page>_<name>"`` (keys never collide across pages)."""
+    return f"{page}_{name}"
+
+
+def _cast(raw: str, kind: type) -> Any:
+    if kind is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(raw)
+    if kind is int:  # "16384" or "16384.0", not "20.9", "inf" or "nan"
+        v = float(raw)
+        if not (math.isfinite(v) and v.is_integer()):
+            raise ValueError(raw)
+        return int(v)
+    return kind(raw)
+
+
+def url_state(page: str, name: str, default: Any, kind: type = str, options: Sequence | None = None,
+              multi: bool = False, lo: float | None = None, hi: float | None = None) -> str:
+    """Seed the widget ``key(page, name)`` from the URL (``?name=...``) once per session.
+
+    The value comes from ``st.query_params`` when present and valid (cast with ``kind``; in
+    ``options`` if given; within [lo, hi] if given), else ``default``. ``multi`` reads a
+    repeated parameter (``?name=a&name=b``) as a list. Invalid URL values are dropped with
+    no error (a stale link still opens). Create the widget with ``key=`` the returned key
+    and no default value of its own.
+    Returns: the widget key.
+    """
+    k = key(page, name)
+    if k in st.session_state:
+        return k
+    value = default
+    raw = st.query_params.get_all(name) if multi else st.query_params.get(name)
+    if raw:
+        try:
+            if multi:
+                cand = [_cast(r, kind) for r in raw for r in (r.split(",") if "," in r else [r])]
+                if options is not None:
+                    cand = [c for c in cand if c in options]
+                value = cand if cand else default
+            else:
+                cand = _cast(raw, kind)
+                ok = (options is None or cand in options) and (lo is None or cand >= lo) and (hi is None or cand <= hi)
+                value = cand if ok else default
+        except (TypeError, ValueError, OverflowError):
+            value = default
+    if options is not None and not multi and value not in options:
+        value = options[0] if options else None
+    st.session_state[k] = value
+    return k
+
+
+def sync_url(page: str, names: Iterable[str]) -> None:
+    """Write the current values of the page's widgets ``names`` into ``st.query_params``.
+
+    Lists become repeated parameters; floats are written with up to 6 significant digits.
+    Parameters not named are left alone; names with no value are removed.
+    """
+    for name in names:
+        v = st.session_state.get(key(page, name))
+        if v is None or v == [] or v == "":
+            if name in st.query_params:
+                del st.query_params[name]
+            continue
+        if isinstance(v, (list, tuple)):
+            new = [_fmt(x) for x in v]
+            if st.query_params.get_all(name) != new:
+                st.query_params[name] = new
+        elif st.query_params.get(name) != _fmt(v):
+            st.query_params[name] = _fmt(v)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def table_height(n_rows: int, max_rows: int = 16) -> int:
+    """Pixel height for an ``st.dataframe`` that shows ``n_rows`` rows without scrolling (up to
+    ``max_rows``; Streamlit's default cuts a table of about ten rows)."""
+    return 38 + 35 * max(1, min(n_rows, max_rows))
+
+
+def error(problem: str, fix: str = "", where=None) -> None:
+    """``st.error`` with the problem in bold and the fix after it."""
+    (where or st).error(f"**{problem}**" + (f" {fix}" if fix else ""))
