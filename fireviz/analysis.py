@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .encodings import ToeplitzBias, check_normalizer_cap, fire_modules
+from .encodings import PositionEncoding, ToeplitzBias, check_normalizer_cap, fire_modules
 from .locality import (LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality,  # noqa: F401
                        spearman)
 from .model import GPT
@@ -133,51 +133,18 @@ def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequenc
     except for a bidirectional encoding (a T5 encoder stack), whose future keys have a bias.
 
     Args: query and key positions in tokens (0-based, any order).
-    Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits.
-    How: FIRE evaluates its formula f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4) on
-    the grid pairs only (``normalized_distance`` + ``mlp_forward``, ≤ ~2^22 MLP activations
-    at a time); Toeplitz biases (T5, ALiBi, Kerple, Sandwich) read one table over distances;
-    any other additive encoding calls ``bias`` one query row (i + 1 keys) at a time. Memory
-    stays small for any grid over 8192 tokens.
+    Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits — the
+      encoding's own ``bias_at`` (FIRE evaluates f_θ(ψ(i − j)/ψ(max(L, i))) on the grid pairs
+      only, Toeplitz biases read one table over distances): memory stays small for any grid.
     Raises: TypeError for a non-additive encoding; ValueError for negative positions.
     """
     if getattr(encoding, "kind", None) != "additive":
         raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
-    qs = np.asarray(list(query_positions), dtype=np.int64)
-    ks = np.asarray(list(key_positions), dtype=np.int64)
-    if (qs.size and qs.min() < 0) or (ks.size and ks.min() < 0):
-        raise ValueError("positions must be >= 0 tokens")
-    out = np.full((encoding.num_heads, qs.size, ks.size), np.nan, dtype=np.float32)
-    if qs.size == 0 or ks.size == 0:
-        return out
-    future = ks[None, :] > qs[:, None]  # [q, k]
-    two_sided = bool(getattr(encoding, "bidirectional", False))
-    if two_sided and isinstance(encoding, ToeplitzBias):  # distances of both signs from one table
-        lo, hi = int(qs.min() - ks.max()), int(qs.max() - ks.min())
-        table = encoding.bias_by_distance(torch.arange(lo, hi + 1, device=encoding.device)).float().cpu().numpy()
-        out[:] = table[:, qs[:, None] - ks[None, :] - lo]
-        return out
-    if hasattr(encoding, "normalized_distance") and hasattr(encoding, "mlp_forward"):
-        dev = encoding.c.device
-        kt = torch.as_tensor(ks, device=dev)
-        width = int(getattr(encoding, "mlp_width", 32))
-        block = max(1, (1 << 22) // max(1, ks.size * width))
-        for start in range(0, qs.size, block):
-            qt = torch.as_tensor(qs[start:start + block], device=dev)
-            x = encoding.normalized_distance(qt, kt)
-            out[:, start:start + block] = encoding.mlp_forward(x).float().cpu().numpy()
-    elif isinstance(encoding, ToeplitzBias):
-        hi = int(qs.max())
-        table = bias_curve(encoding, hi)  # [H, hi + 1] by distance 0 … hi
-        dist = np.clip(qs[:, None] - ks[None, :], 0, hi)
-        out[:] = table[:, dist]
-    else:
-        for r, i in enumerate(qs):  # one row of i + 1 keys at a time
-            row = encoding.bias(1, int(i) + 1, int(i))[:, 0].float().cpu().numpy()  # [H, i + 1]
-            ok = ks <= i
-            out[:, r, ok] = row[:, ks[ok]]
-    out[:, future] = np.nan
-    return out
+    if hasattr(encoding, "bias_at"):
+        grid = encoding.bias_at(query_positions, key_positions)
+    else:  # an additive encoding known only through bias(): the generic row-by-row version
+        grid = PositionEncoding.bias_at(encoding, query_positions, key_positions)
+    return grid.numpy().astype(np.float32, copy=False)
 
 
 def rotary_kernel(inv_freq: torch.Tensor | np.ndarray, distances: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -566,3 +566,22 @@ def test_model_position_offset():
     from fireviz.model import KVCache
     with pytest.raises(ValueError, match="KV cache"):
         m(x, cache=KVCache(1), position_offset=4)
+
+
+@pytest.mark.parametrize("name", ["fire", "fire_s", "alibi", "t5", "kerple_log", "kerple_power", "sandwich"])
+def test_bias_at_equals_bias_on_any_grid(name):
+    """``bias_at`` (the formula on the grid pairs only) gives ``bias``'s numbers, NaN at future keys."""
+    from fireviz.encodings import build_encoding
+    torch.manual_seed(0)
+    enc = build_encoding(name, num_heads=3, head_dim=8)
+    qs, ks = [0, 5, 63, 200, 777], [0, 1, 5, 64, 199, 200, 1000]
+    grid = enc.bias_at(qs, ks)
+    full = enc.bias(1001, 1001, 0)  # queries 0…1000 over keys 0…1000
+    for r, i in enumerate(qs):
+        for c, j in enumerate(ks):
+            if j > i:
+                assert torch.isnan(grid[:, r, c]).all()
+            else:
+                torch.testing.assert_close(grid[:, r, c], full[:, i, j].float(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=">= 0"):
+        enc.bias_at([-1], [0])

@@ -63,6 +63,16 @@ def relative_distance(q_len: int, k_len: int, q_offset: int, device=None) -> tor
     return i - j
 
 
+def _grid_positions(q_positions, k_positions) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 CPU vectors of grid positions. Raises: ValueError for a negative one."""
+    qs = torch.as_tensor(list(q_positions) if not torch.is_tensor(q_positions) else q_positions, dtype=torch.long)
+    ks = torch.as_tensor(list(k_positions) if not torch.is_tensor(k_positions) else k_positions, dtype=torch.long)
+    qs, ks = qs.flatten().cpu(), ks.flatten().cpu()
+    if (qs.numel() and int(qs.min()) < 0) or (ks.numel() and int(ks.min()) < 0):
+        raise ValueError("positions must be >= 0 tokens")
+    return qs, ks
+
+
 class PositionEncoding(nn.Module):
     """Base class. Subclasses set ``kind`` and implement ``bias`` or ``rotate``.
 
@@ -100,6 +110,24 @@ class PositionEncoding(nn.Module):
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         b = self.bias(q_len, k_len, q_offset, position_offset)
         return b.masked_fill(relative_distance(q_len, k_len, q_offset, b.device) < 0, float("-inf"))
+
+    @torch.no_grad()
+    def bias_at(self, q_positions, k_positions) -> torch.Tensor:
+        """The bias on a query × key grid of absolute positions (tokens, 0-based, any order).
+
+        Returns: float32 ``[num_heads, len(q_positions), len(k_positions)]`` logits on the CPU,
+          NaN where the key is in the future (j > i) unless the encoding is ``bidirectional``
+          (a T5 encoder stack). This base version asks ``bias`` for one query row (i + 1 keys)
+          at a time; subclasses evaluate their formula on the pairs only (memory ∝ the grid).
+        Raises: TypeError for a rotary or NoPE encoding; ValueError for negative positions.
+        """
+        qs, ks = _grid_positions(q_positions, k_positions)
+        out = torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))
+        for r, i in enumerate(qs.tolist()):
+            row = self.bias(1, i + 1, i)[:, 0].float().cpu()  # [H, keys 0..i]
+            ok = ks <= i
+            out[:, r, ok] = row[:, ks[ok]]
+        return out
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [..., T, head_dim]`` at absolute ``positions [T]``. Rotary kinds only.
@@ -139,6 +167,21 @@ class ToeplitzBias(PositionEncoding):
         """g(d): logits ``[num_heads, *d.shape]`` (float32) for integer distances ``d = i − j``
         in tokens, negative (future) ones included. Subclasses implement it."""
         raise NotImplementedError
+
+    @torch.no_grad()
+    def bias_at(self, q_positions, k_positions) -> torch.Tensor:
+        """See :meth:`PositionEncoding.bias_at`: one table over the grid's distances, gathered."""
+        qs, ks = _grid_positions(q_positions, k_positions)
+        if qs.numel() == 0 or ks.numel() == 0:
+            return torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))
+        d = qs[:, None] - ks[None, :]
+        two_sided = bool(getattr(self, "bidirectional", False))
+        lo, hi = (int(d.min()), int(d.max())) if two_sided else (0, max(int(d.max()), 0))
+        table = self.bias_by_distance(torch.arange(lo, hi + 1, device=self.device)).float().cpu()  # [H, D]
+        out = table[:, d.clamp(lo, hi) - lo]
+        if not two_sided:
+            out[:, d < 0] = float("nan")
+        return out
 
     def bias(self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0) -> torch.Tensor:
         """Bias logits, float32 ``[num_heads, q_len, k_len]``; see :class:`PositionEncoding`

@@ -315,6 +315,24 @@ class FIRE(PositionEncoding):
             x = x / self.normalizer(q_positions)[:, None]
         return x
 
+    @torch.no_grad()
+    def bias_at(self, q_positions, k_positions) -> torch.Tensor:
+        """See :meth:`PositionEncoding.bias_at`: f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4)
+        on the grid's pairs only, ≤ ~2^22 MLP activations at a time."""
+        from .base import _grid_positions
+        qs, ks = _grid_positions(q_positions, k_positions)
+        out = torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))
+        if qs.numel() == 0 or ks.numel() == 0:
+            return out
+        dev = self.c.device
+        kt = ks.to(dev)
+        block = max(1, (1 << 22) // max(1, ks.numel() * int(self.mlp_width)))
+        for start in range(0, qs.numel(), block):
+            qt = qs[start:start + block].to(dev)
+            out[:, start:start + block] = self.mlp_forward(self.normalized_distance(qt, kt)).float().cpu()
+        out[:, ks[None, :] > qs[:, None]] = float("nan")
+        return out
+
     def mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
         """f_θ applied elementwise: ``[...]`` float32 → ``[num_heads, ...]`` logits."""
         return self.mlp(x.unsqueeze(-1)).movedim(-1, 0)
