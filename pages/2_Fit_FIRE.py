@@ -12,6 +12,7 @@ from pathlib import Path
 import streamlit as st
 
 from fireviz import fit, jobs, plots, ui
+from fireviz.encodings import encoding_spec
 
 P = "fit"
 ui.setup_page("Fit FIRE")
@@ -26,7 +27,7 @@ LABELS = {"t5": "T5 buckets", "alibi": "ALiBi", "kerple_log": "Kerple (log)", "k
 left, right = st.columns([1, 2])
 with left:
     target = st.selectbox("Target", TARGETS, key=ui.url_state(P, "target", "alibi", options=TARGETS),
-                          format_func=lambda t: LABELS.get(t) or fit.encoding_spec(t).summary or t)
+                          format_func=lambda t: LABELS.get(t) or encoding_spec(t).summary or t)
     params: dict = {}
     num_heads = None
     if target != "checkpoint":

@@ -88,3 +88,15 @@ def test_register_refuses_a_duplicate_and_a_bad_name():
         register_encoding(encoding_spec("alibi"))
     with pytest.raises(ValueError, match="lower-case identifier"):
         register_encoding(EncodingSpec("Bad Name", lambda H, hd: None))
+
+
+def test_the_fit_page_offers_a_registered_target_by_its_summary(toy):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/2_Fit_FIRE.py"), default_timeout=60)
+    at.query_params["target"] = "toy_linear"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    box = at.selectbox[0]
+    assert box.value == "toy_linear" and "toy: learned linear bias" in box.options
