@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .figure_base import _color, _mark_length
+from .run_plots import _trailing_mean
 
 #: the largest heatmap side drawn; longer texts are averaged over square blocks of positions
 MAX_HEATMAP_CELLS = 256
@@ -111,14 +112,7 @@ def bias_share_figure(patterns: Sequence) -> go.Figure:
         cap = p.get("normalizer_cap")
         for h in range(by.shape[0]):
             y = by[h]
-            ok = np.isfinite(y)
-            smooth = np.full_like(y, np.nan)
-            c = np.cumsum(np.where(ok, y, 0.0))
-            k = np.cumsum(ok)
-            w = max(1, min(16, len(y)))
-            smooth[ok] = ((c - np.concatenate([np.zeros(w), c[:-w]])) /
-                          np.maximum(k - np.concatenate([np.zeros(w), k[:-w]]), 1))[ok]
-            fig.add_trace(go.Scatter(x=np.arange(len(y)), y=smooth, mode="lines",
+            fig.add_trace(go.Scatter(x=np.arange(len(y)), y=_trailing_mean(y, 16), mode="lines",
                                      line=dict(color=_color(h), dash="dash" if cap else "solid"),
                                      name=f"head {h}" + (f" (cap {cap})" if cap else ""),
                                      meta={"head": h, "normalizer_cap": cap}))

@@ -435,7 +435,7 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as :func:`checkpoint_files`."""
     config, weights = checkpoint_files(checkpoint)
     try:  # memoized per (file, modification time, size) of both: asking again is free
-        memo = tuple((str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in (weights, config))
+        memo = tuple((str(f.resolve()), st.st_mtime_ns, st.st_size) for f in (weights, config) for st in (f.stat(),))
         if memo not in _FINGERPRINTS:
             _FINGERPRINTS[memo] = sha256_files(weights, config)
     except OSError as e:

@@ -245,10 +245,10 @@ class _Spool:
 
 def _text_document(doc_id: str, text: str, spool: _Spool, **meta) -> Document:
     """A document for ``text``: in memory, or spooled to disk when larger than ``SPOOL_BYTES``."""
-    if len(text) > SPOOL_BYTES // 4 and len(text_bytes(text)) > SPOOL_BYTES:
-        raw = spool.add([text_bytes(text)])
-        if raw is not None:
-            return Document(doc_id, raw=raw, **meta)
+    if len(text) > SPOOL_BYTES // 4:  # at most 4 bytes a character: shorter texts cannot exceed it
+        encoded = text_bytes(text)
+        if len(encoded) > SPOOL_BYTES:
+            return Document(doc_id, raw=spool.add([encoded]), **meta)
     return Document(doc_id, text, **meta)
 
 

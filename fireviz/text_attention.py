@@ -74,17 +74,40 @@ def _attention_inputs(args, kwargs) -> tuple[torch.Tensor, object, int]:
     return vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
 
 
+def _queries_keys(attn, x: torch.Tensor, enc, q_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention module's queries and keys ``[B, H, T, head_dim]`` for its input ``x``, rotated
+    at their absolute positions for a rotary encoding, as ``CausalSelfAttention.forward`` does."""
+    B, T, _ = x.shape
+    q, k, _ = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+    if enc.kind == "rotary":
+        pos = torch.arange(q_offset, q_offset + T, device=x.device)
+        q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+    return q, k
+
+
+def _run_with_hooks(model: GPT, idx: torch.Tensor, hooks: dict) -> None:
+    """Run ``model(idx)`` in eval mode with forward pre-hooks ``{attention module: hook}`` (a hook may
+    raise ``_StopForward`` to end the pass early); hooks removed and the mode restored after."""
+    was_training = model.training
+    model.eval()
+    handles = [attn.register_forward_pre_hook(hook, with_kwargs=True) for attn, hook in hooks.items()]
+    try:
+        model(idx)
+    except _StopForward:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+
 def _near_shares(attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[int], rows: int,
                  near: int) -> np.ndarray:
     """float64 ``[heads, positions]``: each head's attention on its ``near`` nearest keys, averaged
     over the ``rows`` query rows ending at each position (and the batch), recomputed as the
     forward pass does (qkv, rotation for RoPE, q·k/√d + bias, causal softmax)."""
-    B, T, _ = x.shape
     H, hd = attn.n_head, attn.head_dim
-    q, k, _ = attn.qkv(x).view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4)  # [B, H, T, hd]
-    if enc.kind == "rotary":
-        pos = torch.arange(q_offset, q_offset + T, device=x.device)
-        q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+    q, k = _queries_keys(attn, x, enc, q_offset)
     out = np.zeros((H, len(positions)), dtype=np.float64)
     for p, i in enumerate(positions):
         r0 = max(0, i - rows + 1)
@@ -144,7 +167,6 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
     device = next(model.parameters()).device
     idx = idx[:, :n].to(device)
     share = np.zeros((cfg.n_layer, cfg.n_head, len(positions)), dtype=np.float64)
-    handles = []
 
     def make_hook(layer: int, attn):
         def hook(module, args, kwargs):
@@ -156,19 +178,7 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
 
     capped = normalizer_cap is not None and bool(fire_modules(model))
     model = _capped_copy(model, normalizer_cap)
-    was_training = model.training
-    model.eval()
-    try:
-        for layer, block in enumerate(model.blocks):
-            handles.append(block.attn.register_forward_pre_hook(make_hook(layer, block.attn), with_kwargs=True))
-        try:
-            model(idx)
-        except _StopForward:
-            pass
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    _run_with_hooks(model, idx, {block.attn: make_hook(layer, block.attn) for layer, block in enumerate(model.blocks)})
     return DilutionResult(query_positions=positions, near=int(near), rows=int(rows), share=share,
                           train_seq_len=int(cfg.seq_len), checkpoint=checkpoint, encoding=cfg.position_encoding,
                           tokens=n, normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None)
@@ -308,28 +318,13 @@ def attention_pattern(model: GPT, tokens: torch.Tensor, layer: int, checkpoint: 
     got: dict = {}
 
     def hook(module, args, kwargs):
-        vals = dict(zip(("x", "encoding", "q_offset"), args))
-        vals.update({k: kwargs[k] for k in ("x", "encoding", "q_offset") if k in kwargs})
-        x, enc = vals["x"], vals["encoding"]
-        B, n, _ = x.shape
-        q, k, _ = attn.qkv(x).view(B, n, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-        if enc.kind == "rotary":
-            pos = torch.arange(n, device=x.device)
-            q, k = enc.rotate(q, pos), enc.rotate(k, pos)
+        x, enc, q_offset = _attention_inputs(args, kwargs)
+        q, k = _queries_keys(attn, x, enc, q_offset)
         got["content"] = (q[0].float() @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # [H, T, T]
-        got["bias"] = enc.bias(n, n, 0).float() if enc.kind == "additive" else None
+        got["bias"] = enc.bias(x.shape[1], x.shape[1], 0).float() if enc.kind == "additive" else None
         raise _StopForward
 
-    was_training = model.training
-    model.eval()
-    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        model(tokens.long()[None].to(next(model.parameters()).device))
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-        model.train(was_training)
+    _run_with_hooks(model, tokens.long()[None].to(next(model.parameters()).device), {attn: hook})
     content, bias = got["content"].cpu(), None if got["bias"] is None else got["bias"].cpu()
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
     logits = (content if bias is None else content + bias).masked_fill(~allowed, float("-inf"))
