@@ -24,6 +24,7 @@ app: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check --output-format concise .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 clean:

@@ -4,6 +4,7 @@ Run with ``make app`` (or ``streamlit run app.py``). The other pages live in ``p
 also run on their own (``AppTest.from_file("pages/…")``). Checkpoints come from
 ``checkpoints/`` (or ``$FIREVIZ_CHECKPOINTS_DIR``).
 """
+
 import streamlit as st
 
 from fireviz import ui
@@ -19,8 +20,12 @@ SUGGESTED_MODELS = [
 PAGES = {
     "biases": ("pages/1_Learned_biases.py", "Learned biases", ":material/show_chart:", "Learned_biases"),
     "fit": ("pages/2_Fit_FIRE.py", "Fit FIRE", ":material/functions:", "Fit_FIRE"),
-    "lengen": ("pages/3_Length_generalization.py", "Length generalization", ":material/straighten:",
-               "Length_generalization"),
+    "lengen": (
+        "pages/3_Length_generalization.py",
+        "Length generalization",
+        ":material/straighten:",
+        "Length_generalization",
+    ),
     "train": ("pages/4_Training_runs.py", "Training runs", ":material/monitoring:", "Training_runs"),
     "attention": ("pages/5_Attention.py", "Attention", ":material/grid_on:", "Attention"),
 }
@@ -31,30 +36,51 @@ def _checkpoints_table(found) -> None:
     rows = [i.summary_row() for i in found]
     cols = {c for r in rows for c in r}
     units = ["bpb = bits per byte from results.json"] if any(c.startswith("bpb") for c in cols) else []
-    units += ["val = last validation loss in the training log, nats per token (÷ ln 2 = bits per byte)"] \
-        if any(c.startswith("val loss") for c in cols) else []
-    st.caption(f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
-               + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
-               + ".")
+    units += (
+        ["val = last validation loss in the training log, nats per token (÷ ln 2 = bits per byte)"]
+        if any(c.startswith("val loss") for c in cols)
+        else []
+    )
+    st.caption(
+        f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
+        + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
+        + "."
+    )
     # columns with nothing in them (no seeds recorded, no published numbers) are left out, and
     # details every checkpoint shares are said once above the table: the rest fits a 1024 px window
     shown = [c for c in dict.fromkeys(k for r in rows for k in r) if any(r.get(c) not in (None, "") for r in rows)]
-    shared = {c: rows[0].get(c) for c in ui.HOME_DETAIL_COLUMNS
-              if c in shown and len(rows) > 1 and all(r.get(c) == rows[0].get(c) for r in rows)}
+    shared = {
+        c: rows[0].get(c)
+        for c in ui.HOME_DETAIL_COLUMNS
+        if c in shown and len(rows) > 1 and all(r.get(c) == rows[0].get(c) for r in rows)
+    }
     if shared:
+
         def said(c, v):
-            return f"{ui.human_count(v)} {c}" if c == "training tokens" else (
-                f"{v:,} {c}" if isinstance(v, int) and c == "parameters" else f"{c} {v}")
+            return (
+                f"{ui.human_count(v)} {c}"
+                if c == "training tokens"
+                else (f"{v:,} {c}" if isinstance(v, int) and c == "parameters" else f"{c} {v}")
+            )
+
         st.caption(f"All {len(rows)} share: " + " · ".join(said(c, v) for c, v in shared.items()) + ".")
         shown = [c for c in shown if c not in shared]
     if all(str(r["checkpoint"]).startswith(str(r["encoding"])) for r in rows):
         shown = [c for c in shown if c != "encoding"]  # every name starts with its encoding: it says it
-    st.dataframe(rows, hide_index=True, key="home_table", column_config=ui.checkpoint_table_config(rows),
-                 column_order=shown, height=ui.table_height(len(rows)))
+    st.dataframe(
+        rows,
+        hide_index=True,
+        key="home_table",
+        column_config=ui.checkpoint_table_config(rows),
+        column_order=shown,
+        height=ui.table_height(len(rows)),
+    )
     if any(i.position_encoding.startswith("kerple") for i in found):
-        st.caption("Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
-                   "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
-                   "projection, ship with the next republish — see the README.")
+        st.caption(
+            "Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
+            "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
+            "projection, ship with the next republish — see the README."
+        )
     ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
 
@@ -87,20 +113,27 @@ def home() -> None:
 
     for group in [g for g in ui.checkpoint_groups() if g]:  # e.g. copy: models of a synthetic task
         gfound, _ = ui.list_checkpoints(group)
-        st.markdown(f"**Group `{group}`**: {len(gfound)} more checkpoint(s), "
-                    f"trained on {', '.join(sorted({i.data for i in gfound if i.data})) or 'other data'} "
-                    f"({', '.join(i.name for i in gfound)}); choose *Checkpoint group → {group}* in a page's sidebar, "
-                    f"or open its [biases](/{PAGES['biases'][3]}?group={group}) and "
-                    f"[length generalization](/{PAGES['lengen'][3]}?group={group})."
-                    + (" The copy task needs attention a fixed distance back: there FIRE learns anti-local heads."
-                       if group == "copy" else ""))
+        st.markdown(
+            f"**Group `{group}`**: {len(gfound)} more checkpoint(s), "
+            f"trained on {', '.join(sorted({i.data for i in gfound if i.data})) or 'other data'} "
+            f"({', '.join(i.name for i in gfound)}); choose *Checkpoint group → {group}* in a page's sidebar, "
+            f"or open its [biases](/{PAGES['biases'][3]}?group={group}) and "
+            f"[length generalization](/{PAGES['lengen'][3]}?group={group})."
+            + (
+                " The copy task needs attention a fixed distance back: there FIRE learns anti-local heads."
+                if group == "copy"
+                else ""
+            )
+        )
 
     st.subheader("Where next")
-    blurbs = {"biases": "what each head learned: local, anti-local or mixed",
-              "fit": "Theorem 3.1 live: FIRE imitating T5, ALiBi, Kerple, Sandwich",
-              "lengen": "perplexity far beyond the training length",
-              "train": "loss curves from each checkpoint's log",
-              "attention": "each head's attention on real text, and how much of it is position"}
+    blurbs = {
+        "biases": "what each head learned: local, anti-local or mixed",
+        "fit": "Theorem 3.1 live: FIRE imitating T5, ALiBi, Kerple, Sandwich",
+        "lengen": "perplexity far beyond the training length",
+        "train": "loss curves from each checkpoint's log",
+        "attention": "each head's attention on real text, and how much of it is position",
+    }
     for k, (path, title, icon, _) in PAGES.items():
         st.page_link(path, label=f"{title}: {blurbs[k]}", icon=icon)
 
@@ -109,11 +142,14 @@ def home() -> None:
         "The Learned biases and Fit FIRE pages also read models from the Hugging Face Hub (or a folder "
         "`transformers` wrote): T5's learned bucket tables per layer and head, ALiBi slopes, RoPE kernels with "
         "every `rope_scaling` type. Only config.json and, for T5, the bias tables' bytes are fetched. Type an id into "
-        "a page's *Add a checkpoint* box, or open one of these (needs an internet connection the first time):")
+        "a page's *Add a checkpoint* box, or open one of these (needs an internet connection the first time):"
+    )
     links = [f"[`{m}`](/{PAGES['biases'][3]}?ckpt={m}) — {what}" for m, what in SUGGESTED_MODELS]
     st.markdown("\n".join(f"- {line}" for line in links))
 
 
-nav = st.navigation([st.Page(home, title="Home", icon=":material/home:", default=True)]
-                    + [st.Page(path, title=title, icon=icon, url_path=url) for path, title, icon, url in PAGES.values()])
+nav = st.navigation(
+    [st.Page(home, title="Home", icon=":material/home:", default=True)]
+    + [st.Page(path, title=title, icon=icon, url_path=url) for path, title, icon, url in PAGES.values()]
+)
 nav.run()

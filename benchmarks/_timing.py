@@ -1,4 +1,5 @@
 """Shared timing helpers for the benchmarks: interleaved repeats, medians, ratios."""
+
 from __future__ import annotations
 
 import statistics

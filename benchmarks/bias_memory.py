@@ -7,6 +7,7 @@ FIRE is also timed through ``bias_reference`` at 2048 to show what the fast path
 
     python benchmarks/bias_memory.py [--length 8192] [--heads 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ print(json.dumps({"seconds": statistics.median(times), "peak_mib": (peak - base)
 
 
 def run(name: str, n: int, heads: int, method: str = "bias") -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, name, str(n), str(heads), method],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, name, str(n), str(heads), method], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -53,9 +55,11 @@ def main() -> None:
         print(f"{name:14s} {r['seconds']:8.2f} {r['peak_mib']:9.0f} {r['peak_mib'] - out_mib:10.0f}")
     small = 2048
     fast, ref = run("fire", small, h), run("fire", small, h, "bias_reference")
-    print(f"\nFIRE at {small}: fast path {fast['seconds']:.3f} s / {fast['peak_mib']:.0f} MiB; "
-          f"plain formula {ref['seconds']:.3f} s / {ref['peak_mib']:.0f} MiB "
-          f"(output {h * small * small * 4 / 2**20:.0f} MiB)")
+    print(
+        f"\nFIRE at {small}: fast path {fast['seconds']:.3f} s / {fast['peak_mib']:.0f} MiB; "
+        f"plain formula {ref['seconds']:.3f} s / {ref['peak_mib']:.0f} MiB "
+        f"(output {h * small * small * 4 / 2**20:.0f} MiB)"
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ baseline per document byte: a plain or compressed text is read where a window li
 bytes per byte); a JSONL line is parsed whole (≈ 1 byte per byte at the peak, then spooled
 to disk).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,32 @@ sys.exit(rc)
 
 
 def peak_mib(checkpoint: str, data: Path) -> float:
-    args = [sys.executable, "-c", CHILD, checkpoint, "--data", str(data), "--split", "all", "--lengths", "512",
-            "--mode", "nonoverlapping", "--token-budget", "8192", "--no-cache", "--quiet"]
-    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}).stdout
+    args = [
+        sys.executable,
+        "-c",
+        CHILD,
+        checkpoint,
+        "--data",
+        str(data),
+        "--split",
+        "all",
+        "--lengths",
+        "512",
+        "--mode",
+        "nonoverlapping",
+        "--token-budget",
+        "8192",
+        "--no-cache",
+        "--quiet",
+    ]
+    out = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    ).stdout
     kb = int(next(line.split()[1] for line in out.splitlines() if line.startswith("MAXRSS_KB")))
     return kb / 1024
 

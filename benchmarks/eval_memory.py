@@ -18,6 +18,7 @@ the checkpoint, reading the data — and of the scoring alone, scored tokens/s, 
 and peak RSS in GB) and exits 1
 if any peak exceeds ``--limit-gb`` (the issue's budget: 3 GB at 8192 on CPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,16 +65,34 @@ def child(encoding: str, length: int, windows: int, device: str) -> None:
                 f.write(json.dumps({"id": f"doc{i}", "text": text}) + "\n")
         baseline_kb = _rss_kb("VmRSS")
         t0 = time.perf_counter()
-        result = evaluate_checkpoint(Path(tmp) / "ckpt", Path(tmp) / "data.jsonl", [length], token_budget=None,
-                                     split="all", device=device, use_cache=False)
+        result = evaluate_checkpoint(
+            Path(tmp) / "ckpt",
+            Path(tmp) / "data.jsonl",
+            [length],
+            token_budget=None,
+            split="all",
+            device=device,
+            use_cache=False,
+        )
         seconds = time.perf_counter() - t0
     entry = result["per_length"][0]
     if "error" in entry:
         raise SystemExit(f"{encoding} @ {length}: {entry['error']}")
-    print(json.dumps({"encoding": encoding, "length": length, "params": params, "seconds": seconds,
-                      "score_seconds": entry["seconds"],
-                      "tokens": entry["tokens_scored"] + entry["windows"], "baseline_kb": baseline_kb,
-                      "self_hwm_kb": _rss_kb("VmHWM"), "threads": torch.get_num_threads()}))
+    print(
+        json.dumps(
+            {
+                "encoding": encoding,
+                "length": length,
+                "params": params,
+                "seconds": seconds,
+                "score_seconds": entry["seconds"],
+                "tokens": entry["tokens_scored"] + entry["windows"],
+                "baseline_kb": baseline_kb,
+                "self_hwm_kb": _rss_kb("VmHWM"),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def run_one(encoding: str, length: int, windows: int, device: str) -> dict:
@@ -107,15 +126,21 @@ def main(argv: list[str] | None = None) -> int:
         child(args.child[0], int(args.child[1]), args.windows, args.device)
         return 0
     rows = []
-    print(f"{'encoding':8s} {'length':>6s} {'total s':>8s} {'score s':>8s} {'tok/s':>8s} {'baseline GB':>11s} "
-          f"{'peak GB':>8s}", flush=True)
+    print(
+        f"{'encoding':8s} {'length':>6s} {'total s':>8s} {'score s':>8s} {'tok/s':>8s} {'baseline GB':>11s} "
+        f"{'peak GB':>8s}",
+        flush=True,
+    )
     for enc in args.encodings.split(","):
         for n in (int(x) for x in args.lengths.split(",")):
             r = run_one(enc, n, args.windows, args.device)
             rows.append(r)
-            print(f"{enc:8s} {n:6d} {r['seconds']:8.2f} {r['score_seconds']:8.2f} "
-                  f"{r['tokens'] / r['score_seconds']:8.0f} "
-                  f"{r['baseline_kb'] / 2**20:11.2f} {r['peak_kb'] / 2**20:8.2f}", flush=True)
+            print(
+                f"{enc:8s} {n:6d} {r['seconds']:8.2f} {r['score_seconds']:8.2f} "
+                f"{r['tokens'] / r['score_seconds']:8.0f} "
+                f"{r['baseline_kb'] / 2**20:11.2f} {r['peak_kb'] / 2**20:8.2f}",
+                flush=True,
+            )
     print(f"model: {rows[0]['params']:,} parameters; torch threads {rows[0]['threads']}; one fresh process per row")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

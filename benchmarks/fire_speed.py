@@ -9,6 +9,7 @@
 
     python benchmarks/fire_speed.py [--repeats 7] [--skip-eval] [--eval-repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import interleaved_medians  # noqa: E402
+from _timing import interleaved_medians
 
-from fireviz.model import GPT, GPTConfig  # noqa: E402
+from fireviz.model import GPT, GPTConfig
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 
@@ -64,6 +65,7 @@ def eval_times(names, n=8192, repeats=3):
         def fwd(model=model):
             with torch.inference_mode():
                 model(idx)
+
         fns[name] = fwd
     return interleaved_medians(fns, repeats=repeats, warmup=1)
 
@@ -81,17 +83,20 @@ def train_steps(names, seq_len=512, batch=16, repeats=7):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
         fns[name] = step
     med = interleaved_medians(fns, repeats=repeats)
-    return {n: {"seconds": s, "tokens_per_s": batch * seq_len / s, "ratio_to_nope": s / med["nope"]}
-            for n, s in med.items()}
+    return {
+        n: {"seconds": s, "tokens_per_s": batch * seq_len / s, "ratio_to_nope": s / med["nope"]} for n, s in med.items()
+    }
 
 
 def eval_peak(name, n):
     """Peak RSS (VmHWM, reset before the forward) above the loaded model for one forward at
     length n, in MiB, in a fresh process (Linux /proc)."""
-    out = subprocess.run([sys.executable, "-c", EVAL_MEMORY_CHILD, name, str(n)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", EVAL_MEMORY_CHILD, name, str(n)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_above_model_mib"]
 
 
@@ -105,16 +110,22 @@ def main():
     names = ["nope", "alibi", "t5", "kerple_log", "fire", "fire_s"]
     print("\nTraining step, length 512, batch 16, d=128, 4 layers, 4 heads (interleaved medians)")
     for n, r in train_steps(names, repeats=args.repeats).items():
-        print(f"  {n:12s} {r['seconds']*1000:8.0f} ms  {r['tokens_per_s']:8.0f} tok/s  {r['ratio_to_nope']:.2f}× NoPE")
+        print(
+            f"  {n:12s} {r['seconds'] * 1000:8.0f} ms  {r['tokens_per_s']:8.0f} tok/s  {r['ratio_to_nope']:.2f}× NoPE"
+        )
     if args.skip_eval:
         return
-    print("\nEvaluation forward at 8192, batch 1 (time: interleaved medians of 3 in one process; "
-          "memory: peak RSS above the model, fresh process each)")
+    print(
+        "\nEvaluation forward at 8192, batch 1 (time: interleaved medians of 3 in one process; "
+        "memory: peak RSS above the model, fresh process each)"
+    )
     names = ["nope", "alibi", "fire", "fire_s"]
     times = eval_times(names, repeats=args.eval_repeats)
     for n in names:
-        print(f"  {n:12s} {times[n]:7.2f} s  {times[n] / times['nope']:.2f}× NoPE  "
-              f"peak {eval_peak(n, 8192):.0f} MiB above the model")
+        print(
+            f"  {n:12s} {times[n]:7.2f} s  {times[n] / times['nope']:.2f}× NoPE  "
+            f"peak {eval_peak(n, 8192):.0f} MiB above the model"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ RMSE (RMSE_h / std_h), relative RMSE beyond (queries up to 4 × max_len, against
 extrapolation; FIRE stretches its fitted function there, so this is large by design), and
 whether the issue's bar (error and time) is met.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
     fit_fire(make_target("alibi", 2), 16, steps=2)  # warm-up
     load = os.getloadavg()[0]
-    print(f"fit_fire, max_len={a.max_len}, heads={a.heads}, best of {a.repeat}; "
-          f"load average {load:.1f} on {os.cpu_count()} CPUs (other processes slow the times)")
-    header = f"{'target':14s} {'width':>5s} {'seconds':>8s} {'rel RMSE':>9s} {'worst head':>10s} " \
-             f"{'beyond 4x':>9s} {'bar':>12s}  met"
+    print(
+        f"fit_fire, max_len={a.max_len}, heads={a.heads}, best of {a.repeat}; "
+        f"load average {load:.1f} on {os.cpu_count()} CPUs (other processes slow the times)"
+    )
+    header = (
+        f"{'target':14s} {'width':>5s} {'seconds':>8s} {'rel RMSE':>9s} {'worst head':>10s} "
+        f"{'beyond 4x':>9s} {'bar':>12s}  met"
+    )
     print(header)
     print("-" * len(header))
     rows = []
@@ -69,16 +74,29 @@ def main(argv: list[str] | None = None) -> int:
         met_err = result.relative_rmse < bar
         met_time = time_bar is None or best < time_bar
         bar_text = f"<{100 * bar:g}%" + (f" <{time_bar:g}s" if time_bar else "")
-        verdict = "yes" if met_err and met_time else "NO" + ("" if met_err else " (error)") + (
-            "" if met_time else " (time)")
-        print(f"{label:14s} {width:5d} {best:8.2f} {100 * result.relative_rmse:8.3f}% "
-              f"{100 * max(result.relative_rmse_per_head):9.3f}% {100 * result.relative_rmse_beyond:8.1f}% "
-              f"{bar_text:>12s}  {verdict}")
-        rows.append({"target": label, "width": width, "seconds_best": best, "seconds_all": seconds,
-                     "relative_rmse": result.relative_rmse,
-                     "relative_rmse_worst_head": max(result.relative_rmse_per_head),
-                     "relative_rmse_beyond": result.relative_rmse_beyond, "bar": bar, "time_bar": time_bar,
-                     "met": met_err and met_time, "c": result.c})
+        verdict = (
+            "yes" if met_err and met_time else "NO" + ("" if met_err else " (error)") + ("" if met_time else " (time)")
+        )
+        print(
+            f"{label:14s} {width:5d} {best:8.2f} {100 * result.relative_rmse:8.3f}% "
+            f"{100 * max(result.relative_rmse_per_head):9.3f}% {100 * result.relative_rmse_beyond:8.1f}% "
+            f"{bar_text:>12s}  {verdict}"
+        )
+        rows.append(
+            {
+                "target": label,
+                "width": width,
+                "seconds_best": best,
+                "seconds_all": seconds,
+                "relative_rmse": result.relative_rmse,
+                "relative_rmse_worst_head": max(result.relative_rmse_per_head),
+                "relative_rmse_beyond": result.relative_rmse_beyond,
+                "bar": bar,
+                "time_bar": time_bar,
+                "met": met_err and met_time,
+                "c": result.c,
+            }
+        )
         sys.stdout.flush()
     if a.json:
         with open(a.json, "w") as f:

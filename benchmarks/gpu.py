@@ -13,6 +13,7 @@ On a machine without CUDA it prints that it skipped and exits 0.
 
     python benchmarks/gpu.py [--peak-tflops 989]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: int = 8, seq: int = 2048):
     from fireviz.model import GPT, GPTConfig
+
     cfg = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=seq, position_encoding=name, attn_query_block=seq)
     model = GPT(cfg).cuda()
     n_params = model.num_parameters()
@@ -38,6 +40,7 @@ def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: i
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -53,6 +56,7 @@ def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: i
 
 def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
     from fireviz.encodings import FIRE
+
     fire = FIRE(heads, init_L=512.0).cuda()
     q = torch.randn(1, heads, n, head_dim, device="cuda", dtype=torch.bfloat16)
     k, v = torch.randn_like(q), torch.randn_like(q)
@@ -72,6 +76,7 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
     out["materialized"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
     # (b) bias inside the kernel: fireviz.flex (FlexAttention with FIRE's score_mod)
     from fireviz import flex
+
     if not flex.flex_available():
         out["flex_attention"] = None
         print(f"  FlexAttention unavailable: {flex.unavailable_reason()}")
@@ -91,6 +96,7 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
 def model_eval(n: int, backend: str, name: str = "fire"):
     """One forward of the base-shape GPT (12L, 12H, d=768) at length n, bf16 autocast: (s, peak MiB)."""
     from fireviz.model import GPT, GPTConfig
+
     model = GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, position_encoding=name)).cuda().eval()
     model.set_attention_backend(backend)
     x = torch.randint(0, 256, (1, n), device="cuda")
@@ -122,7 +128,9 @@ def main() -> int:
             for comp in (False, True):
                 try:
                     tps, flops = train_tokens_per_s(name, comp)
-                    print(f"  {name:5s} compile={str(comp):5s} {tps:10.0f} tok/s  MFU {flops / (args.peak_tflops * 1e12):6.1%}")
+                    print(
+                        f"  {name:5s} compile={str(comp):5s} {tps:10.0f} tok/s  MFU {flops / (args.peak_tflops * 1e12):6.1%}"
+                    )
                 except Exception as e:  # report and continue: one failure must not hide the rest
                     print(f"  {name:5s} compile={str(comp):5s} failed: {type(e).__name__}: {str(e)[:200]}")
                 torch.cuda.empty_cache()
@@ -131,7 +139,9 @@ def main() -> int:
         try:
             res = fire_eval_memory(n)
             for kind, r in res.items():
-                print(f"  {n:6d} {kind:15s} " + ("unavailable" if r is None else f"{r[0]:7.3f} s  peak +{r[1]:8.0f} MiB"))
+                print(
+                    f"  {n:6d} {kind:15s} " + ("unavailable" if r is None else f"{r[0]:7.3f} s  peak +{r[1]:8.0f} MiB")
+                )
         except Exception as e:
             print(f"  {n:6d} failed: {type(e).__name__}: {str(e)[:200]}")
         torch.cuda.empty_cache()

@@ -9,6 +9,7 @@ is larger still).
 
     .venv/bin/python benchmarks/hub_fetch.py [--mb 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
         from hub_server import HubServer
 
         import huggingface_hub.constants as hc
+
         hc.HF_HUB_CACHE = str(tmp / "hf" / "hub")
         d_model = 512
         vocab = max(1000, int(args.mb * 2**20 / 4 / d_model / 3))  # embeddings dominate the file
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
         size = (repo / "model.safetensors").stat().st_size
         from fireviz import hub
         from huggingface_hub import hf_hub_download
+
         with HubServer({"bench/t5-style": repo}) as server:
             os.environ["HF_ENDPOINT"] = server.url
             t0 = time.perf_counter()
@@ -53,13 +56,17 @@ def main(argv=None) -> int:
             hf_hub_download("bench/t5-style", "model.safetensors", endpoint=server.url, cache_dir=str(tmp / "full"))
             t_full = time.perf_counter() - t0
             full = server.bytes_sent("model.safetensors") - ranged
-        print(f"T5-style repo: model.safetensors {size / 2**20:.1f} MiB, {m.config.n_layer} decoder layers × "
-              f"{m.config.n_head} heads")
+        print(
+            f"T5-style repo: model.safetensors {size / 2**20:.1f} MiB, {m.config.n_layer} decoder layers × "
+            f"{m.config.n_head} heads"
+        )
         print(f"{'':24s} {'bytes of weights':>18s} {'seconds':>8s}")
         print(f"{'fireviz (ranged reads)':24s} {ranged:>18,d} {t_ranged:>8.3f}")
         print(f"{'full download':24s} {full:>18,d} {t_full:>8.3f}")
-        print(f"fireviz read {ranged / size:.2e} of the file ({size / max(ranged, 1):,.0f}× less), "
-              f"{t_full / t_ranged:.1f}× faster on loopback")
+        print(
+            f"fireviz read {ranged / size:.2e} of the file ({size / max(ranged, 1):,.0f}× less), "
+            f"{t_full / t_ranged:.1f}× faster on loopback"
+        )
     return 0
 
 

@@ -7,6 +7,7 @@ then read the process's peak RSS. The estimate is rss0 + ``fireviz.memory.forwar
 
     .venv/bin/python benchmarks/memory_estimate.py [--checkpoint checkpoints/fire] [--lengths 512,...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch-tokens", type=int, default=8192)
     args = p.parse_args(argv)
     print(f"CPU: {cpu_model()}; checkpoint {args.checkpoint}; batch_tokens {args.batch_tokens}")
-    print(f"{'length':>7} {'batch':>5} {'rss0 MiB':>9} {'estimate MiB':>13} {'peak MiB':>9} {'est/peak':>8} "
-          f"{'work est MiB':>12} {'work meas MiB':>13}")
+    print(
+        f"{'length':>7} {'batch':>5} {'rss0 MiB':>9} {'estimate MiB':>13} {'peak MiB':>9} {'est/peak':>8} "
+        f"{'work est MiB':>12} {'work meas MiB':>13}"
+    )
     worst = 0.0
     for n in (int(x) for x in args.lengths.split(",")):
         code = CHILD.format(root=str(ROOT), ckpt=args.checkpoint, n=n, batch_tokens=args.batch_tokens)
@@ -55,8 +58,10 @@ def main(argv=None) -> int:
         est = r["rss0"] + r["work_estimate"]
         ratio = est / r["peak"]
         worst = max(worst, ratio, 1 / ratio)
-        print(f"{n:>7} {r['batch']:>5} {r['rss0'] / 2**20:>9.0f} {est / 2**20:>13.0f} {r['peak'] / 2**20:>9.0f} "
-              f"{ratio:>8.2f} {r['work_estimate'] / 2**20:>12.0f} {(r['peak'] - r['rss0']) / 2**20:>13.0f}")
+        print(
+            f"{n:>7} {r['batch']:>5} {r['rss0'] / 2**20:>9.0f} {est / 2**20:>13.0f} {r['peak'] / 2**20:>9.0f} "
+            f"{ratio:>8.2f} {r['work_estimate'] / 2**20:>12.0f} {(r['peak'] - r['rss0']) / 2**20:>13.0f}"
+        )
     print(f"worst factor between estimate and measured peak: {worst:.2f}× (target ≤ 2×)")
     return 0 if worst <= 2 else 1
 

@@ -11,6 +11,7 @@ Reports each library's step time and the ratio fireviz / x-transformers per enco
 x-transformers runs with flash (SDPA) attention where it allows it (ALiBi, RoPE, NoPE);
 its T5 bias refuses flash, so it runs its own attention there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,19 +22,28 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _timing import interleaved_medians  # noqa: E402
+from _timing import interleaved_medians
 
-from fireviz.model import GPT, GPTConfig  # noqa: E402
+from fireviz.model import GPT, GPTConfig
 
 VOCAB, SEQ, BATCH, DIM, DEPTH, HEADS = 257, 512, 16, 128, 4, 4
 
 
 def peer_model(kind: str):
     from x_transformers import Decoder, TransformerWrapper
-    opts = {"t5": {"rel_pos_bias": True}, "alibi": {"alibi_pos_bias": True, "attn_flash": True},
-            "rope": {"rotary_pos_emb": True, "attn_flash": True}, "nope": {"attn_flash": True}}[kind]
-    return TransformerWrapper(num_tokens=VOCAB, max_seq_len=SEQ, use_abs_pos_emb=False,
-                              attn_layers=Decoder(dim=DIM, depth=DEPTH, heads=HEADS, attn_dim_head=DIM // HEADS, **opts))
+
+    opts = {
+        "t5": {"rel_pos_bias": True},
+        "alibi": {"alibi_pos_bias": True, "attn_flash": True},
+        "rope": {"rotary_pos_emb": True, "attn_flash": True},
+        "nope": {"attn_flash": True},
+    }[kind]
+    return TransformerWrapper(
+        num_tokens=VOCAB,
+        max_seq_len=SEQ,
+        use_abs_pos_emb=False,
+        attn_layers=Decoder(dim=DIM, depth=DEPTH, heads=HEADS, attn_dim_head=DIM // HEADS, **opts),
+    )
 
 
 def step_fn(model, x):
@@ -44,6 +54,7 @@ def step_fn(model, x):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -64,11 +75,17 @@ def main():
         fns[f"fireviz/{k}"] = step_fn(ours, x)
         fns[f"x-transformers/{k}"] = step_fn(peer_model(k), x)
     med = interleaved_medians(fns, repeats=args.repeats)
-    print(f"torch {torch.__version__}, x-transformers {x_transformers.__version__ if hasattr(x_transformers, '__version__') else '2.31.10'}")
-    print(f"{'encoding':8s} {'fireviz ms':>11s} {'x-tf ms':>9s} {'ratio':>6s}  {'fireviz/NoPE':>12s} {'x-tf/NoPE':>10s}")
+    print(
+        f"torch {torch.__version__}, x-transformers {x_transformers.__version__ if hasattr(x_transformers, '__version__') else '2.31.10'}"
+    )
+    print(
+        f"{'encoding':8s} {'fireviz ms':>11s} {'x-tf ms':>9s} {'ratio':>6s}  {'fireviz/NoPE':>12s} {'x-tf/NoPE':>10s}"
+    )
     for k in kinds:
         a, b = med[f"fireviz/{k}"], med[f"x-transformers/{k}"]
-        print(f"{k:8s} {a*1000:11.0f} {b*1000:9.0f} {a/b:6.2f}  {a/med['fireviz/nope']:12.2f} {b/med['x-transformers/nope']:10.2f}")
+        print(
+            f"{k:8s} {a * 1000:11.0f} {b * 1000:9.0f} {a / b:6.2f}  {a / med['fireviz/nope']:12.2f} {b / med['x-transformers/nope']:10.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ rotated order, for ``--steps`` timed steps after one untimed warm-up step; the r
 figure is the median over repeats of tokens/s, and the ratio is median(enc) / median(nope).
 Models and optimizers are built once per encoding, outside the timing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fireviz.data import TokenStream, load_documents, split_documents  # noqa: E402
-from fireviz.encodings import ENCODING_NAMES  # noqa: E402
-from fireviz.model import GPT  # noqa: E402
-from fireviz.train import apply_overrides, build_optimizer, configs_from_tables, training_step, window_starts  # noqa: E402
+from fireviz.data import TokenStream, load_documents, split_documents
+from fireviz.encodings import ENCODING_NAMES
+from fireviz.model import GPT
+from fireviz.train import build_optimizer, training_step, window_starts
+from fireviz.train_config import apply_overrides, configs_from_tables
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
 
     import tomllib
+
     tables = tomllib.loads(Path(args.config).read_text())
-    overrides = ["train.device=\"cpu\""] + ([f"train.batch_size={args.batch_size}"] if args.batch_size else [])
+    overrides = ['train.device="cpu"'] + ([f"train.batch_size={args.batch_size}"] if args.batch_size else [])
     names = [n.strip() for n in args.encodings.split(",") if n.strip()]
     if "nope" not in names:
         names.insert(0, "nope")
@@ -62,10 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = tc.batch_size * mc0.seq_len
     results: dict[str, list[float]] = {n: [] for n in names}
     step = 0
-    print(f"# {len(names)} encodings, {args.repeats} repeats × {args.steps} steps of {tc.batch_size} × "
-          f"{mc0.seq_len} tokens, {torch.get_num_threads()} threads, torch {torch.__version__}", flush=True)
+    print(
+        f"# {len(names)} encodings, {args.repeats} repeats × {args.steps} steps of {tc.batch_size} × "
+        f"{mc0.seq_len} tokens, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        flush=True,
+    )
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             model, opt, mc = runs[name]
 
@@ -89,9 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         summary[name] = {"tokens_per_s_median": med, "all": results[name], "ratio_to_nope": med / base}
         print(f"{name:14s} {med:18.0f} {min(results[name]):9.0f} {max(results[name]):9.0f} {med / base:8.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"config": args.config, "steps": args.steps, "repeats": args.repeats,
-                                               "batch_size": tc.batch_size, "seq_len": mc0.seq_len,
-                                               "threads": torch.get_num_threads(), "results": summary}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "config": args.config,
+                    "steps": args.steps,
+                    "repeats": args.repeats,
+                    "batch_size": tc.batch_size,
+                    "seq_len": mc0.seq_len,
+                    "threads": torch.get_num_threads(),
+                    "results": summary,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -21,6 +21,7 @@ The default query positions are i = m·seq_len − 1 for m = 1, 2, 4, 8 (16 for 
 the last query of an m·seq_len-token window, so the first curve covers exactly the
 distances 0 … seq_len − 1 seen in training. Never imports Streamlit.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,13 @@ import numpy as np
 import torch
 
 from .encodings import PositionEncoding, ToeplitzBias, check_normalizer_cap, fire_modules
-from .locality import (LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality,  # noqa: F401
-                       spearman)
+from .locality import (
+    LOCALITY_CLASSES,
+    LOCALITY_RULES,
+    LocalityScore,
+    _r,
+    classify_locality,
+)
 from .model import GPT
 
 #: Multiples of the training length used for the default bias query positions.
@@ -208,22 +214,37 @@ class LayerBiases:
         out = {"layer": self.layer, "curves": []}
         for i, arr in self.curves.items():
             dist = self.curve_distances.get(i)
-            c = {"query_position": int(i), "bias": _rl(arr),
-                 "distance": list(range(arr.shape[1])) if dist is None else [int(x) for x in dist]}
+            c = {
+                "query_position": int(i),
+                "bias": _rl(arr),
+                "distance": list(range(arr.shape[1])) if dist is None else [int(x) for x in dist],
+            }
             if i in self.normalized_input:
                 c["normalized_input"] = _rl(self.normalized_input[i])
             out["curves"].append(c)
-        out["matrix"] = None if self.matrix is None else {
-            "query_positions": list(map(int, self.matrix_query_positions)),
-            "key_positions": list(map(int, self.matrix_key_positions)), "bias": _rl(self.matrix, 9)}
+        out["matrix"] = (
+            None
+            if self.matrix is None
+            else {
+                "query_positions": list(map(int, self.matrix_query_positions)),
+                "key_positions": list(map(int, self.matrix_key_positions)),
+                "bias": _rl(self.matrix, 9),
+            }
+        )
         out["heads"] = []
         for h, s in enumerate(self.locality):
             row = {"head": h, **s.to_dict()}
-            row["locality_by_query_position"] = {str(i): v[h].locality for i, v in self.locality_by_query_position.items()}
+            row["locality_by_query_position"] = {
+                str(i): v[h].locality for i, v in self.locality_by_query_position.items()
+            }
             out["heads"].append(row)
         if self.fire is not None:
-            out["fire"] = {"c": _r(self.fire["c"]), "threshold_L": _r(self.fire["threshold_L"]),
-                           "mlp_x": _rl(self.fire["mlp_x"]), "mlp_bias": _rl(self.fire["mlp_bias"])}
+            out["fire"] = {
+                "c": _r(self.fire["c"]),
+                "threshold_L": _r(self.fire["threshold_L"]),
+                "mlp_x": _rl(self.fire["mlp_x"]),
+                "mlp_bias": _rl(self.fire["mlp_bias"]),
+            }
             if "input_vs_query" in self.fire:
                 out["fire"]["input_vs_query"] = self.fire["input_vs_query"]
         return out
@@ -264,15 +285,28 @@ class BiasReport:
         Other floats are rounded to 6 significant digits (float32 precision is ~7)."""
         kernel = None
         if self.kernel is not None:
-            kernel = {"distance": [int(x) for x in self.kernel["distance"]], "value": _rl(self.kernel["value"]),
-                      "attention_factor": _r(self.kernel["attention_factor"]), "label": self.kernel["label"]}
-        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "kind": self.kind,
-                "train_seq_len": self.train_seq_len, "n_layer": self.n_layer, "n_head": self.n_head,
-                "query_positions": list(self.query_positions), "classify_at": self.classify_at,
-                "units": {"position": "tokens (0-based)", "distance": "tokens", "bias": "logits"},
-                "locality_rules": dict(LOCALITY_RULES), "note": self.note, "kernel": kernel,
-                "normalizer_cap": self.normalizer_cap,
-                "layers": [layer.to_dict() for layer in self.layers]}
+            kernel = {
+                "distance": [int(x) for x in self.kernel["distance"]],
+                "value": _rl(self.kernel["value"]),
+                "attention_factor": _r(self.kernel["attention_factor"]),
+                "label": self.kernel["label"],
+            }
+        return {
+            "checkpoint": self.checkpoint,
+            "encoding": self.encoding,
+            "kind": self.kind,
+            "train_seq_len": self.train_seq_len,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "query_positions": list(self.query_positions),
+            "classify_at": self.classify_at,
+            "units": {"position": "tokens (0-based)", "distance": "tokens", "bias": "logits"},
+            "locality_rules": dict(LOCALITY_RULES),
+            "note": self.note,
+            "kernel": kernel,
+            "normalizer_cap": self.normalizer_cap,
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
 
 
 def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list[int]:
@@ -281,8 +315,7 @@ def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list
         return list(range(0, max_position + 1, stride))
     start, stop, stride = (int(v) for v in window)
     if start < 0 or stop <= start or stride < 1:
-        raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 "
-                         f"(got {window})")
+        raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 (got {window})")
     return list(range(start, stop, stride))
 
 
@@ -290,8 +323,12 @@ def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list
 FIRE_INPUT_DISTANCES = (1, 16, 64, 256)
 
 
-def fire_input_vs_query(encoding, distances: Sequence[int] = FIRE_INPUT_DISTANCES,
-                        query_positions: Sequence[int] | None = None, max_position: int = 8192) -> dict:
+def fire_input_vs_query(
+    encoding,
+    distances: Sequence[int] = FIRE_INPUT_DISTANCES,
+    query_positions: Sequence[int] | None = None,
+    max_position: int = 8192,
+) -> dict:
     """FIRE's MLP input for fixed distances as the query moves (Li et al. 2024, eq. 3–4).
 
     For each distance d and query position i >= d: x(d, i) = ψ(d) / ψ(max(L, i)) (with the
@@ -326,9 +363,15 @@ def fire_input_vs_query(encoding, distances: Sequence[int] = FIRE_INPUT_DISTANCE
 
 
 @torch.no_grad()
-def bias_report(model: GPT, query_positions: Sequence[int] | None = None, classify_at: int | None = None,
-                matrix_window: tuple[int, int, int] | None = None, checkpoint: str | None = None,
-                mlp_grid_points: int = 201, normalizer_cap: int | None = None) -> BiasReport:
+def bias_report(
+    model: GPT,
+    query_positions: Sequence[int] | None = None,
+    classify_at: int | None = None,
+    matrix_window: tuple[int, int, int] | None = None,
+    checkpoint: str | None = None,
+    mlp_grid_points: int = 201,
+    normalizer_cap: int | None = None,
+) -> BiasReport:
     """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``).
 
     Args:
@@ -370,41 +413,68 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
 
 def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint, mlp_grid_points) -> BiasReport:
     cfg = model.config
-    positions = _check_positions(query_positions if query_positions is not None
-                                 else default_query_positions(cfg.seq_len))
+    positions = _check_positions(
+        query_positions if query_positions is not None else default_query_positions(cfg.seq_len)
+    )
     if classify_at is None:
         classify_at = positions[0]
         if classify_at < 1:
-            raise ValueError(f"the smallest query position is {classify_at}, where a query sees only itself; the "
-                             "locality classification needs one >= 1 (e.g. --query-positions 511,4095)")
+            raise ValueError(
+                f"the smallest query position is {classify_at}, where a query sees only itself; the "
+                "locality classification needs one >= 1 (e.g. --query-positions 511,4095)"
+            )
     classify_at = int(classify_at)
     if classify_at < 1:
         raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
     all_positions = sorted(set(positions) | {classify_at})
     from .memory import check_fits
+
     # memory before work: one bias row [heads, i + 1] per query position (a few float32 copies)
-    check_fits(16 * cfg.n_head * cfg.n_layer * (max(all_positions) + 1) + (64 << 20), "cpu",
-               f"the bias report up to query position {max(all_positions):,}", "ask for smaller query positions")
+    check_fits(
+        16 * cfg.n_head * cfg.n_layer * (max(all_positions) + 1) + (64 << 20),
+        "cpu",
+        f"the bias report up to query position {max(all_positions):,}",
+        "ask for smaller query positions",
+    )
     enc0 = model.encoding(0)
     kind = enc0.kind
-    report = BiasReport(checkpoint=checkpoint, encoding=cfg.position_encoding, kind=kind,
-                        train_seq_len=int(cfg.seq_len), n_layer=int(cfg.n_layer), n_head=int(cfg.n_head),
-                        query_positions=positions, classify_at=classify_at if kind == "additive" else None,
-                        layers=[])
+    report = BiasReport(
+        checkpoint=checkpoint,
+        encoding=cfg.position_encoding,
+        kind=kind,
+        train_seq_len=int(cfg.seq_len),
+        n_layer=int(cfg.n_layer),
+        n_head=int(cfg.n_head),
+        query_positions=positions,
+        classify_at=classify_at if kind == "additive" else None,
+        layers=[],
+    )
     if kind == "rotary":
         d = np.arange(positions[-1] + 1)
-        report.kernel = {"distance": d, "value": rotary_kernel(enc0.inv_freq, d),
-                         "attention_factor": float(getattr(enc0, "attention_factor", 1.0)), "label": ROTARY_KERNEL_LABEL}
-        report.note = "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
+        report.kernel = {
+            "distance": d,
+            "value": rotary_kernel(enc0.inv_freq, d),
+            "attention_factor": float(getattr(enc0, "attention_factor", 1.0)),
+            "label": ROTARY_KERNEL_LABEL,
+        }
+        report.note = (
+            "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
+        )
         report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
         return report
     if kind != "additive":
-        report.note = f"{cfg.position_encoding} ({kind}) has no position bias and no kernel: order comes from the causal mask"
+        report.note = (
+            f"{cfg.position_encoding} ({kind}) has no position bias and no kernel: order comes from the causal mask"
+        )
         report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
         return report
     grid = _matrix_grid(positions[-1], matrix_window)
-    check_fits(3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20), "cpu", f"a {len(grid):,} × {len(grid):,} bias matrix",
-               "give a coarser --matrix START:STOP:STRIDE")  # float32 [heads, q, k], a few copies
+    check_fits(
+        3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20),
+        "cpu",
+        f"a {len(grid):,} × {len(grid):,} bias matrix",
+        "give a coarser --matrix START:STOP:STRIDE",
+    )  # float32 [heads, q, k], a few copies
     for layer in range(cfg.n_layer):
         enc = model.encoding(layer)
         lb = LayerBiases(layer=layer)
@@ -430,9 +500,13 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         lb.matrix_query_positions = lb.matrix_key_positions = grid
         if is_fire:
             x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
-            lb.fire = {"c": float(enc.c), "threshold_L": float(enc.threshold()), "mlp_x": x.cpu().numpy(),
-                       "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
-                       "input_vs_query": fire_input_vs_query(enc, max_position=max(16 * cfg.seq_len, positions[-1]))}
+            lb.fire = {
+                "c": float(enc.c),
+                "threshold_L": float(enc.threshold()),
+                "mlp_x": x.cpu().numpy(),
+                "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
+                "input_vs_query": fire_input_vs_query(enc, max_position=max(16 * cfg.seq_len, positions[-1])),
+            }
         report.layers.append(lb)
     return report
 
@@ -448,10 +522,20 @@ def locality_table(reports: Sequence[BiasReport | dict]) -> list[dict]:
         d = rep.to_dict() if hasattr(rep, "to_dict") else rep
         for layer in d["layers"]:
             for h in layer.get("heads", []):
-                rows.append({"checkpoint": d.get("checkpoint"), "encoding": d.get("encoding"), "layer": layer["layer"],
-                             "head": h["head"], "locality": h["locality"], "rank_correlation": h["rank_correlation"],
-                             "peak_distance": h["peak_distance"], "peak_fraction": h["peak_fraction"],
-                             "bias_range": h["bias_range"], "query_position": h["query_position"]})
+                rows.append(
+                    {
+                        "checkpoint": d.get("checkpoint"),
+                        "encoding": d.get("encoding"),
+                        "layer": layer["layer"],
+                        "head": h["head"],
+                        "locality": h["locality"],
+                        "rank_correlation": h["rank_correlation"],
+                        "peak_distance": h["peak_distance"],
+                        "peak_fraction": h["peak_fraction"],
+                        "bias_range": h["bias_range"],
+                        "query_position": h["query_position"],
+                    }
+                )
     return rows
 
 
@@ -465,9 +549,18 @@ def locality_summary(reports: Sequence[BiasReport | dict]) -> list[dict]:
         heads = [h["locality"] for layer in d["layers"] for h in layer.get("heads", [])]
         n = len(heads)
         counts = {c: heads.count(c) for c in LOCALITY_CLASSES}
-        out.append({"checkpoint": d.get("checkpoint"), "encoding": d.get("encoding"), "kind": d.get("kind"),
-                    "heads": n, "n_local": counts["local"], "n_anti_local": counts["anti-local"],
-                    "n_mixed": counts["mixed"], "share_local": counts["local"] / n if n else None,
-                    "share_anti_local": counts["anti-local"] / n if n else None,
-                    "classify_at": d.get("classify_at")})
+        out.append(
+            {
+                "checkpoint": d.get("checkpoint"),
+                "encoding": d.get("encoding"),
+                "kind": d.get("kind"),
+                "heads": n,
+                "n_local": counts["local"],
+                "n_anti_local": counts["anti-local"],
+                "n_mixed": counts["mixed"],
+                "share_local": counts["local"] / n if n else None,
+                "share_anti_local": counts["anti-local"] / n if n else None,
+                "classify_at": d.get("classify_at"),
+            }
+        )
     return out

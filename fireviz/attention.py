@@ -18,6 +18,7 @@ numbers as the math path (tests compare to 1e-5); on a quiet 2-core machine abou
 the causal fused forward+backward, and 1.8–3.5× on a contended one (many short parallel
 regions wait for preempted threads; see benchmarks/README.md).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,6 +28,7 @@ from .kernels import LazyKernel, numba_kernel_call
 
 #: query rows per backward chunk; 64–128 keeps a chunk's [batch, heads, rows, keys] in cache
 BACKWARD_CHUNK = 128
+
 
 def _build_softmax_grad():
     """Compile (once; numba caches to disk) the fused elementwise part of the backward.
@@ -109,7 +111,7 @@ class BiasedAttention(torch.autograd.Function):
         q, k, v, mask, out = ctx.saved_tensors
         B, H, Tq, D = q.shape
         Tk = k.shape[2]
-        scale = D ** -0.5
+        scale = D**-0.5
         offset = Tk - Tq  # queries are the last Tq positions
         # One contiguous [B·H, T, D] copy of each input up front: the chunks below then feed
         # BLAS directly (slices of the permuted qkv view would be copied per chunk and matmul).
@@ -150,8 +152,9 @@ class BiasedAttention(torch.autograd.Function):
         return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              dropout_p: float = 0.0) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float = 0.0
+) -> torch.Tensor:
     """Causal multi-head attention ``[B, H, Tq, D]`` with an optional mask.
 
     Args:
@@ -164,10 +167,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     if mask.dtype == torch.bool:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(q.shape[0], q.shape[1], *mask.shape),
-                                              dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask.expand(q.shape[0], q.shape[1], *mask.shape), dropout_p=dropout_p
+        )
     mask = mask.to(q.dtype)
-    if (mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout_p == 0.0):
+    if mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout_p == 0.0:
         return BiasedAttention.apply(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None].expand(q.shape[0], *mask.shape),
-                                          dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask[None].expand(q.shape[0], *mask.shape), dropout_p=dropout_p
+    )

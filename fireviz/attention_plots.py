@@ -4,6 +4,7 @@ Every function takes an ``AttentionPattern`` or its ``to_dict()`` and returns a 
 Figure whose traces carry the numbers shown (``fireviz.plots.figure_data`` exports them).
 Positions are in tokens (bytes: the tokenizer is byte-level), probabilities in [0, 1].
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -40,8 +41,9 @@ def block_mean(m: np.ndarray, max_cells: int = MAX_HEATMAP_CELLS) -> tuple[np.nd
     return sums / (rows[:, None] * rows[None, :]), s
 
 
-def attention_pattern_figure(pattern, heads: Sequence[int] | None = None,
-                             max_cells: int = MAX_HEATMAP_CELLS) -> go.Figure:
+def attention_pattern_figure(
+    pattern, heads: Sequence[int] | None = None, max_cells: int = MAX_HEATMAP_CELLS
+) -> go.Figure:
     """Each head's attention probabilities on the text, queries down and keys across.
 
     Args: ``pattern`` (``AttentionPattern`` or dict); ``heads`` to draw (default all);
@@ -60,20 +62,33 @@ def attention_pattern_figure(pattern, heads: Sequence[int] | None = None,
     share = p.get("bias_share")
     cols = min(4, len(heads))
     sep = "<br>" if cols >= 3 else " · "  # side by side, one line ran into the next panel's title at 1024 px
-    titles = [f"head {h}" + (f"{sep}bias share {share[h]:.2f}" if share is not None and share[h] is not None else "")
-              for h in heads]
+    titles = [
+        f"head {h}" + (f"{sep}bias share {share[h]:.2f}" if share is not None and share[h] is not None else "")
+        for h in heads
+    ]
     rows = -(-len(heads) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06,
-                        vertical_spacing=0.12 if rows > 1 else 0.1)
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06, vertical_spacing=0.12 if rows > 1 else 0.1
+    )
     fig.update_annotations(font_size=11)
     block = 1
     for n, h in enumerate(heads):
         z, block = block_mean(probs[h], max_cells)
         pos = np.arange(z.shape[0]) * block
         z = np.where(pos[:, None] >= pos[None, :], z, np.nan)  # future keys blank
-        fig.add_trace(go.Heatmap(x=pos, y=pos, z=z, coloraxis="coloraxis", name=f"head {h}", meta={"head": h},
-                                 hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra>head " + str(h) + "</extra>"),
-                      row=n // cols + 1, col=n % cols + 1)
+        fig.add_trace(
+            go.Heatmap(
+                x=pos,
+                y=pos,
+                z=z,
+                coloraxis="coloraxis",
+                name=f"head {h}",
+                meta={"head": h},
+                hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra>head " + str(h) + "</extra>",
+            ),
+            row=n // cols + 1,
+            col=n % cols + 1,
+        )
         fig.update_yaxes(autorange="reversed", row=n // cols + 1, col=n % cols + 1)
     L = p.get("train_seq_len")
     if L and L < T:
@@ -81,11 +96,18 @@ def attention_pattern_figure(pattern, heads: Sequence[int] | None = None,
             _mark_length(fig, L, row=n // cols + 1, col=n % cols + 1, axis="x")
     cap = f", normalizer capped at {p['normalizer_cap']}" if p.get("normalizer_cap") else ""
     fig.update_layout(
-        title=dict(text=f"{p.get('checkpoint') or p.get('encoding')}: attention on the text, layer {p['layer']}{cap}",
-                   subtitle=dict(text=f"{T} tokens; queries down, keys across"
-                                 + (f"; each cell averages {block}×{block} positions" if block > 1 else ""))),
+        title=dict(
+            text=f"{p.get('checkpoint') or p.get('encoding')}: attention on the text, layer {p['layer']}{cap}",
+            subtitle=dict(
+                text=f"{T} tokens; queries down, keys across"
+                + (f"; each cell averages {block}×{block} positions" if block > 1 else "")
+            ),
+        ),
         coloraxis=dict(colorscale="Viridis", colorbar=dict(title=dict(text="probability"))),
-        height=260 * rows + 140, margin=dict(t=130), meta={"layer": p["layer"], "heads": heads, "block": block})
+        height=260 * rows + 140,
+        margin=dict(t=130),
+        meta={"layer": p["layer"], "heads": heads, "block": block},
+    )
     fig.update_xaxes(title_text="key position j", row=rows, col=1)
     fig.update_yaxes(title_text="query position i", row=1, col=1)
     return fig
@@ -112,17 +134,29 @@ def bias_share_figure(patterns: Sequence) -> go.Figure:
         cap = p.get("normalizer_cap")
         for h in range(by.shape[0]):
             y = by[h]
-            fig.add_trace(go.Scatter(x=np.arange(len(y)), y=_trailing_mean(y, 16), mode="lines",
-                                     line=dict(color=_color(h), dash="dash" if cap else "solid"),
-                                     name=f"head {h}" + (f" (cap {cap})" if cap else ""),
-                                     meta={"head": h, "normalizer_cap": cap}))
+            fig.add_trace(
+                go.Scatter(
+                    x=np.arange(len(y)),
+                    y=_trailing_mean(y, 16),
+                    mode="lines",
+                    line=dict(color=_color(h), dash="dash" if cap else "solid"),
+                    name=f"head {h}" + (f" (cap {cap})" if cap else ""),
+                    meta={"head": h, "normalizer_cap": cap},
+                )
+            )
     if not fig.data:
         raise ValueError("no pattern has an additive bias: the bias share needs one (RoPE and NoPE have none)")
     if L:
         _mark_length(fig, L, text=f"train {L}")
     fig.update_yaxes(range=[0, 1.02])
-    fig.update_layout(title=dict(text="The bias's share of the attention logits, by query position",
-                                 subtitle=dict(text="Var_j(bias) / (Var_j(bias) + Var_j(q·k/√d)) over the keys a "
-                                                    "query sees; mean over 16 queries")),
-                      xaxis_title="query position i (tokens)", yaxis_title="bias share (mean over 16 queries)")
+    fig.update_layout(
+        title=dict(
+            text="The bias's share of the attention logits, by query position",
+            subtitle=dict(
+                text="Var_j(bias) / (Var_j(bias) + Var_j(q·k/√d)) over the keys a query sees; mean over 16 queries"
+            ),
+        ),
+        xaxis_title="query position i (tokens)",
+        yaxis_title="bias share (mean over 16 queries)",
+    )
     return fig

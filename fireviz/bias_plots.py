@@ -1,4 +1,5 @@
 """Figures of position biases: the layer × head grid, one head, FIRE's input, heatmaps, dilution."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,15 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figure_base import (FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _DASHES, _mark_length,  # noqa: F401
-                          _panel_refs, _subsample)
+from .figure_base import (
+    TRAIN_MARK,
+    _arr,
+    _as_dict,
+    _color,
+    _mark_length,
+    _panel_refs,
+    _subsample,
+)
 
 
 # -- biases ------------------------------------------------------------------------------------
@@ -38,8 +46,10 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
         return _kernel_figure(r, max_points)
     if r.get("kind") != "additive":
         fig = go.Figure()
-        fig.update_layout(title=f"{r.get('checkpoint') or r.get('encoding')}: {r.get('note') or 'no position bias'}",
-                          meta={"train_seq_len": L, "kind": r.get("kind")})
+        fig.update_layout(
+            title=f"{r.get('checkpoint') or r.get('encoding')}: {r.get('note') or 'no position bias'}",
+            meta={"train_seq_len": L, "kind": r.get("kind")},
+        )
         return fig
     wanted = list(r["query_positions"]) if query_positions is None else [int(q) for q in query_positions]
     missing = set(wanted) - set(r["query_positions"])
@@ -49,11 +59,19 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
     # four or more panels side by side: the class on its own line (at 1024 px one line ran into the next title)
     sep = "<br>" if n_head >= 4 else " · "
-    titles = [f"L{ly} H{h}" + (f"{sep}{heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
-              for ly in range(n_layer) for h in range(n_head)]
-    fig = make_subplots(rows=n_layer, cols=n_head, subplot_titles=titles, shared_xaxes=True,
-                        horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
-                        vertical_spacing=min(0.09 if sep == "<br>" else 0.06, 0.5 / max(1, n_layer - 1)))
+    titles = [
+        f"L{ly} H{h}" + (f"{sep}{heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
+        for ly in range(n_layer)
+        for h in range(n_head)
+    ]
+    fig = make_subplots(
+        rows=n_layer,
+        cols=n_head,
+        subplot_titles=titles,
+        shared_xaxes=True,
+        horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
+        vertical_spacing=min(0.09 if sep == "<br>" else 0.06, 0.5 / max(1, n_layer - 1)),
+    )
     refs = {(ly, h): _panel_refs(fig, ly + 1, h + 1) for ly in range(n_layer) for h in range(n_head)}
     new_traces = []
     for lay in r["layers"]:
@@ -68,29 +86,66 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
             dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
             for h in range(bias.shape[0]):
                 xr, yr = refs[(ly, h)]
-                new_traces.append(go.Scatter(x=dist, y=bias[h, idx], mode="lines", name=f"i = {i}",
-                                             legendgroup=f"i{i}", showlegend=(ly == 0 and h == 0),
-                                             line=dict(color=_color(k), width=1.2), xaxis=xr, yaxis=yr,
-                                             meta={"layer": ly, "head": h, "query_position": i}))
+                new_traces.append(
+                    go.Scatter(
+                        x=dist,
+                        y=bias[h, idx],
+                        mode="lines",
+                        name=f"i = {i}",
+                        legendgroup=f"i{i}",
+                        showlegend=(ly == 0 and h == 0),
+                        line=dict(color=_color(k), width=1.2),
+                        xaxis=xr,
+                        yaxis=yr,
+                        meta={"layer": ly, "head": h, "query_position": i},
+                    )
+                )
     fig.add_traces(new_traces)
     # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
-    fig.layout.shapes = [go.layout.Shape(
-        type="line", x0=L, x1=L, xref=xr, y0=0, y1=1, yref=f"{yr} domain", name=TRAIN_MARK,
-        line=dict(dash="dash", color="gray", width=1),
-        label=dict(text="train" if (ly, h) == (0, 0) else "", textposition="end", textangle=-90,
-                   font=dict(size=9, color="gray")))
-        for (ly, h), (xr, yr) in refs.items()] if L is not None else []
+    fig.layout.shapes = (
+        [
+            go.layout.Shape(
+                type="line",
+                x0=L,
+                x1=L,
+                xref=xr,
+                y0=0,
+                y1=1,
+                yref=f"{yr} domain",
+                name=TRAIN_MARK,
+                line=dict(dash="dash", color="gray", width=1),
+                label=dict(
+                    text="train" if (ly, h) == (0, 0) else "",
+                    textposition="end",
+                    textangle=-90,
+                    font=dict(size=9, color="gray"),
+                ),
+            )
+            for (ly, h), (xr, yr) in refs.items()
+        ]
+        if L is not None
+        else []
+    )
     for ly in range(n_layer):
         fig.update_yaxes(title_text="bias (logits)", row=ly + 1, col=1)
     # one x title under the first column (one per column overlapped in narrow windows)
     fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=1)
     fig.update_annotations(font_size=11)  # the panel titles
-    fig.update_layout(title=dict(text=title, subtitle=dict(
-        text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i")),
-        legend_title_text="query position", height=220 * n_layer + 120 + (20 if sep == "<br>" else 0),
+    fig.update_layout(
+        title=dict(
+            text=title,
+            subtitle=dict(text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i"),
+        ),
+        legend_title_text="query position",
+        height=220 * n_layer + 120 + (20 if sep == "<br>" else 0),
         margin=dict(t=130 if sep == "<br>" else 100),
-        meta={"train_seq_len": L, "encoding": r.get("encoding"), "checkpoint": r.get("checkpoint"),
-              "units": {"x": "tokens", "y": "logits"}})
+        meta={
+            "train_seq_len": L,
+            "encoding": r.get("encoding"),
+            "checkpoint": r.get("checkpoint"),
+            "units": {"x": "tokens", "y": "logits"},
+        },
+    )
     return fig
 
 
@@ -99,14 +154,29 @@ def _kernel_figure(r: dict, max_points: int | None) -> go.Figure:
     d = np.asarray(k["distance"], dtype=np.int64)
     v = _arr(k["value"])
     idx = _subsample(d.size, max_points)
-    fig = go.Figure(go.Scatter(x=d[idx], y=v[idx], mode="lines", name="RoPE kernel",
-                               meta={"kernel": True, "attention_factor": k.get("attention_factor")}))
+    fig = go.Figure(
+        go.Scatter(
+            x=d[idx],
+            y=v[idx],
+            mode="lines",
+            name="RoPE kernel",
+            meta={"kernel": True, "attention_factor": k.get("attention_factor")},
+        )
+    )
     _mark_length(fig, r.get("train_seq_len"))
-    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: RoPE position kernel (not a bias)",
-                                 subtitle=dict(text=k.get("label", ""))),
-                      xaxis_title="distance m − n (tokens)", yaxis_title="mean_k cos(d·θ_k) (dimensionless)",
-                      meta={"train_seq_len": r.get("train_seq_len"), "encoding": r.get("encoding"),
-                            "units": {"x": "tokens", "y": "dimensionless"}})
+    fig.update_layout(
+        title=dict(
+            text=f"{r.get('checkpoint') or r.get('encoding')}: RoPE position kernel (not a bias)",
+            subtitle=dict(text=k.get("label", "")),
+        ),
+        xaxis_title="distance m − n (tokens)",
+        yaxis_title="mean_k cos(d·θ_k) (dimensionless)",
+        meta={
+            "train_seq_len": r.get("train_seq_len"),
+            "encoding": r.get("encoding"),
+            "units": {"x": "tokens", "y": "dimensionless"},
+        },
+    )
     return fig
 
 
@@ -164,13 +234,28 @@ def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance", ca
                 if x_axis == "log_distance":  # distance 0 has no place on a log axis
                     keep = x >= 1
                     x, y = x[keep], y[keep]
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"i = {i}" + (f", cap {cap}" if cap else ""),
-                                     line=dict(color=_color(k), dash="dash" if cap else None),
-                                     meta={"layer": layer, "head": head, "query_position": i, "capped": cap}))
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    name=f"i = {i}" + (f", cap {cap}" if cap else ""),
+                    line=dict(color=_color(k), dash="dash" if cap else None),
+                    meta={"layer": layer, "head": head, "query_position": i, "capped": cap},
+                )
+            )
     if x_axis == "normalized" and lay.get("fire"):
         f = lay["fire"]
-        fig.add_trace(go.Scatter(x=_arr(f["mlp_x"]), y=_arr(f["mlp_bias"])[head], mode="lines", name="f_θ(x)",
-                                 line=dict(color="black", dash="dot"), meta={"layer": layer, "head": head, "mlp": True}))
+        fig.add_trace(
+            go.Scatter(
+                x=_arr(f["mlp_x"]),
+                y=_arr(f["mlp_bias"])[head],
+                mode="lines",
+                name="f_θ(x)",
+                line=dict(color="black", dash="dot"),
+                meta={"layer": layer, "head": head, "mlp": True},
+            )
+        )
         xt = "normalized distance ψ(i − j)/ψ(max(L, i)) (dimensionless)"
     else:
         xt = "distance i − j (tokens" + (", log scale)" if x_axis == "log_distance" else ")")
@@ -178,11 +263,20 @@ def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance", ca
         if x_axis == "log_distance":
             fig.update_xaxes(type="log")
     loc = next((h for h in lay.get("heads", []) if h["head"] == head), None)
-    sub = f"locality {loc['locality']} (ρ = {loc['rank_correlation']:.2f}, peak at {loc['peak_distance']} tokens)" if loc else ""
-    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: layer {layer}, head {head}",
-                                 subtitle=dict(text=sub)),
-                      xaxis_title=xt, yaxis_title="bias (logits)", legend_title_text="query position",
-                      meta={"train_seq_len": r.get("train_seq_len"), "layer": layer, "head": head, "x_axis": x_axis})
+    sub = (
+        f"locality {loc['locality']} (ρ = {loc['rank_correlation']:.2f}, peak at {loc['peak_distance']} tokens)"
+        if loc
+        else ""
+    )
+    fig.update_layout(
+        title=dict(
+            text=f"{r.get('checkpoint') or r.get('encoding')}: layer {layer}, head {head}", subtitle=dict(text=sub)
+        ),
+        xaxis_title=xt,
+        yaxis_title="bias (logits)",
+        legend_title_text="query position",
+        meta={"train_seq_len": r.get("train_seq_len"), "layer": layer, "head": head, "x_axis": x_axis},
+    )
     return fig
 
 
@@ -207,21 +301,40 @@ def fire_input_figure(report, layer: int, capped=None) -> go.Figure:
         q = np.asarray(fire["query_positions"], dtype=np.int64)
         for k, (d, row) in enumerate(zip(fire["distances"], fire["input"])):
             y = np.array([np.nan if v is None else v for v in row], dtype=np.float64)
-            fig.add_trace(go.Scatter(x=q, y=y, mode="lines", name=f"d = {d}" + (f", cap {cap}" if cap else ""),
-                                     line=dict(color=_color(k), dash="dash" if cap else None),
-                                     meta={"layer": layer, "distance": int(d), "capped": cap}))
+            fig.add_trace(
+                go.Scatter(
+                    x=q,
+                    y=y,
+                    mode="lines",
+                    name=f"d = {d}" + (f", cap {cap}" if cap else ""),
+                    line=dict(color=_color(k), dash="dash" if cap else None),
+                    meta={"layer": layer, "distance": int(d), "capped": cap},
+                )
+            )
     train = r.get("train_seq_len")
     if train:
-        fig.add_vrect(x0=1, x1=train, fillcolor="gray", opacity=0.12, line_width=0,
-                      annotation_text="training positions", annotation_position="top left")
+        fig.add_vrect(
+            x0=1,
+            x1=train,
+            fillcolor="gray",
+            opacity=0.12,
+            line_width=0,
+            annotation_text="training positions",
+            annotation_position="top left",
+        )
     fig.update_xaxes(type="log")
-    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: f_θ's input for fixed distances, "
-                                      f"layer {layer}",
-                                 subtitle=dict(text="ψ(d)/ψ(max(L, i)): past the training positions the normalizer "
-                                                    "grows on, so far keys look near")),
-                      xaxis_title="query position i (tokens, log scale)",
-                      yaxis_title="normalized distance (f_θ's input)", yaxis_range=[0, 1.02],
-                      meta={"train_seq_len": train, "layer": layer})
+    fig.update_layout(
+        title=dict(
+            text=f"{r.get('checkpoint') or r.get('encoding')}: f_θ's input for fixed distances, layer {layer}",
+            subtitle=dict(
+                text="ψ(d)/ψ(max(L, i)): past the training positions the normalizer grows on, so far keys look near"
+            ),
+        ),
+        xaxis_title="query position i (tokens, log scale)",
+        yaxis_title="normalized distance (f_θ's input)",
+        yaxis_range=[0, 1.02],
+        meta={"train_seq_len": train, "layer": layer},
+    )
     return fig
 
 
@@ -238,29 +351,50 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
     if not rs:
         raise ValueError("no dilution results to plot")
     n_layer = max(_arr(r["share"]).shape[0] for r in rs)
-    fig = make_subplots(rows=n_layer, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[f"layer {ly}" for ly in range(n_layer)])
+    fig = make_subplots(
+        rows=n_layer,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=[f"layer {ly}" for ly in range(n_layer)],
+    )
     names = list(OrderedDict.fromkeys(r.get("checkpoint") or r.get("encoding") for r in rs))
     for r in rs:
         share = _arr(r["share"])
         name = r.get("checkpoint") or r.get("encoding")
         cap = r.get("normalizer_cap")
         for ly in range(share.shape[0]):
-            fig.add_trace(go.Scatter(x=np.asarray(r["query_positions"]), y=share[ly].mean(0), mode="lines+markers",
-                                     name=name + (f" (cap {cap})" if cap else ""), legendgroup=name + str(cap),
-                                     showlegend=ly == 0, line=dict(color=_color(names.index(name)),
-                                                                 dash="dash" if cap else None),
-                                     meta={"checkpoint": name, "layer": ly, "normalizer_cap": cap}), row=ly + 1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=np.asarray(r["query_positions"]),
+                    y=share[ly].mean(0),
+                    mode="lines+markers",
+                    name=name + (f" (cap {cap})" if cap else ""),
+                    legendgroup=name + str(cap),
+                    showlegend=ly == 0,
+                    line=dict(color=_color(names.index(name)), dash="dash" if cap else None),
+                    meta={"checkpoint": name, "layer": ly, "normalizer_cap": cap},
+                ),
+                row=ly + 1,
+                col=1,
+            )
     for ly in range(n_layer):
         _mark_length(fig, rs[0].get("train_seq_len"), row=ly + 1, col=1)
         fig.update_yaxes(range=[0, 1.02], row=ly + 1, col=1)
     fig.update_xaxes(type="log")
     fig.update_xaxes(title_text="query position i (tokens)", row=n_layer, col=1)
     near = rs[0].get("near")
-    fig.update_layout(title=dict(text=f"Attention on the nearest {near} keys (mean over heads)",
-                                 subtitle=dict(text=f"mean over {rs[0].get('rows')} query rows per position; "
-                                                    "a falling line is attention spreading thin")),
-                      height=220 * n_layer + 140, meta={"near": near, "train_seq_len": rs[0].get("train_seq_len")})
+    fig.update_layout(
+        title=dict(
+            text=f"Attention on the nearest {near} keys (mean over heads)",
+            subtitle=dict(
+                text=f"mean over {rs[0].get('rows')} query rows per position; "
+                "a falling line is attention spreading thin"
+            ),
+        ),
+        height=220 * n_layer + 140,
+        meta={"near": near, "train_seq_len": rs[0].get("train_seq_len")},
+    )
     return fig
 
 
@@ -268,6 +402,7 @@ def _heatmap_note(encoding) -> str:
     # FIRE divides by ψ(max(L, i)), so its bias changes along a diagonal; the fixed-form biases
     # (T5 buckets, ALiBi, Kerple, Sandwich) are functions of i − j alone.
     from .encodings import has_normalizer
+
     if has_normalizer(encoding):
         return "FIRE depends on the query position i, not only on i − j"
     return f"{encoding} depends on i − j only: constant along each diagonal"
@@ -288,10 +423,13 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
     Raises: ValueError for a non-additive report, a missing layer/head or matrix, or a
       ``color_limit`` that is not a positive number.
     """
-    if color_limit is not None and not (isinstance(color_limit, numbers.Real) and not isinstance(color_limit, bool)
-                                        and 0 < color_limit < math.inf):
-        raise ValueError(f"color_limit must be a positive number of logits such as 20 (got {color_limit!r}); "
-                         "None spans the full range")
+    if color_limit is not None and not (
+        isinstance(color_limit, numbers.Real) and not isinstance(color_limit, bool) and 0 < color_limit < math.inf
+    ):
+        raise ValueError(
+            f"color_limit must be a positive number of logits such as 20 (got {color_limit!r}); "
+            "None spans the full range"
+        )
     r = _as_dict(report)
     if r.get("kind") != "additive":
         raise ValueError(f"{r.get('encoding')} has no additive bias (kind {r.get('kind')})")
@@ -309,23 +447,41 @@ def bias_heatmap_figure(report, layer: int, head: int, color_limit: float | None
     both = finite.size and finite.min() < 0 < finite.max()
     scale = dict(colorscale="RdBu", zmid=0.0) if both else dict(colorscale="Viridis")
     bar_title = "bias (logits)"
-    lo, hi = (max(finite.min(), -color_limit), min(finite.max(), color_limit)) if color_limit and finite.size else (0, 0)
+    lo, hi = (
+        (max(finite.min(), -color_limit), min(finite.max(), color_limit)) if color_limit and finite.size else (0, 0)
+    )
     # clip only where the limit cuts into the range (a bias entirely beyond it keeps its own range)
     if color_limit is not None and lo < hi and (finite.min() < lo or finite.max() > hi):
-        scale = dict(colorscale="RdBu", zmin=-color_limit, zmax=color_limit) if both else \
-            dict(colorscale="Viridis", zmin=float(lo) + 0.0, zmax=float(hi) + 0.0)  # + 0.0: no "-0"
+        scale = (
+            dict(colorscale="RdBu", zmin=-color_limit, zmax=color_limit)
+            if both
+            else dict(colorscale="Viridis", zmin=float(lo) + 0.0, zmax=float(hi) + 0.0)
+        )  # + 0.0: no "-0"
         bar_title = f"bias (logits),<br>saturated at |b| ≥ {color_limit:g}"
-    fig = go.Figure(go.Heatmap(x=np.asarray(m["key_positions"]), y=np.asarray(m["query_positions"]), z=zh,
-                               **scale, colorbar=dict(title=dict(text=bar_title)),
-                               meta={"layer": layer, "head": head}, name=f"L{layer} H{head}"))
+    fig = go.Figure(
+        go.Heatmap(
+            x=np.asarray(m["key_positions"]),
+            y=np.asarray(m["query_positions"]),
+            z=zh,
+            **scale,
+            colorbar=dict(title=dict(text=bar_title)),
+            meta={"layer": layer, "head": head},
+            name=f"L{layer} H{head}",
+        )
+    )
     L = r.get("train_seq_len")
     _mark_length(fig, L, axis="x", at="start")  # at the top it would run into the subtitle
     _mark_length(fig, L, axis="y")
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding')}: bias b(i, j), layer {layer}, head {head}",
-                                 subtitle=dict(text=_heatmap_note(r.get("encoding")))),
-                      xaxis_title="key position j (tokens)", yaxis_title="query position i (tokens)",
-                      meta={"train_seq_len": L, "layer": layer, "head": head})
+    fig.update_layout(
+        title=dict(
+            text=f"{r.get('checkpoint') or r.get('encoding')}: bias b(i, j), layer {layer}, head {head}",
+            subtitle=dict(text=_heatmap_note(r.get("encoding"))),
+        ),
+        xaxis_title="key position j (tokens)",
+        yaxis_title="query position i (tokens)",
+        meta={"train_seq_len": L, "layer": layer, "head": head},
+    )
     return fig
 
 
@@ -347,12 +503,26 @@ def dilution_figure(result, layer: int | None = None) -> go.Figure:
     fig = go.Figure()
     for k, ly in enumerate(layers):
         for h in range(share.shape[1]):
-            fig.add_trace(go.Scatter(x=x, y=share[ly, h], mode="lines+markers", name=f"L{ly} H{h}",
-                                     line=dict(color=_color(ly if layer is None else h)), meta={"layer": ly, "head": h}))
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=share[ly, h],
+                    mode="lines+markers",
+                    name=f"L{ly} H{h}",
+                    line=dict(color=_color(ly if layer is None else h)),
+                    meta={"layer": ly, "head": h},
+                )
+            )
     _mark_length(fig, r.get("train_seq_len"))
     fig.update_xaxes(type="log")
-    fig.update_layout(title=dict(text=f"{r.get('checkpoint') or r.get('encoding') or ''}: attention on the nearest "
-                                      f"{r.get('near')} keys", subtitle=dict(text=f"mean over {r.get('rows')} query rows per position")),
-                      xaxis_title="query position i (tokens)", yaxis_title=f"share of attention on nearest {r.get('near')} keys (probability)",
-                      yaxis_range=[0, 1.02], meta={"train_seq_len": r.get("train_seq_len"), "near": r.get("near")})
+    fig.update_layout(
+        title=dict(
+            text=f"{r.get('checkpoint') or r.get('encoding') or ''}: attention on the nearest {r.get('near')} keys",
+            subtitle=dict(text=f"mean over {r.get('rows')} query rows per position"),
+        ),
+        xaxis_title="query position i (tokens)",
+        yaxis_title=f"share of attention on nearest {r.get('near')} keys (probability)",
+        yaxis_range=[0, 1.02],
+        meta={"train_seq_len": r.get("train_seq_len"), "near": r.get("near")},
+    )
     return fig

@@ -4,6 +4,7 @@ Parses the arguments, loads through ``fireviz.checkpoints.load_model_or_publishe
 with ``fireviz.analysis.bias_report`` (and ``fireviz.text_attention.attention_dilution`` for
 ``--text``), prints the per-head locality table and writes the report (and ``--figure``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .analysis import (DEFAULT_DILUTION_MULTIPLES, bias_report, default_query_positions, locality_table,
-                       parse_positions)
+from .analysis import DEFAULT_DILUTION_MULTIPLES, bias_report, default_query_positions, locality_table, parse_positions
 from .checkpoints import load_model_or_published
 from .encodings import MAX_NORMALIZER_CAP
 from .model import GPT
@@ -39,27 +39,55 @@ def _parse_window(text: str) -> tuple[int, int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m fireviz biases`` argument parser (errors: one stderr line, exit 2)."""
-    ap = _Parser(prog="python -m fireviz biases",
-                 description="Learned position biases, per-head locality and attention dilution of a checkpoint.")
-    ap.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors), or a published model: "
-                    "a folder written by transformers or a Hugging Face repo id (T5 family, ALiBi, RoPE)")
-    ap.add_argument("--stack", choices=("decoder", "encoder"), default="decoder",
-                    help="published encoder-decoder (T5-family) models: which stack's bias (default decoder)")
+    ap = _Parser(
+        prog="python -m fireviz biases",
+        description="Learned position biases, per-head locality and attention dilution of a checkpoint.",
+    )
+    ap.add_argument(
+        "checkpoint",
+        help="checkpoint folder (config.json + model.safetensors), or a published model: "
+        "a folder written by transformers or a Hugging Face repo id (T5 family, ALiBi, RoPE)",
+    )
+    ap.add_argument(
+        "--stack",
+        choices=("decoder", "encoder"),
+        default="decoder",
+        help="published encoder-decoder (T5-family) models: which stack's bias (default decoder)",
+    )
     ap.add_argument("--revision", default=None, help="published models on the Hub: branch, tag or commit")
-    ap.add_argument("--query-positions", default=None,
-                    help="comma-separated query positions in tokens, 0-based (default m*seq_len-1, m=1,2,4,8)")
-    ap.add_argument("--classify-at", type=int, default=None,
-                    help="query position of the headline locality (default: smallest query position)")
+    ap.add_argument(
+        "--query-positions",
+        default=None,
+        help="comma-separated query positions in tokens, 0-based (default m*seq_len-1, m=1,2,4,8)",
+    )
+    ap.add_argument(
+        "--classify-at",
+        type=int,
+        default=None,
+        help="query position of the headline locality (default: smallest query position)",
+    )
     ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
     ap.add_argument("--text", default=None, help="text file: also measure attention dilution on it (its bytes)")
     ap.add_argument("--near", type=int, default=16, help="keys counted as near for dilution (default 16, as the app)")
-    ap.add_argument("--dilution-positions", default=None,
-                    help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)")
-    ap.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
-                    help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens")
+    ap.add_argument(
+        "--dilution-positions",
+        default=None,
+        help="comma-separated dilution query positions (default m*seq_len-1, m=1,2,4,8,16)",
+    )
+    ap.add_argument(
+        "--normalizer-cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="FIRE/FIRE-S: biases (and dilution) with the normalizer psi(min(max(L, i), N)), N in tokens",
+    )
     ap.add_argument("--out", default=None, help="output JSON (default ./biases_<checkpoint name>.json)")
-    ap.add_argument("--figure", default=None, metavar="FILE",
-                    help="also write the layer x head bias grid: .svg, .pdf or .png (for a paper) or .html")
+    ap.add_argument(
+        "--figure",
+        default=None,
+        metavar="FILE",
+        help="also write the layer x head bias grid: .svg, .pdf or .png (for a paper) or .html",
+    )
     return ap
 
 
@@ -75,10 +103,14 @@ def _print_report(out: dict, args) -> None:
         print(f"note: {out['encoding']} has no normalizer; --normalizer-cap changes nothing")
     if rows:
         cap = f", normalizer capped at {out['normalizer_cap']}" if out.get("normalizer_cap") else ""
-        print(f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position "
-              f"{out['classify_at']}{cap})")
+        print(
+            f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position "
+            f"{out['classify_at']}{cap})"
+        )
         for r in rows:
-            print(f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}")
+            print(
+                f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}"
+            )
     else:
         print(out["note"])
     if "dilution" in out:  # what --text measured: the near share per layer at each query position
@@ -94,17 +126,22 @@ def _text_tokens(args, model, dil_positions):
     """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
     error message."""
     from .text_attention import text_tokens  # it builds on fireviz.analysis
+
     if not isinstance(model, GPT):
-        return None, ("--text measures attention dilution, which needs the whole model; a published model is read "
-                      "for its position encoding only")
+        return None, (
+            "--text measures attention dilution, which needs the whole model; a published model is read "
+            "for its position encoding only"
+        )
     try:
         tokens = text_tokens(Path(args.text).read_bytes().decode("utf-8", errors="surrogateescape"))
     except (OSError, UnicodeDecodeError) as e:
         return None, f"cannot read --text {args.text}: {e}"
     need = (dil_positions or default_query_positions(model.config.seq_len, DEFAULT_DILUTION_MULTIPLES))[-1] + 1
     if tokens.numel() < need:
-        return None, (f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
-                      f"query position needs {need}; give a longer text or smaller --dilution-positions")
+        return None, (
+            f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
+            f"query position needs {need}; give a longer text or smaller --dilution-positions"
+        )
     return tokens, None
 
 
@@ -132,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.near < 1:
         return _fail(f"--near must be >= 1 (got {args.near})")
     if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= MAX_NORMALIZER_CAP:
-        return _fail(f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
-                     f"{args.normalizer_cap}); e.g. the training length")
+        return _fail(
+            f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
+            f"{args.normalizer_cap}); e.g. the training length"
+        )
     try:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line
@@ -145,12 +184,20 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             return _fail(problem)
     try:
-        out = bias_report(model, positions, classify_at=args.classify_at, matrix_window=window, checkpoint=name,
-                          normalizer_cap=args.normalizer_cap).to_dict()
+        out = bias_report(
+            model,
+            positions,
+            classify_at=args.classify_at,
+            matrix_window=window,
+            checkpoint=name,
+            normalizer_cap=args.normalizer_cap,
+        ).to_dict()
         if tokens is not None:
             from .text_attention import attention_dilution
-            out["dilution"] = attention_dilution(model, tokens, dil_positions, near=args.near, checkpoint=name,
-                                                 normalizer_cap=args.normalizer_cap).to_dict()
+
+            out["dilution"] = attention_dilution(
+                model, tokens, dil_positions, near=args.near, checkpoint=name, normalizer_cap=args.normalizer_cap
+            ).to_dict()
     except ValueError as e:
         return _fail(str(e))
     out_path = Path(args.out) if args.out else Path(f"biases_{name.replace('/', '--')}.json")
@@ -163,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out_path}")
     if args.figure:
         from . import plots  # the CLI layer draws; analysis itself only computes
+
         try:
             print(f"wrote {plots.write_figure(plots.bias_grid_figure(out), args.figure)}")
         except (ValueError, plots.FigureExportError, OSError) as e:

@@ -13,6 +13,7 @@ Where checkpoints come from:
 
 Nothing here imports Streamlit; nothing here unpickles (weights are safetensors only).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,12 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .run_records import (CONFIG_FILE, LOG_FILE, LOG_FILE_GZ, LOG_NUMBER_FIELDS,  # noqa: F401
-                          SUMMARY_STEPS, WEIGHTS_FILE, _is_number, _NOT_RESULTS, _read_json, check_results,
-                          headline_numbers, read_results, read_train_log, training_summary_row,
-                          validation_rows)
+from .run_records import (
+    CONFIG_FILE,
+    LOG_FILE,
+    LOG_FILE_GZ,
+    LOG_NUMBER_FIELDS,  # noqa: F401
+    WEIGHTS_FILE,
+    _is_number,
+    _read_json,
+    headline_numbers,
+    read_results,
+    read_train_log,
+)
 from .files import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
 from .model import GPT, CheckpointError, config_from_dict
+
 
 class CheckpointNotFoundError(CheckpointError):
     """No checkpoint at a path: it does not exist, or lacks config.json / model.safetensors.
@@ -42,8 +52,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, LOG_FILE_GZ, "*.json", "README.md"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Command that creates a checkpoint, shown when none is found.
-TRAIN_HINT = ("python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
-              "--out checkpoints/my_run")
+TRAIN_HINT = (
+    "python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
+    "--out checkpoints/my_run"
+)
 #: An extra-seed run sits beside its seed-0 run: ``fire_seed1`` is ``fire`` trained with train.seed=1.
 SEED_FOLDER = re.compile(r"^(?P<base>[A-Za-z0-9_.-]+?)_seed(?P<seed>[1-9][0-9]*)$")
 
@@ -145,9 +157,16 @@ class CheckpointInfo:
         :func:`training_progress`), length, data, where the numbers come from."""
         row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed}
         row.update({k: v for k, v in self.headline.items() if k != "source"})
-        row.update({"parameters": self.num_parameters, "training tokens": self.training_tokens,
-                    "progress": training_progress(self.training), "training length": self.seq_len, "data": self.data,
-                    "numbers from": self.headline.get("source", "")})
+        row.update(
+            {
+                "parameters": self.num_parameters,
+                "training tokens": self.training_tokens,
+                "progress": training_progress(self.training),
+                "training length": self.seq_len,
+                "data": self.data,
+                "numbers from": self.headline.get("source", ""),
+            }
+        )
         return row
 
 
@@ -256,11 +275,13 @@ def count_parameters(weights: str | os.PathLike) -> int:
         entries = check_safetensors_header(header, size - 8 - n, str(weights))
     except FileFormatError as e:
         fix = "copy, download or train the checkpoint again"
-        raise CheckpointError(f"{e}; {fix}" if "truncated" in str(e) else f"{weights} is not a readable safetensors "
-                              f"file ({e}); {fix}") from e
+        raise CheckpointError(
+            f"{e}; {fix}" if "truncated" in str(e) else f"{weights} is not a readable safetensors file ({e}); {fix}"
+        ) from e
     except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{weights} is not a readable safetensors file ({e}); copy, download or "
-                              "train the checkpoint again") from e
+        raise CheckpointError(
+            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
+        ) from e
     return int(sum(math.prod(v["shape"]) for v in entries.values()))
 
 
@@ -285,11 +306,15 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     """
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
-        raise CheckpointNotFoundError(f"checkpoint folder {p} does not exist; give a folder holding "
-                              f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a Hugging Face repo id (owner/name)")
+        raise CheckpointNotFoundError(
+            f"checkpoint folder {p} does not exist; give a folder holding "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a Hugging Face repo id (owner/name)"
+        )
     for f in (CONFIG_FILE, WEIGHTS_FILE):
         if not (p / f).is_file():
-            raise CheckpointNotFoundError(f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})")
+            raise CheckpointNotFoundError(
+                f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})"
+            )
     config = _read_json(p / CONFIG_FILE)
     config_from_dict(config, str(p / CONFIG_FILE))  # every field that changes the numbers, well typed
     training = config.get("training") if isinstance(config.get("training"), dict) else {}
@@ -310,21 +335,34 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
     return CheckpointInfo(
-        name=name or p.name, path=str(p), source="hub" if repo_id else "local", config=config,
-        position_encoding=str(config["position_encoding"]), num_parameters=count_parameters(p / WEIGHTS_FILE),
-        seq_len=seq_len, training=training, training_tokens=tokens, data=_describe_data(training),
-        results=results, headline=headline_numbers(seq_len, results, log), repo_id=repo_id, problems=problems)
+        name=name or p.name,
+        path=str(p),
+        source="hub" if repo_id else "local",
+        config=config,
+        position_encoding=str(config["position_encoding"]),
+        num_parameters=count_parameters(p / WEIGHTS_FILE),
+        seq_len=seq_len,
+        training=training,
+        training_tokens=tokens,
+        data=_describe_data(training),
+        results=results,
+        headline=headline_numbers(seq_len, results, log),
+        repo_id=repo_id,
+        problems=problems,
+    )
 
 
 def looks_like_hub_id(ref: str) -> bool:
     """True if ``ref`` has the shape of a Hub repo id (``owner/name``) and is not a local path
     (see ``fireviz.hub.looks_like_hub_id``: one rule for the app, the CLI and the library)."""
     from .hub import looks_like_hub_id as rule
+
     return rule(ref)
 
 
-def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
-                       local_files_only: bool = False) -> CheckpointInfo:
+def resolve_checkpoint(
+    ref: str, root: str | os.PathLike | None = None, local_files_only: bool = False
+) -> CheckpointInfo:
     """Find a checkpoint by name under the root, local folder path, or Hub repo id.
 
     Order: a folder name under ``root`` (default :func:`checkpoints_root`), then an existing
@@ -336,8 +374,9 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
     """
     ref = (ref or "").strip()
     if not ref:
-        raise CheckpointError("no checkpoint given; pick one from the list, or type a folder path or a "
-                              "Hugging Face repo id (owner/name)")
+        raise CheckpointError(
+            "no checkpoint given; pick one from the list, or type a folder path or a Hugging Face repo id (owner/name)"
+        )
     root = Path(root) if root is not None else checkpoints_root()
     if "/" not in ref and (root / ref).is_dir():
         return read_checkpoint(root / ref)
@@ -348,34 +387,48 @@ def resolve_checkpoint(ref: str, root: str | os.PathLike | None = None,
         return read_checkpoint(local)
     if looks_like_hub_id(ref) and not local_files_only:
         from . import hub
+
         try:
             return published_info(ref)
         except hub.NotPublishedModelError:
             pass  # a fireviz checkpoint on the Hub: fetched below
         # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
-        raise CheckpointNotFoundError(f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
-                              "Hugging Face repo id of the form owner/name; check the spelling or the path")
+        raise CheckpointNotFoundError(
+            f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
+            "Hugging Face repo id of the form owner/name; check the spelling or the path"
+        )
     from huggingface_hub import snapshot_download
+
     try:
         folder = snapshot_download(repo_id=ref, allow_patterns=HUB_PATTERNS, local_files_only=local_files_only)
     except Exception as e:  # offline, unknown repo, gated repo, rate limit: all end the same way
         kind = type(e).__name__
         msg = str(e).splitlines()[0] if str(e) else kind
-        if "connect" in str(e).lower() or "internet" in str(e).lower() or kind in ("LocalEntryNotFoundError",
-                                                                                     "ConnectionError", "ConnectError"):
-            raise CheckpointError(f"cannot download {ref!r} from the Hugging Face Hub: no connection ({msg}). "
-                                  "Connect to the internet, or download the repo elsewhere and give its local "
-                                  "folder instead") from e
-        raise CheckpointError(f"cannot download {ref!r} from the Hugging Face Hub ({kind}: {msg}); "
-                              "check the repo id and your access to it") from e
+        if (
+            "connect" in str(e).lower()
+            or "internet" in str(e).lower()
+            or kind in ("LocalEntryNotFoundError", "ConnectionError", "ConnectError")
+        ):
+            raise CheckpointError(
+                f"cannot download {ref!r} from the Hugging Face Hub: no connection ({msg}). "
+                "Connect to the internet, or download the repo elsewhere and give its local "
+                "folder instead"
+            ) from e
+        raise CheckpointError(
+            f"cannot download {ref!r} from the Hugging Face Hub ({kind}: {msg}); "
+            "check the repo id and your access to it"
+        ) from e
     return read_checkpoint(folder, name=ref, repo_id=ref)
 
 
 def _is_transformers_folder(folder: Path) -> bool:
     from . import hub
+
     try:
-        return hub.is_transformers_config(read_json(folder / CONFIG_FILE)) if (folder / CONFIG_FILE).is_file() else False
+        return (
+            hub.is_transformers_config(read_json(folder / CONFIG_FILE)) if (folder / CONFIG_FILE).is_file() else False
+        )
     except FileFormatError:
         return False
 
@@ -385,17 +438,30 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
     through ``fireviz.hub.load_published`` (config.json, and for T5-family models the bias
     tables only). Raises: ``fireviz.hub.HubModelError`` (a CheckpointError) naming the problem."""
     from . import hub
+
     model = hub.load_published(ref, stack=stack, revision=revision)
     c = model.config
-    return CheckpointInfo(name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
-                          path=str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().is_dir() else ref,
-                          source="published", config={"n_layer": c.n_layer, "n_head": c.n_head, "seq_len": c.seq_len,
-                                                      "position_encoding": c.position_encoding, "family": c.family,
-                                                      "model_type": c.model_type, "revision": c.revision,
-                                                      "stack": c.stack},
-                          position_encoding=c.position_encoding, num_parameters=0, seq_len=c.seq_len,
-                          data="(published model)", repo_id=ref if hub.looks_like_hub_id(ref) else None,
-                          published=model)
+    return CheckpointInfo(
+        name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
+        path=str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().is_dir() else ref,
+        source="published",
+        config={
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "seq_len": c.seq_len,
+            "position_encoding": c.position_encoding,
+            "family": c.family,
+            "model_type": c.model_type,
+            "revision": c.revision,
+            "stack": c.stack,
+        },
+        position_encoding=c.position_encoding,
+        num_parameters=0,
+        seq_len=c.seq_len,
+        data="(published model)",
+        repo_id=ref if hub.looks_like_hub_id(ref) else None,
+        published=model,
+    )
 
 
 _FINGERPRINTS: dict[tuple, str] = {}
@@ -414,19 +480,26 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
         files = path / CONFIG_FILE, path / WEIGHTS_FILE
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise CheckpointError(f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
-                                  "folder (save one with GPT.save_pretrained or `python -m fireviz train`)")
+            raise CheckpointError(
+                f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
+                "folder (save one with GPT.save_pretrained or `python -m fireviz train`)"
+            )
         return files
     name = str(checkpoint)
     if not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is a local path
-        raise CheckpointNotFoundError(f"checkpoint {checkpoint} not found: give a folder holding config.json and "
-                                      "model.safetensors (or a Hugging Face repo id owner/name)")
+        raise CheckpointNotFoundError(
+            f"checkpoint {checkpoint} not found: give a folder holding config.json and "
+            "model.safetensors (or a Hugging Face repo id owner/name)"
+        )
     from huggingface_hub import hf_hub_download
+
     try:
         return tuple(Path(hf_hub_download(repo_id=name, filename=f)) for f in (CONFIG_FILE, WEIGHTS_FILE))
     except Exception as e:  # network, auth, 404, bad repo id: all mean "cannot load"
-        raise CheckpointError(f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
-                              f"Hugging Face Hub ({type(e).__name__}: {e})") from e
+        raise CheckpointError(
+            f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
+            f"Hugging Face Hub ({type(e).__name__}: {e})"
+        ) from e
 
 
 def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
@@ -467,6 +540,7 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
     ``fireviz.hub``; everything else is a fireviz checkpoint (:func:`load_model`).
     Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
     from . import hub
+
     folder = Path(ref).expanduser()
     cfg = folder / "config.json"
     if folder.is_dir() and cfg.is_file():
@@ -488,4 +562,5 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
 def default_device() -> str:
     """``"cuda"`` when a GPU is visible to torch, else ``"cpu"``."""
     import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"

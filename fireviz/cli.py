@@ -3,6 +3,7 @@
 Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
 ``biases`` (fireviz.biases_cli). Each module exposes ``main(argv) -> int``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:
         from . import __version__
+
         print(f"fireviz {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):

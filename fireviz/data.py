@@ -21,6 +21,7 @@ a uniformly random start. A window may therefore cross a document boundary: the 
 after the boundary start with BOS and attention is *not* reset there (nanoGPT's choice);
 evaluation windows (fireviz.evaluate) never cross one.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -60,7 +61,7 @@ def _raw_bytes_handler(err: UnicodeError):
     if not isinstance(err, UnicodeEncodeError):
         raise err
     out = bytearray()
-    for ch in err.object[err.start:err.end]:
+    for ch in err.object[err.start : err.end]:
         c = ord(ch)
         out += bytes([c - 0xDC00]) if 0xDC80 <= c <= 0xDCFF else ch.encode("utf-8", "surrogatepass")
     return bytes(out), err.end
@@ -108,8 +109,15 @@ class Document:
 
     __slots__ = ("id", "_text", "_raw", "domain", "source", "license")
 
-    def __init__(self, id: str, text: str | None = None, domain: str = "", source: str = "", license: str = "",
-                 raw: FileBytes | None = None):
+    def __init__(
+        self,
+        id: str,
+        text: str | None = None,
+        domain: str = "",
+        source: str = "",
+        license: str = "",
+        raw: FileBytes | None = None,
+    ):
         if (text is None) == (raw is None):
             raise TypeError("a Document holds either text (str) or raw (FileBytes: its bytes on disk)")
         self.id, self._text, self._raw = id, text, raw
@@ -150,8 +158,11 @@ class Document:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Document):
             return NotImplemented
-        return ((self.id, self.domain, self.source, self.license) == (other.id, other.domain, other.source, other.license)
-                and self.num_tokens == other.num_tokens and np.array_equal(self.raw_bytes()[:], other.raw_bytes()[:]))
+        return (
+            (self.id, self.domain, self.source, self.license) == (other.id, other.domain, other.source, other.license)
+            and self.num_tokens == other.num_tokens
+            and np.array_equal(self.raw_bytes()[:], other.raw_bytes()[:])
+        )
 
     def __hash__(self) -> int:
         return hash(self.id)
@@ -189,8 +200,10 @@ class FileBytes:
             return np.zeros(0, dtype=np.uint8)
         if self.fileobj is not None:
             return np.frombuffer(_pread_all(self.fileobj.fileno(), b - a, self.offset + a), dtype=np.uint8)
-        changed = (f"{self.path} changed, moved or was deleted while in use (it was {self.size:,} bytes when read); "
-                   "read the data again")
+        changed = (
+            f"{self.path} changed, moved or was deleted while in use (it was {self.size:,} bytes when read); "
+            "read the data again"
+        )
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -215,8 +228,10 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
     while got < n:
         chunk = os.pread(fd, n - got, offset + got)
         if not chunk:
-            raise DataError(f"a document file ended early ({offset + got} of {offset + n} bytes): it changed "
-                            "while in use; read the data again")
+            raise DataError(
+                f"a document file ended early ({offset + got} of {offset + n} bytes): it changed "
+                "while in use; read the data again"
+            )
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts) if len(parts) > 1 else parts[0]
@@ -232,6 +247,7 @@ class _Spool:
     def add(self, chunks) -> FileBytes | None:
         """Append byte ``chunks``; their range as :class:`FileBytes` (None if no bytes)."""
         import tempfile
+
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="fireviz-doc-")  # unlinked at once
         start = self.file.seek(0, os.SEEK_END)
@@ -257,7 +273,7 @@ def _raw_is_utf8(raw: np.ndarray) -> bool:
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     try:
         for a in range(0, len(raw), _CHUNK):
-            dec.decode(raw[a: a + _CHUNK].tobytes())
+            dec.decode(raw[a : a + _CHUNK].tobytes())
         dec.decode(b"", final=True)
     except UnicodeDecodeError:
         return False
@@ -283,14 +299,25 @@ def _read_jsonl(path: Path) -> list[Document]:
                 try:
                     obj = json.loads(line)
                 except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
-                    raise DataError(f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
-                                    "JSON object with a 'text' field") from e
+                    raise DataError(
+                        f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
+                        "JSON object with a 'text' field"
+                    ) from e
                 if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise DataError(f"{path}:{lineno} has no string 'text' field; each line must be a "
-                                    "JSON object like {\"id\": ..., \"text\": ...}")
-                docs.append(_text_document(str(obj.get("id", f"{path.name}#{lineno}")), obj["text"], spool,
-                                           domain=str(obj.get("domain", "")), source=str(obj.get("source", "")),
-                                           license=str(obj.get("license", ""))))
+                    raise DataError(
+                        f"{path}:{lineno} has no string 'text' field; each line must be a "
+                        'JSON object like {"id": ..., "text": ...}'
+                    )
+                docs.append(
+                    _text_document(
+                        str(obj.get("id", f"{path.name}#{lineno}")),
+                        obj["text"],
+                        spool,
+                        domain=str(obj.get("domain", "")),
+                        source=str(obj.get("source", "")),
+                        license=str(obj.get("license", "")),
+                    )
+                )
                 del obj, line  # a spooled document's str goes now, not at the next line
     except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
@@ -326,9 +353,14 @@ def load_documents(source: str | Path) -> list[Document]:
     else:
         path = Path(source)
         if not path.exists():
-            hint = f"use one of {', '.join(DOMAINS)} or" if isinstance(source, str) and "/" not in source \
-                and "." not in source else "give"
-            raise DataError(f"data source {str(source)!r} not found; {hint} a path to .jsonl[.gz|.xz], .txt or a folder")
+            hint = (
+                f"use one of {', '.join(DOMAINS)} or"
+                if isinstance(source, str) and "/" not in source and "." not in source
+                else "give"
+            )
+            raise DataError(
+                f"data source {str(source)!r} not found; {hint} a path to .jsonl[.gz|.xz], .txt or a folder"
+            )
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or _is_text(p)))
         docs = []
@@ -361,8 +393,12 @@ def load_documents(source: str | Path) -> list[Document]:
         raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
     raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
     if raw:
-        warnings.warn(f"{raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
-                      "as the raw bytes they hold (byte-level tokenizer)", RawBytesWarning, stacklevel=2)
+        warnings.warn(
+            f"{raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
+            "as the raw bytes they hold (byte-level tokenizer)",
+            RawBytesWarning,
+            stacklevel=2,
+        )
     return docs
 
 
@@ -382,8 +418,10 @@ def split_documents(docs: list[Document], split: str, fraction: float = VALIDATI
     want = split == "validation"
     out = [d for d in docs if is_validation(d.id, fraction) == want]
     if not out:
-        raise DataError(f"the {split} split of these {len(docs)} documents is empty; add documents "
-                        f"(the split puts ~{fraction:.0%} of ids in validation)")
+        raise DataError(
+            f"the {split} split of these {len(docs)} documents is empty; add documents "
+            f"(the split puts ~{fraction:.0%} of ids in validation)"
+        )
     return out
 
 
@@ -424,7 +462,7 @@ class DocumentTokens:
                 out[0] = BOS_ID
                 out[1:] = self.raw[: b - 1]
             else:
-                out[:] = self.raw[a - 1: b - 1]
+                out[:] = self.raw[a - 1 : b - 1]
         return torch.from_numpy(out)
 
 
@@ -434,7 +472,7 @@ def data_fingerprint(docs: list[Document]) -> str:
     for d in docs:
         raw, inner = d.raw_bytes(), hashlib.sha256()
         for a in range(0, len(raw), _CHUNK):  # the same digest as of the whole bytes, in chunks
-            inner.update(raw[a: a + _CHUNK])
+            inner.update(raw[a : a + _CHUNK])
         h.update(text_bytes(d.id) + b"\0" + inner.digest())
     return h.hexdigest()
 
@@ -453,8 +491,10 @@ class TokenStream:
             parts.append(np.concatenate([np.array([BOS_ID], dtype=np.uint16), b]))
         self.tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
         if len(self.tokens) < min_tokens:
-            raise DataError(f"the data holds {len(self.tokens)} tokens, fewer than one window of {min_tokens}; "
-                            "use more or longer documents, or a shorter seq_len")
+            raise DataError(
+                f"the data holds {len(self.tokens)} tokens, fewer than one window of {min_tokens}; "
+                "use more or longer documents, or a shorter seq_len"
+            )
 
     @property
     def num_tokens(self) -> int:

@@ -1,11 +1,13 @@
 """DistributedDataParallel plumbing for ``torchrun`` (gloo on CPU, NCCL on CUDA): the rank, the
 world size and the two collectives the trainer uses."""
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
 import torch
+
 
 @dataclass
 class _Dist:
@@ -25,6 +27,7 @@ def _init_distributed(device_setting: str) -> _Dist:
     if world <= 1:
         return _Dist()
     import torch.distributed as dist
+
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     owns = False
     if not dist.is_initialized():
@@ -39,11 +42,13 @@ def _init_distributed(device_setting: str) -> _Dist:
 def _barrier(d: _Dist) -> None:
     if d.world > 1:
         import torch.distributed as dist
+
         dist.barrier()
 
 
 def _all_reduce_sum(t: torch.Tensor, d: _Dist) -> torch.Tensor:
     if d.world > 1:
         import torch.distributed as dist
+
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t

@@ -8,6 +8,7 @@ numbers (``evaluate.EvalSettings.length_settings``). A checkpoint folder's own
 entry that is not what fireviz writes (wrong types, non-finite numbers, missing fields) is
 ignored, never shown.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,15 @@ from pathlib import Path
 from . import stats
 from .files import FileFormatError, read_json
 
-_PER_LENGTH_FIELDS = ("length", "nats_per_token", "perplexity", "bits_per_byte", "tokens_scored", "windows",
-                      "loss_by_position")
+_PER_LENGTH_FIELDS = (
+    "length",
+    "nats_per_token",
+    "perplexity",
+    "bits_per_byte",
+    "tokens_scored",
+    "windows",
+    "loss_by_position",
+)
 #: fields added after the first round of results: checked when present, required in same_text
 _PER_DOCUMENT_FIELDS = ("doc", "nats", "tokens")
 
@@ -33,8 +41,11 @@ def default_cache_dir() -> Path:
 
 def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> str:
     """sha256 (hex) of the checkpoint hash, data fingerprint and canonical settings JSON."""
-    blob = json.dumps({"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint,
-                       "settings": length_settings}, sort_keys=True, separators=(",", ":"))
+    blob = json.dumps(
+        {"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint, "settings": length_settings},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -52,29 +63,40 @@ def _valid_entry(entry: object, length: int) -> bool:
         return False
     if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, nats / math.log(2), rel_tol=1e-6)):
         return False
-    if not all(isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
-               for k in ("tokens_scored", "windows")):
+    if not all(
+        isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
+        for k in ("tokens_scored", "windows")
+    ):
         return False
     if "seconds" in entry and not _number(entry["seconds"]):
         return False
     if "per_document" in entry or "ci95" in entry:
         pd, ci = entry.get("per_document"), entry.get("ci95")
-        if not (isinstance(pd, dict) and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
-                and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1 and pd["doc"]
-                and all(isinstance(v, str) for v in pd["doc"]) and all(_number(v) for v in pd["nats"])
-                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
-                and sum(pd["tokens"]) == entry["tokens_scored"] and entry.get("documents") == len(pd["doc"])):
+        if not (
+            isinstance(pd, dict)
+            and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
+            and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1
+            and pd["doc"]
+            and all(isinstance(v, str) for v in pd["doc"])
+            and all(_number(v) for v in pd["nats"])
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
+            and sum(pd["tokens"]) == entry["tokens_scored"]
+            and entry.get("documents") == len(pd["doc"])
+        ):
             return False
         if ci is None and len(pd["doc"]) < stats.MIN_INTERVAL_DOCUMENTS:
             pass  # too few documents: no interval
         elif not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
             return False
     lbp = entry["loss_by_position"]
-    if not (isinstance(lbp, dict) and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends",
-                                                                                    "nats", "tokens"))):
+    if not (
+        isinstance(lbp, dict)
+        and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends", "nats", "tokens"))
+    ):
         return False
-    return all(v is None or _number(v) for v in lbp["nats"]) and \
-        all(_number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k])
+    return all(v is None or _number(v) for v in lbp["nats"]) and all(
+        _number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k]
+    )
 
 
 #: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).
@@ -95,9 +117,15 @@ def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, finge
     except FileFormatError:
         return []
     items = obj if isinstance(obj, list) else [obj]
-    return [r for r in items if isinstance(r, dict) and r.get("checkpoint_sha256") == checkpoint_hash
-            and r.get("data_fingerprint") == fingerprint and isinstance(r.get("settings"), dict)
-            and isinstance(r.get("per_length"), list)]
+    return [
+        r
+        for r in items
+        if isinstance(r, dict)
+        and r.get("checkpoint_sha256") == checkpoint_hash
+        and r.get("data_fingerprint") == fingerprint
+        and isinstance(r.get("settings"), dict)
+        and isinstance(r.get("per_length"), list)
+    ]
 
 
 def _published_read(published: list[dict], length_settings: dict, length: int) -> dict | None:
@@ -130,8 +158,15 @@ def _cache_read(path: Path, key: str, length: int) -> dict | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _lookup(entry_path: Path, key: str, n: int, length_settings: dict, published: list[dict], use_cache: bool,
-            require_intervals: bool) -> dict | None:
+def _lookup(
+    entry_path: Path,
+    key: str,
+    n: int,
+    length_settings: dict,
+    published: list[dict],
+    use_cache: bool,
+    require_intervals: bool,
+) -> dict | None:
     """A finished result for these settings: the cache first, then the checkpoint's results.json."""
     cached = _cache_read(entry_path, key, n) if use_cache else None
     source = "cache"

@@ -3,6 +3,7 @@
 A thin layer over ``fireviz.evaluate.evaluate_many``: parses the arguments into its settings,
 prints progress and the tables (``format_table``), writes ``--out`` / ``--figure``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,10 +13,21 @@ from typing import Sequence
 
 from . import stats
 from .data import DOMAINS, DataError
-from .evaluate import (DEFAULT_LENGTHS, DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES,
-                       ROPE_SCALINGS, SPLITS, SYNTHETIC_SEQUENCES, EvaluationError, evaluate_many)
+from .evaluate import (
+    DEFAULT_LENGTHS,
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    DEFAULT_TOKEN_BUDGET,
+    MODES,
+    ROPE_SCALINGS,
+    SPLITS,
+    SYNTHETIC_SEQUENCES,
+    EvaluationError,
+    evaluate_many,
+)
 from .files import write_json_atomic
 from .model import CheckpointError
+
 
 # ---------------------------------------------------------------------------------------------
 # CLI
@@ -31,6 +43,7 @@ def _render(head: list[str], rows: list[list[str]]) -> list[str]:
 
     def line(cells):
         return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
@@ -40,24 +53,33 @@ def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
     if s0.get("mode") == "same_text":
         d = s0.get("documents_scored")
-        text += (f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
-                 f"every length ({s0.get('documents_skipped')} shorter documents skipped)")
+        text += (
+            f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
+            f"every length ({s0.get('documents_skipped')} shorter documents skipped)"
+        )
     task = s0.get("mode") == "synthetic"
     if task:
-        text = (f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
-                "checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
-                "positions are scored")
+        text = (
+            f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
+            "checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
+            "positions are scored"
+        )
     first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
     for r in results:
         for e in r["per_length"]:
             if "error" not in e:
                 first.setdefault(e["length"], e)
-    shown_rows = [("sequences" if task else "documents", "documents"), ("windows", "windows"),
-                  ("answer tokens scored" if task else "tokens scored", "tokens_scored")]
+    shown_rows = [
+        ("sequences" if task else "documents", "documents"),
+        ("windows", "windows"),
+        ("answer tokens scored" if task else "tokens scored", "tokens_scored"),
+    ]
     if s0.get("mode") in ("nonoverlapping", "sliding"):
         shown_rows.insert(1, ("documents too short", "documents_skipped"))
-    rows = [[label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths]
-            for label, key in shown_rows]
+    rows = [
+        [label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths]
+        for label, key in shown_rows
+    ]
     return [text] + _render(["length", "", ""] + [str(n) for n in lengths], rows)
 
 
@@ -69,8 +91,11 @@ def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cel
         # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
         name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
         cap = r.get("normalizer_cap")
-        enc = (r["position_encoding"] + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling")
-                                         else "") + (f" cap {cap}" if cap else ""))
+        enc = (
+            r["position_encoding"]
+            + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling") else "")
+            + (f" cap {cap}" if cap else "")
+        )
         cells = {e["length"]: cell(e) for e in r["per_length"] if keep(e)}
         rows.append([name, enc, str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
     return ["", title] + _render(["checkpoint", "enc", "train"] + [str(n) for n in lengths], rows)
@@ -78,16 +103,26 @@ def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cel
 
 def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
     out = []
-    few = sorted({e["length"] for r in results for e in r["per_length"]
-                  if "error" not in e and "per_document" in e and e.get("ci95") is None})
+    few = sorted(
+        {
+            e["length"]
+            for r in results
+            for e in r["per_length"]
+            if "error" not in e and "per_document" in e and e.get("ci95") is None
+        }
+    )
     if few:
-        out += [f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
-                "(sequences) scored; a bootstrap over so few would look far more certain than it is)"]
+        out += [
+            f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
+            "(sequences) scored; a bootstrap over so few would look far more certain than it is)"
+        ]
     caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
     if caps:
         short = [n for n in lengths if n <= min(caps)]
-        out += [f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
-                + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")]
+        out += [
+            f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
+            + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")
+        ]
     return out
 
 
@@ -98,26 +133,40 @@ def format_table(results: Sequence[dict]) -> str:
     lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
     task = bool(results) and results[0]["settings"].get("mode") == "synthetic"
     out = _what_was_scored(results, lengths)
-    out += _per_checkpoint(results, lengths, ("bits per answer token [95 % bootstrap interval over sequences]" if task
-                                              else "bits per byte [95 % bootstrap interval over documents]")
-                           + " by evaluation length in tokens",
-                           lambda e: "error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")))
+    out += _per_checkpoint(
+        results,
+        lengths,
+        (
+            "bits per answer token [95 % bootstrap interval over sequences]"
+            if task
+            else "bits per byte [95 % bootstrap interval over documents]"
+        )
+        + " by evaluation length in tokens",
+        lambda e: "error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")),
+    )
     if any("accuracy" in e for r in results for e in r["per_length"]):
-        out += _per_checkpoint(results, lengths,
-                               "answer accuracy [95 % interval over sequences] / share of sequences copied without error",
-                               lambda e: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95"))
-                               + f" / {e['sequence_accuracy']:.2f}", keep=lambda e: "accuracy" in e)
+        out += _per_checkpoint(
+            results,
+            lengths,
+            "answer accuracy [95 % interval over sequences] / share of sequences copied without error",
+            lambda e: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95")) + f" / {e['sequence_accuracy']:.2f}",
+            keep=lambda e: "accuracy" in e,
+        )
     out += _notes(results, lengths)
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
         ref = next(e["paired_reference"] for e in paired[0]["per_length"] if e.get("paired_reference"))
-        out += _per_checkpoint(paired, lengths,
-                               f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same "
-                               "windows [95 % interval]; negative = better than the reference",
-                               lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
-                               keep=lambda e: "paired_delta_bpb" in e)
-    errors = [f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"]
-              if "error" in e]
+        out += _per_checkpoint(
+            paired,
+            lengths,
+            f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same "
+            "windows [95 % interval]; negative = better than the reference",
+            lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
+            keep=lambda e: "paired_delta_bpb" in e,
+        )
+    errors = [
+        f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"] if "error" in e
+    ]
     if errors:
         out += ["errors:"] + list(dict.fromkeys(errors))
     return "\n".join(out)
@@ -147,44 +196,89 @@ def _parse_budget(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m fireviz eval`` argument parser."""
-    p = argparse.ArgumentParser(prog="python -m fireviz eval",
-                                description="Perplexity / bits per byte vs evaluation length for checkpoints.")
+    p = argparse.ArgumentParser(
+        prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
+    )
     p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
-    p.add_argument("--data", default="prose",
-                   help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
-                        f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
-                        "%(default)s, the "
-                        "bundled checkpoints' training domain)")
-    p.add_argument("--lengths", type=_parse_lengths, default=list(DEFAULT_LENGTHS),
-                   help="comma-separated window lengths in tokens (default %(default)s)")
-    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
-                   help="same_text (default): the first M tokens of every document holding the largest length M, "
-                        "at every length; nonoverlapping: random windows per length; sliding: with --stride")
+    p.add_argument(
+        "--data",
+        default="prose",
+        help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
+        f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
+        "%(default)s, the "
+        "bundled checkpoints' training domain)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_parse_lengths,
+        default=list(DEFAULT_LENGTHS),
+        help="comma-separated window lengths in tokens (default %(default)s)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="same_text (default): the first M tokens of every document holding the largest length M, "
+        "at every length; nonoverlapping: random windows per length; sliding: with --stride",
+    )
     p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
-    p.add_argument("--token-budget", type=_parse_budget, default="auto",
-                   help=f"target tokens per length; default: every qualifying document for same_text, "
-                        f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window")
-    p.add_argument("--normalizer-cap", type=int, default=None, metavar="N",
-                   help="FIRE/FIRE-S: evaluate with the normalizer ψ(min(max(L, i), N)), N in tokens "
-                        "(e.g. the training length); other checkpoints are unaffected")
-    p.add_argument("--reference", default=None, metavar="CKPT",
-                   help="checkpoint the others are paired against (default: the first given)")
+    p.add_argument(
+        "--token-budget",
+        type=_parse_budget,
+        default="auto",
+        help=f"target tokens per length; default: every qualifying document for same_text, "
+        f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window",
+    )
+    p.add_argument(
+        "--normalizer-cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="FIRE/FIRE-S: evaluate with the normalizer ψ(min(max(L, i), N)), N in tokens "
+        "(e.g. the training length); other checkpoints are unaffected",
+    )
+    p.add_argument(
+        "--reference",
+        default=None,
+        metavar="CKPT",
+        help="checkpoint the others are paired against (default: the first given)",
+    )
     p.add_argument("--seed", type=int, default=0, help="window selection seed")
-    p.add_argument("--split", choices=SPLITS, default="validation",
-                   help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)")
-    p.add_argument("--rope-scaling", choices=ROPE_SCALINGS, default=None,
-                   help="zero-shot RoPE extension (factor = length / training length)")
-    p.add_argument("--position-buckets", type=int, default=DEFAULT_POSITION_BUCKETS,
-                   help="equal-width buckets of the loss-by-position curve (default %(default)s)")
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="validation",
+        help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)",
+    )
+    p.add_argument(
+        "--rope-scaling",
+        choices=ROPE_SCALINGS,
+        default=None,
+        help="zero-shot RoPE extension (factor = length / training length)",
+    )
+    p.add_argument(
+        "--position-buckets",
+        type=int,
+        default=DEFAULT_POSITION_BUCKETS,
+        help="equal-width buckets of the loss-by-position curve (default %(default)s)",
+    )
     p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    p.add_argument("--batch-tokens", type=int, default=None,
-                   help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)",
+    )
     p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
     p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
-    p.add_argument("--figure", default=None, metavar="FILE",
-                   help="also write the perplexity-vs-length figure: .svg, .pdf or .png (for a paper: 6.9 in "
-                        "wide, serif 8 pt) or .html (interactive)")
+    p.add_argument(
+        "--figure",
+        default=None,
+        metavar="FILE",
+        help="also write the perplexity-vs-length figure: .svg, .pdf or .png (for a paper: 6.9 in "
+        "wide, serif 8 pt) or .html (interactive)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -198,8 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
         if out.is_dir() or blocker is not None:
-            print(f"fireviz eval: error: --out {out} " + ("is a folder" if out.is_dir() else f"lies under {blocker}, "
-                  "which is a file") + "; give a file path such as results.json", file=sys.stderr)
+            print(
+                f"fireviz eval: error: --out {out} "
+                + ("is a folder" if out.is_dir() else f"lies under {blocker}, which is a file")
+                + "; give a file path such as results.json",
+                file=sys.stderr,
+            )
             return 2
 
     def progress(done: int, total: int, message: str) -> None:
@@ -208,22 +306,41 @@ def main(argv: list[str] | None = None) -> int:
             return
         if bar is None:  # created on the first report, so an early error prints one line only
             from tqdm.auto import tqdm
+
             # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
             # tokens, not windows: a 16k-token window is 128× a 128-token one; the message has the ETA
-            bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True, disable=None,  # None: off when not a terminal
-                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]")
+            bar = tqdm(
+                total=total,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                disable=None,  # None: off when not a terminal
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]",
+            )
         bar.total = total
         bar.n = done
         bar.set_description_str(message[:100], refresh=False)
         bar.refresh()
 
     try:
-        results = evaluate_many(args.checkpoints, args.data, args.lengths, mode=args.mode, stride=args.stride,
-                                token_budget=args.token_budget, seed=args.seed, rope_scaling=args.rope_scaling,
-                                split=args.split, position_buckets=args.position_buckets, device=args.device,
-                                batch_tokens=args.batch_tokens, progress=progress, cache_dir=args.cache_dir,
-                                use_cache=not args.no_cache, normalizer_cap=args.normalizer_cap,
-                                reference=0 if args.reference is None else args.reference)
+        results = evaluate_many(
+            args.checkpoints,
+            args.data,
+            args.lengths,
+            mode=args.mode,
+            stride=args.stride,
+            token_budget=args.token_budget,
+            seed=args.seed,
+            rope_scaling=args.rope_scaling,
+            split=args.split,
+            position_buckets=args.position_buckets,
+            device=args.device,
+            batch_tokens=args.batch_tokens,
+            progress=progress,
+            cache_dir=args.cache_dir,
+            use_cache=not args.no_cache,
+            normalizer_cap=args.normalizer_cap,
+            reference=0 if args.reference is None else args.reference,
+        )
     except (CheckpointError, DataError, EvaluationError) as e:
         if bar is not None:
             bar.close()
@@ -242,9 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out}")
     if args.figure and any("error" not in e for r in results for e in r["per_length"]):
         from . import plots  # the CLI layer draws; the library above only computes
+
         try:
             shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
-            print(f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), args.figure)}")
+            print(
+                f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), args.figure)}"
+            )
         except (ValueError, plots.FigureExportError, OSError) as e:
             print(f"fireviz eval: error: --figure {args.figure}: {e}", file=sys.stderr)
             return 2

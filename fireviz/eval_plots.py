@@ -1,4 +1,5 @@
 """Figures of evaluations: perplexity and answer accuracy vs length, paired differences, loss by position."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,13 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .stats import bootstrap_ci95, paired_difference
-from .figure_base import (FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _DASHES, _mark_length,  # noqa: F401
-                          _panel_refs, _subsample)
+from .figure_base import (
+    _arr,
+    _as_dict,
+    _color,
+    _DASHES,
+    _mark_length,
+)
 
 
 # -- perplexity --------------------------------------------------------------------------------
@@ -54,7 +60,7 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
             members = g["lengths"][length]
             vals = np.array([m[:3] for m in members])
             n = len(vals)
-            std = (lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None)  # noqa: E731
+            std = lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None  # noqa: E731
             pooled = _pooled_documents([m[3] for m in members])
             ci = None
             if n == 1 and isinstance(members[0][3].get("ci95"), list):
@@ -62,13 +68,24 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
             elif pooled is not None:
                 ci = bootstrap_ci95(pooled["nats"], pooled["tokens"])
             first = members[0][3]
-            out.append({"group": name, "length": length, "bits_per_byte": float(vals[:, 2].mean()),
-                        "bits_per_byte_std": std(2), "ci95_low": None if ci is None else float(ci[0]),
-                        "ci95_high": None if ci is None else float(ci[1]),
-                        "perplexity": float(math.exp(vals[:, 1].mean())),
-                        "perplexity_std": std(0), "nats_per_token": float(vals[:, 1].mean()), "n": n,
-                        "documents": first.get("documents"), "windows": first.get("windows"),
-                        "tokens_scored": first.get("tokens_scored"), "train_seq_len": g["train"]})
+            out.append(
+                {
+                    "group": name,
+                    "length": length,
+                    "bits_per_byte": float(vals[:, 2].mean()),
+                    "bits_per_byte_std": std(2),
+                    "ci95_low": None if ci is None else float(ci[0]),
+                    "ci95_high": None if ci is None else float(ci[1]),
+                    "perplexity": float(math.exp(vals[:, 1].mean())),
+                    "perplexity_std": std(0),
+                    "nats_per_token": float(vals[:, 1].mean()),
+                    "n": n,
+                    "documents": first.get("documents"),
+                    "windows": first.get("windows"),
+                    "tokens_scored": first.get("tokens_scored"),
+                    "train_seq_len": g["train"],
+                }
+            )
     return out
 
 
@@ -84,7 +101,9 @@ def _grouped_rows(results: Sequence[Mapping], group_key: str | None) -> "Ordered
                 continue  # a length that could not be evaluated (fireviz.evaluate reports why)
             if "length" not in row or "perplexity" not in row:
                 raise ValueError(f"per_length entries need 'length' and 'perplexity' (got keys {sorted(row)})")
-            nats = float(row["nats_per_token"]) if row.get("nats_per_token") is not None else math.log(row["perplexity"])
+            nats = (
+                float(row["nats_per_token"]) if row.get("nats_per_token") is not None else math.log(row["perplexity"])
+            )
             bpb = float(row.get("bits_per_byte", nats / math.log(2)))
             g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb, row))
     return groups
@@ -102,14 +121,15 @@ def _pooled_documents(entries: Sequence[Mapping]) -> dict | None:
     return {"doc": list(docs[0]["doc"]), "nats": nats.tolist(), "tokens": list(docs[0]["tokens"])}
 
 
-def paired_difference_rows(results: Sequence[Mapping], reference: str | None = None,
-                           group_key: str | None = None) -> list[dict]:
+def paired_difference_rows(
+    results: Sequence[Mapping], reference: str | None = None, group_key: str | None = None
+) -> list[dict]:
     """Bits-per-byte differences against a reference group on the same documents, per length.
 
     Groups as in ``group_perplexity`` (seeds of one encoding pooled: their per-document
     losses are averaged before differencing). For every group but the reference and every
     length both scored on the same documents and tokens (``per_document``; see
-    ``fireviz.evaluate.paired_difference``): ``paired_delta_bpb`` = group − reference and
+    ``fireviz.stats.paired_difference``): ``paired_delta_bpb`` = group − reference and
     its 95 % paired bootstrap interval over documents.
     Args: ``reference``: a group name (default: the first group).
     Returns: rows {group, reference, length (tokens), paired_delta_bpb, ci95_low, ci95_high
@@ -138,15 +158,24 @@ def paired_difference_rows(results: Sequence[Mapping], reference: str | None = N
             if diff is None:
                 continue
             ci = diff["paired_ci95"] or [None, None]  # one document: no interval
-            out.append({"group": name, "reference": ref, "length": length,
-                        "paired_delta_bpb": diff["paired_delta_bpb"], "ci95_low": ci[0],
-                        "ci95_high": ci[1], "n": len(g["lengths"][length]),
-                        "documents": len(mine["doc"])})
+            out.append(
+                {
+                    "group": name,
+                    "reference": ref,
+                    "length": length,
+                    "paired_delta_bpb": diff["paired_delta_bpb"],
+                    "ci95_low": ci[0],
+                    "ci95_high": ci[1],
+                    "n": len(g["lengths"][length]),
+                    "documents": len(mine["doc"]),
+                }
+            )
     return out
 
 
-def paired_difference_figure(results: Sequence[Mapping], reference: str | None = None,
-                             group_key: str | None = None, log_x: bool = True) -> go.Figure:
+def paired_difference_figure(
+    results: Sequence[Mapping], reference: str | None = None, group_key: str | None = None, log_x: bool = True
+) -> go.Figure:
     """Paired difference in bits per byte against a reference, vs evaluation length.
 
     Args: as ``paired_difference_rows``. Returns: Figure; x = evaluation length (tokens),
@@ -157,8 +186,10 @@ def paired_difference_figure(results: Sequence[Mapping], reference: str | None =
     """
     rows = paired_difference_rows(results, reference, group_key)
     if not rows:
-        raise ValueError("no paired differences: the results need per-document losses on the same documents "
-                         "(evaluate them together, or in mode same_text) and at least two groups")
+        raise ValueError(
+            "no paired differences: the results need per-document losses on the same documents "
+            "(evaluate them together, or in mode same_text) and at least two groups"
+        )
     ref = rows[0]["reference"]
     order = list(OrderedDict.fromkeys(_group_name(_as_dict(r), group_key) for r in results))
     fig = go.Figure()
@@ -167,12 +198,23 @@ def paired_difference_figure(results: Sequence[Mapping], reference: str | None =
         y = np.array([r["paired_delta_bpb"] for r in g])
         hi = np.array([np.nan if r["ci95_high"] is None else r["ci95_high"] for r in g], dtype=np.float64)
         lo = np.array([np.nan if r["ci95_low"] is None else r["ci95_low"] for r in g], dtype=np.float64)
-        fig.add_trace(go.Scatter(
-            x=np.array([r["length"] for r in g]), y=y, mode="lines+markers", name=name,
-            line=dict(color=_color(order.index(name))),
-            error_y=dict(type="data", symmetric=False, array=np.nan_to_num(hi - y), arrayminus=np.nan_to_num(y - lo),
-                         visible=True),
-            meta={"group": name, "reference": ref, "n": max(r["n"] for r in g)}))
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([r["length"] for r in g]),
+                y=y,
+                mode="lines+markers",
+                name=name,
+                line=dict(color=_color(order.index(name))),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=np.nan_to_num(hi - y),
+                    arrayminus=np.nan_to_num(y - lo),
+                    visible=True,
+                ),
+                meta={"group": name, "reference": ref, "n": max(r["n"] for r in g)},
+            )
+        )
     fig.add_hline(y=0, line=dict(color="black", width=1))
     trains = sorted({g["train"] for g in _grouped_rows(results, group_key).values() if g["train"]})
     for t in trains:
@@ -180,11 +222,15 @@ def paired_difference_figure(results: Sequence[Mapping], reference: str | None =
     if log_x:
         lengths = sorted({r["length"] for r in rows})
         fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_layout(title=dict(text=f"Paired difference vs {ref} (same documents, 95 % bootstrap interval)",
-                                 subtitle=dict(text=_settings_caption(results))),
-                      xaxis_title="evaluation length (tokens)",
-                      yaxis_title=f"bits per byte − {ref} (below 0: better)",
-                      meta={"reference": ref, "train_seq_len": trains})
+    fig.update_layout(
+        title=dict(
+            text=f"Paired difference vs {ref} (same documents, 95 % bootstrap interval)",
+            subtitle=dict(text=_settings_caption(results)),
+        ),
+        xaxis_title="evaluation length (tokens)",
+        yaxis_title=f"bits per byte − {ref} (below 0: better)",
+        meta={"reference": ref, "train_seq_len": trains},
+    )
     return fig
 
 
@@ -214,14 +260,26 @@ def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
         return []
     lo, hi = min(lo, hi) / 1.02, max(lo, hi) * 1.02
-    sets = (tuple(k / 20 for k in range(20, 200)), tuple(k / 10 for k in range(10, 100)),
-            tuple(k / 5 for k in range(5, 50)), tuple(k / 2 for k in range(2, 20)), tuple(range(1, 10)),
-            (1, 2, 3, 5, 7), (1, 2, 5), (1,))
+    sets = (
+        tuple(k / 20 for k in range(20, 200)),
+        tuple(k / 10 for k in range(10, 100)),
+        tuple(k / 5 for k in range(5, 50)),
+        tuple(k / 2 for k in range(2, 20)),
+        tuple(range(1, 10)),
+        (1, 2, 3, 5, 7),
+        (1, 2, 5),
+        (1,),
+    )
     ticks: list[float] = []
     for mantissas in sets:
-        ticks = sorted({float(f"{m * 10.0 ** e:.6g}") for e in range(math.floor(math.log10(lo)) - 1,
-                                                                   math.floor(math.log10(hi)) + 1)
-                        for m in mantissas if lo <= m * 10.0 ** e <= hi})
+        ticks = sorted(
+            {
+                float(f"{m * 10.0**e:.6g}")
+                for e in range(math.floor(math.log10(lo)) - 1, math.floor(math.log10(hi)) + 1)
+                for m in mantissas
+                if lo <= m * 10.0**e <= hi
+            }
+        )
         if len(ticks) <= max_ticks:
             break
     return ticks if len(ticks) >= 2 else []
@@ -263,13 +321,24 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
             err = dict(type="data", array=np.array([r["perplexity_std"] or 0.0 for r in g]), visible=True)
         elif all(r["ci95_low"] is not None for r in g):  # one run: its 95 % interval over documents
             ppl = np.array([r["perplexity"] for r in g])
-            err = dict(type="data", symmetric=False, visible=True,
-                       array=np.exp2(np.array([r["ci95_high"] for r in g])) - ppl,
-                       arrayminus=ppl - np.exp2(np.array([r["ci95_low"] for r in g])))
-        fig.add_trace(go.Scatter(x=np.array([r["length"] for r in g]), y=np.array([r["perplexity"] for r in g]),
-                                 error_y=err, mode="lines+markers", line=dict(color=_color(k)),
-                                 name=name + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
-                                 meta={"group": name, "n": n}))
+            err = dict(
+                type="data",
+                symmetric=False,
+                visible=True,
+                array=np.exp2(np.array([r["ci95_high"] for r in g])) - ppl,
+                arrayminus=ppl - np.exp2(np.array([r["ci95_low"] for r in g])),
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([r["length"] for r in g]),
+                y=np.array([r["perplexity"] for r in g]),
+                error_y=err,
+                mode="lines+markers",
+                line=dict(color=_color(k)),
+                name=name + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
+                meta={"group": name, "n": n},
+            )
+        )
     trains = sorted({r["train_seq_len"] for r in rows if r["train_seq_len"]})
     for t in trains:
         _mark_length(fig, t, text=f"train {t}")
@@ -277,8 +346,13 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     ys = [r["perplexity"] + sign * (r["perplexity_std"] or 0.0) for r in rows for sign in (-1, 1)]
     ys += [2.0 ** r[k] for r in rows for k in ("ci95_low", "ci95_high") if r[k] is not None]
     if max(ys) >= UNIFORM_BYTE_PERPLEXITY / 4:  # near chance (≥ 6 bits per byte): show what chance is
-        fig.add_hline(y=UNIFORM_BYTE_PERPLEXITY, line=dict(dash="dot", color="gray", width=1), name=UNIFORM_MARK,
-                      annotation_text="uniform over 256 bytes (8 bits per byte)", annotation_position="bottom left")
+        fig.add_hline(
+            y=UNIFORM_BYTE_PERPLEXITY,
+            line=dict(dash="dot", color="gray", width=1),
+            name=UNIFORM_MARK,
+            annotation_text="uniform over 256 bytes (8 bits per byte)",
+            annotation_position="bottom left",
+        )
         ys.append(UNIFORM_BYTE_PERPLEXITY)
     yticks = _log_ticks(min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0, max(ys))
     if yticks:  # label only these (plotly's own log ticks label every minor digit on a short range)
@@ -286,9 +360,12 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     if log_x:
         lengths = sorted({r["length"] for r in rows})
         fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_layout(title=dict(text="Perplexity vs evaluation length", subtitle=dict(text=_settings_caption(results))),
-                      xaxis_title="evaluation length (tokens)", yaxis_title="perplexity (exp nats/token, log scale)",
-                      meta={"train_seq_len": trains, "settings_caption": _settings_caption(results)})
+    fig.update_layout(
+        title=dict(text="Perplexity vs evaluation length", subtitle=dict(text=_settings_caption(results))),
+        xaxis_title="evaluation length (tokens)",
+        yaxis_title="perplexity (exp nats/token, log scale)",
+        meta={"train_seq_len": trains, "settings_caption": _settings_caption(results)},
+    )
     return fig
 
 
@@ -317,11 +394,25 @@ def accuracy_figure(results: Sequence[Mapping], chance: float | None = None, log
         ci = [e.get("accuracy_ci95") for e in es]
         err = None
         if all(isinstance(c, (list, tuple)) and len(c) == 2 for c in ci):
-            err = dict(type="data", symmetric=False, visible=True, array=np.array([c[1] for c in ci]) - y,
-                       arrayminus=y - np.array([c[0] for c in ci]))
+            err = dict(
+                type="data",
+                symmetric=False,
+                visible=True,
+                array=np.array([c[1] for c in ci]) - y,
+                arrayminus=y - np.array([c[0] for c in ci]),
+            )
         name = r.get("label") or r.get("checkpoint", "?")
-        fig.add_trace(go.Scatter(x=x, y=y, error_y=err, mode="lines+markers", name=name, line=dict(color=_color(k)),
-                                 meta={"group": name, "sequence_accuracy": [e.get("sequence_accuracy") for e in es]}))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                error_y=err,
+                mode="lines+markers",
+                name=name,
+                line=dict(color=_color(k)),
+                meta={"group": name, "sequence_accuracy": [e.get("sequence_accuracy") for e in es]},
+            )
+        )
         k += 1
         lengths |= set(x.tolist())
         if r.get("train_seq_len"):
@@ -331,20 +422,30 @@ def accuracy_figure(results: Sequence[Mapping], chance: float | None = None, log
     for t in sorted(trains):
         _mark_length(fig, t, text=f"train {t}")
     if chance:
-        fig.add_hline(y=chance, line=dict(dash="dot", color="gray", width=1),
-                      annotation_text=f"chance ({chance:.3g})", annotation_position="bottom left")
+        fig.add_hline(
+            y=chance,
+            line=dict(dash="dot", color="gray", width=1),
+            annotation_text=f"chance ({chance:.3g})",
+            annotation_position="bottom left",
+        )
     if log_x:
         fig.update_xaxes(type="log", tickvals=sorted(lengths), ticktext=[str(n) for n in sorted(lengths)])
     fig.update_yaxes(range=[0, 1.02])
-    fig.update_layout(title=dict(text="Answer accuracy vs evaluation length",
-                                 subtitle=dict(text=_settings_caption(results))),
-                      xaxis_title="evaluation length (tokens)", yaxis_title="answer accuracy (argmax right)",
-                      meta={"train_seq_len": sorted(trains)})
+    fig.update_layout(
+        title=dict(text="Answer accuracy vs evaluation length", subtitle=dict(text=_settings_caption(results))),
+        xaxis_title="evaluation length (tokens)",
+        yaxis_title="answer accuracy (argmax right)",
+        meta={"train_seq_len": sorted(trains)},
+    )
     return fig
 
 
-def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Sequence[int] | None = None,
-                            group_key: str | None = None, color_groups: Mapping[str, str] | None = None) -> go.Figure:
+def loss_by_position_figure(
+    results: Sequence[Mapping] | Mapping,
+    lengths: Sequence[int] | None = None,
+    group_key: str | None = None,
+    color_groups: Mapping[str, str] | None = None,
+) -> go.Figure:
     """Loss by position in the evaluation window: one line per (result, evaluation length).
 
     Args: one result or a list (``fireviz.evaluate`` layout: ``per_length[*].loss_by_position
@@ -362,8 +463,14 @@ def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Seque
     fig = go.Figure()
     trains = set()
     color_index: dict[str, int] = {}
-    drawn = sorted({int(row["length"]) for res in results for row in _as_dict(res).get("per_length", [])
-                    if lengths is None or int(row["length"]) in set(int(x) for x in lengths)})
+    drawn = sorted(
+        {
+            int(row["length"])
+            for res in results
+            for row in _as_dict(res).get("per_length", [])
+            if lengths is None or int(row["length"]) in set(int(x) for x in lengths)
+        }
+    )
     for res in results:
         res = _as_dict(res)
         name = _group_name(res, group_key)
@@ -377,14 +484,24 @@ def loss_by_position_figure(results: Sequence[Mapping] | Mapping, lengths: Seque
                 continue
             k = color_index.setdefault((color_groups or {}).get(name, name), len(color_index))
             dash = _DASHES[drawn.index(int(row["length"])) % len(_DASHES)]
-            fig.add_trace(go.Scatter(x=np.asarray(lbp["bucket_starts"], dtype=np.int64), y=_arr(lbp["nats"]),
-                                     mode="lines", name=f"{name} @ {row['length']}", line=dict(color=_color(k), dash=dash),
-                                     meta={"group": name, "length": int(row["length"])}))
+            fig.add_trace(
+                go.Scatter(
+                    x=np.asarray(lbp["bucket_starts"], dtype=np.int64),
+                    y=_arr(lbp["nats"]),
+                    mode="lines",
+                    name=f"{name} @ {row['length']}",
+                    line=dict(color=_color(k), dash=dash),
+                    meta={"group": name, "length": int(row["length"])},
+                )
+            )
     if not fig.data:
         raise ValueError("no loss_by_position data for the chosen results/lengths")
     for t in sorted(trains):
         _mark_length(fig, t, text=f"train {t}")
-    fig.update_layout(title=dict(text="Loss by position in the window", subtitle=dict(text=_settings_caption(results))),
-                      xaxis_title="position in window (tokens, bucket start)", yaxis_title="loss (nats/token)",
-                      meta={"train_seq_len": sorted(trains)})
+    fig.update_layout(
+        title=dict(text="Loss by position in the window", subtitle=dict(text=_settings_caption(results))),
+        xaxis_title="position in window (tokens, bucket start)",
+        yaxis_title="loss (nats/token)",
+        meta={"train_seq_len": sorted(trains)},
+    )
     return fig

@@ -4,6 +4,7 @@
 et al. 2023) with the factor length / training length, on the same weights;
 ``apply_normalizer_cap`` evaluates FIRE with ψ(min(max(L, i), N)).
 """
+
 from __future__ import annotations
 
 from .encodings import check_normalizer_cap, fire_modules
@@ -29,8 +30,10 @@ def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]
     if scaling not in ROPE_SCALINGS:
         raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {scaling!r})")
     if cfg.position_encoding != "rope":
-        raise EvaluationError(f"rope_scaling={scaling!r} needs a RoPE checkpoint; this one uses "
-                              f"position_encoding={cfg.position_encoding!r}")
+        raise EvaluationError(
+            f"rope_scaling={scaling!r} needs a RoPE checkpoint; this one uses "
+            f"position_encoding={cfg.position_encoding!r}"
+        )
     factor = max(1.0, length / cfg.seq_len)
     opts = {k: v for k, v in cfg.encoding_options.items() if k == "rope_theta"}
     opts["rope_scaling_factor"] = factor
@@ -41,8 +44,9 @@ def rope_scaled_model(model: GPT, scaling: str, length: int) -> tuple[GPT, dict]
     fields_.update(position_encoding=name, encoding_options=opts)
     device = next(model.parameters()).device
     scaled = GPT(GPTConfig(**fields_))  # fresh init is overwritten by the checkpoint's weights
-    load_state_checked(scaled, {k: v.to("cpu") for k, v in model.state_dict().items()},
-                       source="the RoPE checkpoint's weights")
+    load_state_checked(
+        scaled, {k: v.to("cpu") for k, v in model.state_dict().items()}, source="the RoPE checkpoint's weights"
+    )
     scaled.to(device)
     return scaled.eval(), {"position_encoding": name, "encoding_options": opts}
 

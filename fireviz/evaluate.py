@@ -13,6 +13,7 @@ the command line (``python -m fireviz eval``) is ``fireviz.eval_cli``. Their nam
 re-exported here (the evaluation API in one place; the CLI is not). Units: tokens = bytes, loss in nats per
 token, bits per byte = nats / ln 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,21 +28,39 @@ import torch
 
 from . import __version__, synthetic
 from .checkpoints import checkpoint_files, checkpoint_sha256, load_model  # noqa: F401  (the one door)
-from .data import (DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents,
-                   split_documents)
+from .data import DOMAINS, DataError, Document, data_fingerprint, DocumentTokens, load_documents, split_documents
 from .encodings import check_normalizer_cap
 from .files import write_json_atomic
-from .memory import memory_problem  # noqa: F401  (re-exported)
+from .memory import memory_problem
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked, nonfinite_parameters  # noqa: F401
-from .stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_ci95, bootstrap_indices,  # noqa: F401  (re-exported)
-                    bootstrap_ratio_ci95, paired_difference, with_paired_differences, _reference_index)
-from .eval_cache import (PUBLISHED_RESULTS, _cache_read, _lookup, _published_read, _valid_entry,  # noqa: F401
-                         cache_key, default_cache_dir, published_results)
-from .eval_variants import ROPE_SCALINGS, apply_normalizer_cap, rope_scaled_model  # noqa: F401
-from .scoring import score_windows, summarize  # noqa: F401  (re-exported)
-from .windows import (DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES,  # noqa: F401
-                      EvaluationError, SameTextPlan, Window, _check_length, _check_mode, nonoverlapping_windows,
-                      plan_same_text, plan_windows, sliding_windows)
+from .stats import (
+    bootstrap_indices,  # noqa: F401  (re-exported)
+    bootstrap_ratio_ci95,
+    with_paired_differences,
+    _reference_index,
+)
+from .eval_cache import (
+    _lookup,
+    _valid_entry,  # noqa: F401
+    cache_key,
+    default_cache_dir,
+    published_results,
+)
+from .eval_variants import ROPE_SCALINGS, apply_normalizer_cap, rope_scaled_model
+from .scoring import score_windows, summarize
+from .windows import (
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    DEFAULT_TOKEN_BUDGET,
+    MODES,  # noqa: F401
+    EvaluationError,
+    SameTextPlan,
+    Window,
+    _check_length,
+    _check_mode,
+    plan_same_text,
+    plan_windows,
+)
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
@@ -49,9 +68,11 @@ SYNTHETIC_SEQUENCES = 256
 SPLITS = ("validation", "train", "all")
 #: bumped whenever the numbers a given setting produces would change; part of the cache key
 EVAL_FORMAT_VERSION = 1
-BOS_CONVENTION = ("each document starts with BOS (id 256) as in training; windows are taken from a "
-                  "document's [BOS]+bytes sequence and never cross documents; the first token of a "
-                  "window is context only, so BOS is never a target")
+BOS_CONVENTION = (
+    "each document starts with BOS (id 256) as in training; windows are taken from a "
+    "document's [BOS]+bytes sequence and never cross documents; the first token of a "
+    "window is context only, so BOS is never a target"
+)
 
 ProgressFn = Callable[[int, int, str], None]
 StopFn = Callable[[], bool]
@@ -77,6 +98,7 @@ FLEX_MIN_LENGTH = 8192
 
 def _flex_ok(report) -> bool:
     from . import flex
+
     if flex.flex_available():
         return True
     report(f"FlexAttention unavailable ({flex.unavailable_reason()}); long lengths use the SDPA path")
@@ -95,8 +117,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise EvaluationError(f"unknown device {device!r}; use auto, cpu or cuda") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EvaluationError("device 'cuda' requested but no CUDA GPU is available (torch.cuda.is_available() "
-                              "is False); use --device cpu or auto")
+        raise EvaluationError(
+            "device 'cuda' requested but no CUDA GPU is available (torch.cuda.is_available() "
+            "is False); use --device cpu or auto"
+        )
     if dev.type not in ("cpu", "cuda"):
         raise EvaluationError(f"device {device!r} is not supported; use auto, cpu or cuda")
     return dev
@@ -112,7 +136,11 @@ def _load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[li
     try:
         return split_documents(docs, split), split
     except DataError as e:
-        hint = "" if isinstance(data, str) and data in DOMAINS else " — for a small file of your own use split='all' (--split all)"
+        hint = (
+            ""
+            if isinstance(data, str) and data in DOMAINS
+            else " — for a small file of your own use split='all' (--split all)"
+        )
         raise DataError(f"{e}{hint}") from e
 
 
@@ -122,10 +150,12 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
     None as given. Raises: EvaluationError for anything else."""
     if isinstance(token_budget, str) and token_budget == "auto":
         return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
-    if token_budget is not None and (isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer))
-                                     or token_budget < 1):
-        raise EvaluationError(f"token_budget must be an integer >= 1, None (every window) or 'auto' "
-                              f"(got {token_budget!r})")
+    if token_budget is not None and (
+        isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)) or token_budget < 1
+    ):
+        raise EvaluationError(
+            f"token_budget must be an integer >= 1, None (every window) or 'auto' (got {token_budget!r})"
+        )
     return None if token_budget is None else int(token_budget)
 
 
@@ -156,9 +186,22 @@ class EvalSettings:
     batch_tokens: int
 
     @classmethod
-    def make(cls, data, lengths, *, mode=DEFAULT_MODE, stride=None, token_budget="auto", seed=0, rope_scaling=None,
-             split=None, position_buckets=DEFAULT_POSITION_BUCKETS, device="auto", batch_tokens=None,
-             normalizer_cap=None) -> "EvalSettings":
+    def make(
+        cls,
+        data,
+        lengths,
+        *,
+        mode=DEFAULT_MODE,
+        stride=None,
+        token_budget="auto",
+        seed=0,
+        rope_scaling=None,
+        split=None,
+        position_buckets=DEFAULT_POSITION_BUCKETS,
+        device="auto",
+        batch_tokens=None,
+        normalizer_cap=None,
+    ) -> "EvalSettings":
         """Validated settings (the arguments of :func:`evaluate_many`). Raises: EvaluationError naming the bad one."""
         lengths = list(lengths)
         if not lengths:
@@ -168,12 +211,16 @@ class EvalSettings:
         mode = _check_mode(mode, stride)
         token_budget = resolve_token_budget(mode, token_budget)
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
-            raise EvaluationError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})")
+            raise EvaluationError(
+                f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
+            )
         if position_buckets < 1:
             raise EvaluationError(f"position_buckets must be >= 1 (got {position_buckets})")
         if batch_tokens is not None and not (isinstance(batch_tokens, int) and batch_tokens >= 1):
-            raise EvaluationError(f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
-                                  "default (8192 on CPU, 16384 on CUDA)")
+            raise EvaluationError(
+                f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
+                "default (8192 on CPU, 16384 on CUDA)"
+            )
         try:  # before any checkpoint is read
             normalizer_cap = check_normalizer_cap(normalizer_cap)
         except ValueError as e:
@@ -186,19 +233,37 @@ class EvalSettings:
                 raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
             mode, split = "synthetic", "synthetic"
             token_budget = SYNTHETIC_SEQUENCES if token_budget is None else max(1, int(token_budget))
-        return cls(data=str(data), lengths=tuple(dict.fromkeys(int(n) for n in lengths)), mode=mode, stride=stride,
-                   token_budget=token_budget, seed=int(seed), rope_scaling=rope_scaling, split=split,
-                   position_buckets=int(position_buckets),
-                   normalizer_cap=None if normalizer_cap is None else int(normalizer_cap), device=dev,
-                   precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
-                   batch_tokens=int(batch_tokens or (16384 if dev.type == "cuda" else 8192)))
+        return cls(
+            data=str(data),
+            lengths=tuple(dict.fromkeys(int(n) for n in lengths)),
+            mode=mode,
+            stride=stride,
+            token_budget=token_budget,
+            seed=int(seed),
+            rope_scaling=rope_scaling,
+            split=split,
+            position_buckets=int(position_buckets),
+            normalizer_cap=None if normalizer_cap is None else int(normalizer_cap),
+            device=dev,
+            precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
+            batch_tokens=int(batch_tokens or (16384 if dev.type == "cuda" else 8192)),
+        )
 
     def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:
         """The settings that decide the numbers at length ``n``: the cache key's settings."""
-        out = {"format": EVAL_FORMAT_VERSION, "length": n, "mode": self.mode, "stride": self.stride,
-               "token_budget": self.token_budget, "seed": self.seed, "rope_scaling": self.rope_scaling,
-               "split": self.split, "position_buckets": self.position_buckets, "precision": self.precision,
-               "bos": BOS_CONVENTION}
+        out = {
+            "format": EVAL_FORMAT_VERSION,
+            "length": n,
+            "mode": self.mode,
+            "stride": self.stride,
+            "token_budget": self.token_budget,
+            "seed": self.seed,
+            "rope_scaling": self.rope_scaling,
+            "split": self.split,
+            "position_buckets": self.position_buckets,
+            "precision": self.precision,
+            "bos": BOS_CONVENTION,
+        }
         if flex:  # bf16 numbers differ slightly between the two paths: part of the key (GPU only)
             out["attention"] = "flex"
         if prefix_tokens is not None:  # same_text: the windows at n depend on the prefix M
@@ -229,18 +294,23 @@ def _load_checkpoints(checkpoints, s: EvalSettings, reference: int | str) -> lis
         sha, model = checkpoint_sha256(ckpt), load_model(ckpt)
         bad = nonfinite_parameters(model)
         if bad:  # no number for such weights, not even a cached or published one
-            raise NonFiniteLossError(f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "
-                                     f"{', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every loss is NaN; "
-                                     "restore or retrain the checkpoint (nothing was evaluated or cached)")
+            raise NonFiniteLossError(
+                f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "
+                f"{', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every loss is NaN; "
+                "restore or retrain the checkpoint (nothing was evaluated or cached)"
+            )
         if s.rope_scaling is not None and model.config.position_encoding != "rope":
-            raise EvaluationError(f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
-                                  f"position_encoding={model.config.position_encoding!r}")
+            raise EvaluationError(
+                f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
+                f"position_encoding={model.config.position_encoding!r}"
+            )
         loaded.append(_Loaded(ckpt, sha, model, apply_normalizer_cap(model, s.normalizer_cap)))
     if not loaded:
         raise EvaluationError("no checkpoints given")
     if isinstance(reference, str):
-        _reference_index([{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded],
-                         reference)  # a wrong reference fails before scoring
+        _reference_index(
+            [{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded], reference
+        )  # a wrong reference fails before scoring
     elif not (0 <= reference < len(loaded)):
         raise EvaluationError(f"reference index {reference} is out of range for {len(loaded)} checkpoint(s)")
     return loaded
@@ -250,6 +320,7 @@ def _load_checkpoints(checkpoints, s: EvalSettings, reference: int | str) -> lis
 class _Plan:
     """The text of an evaluation: per length its windows (or why none), document ids and sizes,
     the data fingerprint, the same-text plan, and the documents' tokens on demand."""
+
     windows: dict[int, list[Window] | str]
     ids: list[str]
     sizes: list[int]
@@ -304,8 +375,9 @@ def _plan_text(s: EvalSettings) -> _Plan:
         return plan
     for n in s.lengths:
         try:
-            plan.windows[n] = plan_windows(ids, sizes, n, mode=s.mode, stride=s.stride, token_budget=s.token_budget,
-                                           seed=s.seed)
+            plan.windows[n] = plan_windows(
+                ids, sizes, n, mode=s.mode, stride=s.stride, token_budget=s.token_budget, seed=s.seed
+            )
         except EvaluationError as e:
             plan.windows[n] = str(e)
     return plan
@@ -323,14 +395,29 @@ def _refuse_what_cannot_fit(plan: _Plan, loaded: list[_Loaded], s: EvalSettings)
 
 def _run_settings(s: EvalSettings, plan: _Plan) -> dict:
     """The ``settings`` every result carries."""
-    out = {"format": EVAL_FORMAT_VERSION, "data": s.data, "split": plan.split, "lengths": list(s.lengths),
-           "mode": s.mode, "stride": s.stride, "token_budget": s.token_budget, "seed": s.seed,
-           "rope_scaling": s.rope_scaling, "position_buckets": s.position_buckets, "precision": s.precision,
-           "batch_tokens": s.batch_tokens, "bos": BOS_CONVENTION, "documents": plan.documents,
-           "normalizer_cap": s.normalizer_cap}
+    out = {
+        "format": EVAL_FORMAT_VERSION,
+        "data": s.data,
+        "split": plan.split,
+        "lengths": list(s.lengths),
+        "mode": s.mode,
+        "stride": s.stride,
+        "token_budget": s.token_budget,
+        "seed": s.seed,
+        "rope_scaling": s.rope_scaling,
+        "position_buckets": s.position_buckets,
+        "precision": s.precision,
+        "batch_tokens": s.batch_tokens,
+        "bos": BOS_CONVENTION,
+        "documents": plan.documents,
+        "normalizer_cap": s.normalizer_cap,
+    }
     if plan.same_text is not None:
-        out.update(prefix_tokens=plan.same_text.prefix_tokens, documents_scored=len(plan.same_text.documents),
-                   documents_skipped=plan.same_text.documents_skipped)
+        out.update(
+            prefix_tokens=plan.same_text.prefix_tokens,
+            documents_scored=len(plan.same_text.documents),
+            documents_skipped=plan.same_text.documents_skipped,
+        )
     if s.mode == "synthetic":
         out["task_format"] = 2  # as in length_settings: results.json rows match the cache key
     return out
@@ -369,8 +456,9 @@ def _targets(windows: list[Window], n: int) -> int:
     return sum(n - w.first_target for w in windows)
 
 
-def _score_length(c: _Loaded, model: GPT, n: int, windows: list[Window], plan: _Plan, s: EvalSettings,
-                  prog: _Progress) -> dict:
+def _score_length(
+    c: _Loaded, model: GPT, n: int, windows: list[Window], plan: _Plan, s: EvalSettings, prog: _Progress
+) -> dict:
     """Score one length of one checkpoint: its per-length entry (loss, intervals, accuracy for a task).
     Raises: NonFiniteLossError for a NaN/inf loss; EvaluationCancelled."""
     w = plan.window_tokens(n)
@@ -385,19 +473,32 @@ def _score_length(c: _Loaded, model: GPT, n: int, windows: list[Window], plan: _
 
     prog.report(f"{c.name} L={n}: 0/{len(windows)} windows ({n_tokens:,} tokens){prog.eta()}")
     nats, counts, doc_nats, doc_scored, doc_correct = score_windows(
-        model, plan.doc_tokens, windows, w, device=s.device, batch_tokens=s.batch_tokens, on_batch=on_batch,
-        with_accuracy=True)
+        model,
+        plan.doc_tokens,
+        windows,
+        w,
+        device=s.device,
+        batch_tokens=s.batch_tokens,
+        on_batch=on_batch,
+        with_accuracy=True,
+    )
     prog.done = done_before + n_tokens
     mean = float(nats.sum() / max(int(counts.sum()), 1))
     if not (math.isfinite(mean) and mean < 700):  # NaN/inf, or a perplexity beyond float range
         bad = nonfinite_parameters(model)
-        why = (f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
-               "restore or retrain the checkpoint" if bad else
-               "the weights are finite, so the logits overflow on this text at this length")
+        why = (
+            f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
+            "restore or retrain the checkpoint"
+            if bad
+            else "the weights are finite, so the logits overflow on this text at this length"
+        )
         raise NonFiniteLossError(f"{c.name}: loss is {mean:.6g} at length {n}: {why} (nothing was cached)")
     order = sorted(doc_nats, key=lambda i: (plan.ids[i], i))
-    per_document = {"doc": [plan.ids[i] for i in order], "nats": [doc_nats[i] for i in order],
-                    "tokens": [doc_scored[i] for i in order]}
+    per_document = {
+        "doc": [plan.ids[i] for i in order],
+        "nats": [doc_nats[i] for i in order],
+        "tokens": [doc_scored[i] for i in order],
+    }
     entry = summarize(w, nats, counts, len(windows), s.position_buckets, per_document=per_document)
     if s.mode == "synthetic":  # answer accuracy: next-token argmax right, and whole answers right
         entry["length"], entry["sequence_tokens"] = n, w  # the model reads n tokens, as in training at n
@@ -417,8 +518,18 @@ def _score_length(c: _Loaded, model: GPT, n: int, windows: list[Window], plan: _
     return entry
 
 
-def _evaluate_one(c: _Loaded, s: EvalSettings, plan: _Plan, prog: _Progress, cache_root: Path, *, use_cache: bool,
-                  use_published: bool, require_intervals: bool, cache_only: bool) -> list[dict]:
+def _evaluate_one(
+    c: _Loaded,
+    s: EvalSettings,
+    plan: _Plan,
+    prog: _Progress,
+    cache_root: Path,
+    *,
+    use_cache: bool,
+    use_published: bool,
+    require_intervals: bool,
+    cache_only: bool,
+) -> list[dict]:
     """One checkpoint at every length: cached where it can be, else scored (and cached)."""
     cfg, on_device, per_length = c.model.config, None, []
     published = published_results(c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
@@ -429,14 +540,19 @@ def _evaluate_one(c: _Loaded, s: EvalSettings, plan: _Plan, prog: _Progress, cac
             continue
         n_tokens = _targets(windows, plan.window_tokens(n))
         if cfg.absolute_position_embedding and n > cfg.seq_len:
-            per_length.append({"length": n, "error": f"absolute position embeddings cover {cfg.seq_len} "
-                                                      f"tokens; length {n} cannot be evaluated"})
+            per_length.append(
+                {
+                    "length": n,
+                    "error": f"absolute position embeddings cover {cfg.seq_len} tokens; length {n} cannot be evaluated",
+                }
+            )
             prog.done += n_tokens
             prog.report(f"{c.name} L={n}: skipped")
             continue
         use_flex = s.device.type == "cuda" and n >= FLEX_MIN_LENGTH and _flex_ok(prog.report)
-        length_settings = s.length_settings(n, plan.same_text.prefix_tokens if plan.same_text else None, c.cap,
-                                            use_flex)
+        length_settings = s.length_settings(
+            n, plan.same_text.prefix_tokens if plan.same_text else None, c.cap, use_flex
+        )
         key = cache_key(c.sha, plan.fingerprint, length_settings)
         entry_path = cache_root / f"{key}.json"
         found = _lookup(entry_path, key, n, length_settings, published, use_cache, require_intervals)
@@ -451,16 +567,25 @@ def _evaluate_one(c: _Loaded, s: EvalSettings, plan: _Plan, prog: _Progress, cac
         prog.start_scoring()
         if on_device is None:
             on_device = c.model.to(s.device)
-        scored, extra = (rope_scaled_model(on_device, s.rope_scaling, n) if s.rope_scaling is not None
-                         else (on_device, {}))
+        scored, extra = (
+            rope_scaled_model(on_device, s.rope_scaling, n) if s.rope_scaling is not None else (on_device, {})
+        )
         scored.set_attention_backend("flex" if use_flex else "sdpa")
         entry = _score_length(c, scored, n, windows, plan, s, prog)
         entry.update(extra)
         entry["seconds"] = time.perf_counter() - t0
         if use_cache:
-            write_json_atomic(entry_path, {"key": key, "checkpoint_sha256": c.sha, "data_fingerprint": plan.fingerprint,
-                                           "settings": length_settings, "fireviz_version": __version__,
-                                           "result": entry})
+            write_json_atomic(
+                entry_path,
+                {
+                    "key": key,
+                    "checkpoint_sha256": c.sha,
+                    "data_fingerprint": plan.fingerprint,
+                    "settings": length_settings,
+                    "fireviz_version": __version__,
+                    "result": entry,
+                },
+            )
         per_length.append({**entry, "cached": False, "source": "computed"})
     if on_device is not None and s.device.type == "cuda":
         c.model.to("cpu")
@@ -468,16 +593,30 @@ def _evaluate_one(c: _Loaded, s: EvalSettings, plan: _Plan, prog: _Progress, cac
     return per_length
 
 
-def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathLike,
-                  lengths: Iterable[int] = DEFAULT_LENGTHS, *, mode: str = DEFAULT_MODE,
-                  stride: int | None = None, token_budget: int | None | str = "auto", seed: int = 0,
-                  rope_scaling: str | None = None, split: str | None = None,
-                  position_buckets: int = DEFAULT_POSITION_BUCKETS, device: str | torch.device = "auto",
-                  batch_tokens: int | None = None, progress: ProgressFn | None = None,
-                  should_stop: StopFn | None = None, cache_dir: str | os.PathLike | None = None,
-                  use_cache: bool = True, use_published: bool = True, normalizer_cap: int | None = None,
-                  reference: int | str = 0, require_intervals: bool = True,
-                  cache_only: bool = False) -> list[dict]:
+def evaluate_many(
+    checkpoints: Sequence[str | os.PathLike],
+    data: str | os.PathLike,
+    lengths: Iterable[int] = DEFAULT_LENGTHS,
+    *,
+    mode: str = DEFAULT_MODE,
+    stride: int | None = None,
+    token_budget: int | None | str = "auto",
+    seed: int = 0,
+    rope_scaling: str | None = None,
+    split: str | None = None,
+    position_buckets: int = DEFAULT_POSITION_BUCKETS,
+    device: str | torch.device = "auto",
+    batch_tokens: int | None = None,
+    progress: ProgressFn | None = None,
+    should_stop: StopFn | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    use_published: bool = True,
+    normalizer_cap: int | None = None,
+    reference: int | str = 0,
+    require_intervals: bool = True,
+    cache_only: bool = False,
+) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
     See ``evaluate_checkpoint`` for the arguments and the result; the settings are validated
@@ -490,9 +629,20 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
       CheckpointError before any scoring.
     """
     t_start = time.perf_counter()
-    s = EvalSettings.make(data, lengths, mode=mode, stride=stride, token_budget=token_budget, seed=seed,
-                          rope_scaling=rope_scaling, split=split, position_buckets=position_buckets, device=device,
-                          batch_tokens=batch_tokens, normalizer_cap=normalizer_cap)
+    s = EvalSettings.make(
+        data,
+        lengths,
+        mode=mode,
+        stride=stride,
+        token_budget=token_budget,
+        seed=seed,
+        rope_scaling=rope_scaling,
+        split=split,
+        position_buckets=position_buckets,
+        device=device,
+        batch_tokens=batch_tokens,
+        normalizer_cap=normalizer_cap,
+    )
     loaded = _load_checkpoints(checkpoints, s, reference)  # a bad checkpoint is an error before minutes of work
     plan = _plan_text(s)
     _refuse_what_cannot_fit(plan, loaded, s)
@@ -501,18 +651,40 @@ def evaluate_many(checkpoints: Sequence[str | os.PathLike], data: str | os.PathL
     if use_cache and cache_root.exists() and not cache_root.is_dir():
         raise EvaluationError(f"the cache folder {cache_root} is a file; give a folder (--cache-dir) or --no-cache")
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
-    total = sum(_targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list)) * len(loaded)
+    total = sum(_targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list)) * len(
+        loaded
+    )
     prog = _Progress(total, progress, should_stop)
     results = []
     for c in loaded:
         t_ckpt = time.perf_counter()
-        per_length = _evaluate_one(c, s, plan, prog, cache_root, use_cache=use_cache, use_published=use_published,
-                                   require_intervals=require_intervals, cache_only=cache_only)
-        results.append({"checkpoint": c.name, "checkpoint_path": str(c.path), "checkpoint_sha256": c.sha,
-                        "position_encoding": c.model.config.position_encoding, "train_seq_len": c.model.config.seq_len,
-                        "settings": settings, "data_fingerprint": plan.fingerprint, "fireviz_version": __version__,
-                        "device": _device_name(s.device), "seconds": time.perf_counter() - t_ckpt + setup_seconds,
-                        "normalizer_cap": c.cap, "per_length": per_length})
+        per_length = _evaluate_one(
+            c,
+            s,
+            plan,
+            prog,
+            cache_root,
+            use_cache=use_cache,
+            use_published=use_published,
+            require_intervals=require_intervals,
+            cache_only=cache_only,
+        )
+        results.append(
+            {
+                "checkpoint": c.name,
+                "checkpoint_path": str(c.path),
+                "checkpoint_sha256": c.sha,
+                "position_encoding": c.model.config.position_encoding,
+                "train_seq_len": c.model.config.seq_len,
+                "settings": settings,
+                "data_fingerprint": plan.fingerprint,
+                "fireviz_version": __version__,
+                "device": _device_name(s.device),
+                "seconds": time.perf_counter() - t_ckpt + setup_seconds,
+                "normalizer_cap": c.cap,
+                "per_length": per_length,
+            }
+        )
     results = with_paired_differences(results, reference)
     prog.report("done")
     return results
@@ -527,8 +699,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-def evaluate_checkpoint(checkpoint: str | os.PathLike, data: str | os.PathLike,
-                        lengths: Iterable[int] = DEFAULT_LENGTHS, **kwargs) -> dict:
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike, data: str | os.PathLike, lengths: Iterable[int] = DEFAULT_LENGTHS, **kwargs
+) -> dict:
     """Perplexity of one checkpoint at each evaluation length.
 
     Args:

@@ -1,5 +1,6 @@
 """What every fireviz figure shares: colours, the training-length mark, panel references,
 subsampling, and plain arrays from plotly's typed ones (``fireviz.plots`` is the door)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,9 @@ FIT_RANGE_MARK = "fitted range"
 # Plotly's ten, then dark hues unlike them (from Dark24), so the 13 rows of a results figure
 # (nine encodings, two seed runs, RoPE-PI, YaRN) get 13 colours told apart at a glance; D3 only
 # after that, since it repeats Plotly's hues (orange, blue, green) in other shades.
-_COLORS = qualitative.Plotly + ["#222A2A", "#B68100", "#862A16", "#778AAE", "#6C7C32", "#1616A7",
-                                "#750D86"] + qualitative.D3
+_COLORS = (
+    qualitative.Plotly + ["#222A2A", "#B68100", "#862A16", "#778AAE", "#6C7C32", "#1616A7", "#750D86"] + qualitative.D3
+)
 
 
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -28,21 +30,31 @@ def _as_dict(obj) -> dict:
     return obj.to_dict() if hasattr(obj, "to_dict") else obj
 
 
-def _mark_length(fig: go.Figure, x: float | None, row: int | None = None, col: int | None = None,
-                 axis: str = "x", text: str | None = None, name: str = TRAIN_MARK, at: str = "end") -> None:
+def _mark_length(
+    fig: go.Figure,
+    x: float | None,
+    row: int | None = None,
+    col: int | None = None,
+    axis: str = "x",
+    text: str | None = None,
+    name: str = TRAIN_MARK,
+    at: str = "end",
+) -> None:
     """Dashed line at a length (tokens) on the x (``axis="x"``) or y axis of one subplot,
     labelled at its ``at`` end ("end": top / right, "start": bottom / left)."""
     if x is None:
         return
-    kw: dict[str, Any] = dict(line_dash="dash", line_color="gray", line_width=1, name=name,
-                              exclude_empty_subplots=False)
+    kw: dict[str, Any] = dict(
+        line_dash="dash", line_color="gray", line_width=1, name=name, exclude_empty_subplots=False
+    )
     if row is not None:
         kw.update(row=row, col=col)
     label = dict(text=text if text is not None else f"{name} {x:g}", font=dict(size=9, color="gray"))
     if axis == "x":
         # drawn inside the plot area (it ran up into the title and subtitle)
-        fig.add_vline(x=x, label=dict(label, textposition=at, textangle=-90, xanchor="right", yanchor="top",
-                                      padding=4), **kw)
+        fig.add_vline(
+            x=x, label=dict(label, textposition=at, textangle=-90, xanchor="right", yanchor="top", padding=4), **kw
+        )
     else:
         fig.add_hline(y=x, label=dict(label, textposition=at), **kw)
 
@@ -58,8 +70,9 @@ def _subsample(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarr
     plus ``max_points`` evenly spaced ones (so short distances stay exact)."""
     if max_points is None or n <= max_points:
         return np.arange(n)
-    return np.unique(np.concatenate([np.arange(min(n, keep_first)),
-                                     np.linspace(0, n - 1, max_points).round().astype(np.int64)]))
+    return np.unique(
+        np.concatenate([np.arange(min(n, keep_first)), np.linspace(0, n - 1, max_points).round().astype(np.int64)])
+    )
 
 
 def _arr(x) -> np.ndarray:

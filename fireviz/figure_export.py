@@ -1,4 +1,5 @@
 """Figures out: their numbers as CSV / JSON, and files for a paper (SVG, PDF, PNG via kaleido)."""
+
 from __future__ import annotations
 
 import csv
@@ -17,8 +18,11 @@ def _plain(v):
         return None
     a = np.asarray(v)
     if a.dtype.kind in "fc":
-        return [[None if not np.isfinite(x) else float(x) for x in r] for r in a] if a.ndim == 2 else \
-               [None if not np.isfinite(x) else float(x) for x in a.ravel()]
+        return (
+            [[None if not np.isfinite(x) else float(x) for x in r] for r in a]
+            if a.ndim == 2
+            else [None if not np.isfinite(x) else float(x) for x in a.ravel()]
+        )
     return a.tolist()
 
 
@@ -37,8 +41,11 @@ def figure_data(fig: go.Figure) -> dict:
         if err is not None and err.array is not None:
             t["error_y"] = _plain(err.array)
         traces.append(t)
-    markers = [{"name": s.name, "x0": s.x0, "x1": s.x1, "y0": s.y0, "y1": s.y1, "xref": s.xref, "yref": s.yref}
-               for s in fig.layout.shapes if s.name]
+    markers = [
+        {"name": s.name, "x0": s.x0, "x1": s.x1, "y0": s.y0, "y1": s.y1, "xref": s.xref, "yref": s.yref}
+        for s in fig.layout.shapes
+        if s.name
+    ]
     title = fig.layout.title.text if fig.layout.title else None
     return {"title": title, "meta": fig.layout.meta, "markers": markers, "traces": traces}
 
@@ -104,20 +111,39 @@ def paper_figure(fig: go.Figure, width: str = "page") -> go.Figure:
     grid = getattr(fig, "_grid_ref", None)  # make_subplots: rows × columns of panels
     rows = len(grid) if grid else 1
     height = max(int(w * 0.6), int(w * 0.2 * rows) + 60) if grid else int(w * 0.6)
-    out.update_layout(font=PAPER_FONT, width=w, height=height, paper_bgcolor="white", plot_bgcolor="white",
-                      margin=dict(l=50, r=10, t=40, b=40), title_font=dict(size=9),
-                      legend=dict(font=dict(size=7)))
+    out.update_layout(
+        font=PAPER_FONT,
+        width=w,
+        height=height,
+        paper_bgcolor="white",
+        plot_bgcolor="white",
+        margin=dict(l=50, r=10, t=40, b=40),
+        title_font=dict(size=9),
+        legend=dict(font=dict(size=7)),
+    )
     if out.layout.title and out.layout.title.subtitle and out.layout.title.subtitle.text:
         out.update_layout(title_subtitle_font=dict(size=6))
     out.update_annotations(font_size=7)
-    axis = dict(title_font_size=8, tickfont_size=7, gridcolor="#e5e5e5", zerolinecolor="#cccccc", linecolor="#444",
-                showline=True, automargin=True)
+    axis = dict(
+        title_font_size=8,
+        tickfont_size=7,
+        gridcolor="#e5e5e5",
+        zerolinecolor="#cccccc",
+        linecolor="#444",
+        showline=True,
+        automargin=True,
+    )
     out.update_xaxes(**axis)
     out.update_yaxes(**axis)
     for ax in list(out.select_xaxes()) + list(out.select_yaxes()):  # explicit ticks stay explicit (as text)
         if ax.tickvals is not None:
-            ax.update(tickmode="array", ticktext=[f"{v:g}" if isinstance(v, (int, float)) else str(v)
-                                                  for v in (ax.ticktext if ax.ticktext is not None else ax.tickvals)])
+            ax.update(
+                tickmode="array",
+                ticktext=[
+                    f"{v:g}" if isinstance(v, (int, float)) else str(v)
+                    for v in (ax.ticktext if ax.ticktext is not None else ax.tickvals)
+                ],
+            )
     return out
 
 
@@ -132,6 +158,7 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"format must be one of {', '.join(EXPORT_FORMATS)} (got {fmt!r})")
     import os
+
     if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
         os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
     f = paper_figure(fig, paper) if paper else fig
@@ -143,9 +170,11 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
         except Exception:  # a cold browser start sometimes loses kaleido's page script: once more
             return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
     except Exception as e:  # kaleido missing, no browser, a browser that failed to start
-        raise FigureExportError(f"cannot write the figure as {fmt.upper()} ({type(e).__name__}: "
-                                f"{(str(e).splitlines() or [''])[0][:200]}); it needs the kaleido package and a "
-                                "Chromium browser (apt install chromium, or set BROWSER_PATH)") from e
+        raise FigureExportError(
+            f"cannot write the figure as {fmt.upper()} ({type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]}); it needs the kaleido package and a "
+            "Chromium browser (apt install chromium, or set BROWSER_PATH)"
+        ) from e
 
 
 def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None, paper: str | None = "page") -> Path:
@@ -153,6 +182,7 @@ def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None
     .html for the interactive figure), atomically. Returns the path. Raises: ValueError for an
     unknown format; FigureExportError (see ``export_figure``)."""
     from .files import atomic_write
+
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt == "html":

@@ -4,6 +4,7 @@ Every file fireviz writes (checkpoints, trainer state, logs, results, cache entr
 through ``atomic_write``: a temp file in the same folder, fsync, ``os.replace``, fsync of the
 folder. A crash or SIGKILL leaves either the old or the new file, never a torn one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -92,6 +93,7 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
 # ---------------------------------------------------------------------------------------------
 # Reading files fireviz did not just write: one reader, bounded, strict.
 
+
 class FileFormatError(ValueError):
     """A file fireviz reads is unreadable, too large, too deeply nested, not the expected JSON
     shape, or holds a non-finite number. The message names the file and the problem; the file
@@ -143,8 +145,9 @@ def _finite_float(s: str) -> float:
     return v
 
 
-def parse_json(text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEPTH,
-               allow_nonfinite: bool = False) -> Any:
+def parse_json(
+    text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEPTH, allow_nonfinite: bool = False
+) -> Any:
     """``json.loads(text)`` with fireviz's limits.
 
     Args:
@@ -157,12 +160,16 @@ def parse_json(text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEP
     """
     depth = json_depth(text)
     if depth > max_depth:
-        raise FileFormatError(f"{source} nests {depth} levels deep (at most {max_depth} are read); it is not a "
-                              "file fireviz wrote — restore or delete it")
+        raise FileFormatError(
+            f"{source} nests {depth} levels deep (at most {max_depth} are read); it is not a "
+            "file fireviz wrote — restore or delete it"
+        )
     kwargs: dict = {}
     if not allow_nonfinite:
+
         def refuse(c):
             raise ValueError(f"non-finite number {c}")
+
         kwargs = {"parse_constant": refuse, "parse_float": _finite_float}
     try:
         return json.loads(text, **kwargs)
@@ -170,8 +177,14 @@ def parse_json(text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEP
         raise FileFormatError(f"{source} is not valid JSON ({e}); restore or delete it") from e
 
 
-def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH,
-              allow_nonfinite: bool = False, expect: type | tuple | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike,
+    *,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    allow_nonfinite: bool = False,
+    expect: type | tuple | None = None,
+) -> Any:
     """Read a JSON file fireviz did not just write: size-bounded, depth-bounded, finite.
 
     Args:
@@ -185,8 +198,10 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_d
     try:
         size = _regular_size(path)
         if size > max_bytes:
-            raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON file; "
-                                  "it is not a file fireviz wrote — restore or delete it")
+            raise FileFormatError(
+                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON file; "
+                "it is not a file fireviz wrote — restore or delete it"
+            )
         with open(path, "rb") as f:
             raw = f.read(min(size, max_bytes) + 1)  # not max_bytes: read(n) allocates n bytes up front
         text = raw.decode("utf-8")
@@ -195,16 +210,26 @@ def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES, max_d
     except (OSError, UnicodeDecodeError) as e:
         raise FileFormatError(f"cannot read {path}: {e}") from e
     obj = parse_json(text, str(path), max_depth=max_depth, allow_nonfinite=allow_nonfinite)
-    if expect is not None and (not isinstance(obj, expect) or isinstance(obj, bool) and bool not in (
-            expect if isinstance(expect, tuple) else (expect,))):
+    if expect is not None and (
+        not isinstance(obj, expect)
+        or isinstance(obj, bool)
+        and bool not in (expect if isinstance(expect, tuple) else (expect,))
+    ):
         names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
-        raise FileFormatError(f"{path} holds a JSON {type(obj).__name__}, not the {names} fireviz expects there; "
-                              "restore or delete it")
+        raise FileFormatError(
+            f"{path} holds a JSON {type(obj).__name__}, not the {names} fireviz expects there; restore or delete it"
+        )
     return obj
 
 
-def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: int = MAX_JSON_DEPTH,
-               allow_nonfinite: bool = False, tolerate_torn_tail: bool = True) -> list[dict]:
+def read_jsonl(
+    path: str | os.PathLike,
+    *,
+    max_bytes: int = 1 << 30,
+    max_depth: int = MAX_JSON_DEPTH,
+    allow_nonfinite: bool = False,
+    tolerate_torn_tail: bool = True,
+) -> list[dict]:
     """The JSON objects of a JSON-lines file (``*.gz``: gzip-compressed), one per non-empty line, in order.
 
     Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
@@ -219,6 +244,7 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
         if path.suffix == ".gz":  # a shipped (compressed) log; bounded after decompression too
             import gzip
             import zlib
+
             try:
                 with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as g:
                     parts, got = [], 0
@@ -230,8 +256,10 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
                 raise FileFormatError(f"{path} is not a readable gzip file ({e}); restore or delete it") from e
             size = len(raw)
         if size > max_bytes:
-            raise FileFormatError(f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
-                                  "file; restore or delete it")
+            raise FileFormatError(
+                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
+                "file; restore or delete it"
+            )
         text = raw.decode("utf-8", errors="replace")
     except FileFormatError:
         raise
@@ -252,15 +280,31 @@ def read_jsonl(path: str | os.PathLike, *, max_bytes: int = 1 << 30, max_depth: 
                 break
             raise
         if not isinstance(obj, dict):
-            raise FileFormatError(f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete "
-                                  "the file")
+            raise FileFormatError(
+                f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
+            )
         out.append(obj)
     return out
 
 
 #: Bytes per element of each safetensors dtype (the format's own list).
-SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
-                        "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def check_safetensors_header(header: object, data_len: int | None, source: str) -> dict[str, dict]:
@@ -278,17 +322,25 @@ def check_safetensors_header(header: object, data_len: int | None, source: str) 
     entries = {k: v for k, v in header.items() if k != "__metadata__"}
     spans = []
     for name, e in entries.items():
+
         def bad(why: str):
             raise FileFormatError(f"{source}: tensor {name!r} has {why}; the file is corrupt")
+
         if not isinstance(e, dict):
             bad("a header entry that is not an object")
         if e.get("dtype") not in SAFETENSORS_ITEMSIZE:
             bad(f"an unknown dtype {str(e.get('dtype'))[:20]!r}")
         shape, offs = e.get("shape"), e.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        if not (
+            isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
             bad("a shape that is not a list of integers >= 0")
-        if not (isinstance(offs, list) and len(offs) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs) and offs[0] <= offs[1]):
+        if not (
+            isinstance(offs, list)
+            and len(offs) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+            and offs[0] <= offs[1]
+        ):
             bad("data_offsets that are not two integers 0 <= begin <= end")
         if offs[1] - offs[0] != math.prod(shape) * SAFETENSORS_ITEMSIZE[e["dtype"]]:
             bad(f"data_offsets {offs} that do not hold its shape {shape} of {e['dtype']}")
@@ -297,8 +349,10 @@ def check_safetensors_header(header: object, data_len: int | None, source: str) 
     at = 0
     for a, b, name in spans:
         if a != at:
-            raise FileFormatError(f"{source}: tensor {name!r} starts at byte {a}, not {at}: the tensors do not tile the "
-                                  "data (a gap or an overlap); the file is corrupt")
+            raise FileFormatError(
+                f"{source}: tensor {name!r} starts at byte {a}, not {at}: the tensors do not tile the "
+                "data (a gap or an overlap); the file is corrupt"
+            )
         at = b
     if data_len is not None and at != data_len:
         what = "truncated" if at > data_len else "longer than its header says"

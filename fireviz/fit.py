@@ -34,6 +34,7 @@ of 32 arbitrary values (16 one-distance buckets, then runs up to max_distance) n
 tokens (its high-frequency terms, ~20 % of each head's std at scales under 10 tokens), so at
 width 32 both stay near 20 % per head; width 128 fits them to ~0.01 % and ~4 %.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,11 +49,15 @@ import torch
 
 from .encodings import FIRE
 from .encodings.specs import t5_bucket_values  # noqa: F401  (public here since it was first defined in fit)
-from .fit_result import BEYOND_FACTOR, FIRE_OPTIONS_KEY, FitResult, _json_safe, fire_options, load_fitted_fire, save_fitted_fire  # noqa: F401,E501
-from .fit_targets import (CHECKPOINT_PARAMS, FITTABLE_ENCODINGS, MAX_FIT_HEADS, TARGET_NAMES,  # noqa: F401
-                          TARGET_PARAMS,
-                          FitTarget, fittable_encodings, make_target, parse_numbers, target_from_checkpoint,
-                          target_names, target_params)
+from .fit_result import (
+    BEYOND_FACTOR,
+    FitResult,
+)
+from .fit_targets import (
+    TARGET_NAMES,  # noqa: F401
+    FitTarget,
+    make_target,
+)
 
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
@@ -61,15 +66,13 @@ DEFAULT_STEPS = 300
 
 # Grid of c·L (c times the threshold L) tried by the initialisation, from ψ nearly linear
 # in d (c·L = 0.01) to strongly logarithmic (c·L = 10⁴); refined by √10 around the best.
-_CL_GRID = tuple(10.0 ** e for e in np.arange(-2.0, 4.01, 1.0))
+_CL_GRID = tuple(10.0**e for e in np.arange(-2.0, 4.01, 1.0))
 # Candidate kink positions per fit (data points; subsampled beyond this many distances).
 _MAX_CANDIDATES = 1024
 #: Query rows (evenly spaced, deterministic) on which the error beyond the fitted range is
 #: measured: every pair (i, j ≤ i) of these rows counts.
 BEYOND_ROWS = 256
 _BEYOND_CHUNK = 16  # query rows evaluated at once (memory: chunk · 4·max_len · width floats)
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,8 +162,8 @@ class _Adam:
                 continue
             m.mul_(b1).add_(p.grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-            m_hat = m / (1 - b1 ** self.t)
-            v_hat = v / (1 - b2 ** self.t)
+            m_hat = m / (1 - b1**self.t)
+            v_hat = v / (1 - b2**self.t)
             p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
 
 
@@ -178,11 +181,18 @@ def _candidates(n: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # fit_fire
 # --------------------------------------------------------------------------------------------
-def fit_fire(target: FitTarget | str, max_len: int, num_heads: int | None = None, mlp_width: int = 32,
-             steps: int = DEFAULT_STEPS, seed: int = 0,
-             progress: Callable[[int, int, float], None] | None = None,
-             should_stop: Callable[[], bool] | None = None, lr: float = 3e-3,
-             start_progress: Callable[[int, int], None] | None = None) -> FitResult:
+def fit_fire(
+    target: FitTarget | str,
+    max_len: int,
+    num_heads: int | None = None,
+    mlp_width: int = 32,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    progress: Callable[[int, int, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    lr: float = 3e-3,
+    start_progress: Callable[[int, int], None] | None = None,
+) -> FitResult:
     """Fit a FIRE bias to ``target`` on all pairs ``0 ≤ j ≤ i < max_len`` (Theorem 3.1).
 
     Args:
@@ -248,18 +258,23 @@ def _check_fit_args(target, max_len, num_heads, mlp_width, steps) -> FitTarget:
     if isinstance(target, str):
         target = make_target(target, num_heads)
     if not isinstance(max_len, (int, np.integer)) or max_len < 2:
-        raise ValueError(f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at "
-                         "least two distances to fit")
+        raise ValueError(
+            f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at least two distances to fit"
+        )
     if mlp_width < 2:
-        raise ValueError(f"mlp_width must be >= 2 (got {mlp_width}): one unit for the linear term, "
-                         "the rest for kinks")
+        raise ValueError(f"mlp_width must be >= 2 (got {mlp_width}): one unit for the linear term, the rest for kinks")
     if steps < 0:
         raise ValueError(f"steps must be >= 0 (got {steps})")
     if num_heads is not None and num_heads != target.num_heads:
         raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
     from .memory import check_fits, fit_bytes
-    check_fits(fit_bytes(target.num_heads, int(max_len), mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK), "cpu",
-               f"fitting {target.num_heads} heads over max_len {max_len}", "lower max_len or the number of heads")
+
+    check_fits(
+        fit_bytes(target.num_heads, int(max_len), mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK),
+        "cpu",
+        f"fitting {target.num_heads} heads over max_len {max_len}",
+        "lower max_len or the number of heads",
+    )
     return target
 
 
@@ -267,6 +282,7 @@ def _check_fit_args(target, max_len, num_heads, mlp_width, steps) -> FitTarget:
 class _FitData:
     """The 1-D problem: distances ``d [n]``, √pair-weights ``s [n]``, per-head standardised
     targets ``Ys [n, H]`` (weighted by s) and the ``mean``/``scale [H]`` that undo it."""
+
     d: torch.Tensor
     s: torch.Tensor
     Ys: torch.Tensor
@@ -308,7 +324,7 @@ def _closed_form_start(fd: _FitData, L: float, eps: float, K: int, max_len: int,
             stopped = True
             break
     coarse = best[3]
-    for k, factor in enumerate((10 ** -0.5, 10 ** 0.5) if not stopped else (), len(_CL_GRID) + 1):
+    for k, factor in enumerate((10**-0.5, 10**0.5) if not stopped else (), len(_CL_GRID) + 1):
         try_c(coarse * factor)
         if start_progress is not None:
             start_progress(k, total_start)
@@ -319,8 +335,19 @@ def _closed_form_start(fd: _FitData, L: float, eps: float, K: int, max_len: int,
     return c0, knots0, n_live, stopped
 
 
-def _refine(fd: _FitData, L: float, eps: float, c0, knots0, n_live: int, steps: int, lr: float, stopped: bool,
-            progress, should_stop):
+def _refine(
+    fd: _FitData,
+    L: float,
+    eps: float,
+    c0,
+    knots0,
+    n_live: int,
+    steps: int,
+    lr: float,
+    stopped: bool,
+    progress,
+    should_stop,
+):
     """Adam on log c and the kinks (variable projection: the output layer solved at every step).
     Returns ``(best (log_c, knots), loss curve, steps run, stopped)``."""
     K = knots0.numel()
@@ -382,11 +409,12 @@ def _write_module(module: FIRE, fd: _FitData, L: float, eps: float, best_state, 
     lin2.weight.copy_(beta[1:].T.float())
     lin2.bias.copy_((beta[0] + fd.mean).float())
     if n_live < K:  # parked kinks: the unit stays off on [0, 1]; zero its output anyway
-        lin2.weight[:, 1 + n_live:] = 0.0
+        lin2.weight[:, 1 + n_live :] = 0.0
 
 
-def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr,
-         start_progress=None) -> FitResult:
+def _fit(
+    target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr, start_progress=None
+) -> FitResult:
     t0 = time.perf_counter()
     target = _check_fit_args(target, max_len, num_heads, mlp_width, steps)
     max_len, H = int(max_len), target.num_heads
@@ -396,22 +424,33 @@ def _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_st
     L, eps = float(module.threshold().detach()), module.eps
     fd = _fit_data(target, max_len)
     c0, knots0, n_live, stopped = _closed_form_start(fd, L, eps, mlp_width - 1, max_len, should_stop, start_progress)
-    best_state, curve, steps_run, stopped = _refine(fd, L, eps, c0, knots0, n_live, steps, lr, stopped, progress,
-                                                    should_stop)
+    best_state, curve, steps_run, stopped = _refine(
+        fd, L, eps, c0, knots0, n_live, steps, lr, stopped, progress, should_stop
+    )
     _write_module(module, fd, L, eps, best_state, n_live)
     return _evaluate(module, target, max_len, curve, steps, steps_run, stopped, t0, mlp_width, seed)
 
 
 @torch.no_grad()
-def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float], steps: int, steps_run: int,
-              stopped: bool, t0: float, mlp_width: int, seed: int) -> FitResult:
+def _evaluate(
+    module: FIRE,
+    target: FitTarget,
+    max_len: int,
+    curve: list[float],
+    steps: int,
+    steps_run: int,
+    stopped: bool,
+    t0: float,
+    mlp_width: int,
+    seed: int,
+) -> FitResult:
     """Measure the float32 module inside and beyond the fitted range (see ``FitResult``)."""
     H, n = target.num_heads, max_len
     # Inside: every query i < max_len ≤ L has normalizer ψ(L), so the row of query n−1
     # holds the value of every distance 0..n−1 exactly as every other row does.
     fitted = module.bias(1, n, q_offset=n - 1)[:, 0].flip(-1).double()  # [H, n], d = 0..n−1
     tgt = target.bias_by_distance(torch.arange(n)).double()
-    w = (n - torch.arange(n, dtype=torch.float64))
+    w = n - torch.arange(n, dtype=torch.float64)
     r = fitted - tgt
     sse_h = (w * r * r).sum(1)
     npairs = float(w.sum())
@@ -437,11 +476,11 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
         # FIRE's formula (eq. 3–4) for queries i over d = 0..top−1, the same values as
         # ``module.bias`` (tests check it); distances d > i are masked out. Every chunk has
         # the same shape (the last one padded), so torch's kernels are set up once.
-        q = torch.as_tensor(rows[start: start + _BEYOND_CHUNK])
+        q = torch.as_tensor(rows[start : start + _BEYOND_CHUNK])
         q = torch.cat([q, q[-1:].expand(_BEYOND_CHUNK - q.numel())])
         x = psi_d[None, :] / module.normalizer(q)[:, None]  # [chunk, top]
         causal = torch.arange(top)[None, :] <= q[:, None]
-        causal[min(rows.size - start, _BEYOND_CHUNK):] = False  # padding rows
+        causal[min(rows.size - start, _BEYOND_CHUNK) :] = False  # padding rows
         fb = module.mlp_forward(x).double()  # [H, chunk, top]
         tb = table[:, None, :].expand_as(fb)
         diff = torch.where(causal, fb - tb, torch.zeros(()))
@@ -453,7 +492,7 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
         max_b = max(max_b, float(diff.abs().max()))
     var_bh = (s2 / count - (s1 / count) ** 2).clamp(min=0)
     mean_b = float(s1.sum()) / (count * H)
-    var_b = max(float(s2.sum()) / (count * H) - mean_b ** 2, 0.0)
+    var_b = max(float(s2.sum()) / (count * H) - mean_b**2, 0.0)
     rmse_b = math.sqrt(float(sse_b.sum()) / (count * H))
     rel_b = _ratio(rmse_b, math.sqrt(var_b))
     rel_bh = [_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh)]
@@ -462,15 +501,34 @@ def _evaluate(module: FIRE, target: FitTarget, max_len: int, curve: list[float],
     beyond_fit = module.mlp_forward(psi_d / module.normalizer(torch.tensor([q_last])))  # [H, top], d = 0..top−1
     c_val = float(module.c.detach())
     return FitResult(
-        module=module, target=target, max_len=n, loss_curve=curve,
-        relative_rmse=rel, relative_rmse_per_head=rel_h, max_abs_error=max_abs, rmse=rmse,
-        relative_rmse_beyond=rel_b, relative_rmse_beyond_per_head=rel_bh, max_abs_error_beyond=max_b,
-        rmse_beyond=rmse_b, beyond_rows=int(rows.size),
-        distance=np.arange(n), target_values=tgt.float().numpy(), fitted_values=fitted.float().numpy(),
-        weights=w.numpy(), beyond_query=q_last, beyond_distance=np.arange(top),
-        beyond_target=table.float().numpy(), beyond_fitted=beyond_fit.numpy(),
-        steps=steps, steps_run=steps_run, stopped=stopped, seconds=time.perf_counter() - t0,
-        mlp_width=mlp_width, seed=seed, c=c_val,
+        module=module,
+        target=target,
+        max_len=n,
+        loss_curve=curve,
+        relative_rmse=rel,
+        relative_rmse_per_head=rel_h,
+        max_abs_error=max_abs,
+        rmse=rmse,
+        relative_rmse_beyond=rel_b,
+        relative_rmse_beyond_per_head=rel_bh,
+        max_abs_error_beyond=max_b,
+        rmse_beyond=rmse_b,
+        beyond_rows=int(rows.size),
+        distance=np.arange(n),
+        target_values=tgt.float().numpy(),
+        fitted_values=fitted.float().numpy(),
+        weights=w.numpy(),
+        beyond_query=q_last,
+        beyond_distance=np.arange(top),
+        beyond_target=table.float().numpy(),
+        beyond_fitted=beyond_fit.numpy(),
+        steps=steps,
+        steps_run=steps_run,
+        stopped=stopped,
+        seconds=time.perf_counter() - t0,
+        mlp_width=mlp_width,
+        seed=seed,
+        c=c_val,
     )
 
 

@@ -1,4 +1,5 @@
 """``python -m fireviz fit``: parse the arguments into a fit target and run ``fireviz.fit.fit_fire``."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,9 +9,11 @@ import time
 from pathlib import Path
 
 from .files import FileFormatError, read_json, write_json_atomic
-from .fit import BEYOND_FACTOR, DEFAULT_STEPS, _json_safe, fit_fire
+from .fit import BEYOND_FACTOR, DEFAULT_STEPS, fit_fire
+from .fit_result import _json_safe
 from .fit_targets import FitTarget, make_target, parse_numbers, target_names
 from .model import CheckpointError
+
 
 # --------------------------------------------------------------------------------------------
 # CLI
@@ -34,7 +37,9 @@ def _t5_values(text: str):
         try:
             return read_json(p)
         except FileFormatError as e:
-            raise _CLIError(f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file") from None
+            raise _CLIError(
+                f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file"
+            ) from None
     vals = _numbers(text, "--t5-values")
     return [vals] if isinstance(vals, float) else vals
 
@@ -43,8 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fireviz fit",
         description="Fit FIRE (Li et al. 2024) to a T5/ALiBi/Kerple/Sandwich bias or a checkpoint's "
-                    "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.")
-    p.add_argument("--target", required=True, help=f"one of {', '.join(target_names())}, or a checkpoint folder, a transformers model folder or a Hub id")
+        "learned bias (Theorem 3.1) on all pairs 0 <= j <= i < max-len.",
+    )
+    p.add_argument(
+        "--target",
+        required=True,
+        help=f"one of {', '.join(target_names())}, or a checkpoint folder, a transformers model folder or a Hub id",
+    )
     p.add_argument("--max-len", type=int, required=True, help="fitted range in tokens (>= 2)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; a checkpoint's own)")
     p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
@@ -65,25 +75,38 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
     g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
     g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
-    g.add_argument("--param", action="append", metavar="NAME=VALUE",
-                   help="any target's parameter as JSON (repeatable), e.g. --param r2=0.5 (see make_target)")
-    g.add_argument("--stack", choices=("decoder", "encoder"),
-                   help="checkpoint: a published encoder-decoder model's stack (default decoder)")
+    g.add_argument(
+        "--param",
+        action="append",
+        metavar="NAME=VALUE",
+        help="any target's parameter as JSON (repeatable), e.g. --param r2=0.5 (see make_target)",
+    )
+    g.add_argument(
+        "--stack",
+        choices=("decoder", "encoder"),
+        help="checkpoint: a published encoder-decoder model's stack (default decoder)",
+    )
     return p
 
 
 _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
-    "num_buckets": ("num_buckets", ("t5",)), "max_distance": ("max_distance", ("t5",)),
-    "t5_values": ("values", ("t5",)), "slope": ("slope", ("alibi",)),
-    "r1": ("r1", ("kerple_log", "kerple_power")), "r2": ("r2", ("kerple_log", "kerple_power")),
-    "dbar": ("dbar", ("sandwich",)), "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
-    "checkpoint": ("path", ("checkpoint",)), "layer": ("layer", ("checkpoint",)),
+    "num_buckets": ("num_buckets", ("t5",)),
+    "max_distance": ("max_distance", ("t5",)),
+    "t5_values": ("values", ("t5",)),
+    "slope": ("slope", ("alibi",)),
+    "r1": ("r1", ("kerple_log", "kerple_power")),
+    "r2": ("r2", ("kerple_log", "kerple_power")),
+    "dbar": ("dbar", ("sandwich",)),
+    "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
+    "checkpoint": ("path", ("checkpoint",)),
+    "layer": ("layer", ("checkpoint",)),
     "stack": ("stack", ("checkpoint",)),
 }
 
 
 def _target_from_args(a: argparse.Namespace) -> FitTarget:
     from . import hub
+
     if a.target not in target_names() and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
         if a.checkpoint is not None:
             raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
@@ -132,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     for flag, out, example in (("--out", a.out, "fit.json"), ("--save-module", a.save_module, "fire_fit.safetensors")):
         if out and Path(out).is_dir():  # refuse before computing, not after
-            print(f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / example}",
-                  file=sys.stderr)
+            print(
+                f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / example}",
+                file=sys.stderr,
+            )
             return 2
     try:
         target = _target_from_args(a)
@@ -153,18 +178,27 @@ def main(argv: list[str] | None = None) -> int:
 
         if not a.quiet:
             print(f"fitting FIRE to {target.name} ({target.num_heads} heads, max_len {a.max_len})…", file=sys.stderr)
-        result = fit_fire(target, a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed, progress=report,
-                          start_progress=report_start)
+        result = fit_fire(
+            target,
+            a.max_len,
+            mlp_width=a.width,
+            steps=a.steps,
+            seed=a.seed,
+            progress=report,
+            start_progress=report_start,
+        )
     except _CLIError as e:
         print(f"fireviz fit: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         print(f"fireviz fit: error: {e}", file=sys.stderr)
         return 2
-    summary = (f"{target.name}: max_len={a.max_len} heads={target.num_heads} width={a.width}  "
-               f"relative RMSE {100 * result.relative_rmse:.3f}%  max |err| {result.max_abs_error:.3g} logits  "
-               f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
-               f"{result.seconds:.2f} s")
+    summary = (
+        f"{target.name}: max_len={a.max_len} heads={target.num_heads} width={a.width}  "
+        f"relative RMSE {100 * result.relative_rmse:.3f}%  max |err| {result.max_abs_error:.3g} logits  "
+        f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
+        f"{result.seconds:.2f} s"
+    )
     print(summary)
     try:  # atomic writes create missing parent folders; nothing half-written is left behind
         if a.out:

@@ -1,5 +1,6 @@
 """A fit's result (``FitResult``: the fitted FIRE, errors inside and beyond the fitted range,
 the loss curve) and a fitted FIRE module on disk (safetensors only, options in its metadata)."""
+
 from __future__ import annotations
 
 import json
@@ -96,9 +97,11 @@ class FitResult:
 
     def save(self, path: str | Path) -> Path:
         """Write the fitted module to ``path`` (safetensors; see ``save_fitted_fire``)."""
-        return save_fitted_fire(self.module, path, extra={"target": self.target.name,
-                                                          "max_len": self.max_len,
-                                                          "relative_rmse": self.relative_rmse})
+        return save_fitted_fire(
+            self.module,
+            path,
+            extra={"target": self.target.name, "max_len": self.max_len, "relative_rmse": self.relative_rmse},
+        )
 
     def to_dict(self, curves: bool = True) -> dict:
         """JSON-able summary (what ``python -m fireviz fit --out`` writes).
@@ -143,12 +146,20 @@ class FitResult:
             "fire": {"options": self.fire_options(), "c": self.c, "L": float(self.module.threshold().detach())},
         }
         if curves:
-            out["inside"] = {"distance": self.distance.tolist(), "weight": self.weights.tolist(),
-                             "target": self.target_values.tolist(), "fitted": self.fitted_values.tolist(),
-                             "residual": self.residuals.tolist()}
-            out["beyond"] = {"query_position": self.beyond_query, "distance": self.beyond_distance.tolist(),
-                             "target": self.beyond_target.tolist(), "fitted": self.beyond_fitted.tolist(),
-                             "residual": self.beyond_residuals.tolist()}
+            out["inside"] = {
+                "distance": self.distance.tolist(),
+                "weight": self.weights.tolist(),
+                "target": self.target_values.tolist(),
+                "fitted": self.fitted_values.tolist(),
+                "residual": self.residuals.tolist(),
+            }
+            out["beyond"] = {
+                "query_position": self.beyond_query,
+                "distance": self.beyond_distance.tolist(),
+                "target": self.beyond_target.tolist(),
+                "fitted": self.beyond_fitted.tolist(),
+                "residual": self.beyond_residuals.tolist(),
+            }
         return _json_safe(out)
 
 
@@ -164,10 +175,17 @@ def _json_safe(obj):
 
 def fire_options(module: FIRE) -> dict:
     """The constructor keywords of a ``FIRE`` module (JSON-able), e.g. for safetensors metadata."""
-    return {"num_heads": module.num_heads, "mlp_width": module.mlp_width, "init_L": module.init_L,
-            "eps": module.eps, "progressive_interpolation": module.progressive_interpolation,
-            "log_transform": module.log_transform, "learn_threshold": module.learn_threshold,
-            "mlp_depth": module.mlp_depth, "normalizer_cap": module.normalizer_cap}
+    return {
+        "num_heads": module.num_heads,
+        "mlp_width": module.mlp_width,
+        "init_L": module.init_L,
+        "eps": module.eps,
+        "progressive_interpolation": module.progressive_interpolation,
+        "log_transform": module.log_transform,
+        "learn_threshold": module.learn_threshold,
+        "mlp_depth": module.mlp_depth,
+        "normalizer_cap": module.normalizer_cap,
+    }
 
 
 def save_fitted_fire(module: FIRE, path: str | Path, extra: dict | None = None) -> Path:
@@ -200,8 +218,9 @@ def load_fitted_fire(path: str | Path) -> FIRE:
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; write one with FitResult.save or "
-                                "`python -m fireviz fit --save-module PATH`")
+        raise FileNotFoundError(
+            f"{path} does not exist; write one with FitResult.save or `python -m fireviz fit --save-module PATH`"
+        )
     try:
         state, meta = read_safetensors(path)
     except (SafetensorError, OSError) as e:

@@ -6,6 +6,7 @@ built from its parameters (``make_target``), and so is the learned bias of one l
 trained or published model (``target_from_checkpoint``). A target is Toeplitz: a function of
 the distance d = i − j only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,8 +62,9 @@ def parse_numbers(text: str, what: str) -> list[float] | float:
     try:
         vals = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"{what} must be a number or comma-separated numbers (got {text!r}); "
-                         "example: 0.5 or 0.5,1,1.5,2") from None
+        raise ValueError(
+            f"{what} must be a number or comma-separated numbers (got {text!r}); example: 0.5 or 0.5,1,1.5,2"
+        ) from None
     if not vals:
         raise ValueError(f"{what} is empty; give a number or comma-separated numbers")
     return vals[0] if len(vals) == 1 else vals
@@ -127,21 +129,27 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
     allowed = target_params(name)  # raises for an unknown target
     unknown = set(params) - allowed
     if unknown:
-        raise ValueError(f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(sorted(allowed)) or 'none'}")
+        raise ValueError(
+            f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(sorted(allowed)) or 'none'}"
+        )
     if name == "checkpoint":
         if "path" not in params:
             raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
         target = target_from_checkpoint(params["path"], int(params.get("layer", 0)), params.get("stack"))
         if num_heads is not None and num_heads != target.num_heads:
-            raise ValueError(f"checkpoint {params['path']} has {target.num_heads} heads, not {num_heads}; "
-                             "omit num_heads (CLI: --heads) to use the checkpoint's")
+            raise ValueError(
+                f"checkpoint {params['path']} has {target.num_heads} heads, not {num_heads}; "
+                "omit num_heads (CLI: --heads) to use the checkpoint's"
+            )
         return target
     if num_heads is None or int(num_heads) < 1:
         raise ValueError(f"num_heads must be >= 1 (got {num_heads})")
     if int(num_heads) > MAX_FIT_HEADS:
-        raise ValueError(f"num_heads={num_heads} is more than the {MAX_FIT_HEADS} heads a fit takes (published models "
-                         f"have at most 128 per layer); fit fewer heads, e.g. --heads 8")
+        raise ValueError(
+            f"num_heads={num_heads} is more than the {MAX_FIT_HEADS} heads a fit takes (published models "
+            f"have at most 128 per layer); fit fewer heads, e.g. --heads 8"
+        )
     enc, shown = encoding_spec(name).fit_target(int(num_heads), **params)  # the encoding's own spec builds it
     return FitTarget(name, enc, shown)
 
@@ -165,8 +173,10 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
 
     local = Path(str(path)).expanduser()
     if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
-        raise CheckpointNotFoundError(f"checkpoint {path} not found: give a folder holding config.json and "
-                                      "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id")
+        raise CheckpointNotFoundError(
+            f"checkpoint {path} not found: give a folder holding config.json and "
+            "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id"
+        )
     model = load_model_or_published(str(local) if local.is_dir() else str(path), stack=stack or "decoder")
     if stack is not None and not isinstance(model, hub.PublishedModel):
         raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
@@ -176,8 +186,10 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     allowed = fittable_encodings()
     enc = model.encoding(int(layer))
     if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
-        raise ValueError(f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
-                         f"needs a Toeplitz bias: one of {', '.join(allowed)}")
+        raise ValueError(
+            f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
+            f"needs a Toeplitz bias: one of {', '.join(allowed)}"
+        )
     enc.requires_grad_(False)
     params = {"path": str(path), "layer": int(layer), "encoding": cfg.position_encoding, "seq_len": cfg.seq_len}
     if isinstance(model, hub.PublishedModel):

@@ -17,6 +17,7 @@ runs compiled FlexAttention for inference only; tests compare it with ``attentio
 at several lengths (≤ 1e-4 in logits). ``flex_available()`` says whether it compiles here;
 callers fall back to the SDPA path with a clear message when it does not.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,6 +37,7 @@ class FlexUnavailable(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
+
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -45,6 +47,7 @@ def flex_available() -> bool:
         return False
     try:
         from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401
+
         q = torch.zeros(1, 1, 16, 8)
         causal_flex(q, q, q)
         return True
@@ -63,6 +66,7 @@ def _block_mask(q_len: int, k_len: int, q_offset: int, device):
 
     def causal(b, h, q_idx, kv_idx):
         return q_idx + q_offset >= kv_idx
+
     return create_block_mask(causal, None, None, q_len, k_len, device=str(device))
 
 
@@ -84,13 +88,21 @@ def score_mod_for(encoding, q_len: int, k_len: int, q_offset: int):
         def toeplitz(score, b, h, q_idx, kv_idx):
             d = (q_idx + q_offset - kv_idx).clamp(0, top)  # future pairs are masked anyway
             return score + table[h, d]
+
         return toeplitz
     if hasattr(encoding, "normalized_distance") and getattr(encoding, "mlp_depth", 1) == 1:
         with torch.no_grad():
             psi = encoding.psi(torch.arange(q_offset + q_len, device=device)).float().contiguous()  # ψ(d)
             pos = torch.arange(q_offset, q_offset + q_len, device=device)
-            inv_norm = (1.0 / encoding.normalizer(pos) if encoding.progressive_interpolation
-                        else torch.ones(q_len, device=device)).float().contiguous()
+            inv_norm = (
+                (
+                    1.0 / encoding.normalizer(pos)
+                    if encoding.progressive_interpolation
+                    else torch.ones(q_len, device=device)
+                )
+                .float()
+                .contiguous()
+            )
             lin1, lin2 = encoding.mlp[0], encoding.mlp[2]
             w1, b1 = lin1.weight[:, 0].float().contiguous(), lin1.bias.float().contiguous()
             w2, b2 = lin2.weight.float().contiguous(), lin2.bias.float().contiguous()
@@ -102,9 +114,11 @@ def score_mod_for(encoding, q_len: int, k_len: int, q_offset: int):
             for k in range(width):  # f_θ unrolled: one fused expression, no [.., width] tensor
                 acc = acc + w2[h, k] * torch.relu(x * w1[k] + b1[k])
             return score + acc
+
         return fire
-    raise FlexUnavailable(f"{type(encoding).__name__} has no fused FlexAttention form here (FIRE needs mlp_depth 1); "
-                          "use the SDPA path")
+    raise FlexUnavailable(
+        f"{type(encoding).__name__} has no fused FlexAttention form here (FIRE needs mlp_depth 1); use the SDPA path"
+    )
 
 
 def causal_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding=None, q_offset: int | None = None):

@@ -30,6 +30,7 @@ Files come from a local folder, or from the Hub (``HF_ENDPOINT``, ``HF_TOKEN`` f
 repos). Results are cached under ``<cache>/hub/<owner>--<name>/<commit>/`` and read from there
 offline.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,11 +51,45 @@ from .model import CheckpointError
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 STACKS = ("decoder", "encoder")
 T5_TYPES = ("t5", "mt5", "longt5", "umt5")
-ROPE_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-              "phi", "phi3", "gpt_neox", "falcon", "stablelm", "olmo", "olmo2", "cohere", "starcoder2", "granite",
-              "deepseek_v3", "internlm2", "exaone")
-ABSOLUTE_TYPES = ("gpt2", "gpt_neo", "opt", "bert", "roberta", "distilbert", "xglm", "bart", "mbart", "whisper",
-                  "biogpt", "codegen_abs")
+ROPE_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi",
+    "phi3",
+    "gpt_neox",
+    "falcon",
+    "stablelm",
+    "olmo",
+    "olmo2",
+    "cohere",
+    "starcoder2",
+    "granite",
+    "deepseek_v3",
+    "internlm2",
+    "exaone",
+)
+ABSOLUTE_TYPES = (
+    "gpt2",
+    "gpt_neo",
+    "opt",
+    "bert",
+    "roberta",
+    "distilbert",
+    "xglm",
+    "bart",
+    "mbart",
+    "whisper",
+    "biogpt",
+    "codegen_abs",
+)
 #: Largest safetensors header read (bytes); real headers are well under 1 MB.
 MAX_HEADER_BYTES = 100 << 20
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -174,6 +209,7 @@ class _Hub:
 
     def __init__(self, repo_id: str, revision: str | None, token: str | None, local_files_only: bool):
         from huggingface_hub import constants
+
         self.repo_id, self.token, self.local_files_only = repo_id, token, local_files_only
         self.endpoint = os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
         self.source, self.bytes_read, self._rev = repo_id, 0, revision
@@ -182,11 +218,20 @@ class _Hub:
 
     def _download(self, name: str) -> Path:
         from huggingface_hub import hf_hub_download
+
         if not self.local_files_only and not _reachable(self.endpoint):
             self.local_files_only = True  # no network: the caches answer at once, not after retries
         try:
-            path = Path(hf_hub_download(self.repo_id, name, revision=self._rev, token=self.token,
-                                        endpoint=self.endpoint, local_files_only=self.local_files_only))
+            path = Path(
+                hf_hub_download(
+                    self.repo_id,
+                    name,
+                    revision=self._rev,
+                    token=self.token,
+                    endpoint=self.endpoint,
+                    local_files_only=self.local_files_only,
+                )
+            )
         except Exception as e:  # offline, gated, unknown repo or file: one message each
             raise _hub_error(self.repo_id, name, e) from e
         if path.parent.parent.name == "snapshots":  # …/snapshots/<commit>/<file>
@@ -222,6 +267,7 @@ class _Hub:
     def _get(self, name: str, start: int, stop: int) -> bytes:
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session
+
         url = hf_hub_url(self.repo_id, name, revision=self.revision or self._rev or "main", endpoint=self.endpoint)
         headers = build_hf_headers(token=self.token)
         headers["Range"] = f"bytes={start}-{stop - 1}"
@@ -230,8 +276,10 @@ class _Hub:
         except Exception as e:
             raise _hub_error(self.repo_id, name, e) from e
         if r.status_code in (401, 403):
-            raise HubModelError(f"{self.repo_id} is gated or private ({r.status_code}); accept its license on the Hub "
-                                "and set HF_TOKEN (or pass token=…)")
+            raise HubModelError(
+                f"{self.repo_id} is gated or private ({r.status_code}); accept its license on the Hub "
+                "and set HF_TOKEN (or pass token=…)"
+            )
         if r.status_code == 404:
             raise HubModelError(f"{self.repo_id} has no file {name} (404)")
         if r.status_code not in (200, 206):
@@ -251,8 +299,10 @@ class _Hub:
 
     def read_range(self, name: str, start: int, stop: int) -> bytes:
         if self.local_files_only:
-            raise HubModelError(f"{self.repo_id}: its position tensors are not in the cache and the Hub is off "
-                                "(offline); connect once to fetch them")
+            raise HubModelError(
+                f"{self.repo_id}: its position tensors are not in the cache and the Hub is off "
+                "(offline); connect once to fetch them"
+            )
         return self._get(name, start, stop)
 
 
@@ -285,8 +335,10 @@ def _hub_error(repo_id: str, name: str, e: Exception) -> HubModelError:
     if "gated" in text or "401" in text or "403" in text:
         return HubModelError(f"{repo_id} is gated or private ({msg}); accept its license on the Hub and set HF_TOKEN")
     if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or "connect" in text or "offline" in text:
-        return HubModelError(f"cannot reach the Hugging Face Hub for {repo_id} and it is not in the cache ({msg}); "
-                             "connect to the internet once, or give a local folder")
+        return HubModelError(
+            f"cannot reach the Hugging Face Hub for {repo_id} and it is not in the cache ({msg}); "
+            "connect to the internet once, or give a local folder"
+        )
     if kind in ("RepositoryNotFoundError",) or "repository not found" in text:
         return HubModelError(f"{repo_id} is not a repository on the Hub ({msg}); check the id (owner/name)")
     if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError") or "404" in text:
@@ -305,8 +357,9 @@ def _read_header(src, name: str) -> tuple[int, dict]:
     except (FileFormatError, UnicodeDecodeError) as e:
         raise HubModelError(f"{src.source}/{name}: unreadable safetensors header ({e})") from e
     try:
-        check_safetensors_header(header, src.size(name) - 8 - n if src.size(name) is not None else None,
-                                 f"{src.source}/{name}")
+        check_safetensors_header(
+            header, src.size(name) - 8 - n if src.size(name) is not None else None, f"{src.source}/{name}"
+        )
     except FileFormatError as e:
         raise HubModelError(str(e)) from e
     return 8 + n, header
@@ -327,16 +380,22 @@ def read_tensors(src, names: list[str]) -> dict[str, torch.Tensor]:
             raise HubModelError(f"{src.source}: model.safetensors.index.json has no weight_map")
         missing = [n for n in names if n not in wmap]
         if missing:
-            raise HubModelError(f"{src.source} has no tensor {missing[0]} (its weight_map lists "
-                                f"{len(wmap)} tensors); is this the model type its config says?")
+            raise HubModelError(
+                f"{src.source} has no tensor {missing[0]} (its weight_map lists "
+                f"{len(wmap)} tensors); is this the model type its config says?"
+            )
         where = {n: str(wmap[n]) for n in names}
         for f in set(where.values()):  # a shard is a file of the repo itself, never a path elsewhere
             if Path(f).name != f or f.startswith(".") or not f.endswith(".safetensors"):
-                raise HubModelError(f"{src.source}: model.safetensors.index.json names shard {f[:80]!r}, not a "
-                                    ".safetensors file of this repo")
+                raise HubModelError(
+                    f"{src.source}: model.safetensors.index.json names shard {f[:80]!r}, not a "
+                    ".safetensors file of this repo"
+                )
     else:
-        raise HubModelError(f"{src.source} has no safetensors weights (model.safetensors or its index); fireviz never "
-                            "loads pickled pytorch_model.bin files — use a revision with safetensors")
+        raise HubModelError(
+            f"{src.source} has no safetensors weights (model.safetensors or its index); fireviz never "
+            "loads pickled pytorch_model.bin files — use a revision with safetensors"
+        )
     out = {}
     headers: dict[str, tuple[int, dict]] = {}
     for n in names:
@@ -369,8 +428,9 @@ def _int(cfg: dict, *keys, default=None, lo: int = 1, hi: int = MAX_SIZE):
             if not (isinstance(v, int) and not isinstance(v, bool)):
                 raise HubModelError(f"config.json field {k} = {str(v)[:40]!r} is not an integer")
             if not lo <= v <= hi:
-                raise HubModelError(f"config.json field {k} = {v} is outside {lo}..{hi:,}; the config is not a "
-                                    "working model's")
+                raise HubModelError(
+                    f"config.json field {k} = {v} is outside {lo}..{hi:,}; the config is not a working model's"
+                )
             return v
     if default is None:
         raise HubModelError(f"config.json names none of {', '.join(keys)}; is it a complete transformers config?")
@@ -382,10 +442,12 @@ def _num(d: dict, key: str, default: float, lo: float = 0.0, strict: bool = True
     v = d.get(key)
     if v is None:
         return float(default)
-    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and (v > lo if strict else v >= lo)):
-        raise HubModelError(f"{where} field {key} = {str(v)[:40]!r} must be a finite number "
-                            f"{'>' if strict else '>='} {lo:g}")
+    if not (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
+    ):
+        raise HubModelError(
+            f"{where} field {key} = {str(v)[:40]!r} must be a finite number {'>' if strict else '>='} {lo:g}"
+        )
     return float(v)
 
 
@@ -407,24 +469,34 @@ def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
     if stack not in STACKS:
         raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
     heads = _int(cfg, "num_heads", hi=MAX_HEADS)
-    layers = (_int(cfg, "num_decoder_layers", "num_layers", hi=MAX_LAYERS) if stack == "decoder"
-              else _int(cfg, "num_layers", hi=MAX_LAYERS))
+    layers = (
+        _int(cfg, "num_decoder_layers", "num_layers", hi=MAX_LAYERS)
+        if stack == "decoder"
+        else _int(cfg, "num_layers", hi=MAX_LAYERS)
+    )
     buckets = _int(cfg, "relative_attention_num_buckets", default=32, lo=2, hi=1 << 16)
     max_distance = _int(cfg, "relative_attention_max_distance", default=128, lo=2)
     per_layer = model_type == "umt5"
     attn = "SelfAttention"
     if model_type == "longt5" and stack == "encoder":
-        attn = "TransientGlobalSelfAttention" if cfg.get("encoder_attention_type") == "transient-global" \
+        attn = (
+            "TransientGlobalSelfAttention"
+            if cfg.get("encoder_attention_type") == "transient-global"
             else "LocalSelfAttention"
-    names = [f"{stack}.block.{i}.layer.0.{attn}.relative_attention_bias.weight"
-             for i in (range(layers) if per_layer else [0])]
+        )
+    names = [
+        f"{stack}.block.{i}.layer.0.{attn}.relative_attention_bias.weight"
+        for i in (range(layers) if per_layer else [0])
+    ]
     tensors = read(names)
     encs = []
     for n in names:
         t = tensors[n]
         if tuple(t.shape) != (buckets, heads):
-            raise HubModelError(f"{src.source}: {n} has shape {tuple(t.shape)}, not [num_buckets={buckets}, "
-                                f"num_heads={heads}] as config.json says")
+            raise HubModelError(
+                f"{src.source}: {n} has shape {tuple(t.shape)}, not [num_buckets={buckets}, "
+                f"num_heads={heads}] as config.json says"
+            )
         e = T5RelativeBias(heads, num_buckets=buckets, max_distance=max_distance, bidirectional=(stack == "encoder"))
         with torch.no_grad():
             e.relative_attention_bias.copy_(t)
@@ -433,23 +505,38 @@ def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
     family += " (one table per layer)" if per_layer else " (one table shared by all layers)"
     if model_type == "longt5" and stack == "encoder":  # its encoder attends within a local window only
         radius = _int(cfg, "local_radius", default=127)
-        family += (f"; encoder attention is local (keys within ±{radius} tokens"
-                   + (", plus transient global tokens" if attn.startswith("Transient") else "")
-                   + "): the bias beyond that distance is never used")
+        family += (
+            f"; encoder attention is local (keys within ±{radius} tokens"
+            + (", plus transient global tokens" if attn.startswith("Transient") else "")
+            + "): the bias beyond that distance is never used"
+        )
     seq = min(_int(cfg, "n_positions", default=512), MAX_VIEW_SEQ_LEN)
-    return PublishedModel(PublishedConfig(layers, heads, seq, "t5", family, model_type, src.source, src.revision, stack),
-                          encs)
+    return PublishedModel(
+        PublishedConfig(layers, heads, seq, "t5", family, model_type, src.source, src.revision, stack), encs
+    )
 
 
 def _alibi(cfg: dict, src, family: str, slopes: torch.Tensor, layers: int, seq: int) -> PublishedModel:
     e = ALiBi(len(slopes))
     e.slopes = slopes.float()
-    return PublishedModel(PublishedConfig(layers, len(slopes), min(seq, MAX_VIEW_SEQ_LEN), "alibi", family,
-                                          str(cfg["model_type"]), src.source, src.revision), [e])
+    return PublishedModel(
+        PublishedConfig(
+            layers,
+            len(slopes),
+            min(seq, MAX_VIEW_SEQ_LEN),
+            "alibi",
+            family,
+            str(cfg["model_type"]),
+            src.source,
+            src.revision,
+        ),
+        [e],
+    )
 
 
 def _rope(cfg: dict, src, family: str) -> PublishedModel:
     from .hub_rope import rope_frequencies  # it reads config fields with this module's helpers
+
     inv, att, settings = rope_frequencies(cfg)
     heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", hi=MAX_LAYERS)
@@ -457,8 +544,12 @@ def _rope(cfg: dict, src, family: str) -> PublishedModel:
     e.inv_freq = inv
     e.attention_factor = att
     seq = min(int(settings["original_max_position_embeddings"]), MAX_VIEW_SEQ_LEN)
-    return PublishedModel(PublishedConfig(layers, heads, seq, "rope", family, str(cfg["model_type"]), src.source,
-                                          src.revision, rope=settings), [e])
+    return PublishedModel(
+        PublishedConfig(
+            layers, heads, seq, "rope", family, str(cfg["model_type"]), src.source, src.revision, rope=settings
+        ),
+        [e],
+    )
 
 
 def _build(cfg: dict, src, read, stack: str) -> PublishedModel:
@@ -470,37 +561,69 @@ def _build(cfg: dict, src, read, stack: str) -> PublishedModel:
             raise HubModelError(f"config.json field alibi must be true or false (got {str(cfg[k])[:20]!r})")
     if mt == "bloom":
         from .encodings import alibi_slopes
+
         h = _int(cfg, "n_head", "num_attention_heads", hi=MAX_HEADS)
-        return _alibi(cfg, src, "BLOOM", alibi_slopes(h), _int(cfg, "n_layer", "num_hidden_layers", hi=MAX_LAYERS),
-                      _int(cfg, "seq_length", "max_position_embeddings", default=2048))
+        return _alibi(
+            cfg,
+            src,
+            "BLOOM",
+            alibi_slopes(h),
+            _int(cfg, "n_layer", "num_hidden_layers", hi=MAX_LAYERS),
+            _int(cfg, "seq_length", "max_position_embeddings", default=2048),
+        )
     if mt == "mpt":
         ac = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
         if "alibi" in ac and not isinstance(ac["alibi"], bool):
             raise HubModelError("config.json field attn_config.alibi must be true or false")
         if not ac.get("alibi"):
-            raise HubModelError(f"{src.source}: this MPT model has attn_config.alibi false (learned absolute "
-                                "positions): no relative position bias to show")
+            raise HubModelError(
+                f"{src.source}: this MPT model has attn_config.alibi false (learned absolute "
+                "positions): no relative position bias to show"
+            )
         h = _int(cfg, "n_heads", "num_attention_heads", hi=MAX_HEADS)
-        return _alibi(cfg, src, "MPT", mpt_alibi_slopes(h, _num(ac, "alibi_bias_max", 8.0, where="attn_config")),
-                      _int(cfg, "n_layers", "num_hidden_layers", hi=MAX_LAYERS), _int(cfg, "max_seq_len", default=2048))
+        return _alibi(
+            cfg,
+            src,
+            "MPT",
+            mpt_alibi_slopes(h, _num(ac, "alibi_bias_max", 8.0, where="attn_config")),
+            _int(cfg, "n_layers", "num_hidden_layers", hi=MAX_LAYERS),
+            _int(cfg, "max_seq_len", default=2048),
+        )
     if mt in ("falcon", "refinedweb", "refinedwebmodel") and cfg.get("alibi"):
         from .encodings import alibi_slopes
+
         h = _int(cfg, "num_attention_heads", "n_head", hi=MAX_HEADS)
-        return _alibi(cfg, src, "Falcon (ALiBi)", alibi_slopes(h), _int(cfg, "num_hidden_layers", "n_layer", hi=MAX_LAYERS),
-                      _int(cfg, "max_position_embeddings", default=2048))
+        return _alibi(
+            cfg,
+            src,
+            "Falcon (ALiBi)",
+            alibi_slopes(h),
+            _int(cfg, "num_hidden_layers", "n_layer", hi=MAX_LAYERS),
+            _int(cfg, "max_position_embeddings", default=2048),
+        )
     if mt in ABSOLUTE_TYPES:
-        raise HubModelError(f"{src.source} is a {mt} model with learned absolute position embeddings: it has no "
-                            "relative position bias or rotary kernel to show")
+        raise HubModelError(
+            f"{src.source} is a {mt} model with learned absolute position embeddings: it has no "
+            "relative position bias or rotary kernel to show"
+        )
     if mt in ROPE_TYPES or any(k in cfg for k in ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")):
         return _rope(cfg, src, mt.replace("_", "-").title().replace("-", " ") or "RoPE")
-    raise HubModelError(f"{src.source}: model_type {mt or '(none)'!r} is not an architecture fireviz reads; it reads "
-                        "T5/mT5/ByT5/UMT5/LongT5, BLOOM, MPT and Falcon (ALiBi), and RoPE models (Llama, Mistral, "
-                        "Qwen, Gemma, Phi, …)")
+    raise HubModelError(
+        f"{src.source}: model_type {mt or '(none)'!r} is not an architecture fireviz reads; it reads "
+        "T5/mT5/ByT5/UMT5/LongT5, BLOOM, MPT and Falcon (ALiBi), and RoPE models (Llama, Mistral, "
+        "Qwen, Gemma, Phi, …)"
+    )
 
 
 # -- the door -------------------------------------------------------------------------------------
-def load_published(ref: str, stack: str = "decoder", revision: str | None = None, token: str | None = None,
-                   cache_dir: str | os.PathLike | None = None, local_files_only: bool | None = None) -> PublishedModel:
+def load_published(
+    ref: str,
+    stack: str = "decoder",
+    revision: str | None = None,
+    token: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    local_files_only: bool | None = None,
+) -> PublishedModel:
     """The position encodings of a published model: a local folder with a transformers
     config.json, or a Hub repo id.
 
@@ -525,14 +648,17 @@ def load_published(ref: str, stack: str = "decoder", revision: str | None = None
     elif looks_like_hub_id(ref):
         if local_files_only is None:
             from huggingface_hub import constants
+
             local_files_only = bool(constants.HF_HUB_OFFLINE)
         src = _Hub(ref, revision, token or os.environ.get("HF_TOKEN"), bool(local_files_only))
     else:
         raise HubModelError(f"{ref!r} is neither a folder nor a Hugging Face repo id of the form owner/name")
     cfg = src.config()
     if not is_transformers_config(cfg):
-        raise NotPublishedModelError(f"{src.source}: config.json has no model_type, so it is not a transformers model config "
-                            "(a fireviz checkpoint is opened as a checkpoint instead)")
+        raise NotPublishedModelError(
+            f"{src.source}: config.json has no model_type, so it is not a transformers model config "
+            "(a fireviz checkpoint is opened as a checkpoint instead)"
+        )
     read = (lambda names: read_tensors(src, names)) if isinstance(src, _Folder) else _cached_reader(src, cache_dir)
     try:
         model = _build(cfg, src, read, stack)
@@ -540,8 +666,10 @@ def load_published(ref: str, stack: str = "decoder", revision: str | None = None
         raise
     except (ValueError, TypeError, ArithmeticError, RuntimeError, IndexError, KeyError, MemoryError, OSError) as e:
         # anything a malformed config or weights file can still provoke: one error, naming it
-        raise HubModelError(f"{src.source}: cannot read its position encoding ({type(e).__name__}: "
-                            f"{(str(e).splitlines() or [''])[0][:200]}); the config.json or weights are malformed") from e
+        raise HubModelError(
+            f"{src.source}: cannot read its position encoding ({type(e).__name__}: "
+            f"{(str(e).splitlines() or [''])[0][:200]}); the config.json or weights are malformed"
+        ) from e
     model.bytes_read = src.bytes_read
     return model
 
@@ -550,6 +678,7 @@ def _cached_reader(src: _Hub, cache_dir):
     """``read(names)`` for a Hub repo: tensors from ``<cache>/<owner>--<name>/<commit>/`` when
     there, else ranged reads whose result is added to the cache (atomically)."""
     from safetensors.torch import load_file, save_file
+
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / src.repo_id.replace("/", "--") / (src.revision or "unknown") / "position_tensors.safetensors"
 
@@ -566,8 +695,14 @@ def _cached_reader(src: _Hub, cache_dir):
             raise HubModelError(f"{src.repo_id} is not in the cache and the Hub is off (offline)")
         got = read_tensors(src, [n for n in names if n not in cached])
         merged = {**cached, **got}
-        atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in merged.items()}, str(p),
-                                               metadata={"repo_id": src.repo_id, "revision": src.revision or ""}))
+        atomic_write(
+            path,
+            lambda p: save_file(
+                {k: v.contiguous() for k, v in merged.items()},
+                str(p),
+                metadata={"repo_id": src.repo_id, "revision": src.revision or ""},
+            ),
+        )
         return {n: merged[n] for n in names}
 
     return read

@@ -6,6 +6,7 @@ frequencies of each rope_type: default, linear (position interpolation, Chen et 
 dynamic (NTK-aware, shown at factor × max_position_embeddings), yarn (Peng et al. 2023),
 llama3 (Meta's smoothed interpolation) and longrope (Ding et al. 2024).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,19 +20,26 @@ from .hub import MAX_HEADS, HubModelError, _int, _num
 def _rotary_shape(cfg: dict, scaling: dict) -> tuple[float, int, int]:
     """``(rope_theta, rotary_dim, head_dim)`` of a config. Raises: HubModelError."""
     base_cfg = {**cfg, **{k: scaling[k] for k in ("rope_theta",) if k in scaling}}
-    theta = _num(base_cfg, "rope_theta" if base_cfg.get("rope_theta") is not None else "rotary_emb_base", 10000.0, lo=1.0)
+    theta = _num(
+        base_cfg, "rope_theta" if base_cfg.get("rope_theta") is not None else "rotary_emb_base", 10000.0, lo=1.0
+    )
     heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
     hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
     head_dim = _int(cfg, "head_dim", hi=1 << 16) if cfg.get("head_dim") is not None else hidden // heads
     pkey = "partial_rotary_factor" if scaling.get("partial_rotary_factor") is not None else None
-    partial = (_num(scaling, "partial_rotary_factor", 1.0, where="rope_scaling") if pkey else
-               _num(cfg, "partial_rotary_factor" if cfg.get("partial_rotary_factor") is not None else "rotary_pct", 1.0))
+    partial = (
+        _num(scaling, "partial_rotary_factor", 1.0, where="rope_scaling")
+        if pkey
+        else _num(cfg, "partial_rotary_factor" if cfg.get("partial_rotary_factor") is not None else "rotary_pct", 1.0)
+    )
     if partial > 1:
         raise HubModelError(f"partial_rotary_factor {partial} must be in (0, 1]")
     dim = int(head_dim * partial)
     dim -= dim % 2
     if dim < 2:
-        raise HubModelError(f"the rotary part of a head is {dim} channels (head_dim {head_dim} × {partial}); it needs >= 2")
+        raise HubModelError(
+            f"the rotary part of a head is {dim} channels (head_dim {head_dim} × {partial}); it needs >= 2"
+        )
     return theta, dim, head_dim
 
 
@@ -51,8 +59,11 @@ def _llama3(inv: torch.Tensor, scaling: dict, factor: float, orig: int) -> torch
 
 def _longrope(inv: torch.Tensor, scaling: dict, dim: int, max_pos: int, orig: int) -> tuple[torch.Tensor, float]:
     ext = scaling.get("long_factor")
-    if not (isinstance(ext, list) and len(ext) == dim // 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in ext)):
+    if not (
+        isinstance(ext, list)
+        and len(ext) == dim // 2
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in ext)
+    ):
         raise HubModelError(f"longrope rope_scaling needs long_factor: {dim // 2} finite numbers > 0")
     f = max_pos / orig
     if scaling.get("attention_factor") is not None:
@@ -62,8 +73,9 @@ def _longrope(inv: torch.Tensor, scaling: dict, dim: int, max_pos: int, orig: in
     return inv / torch.tensor(ext, dtype=torch.float64), att
 
 
-def _scaled(kind: str, inv: torch.Tensor, scaling: dict, theta: float, dim: int, factor: float, orig: int,
-            max_pos: int) -> tuple[torch.Tensor, float]:
+def _scaled(
+    kind: str, inv: torch.Tensor, scaling: dict, theta: float, dim: int, factor: float, orig: int, max_pos: int
+) -> tuple[torch.Tensor, float]:
     """The inverse frequencies and attention factor of ``kind`` scaling. Raises: HubModelError."""
     if kind == "default":
         return inv, 1.0
@@ -75,8 +87,15 @@ def _scaled(kind: str, inv: torch.Tensor, scaling: dict, theta: float, dim: int,
         return rope_inv_freq(dim, base, torch.float64), 1.0
     if kind == "yarn":
         try:
-            inv, att = yarn_inv_freq(dim, theta, factor, orig, _num(scaling, "beta_fast", 32, where="rope_scaling"),
-                                     _num(scaling, "beta_slow", 1, where="rope_scaling"), torch.float64)
+            inv, att = yarn_inv_freq(
+                dim,
+                theta,
+                factor,
+                orig,
+                _num(scaling, "beta_fast", 32, where="rope_scaling"),
+                _num(scaling, "beta_slow", 1, where="rope_scaling"),
+                torch.float64,
+            )
         except ValueError as e:
             raise HubModelError(f"yarn rope_scaling: {e}") from None
         if scaling.get("attention_factor") is not None:
@@ -86,8 +105,9 @@ def _scaled(kind: str, inv: torch.Tensor, scaling: dict, theta: float, dim: int,
         return _llama3(inv, scaling, factor, orig), 1.0
     if kind == "longrope":
         return _longrope(inv, scaling, dim, max_pos, orig)
-    raise HubModelError(f"rope_type {kind!r} is not one fireviz knows (default, linear, dynamic, yarn, llama3, "
-                        "longrope)")
+    raise HubModelError(
+        f"rope_type {kind!r} is not one fireviz knows (default, linear, dynamic, yarn, llama3, longrope)"
+    )
 
 
 def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
@@ -116,6 +136,13 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
     inv, att = _scaled(kind, rope_inv_freq(dim, theta, torch.float64), scaling, theta, dim, factor, orig, max_pos)
     if not (torch.isfinite(inv).all() and (inv > 0).all() and math.isfinite(att) and att > 0):
         raise HubModelError(f"the {kind} RoPE settings give non-finite or non-positive frequencies; check rope_scaling")
-    settings = {"rope_type": kind, "rope_theta": theta, "rotary_dim": dim, "head_dim": head_dim,
-                "factor": factor, "original_max_position_embeddings": orig, "attention_factor": att}
+    settings = {
+        "rope_type": kind,
+        "rope_theta": theta,
+        "rotary_dim": dim,
+        "head_dim": head_dim,
+        "factor": factor,
+        "original_max_position_embeddings": orig,
+        "attention_factor": att,
+    }
     return inv, att, settings

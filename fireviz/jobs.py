@@ -17,6 +17,7 @@ browser tab asks the same process for the job and finds it queued, running or fi
 
 No Streamlit here; pages poll ``Job.snapshot()``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,11 +89,22 @@ class Job:
         """A plain dict of the job's state: key, label, status, done, total, fraction, message,
         result, error, submitted, started, finished, device, elapsed_s."""
         end = self.finished or time.time()
-        return {"key": self.key, "label": self.label, "status": self.status, "done": self.done,
-                "total": self.total, "fraction": self.fraction, "message": self.message,
-                "result": self.result, "error": self.error, "submitted": self.submitted,
-                "started": self.started, "finished": self.finished, "device": self.device,
-                "elapsed_s": (end - self.started) if self.started else 0.0}
+        return {
+            "key": self.key,
+            "label": self.label,
+            "status": self.status,
+            "done": self.done,
+            "total": self.total,
+            "fraction": self.fraction,
+            "message": self.message,
+            "result": self.result,
+            "error": self.error,
+            "submitted": self.submitted,
+            "started": self.started,
+            "finished": self.finished,
+            "device": self.device,
+            "elapsed_s": (end - self.started) if self.started else 0.0,
+        }
 
 
 class JobQueue:
@@ -143,8 +155,7 @@ class JobQueue:
             job = self._jobs.get(key)
             if job is None or job.status != QUEUED:
                 return 0
-            return sum(1 for j in self._jobs.values()
-                       if j.status in (QUEUED, RUNNING) and j.submitted < job.submitted)
+            return sum(1 for j in self._jobs.values() if j.status in (QUEUED, RUNNING) and j.submitted < job.submitted)
 
     def cancel(self, key: str) -> bool:
         """Ask the job to stop. A queued job is cancelled at once; a running one at its next
@@ -235,12 +246,16 @@ def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int
       rope_scaling, split, device).
     Returns: a JSON-able dict; equal inputs give equal keys whatever the order of lengths.
     """
-    return {"kind": "evaluate", "checkpoints": checkpoints, "data": str(data),
-            "lengths": sorted({int(n) for n in lengths}), "settings": dict(sorted(settings.items()))}
+    return {
+        "kind": "evaluate",
+        "checkpoints": checkpoints,
+        "data": str(data),
+        "lengths": sorted({int(n) for n in lengths}),
+        "settings": dict(sorted(settings.items())),
+    }
 
 
-def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
-                probe: bool) -> dict:
+def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool) -> dict:
     from .checkpoints import checkpoint_sha256
 
     ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths]
@@ -248,8 +263,9 @@ def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], sett
     return {**description, "probe": True} if probe else description
 
 
-def evaluation_key(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
-                   probe: bool = False) -> str:
+def evaluation_key(
+    checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool = False
+) -> str:
     """The job key ``submit_evaluation`` uses for these arguments (to keep probes, see there).
 
     Raises: CheckpointError if a checkpoint's weights cannot be read.
@@ -257,19 +273,28 @@ def evaluation_key(checkpoint_paths: list[str], data: str, lengths: list[int], s
     return job_key(_evaluation(checkpoint_paths, data, lengths, settings, probe))
 
 
-def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
-                    probe: bool = False) -> Job | None:
+def find_evaluation(
+    checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool = False
+) -> Job | None:
     """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
 
     Raises: CheckpointError if a checkpoint's weights cannot be read.
     """
     return default_queue("probe" if probe else "evaluate").find(
-        _evaluation(checkpoint_paths, data, lengths, settings, probe))
+        _evaluation(checkpoint_paths, data, lengths, settings, probe)
+    )
 
 
-def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict,
-                      label_suffix: str = "", probe: bool = False, queue_: JobQueue | None = None,
-                      keep: Collection[str] = ()) -> Job:
+def submit_evaluation(
+    checkpoint_paths: list[str],
+    data: str,
+    lengths: list[int],
+    settings: dict,
+    label_suffix: str = "",
+    probe: bool = False,
+    queue_: JobQueue | None = None,
+    keep: Collection[str] = (),
+) -> Job:
     """Run ``fireviz.evaluate.evaluate_many`` in the background (or return the job already doing it).
 
     Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
@@ -300,34 +325,64 @@ def submit_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int]
         try:
             # a cache lookup shows what is there, intervals or not, and computes nothing; a run
             # recomputes entries that predate per-document losses (require_intervals)
-            results = evaluate.evaluate_many(checkpoint_paths, data, description["lengths"], progress=progress,
-                                             should_stop=should_stop, require_intervals=not probe,
-                                             cache_only=probe, **settings)
+            results = evaluate.evaluate_many(
+                checkpoint_paths,
+                data,
+                description["lengths"],
+                progress=progress,
+                should_stop=should_stop,
+                require_intervals=not probe,
+                cache_only=probe,
+                **settings,
+            )
         except evaluate.EvaluationCancelled:
             raise JobCancelled() from None
         for r in results:
             r["label"] = f"{r['checkpoint']}{label_suffix}"
         return results
 
-    return q.submit(description, work, label=("cache lookup" if probe else "evaluation") + label_suffix,
-                    device=settings.get("device"))
+    return q.submit(
+        description,
+        work,
+        label=("cache lookup" if probe else "evaluation") + label_suffix,
+        device=settings.get("device"),
+    )
 
 
 # -- attention dilution ---------------------------------------------------------------------------
-def dilution_description(checkpoint_paths: list[str], source: str, query_positions: list[int], near: int,
-                         rows: int = 8, normalizer_cap: int | None = None) -> dict:
+def dilution_description(
+    checkpoint_paths: list[str],
+    source: str,
+    query_positions: list[int],
+    near: int,
+    rows: int = 8,
+    normalizer_cap: int | None = None,
+) -> dict:
     """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
     make a retrained checkpoint a new job. Raises: CheckpointError for unreadable weights."""
     from .checkpoints import checkpoint_sha256
 
-    return {"kind": "dilution", "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)}
-                                                for p in checkpoint_paths],
-            "source": str(source), "query_positions": [int(p) for p in query_positions], "near": int(near),
-            "rows": int(rows), "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}
+    return {
+        "kind": "dilution",
+        "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths],
+        "source": str(source),
+        "query_positions": [int(p) for p in query_positions],
+        "near": int(near),
+        "rows": int(rows),
+        "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap),
+    }
 
 
-def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_positions: list[int], near: int,
-                    rows: int = 8, normalizer_cap: int | None = None, queue_: JobQueue | None = None) -> Job:
+def submit_dilution(
+    checkpoint_paths: list[str],
+    tokens,
+    source: str,
+    query_positions: list[int],
+    near: int,
+    rows: int = 8,
+    normalizer_cap: int | None = None,
+    queue_: JobQueue | None = None,
+) -> Job:
     """Measure ``fireviz.text_attention.attention_dilution`` for each checkpoint in the background
     (the "evaluate" queue), plain and — for FIRE checkpoints when ``normalizer_cap`` is set —
     with the normalizer capped; each result is cached on disk
@@ -349,14 +404,20 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
         out = []
         plan = [(p, None) for p in checkpoint_paths]
         if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
-            plan += [(p, int(normalizer_cap)) for p in checkpoint_paths
-                     if has_normalizer(read_checkpoint(p).position_encoding)]
+            plan += [
+                (p, int(normalizer_cap))
+                for p in checkpoint_paths
+                if has_normalizer(read_checkpoint(p).position_encoding)
+            ]
         for k, (path, cap) in enumerate(plan):
             if should_stop():
                 raise JobCancelled()
             progress(k, len(plan), f"{Path(path).name}" + (f" (cap {cap})" if cap else ""))
-            out.append(text_attention.cached_attention_dilution(path, tokens, query_positions, near=near, rows=rows,
-                                                                normalizer_cap=cap))
+            out.append(
+                text_attention.cached_attention_dilution(
+                    path, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
+                )
+            )
         progress(len(plan), len(plan), "done")
         return out
 
@@ -367,6 +428,7 @@ def submit_dilution(checkpoint_paths: list[str], tokens, source: str, query_posi
 def _bytes_fingerprint(module) -> str:
     """sha256 (16 hex digits) of a module's tensors, in state_dict order."""
     import hashlib
+
     h = hashlib.sha256()
     for k, t in module.state_dict().items():
         h.update(k.encode() + t.detach().cpu().contiguous().numpy().tobytes())
@@ -377,26 +439,44 @@ def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
     from . import fit
 
     built = fit.make_target(target, num_heads, **target_params)  # validate now
-    description = {"kind": "fit", "target": target, "params": target_params, "max_len": int(max_len),
-                   "num_heads": num_heads, "mlp_width": int(mlp_width), "steps": int(steps), "seed": int(seed)}
+    description = {
+        "kind": "fit",
+        "target": target,
+        "params": target_params,
+        "max_len": int(max_len),
+        "num_heads": num_heads,
+        "mlp_width": int(mlp_width),
+        "steps": int(steps),
+        "seed": int(seed),
+    }
     if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
         description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
     elif target == "checkpoint":
         from .checkpoints import checkpoint_sha256
+
         description["fingerprint"] = checkpoint_sha256(target_params["path"])
     return built, description
 
 
-def find_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int, steps: int,
-             seed: int = 0) -> Job | None:
+def find_fit(
+    target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int, steps: int, seed: int = 0
+) -> Job | None:
     """The job ``submit_fit`` would return for these arguments, if this server has it; never submits
     (a shared link opens on its finished fit). Raises: as ``submit_fit``."""
     _, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
     return default_queue("fit").find(description)
 
 
-def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int,
-               steps: int, seed: int = 0, queue_: JobQueue | None = None) -> Job:
+def submit_fit(
+    target: str,
+    target_params: dict,
+    max_len: int,
+    num_heads: int | None,
+    mlp_width: int,
+    steps: int,
+    seed: int = 0,
+    queue_: JobQueue | None = None,
+) -> Job:
     """Run ``fireviz.fit.fit_fire`` in the background on the "fit" queue (or return the job
     already fitting exactly this).
 
@@ -420,7 +500,15 @@ def submit_fit(target: str, target_params: dict, max_len: int, num_heads: int | 
         def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
             progress(0, int(steps), f"closed-form start: candidate c {done}/{total}")
 
-        return fit.fit_fire(built, int(max_len), mlp_width=int(mlp_width), steps=int(steps), seed=int(seed),
-                            progress=on_step, should_stop=should_stop, start_progress=on_start)
+        return fit.fit_fire(
+            built,
+            int(max_len),
+            mlp_width=int(mlp_width),
+            steps=int(steps),
+            seed=int(seed),
+            progress=on_step,
+            should_stop=should_stop,
+            start_progress=on_start,
+        )
 
     return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")

@@ -5,6 +5,7 @@ Two hot CPU loops are compiled with numba when it is installed: FIRE's row kerne
 (:mod:`fireviz.attention`). Both have exact torch fallbacks (tests compare them to 1e-5);
 ``FIRE_NO_NUMBA=1`` forces the fallbacks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +55,7 @@ def numba_kernel_call():
     Raises: ImportError without numba (callers enter it only after ``LazyKernel`` succeeded).
     """
     import numba
+
     with KERNEL_LOCK:
         threads = torch.get_num_threads()
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))

@@ -5,6 +5,7 @@ distances, where the largest bias sits (``peak_fraction``) and the curve's range
 thresholds are ``LOCALITY_RULES``. Local heads' biases fall with distance (ALiBi, Kerple), anti-local
 heads' rise (FIRE can learn them, Li et al. 2024 §5), mixed ones do neither.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,13 +81,23 @@ class LocalityScore:
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every attribute (floats rounded to 6 significant digits)."""
-        return {"locality": self.locality, "rank_correlation": _r(self.rank_correlation),
-                "peak_distance": int(self.peak_distance), "peak_fraction": _r(self.peak_fraction),
-                "bias_range": _r(self.bias_range), "query_position": self.query_position, "reason": self.reason}
+        return {
+            "locality": self.locality,
+            "rank_correlation": _r(self.rank_correlation),
+            "peak_distance": int(self.peak_distance),
+            "peak_fraction": _r(self.peak_fraction),
+            "bias_range": _r(self.bias_range),
+            "query_position": self.query_position,
+            "reason": self.reason,
+        }
 
 
-def classify_locality(distance: Sequence[int] | np.ndarray, bias: Sequence[float] | np.ndarray,
-                      query_position: int | None = None, rules: dict | None = None) -> LocalityScore:
+def classify_locality(
+    distance: Sequence[int] | np.ndarray,
+    bias: Sequence[float] | np.ndarray,
+    query_position: int | None = None,
+    rules: dict | None = None,
+) -> LocalityScore:
     """Classify one head's bias curve as ``local``, ``anti-local`` or ``mixed``.
 
     The FIRE paper (Li et al. 2024, §4.4 and its figures of learned biases) finds heads whose

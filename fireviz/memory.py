@@ -10,6 +10,7 @@ on ``batch`` windows of ``length`` tokens, float32, attention in query blocks of
 the logits and the loss; calibrated against measured peak RSS by benchmarks/memory_estimate.py
 (within 2× of it at 512…8192).
 """
+
 from __future__ import annotations
 
 import os
@@ -60,6 +61,7 @@ def current_rss() -> int:
     except (OSError, ValueError, IndexError):
         try:
             import resource
+
             return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
         except Exception:  # not on this platform
             return 0
@@ -71,6 +73,7 @@ def available_bytes(device: str = "cpu") -> int | None:
     if str(device).startswith("cuda"):
         try:
             import torch
+
             return int(torch.cuda.mem_get_info()[0])
         except Exception:  # no CUDA runtime: unknown
             return None
@@ -96,8 +99,10 @@ def check_fits(needed: int, device: str = "cpu", what: str = "this call", hint: 
     """
     free = available_bytes(device)
     if free is not None and needed > free:
-        raise InsufficientMemoryError(f"{what} needs about {gib(needed)} of memory (estimate), more than the "
-                                      f"{gib(free)} available on {device}" + (f"; {hint}" if hint else ""))
+        raise InsufficientMemoryError(
+            f"{what} needs about {gib(needed)} of memory (estimate), more than the "
+            f"{gib(free)} available on {device}" + (f"; {hint}" if hint else "")
+        )
 
 
 def train_step_bytes(config, micro_batch: int, seq_len: int, num_parameters: int) -> int:
@@ -141,6 +146,8 @@ def memory_problem(configs, length: int, batch: int, device, batch_tokens: int) 
             lo = mid
         else:
             hi = mid - 1
-    return (f"length {length:,} needs about {gib(need)} of memory (estimate for {batch} window(s) of {length:,} tokens), "
-            f"more than the {gib(free)} available on {device.type}; the largest length that fits is about {lo:,} "
-            "tokens — ask for a shorter length (or a machine with more memory)")
+    return (
+        f"length {length:,} needs about {gib(need)} of memory (estimate for {batch} window(s) of {length:,} tokens), "
+        f"more than the {gib(free)} available on {device.type}; the largest length that fits is about {lo:,} "
+        "tokens — ask for a shorter length (or a machine with more memory)"
+    )

@@ -6,6 +6,7 @@ Shapes follow TransformerLens' naming: ``[batch, pos, d_model]`` activations,
 causal attention through ``F.scaled_dot_product_attention`` with the position bias folded
 into the mask (added after the 1/√d_head scaling, before masking).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,14 @@ CONFIG_FORMAT = 2
 
 #: Largest value of each size field of ``GPTConfig`` (far beyond any model fireviz trains; a
 #: config.json past them is refused before anything is allocated).
-CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "d_model": 1 << 16, "seq_len": 1 << 24, "vocab_size": 1 << 20,
-                 "attn_query_block": 1 << 20}
+CONFIG_LIMITS = {
+    "n_layer": 1024,
+    "n_head": 1024,
+    "d_model": 1 << 16,
+    "seq_len": 1 << 24,
+    "vocab_size": 1 << 20,
+    "attn_query_block": 1 << 20,
+}
 #: Most parameters a ``GPT`` may have (≈ 68B: nothing fireviz trains comes near).
 MAX_PARAMETERS = 1 << 36
 
@@ -91,16 +98,22 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be >= 1 (got {v})")
             if v > CONFIG_LIMITS[name]:
                 raise ValueError(f"GPTConfig.{name} = {v} is more than fireviz takes ({CONFIG_LIMITS[name]:,})")
-        n_params = 12 * self.n_layer * self.d_model ** 2 + self.vocab_size * self.d_model
+        n_params = 12 * self.n_layer * self.d_model**2 + self.vocab_size * self.d_model
         if n_params > MAX_PARAMETERS:
-            raise ValueError(f"this config has ~{n_params:,} parameters, more than the {MAX_PARAMETERS:,} fireviz builds "
-                             "(n_layer, d_model or vocab_size is far too large)")
+            raise ValueError(
+                f"this config has ~{n_params:,} parameters, more than the {MAX_PARAMETERS:,} fireviz builds "
+                "(n_layer, d_model or vocab_size is far too large)"
+            )
         if not isinstance(self.absolute_position_embedding, bool):
-            raise ValueError(f"GPTConfig.absolute_position_embedding must be true or false "
-                             f"(got {self.absolute_position_embedding!r})")
+            raise ValueError(
+                f"GPTConfig.absolute_position_embedding must be true or false "
+                f"(got {self.absolute_position_embedding!r})"
+            )
         if not isinstance(self.encoding_options, dict) or not isinstance(self.training, dict):
-            raise ValueError("GPTConfig.encoding_options and .training must be dicts (JSON objects); "
-                             f"got {type(self.encoding_options).__name__} and {type(self.training).__name__}")
+            raise ValueError(
+                "GPTConfig.encoding_options and .training must be dicts (JSON objects); "
+                f"got {type(self.encoding_options).__name__} and {type(self.training).__name__}"
+            )
         if not isinstance(self.position_encoding, str):
             raise ValueError(f"GPTConfig.position_encoding must be a name (got {self.position_encoding!r})")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
@@ -108,21 +121,26 @@ class GPTConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.position_encoding not in encoding_names():
-            raise ValueError(f"unknown position_encoding {self.position_encoding!r}; choose one of "
-                             f"{', '.join(encoding_names())}")
+            raise ValueError(
+                f"unknown position_encoding {self.position_encoding!r}; choose one of {', '.join(encoding_names())}"
+            )
         bad = set(self.encoding_options) - encoding_options(self.position_encoding)
         if bad:
-            raise ValueError(f"position_encoding {self.position_encoding!r} does not take option(s) "
-                             f"{sorted(bad)}; allowed: {sorted(encoding_options(self.position_encoding))}")
+            raise ValueError(
+                f"position_encoding {self.position_encoding!r} does not take option(s) "
+                f"{sorted(bad)}; allowed: {sorted(encoding_options(self.position_encoding))}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
         try:  # option *values* are checked by the encoding itself; a throwaway build (small), RNG untouched
             with torch.random.fork_rng(devices=[]):
-                build_encoding(self.position_encoding, self.n_head, self.d_model // self.n_head,
-                               **self.resolved_encoding_options())
+                build_encoding(
+                    self.position_encoding, self.n_head, self.d_model // self.n_head, **self.resolved_encoding_options()
+                )
         except (TypeError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
-            raise ValueError(f"encoding_options {self.encoding_options} are invalid for "
-                             f"{self.position_encoding!r}: {e}") from None
+            raise ValueError(
+                f"encoding_options {self.encoding_options} are invalid for {self.position_encoding!r}: {e}"
+            ) from None
         return self
 
     @property
@@ -139,6 +157,7 @@ class GPTConfig:
         """The config as written to config.json: every field, ``encoding_options`` complete,
         ``config_format = CONFIG_FORMAT``."""
         from dataclasses import asdict
+
         return {**asdict(self), "encoding_options": self.complete_encoding_options(), "config_format": CONFIG_FORMAT}
 
     def resolved_encoding_options(self) -> dict:
@@ -159,8 +178,16 @@ class GPTConfig:
 #: (a missing ``seq_len`` would silently move FIRE's threshold, a missing
 #: ``position_encoding`` would load as FIRE). ``dropout``, ``attn_query_block`` and
 #: ``training`` do not change the numbers and may be absent (defaults apply).
-REQUIRED_CONFIG_FIELDS = ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "position_encoding",
-                          "encoding_options", "absolute_position_embedding")
+REQUIRED_CONFIG_FIELDS = (
+    "n_layer",
+    "n_head",
+    "d_model",
+    "seq_len",
+    "vocab_size",
+    "position_encoding",
+    "encoding_options",
+    "absolute_position_embedding",
+)
 
 
 def config_from_dict(data: object, source: str = "config.json") -> GPTConfig:
@@ -172,27 +199,38 @@ def config_from_dict(data: object, source: str = "config.json") -> GPTConfig:
       field of ``REQUIRED_CONFIG_FIELDS``, or a bad value.
     """
     if not isinstance(data, dict):
-        raise CheckpointError(f"{source} is not a JSON object (it holds a {type(data).__name__}); a config.json "
-                              "maps GPTConfig fields to values — restore it or train the checkpoint again")
+        raise CheckpointError(
+            f"{source} is not a JSON object (it holds a {type(data).__name__}); a config.json "
+            "maps GPTConfig fields to values — restore it or train the checkpoint again"
+        )
     known = {f.name for f in fields(GPTConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise CheckpointError(f"{source} has unknown field(s) {unknown}; a fireviz config.json holds only "
-                              f"{sorted(known)}")
+        raise CheckpointError(
+            f"{source} has unknown field(s) {unknown}; a fireviz config.json holds only {sorted(known)}"
+        )
     missing = [k for k in REQUIRED_CONFIG_FIELDS if k not in data]
     if missing:
-        raise CheckpointError(f"{source} does not name {', '.join(missing)}, which decide what the model computes; "
-                              "add the value(s) the model was trained with (see GPTConfig) or train it again")
+        raise CheckpointError(
+            f"{source} does not name {', '.join(missing)}, which decide what the model computes; "
+            "add the value(s) the model was trained with (see GPTConfig) or train it again"
+        )
     fmt = data.get("config_format", 1)
     if fmt not in (1, CONFIG_FORMAT) or isinstance(fmt, bool):
         raise CheckpointError(f"{source} has config_format {fmt!r}; this fireviz reads formats 1 and {CONFIG_FORMAT}")
-    if fmt == CONFIG_FORMAT and isinstance(data.get("encoding_options"), dict) and isinstance(
-            data.get("position_encoding"), str) and data["position_encoding"] in encoding_names():
+    if (
+        fmt == CONFIG_FORMAT
+        and isinstance(data.get("encoding_options"), dict)
+        and isinstance(data.get("position_encoding"), str)
+        and data["position_encoding"] in encoding_names()
+    ):
         absent = sorted(set(encoding_spec(data["position_encoding"]).defaults) - set(data["encoding_options"]))
         if absent:  # format 2 names every option: a missing one was deleted, not defaulted
-            raise CheckpointError(f"{source} does not name encoding option(s) {', '.join(absent)} of "
-                                  f"{data['position_encoding']} (config_format {CONFIG_FORMAT} lists every option, "
-                                  "as trained); restore them or train the checkpoint again")
+            raise CheckpointError(
+                f"{source} does not name encoding option(s) {', '.join(absent)} of "
+                f"{data['position_encoding']} (config_format {CONFIG_FORMAT} lists every option, "
+                "as trained); restore them or train the checkpoint again"
+            )
     try:
         return GPTConfig(**data).validate()
     except (TypeError, ValueError) as e:
@@ -222,8 +260,9 @@ class KVCache:
         return k, v
 
 
-def causal_attention_mask(encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int,
-                          device: torch.device, position_offset: int = 0) -> torch.Tensor | None:
+def causal_attention_mask(
+    encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int, device: torch.device, position_offset: int = 0
+) -> torch.Tensor | None:
     """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1`` (all shifted
     by ``position_offset`` tokens, see ``PositionEncoding.bias``).
 
@@ -252,9 +291,16 @@ class CausalSelfAttention(nn.Module):
         self.query_block = config.attn_query_block
         self.backend = "sdpa"  # or "flex" (GPT.set_attention_backend): the bias inside FlexAttention
 
-    def forward(self, x: torch.Tensor, encoding: PositionEncoding, q_offset: int,
-                cache: KVCache | None = None, layer: int = 0, mask: torch.Tensor | None = None,
-                position_offset: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        encoding: PositionEncoding,
+        q_offset: int,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        mask: torch.Tensor | None = None,
+        position_offset: int = 0,
+    ) -> torch.Tensor:
         """``x [batch, pos, d_model]`` at absolute positions ``position_offset + q_offset…`` → same shape.
 
         ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
@@ -270,6 +316,7 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
             from .flex import causal_flex  # no [heads, q, k] bias: computed inside the attention kernel
+
             y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
             return self.proj(y.transpose(1, 2).reshape(B, T, -1))
         if T <= self.query_block:
@@ -281,8 +328,19 @@ class CausalSelfAttention(nn.Module):
             for start in range(0, T, self.query_block):
                 stop = min(start + self.query_block, T)
                 keys = q_offset + stop
-                outs.append(self._attend(q[:, :, start:stop], k[:, :, :keys], v[:, :, :keys], encoding,
-                                         q_offset + start, keys, dropout, None, position_offset))
+                outs.append(
+                    self._attend(
+                        q[:, :, start:stop],
+                        k[:, :, :keys],
+                        v[:, :, :keys],
+                        encoding,
+                        q_offset + start,
+                        keys,
+                        dropout,
+                        None,
+                        position_offset,
+                    )
+                )
             y = torch.cat(outs, dim=2)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -302,8 +360,12 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.d_model)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.d_model)
-        self.mlp = nn.Sequential(nn.Linear(config.d_model, 4 * config.d_model, bias=False), nn.GELU(),
-                                 nn.Linear(4 * config.d_model, config.d_model, bias=False), nn.Dropout(config.dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, 4 * config.d_model, bias=False),
+            nn.GELU(),
+            nn.Linear(4 * config.d_model, config.d_model, bias=False),
+            nn.Dropout(config.dropout),
+        )
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x, encoding, q_offset, cache=None, layer=0, mask=None, position_offset=0):
@@ -312,8 +374,13 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="https://github.com/fireviz/fireviz",
-          tags=["position-encoding", "fire", "length-generalization"]):
+class GPT(
+    nn.Module,
+    PyTorchModelHubMixin,
+    library_name="fireviz",
+    repo_url="https://github.com/fireviz/fireviz",
+    tags=["position-encoding", "fire", "length-generalization"],
+):
     """Decoder-only language model over bytes. ``model(idx) -> logits [batch, pos, vocab]``.
 
     ``save_pretrained(dir)`` writes config.json + model.safetensors (Hugging Face layout);
@@ -348,13 +415,18 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         n_enc = 1 if encoding_spec(c.position_encoding).one_module else c.n_layer
         opts = c.resolved_encoding_options()
         self.encodings = nn.ModuleList(
-            build_encoding(c.position_encoding, c.n_head, c.head_dim, **opts) for _ in range(n_enc))
+            build_encoding(c.position_encoding, c.n_head, c.head_dim, **opts) for _ in range(n_enc)
+        )
 
     def _init_transformer_weights(self) -> None:
         # nanoGPT/GPT-2 init; encodings keep their own (FIRE's MLP, T5's table, Kerple's r).
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.config.n_layer) if name.endswith(("proj.weight", "mlp.2.weight")) else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * self.config.n_layer)
+                    if name.endswith(("proj.weight", "mlp.2.weight"))
+                    else 0.02
+                )
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def set_attention_backend(self, backend: str) -> "GPT":
@@ -392,17 +464,23 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         B, T = idx.shape
         position_offset = check_position_offset(position_offset)
         if position_offset and cache is not None:
-            raise ValueError("position_offset cannot be combined with a KV cache (the cache already places the "
-                             "tokens); use one or the other")
+            raise ValueError(
+                "position_offset cannot be combined with a KV cache (the cache already places the "
+                "tokens); use one or the other"
+            )
         q_offset = cache.length if cache is not None else 0
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
-            raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}); got {int(idx.min())}..{int(idx.max())}")
+            raise ValueError(
+                f"token ids must lie in [0, {self.config.vocab_size}); got {int(idx.min())}..{int(idx.max())}"
+            )
         x = self.wte(idx)
         if self.wpe is not None:
             start = q_offset + position_offset
             if start + T > self.config.seq_len:
-                raise ValueError(f"absolute position embeddings cover {self.config.seq_len} tokens; got "
-                                 f"{start + T}. Use a relative encoding to go longer.")
+                raise ValueError(
+                    f"absolute position embeddings cover {self.config.seq_len} tokens; got "
+                    f"{start + T}. Use a relative encoding to go longer."
+                )
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = self.drop(x)
         # One mask per distinct encoding module when the whole input is one attention call:
@@ -414,8 +492,7 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
             mask = None
             if single_block and enc.kind == "additive":
                 if id(enc) not in masks:
-                    masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device,
-                                                           position_offset)
+                    masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device, position_offset)
                 mask = masks[id(enc)]
             x = block(x, enc, q_offset, cache, layer, mask, position_offset)
         if cache is not None:
@@ -423,8 +500,14 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         return self.lm_head(self.ln_f(x))
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """Sample ``max_new_tokens`` continuation tokens with a KV cache.
 
         ``idx [batch, pos]`` int64 prompt → ``[batch, pos + max_new_tokens]``.
@@ -433,17 +516,26 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
           max_new_tokens < 0, a prompt that is not int64 [batch, pos], or (checked before
           sampling) prompt + max_new_tokens past ``seq_len`` with absolute embeddings.
         """
-        if (not (math.isfinite(temperature) and temperature >= 0) or max_new_tokens < 0
-                or (top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1))):
-            raise ValueError(f"generate needs a finite temperature >= 0, an integer top_k >= 1 and max_new_tokens >= 0 "
-                             f"(got temperature={temperature}, top_k={top_k}, max_new_tokens={max_new_tokens})")
+        if (
+            not (math.isfinite(temperature) and temperature >= 0)
+            or max_new_tokens < 0
+            or (top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1))
+        ):
+            raise ValueError(
+                f"generate needs a finite temperature >= 0, an integer top_k >= 1 and max_new_tokens >= 0 "
+                f"(got temperature={temperature}, top_k={top_k}, max_new_tokens={max_new_tokens})"
+            )
         if idx.dim() != 2 or idx.dtype != torch.long:
-            raise ValueError(f"generate needs an int64 prompt [batch, pos] (got {idx.dtype} {tuple(idx.shape)}); "
-                             "for one prompt use idx[None]")
+            raise ValueError(
+                f"generate needs an int64 prompt [batch, pos] (got {idx.dtype} {tuple(idx.shape)}); "
+                "for one prompt use idx[None]"
+            )
         if self.config.absolute_position_embedding and idx.shape[1] + max_new_tokens > self.config.seq_len:
-            raise ValueError(f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds seq_len="
-                             f"{self.config.seq_len}, the most an absolute position embedding can place; "
-                             "generate fewer tokens")
+            raise ValueError(
+                f"prompt ({idx.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds seq_len="
+                f"{self.config.seq_len}, the most an absolute position embedding can place; "
+                "generate fewer tokens"
+            )
         cache = KVCache(self.config.n_layer)
         logits = self(idx, cache)[:, -1]
         out = [idx]
@@ -477,8 +569,9 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         if os.path.isdir(path):
             cfg = Path(path) / "config.json"
             if (cfg.is_symlink() or cfg.exists()) and not cfg.is_file():
-                raise CheckpointError(f"{path}: config.json is a broken link or not a file; restore it or train the "
-                                      "checkpoint again")
+                raise CheckpointError(
+                    f"{path}: config.json is a broken link or not a file; restore it or train the checkpoint again"
+                )
             if cfg.exists():
                 try:
                     data = read_json(cfg)
@@ -486,22 +579,38 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
                     raise CheckpointError(str(e)) from e
                 config_from_dict(data, str(cfg))
         elif os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
-            raise CheckpointError(f"{path} is not a checkpoint folder (no such directory); give a folder "
-                                  "with config.json and model.safetensors, or a Hub repo id 'owner/name'")
+            raise CheckpointError(
+                f"{path} is not a checkpoint folder (no such directory); give a folder "
+                "with config.json and model.safetensors, or a Hub repo id 'owner/name'"
+            )
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision=None, cache_dir=None, force_download=False,
-                         local_files_only=False, token=None, map_location: str = "cpu", strict: bool = True,
-                         **model_kwargs):
+    def _from_pretrained(
+        cls,
+        *,
+        model_id: str,
+        revision=None,
+        cache_dir=None,
+        force_download=False,
+        local_files_only=False,
+        token=None,
+        map_location: str = "cpu",
+        strict: bool = True,
+        **model_kwargs,
+    ):
         """Load config.json + model.safetensors; never pickle. Raises CheckpointError."""
         if not strict:
-            raise ValueError("fireviz checkpoints load strictly only (strict=False would leave weights "
-                             "at their random init without a word); drop strict=False")
+            raise ValueError(
+                "fireviz checkpoints load strictly only (strict=False would leave weights "
+                "at their random init without a word); drop strict=False"
+            )
         extra = sorted(set(model_kwargs) - {"config"})
         if extra:
-            raise ValueError(f"from_pretrained takes no model settings ({', '.join(extra)}): the model is what "
-                             "config.json says; build GPT(GPTConfig(...)) for another shape")
+            raise ValueError(
+                f"from_pretrained takes no model settings ({', '.join(extra)}): the model is what "
+                "config.json says; build GPT(GPTConfig(...)) for another shape"
+            )
         try:
             device = torch.device(map_location)
         except (RuntimeError, TypeError) as e:
@@ -515,12 +624,20 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         if os.path.isdir(model_id):
             weights = os.path.join(model_id, "model.safetensors")
             if not os.path.exists(weights):
-                raise CheckpointError(f"{model_id} has no model.safetensors: not a fireviz checkpoint folder "
-                                      "(save one with GPT.save_pretrained or `python -m fireviz train`)")
+                raise CheckpointError(
+                    f"{model_id} has no model.safetensors: not a fireviz checkpoint folder "
+                    "(save one with GPT.save_pretrained or `python -m fireviz train`)"
+                )
         else:
-            weights = hf_hub_download(repo_id=model_id, filename="model.safetensors", revision=revision,
-                                      cache_dir=cache_dir, force_download=force_download, token=token,
-                                      local_files_only=local_files_only)
+            weights = hf_hub_download(
+                repo_id=model_id,
+                filename="model.safetensors",
+                revision=revision,
+                cache_dir=cache_dir,
+                force_download=force_download,
+                token=token,
+                local_files_only=local_files_only,
+            )
         config = model_kwargs.pop("config", None)
         if isinstance(config, dict):
             config = config_from_dict(config, f"config.json of {model_id}")
@@ -531,12 +648,15 @@ class GPT(nn.Module, PyTorchModelHubMixin, library_name="fireviz", repo_url="htt
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
         except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
-            raise CheckpointError(f"the model of {model_id} does not fit in memory ({str(e).splitlines()[0][:200]})") from e
+            raise CheckpointError(
+                f"the model of {model_id} does not fit in memory ({str(e).splitlines()[0][:200]})"
+            ) from e
         try:
             state = load_file(weights, device=str(map_location))
         except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{weights} is corrupt or truncated ({e}); it was left untouched — "
-                                  "restore it or retrain") from e
+            raise CheckpointError(
+                f"{weights} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
+            ) from e
         load_state_checked(model, state, source=weights)
         return model
 
@@ -557,17 +677,31 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
         if a not in state and b in state:  # safetensors keeps one name of a tied pair
             state[a] = state[b]
     tied = ("wte.weight", "lm_head.weight")
-    if all(k in state for k in tied) and all(k in own for k in tied) and own[tied[0]].data_ptr() == own[tied[1]].data_ptr():
+    if (
+        all(k in state for k in tied)
+        and all(k in own for k in tied)
+        and own[tied[0]].data_ptr() == own[tied[1]].data_ptr()
+    ):
         a, b = state[tied[0]], state[tied[1]]
-        same = a.shape == b.shape and a.dtype == b.dtype and torch.equal(  # bit for bit: NaN equals itself
-            a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+        same = (
+            a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(  # bit for bit: NaN equals itself
+                a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+            )
+        )
         if not same:
-            raise CheckpointError(f"{source} holds wte.weight and lm_head.weight with different values, but the model "
-                                  "ties them (one matrix); keep one of the two tensors in the file or train again")
+            raise CheckpointError(
+                f"{source} holds wte.weight and lm_head.weight with different values, but the model "
+                "ties them (one matrix); keep one of the two tensors in the file or train again"
+            )
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    mismatched = [f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
-                  for k in own if k in state and state[k].shape != own[k].shape]
+    mismatched = [
+        f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
     if missing or unexpected or mismatched:
         parts = []
         if missing:

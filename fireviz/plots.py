@@ -16,16 +16,24 @@ Builders: ``bias_grid_figure``, ``head_bias_figure``, ``bias_heatmap_figure``,
 The builders live by subject (``bias_plots``, ``eval_plots``, ``run_plots``, the export in
 ``figure_export``, shared pieces in ``figure_base``); this module is the one door to them.
 """
+
 from __future__ import annotations
 
-from .bias_plots import *  # noqa: F401,F403
-from .bias_plots import X_AXES, _heatmap_note, _kernel_figure, _layer  # noqa: F401
-from .eval_plots import *  # noqa: F401,F403
-from .eval_plots import (UNIFORM_BYTE_PERPLEXITY, UNIFORM_MARK, _group_name, _grouped_rows, _log_ticks,  # noqa: F401
-                         _pooled_documents, _settings_caption)
-from .figure_base import *  # noqa: F401,F403
-from .figure_base import FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _mark_length  # noqa: F401
-from .figure_export import *  # noqa: F401,F403
-from .figure_export import EXPORT_FORMATS, PAPER_FONT, PAPER_WIDTHS, FigureExportError, _plain  # noqa: F401
-from .run_plots import *  # noqa: F401,F403
-from .run_plots import _trailing_mean  # noqa: F401
+from .bias_plots import *  # noqa: F403
+from .bias_plots import X_AXES, _heatmap_note, _kernel_figure, _layer
+from .eval_plots import *  # noqa: F403
+from .eval_plots import (
+    UNIFORM_BYTE_PERPLEXITY,
+    UNIFORM_MARK,
+    _group_name,
+    _grouped_rows,
+    _log_ticks,
+    _pooled_documents,
+    _settings_caption,
+)
+from .figure_base import *  # noqa: F403
+from .figure_base import FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _mark_length
+from .figure_export import *  # noqa: F403
+from .figure_export import EXPORT_FORMATS, PAPER_FONT, PAPER_WIDTHS, FigureExportError, _plain
+from .run_plots import *  # noqa: F403
+from .run_plots import _trailing_mean

@@ -3,6 +3,7 @@
 Human counts (``12.3M``), a fit's parameters as text, file stems, lengths typed by a user,
 locality and perplexity tables from library results, CSV/JSON of rows, job error text.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,12 +16,16 @@ from typing import Any, Iterable, Sequence
 from . import checkpoints as ck
 from .model import CheckpointError
 
+
 def fit_file_stem(target: str, params: dict, max_len: int) -> str:
     """File name stem of a fit's downloads, naming what was fitted: ``fire_fit_alibi_L128``,
     ``fire_fit_checkpoint_t5_layer2_L256`` (a checkpoint's folder or model name included)."""
     parts = ["fire_fit", target]
     if target == "checkpoint":
-        parts += [Path(str(params.get("path", ""))).name or str(params.get("path", "")), f"layer{params.get('layer', 0)}"]
+        parts += [
+            Path(str(params.get("path", ""))).name or str(params.get("path", "")),
+            f"layer{params.get('layer', 0)}",
+        ]
         if params.get("stack"):
             parts.append(str(params["stack"]))
     parts.append(f"L{int(max_len)}")
@@ -67,6 +72,7 @@ def format_params(params: dict) -> str:
     """A target's parameters as readable text: ``"slopes 0.25, 0.0625 · seed 0"``; None
     values are left out, a ``path`` is shown as its folder name ("checkpoint alibi"),
     numbers with 3 significant digits."""
+
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.3g}"
@@ -98,9 +104,11 @@ def percent(x: float | None) -> str:
 def locality_rules_text(rules: dict) -> str:
     """``fireviz.analysis.LOCALITY_RULES`` as one readable sentence."""
     rho, peak, flat = rules.get("rank_correlation"), rules.get("peak_fraction"), rules.get("flat_range")
-    return (f"local = ρ ≤ −{rho:g} and peak_fraction ≤ {peak:g}; anti-local = ρ ≥ +{rho:g} and peak_fraction ≥ "
-            f"{peak:g}; mixed = anything else, or a curve flatter than {flat:g} logits; "
-            f"ρ over {rules.get('log_samples')} log-spaced distances")
+    return (
+        f"local = ρ ≤ −{rho:g} and peak_fraction ≤ {peak:g}; anti-local = ρ ≥ +{rho:g} and peak_fraction ≥ "
+        f"{peak:g}; mixed = anything else, or a curve flatter than {flat:g} logits; "
+        f"ρ over {rules.get('log_samples')} log-spaced distances"
+    )
 
 
 def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
@@ -117,9 +125,15 @@ def locality_summary_rows(summary: Sequence[dict]) -> list[dict]:
         if not additive:  # None, not "—": these columns hold integers (a text cell breaks the table's types)
             for k in ("heads", "n_local", "n_anti_local", "n_mixed"):
                 row[k] = None
-        row["note"] = "" if additive else (
-            "rotary: a position kernel, not a bias"
-            if r.get("kind") == "rotary" else "no position encoding: no bias to classify")
+        row["note"] = (
+            ""
+            if additive
+            else (
+                "rotary: a position kernel, not a bias"
+                if r.get("kind") == "rotary"
+                else "no position encoding: no bias to classify"
+            )
+        )
         out.append(row)
     return out
 
@@ -137,7 +151,7 @@ def pool_seeds(results: Sequence[dict]) -> list[dict]:
     for r in results:
         name = str(r.get("checkpoint", ""))
         label = str(r.get("label") or name)
-        suffix = label[len(name):] if label.startswith(name) else ""
+        suffix = label[len(name) :] if label.startswith(name) else ""
         out.append({**r, "label": ck.seed_base(name) + suffix})
     return out
 
@@ -145,8 +159,17 @@ def pool_seeds(results: Sequence[dict]) -> list[dict]:
 def perplexity_table(rows: Sequence[dict]) -> list[dict]:
     """``fireviz.plots.group_perplexity`` rows for the results table: bits per byte (mean and
     sample std over pooled seeds) first, then perplexity, nats/token, n, training length."""
-    order = ["group", "length", "bits_per_byte", "bits_per_byte_std", "perplexity", "perplexity_std",
-             "nats_per_token", "n", "train_seq_len"]
+    order = [
+        "group",
+        "length",
+        "bits_per_byte",
+        "bits_per_byte_std",
+        "perplexity",
+        "perplexity_std",
+        "nats_per_token",
+        "n",
+        "train_seq_len",
+    ]
     return [{**{k: r[k] for k in order if k in r}, **{k: v for k, v in r.items() if k not in order}} for r in rows]
 
 
@@ -155,7 +178,7 @@ def job_error_text(error: str | None) -> tuple[str, bool]:
     it was a CheckpointError (whose message already names the problem and the fix)."""
     text = str(error or "")
     prefix = f"{CheckpointError.__name__}: "
-    return (text[len(prefix):], True) if text.startswith(prefix) else (text, False)
+    return (text[len(prefix) :], True) if text.startswith(prefix) else (text, False)
 
 
 def human_count(n: float | int | None) -> str:
@@ -220,8 +243,11 @@ def split_errors(results: Sequence[dict]) -> tuple[list[dict], list[str]]:
     clean, errors = [], []
     for r in results:
         ok = [e for e in r.get("per_length", []) if "error" not in e]
-        errors += [f"{r.get('label', r.get('checkpoint'))} @ {e['length']}: {e['error']}"
-                   for e in r.get("per_length", []) if "error" in e and not e.get("not_computed")]
+        errors += [
+            f"{r.get('label', r.get('checkpoint'))} @ {e['length']}: {e['error']}"
+            for e in r.get("per_length", [])
+            if "error" in e and not e.get("not_computed")
+        ]
         if ok:
             clean.append({**r, "per_length": ok})
     return clean, errors

@@ -1,4 +1,5 @@
 """Figures of fits and training runs: FIRE vs its target, loss curves, position parameters."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figure_base import (FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _DASHES, _mark_length,  # noqa: F401
-                          _panel_refs, _subsample)
+from .figure_base import (
+    FIT_RANGE_MARK,
+    _arr,
+    _as_dict,
+    _color,
+    _mark_length,  # noqa: F401
+)
 
 
 # -- fit ---------------------------------------------------------------------------------------
@@ -41,26 +47,71 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
     max_len = float(fit["max_len"])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
     tname = fit.get("target_name", "target")
-    fig.add_trace(go.Scatter(x=d, y=t[head], mode="lines", name=str(tname), line=dict(color="black"),
-                             meta={"head": head, "series": "target"}), row=1, col=1)
-    fig.add_trace(go.Scatter(x=d, y=f[head], mode="lines", name="FIRE fit", line=dict(color=_color(1), dash="dash"),
-                             meta={"head": head, "series": "fitted"}), row=1, col=1)
-    fig.add_trace(go.Scatter(x=d, y=res[head], mode="lines", name="residual (target − fitted)",
-                             line=dict(color=_color(3)), meta={"head": head, "series": "residual"}), row=2, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=d,
+            y=t[head],
+            mode="lines",
+            name=str(tname),
+            line=dict(color="black"),
+            meta={"head": head, "series": "target"},
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=d,
+            y=f[head],
+            mode="lines",
+            name="FIRE fit",
+            line=dict(color=_color(1), dash="dash"),
+            meta={"head": head, "series": "fitted"},
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=d,
+            y=res[head],
+            mode="lines",
+            name="residual (target − fitted)",
+            line=dict(color=_color(3)),
+            meta={"head": head, "series": "residual"},
+        ),
+        row=2,
+        col=1,
+    )
     for row in (1, 2):
-        fig.add_vrect(x0=0, x1=max_len, fillcolor="gray", opacity=0.12, line_width=0, name=FIT_RANGE_MARK,
-                      row=row, col=1, exclude_empty_subplots=False,
-                      label=dict(text=f"fitted 0–{max_len - 1:g}" if row == 1 else "", textposition="top left",
-                                 font=dict(size=9)))
+        fig.add_vrect(
+            x0=0,
+            x1=max_len,
+            fillcolor="gray",
+            opacity=0.12,
+            line_width=0,
+            name=FIT_RANGE_MARK,
+            row=row,
+            col=1,
+            exclude_empty_subplots=False,
+            label=dict(
+                text=f"fitted 0–{max_len - 1:g}" if row == 1 else "", textposition="top left", font=dict(size=9)
+            ),
+        )
     fig.update_xaxes(title_text="distance i − j (tokens)", row=2, col=1)
     fig.update_yaxes(title_text="bias (logits)", row=1, col=1)
     fig.update_yaxes(title_text="residual (logits)", row=2, col=1)
     # the title names the head and the range; the long target description is the subtitle (wraps
     # nowhere in plotly, so a narrow column must not need it in the title), the legend goes on top
-    fig.update_layout(title=dict(text=f"head {head} · fitted on 0–{max_len - 1:g} tokens",
-                                 subtitle=dict(text=f"{fit.get('name', 'fit')}<br>beyond the range is extrapolation")),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
-                      margin=dict(t=125), meta={"max_len": max_len, "head": head})
+    fig.update_layout(
+        title=dict(
+            text=f"head {head} · fitted on 0–{max_len - 1:g} tokens",
+            subtitle=dict(text=f"{fit.get('name', 'fit')}<br>beyond the range is extrapolation"),
+        ),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
+        margin=dict(t=125),
+        meta={"max_len": max_len, "head": head},
+    )
     return fig
 
 
@@ -116,13 +167,25 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
         # one legend entry per run (its train line, else its val line); the rest share its group
         legend_key = "loss" if series("loss")[0].size else "val_loss"
         for key, name, style, panel in (
-                ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
-                ("val_loss", f"{run} val", dict(mode="markers+lines", marker=dict(color=col, size=7),
-                                                line=dict(color=col, dash="dot")), 1),
-                ("val_loss_4x", f"{run} val @ 4× length",
-                 dict(mode="markers+lines", marker=dict(color=col, size=7, symbol="circle-open"),
-                      line=dict(color=col, dash="dash")), 1),
-                ("lr", f"{run} lr", dict(mode="lines", line=dict(color=col)), 2)):
+            ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
+            (
+                "val_loss",
+                f"{run} val",
+                dict(mode="markers+lines", marker=dict(color=col, size=7), line=dict(color=col, dash="dot")),
+                1,
+            ),
+            (
+                "val_loss_4x",
+                f"{run} val @ 4× length",
+                dict(
+                    mode="markers+lines",
+                    marker=dict(color=col, size=7, symbol="circle-open"),
+                    line=dict(color=col, dash="dash"),
+                ),
+                1,
+            ),
+            ("lr", f"{run} lr", dict(mode="lines", line=dict(color=col)), 2),
+        ):
             x, y = series(key)
             if not x.size:
                 continue
@@ -130,8 +193,13 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
             if key == "loss" and smooth > 1:
                 y, meta = _trailing_mean(y, smooth), {**meta, "smooth": smooth}
             first = key == legend_key
-            fig.add_trace(go.Scatter(x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first,
-                                     meta=meta, **style), row=panel, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first, meta=meta, **style
+                ),
+                row=panel,
+                col=1,
+            )
             if panel == 1:
                 finite = y[np.isfinite(y)]
                 if finite.size:
@@ -179,33 +247,47 @@ def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figu
                         if isinstance(v, numbers.Real) and math.isfinite(v):
                             key = (run, str(layer), head if len(values) > 1 else None)
                             series.setdefault(name, OrderedDict()).setdefault(key, []).append(
-                                (row.get("tokens", row.get("step")), float(v)))
+                                (row.get("tokens", row.get("step")), float(v))
+                            )
     if not series:
-        raise ValueError("no run logged its position parameters (train_log.jsonl rows without "
-                         "'position_parameters': trained before fireviz logged them, or an encoding without any)")
+        raise ValueError(
+            "no run logged its position parameters (train_log.jsonl rows without "
+            "'position_parameters': trained before fireviz logged them, or an encoding without any)"
+        )
     names = list(series)
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
     runs = list(logs)
     for r, name in enumerate(names, start=1):
         for (run, layer, head), pts in series[name].items():
             label = f"{run} L{layer}" + (f" H{head}" if head is not None else "")
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
-                                     name=label, legendgroup=run, marker=dict(size=4),
-                                     line=dict(color=_color(runs.index(run)), width=1),
-                                     meta={"run": run, "parameter": name, "layer": int(layer), "head": head}),
-                          row=r, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in pts],
+                    y=[p[1] for p in pts],
+                    mode="lines+markers",
+                    name=label,
+                    legendgroup=run,
+                    marker=dict(size=4),
+                    line=dict(color=_color(runs.index(run)), width=1),
+                    meta={"run": run, "parameter": name, "layer": int(layer), "head": head},
+                ),
+                row=r,
+                col=1,
+            )
         if name == "L":
             fig.update_yaxes(type="log", row=r, col=1, title_text="L (tokens)")
         else:
             fig.update_yaxes(title_text=name, row=r, col=1)
     fig.update_xaxes(title_text="tokens seen", row=len(names), col=1)
-    fig.update_layout(title="Learned position parameters during training (at each validation)",
-                      height=260 * len(names) + 120)
+    fig.update_layout(
+        title="Learned position parameters during training (at each validation)", height=260 * len(names) + 120
+    )
     return fig
 
 
-def validation_curves_figure(logs: Mapping[str, Sequence[Mapping]], seq_len: int | None = None,
-                             skip_initial: bool = True) -> go.Figure:
+def validation_curves_figure(
+    logs: Mapping[str, Sequence[Mapping]], seq_len: int | None = None, skip_initial: bool = True
+) -> go.Figure:
     """Validation loss of several runs side by side: one colour per run, two panels.
 
     Args: ``{run name: train_log rows}``; only rows with ``val_loss`` are used, against
@@ -219,14 +301,19 @@ def validation_curves_figure(logs: Mapping[str, Sequence[Mapping]], seq_len: int
       "how close to converged" view of issue #8: flat tails mean a run has converged.
     Raises: ValueError when no run has a validation row.
     """
-    runs = {k: [r for r in rows if r.get("val_loss") is not None and not (skip_initial and r.get("step") == 0)]
-            for k, rows in logs.items()}
+    runs = {
+        k: [r for r in rows if r.get("val_loss") is not None and not (skip_initial and r.get("step") == 0)]
+        for k, rows in logs.items()
+    }
     if not any(runs.values()):
         raise ValueError("no validation rows (val_loss) in the training logs to plot")
     use_tokens = all("tokens" in r for rows in runs.values() for r in rows)
     xkey = "tokens" if use_tokens else "step"
-    titles = ((f"validation @ {seq_len} tokens", f"validation @ {4 * seq_len} tokens (4×)") if seq_len
-              else ("validation @ training length", "validation @ 4× training length"))
+    titles = (
+        (f"validation @ {seq_len} tokens", f"validation @ {4 * seq_len} tokens (4×)")
+        if seq_len
+        else ("validation @ training length", "validation @ 4× training length")
+    )
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
     for k, (run, rows) in enumerate(runs.items()):
         col = _color(k)
@@ -234,9 +321,21 @@ def validation_curves_figure(logs: Mapping[str, Sequence[Mapping]], seq_len: int
             pts = [(r[xkey], r[key]) for r in rows if r.get(key) is not None]
             if not pts:
                 continue
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="markers+lines", name=run,
-                                     legendgroup=run, showlegend=c == 1, line=dict(color=col, dash="solid" if c == 1 else "dash"),
-                                     marker=dict(color=col, size=6), meta={"run": run, "series": key}), row=1, col=c)
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in pts],
+                    y=[p[1] for p in pts],
+                    mode="markers+lines",
+                    name=run,
+                    legendgroup=run,
+                    showlegend=c == 1,
+                    line=dict(color=col, dash="solid" if c == 1 else "dash"),
+                    marker=dict(color=col, size=6),
+                    meta={"run": run, "series": key},
+                ),
+                row=1,
+                col=c,
+            )
     for c in (1, 2):
         fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=1, col=c)
     fig.update_yaxes(title_text="validation loss (nats/token)", row=1, col=1)

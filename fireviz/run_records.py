@@ -2,6 +2,7 @@
 the headline numbers and training summary shown for it. Files fireviz did not just write are
 read through ``fireviz.files`` (bounded, finite) and refused with the reason; a bad file
 affects only its own checkpoint (``fireviz.checkpoints`` lists the rest)."""
+
 from __future__ import annotations
 
 import math
@@ -31,15 +32,23 @@ def _read_json(path: Path, expect: type | tuple | None = None) -> Any:
 
 
 #: Train-log fields read as numbers (a record holding another type is refused).
-LOG_NUMBER_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "val_loss_4x",
-                     "val_loss_random")
+LOG_NUMBER_FIELDS = (
+    "step",
+    "tokens",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "val_loss",
+    "val_loss_4x",
+    "val_loss_random",
+)
 
 
 #: Steps over which the training-runs table averages the training loss and throughput by
 #: default: one batch's loss varies by ±0.1 nats at the end of a reference run, more than
 #: seeds differ.
 SUMMARY_STEPS = 50
-
 
 
 def _is_number(v: object) -> bool:
@@ -60,9 +69,11 @@ def check_results(obj: Any, source: str = "results JSON") -> None:
     ``paired_ci95`` null or two numbers; ``checkpoint``, ``label``, ``position_encoding`` strings.
     Raises: CheckpointError naming ``source`` and the first bad field.
     """
+
     def bad(where: str, want: str):
-        raise CheckpointError(f"{source}: {where} is not {want}; the file is not what fireviz writes — "
-                              "evaluate again or delete it")
+        raise CheckpointError(
+            f"{source}: {where} is not {want}; the file is not what fireviz writes — evaluate again or delete it"
+        )
 
     items = obj if isinstance(obj, list) else [obj]
     if not isinstance(obj, (list, dict)):
@@ -137,8 +148,10 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     for n, rec in enumerate(records, 1):
         for k in LOG_NUMBER_FIELDS:
             if rec.get(k) is not None and not _is_number(rec[k]):
-                raise CheckpointError(f"{p}: record {n} has {k} = {str(rec[k])[:40]!r}, not a number; the file is "
-                                      "not what fireviz writes — restore or delete it")
+                raise CheckpointError(
+                    f"{p}: record {n} has {k} = {str(rec[k])[:40]!r}, not a number; the file is "
+                    "not what fireviz writes — restore or delete it"
+                )
     return records
 
 
@@ -164,13 +177,19 @@ def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int 
     span = "last step" if last_steps == 1 else f"last {last_steps} steps"
     last = log[-1] if log else {}
     evals = validation_rows(log)
-    return {"checkpoint": info.name, "encoding": info.position_encoding, "training seed": info.training_seed,
-            "training length": info.seq_len, "steps": last.get("step"), "tokens": last.get("tokens"),
-            f"train loss ({span})": sum(losses) / len(losses) if losses else None,
-            "last val loss": evals[-1]["val_loss"] if evals else None,
-            "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
-            "last val loss (random windows)": evals[-1].get("val_loss_random") if evals else None,
-            f"tokens/s (median, {span})": statistics.median(speed) if speed else None}
+    return {
+        "checkpoint": info.name,
+        "encoding": info.position_encoding,
+        "training seed": info.training_seed,
+        "training length": info.seq_len,
+        "steps": last.get("step"),
+        "tokens": last.get("tokens"),
+        f"train loss ({span})": sum(losses) / len(losses) if losses else None,
+        "last val loss": evals[-1]["val_loss"] if evals else None,
+        "last val loss @ 4×": evals[-1].get("val_loss_4x") if evals else None,
+        "last val loss (random windows)": evals[-1].get("val_loss_random") if evals else None,
+        f"tokens/s (median, {span})": statistics.median(speed) if speed else None,
+    }
 
 
 def read_results(path: str | os.PathLike, problems: dict[str, str] | None = None) -> dict[str, Any]:
@@ -202,13 +221,18 @@ def _result_entries(results: dict[str, Any]):
     checkpoint's own numbers), are ignored rather than guessed at."""
     for obj in results.values():
         for r in obj if isinstance(obj, list) else [obj]:
-            if not (isinstance(r, dict) and isinstance(r.get("settings"), dict) and isinstance(r.get("per_length"), list)):
+            if not (
+                isinstance(r, dict) and isinstance(r.get("settings"), dict) and isinstance(r.get("per_length"), list)
+            ):
                 continue
             if r["settings"].get("rope_scaling"):
                 continue
             for e in r["per_length"]:
-                if (isinstance(e, dict) and isinstance(e.get("length"), int)
-                        and isinstance(e.get("bits_per_byte"), (int, float))):
+                if (
+                    isinstance(e, dict)
+                    and isinstance(e.get("length"), int)
+                    and isinstance(e.get("bits_per_byte"), (int, float))
+                ):
                     yield r["settings"].get("data"), e["length"], float(e["bits_per_byte"])
 
 

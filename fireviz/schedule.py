@@ -6,6 +6,7 @@ Every quantity here is a pure function of the step and the settings, which is wh
 ``lr_at`` (linear warmup, then cosine decay to ``min_lr``: Loshchilov & Hutter 2017, SGDR,
 without restarts). Validation windows are fixed per run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +16,7 @@ import torch
 
 from .data import DataError, Document, document_tokens
 from .train_config import TrainConfig, TrainingError
+
 
 def lr_at(step: int, tc: TrainConfig) -> float:
     """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine.
@@ -42,8 +44,10 @@ def window_starts(step: int, tc: TrainConfig, num_tokens: int, seq_len: int) -> 
     Uniform, from a generator seeded by ``(seed, step)`` only.
     Raises: TrainingError when the stream holds no window (num_tokens <= seq_len)."""
     if num_tokens <= seq_len:
-        raise TrainingError(f"the training data holds {num_tokens} tokens, not one window of {seq_len} + 1; "
-                            "use more data or a shorter seq_len")
+        raise TrainingError(
+            f"the training data holds {num_tokens} tokens, not one window of {seq_len} + 1; "
+            "use more data or a shorter seq_len"
+        )
     g = torch.Generator().manual_seed(derive_seed(tc.seed, "data", step))
     return torch.randint(0, num_tokens - seq_len, (tc.batch_size,), generator=g)
 
@@ -76,12 +80,14 @@ def validation_windows(docs: list[Document], length: int, count: int) -> torch.T
         if not room:
             break
         for t in room[: count - len(out)]:
-            out.append(t[k * length: (k + 1) * length + 1])
+            out.append(t[k * length : (k + 1) * length + 1])
         k += 1
     if not out:
         longest = max(len(t) for t in toks)
-        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest}); "
-                        f"validation at {length} tokens needs longer documents or a shorter seq_len")
+        raise DataError(
+            f"no validation document holds {length + 1} tokens (the longest has {longest}); "
+            f"validation at {length} tokens needs longer documents or a shorter seq_len"
+        )
     return torch.stack(out)
 
 
@@ -100,4 +106,4 @@ def random_validation_windows(docs: list[Document], length: int, count: int, see
         longest = max(len(t) for t in toks)
         raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest})")
     pick = torch.randperm(len(cands), generator=torch.Generator().manual_seed(int(seed)))[:count].tolist()
-    return torch.stack([toks[cands[k][0]][cands[k][1]: cands[k][1] + length + 1] for k in sorted(pick)])
+    return torch.stack([toks[cands[k][0]][cands[k][1] : cands[k][1] + length + 1] for k in sorted(pick)])

@@ -5,6 +5,7 @@
 result carries (nats per token, perplexity, bits per byte, loss by position, per-document
 sums and the 95 % bootstrap interval of ``fireviz.stats``).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from .model import GPT
 from .stats import bootstrap_ci95
 from .windows import DEFAULT_POSITION_BUCKETS, EvaluationError, Window, position_buckets
 
+
 def _as_long(tokens) -> torch.Tensor:
     """A window's token ids (torch tensor or numpy array of any integer type) as int64."""
     if isinstance(tokens, torch.Tensor):
@@ -25,9 +27,17 @@ def _as_long(tokens) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))  # a numpy window
 
 
-def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows: Sequence[Window], length: int, *,
-                  device: torch.device | str = "cpu", batch_tokens: int = 8192,
-                  on_batch: Callable[[int], None] | None = None, with_accuracy: bool = False) -> tuple:
+def score_windows(
+    model: GPT,
+    doc_tokens: Callable[[int], torch.Tensor],
+    windows: Sequence[Window],
+    length: int,
+    *,
+    device: torch.device | str = "cpu",
+    batch_tokens: int = 8192,
+    on_batch: Callable[[int], None] | None = None,
+    with_accuracy: bool = False,
+) -> tuple:
     """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
 
     Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
@@ -60,13 +70,19 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     use_autocast = device.type == "cuda"
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
-            batch = windows[b: b + per_batch]
-            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start: w.start + length]) for w in batch]).to(device)
+            batch = windows[b : b + per_batch]
+            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
             first = torch.tensor([w.first_target for w in batch])
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
                 logits = model(x)
-            nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                                  reduction="none").view(len(batch), length - 1).double().cpu()
+            nll = (
+                F.cross_entropy(
+                    logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+                )
+                .view(len(batch), length - 1)
+                .double()
+                .cpu()
+            )
             keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
             kept = nll * keep
             nats[1:] += kept.sum(0)
@@ -86,8 +102,14 @@ def score_windows(model: GPT, doc_tokens: Callable[[int], torch.Tensor], windows
     return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
 
 
-def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, windows: int,
-              buckets: int = DEFAULT_POSITION_BUCKETS, per_document: dict | None = None) -> dict:
+def summarize(
+    length: int,
+    nats_by_pos: np.ndarray,
+    counts_by_pos: np.ndarray,
+    windows: int,
+    buckets: int = DEFAULT_POSITION_BUCKETS,
+    per_document: dict | None = None,
+) -> dict:
     """The per-length numbers from per-position sums (see ``score_windows``).
 
     Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
@@ -103,18 +125,26 @@ def summarize(length: int, nats_by_pos: np.ndarray, counts_by_pos: np.ndarray, w
         raise EvaluationError(f"no tokens were scored at length {length}")
     mean = float(nats_by_pos.sum() / total)
     if not (math.isfinite(mean) and mean < 700):
-        raise EvaluationError(f"the mean loss at length {length} is {mean} nats/token (perplexity beyond float range): "
-                              "the checkpoint's weights or this text produce NaN, inf or exploding logits; check "
-                              "model.safetensors — nothing was cached")
+        raise EvaluationError(
+            f"the mean loss at length {length} is {mean} nats/token (perplexity beyond float range): "
+            "the checkpoint's weights or this text produce NaN, inf or exploding logits; check "
+            "model.safetensors — nothing was cached"
+        )
     starts, ends = position_buckets(length, buckets)
     b_nats, b_tok = [], []
     for s, e in zip(starts, ends):
         c = int(counts_by_pos[s:e].sum())
         b_tok.append(c)
         b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)
-    out = {"length": int(length), "nats_per_token": mean, "perplexity": math.exp(mean),
-           "bits_per_byte": mean / math.log(2), "tokens_scored": total, "windows": int(windows),
-           "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok}}
+    out = {
+        "length": int(length),
+        "nats_per_token": mean,
+        "perplexity": math.exp(mean),
+        "bits_per_byte": mean / math.log(2),
+        "tokens_scored": total,
+        "windows": int(windows),
+        "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok},
+    }
     if per_document is not None:
         out["documents"] = len(per_document["doc"])
         out["per_document"] = per_document

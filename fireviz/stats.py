@@ -10,6 +10,7 @@ independent units. For every checkpoint but the reference (the first given unles
 paired bootstrap resampling) — far narrower than either interval, since the text's own
 difficulty cancels.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ def bootstrap_indices(num_documents: int, samples: int = BOOTSTRAP_SAMPLES, seed
     return np.random.default_rng(seed).integers(0, num_documents, size=(samples, num_documents))
 
 
-def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int = BOOTSTRAP_SAMPLES,
-                   seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+def bootstrap_ci95(
+    nats: Sequence[float], tokens: Sequence[int], *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> list[float] | None:
     """95 % percentile bootstrap interval of the token-weighted bits per byte over documents.
 
     Args: per document, summed nats (float) and scored tokens (int, > 0 in total).
@@ -61,8 +63,9 @@ def bootstrap_ci95(nats: Sequence[float], tokens: Sequence[int], *, samples: int
     return [float(lo), float(hi)]
 
 
-def bootstrap_ratio_ci95(numerators, denominators, *, samples: int = BOOTSTRAP_SAMPLES,
-                         seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+def bootstrap_ratio_ci95(
+    numerators, denominators, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> list[float] | None:
     """95 % percentile bootstrap interval of Σ numerators / Σ denominators over units
     resampled with replacement (e.g. correct answers / answer tokens over sequences); None
     for fewer than ``MIN_INTERVAL_DOCUMENTS`` units.
@@ -77,8 +80,9 @@ def bootstrap_ratio_ci95(numerators, denominators, *, samples: int = BOOTSTRAP_S
     return [float(lo), float(hi)]
 
 
-def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTSTRAP_SAMPLES,
-                      seed: int = BOOTSTRAP_SEED) -> dict | None:
+def paired_difference(
+    candidate: dict, reference: dict, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> dict | None:
     """Paired bits-per-byte difference of two per-length entries scored on the same windows.
 
     Args: two ``summarize`` entries (with ``per_document``) of the same length.
@@ -88,8 +92,12 @@ def paired_difference(candidate: dict, reference: dict, *, samples: int = BOOTST
       (different windows cannot be paired). Raises nothing.
     """
     a, b = candidate.get("per_document"), reference.get("per_document")
-    if not (isinstance(a, dict) and isinstance(b, dict)) or a.get("doc") != b.get("doc") \
-            or a.get("tokens") != b.get("tokens") or not a.get("doc"):
+    if (
+        not (isinstance(a, dict) and isinstance(b, dict))
+        or a.get("doc") != b.get("doc")
+        or a.get("tokens") != b.get("tokens")
+        or not a.get("doc")
+    ):
         return None
     tokens = np.asarray(a["tokens"], dtype=np.float64)
     diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
@@ -152,10 +160,14 @@ def _reference_index(results: Sequence[dict], reference: int | str) -> int:
     hits = [k for k, r in enumerate(results) if r.get("checkpoint") in (ref, Path(ref).name)]
     if len(hits) > 1:
         paths = ", ".join(str(results[k].get("checkpoint_path")) for k in hits)
-        raise EvaluationError(f"reference {ref!r} names {len(hits)} of the checkpoints ({paths}); give the path of "
-                              "the one to pair against")
+        raise EvaluationError(
+            f"reference {ref!r} names {len(hits)} of the checkpoints ({paths}); give the path of "
+            "the one to pair against"
+        )
     if hits:
         return hits[0]
     given = ", ".join(r.get("checkpoint", "?") for r in results)
-    raise EvaluationError(f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
-                          "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT"))
+    raise EvaluationError(
+        f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
+        "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT")
+    )

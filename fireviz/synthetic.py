@@ -22,6 +22,7 @@ run's seed and step: ``fireviz.train.window_starts``), so runs are reproducible 
 exactly. Validation and evaluation sequences come from disjoint seeds (``VALIDATION_SEED``,
 ``EVALUATION_SEED``). Nothing is read from or written to disk.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,8 +88,13 @@ class CopyTask:
 
     def fingerprint(self) -> str:
         """sha256 (hex) naming the task's definition: the data fingerprint of its runs."""
-        spec = {"task": self.name, "alphabet": COPY_ALPHABET.tobytes().decode(), "sep": SEP_ID, "bos": BOS_ID,
-                "format": 1}
+        spec = {
+            "task": self.name,
+            "alphabet": COPY_ALPHABET.tobytes().decode(),
+            "sep": SEP_ID,
+            "bos": BOS_ID,
+            "format": 1,
+        }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
@@ -98,7 +104,7 @@ def _sub_seed(seed: int, k: int) -> int:
 
 def load_task(data: str) -> CopyTask:
     """The task named by ``"synthetic:<task>"``. Raises: DataError naming the known tasks."""
-    name = data[len(PREFIX):] if is_synthetic(data) else data
+    name = data[len(PREFIX) :] if is_synthetic(data) else data
     if name == "copy":
         return CopyTask()
     raise DataError(f"unknown synthetic task {data!r}; known: " + ", ".join(PREFIX + t for t in TASKS))
@@ -128,8 +134,9 @@ def validation_sequences(task: CopyTask, length: int, count: int) -> torch.Tenso
 
 
 @torch.no_grad()
-def score_sequences(model, seqs: torch.Tensor, first_target: int, device: torch.device | str = "cpu",
-                    batch_tokens: int = 8192) -> dict:
+def score_sequences(
+    model, seqs: torch.Tensor, first_target: int, device: torch.device | str = "cpu", batch_tokens: int = 8192
+) -> dict:
     """Loss and accuracy of ``model`` on the answer positions of task sequences.
 
     Args: ``seqs`` int64 ``[count, length]``; ``first_target``: window position of the first
@@ -144,14 +151,15 @@ def score_sequences(model, seqs: torch.Tensor, first_target: int, device: torch.
     nats, correct = np.zeros(count), np.zeros(count, dtype=np.int64)
     use_autocast = device.type == "cuda"
     for b in range(0, count, per_batch):
-        x = seqs[b: b + per_batch].to(device)
+        x = seqs[b : b + per_batch].to(device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
             logits = model(x)
-        pred = logits[:, first_target - 1: length - 1].float()
+        pred = logits[:, first_target - 1 : length - 1].float()
         target = x[:, first_target:]
-        nll = torch.nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1),
-                                                reduction="none").view(target.shape)
-        nats[b: b + per_batch] = nll.double().sum(1).cpu().numpy()
-        correct[b: b + per_batch] = (pred.argmax(-1) == target).sum(1).cpu().numpy()
+        nll = torch.nn.functional.cross_entropy(
+            pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none"
+        ).view(target.shape)
+        nats[b : b + per_batch] = nll.double().sum(1).cpu().numpy()
+        correct[b : b + per_batch] = (pred.argmax(-1) == target).sum(1).cpu().numpy()
     tokens = np.full(count, length - first_target, dtype=np.int64)
     return {"nats": nats, "tokens": tokens, "correct": correct, "exact": correct == tokens}

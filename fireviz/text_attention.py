@@ -12,6 +12,7 @@ layer it needs):
 * ``attention_pattern(model, tokens, layer)``: one layer's full query × key probabilities per
   head, as BertViz and CircuitsVis draw them, and the bias's share of each head's logits.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,11 +56,18 @@ class DilutionResult:
 
     def to_dict(self) -> dict:
         """JSON-ready dict with ``share`` as nested lists [layer][head][position]."""
-        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "train_seq_len": self.train_seq_len,
-                "normalizer_cap": self.normalizer_cap,
-                "query_positions": list(self.query_positions), "near": self.near, "rows": self.rows,
-                "tokens": self.tokens, "units": {"position": "tokens (0-based)", "share": "attention probability"},
-                "share": _rl(self.share)}
+        return {
+            "checkpoint": self.checkpoint,
+            "encoding": self.encoding,
+            "train_seq_len": self.train_seq_len,
+            "normalizer_cap": self.normalizer_cap,
+            "query_positions": list(self.query_positions),
+            "near": self.near,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "units": {"position": "tokens (0-based)", "share": "attention probability"},
+            "share": _rl(self.share),
+        }
 
 
 class _StopForward(Exception):
@@ -101,8 +109,9 @@ def _run_with_hooks(model: GPT, idx: torch.Tensor, hooks: dict) -> None:
         model.train(was_training)
 
 
-def _near_shares(attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[int], rows: int,
-                 near: int) -> np.ndarray:
+def _near_shares(
+    attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[int], rows: int, near: int
+) -> np.ndarray:
     """float64 ``[heads, positions]``: each head's attention on its ``near`` nearest keys, averaged
     over the ``rows`` query rows ending at each position (and the batch), recomputed as the
     forward pass does (qkv, rotation for RoPE, q·k/√d + bias, causal softmax)."""
@@ -111,7 +120,7 @@ def _near_shares(attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[
     out = np.zeros((H, len(positions)), dtype=np.float64)
     for p, i in enumerate(positions):
         r0 = max(0, i - rows + 1)
-        qs, ks = q[:, :, r0:i + 1].float(), k[:, :, :i + 1].float()
+        qs, ks = q[:, :, r0 : i + 1].float(), k[:, :, : i + 1].float()
         scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
         if enc.kind == "additive":
             scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
@@ -124,9 +133,15 @@ def _near_shares(attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[
 
 
 @torch.no_grad()
-def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequence[int] | None = None,
-                       near: int = 16, rows: int = 8, checkpoint: str | None = None,
-                       normalizer_cap: int | None = None) -> DilutionResult:
+def attention_dilution(
+    model: GPT,
+    tokens: torch.Tensor,
+    query_positions: Sequence[int] | None = None,
+    near: int = 16,
+    rows: int = 8,
+    checkpoint: str | None = None,
+    normalizer_cap: int | None = None,
+) -> DilutionResult:
     """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
 
     Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` and, at the input of
@@ -157,13 +172,18 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
     if near < 1 or rows < 1:
         raise ValueError(f"near and rows must be >= 1 (got near={near}, rows={rows})")
     cfg = model.config
-    positions = _check_positions(query_positions if query_positions is not None
-                                 else default_query_positions(cfg.seq_len, DEFAULT_DILUTION_MULTIPLES))
+    positions = _check_positions(
+        query_positions
+        if query_positions is not None
+        else default_query_positions(cfg.seq_len, DEFAULT_DILUTION_MULTIPLES)
+    )
     idx = tokens.long()[None] if tokens.dim() == 1 else tokens.long()
     n = positions[-1] + 1
     if idx.shape[1] < n:
-        raise ValueError(f"tokens hold {idx.shape[1]} positions but query position {positions[-1]} needs "
-                         f"{n}; give a longer text or smaller query positions")
+        raise ValueError(
+            f"tokens hold {idx.shape[1]} positions but query position {positions[-1]} needs "
+            f"{n}; give a longer text or smaller query positions"
+        )
     device = next(model.parameters()).device
     idx = idx[:, :n].to(device)
     share = np.zeros((cfg.n_layer, cfg.n_head, len(positions)), dtype=np.float64)
@@ -174,43 +194,73 @@ def attention_dilution(model: GPT, tokens: torch.Tensor, query_positions: Sequen
             share[layer] = _near_shares(attn, x, enc, q_offset, positions, rows, near)
             if layer == cfg.n_layer - 1:
                 raise _StopForward
+
         return hook
 
     capped = normalizer_cap is not None and bool(fire_modules(model))
     model = _capped_copy(model, normalizer_cap)
     _run_with_hooks(model, idx, {block.attn: make_hook(layer, block.attn) for layer, block in enumerate(model.blocks)})
-    return DilutionResult(query_positions=positions, near=int(near), rows=int(rows), share=share,
-                          train_seq_len=int(cfg.seq_len), checkpoint=checkpoint, encoding=cfg.position_encoding,
-                          tokens=n, normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None)
+    return DilutionResult(
+        query_positions=positions,
+        near=int(near),
+        rows=int(rows),
+        share=share,
+        train_seq_len=int(cfg.seq_len),
+        checkpoint=checkpoint,
+        encoding=cfg.position_encoding,
+        tokens=n,
+        normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None,
+    )
 
 
 #: bumped when the numbers a given dilution setting produces would change (part of the cache key)
 DILUTION_FORMAT_VERSION = 1
 
 
-def dilution_cache_path(checkpoint: str | os.PathLike, tokens: torch.Tensor, query_positions: Sequence[int],
-                        near: int, rows: int, normalizer_cap: int | None,
-                        cache_dir: str | os.PathLike | None = None) -> Path:
+def dilution_cache_path(
+    checkpoint: str | os.PathLike,
+    tokens: torch.Tensor,
+    query_positions: Sequence[int],
+    near: int,
+    rows: int,
+    normalizer_cap: int | None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
     """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
     the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
     settings. ``cache_dir`` defaults to ``fireviz.evaluate.default_cache_dir()``.
     Raises: OSError if the checkpoint's files cannot be read."""
     from .evaluate import default_cache_dir
+
     folder = Path(checkpoint)
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
-    blob = json.dumps({"format": DILUTION_FORMAT_VERSION,
-                       "checkpoint_sha256": checkpoint_sha256(folder),
-                       "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(), "tokens_shape": list(tok.shape),
-                       "query_positions": [int(p) for p in query_positions], "near": int(near), "rows": int(rows),
-                       "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap)}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "format": DILUTION_FORMAT_VERSION,
+            "checkpoint_sha256": checkpoint_sha256(folder),
+            "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(),
+            "tokens_shape": list(tok.shape),
+            "query_positions": [int(p) for p in query_positions],
+            "near": int(near),
+            "rows": int(rows),
+            "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap),
+        },
+        sort_keys=True,
+    )
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return root / "dilution" / f"{hashlib.sha256(blob.encode()).hexdigest()}.json"
 
 
-def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tensor,
-                              query_positions: Sequence[int], near: int = 16, rows: int = 8,
-                              normalizer_cap: int | None = None, cache_dir: str | os.PathLike | None = None,
-                              compute: bool = True) -> dict | None:
+def cached_attention_dilution(
+    checkpoint: str | os.PathLike,
+    tokens: torch.Tensor,
+    query_positions: Sequence[int],
+    near: int = 16,
+    rows: int = 8,
+    normalizer_cap: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    compute: bool = True,
+) -> dict | None:
     """``attention_dilution(...).to_dict()`` for a checkpoint folder, cached on disk.
 
     Reads the cached result when one exists for exactly these weights, tokens and settings
@@ -220,13 +270,18 @@ def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tenso
       and ``compute`` is False. Raises: as ``attention_dilution`` and ``load_checkpoint``.
     """
     from .files import read_json, write_json_atomic
+
     positions = _check_positions(query_positions)
     path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
     try:
         obj = read_json(path, expect=dict)
         share = np.asarray(obj["share"], dtype=np.float64)
-        if share.ndim == 3 and share.shape[2] == len(positions) and np.isfinite(share).all() \
-                and obj.get("query_positions") == positions:
+        if (
+            share.ndim == 3
+            and share.shape[2] == len(positions)
+            and np.isfinite(share).all()
+            and obj.get("query_positions") == positions
+        ):
             # the same weights may sit in another folder: name the one asked for
             return {**obj, "checkpoint": Path(checkpoint).name, "cached": True}
     except (ValueError, KeyError, TypeError):  # FileFormatError is a ValueError: recompute
@@ -234,8 +289,9 @@ def cached_attention_dilution(checkpoint: str | os.PathLike, tokens: torch.Tenso
     if not compute:
         return None
     model = load_model(checkpoint)
-    out = attention_dilution(model, tokens, positions, near=near, rows=rows, checkpoint=Path(checkpoint).name,
-                             normalizer_cap=normalizer_cap).to_dict()
+    out = attention_dilution(
+        model, tokens, positions, near=near, rows=rows, checkpoint=Path(checkpoint).name, normalizer_cap=normalizer_cap
+    ).to_dict()
     write_json_atomic(path, out)
     return {**out, "cached": False}
 
@@ -244,6 +300,7 @@ def text_tokens(text: str) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of ``text`` as LongTensor ``[1 + bytes]`` (BOS id 256), the
     document encoding fireviz trains on (byte-level vocabulary)."""
     from .data import text_bytes
+
     return torch.tensor([BOS_ID] + list(text_bytes(text)), dtype=torch.long)
 
 
@@ -278,18 +335,28 @@ class AttentionPattern:
 
     def to_dict(self) -> dict:
         """JSON-ready dict (``probs`` as nested lists [head][query][key], 6 digits)."""
-        return {"checkpoint": self.checkpoint, "encoding": self.encoding, "layer": self.layer,
-                "train_seq_len": self.train_seq_len, "normalizer_cap": self.normalizer_cap, "tokens": self.tokens,
-                "units": {"position": "tokens (0-based)", "probs": "attention probability",
-                          "bias_share": "share of the logits' variance over keys due to the position bias"},
-                "bias_share": None if self.bias_share is None else _rl(self.bias_share),
-                "bias_share_by_query": None if self.bias_share_by_query is None else _rl(self.bias_share_by_query),
-                "probs": _rl(self.probs)}
+        return {
+            "checkpoint": self.checkpoint,
+            "encoding": self.encoding,
+            "layer": self.layer,
+            "train_seq_len": self.train_seq_len,
+            "normalizer_cap": self.normalizer_cap,
+            "tokens": self.tokens,
+            "units": {
+                "position": "tokens (0-based)",
+                "probs": "attention probability",
+                "bias_share": "share of the logits' variance over keys due to the position bias",
+            },
+            "bias_share": None if self.bias_share is None else _rl(self.bias_share),
+            "bias_share_by_query": None if self.bias_share_by_query is None else _rl(self.bias_share_by_query),
+            "probs": _rl(self.probs),
+        }
 
 
 @torch.no_grad()
-def attention_pattern(model: GPT, tokens: torch.Tensor, layer: int, checkpoint: str | None = None,
-                      normalizer_cap: int | None = None) -> AttentionPattern:
+def attention_pattern(
+    model: GPT, tokens: torch.Tensor, layer: int, checkpoint: str | None = None, normalizer_cap: int | None = None
+) -> AttentionPattern:
     """The attention probabilities of every head of ``layer`` on one text, and the bias's share.
 
     Runs the model on ``tokens`` (LongTensor ``[T]``, ``[BOS] + bytes``, 2 <= T <=
@@ -342,7 +409,14 @@ def attention_pattern(model: GPT, tokens: torch.Tensor, layer: int, checkpoint: 
         ratio = (vb / (vb + vc).clamp_min(1e-30)).numpy()  # [H, T]
         ratio[:, 0] = np.nan  # one key: no spread
         by_query, share = ratio, np.nanmean(ratio[:, 1:], axis=1) if T > 1 else np.full(cfg.n_head, np.nan)
-    return AttentionPattern(layer=int(layer), tokens=[int(t) for t in tokens.tolist()], probs=probs.numpy(),
-                            bias_share=share, bias_share_by_query=by_query, train_seq_len=int(cfg.seq_len),
-                            checkpoint=checkpoint, encoding=cfg.position_encoding,
-                            normalizer_cap=int(normalizer_cap) if capped else None)
+    return AttentionPattern(
+        layer=int(layer),
+        tokens=[int(t) for t in tokens.tolist()],
+        probs=probs.numpy(),
+        bias_share=share,
+        bias_share_by_query=by_query,
+        train_seq_len=int(cfg.seq_len),
+        checkpoint=checkpoint,
+        encoding=cfg.position_encoding,
+        normalizer_cap=int(normalizer_cap) if capped else None,
+    )

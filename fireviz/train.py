@@ -33,6 +33,7 @@ it), written only by rank 0, every file atomically (temp file in the same folder
 
 No pickle anywhere: never ``torch.save``/``torch.load``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,15 +55,31 @@ from . import __version__, synthetic
 from .data import TokenStream, data_fingerprint, load_documents, split_documents
 from .encodings import PositionEncoding
 from .model import GPT, CheckpointError, GPTConfig, load_state_checked
-from .distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed  # noqa: F401
-from .schedule import (derive_seed, lr_at, position_offsets, random_validation_windows,  # noqa: F401
-                       validation_windows, window_starts)
-from .train_state import (CHECKPOINT_FILES, STATE_FORMAT, _load_optimizer, _model_state,  # noqa: F401
-                          _optimizer_tensors, _truncate_log, _write_checkpoint, has_checkpoint,
-                          read_trainer_state)
-from .train_config import (_FREE_ON_RESUME, MAX_POSITION_OFFSET, TrainConfig, TrainingError, _check_pair,  # noqa: F401  (re-exported)
-                           _MODEL_RESERVED, apply_overrides, config_hash, configs_from_tables, load_config,
-                           settings_dict)
+from .distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed
+from .schedule import (
+    derive_seed,
+    lr_at,
+    position_offsets,
+    random_validation_windows,
+    validation_windows,
+    window_starts,
+)
+from .train_state import (
+    _load_optimizer,
+    _model_state,  # noqa: F401
+    _truncate_log,
+    _write_checkpoint,
+    has_checkpoint,
+    read_trainer_state,
+)
+from .train_config import (
+    _FREE_ON_RESUME,
+    TrainConfig,
+    TrainingError,
+    _check_pair,
+    config_hash,
+    settings_dict,
+)
 
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 
@@ -106,8 +123,10 @@ def _param_groups(model: GPT, tc: TrainConfig) -> tuple[list[dict], list[str]]:
         if not p.requires_grad:
             continue
         (decay if p.dim() >= 2 and not name.startswith("encodings.") else no_decay).append((name, p))
-    groups = [{"params": [p for _, p in decay], "weight_decay": tc.weight_decay},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for _, p in decay], "weight_decay": tc.weight_decay},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+    ]
     names = [n for n, _ in decay] + [n for n, _ in no_decay]
     return groups, names
 
@@ -126,10 +145,17 @@ def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[
     return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **kwargs), names
 
 
-def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: list[torch.Tensor],
-                  grad_clip: float, device: torch.device, autocast=nullcontext,
-                  ddp: bool = False, position_offsets: list[int] | None = None,
-                  first_target: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def training_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[torch.Tensor],
+    grad_clip: float,
+    device: torch.device,
+    autocast=nullcontext,
+    ddp: bool = False,
+    position_offsets: list[int] | None = None,
+    first_target: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step with gradient accumulation (nanoGPT's inner loop).
 
     Args:
@@ -153,8 +179,14 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micr
         batch = batch.to(device, non_blocking=True)
         ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
         with ctx:
-            loss = _forward_loss(model, batch[:, :-1], batch[:, 1:], autocast,
-                                 position_offsets[m] if position_offsets else 0, first_target)
+            loss = _forward_loss(
+                model,
+                batch[:, :-1],
+                batch[:, 1:],
+                autocast,
+                position_offsets[m] if position_offsets else 0,
+                first_target,
+            )
             (loss / n).backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
@@ -181,8 +213,9 @@ def position_parameters(model: GPT) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0,
-                  first_target: int = 1) -> torch.Tensor:
+def _forward_loss(
+    model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0, first_target: int = 1
+) -> torch.Tensor:
     with autocast():
         logits = model(x, position_offset=position_offset) if position_offset else model(x)
     if first_target > 1:  # a synthetic task: only its answers are targets (the rest is random)
@@ -192,8 +225,15 @@ def _forward_loss(model, x: torch.Tensor, y: torch.Tensor, autocast, position_of
 
 
 @torch.no_grad()
-def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torch.device, autocast,
-                     d: _Dist | None = None, first_target: int = 1) -> float:
+def evaluate_windows(
+    model: GPT,
+    windows: torch.Tensor,
+    micro: int,
+    device: torch.device,
+    autocast,
+    d: _Dist | None = None,
+    first_target: int = 1,
+) -> float:
     """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
 
     Rank r of a process group evaluates windows r, r + world, …; sums are all-reduced.
@@ -204,14 +244,14 @@ def evaluate_windows(model: GPT, windows: torch.Tensor, micro: int, device: torc
     d = d or _Dist()
     was_training = model.training
     model.eval()
-    mine = windows[d.rank::d.world]
+    mine = windows[d.rank :: d.world]
     total = torch.zeros(2, dtype=torch.float64)
     for i in range(0, len(mine), micro):
-        w = mine[i: i + micro].to(device)
+        w = mine[i : i + micro].to(device)
         with autocast():
             logits = model(w[:, :-1])
         y = w[:, first_target:]
-        pred = logits[:, first_target - 1:].float()
+        pred = logits[:, first_target - 1 :].float()
         nats = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), y.reshape(-1), reduction="sum")
         total += torch.tensor([float(nats), y.numel()], dtype=torch.float64)
     model.train(was_training)
@@ -223,9 +263,16 @@ def _command_line() -> str:
     return shlex.join(sys.argv)
 
 
-def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_dir: str | os.PathLike, *,
-          resume: bool = False, command: str | None = None, progress: bool | None = None,
-          stop_at_step: int | None = None) -> dict:
+def train(
+    model_config: GPTConfig | None,
+    train_config: TrainConfig | None,
+    out_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    command: str | None = None,
+    progress: bool | None = None,
+    stop_at_step: int | None = None,
+) -> dict:
     """Train (or resume) a GPT and write its checkpoint folder ``out_dir``.
 
     Args:
@@ -257,6 +304,7 @@ def train(model_config: GPTConfig | None, train_config: TrainConfig | None, out_
     finally:
         if d.owns_group:
             import torch.distributed as dist
+
             dist.destroy_process_group()
 
 
@@ -274,11 +322,17 @@ def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, 
     model_config, train_config = model_config or saved_mc, train_config or saved_tc
     if config_hash(model_config, train_config) != state["config_hash"]:
         now, then = settings_dict(model_config, train_config), state["settings"]
-        diff = [f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
-                for s in ("model", "train") for k in now[s]
-                if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)]
-        raise TrainingError(f"--resume with settings that differ from the checkpoint in {out}: "
-                            + "; ".join(diff) + ". Resume with the original settings or train into a new folder")
+        diff = [
+            f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
+            for s in ("model", "train")
+            for k in now[s]
+            if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)
+        ]
+        raise TrainingError(
+            f"--resume with settings that differ from the checkpoint in {out}: "
+            + "; ".join(diff)
+            + ". Resume with the original settings or train into a new folder"
+        )
     return model_config, train_config, state, tensors
 
 
@@ -286,11 +340,15 @@ def _check_new_out(out: Path) -> None:
     """A fresh run never overwrites a checkpoint. Raises: TrainingError naming the way out."""
     if has_checkpoint(out):
         if not (out / "trainer_state.safetensors").exists():
-            raise TrainingError(f"{out} holds files of a run that stopped before its first checkpoint (no "
-                                "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
-                                "or choose another --out (nothing was overwritten)")
-        raise TrainingError(f"{out} already holds a checkpoint; pass --resume to continue it or choose "
-                            "another --out (nothing was overwritten)")
+            raise TrainingError(
+                f"{out} holds files of a run that stopped before its first checkpoint (no "
+                "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
+                "or choose another --out (nothing was overwritten)"
+            )
+        raise TrainingError(
+            f"{out} already holds a checkpoint; pass --resume to continue it or choose "
+            "another --out (nothing was overwritten)"
+        )
     if out.exists() and not out.is_dir():
         raise TrainingError(f"--out {out} exists and is not a folder")
 
@@ -298,6 +356,7 @@ def _check_new_out(out: Path) -> None:
 @dataclass
 class _RunData:
     """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
+
     stream: object  # TokenStream or synthetic.SyntheticStream: num_tokens, batch(starts, length)
     fingerprint: str
     val_fingerprint: str
@@ -311,25 +370,40 @@ def _load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int]
     if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
         task = synthetic.load_task(tc.data)
         # the loss counts its answers only (the rest is random); sequences already fresh: no random windows
-        return _RunData(synthetic.SyntheticStream(task), task.fingerprint(), task.fingerprint(),
-                        {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths}, None, task.split)
+        return _RunData(
+            synthetic.SyntheticStream(task),
+            task.fingerprint(),
+            task.fingerprint(),
+            {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths},
+            None,
+            task.split,
+        )
     docs = load_documents(tc.data)
     train_docs, val_docs = split_documents(docs, "train"), split_documents(docs, "validation")
     # also windows drawn like the evaluation's (logged as val_loss_random): document starts read high
     # (least context), which looks like overfitting and is not
-    return _RunData(TokenStream(train_docs, min_tokens=mc.seq_len + 1), data_fingerprint(train_docs),
-                    data_fingerprint(val_docs), {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
-                    random_validation_windows(val_docs, mc.seq_len, n_val), lambda length: 1)
+    return _RunData(
+        TokenStream(train_docs, min_tokens=mc.seq_len + 1),
+        data_fingerprint(train_docs),
+        data_fingerprint(val_docs),
+        {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
+        random_validation_windows(val_docs, mc.seq_len, n_val),
+        lambda length: 1,
+    )
 
 
 def _check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
     """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
     from .memory import InsufficientMemoryError, check_fits, train_step_bytes
-    n_params = 12 * mc.n_layer * mc.d_model ** 2 + mc.vocab_size * mc.d_model  # before the model exists
+
+    n_params = 12 * mc.n_layer * mc.d_model**2 + mc.vocab_size * mc.d_model  # before the model exists
     try:
-        check_fits(train_step_bytes(mc, micro, mc.seq_len, n_params), str(device),
-                   f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
-                   "lower train.batch_size (or raise train.grad_accum) or model.seq_len")
+        check_fits(
+            train_step_bytes(mc, micro, mc.seq_len, n_params),
+            str(device),
+            f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
+            "lower train.batch_size (or raise train.grad_accum) or model.seq_len",
+        )
     except InsufficientMemoryError as e:
         raise TrainingError(str(e)) from None
 
@@ -353,11 +427,14 @@ def _settings_checked(model_config, train_config, out: Path, resume: bool, d: _D
     if device.type == "cuda":
         d.comm_device = device
     if tc.batch_size % (d.world * tc.grad_accum):
-        raise TrainingError(f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
-                            f"{d.world} × {tc.grad_accum}")
+        raise TrainingError(
+            f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
+            f"{d.world} × {tc.grad_accum}"
+        )
     if stop_at_step is not None and not (isinstance(stop_at_step, int) and 1 <= stop_at_step <= tc.max_steps):
-        raise TrainingError(f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} "
-                            f"(got {stop_at_step!r})")
+        raise TrainingError(
+            f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} (got {stop_at_step!r})"
+        )
     micro = tc.batch_size // (d.world * tc.grad_accum)
     return mc, tc, state, tensors, device, micro, tc.max_steps if stop_at_step is None else stop_at_step
 
@@ -367,8 +444,11 @@ def _build_model(mc: GPTConfig, tc: TrainConfig, device: torch.device, out: Path
     torch.manual_seed(tc.seed)
     model = GPT(dataclasses.replace(mc, training={}))
     if tensors is not None:
-        load_state_checked(model, {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")},
-                           source=str(out / "trainer_state.safetensors"))
+        load_state_checked(
+            model,
+            {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")},
+            source=str(out / "trainer_state.safetensors"),
+        )
     model.to(device)
     opt, names = build_optimizer(model, tc, device)
     if tensors is not None:
@@ -387,21 +467,30 @@ def _wrapped(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
         model = torch.compile(model)
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     return model, autocast
 
 
 def _provenance(mc: GPTConfig, tc: TrainConfig, data: _RunData, eval_lengths, d: _Dist, model: GPT, command) -> dict:
     """What config.json['training'] records about the run."""
-    return {"settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr}, "data": tc.data,
-            "data_split": "train", "data_fingerprint": data.fingerprint,
-            "train_tokens_available": data.stream.num_tokens, "validation_fingerprint": data.val_fingerprint,
-            "validation_lengths": list(eval_lengths),
-            "validation_windows": {str(L): int(v.shape[0]) for L, v in data.val_sets.items()},
-            "validation_random_windows": None if data.val_random is None else int(data.val_random.shape[0]),
-            "world_size": d.world, "num_parameters": model.num_parameters(), "config_hash": config_hash(mc, tc),
-            "fireviz_version": __version__, "torch_version": torch.__version__,
-            "command": command or _command_line()}
+    return {
+        "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
+        "data": tc.data,
+        "data_split": "train",
+        "data_fingerprint": data.fingerprint,
+        "train_tokens_available": data.stream.num_tokens,
+        "validation_fingerprint": data.val_fingerprint,
+        "validation_lengths": list(eval_lengths),
+        "validation_windows": {str(L): int(v.shape[0]) for L, v in data.val_sets.items()},
+        "validation_random_windows": None if data.val_random is None else int(data.val_random.shape[0]),
+        "world_size": d.world,
+        "num_parameters": model.num_parameters(),
+        "config_hash": config_hash(mc, tc),
+        "fireviz_version": __version__,
+        "torch_version": torch.__version__,
+        "command": command or _command_line(),
+    }
 
 
 def _open_log(out: Path, d: _Dist, resume: bool, start_step: int):
@@ -417,15 +506,27 @@ def _open_log(out: Path, d: _Dist, resume: bool, start_step: int):
     return open(log_path, "a", encoding="utf-8")
 
 
-def _train(model_config, train_config, out: Path, resume: bool, command, progress, d: _Dist, tqdm,
-           stop_at_step: int | None = None) -> dict:
-    mc, tc, state, tensors, device, micro, end_step = _settings_checked(model_config, train_config, out, resume, d,
-                                                                         stop_at_step)
+def _train(
+    model_config,
+    train_config,
+    out: Path,
+    resume: bool,
+    command,
+    progress,
+    d: _Dist,
+    tqdm,
+    stop_at_step: int | None = None,
+) -> dict:
+    mc, tc, state, tensors, device, micro, end_step = _settings_checked(
+        model_config, train_config, out, resume, d, stop_at_step
+    )
     eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
     data = _load_run_data(mc, tc, eval_lengths)
     if resume and state["data_fingerprint"] != data.fingerprint:
-        raise TrainingError(f"--resume: the training data {tc.data!r} changed since the checkpoint "
-                            f"(fingerprint {data.fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)")
+        raise TrainingError(
+            f"--resume: the training data {tc.data!r} changed since the checkpoint "
+            f"(fingerprint {data.fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)"
+        )
     if device.type in ("cpu", "cuda"):
         _check_step_memory(mc, micro, device)
     raw_model, opt, names = _build_model(mc, tc, device, out, tensors)
@@ -435,10 +536,17 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
     model, autocast = _wrapped(raw_model, tc, d, device)
     provenance = _provenance(mc, tc, data, eval_lengths, d, raw_model, command)
     log = _open_log(out, d, resume, start_step)
-    run = _Run(raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, provenance,
-               log)
-    bar = tqdm(total=tc.max_steps, initial=start_step, disable=(not d.master) or (None if progress is None else not progress),
-               desc=f"train {mc.position_encoding}", unit="step", dynamic_ncols=True)
+    run = _Run(
+        raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, provenance, log
+    )
+    bar = tqdm(
+        total=tc.max_steps,
+        initial=start_step,
+        disable=(not d.master) or (None if progress is None else not progress),
+        desc=f"train {mc.position_encoding}",
+        unit="step",
+        dynamic_ncols=True,
+    )
     try:
         run.loop(start_step, end_step, bar)
     finally:
@@ -452,9 +560,33 @@ def _train(model_config, train_config, out: Path, resume: bool, command, progres
 class _Run:
     """One training run's loop, validation and checkpoints (everything decided beforehand)."""
 
-    def __init__(self, raw_model, model, opt, names, mc, tc, data: _RunData, eval_lengths, device, micro, autocast,
-                 d: _Dist, out: Path, provenance: dict, log):
-        self.raw, self.model, self.opt, self.names, self.mc, self.tc, self.data = raw_model, model, opt, names, mc, tc, data
+    def __init__(
+        self,
+        raw_model,
+        model,
+        opt,
+        names,
+        mc,
+        tc,
+        data: _RunData,
+        eval_lengths,
+        device,
+        micro,
+        autocast,
+        d: _Dist,
+        out: Path,
+        provenance: dict,
+        log,
+    ):
+        self.raw, self.model, self.opt, self.names, self.mc, self.tc, self.data = (
+            raw_model,
+            model,
+            opt,
+            names,
+            mc,
+            tc,
+            data,
+        )
         self.eval_lengths, self.device, self.micro, self.autocast, self.d = eval_lengths, device, micro, autocast, d
         self.out, self.provenance, self.log = out, provenance, log
         self.tokens_per_step = tc.batch_size * mc.seq_len
@@ -473,19 +605,34 @@ class _Run:
             for g in self.opt.param_groups:
                 g["lr"] = lr
             torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
-            starts = window_starts(step, tc, self.data.stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum:]
-            micro_batches = [self.data.stream.batch(starts[m * micro:(m + 1) * micro], mc.seq_len + 1)
-                             for m in range(tc.grad_accum)]
-            loss_mean, grad_norm = training_step(self.model, self.opt, micro_batches, tc.grad_clip, self.device,
-                                                 self.autocast, ddp=d.world > 1,
-                                                 position_offsets=position_offsets(step, tc, d.rank),
-                                                 first_target=self.data.answers_from(mc.seq_len + 1))
+            starts = window_starts(step, tc, self.data.stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum :]
+            micro_batches = [
+                self.data.stream.batch(starts[m * micro : (m + 1) * micro], mc.seq_len + 1)
+                for m in range(tc.grad_accum)
+            ]
+            loss_mean, grad_norm = training_step(
+                self.model,
+                self.opt,
+                micro_batches,
+                tc.grad_clip,
+                self.device,
+                self.autocast,
+                ddp=d.world > 1,
+                position_offsets=position_offsets(step, tc, d.rank),
+                first_target=self.data.answers_from(mc.seq_len + 1),
+            )
             loss = float(_all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
             if not math.isfinite(loss):
                 raise TrainingError(f"loss became {loss} at step {step + 1}; lower train.lr or check the data")
             done, dt = step + 1, time.perf_counter() - t0
-            rec = {"step": done, "tokens": done * self.tokens_per_step, "loss": loss, "lr": lr,
-                   "grad_norm": float(grad_norm), "tokens_per_s": self.tokens_per_step / dt if dt > 0 else None}
+            rec = {
+                "step": done,
+                "tokens": done * self.tokens_per_step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                "tokens_per_s": self.tokens_per_step / dt if dt > 0 else None,
+            }
             self.last["loss"] = loss
             if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
                 self.validate(done, rec)
@@ -496,22 +643,33 @@ class _Run:
             if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step:
                 self.checkpoint(done)
         if start_step >= end_step and d.master:
-            bar.write(f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do")
+            bar.write(
+                f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
+            )
 
     def validate(self, step: int, rec: dict) -> None:
         """Validation losses (and FIRE's / Kerple's position parameters) into ``rec``, then logged."""
         res = {}
         for L, key in zip(self.eval_lengths, ("val_loss", "val_loss_4x")):
             eval_micro = max(1, self.micro * self.mc.seq_len // L)
-            res[key] = evaluate_windows(self.raw, self.data.val_sets[L], eval_micro, self.device, self.autocast, self.d,
-                                        first_target=self.data.answers_from(L + 1))
+            res[key] = evaluate_windows(
+                self.raw,
+                self.data.val_sets[L],
+                eval_micro,
+                self.device,
+                self.autocast,
+                self.d,
+                first_target=self.data.answers_from(L + 1),
+            )
         if self.data.val_random is not None:
-            res["val_loss_random"] = evaluate_windows(self.raw, self.data.val_random, self.micro, self.device,
-                                                      self.autocast, self.d)
+            res["val_loss_random"] = evaluate_windows(
+                self.raw, self.data.val_random, self.micro, self.device, self.autocast, self.d
+            )
         self.last.update(res, val_step=step)
         params = position_parameters(self.raw)
-        self.write_log({**rec, **{k: self.last[k] for k in self.val_keys},
-                        **({"position_parameters": params} if params else {})})
+        self.write_log(
+            {**rec, **{k: self.last[k] for k in self.val_keys}, **({"position_parameters": params} if params else {})}
+        )
 
     def write_log(self, rec: dict) -> None:
         if self.log is not None:
@@ -520,8 +678,17 @@ class _Run:
 
     def checkpoint(self, step: int) -> None:
         if self.d.master:
-            _write_checkpoint(self.out, self.raw, self.opt, self.names, self.mc, self.tc, self.provenance, step,
-                              step * self.tokens_per_step, self.data.fingerprint, self.log)
+            _write_checkpoint(
+                self.out,
+                self.raw,
+                self.opt,
+                self.names,
+                self.mc,
+                self.tc,
+                self.provenance,
+                step,
+                step * self.tokens_per_step,
+                self.data.fingerprint,
+                self.log,
+            )
         _barrier(self.d)
-
-

@@ -6,6 +6,7 @@ section.key=value`` overrides and refuses an unknown key with the list of known 
 ``settings_dict``/``config_hash`` are a run's identity (a resume must match it outside the
 settings that do not change the numbers).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,10 +102,19 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
         if self.random_position_offset > MAX_POSITION_OFFSET:
-            raise TrainingError(f"train.random_position_offset must be at most {MAX_POSITION_OFFSET} tokens (got "
-                                f"{self.random_position_offset})")
-        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "weight_decay", "grad_clip", "seed",
-                     "random_position_offset"):
+            raise TrainingError(
+                f"train.random_position_offset must be at most {MAX_POSITION_OFFSET} tokens (got "
+                f"{self.random_position_offset})"
+            )
+        for name in (
+            "warmup_steps",
+            "eval_interval",
+            "checkpoint_interval",
+            "weight_decay",
+            "grad_clip",
+            "seed",
+            "random_position_offset",
+        ):
             if getattr(self, name) < 0:
                 raise TrainingError(f"train.{name} must be >= 0 (got {getattr(self, name)})")
         if self.eval_batches < 1:
@@ -114,8 +124,10 @@ class TrainConfig:
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
         if self.warmup_steps > self.max_steps:
-            raise TrainingError(f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}; "
-                                f"also pass --set train.warmup_steps=N with N <= {self.max_steps}")
+            raise TrainingError(
+                f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}; "
+                f"also pass --set train.warmup_steps=N with N <= {self.max_steps}"
+            )
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must lie in [0, 1) (got {getattr(self, name)})")
@@ -144,20 +156,23 @@ def _check_types(obj, section: str) -> None:
         elif want == "int":
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif want.startswith("float"):
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or \
-                (value is None and "None" in want)
+            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) or (value is None and "None" in want)
         elif want == "str":
             ok = isinstance(value, str)
         elif want == "dict":
             ok = isinstance(value, dict)
         if not ok:
-            raise TrainingError(f"{section}.{f.name} must be {want.replace(' | None', '')} "
-                                f"(got {value!r} of type {type(value).__name__})")
+            raise TrainingError(
+                f"{section}.{f.name} must be {want.replace(' | None', '')} "
+                f"(got {value!r} of type {type(value).__name__})"
+            )
 
 
 def _section_fields() -> dict[str, list[str]]:
-    return {"model": [f.name for f in fields(GPTConfig) if f.name not in _MODEL_RESERVED],
-            "train": [f.name for f in fields(TrainConfig)]}
+    return {
+        "model": [f.name for f in fields(GPTConfig) if f.name not in _MODEL_RESERVED],
+        "train": [f.name for f in fields(TrainConfig)],
+    }
 
 
 def _parse_value(text: str):
@@ -237,9 +252,11 @@ def configs_from_tables(tables: dict) -> tuple[GPTConfig, TrainConfig]:
 def _check_pair(mc: GPTConfig, tc: TrainConfig) -> None:
     # settings that are fine alone but not together
     if tc.random_position_offset and mc.absolute_position_embedding:
-        raise TrainingError("train.random_position_offset needs a relative encoding: absolute position embeddings "
-                            f"cover only seq_len={mc.seq_len} positions; set model.absolute_position_embedding=false "
-                            "or train.random_position_offset=0")
+        raise TrainingError(
+            "train.random_position_offset needs a relative encoding: absolute position embeddings "
+            f"cover only seq_len={mc.seq_len} positions; set model.absolute_position_embedding=false "
+            "or train.random_position_offset=0"
+        )
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> tuple[GPTConfig, TrainConfig]:

@@ -6,6 +6,7 @@ trainer state), ``model.safetensors``, ``config.json`` (with the run's provenanc
 ``trainer_state.json`` last (with the sha256 of both safetensors files: it marks the
 checkpoint complete). ``read_trainer_state`` checks all of that before a resume.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,15 +17,28 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .files import FileFormatError, atomic_write, atomic_write_text, parse_json, read_json, read_safetensors, sha256_files
+from .files import (
+    FileFormatError,
+    atomic_write,
+    atomic_write_text,
+    parse_json,
+    read_json,
+    read_safetensors,
+    sha256_files,
+)
 from .model import GPT, CheckpointError, GPTConfig
 from .train_config import TrainConfig, config_hash, settings_dict
 
 STATE_FORMAT = "fireviz-trainer-state/1"
 
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "trainer_state.safetensors", "trainer_state.json",
-                    "train_log.jsonl")
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "trainer_state.safetensors",
+    "trainer_state.json",
+    "train_log.jsonl",
+)
 
 
 def has_checkpoint(out_dir: str | os.PathLike) -> bool:
@@ -57,8 +71,10 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
     out = Path(out_dir)
     st_path, js_path = out / "trainer_state.safetensors", out / "trainer_state.json"
     if not st_path.exists():
-        raise CheckpointError(f"{out} has no trainer_state.safetensors: the run stopped before its first "
-                              "checkpoint, so there is nothing to resume; delete the folder or use another --out")
+        raise CheckpointError(
+            f"{out} has no trainer_state.safetensors: the run stopped before its first "
+            "checkpoint, so there is nothing to resume; delete the folder or use another --out"
+        )
     try:
         tensors, meta = read_safetensors(st_path)
         state = parse_json(meta["fireviz_trainer_state"], f"the trainer state in {st_path}", allow_nonfinite=True)
@@ -81,11 +97,15 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
             want = summary.get("sha256", {}).get(name)
             path = out / name
             if want is None or not path.exists() or sha256_files(path) != want:
-                raise CheckpointError(f"{path} does not match the sha256 recorded in trainer_state.json "
-                                      "(corrupt, truncated or replaced); the folder was left untouched")
+                raise CheckpointError(
+                    f"{path} does not match the sha256 recorded in trainer_state.json "
+                    "(corrupt, truncated or replaced); the folder was left untouched"
+                )
     elif summary_step > state["step"]:
-        raise CheckpointError(f"trainer_state.json is at step {summary_step} but trainer_state.safetensors at "
-                              f"step {state['step']}: the checkpoint files are inconsistent")
+        raise CheckpointError(
+            f"trainer_state.json is at step {summary_step} but trainer_state.safetensors at "
+            f"step {state['step']}: the checkpoint files are inconsistent"
+        )
     # summary_step < state step (or no summary): a checkpoint write was interrupted after its first file;
     # trainer_state.safetensors alone is complete and newer, so resume from it.
     return state, tensors
@@ -102,20 +122,26 @@ def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str
     return out
 
 
-def _load_optimizer(opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor],
-                    source: str) -> None:
+def _load_optimizer(
+    opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor], source: str
+) -> None:
     params = [p for g in opt.param_groups for p in g["params"]]
     sd = opt.state_dict()
     state = {}
     for i, (name, p) in enumerate(zip(names, params)):
-        keys = {k[len(f"optim.{name}."):]: v for k, v in tensors.items() if k.startswith(f"optim.{name}.")
-                and "." not in k[len(f"optim.{name}."):]}
+        keys = {
+            k[len(f"optim.{name}.") :]: v
+            for k, v in tensors.items()
+            if k.startswith(f"optim.{name}.") and "." not in k[len(f"optim.{name}.") :]
+        }
         if not keys:
             continue
         for k in ("exp_avg", "exp_avg_sq"):
             if k in keys and keys[k].shape != p.shape:
-                raise CheckpointError(f"{source}: optimizer moment {name}.{k} has shape {tuple(keys[k].shape)}, "
-                                      f"the model {tuple(p.shape)}")
+                raise CheckpointError(
+                    f"{source}: optimizer moment {name}.{k} has shape {tuple(keys[k].shape)}, "
+                    f"the model {tuple(p.shape)}"
+                )
         st = {}
         for k, v in keys.items():
             st[k] = v.to(torch.float32) if k == "step" else v.to(p.device, p.dtype)
@@ -151,8 +177,19 @@ def _truncate_log(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
-def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: TrainConfig, provenance: dict,
-                      step: int, tokens: int, fingerprint: str, log) -> None:
+def _write_checkpoint(
+    out: Path,
+    model: GPT,
+    opt,
+    names,
+    mc: GPTConfig,
+    tc: TrainConfig,
+    provenance: dict,
+    step: int,
+    tokens: int,
+    fingerprint: str,
+    log,
+) -> None:
     """Write one checkpoint: trainer_state.safetensors (complete resume state) first, then
     model.safetensors, config.json, and trainer_state.json (with sha256 of both) last."""
     from safetensors.torch import save_file
@@ -161,13 +198,25 @@ def _write_checkpoint(out: Path, model: GPT, opt, names, mc: GPTConfig, tc: Trai
         log.flush()
         os.fsync(log.fileno())
     weights = _model_state(model)
-    state = {"format": STATE_FORMAT, "step": step, "tokens": tokens, "data_fingerprint": fingerprint,
-             "data_position": {"step": step, "rule": "window starts of step s drawn from seed (seed, 'data', s)"},
-             "scheduler": {"kind": "linear_warmup_cosine", "lr": tc.lr, "min_lr": tc.final_lr,
-                           "warmup_steps": tc.warmup_steps, "max_steps": tc.max_steps, "next_step": step},
-             "rng": "torch.manual_seed(derive_seed(seed, 'dropout', step, rank)) at every step",
-             "settings": settings_dict(mc, tc), "config_hash": config_hash(mc, tc),
-             "fireviz_version": __version__}
+    state = {
+        "format": STATE_FORMAT,
+        "step": step,
+        "tokens": tokens,
+        "data_fingerprint": fingerprint,
+        "data_position": {"step": step, "rule": "window starts of step s drawn from seed (seed, 'data', s)"},
+        "scheduler": {
+            "kind": "linear_warmup_cosine",
+            "lr": tc.lr,
+            "min_lr": tc.final_lr,
+            "warmup_steps": tc.warmup_steps,
+            "max_steps": tc.max_steps,
+            "next_step": step,
+        },
+        "rng": "torch.manual_seed(derive_seed(seed, 'dropout', step, rank)) at every step",
+        "settings": settings_dict(mc, tc),
+        "config_hash": config_hash(mc, tc),
+        "fireviz_version": __version__,
+    }
     tensors = {f"model.{k}": v for k, v in weights.items()} | _optimizer_tensors(opt, names)
     meta = {"format": "pt", "fireviz_trainer_state": json.dumps(state)}
     atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))

@@ -1,4 +1,5 @@
 """Uploaded data files: stored by content hash under the evaluation cache, checked, refused ones deleted."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,10 +30,14 @@ def save_upload(name: str, data: bytes) -> Path:
 
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"
     if not data:
-        raise DataError(f"{name} is empty; upload a .txt file or a .jsonl file with one {{\"text\": ...}} object per line")
+        raise DataError(
+            f'{name} is empty; upload a .txt file or a .jsonl file with one {{"text": ...}} object per line'
+        )
     if len(data) > MAX_UPLOAD_MB << 20:
-        raise DataError(f"{name} is {len(data) / 2**20:.1f} MB, more than the {MAX_UPLOAD_MB} MB an upload may be; "
-                        "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)")
+        raise DataError(
+            f"{name} is {len(data) / 2**20:.1f} MB, more than the {MAX_UPLOAD_MB} MB an upload may be; "
+            "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)"
+        )
     from .files import atomic_write
 
     folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]

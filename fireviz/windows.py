@@ -40,6 +40,7 @@ Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats
 The selection depends only on the data, the length and the settings, never on the
 checkpoint, so every checkpoint at a given length sees the same windows (paired comparison).
 """
+
 from __future__ import annotations
 
 import math
@@ -105,8 +106,11 @@ def sliding_windows(num_tokens: int, length: int, stride: int) -> list[tuple[int
     """
     _check_length(length)
     if not 1 <= stride <= length:
-        raise EvaluationError(f"stride {stride} is larger than the window ({length} tokens); use 1 <= stride <= "
-                              f"{length}" if stride > length else f"stride must be >= 1 (got {stride})")
+        raise EvaluationError(
+            f"stride {stride} is larger than the window ({length} tokens); use 1 <= stride <= {length}"
+            if stride > length
+            else f"stride must be >= 1 (got {stride})"
+        )
     if num_tokens < length:
         raise EvaluationError(f"a document of {num_tokens} tokens is shorter than the window ({length})")
     out = [(0, 1)]
@@ -121,9 +125,16 @@ def sliding_windows(num_tokens: int, length: int, stride: int) -> list[tuple[int
     return out
 
 
-def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: int, *,
-                 mode: str = "nonoverlapping", stride: int | None = None,
-                 token_budget: int | None = DEFAULT_TOKEN_BUDGET, seed: int = 0) -> list[Window]:
+def plan_windows(
+    doc_ids: Sequence[str],
+    doc_num_tokens: Sequence[int],
+    length: int,
+    *,
+    mode: str = "nonoverlapping",
+    stride: int | None = None,
+    token_budget: int | None = DEFAULT_TOKEN_BUDGET,
+    seed: int = 0,
+) -> list[Window]:
     """The deterministic evaluation windows at one length (see the module docstring).
 
     Args:
@@ -149,8 +160,10 @@ def plan_windows(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length: 
     eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= length), key=lambda i: (doc_ids[i], i))
     if not eligible:
         longest = max(doc_num_tokens, default=0)
-        raise EvaluationError(f"no document has {length} tokens (the longest has {longest}); windows never cross "
-                              "documents, so this length cannot be evaluated on this data")
+        raise EvaluationError(
+            f"no document has {length} tokens (the longest has {longest}); windows never cross "
+            "documents, so this length cannot be evaluated on this data"
+        )
     gen = torch.Generator().manual_seed(int(seed))
     budget = math.inf if token_budget is None else token_budget
     chosen: list[Window] = []
@@ -201,8 +214,14 @@ class SameTextPlan:
     windows: dict
 
 
-def plan_same_text(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], lengths: Sequence[int], *,
-                   token_budget: int | None = None, seed: int = 0) -> SameTextPlan:
+def plan_same_text(
+    doc_ids: Sequence[str],
+    doc_num_tokens: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    token_budget: int | None = None,
+    seed: int = 0,
+) -> SameTextPlan:
     """The windows of a ``same_text`` evaluation: the same documents and tokens at every length.
 
     Args:
@@ -223,8 +242,10 @@ def plan_same_text(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length
     longest = max(doc_num_tokens, default=0)
     feasible = [n for n in lengths if n <= longest]
     if not feasible:
-        raise EvaluationError(f"no document has {min(lengths)} tokens (the longest has {longest}); windows never "
-                              "cross documents, so these lengths cannot be evaluated on this data")
+        raise EvaluationError(
+            f"no document has {min(lengths)} tokens (the longest has {longest}); windows never "
+            "cross documents, so these lengths cannot be evaluated on this data"
+        )
     M = max(feasible)
     eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= M), key=lambda i: (doc_ids[i], i))
     if token_budget is not None:
@@ -234,8 +255,10 @@ def plan_same_text(doc_ids: Sequence[str], doc_num_tokens: Sequence[int], length
     windows: dict = {}
     for n in dict.fromkeys(lengths):
         if n > M:
-            windows[n] = (f"no document has {n} tokens (the longest has {longest}); windows never cross documents, "
-                          "so this length cannot be evaluated on this data")
+            windows[n] = (
+                f"no document has {n} tokens (the longest has {longest}); windows never cross documents, "
+                "so this length cannot be evaluated on this data"
+            )
             continue
         per_doc = sliding_windows(M, n, n - 1)  # every target 1 … M − 1 once, at every length
         windows[n] = [Window(d, start, first) for d in eligible for start, first in per_doc]
@@ -258,8 +281,10 @@ def _check_mode(mode: str | None, stride: int | None) -> str:
         if int(stride) != stride or stride < 1:
             raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
     elif stride is not None:
-        raise EvaluationError(f"a stride applies only to mode='sliding' ({mode} windows do not overlap and have "
-                              "none); drop --stride or add --mode sliding")
+        raise EvaluationError(
+            f"a stride applies only to mode='sliding' ({mode} windows do not overlap and have "
+            "none); drop --stride or add --mode sliding"
+        )
     return mode
 
 

@@ -5,6 +5,7 @@ Thin over ``fireviz.analysis.bias_report`` (curves, heatmap matrix, locality) an
 background (cached on disk by ``text_attention.cached_attention_dilution``). State in the URL: ckpt,
 view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 """
+
 import streamlit as st
 
 from fireviz import analysis, jobs, plots, text_attention, ui
@@ -13,56 +14,89 @@ from fireviz.encodings import has_normalizer
 
 P = "biases"
 ui.setup_page("Learned biases")
-st.markdown("Bias b(i, j) in logits (added to q·k/√d) against the distance i − j in tokens, one line per query "
-            "position i. FIRE depends on i through its normalizer ψ(max(L, i)), so the curves stretch as i "
-            "grows; T5, ALiBi, Kerple and Sandwich do not. A head is **local** when its bias falls with distance, "
-            "**anti-local** when it rises.")
+st.markdown(
+    "Bias b(i, j) in logits (added to q·k/√d) against the distance i − j in tokens, one line per query "
+    "position i. FIRE depends on i through its normalizer ψ(max(L, i)), so the curves stretch as i "
+    "grows; T5, ALiBi, Kerple and Sandwich do not. A head is **local** when its bias falls with distance, "
+    "**anti-local** when it rises."
+)
 
-chosen = ui.checkpoint_picker(P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)",
-                              allow_published=True)
+chosen = ui.checkpoint_picker(
+    P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)", allow_published=True
+)
 if not chosen:
     st.stop()
 published = [i for i in chosen if i.is_published]
 stack = None
 if any(i.config.get("stack") for i in published):  # an encoder–decoder (T5-family) model
-    stack = st.sidebar.radio("Stack (encoder–decoder models)", ["decoder", "encoder"],
-                             key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]), horizontal=True,
-                             help="The decoder's bias is causal; the encoder's is bidirectional, so its heatmap "
-                                  "has keys after the query too.")
+    stack = st.sidebar.radio(
+        "Stack (encoder–decoder models)",
+        ["decoder", "encoder"],
+        key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]),
+        horizontal=True,
+        help="The decoder's bias is causal; the encoder's is bidirectional, so its heatmap "
+        "has keys after the query too.",
+    )
 
 first = chosen[0]
 sb = st.sidebar
-sb.text_input("Query positions i (tokens, comma-separated; empty = m·L − 1 for m = 1, 2, 4, 8)",
-              key=ui.url_state(P, "pos", ""))
-view = sb.radio("View", ["grid", "head"], key=ui.url_state(P, "view", "grid", options=["grid", "head"]),
-                format_func={"grid": "All layers × heads", "head": "One head: curves + heatmap"}.get,
-                horizontal=True)
+sb.text_input(
+    "Query positions i (tokens, comma-separated; empty = m·L − 1 for m = 1, 2, 4, 8)", key=ui.url_state(P, "pos", "")
+)
+view = sb.radio(
+    "View",
+    ["grid", "head"],
+    key=ui.url_state(P, "view", "grid", options=["grid", "head"]),
+    format_func={"grid": "All layers × heads", "head": "One head: curves + heatmap"}.get,
+    horizontal=True,
+)
 n_layer = max(int(i.config.get("n_layer", 1)) for i in chosen)
 n_head = max(int(i.config.get("n_head", 1)) for i in chosen)
-layer = sb.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer))),
-                     disabled=view != "head")
-head = sb.selectbox("Head", list(range(n_head)), key=ui.url_state(P, "head", 0, int, options=list(range(n_head))),
-                    disabled=view != "head")
-x_axis = sb.radio("x axis (one-head view)", list(plots.X_AXES),
-                  key=ui.url_state(P, "x", "distance", options=list(plots.X_AXES)),
-                  format_func={"distance": "distance i − j", "log_distance": "distance, log scale",
-                               "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))"}.get,
-                  disabled=view != "head",
-                  help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight.")
+layer = sb.selectbox(
+    "Layer",
+    list(range(n_layer)),
+    key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer))),
+    disabled=view != "head",
+)
+head = sb.selectbox(
+    "Head",
+    list(range(n_head)),
+    key=ui.url_state(P, "head", 0, int, options=list(range(n_head))),
+    disabled=view != "head",
+)
+x_axis = sb.radio(
+    "x axis (one-head view)",
+    list(plots.X_AXES),
+    key=ui.url_state(P, "x", "distance", options=list(plots.X_AXES)),
+    format_func={
+        "distance": "distance i − j",
+        "log_distance": "distance, log scale",
+        "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))",
+    }.get,
+    disabled=view != "head",
+    help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight.",
+)
 fire_chosen, cap = ui.normalizer_cap_input(
-    P, chosen, "FIRE normalizer cap (tokens; 0 = off)",
+    P,
+    chosen,
+    "FIRE normalizer cap (tokens; 0 = off)",
     help="Overlay FIRE's curves with the normalizer ψ(min(max(L, i), N)): past N a query is normalized as at N, so "
-         "each distance keeps the input f_θ saw in training (N = the training length). Dashed in the one-head "
-         "view, the f_θ-input figure and the dilution panel.")
+    "each distance keeps the input f_θ saw in training (N = the training length). Dashed in the one-head "
+    "view, the f_θ-input figure and the dilution panel.",
+)
 clip_options = [0, 5, 20, 100]
-clip = sb.selectbox("Heatmap colours (one-head view)", clip_options,
-                    key=ui.url_state(P, "clip", 0, int, options=clip_options), disabled=view != "head",
-                    format_func=lambda v: f"saturate at |bias| ≥ {v} logits" if v else "full range",
-                    help="A learned Kerple-power bias falls to −10⁴…−10⁵ logits far from the diagonal; on the full "
-                         "range the keys a query can still attend to are all one colour. Saturating at 20 logits "
-                         "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them, if the grid is fine enough: it has ~128 "
-                         "points up to the largest query position, so enter small query positions (e.g. 127 for "
-                         "a 1-token grid) to see a band a few tokens wide. Only the colours change, not the numbers.")
+clip = sb.selectbox(
+    "Heatmap colours (one-head view)",
+    clip_options,
+    key=ui.url_state(P, "clip", 0, int, options=clip_options),
+    disabled=view != "head",
+    format_func=lambda v: f"saturate at |bias| ≥ {v} logits" if v else "full range",
+    help="A learned Kerple-power bias falls to −10⁴…−10⁵ logits far from the diagonal; on the full "
+    "range the keys a query can still attend to are all one colour. Saturating at 20 logits "
+    "(e⁻²⁰ ≈ 2·10⁻⁹ of the weight) shows them, if the grid is fine enough: it has ~128 "
+    "points up to the largest query position, so enter small query positions (e.g. 127 for "
+    "a 1-token grid) to see a band a few tokens wide. Only the colours change, not the numbers.",
+)
 ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip", "cap", "stack"])
 
 positions = None
@@ -89,8 +123,10 @@ for col, info in zip(cols, chosen):
             ui.error(f"Cannot compute the biases of {info.name}: {e}", "Pick other query positions.")
             continue
         reports.append(rep)
-        caption = (f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens; training length "
-                   f"{rep['train_seq_len']} tokens (dashed). Bias in logits.")
+        caption = (
+            f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens; training length "
+            f"{rep['train_seq_len']} tokens (dashed). Bias in logits."
+        )
         if rep["kind"] != "additive":
             fig = plots.bias_grid_figure(rep)
             ui.show_figure(fig, rep.get("note") or caption, P, f"grid_{info.name}")
@@ -102,8 +138,11 @@ for col, info in zip(cols, chosen):
             ui.downloads(P, f"{info.name}_bias_grid", plots.figure_to_csv(fig), plots.figure_data(fig))
             continue
         if layer >= rep["n_layer"] or head >= rep["n_head"]:
-            ui.error(f"{info.name} has {rep['n_layer']} layers × {rep['n_head']} heads; layer {layer}, head {head} "
-                     "does not exist.", "Pick a smaller layer or head.")
+            ui.error(
+                f"{info.name} has {rep['n_layer']} layers × {rep['n_head']} heads; layer {layer}, head {head} "
+                "does not exist.",
+                "Pick a smaller layer or head.",
+            )
             continue
         is_fire = has_normalizer(info.position_encoding)
         use_x = x_axis if (x_axis != "normalized" or is_fire) else "distance"
@@ -112,31 +151,48 @@ for col, info in zip(cols, chosen):
         capped = ui.bias_report(info, positions, normalizer_cap=cap) if (cap and is_fire) else None
         fig = plots.head_bias_figure(rep, layer, head, x_axis=use_x, capped=capped)
         if use_x == "normalized":
-            caption = (f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens, against FIRE's MLP "
-                       "input ψ(i−j)/ψ(max(L, i)): every query's curve lies on f_θ (dotted), squeezed into [0, 1].")
+            caption = (
+                f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens, against FIRE's MLP "
+                "input ψ(i−j)/ψ(max(L, i)): every query's curve lies on f_θ (dotted), squeezed into [0, 1]."
+            )
         if capped is not None:
-            caption += (f" Dashed: the same with the normalizer capped at {cap} tokens — a query past {cap} then "
-                        f"sees the curve of query {cap} for distances below {cap}.")
+            caption += (
+                f" Dashed: the same with the normalizer capped at {cap} tokens — a query past {cap} then "
+                f"sees the curve of query {cap} for distances below {cap}."
+            )
         ui.show_figure(fig, caption, P, f"head_{info.name}")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
         if is_fire:
             fi = plots.fire_input_figure(rep, layer, capped=capped)
-            L = (next((lay for lay in rep["layers"] if lay.get("layer") == layer), {}).get("fire") or {}).get("threshold_L")
-            ui.show_figure(fi, "f_θ's input for fixed distances as the query moves. Up to the learned threshold "
-                               + (f"L ≈ {L:.0f} tokens " if L else "L ")
-                               + "the normalizer is ψ(L) and each distance keeps its input; past L it falls — "
-                               "inside the shaded training positions too, where f_θ learned it — and past the "
-                               "training length it goes on falling to inputs f_θ never saw for such far keys, "
-                               "so they look near: attention spreads thin (the dilution panel below)."
-                               + (f" Dashed: capped at {cap} — flat past the cap." if capped else ""),
-                           P, f"fire_input_{info.name}")
+            L = (next((lay for lay in rep["layers"] if lay.get("layer") == layer), {}).get("fire") or {}).get(
+                "threshold_L"
+            )
+            ui.show_figure(
+                fi,
+                "f_θ's input for fixed distances as the query moves. Up to the learned threshold "
+                + (f"L ≈ {L:.0f} tokens " if L else "L ")
+                + "the normalizer is ψ(L) and each distance keeps its input; past L it falls — "
+                "inside the shaded training positions too, where f_θ learned it — and past the "
+                "training length it goes on falling to inputs f_θ never saw for such far keys, "
+                "so they look near: attention spreads thin (the dilution panel below)."
+                + (f" Dashed: capped at {cap} — flat past the cap." if capped else ""),
+                P,
+                f"fire_input_{info.name}",
+            )
             ui.downloads(P, f"{info.name}_L{layer}_fire_input", plots.figure_to_csv(fi), plots.figure_data(fi))
         hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)
         two_sided = (rep.get("published") or {}).get("stack") == "encoder"
-        ui.show_figure(hm, "Query × key grid (tokens); " + ("a bidirectional encoder: keys after the query have a bias too."
-                                                            if two_sided else
-                                                            "blank above the diagonal = future keys (masked)."),
-                       P, f"heatmap_{info.name}")
+        ui.show_figure(
+            hm,
+            "Query × key grid (tokens); "
+            + (
+                "a bidirectional encoder: keys after the query have a bias too."
+                if two_sided
+                else "blank above the diagonal = future keys (masked)."
+            ),
+            P,
+            f"heatmap_{info.name}",
+        )
         ui.downloads(P, f"{info.name}_L{layer}H{head}_heatmap", plots.figure_to_csv(hm), plots.figure_data(hm))
 
 if reports:
@@ -146,14 +202,18 @@ if reports:
     st.dataframe(ui.locality_summary_rows(summary), hide_index=True, key=ui.key(P, "summary"))
     additive = [r for r in reports if r.get("kind") == "additive"]
     if len(additive) < len(reports):
-        st.caption("Rotary (RoPE) checkpoints have a position kernel, not an additive bias, and NoPE has neither: "
-                   "their rows show —.")
+        st.caption(
+            "Rotary (RoPE) checkpoints have a position kernel, not an additive bias, and NoPE has neither: "
+            "their rows show —."
+        )
     if table:
-        st.caption(f"Classified at query position i = {additive[0].get('classify_at')} tokens (the smallest query "
-                   "position: by default the training length's last query). "
-                   f"Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
-                   "ρ = Spearman correlation of bias with distance; peak_fraction 0 = prefers the nearest key, "
-                   "1 = the farthest.")
+        st.caption(
+            f"Classified at query position i = {additive[0].get('classify_at')} tokens (the smallest query "
+            "position: by default the training length's last query). "
+            f"Rules: {ui.locality_rules_text(analysis.LOCALITY_RULES)}. "
+            "ρ = Spearman correlation of bias with distance; peak_fraction 0 = prefers the nearest key, "
+            "1 = the farthest."
+        )
         st.dataframe(table, hide_index=True, key=ui.key(P, "table"))
         ui.downloads(P, "locality", ui.rows_to_csv(table), {"summary": summary, "heads": table})
     else:
@@ -166,16 +226,24 @@ if reports:
 chosen = [i for i in chosen if not i.is_published]  # dilution runs the whole model: fireviz checkpoints only
 st.subheader("Attention dilution")
 if not chosen:
-    st.caption("Attention dilution runs the whole model on text; published models are read for their position "
-               "encoding only. Pick a fireviz checkpoint to measure it.")
+    st.caption(
+        "Attention dilution runs the whole model on text; published models are read for their position "
+        "encoding only. Pick a fireviz checkpoint to measure it."
+    )
     st.stop()
-st.caption("Share of attention on the nearest k keys against the query position, per layer (mean over heads), "
-           "measured on real text. A line that falls past the training length is attention spreading over far "
-           "keys. Runs in the background; results are cached on disk.")
+st.caption(
+    "Share of attention on the nearest k keys against the query position, per layer (mean over heads), "
+    "measured on real text. A line that falls past the training length is attention spreading over far "
+    "keys. Runs in the background; results are cached on disk."
+)
 dc1, dc2, dc3 = st.columns([2, 3, 1])
 sources = list(DOMAINS) + ["upload"]
-dtext = dc1.selectbox("Text", sources, key=ui.url_state(P, "dtext", "prose", options=sources),
-                      format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document")
+dtext = dc1.selectbox(
+    "Text",
+    sources,
+    key=ui.url_state(P, "dtext", "prose", options=sources),
+    format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document",
+)
 near = int(dc3.number_input("k nearest keys", 1, 4096, key=ui.url_state(P, "dnear", 16, int, lo=1, hi=4096)))
 seq = max(int(i.config.get("seq_len", 512)) for i in chosen)
 dil_positions = analysis.default_query_positions(seq, analysis.DEFAULT_DILUTION_MULTIPLES)
@@ -193,27 +261,37 @@ except DataError as e:
     ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
 long_docs = [d for d in docs if d.num_tokens >= need]
 if docs and not long_docs:
-    ui.error(f"No document of this text has {need} tokens, the largest query position (16× the training length) "
-             "plus one.", "Upload a longer text.")
+    ui.error(
+        f"No document of this text has {need} tokens, the largest query position (16× the training length) plus one.",
+        "Upload a longer text.",
+    )
 elif long_docs:
     ids = [d.id for d in long_docs]
-    doc_id = dc2.selectbox(f"Document ({len(ids)} hold {need} tokens)", ids,
-                           key=ui.url_state(P, "ddoc", ids[0], options=ids))
+    doc_id = dc2.selectbox(
+        f"Document ({len(ids)} hold {need} tokens)", ids, key=ui.url_state(P, "ddoc", ids[0], options=ids)
+    )
     ui.sync_url(P, ["dtext", "ddoc", "dnear"])
     doc = long_docs[ids.index(doc_id)]
     tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
     paths = [i.path for i in chosen]
     plan = [(i.path, None) for i in chosen] + [(i.path, cap) for i in fire_chosen if cap]
-    found = [text_attention.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
-             for p, c in plan]
-    job = jobs.default_queue("evaluate").find(jobs.dilution_description(paths, f"{source}:{doc_id}", dil_positions,
-                                                                        near, normalizer_cap=cap or None))
+    found = [
+        text_attention.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
+        for p, c in plan
+    ]
+    job = jobs.default_queue("evaluate").find(
+        jobs.dilution_description(paths, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None)
+    )
     if all(r is not None for r in found):
         dfig = plots.dilution_compare_figure(found)
-        ui.show_figure(dfig, f"Document {doc_id} ({doc.num_tokens:,} tokens), query positions "
-                             f"{', '.join(map(str, dil_positions))}; each point averages 8 query rows."
-                       + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
-                       P, "dilution")
+        ui.show_figure(
+            dfig,
+            f"Document {doc_id} ({doc.num_tokens:,} tokens), query positions "
+            f"{', '.join(map(str, dil_positions))}; each point averages 8 query rows."
+            + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
+            P,
+            "dilution",
+        )
         ui.downloads(P, "attention_dilution", plots.figure_to_csv(dfig), found)
     elif job is not None and job.status not in jobs.FINISHED:
         ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
@@ -221,9 +299,12 @@ elif long_docs:
         if job is not None and job.status == jobs.ERROR:
             ui.error(f"The dilution measurement failed: {ui.job_error_text(job.error)[0]}")
         if st.button("Measure dilution", key=ui.key(P, "dilution_run")):
-            job = jobs.submit_dilution(paths, tokens, f"{source}:{doc_id}", dil_positions, near,
-                                       normalizer_cap=cap or None)
+            job = jobs.submit_dilution(
+                paths, tokens, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None
+            )
             ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
         else:
-            st.caption(f"Not measured yet for these checkpoints on {doc_id}: press **Measure dilution** "
-                       "(seconds per checkpoint on a CPU).")
+            st.caption(
+                f"Not measured yet for these checkpoints on {doc_id}: press **Measure dilution** "
+                "(seconds per checkpoint on a CPU)."
+            )

@@ -4,6 +4,7 @@ Thin over ``fireviz.fit`` (``make_target``, ``fit_fire`` run by ``fireviz.jobs.s
 and ``fireviz.plots.fit_figure``. State in the URL: target, heads, width, max_len, steps, seed
 and the target's parameters.
 """
+
 import json
 import tempfile
 import time
@@ -13,49 +14,75 @@ import streamlit as st
 
 from fireviz import fit, jobs, plots, ui
 from fireviz.encodings import encoding_spec
+from fireviz import fit_targets
 
 P = "fit"
 ui.setup_page("Fit FIRE")
-st.markdown("Theorem 3.1 of the FIRE paper: with the threshold L at least the fitted range, every query in the range "
-            "shares FIRE's normalizer, so FIRE is a function of the distance alone there and can match T5, ALiBi, "
-            "Kerple or Sandwich. Beyond the range FIRE's normalizer grows with the query position (progressive "
-            "interpolation) while the target keeps its own formula: the plot shows both.")
+st.markdown(
+    "Theorem 3.1 of the FIRE paper: with the threshold L at least the fitted range, every query in the range "
+    "shares FIRE's normalizer, so FIRE is a function of the distance alone there and can match T5, ALiBi, "
+    "Kerple or Sandwich. Beyond the range FIRE's normalizer grows with the query position (progressive "
+    "interpolation) while the target keeps its own formula: the plot shows both."
+)
 
-TARGETS = list(fit.target_names())
-LABELS = {"t5": "T5 buckets", "alibi": "ALiBi", "kerple_log": "Kerple (log)", "kerple_power": "Kerple (power)",
-          "sandwich": "Sandwich", "checkpoint": "a checkpoint's own bias"}
+TARGETS = list(fit_targets.target_names())
+LABELS = {
+    "t5": "T5 buckets",
+    "alibi": "ALiBi",
+    "kerple_log": "Kerple (log)",
+    "kerple_power": "Kerple (power)",
+    "sandwich": "Sandwich",
+    "checkpoint": "a checkpoint's own bias",
+}
 left, right = st.columns([1, 2])
 with left:
-    target = st.selectbox("Target", TARGETS, key=ui.url_state(P, "target", "alibi", options=TARGETS),
-                          format_func=lambda t: LABELS.get(t) or encoding_spec(t).summary or t)
+    target = st.selectbox(
+        "Target",
+        TARGETS,
+        key=ui.url_state(P, "target", "alibi", options=TARGETS),
+        format_func=lambda t: LABELS.get(t) or encoding_spec(t).summary or t,
+    )
     params: dict = {}
     num_heads = None
     if target != "checkpoint":
         num_heads = st.number_input("Heads", 1, 16, key=ui.url_state(P, "heads", 4, int, lo=1, hi=16))
     if target == "t5":
-        params["num_buckets"] = st.number_input("Buckets", 2, 256, key=ui.url_state(P, "buckets", 32, int, lo=2, hi=256))
-        params["max_distance"] = st.number_input("Max distance (tokens)", 2, 1 << 16,
-                                                 key=ui.url_state(P, "max_distance", 128, int, lo=2, hi=1 << 16))
-        params["values"] = st.selectbox("Bucket values", ["random", "decay"],
-                                        key=ui.url_state(P, "values", "random", options=["random", "decay"]))
+        params["num_buckets"] = st.number_input(
+            "Buckets", 2, 256, key=ui.url_state(P, "buckets", 32, int, lo=2, hi=256)
+        )
+        params["max_distance"] = st.number_input(
+            "Max distance (tokens)", 2, 1 << 16, key=ui.url_state(P, "max_distance", 128, int, lo=2, hi=1 << 16)
+        )
+        params["values"] = st.selectbox(
+            "Bucket values", ["random", "decay"], key=ui.url_state(P, "values", "random", options=["random", "decay"])
+        )
     elif target == "alibi":
-        slope = st.number_input("Slope (0 = the standard per-head slopes 2^(−8h/H))", 0.0, 10.0, step=0.01,
-                                format="%.4f", key=ui.url_state(P, "slope", 0.0, float, lo=0.0, hi=10.0))
+        slope = st.number_input(
+            "Slope (0 = the standard per-head slopes 2^(−8h/H))",
+            0.0,
+            10.0,
+            step=0.01,
+            format="%.4f",
+            key=ui.url_state(P, "slope", 0.0, float, lo=0.0, hi=10.0),
+        )
         params["slope"] = slope or None
     elif target in ("kerple_log", "kerple_power"):
         for name, what in (("r1", "r1 (scale)"), ("r2", "r2 (exponent)" if target == "kerple_power" else "r2")):
-            txt = st.text_input(f"{what}: one number, one per head, or empty for a seeded draw",
-                                key=ui.url_state(P, name, ""))
+            txt = st.text_input(
+                f"{what}: one number, one per head, or empty for a seeded draw", key=ui.url_state(P, name, "")
+            )
             if txt.strip():
                 try:
-                    params[name] = fit.parse_numbers(txt, name)
+                    params[name] = fit_targets.parse_numbers(txt, name)
                 except ValueError as e:
                     ui.error(str(e), "Example: 0.5 or 0.5,1,1.5,2")
                     st.stop()
     elif target == "sandwich":
-        params["dbar"] = st.number_input("d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096))
+        params["dbar"] = st.number_input(
+            "d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096)
+        )
     elif target != "checkpoint":  # a registered encoding: one box per fit parameter (JSON values, empty = default)
-        for name in sorted(fit.target_params(target)):
+        for name in sorted(fit_targets.target_params(target)):
             txt = st.text_input(f"{name} (a number or list; empty = its default)", key=ui.url_state(P, f"p_{name}", ""))
             if txt.strip():
                 try:
@@ -65,10 +92,13 @@ with left:
                     st.stop()
     else:
         found, _ = ui.list_checkpoints()
-        toeplitz = [i for i in found if i.position_encoding in fit.fittable_encodings()]
-        pub = st.text_input("…or a published model: Hugging Face repo id or folder (T5 family, ALiBi)",
-                            key=ui.url_state(P, "pub", ""), placeholder="google-t5/t5-small",
-                            help="Its bias table is read from the Hub (only those bytes) or the folder.").strip()
+        toeplitz = [i for i in found if i.position_encoding in fit_targets.fittable_encodings()]
+        pub = st.text_input(
+            "…or a published model: Hugging Face repo id or folder (T5 family, ALiBi)",
+            key=ui.url_state(P, "pub", ""),
+            placeholder="google-t5/t5-small",
+            help="Its bias table is read from the Hub (only those bytes) or the folder.",
+        ).strip()
         info = None
         if pub:
             try:
@@ -76,48 +106,98 @@ with left:
             except ui.CheckpointError as e:
                 ui.error(f"Cannot use {pub}: {e}")
                 st.stop()
-            if info.position_encoding not in fit.fittable_encodings():
-                ui.error(f"{pub} has a {info.position_encoding} position encoding, not an additive bias that depends "
-                         "on the distance only.", "Pick a T5-family or ALiBi model.")
+            if info.position_encoding not in fit_targets.fittable_encodings():
+                ui.error(
+                    f"{pub} has a {info.position_encoding} position encoding, not an additive bias that depends "
+                    "on the distance only.",
+                    "Pick a T5-family or ALiBi model.",
+                )
                 st.stop()
             st.caption(ui.checkpoint_caption(info))
         elif not toeplitz:
-            ui.error("No checkpoint with a T5, ALiBi, Kerple or Sandwich bias was found.",
-                     f"Train one ({ui.ck.TRAIN_HINT}), give a published model above, or pick another target.")
+            ui.error(
+                "No checkpoint with a T5, ALiBi, Kerple or Sandwich bias was found.",
+                f"Train one ({ui.ck.TRAIN_HINT}), give a published model above, or pick another target.",
+            )
             st.stop()
         else:
             names = [i.name for i in toeplitz]
             name = st.selectbox("Checkpoint", names, key=ui.url_state(P, "ckpt", names[0], options=names))
             info = toeplitz[names.index(name)]
         n_layer = int(info.config.get("n_layer", 1))
-        lay = st.selectbox("Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer))))
+        lay = st.selectbox(
+            "Layer", list(range(n_layer)), key=ui.url_state(P, "layer", 0, int, options=list(range(n_layer)))
+        )
         params = {"path": info.path, "layer": int(lay)}
         if info.config.get("stack"):
-            params["stack"] = st.radio("Stack", ["decoder", "encoder"], horizontal=True,
-                                       key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]),
-                                       help="The encoder's bias is bidirectional: FIRE is fitted to its keys before "
-                                            "the query.")
+            params["stack"] = st.radio(
+                "Stack",
+                ["decoder", "encoder"],
+                horizontal=True,
+                key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]),
+                help="The encoder's bias is bidirectional: FIRE is fitted to its keys before the query.",
+            )
     if target in ("t5", "kerple_log", "kerple_power"):
         params["seed"] = int(st.number_input("Target seed", 0, 10**6, key=ui.url_state(P, "tseed", 0, int, lo=0)))
     width = st.number_input("FIRE MLP width", 2, 256, key=ui.url_state(P, "width", 32, int, lo=2, hi=256))
-    max_len = st.number_input("Fitted range max_len (tokens)", 2, 4096,
-                              key=ui.url_state(P, "max_len", 128, int, lo=2, hi=4096))
+    max_len = st.number_input(
+        "Fitted range max_len (tokens)", 2, 4096, key=ui.url_state(P, "max_len", 128, int, lo=2, hi=4096)
+    )
     steps = st.number_input("Optimisation steps", 0, 5000, key=ui.url_state(P, "steps", 200, int, lo=0, hi=5000))
     seed = st.number_input("Seed", 0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0))
-    ui.sync_url(P, ["target", "heads", "buckets", "max_distance", "values", "slope", "r1", "r2", "dbar", "ckpt",
-                    "pub", "stack", "layer", "tseed", "width", "max_len", "steps", "seed"])
+    ui.sync_url(
+        P,
+        [
+            "target",
+            "heads",
+            "buckets",
+            "max_distance",
+            "values",
+            "slope",
+            "r1",
+            "r2",
+            "dbar",
+            "ckpt",
+            "pub",
+            "stack",
+            "layer",
+            "tseed",
+            "width",
+            "max_len",
+            "steps",
+            "seed",
+        ],
+    )
     go = st.button("Fit", type="primary", key=ui.key(P, "go"))
 
 q = jobs.default_queue("fit")
 job_key = st.session_state.get(ui.key(P, "job"))
 # what the sidebar asks for now, to tell when the fit on show is of other settings
-asked = json.dumps([target, params, int(max_len), None if target == "checkpoint" else int(num_heads), int(width),
-                    int(steps), int(seed)], sort_keys=True, default=str)
+asked = json.dumps(
+    [
+        target,
+        params,
+        int(max_len),
+        None if target == "checkpoint" else int(num_heads),
+        int(width),
+        int(steps),
+        int(seed),
+    ],
+    sort_keys=True,
+    default=str,
+)
 if go:
     clicked = time.time()
     try:
-        job = jobs.submit_fit(target, params, int(max_len), None if target == "checkpoint" else int(num_heads),
-                              int(width), int(steps), int(seed))
+        job = jobs.submit_fit(
+            target,
+            params,
+            int(max_len),
+            None if target == "checkpoint" else int(num_heads),
+            int(width),
+            int(steps),
+            int(seed),
+        )
     except (ValueError, ui.CheckpointError) as e:
         with right:
             ui.error(f"Cannot fit this target: {e}", "Change the parameter named above.")
@@ -130,8 +210,15 @@ if go:
 job = q.get(job_key) if job_key else None
 if job is None:  # a shared link or a new tab: the same fit, finished on this server, is shown at once
     try:
-        found = jobs.find_fit(target, params, int(max_len), None if target == "checkpoint" else int(num_heads),
-                              int(width), int(steps), int(seed))
+        found = jobs.find_fit(
+            target,
+            params,
+            int(max_len),
+            None if target == "checkpoint" else int(num_heads),
+            int(width),
+            int(steps),
+            int(seed),
+        )
     except (ValueError, ui.CheckpointError):
         found = None
     if found is not None and found.status in jobs.FINISHED:
@@ -141,8 +228,10 @@ if job is None:  # a shared link or a new tab: the same fit, finished on this se
         st.session_state[ui.key(P, "cached")] = True
 with right:
     if job is None:
-        st.info(f"Pick a target and press **Fit**: {int(steps)} optimisation steps on distances 0–{int(max_len) - 1} "
-                "tokens, run in the background with a progress bar (you can stop it early).")
+        st.info(
+            f"Pick a target and press **Fit**: {int(steps)} optimisation steps on distances 0–{int(max_len) - 1} "
+            "tokens, run in the background with a progress bar (you can stop it early)."
+        )
         st.stop()
     snap = job.snapshot()
     if snap["status"] not in jobs.FINISHED:
@@ -157,42 +246,71 @@ with right:
         st.stop()
     d = res.to_dict()
     if st.session_state.get(ui.key(P, "asked")) not in (None, asked):
-        st.info(f"Showing the last fit ({LABELS[res.target.name]}); the settings have changed since. "
-                "Press **Fit** to fit them.")
+        st.info(
+            f"Showing the last fit ({LABELS[res.target.name]}); the settings have changed since. "
+            "Press **Fit** to fit them."
+        )
     if res.stopped:
         st.warning(f"Stopped after {res.steps_run} of {res.steps} steps: the best parameters so far are shown.")
     m = st.columns(4)
     cached = st.session_state.get(ui.key(P, "cached")) or getattr(res, "cached", False)
-    m[0].metric("relative RMSE", ui.percent(res.relative_rmse),
-                help=f"RMSE / std of the target over all pairs 0 ≤ j ≤ i < {res.max_len} (the fitted range): "
-                     f"{100 * res.relative_rmse:.3g}%")
-    m[1].metric("max |error| (logits)", f"{res.max_abs_error:.2g}", help=f"largest error over the fitted range: {res.max_abs_error:.3g} logits")
-    m[2].metric(f"rel. RMSE to {fit.BEYOND_FACTOR}×", ui.percent(res.relative_rmse_beyond),
-                help=f"relative RMSE over queries {res.max_len} ≤ i < {fit.BEYOND_FACTOR * res.max_len} (extrapolation)")
-    m[3].metric("fit time", "cached" if cached else f"{res.seconds:.1f} s",
-                help="the result of the same fit earlier in this session's server" if cached else None)
+    m[0].metric(
+        "relative RMSE",
+        ui.percent(res.relative_rmse),
+        help=f"RMSE / std of the target over all pairs 0 ≤ j ≤ i < {res.max_len} (the fitted range): "
+        f"{100 * res.relative_rmse:.3g}%",
+    )
+    m[1].metric(
+        "max |error| (logits)",
+        f"{res.max_abs_error:.2g}",
+        help=f"largest error over the fitted range: {res.max_abs_error:.3g} logits",
+    )
+    m[2].metric(
+        f"rel. RMSE to {fit.BEYOND_FACTOR}×",
+        ui.percent(res.relative_rmse_beyond),
+        help=f"relative RMSE over queries {res.max_len} ≤ i < {fit.BEYOND_FACTOR * res.max_len} (extrapolation)",
+    )
+    m[3].metric(
+        "fit time",
+        "cached" if cached else f"{res.seconds:.1f} s",
+        help="the result of the same fit earlier in this session's server" if cached else None,
+    )
     heads = list(range(res.target.num_heads))
     h = st.selectbox("Head", heads, key=ui.url_state(P, "head", 0, int, options=heads))
     ui.sync_url(P, ["head"])
     name = f"{LABELS[res.target.name]} · width {res.mlp_width} · c = {res.c:.3g}"
     inside = {**d["inside"], "max_len": res.max_len, "name": f"{name} · fitted range", "target_name": res.target.name}
-    beyond = {**d["beyond"], "max_len": res.max_len, "name": f"{name} · query i = {res.beyond_query}",
-              "target_name": res.target.name}
+    beyond = {
+        **d["beyond"],
+        "max_len": res.max_len,
+        "name": f"{name} · query i = {res.beyond_query}",
+        "target_name": res.target.name,
+    }
     tab_in, tab_out = st.tabs(["Inside the fitted range", f"Beyond: query at {fit.BEYOND_FACTOR}× the range"])
-    caption = (f"Target {LABELS[res.target.name]} ({ui.format_params(res.target.params)}); fitted on all pairs "
-               f"0 ≤ j ≤ i < {res.max_len} tokens (distances 0–{res.max_len - 1}), {res.steps_run} steps, seed "
-               f"{res.seed}. Residual = target − FIRE (logits).")
+    caption = (
+        f"Target {LABELS[res.target.name]} ({ui.format_params(res.target.params)}); fitted on all pairs "
+        f"0 ≤ j ≤ i < {res.max_len} tokens (distances 0–{res.max_len - 1}), {res.steps_run} steps, seed "
+        f"{res.seed}. Residual = target − FIRE (logits)."
+    )
     with tab_in:
         fig_in = plots.fit_figure(inside, head=h)
         ui.show_figure(fig_in, caption + " Inside the range FIRE depends on i − j only.", P, "fit_inside")
     with tab_out:
         fig_out = plots.fit_figure(beyond, head=h)
-        ui.show_figure(fig_out, caption + f" Here the query sits at i = {res.beyond_query}: FIRE's normalizer is "
-                       "ψ(i), so its curve is the fitted one stretched over the longer context.", P, "fit_beyond")
+        ui.show_figure(
+            fig_out,
+            caption + f" Here the query sits at i = {res.beyond_query}: FIRE's normalizer is "
+            "ψ(i), so its curve is the fitted one stretched over the longer context.",
+            P,
+            "fit_beyond",
+        )
     stem = ui.fit_file_stem(res.target.name, res.target.params, res.max_len)
     with tempfile.TemporaryDirectory() as tmp:
         weights = res.save(Path(tmp) / f"{stem}.safetensors").read_bytes()
-    ui.downloads(P, stem, plots.figure_to_csv(fig_out), d,
-                 extra={f"{stem}.safetensors": (weights, "application/octet-stream")})
-    st.caption(f"{stem}.safetensors loads with `fireviz.fit.load_fitted_fire(path)`; the JSON holds every number "
-               "(metrics per head, loss curve, both curves); the CSV the curves of the 'beyond' plot.")
+    ui.downloads(
+        P, stem, plots.figure_to_csv(fig_out), d, extra={f"{stem}.safetensors": (weights, "application/octet-stream")}
+    )
+    st.caption(
+        f"{stem}.safetensors loads with `fireviz.fit_result.load_fitted_fire(path)`; the JSON holds every number "
+        "(metrics per head, loss curve, both curves); the CSV the curves of the 'beyond' plot."
+    )

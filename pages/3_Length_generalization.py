@@ -7,6 +7,7 @@ never the same job twice; results cached on disk by evaluate), and ``fireviz.plo
 State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, seed, scaling, cap, ref, pool, device
 (with a GPU).
 """
+
 import streamlit as st
 
 from fireviz import evaluate, plots, synthetic, ui
@@ -15,12 +16,14 @@ from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
 ui.setup_page("Length generalization")
-st.markdown("Perplexity at evaluation lengths up to many times the training length. By default every length scores "
-            "**the same text** — the first M tokens (M = the largest length) of every document that long, cut into "
-            "windows of each length — so a change along a line is the effect of context alone. Every checkpoint "
-            "sees the same windows, so differences between checkpoints are paired (with their own, much narrower "
-            "intervals below). Runs go on in the background: reload the page or open a second tab and you find "
-            "the run there, never started twice.")
+st.markdown(
+    "Perplexity at evaluation lengths up to many times the training length. By default every length scores "
+    "**the same text** — the first M tokens (M = the largest length) of every document that long, cut into "
+    "windows of each length — so a change along a line is the effect of context alone. Every checkpoint "
+    "sees the same windows, so differences between checkpoints are paired (with their own, much narrower "
+    "intervals below). Runs go on in the background: reload the page or open a second tab and you find "
+    "the run there, never started twice."
+)
 
 chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
 if not chosen:
@@ -31,22 +34,32 @@ TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS]
 DATA_OPTIONS = list(DOMAINS) + TASKS + ["upload"]
 trained_on = {i.data for i in chosen}  # default: the chosen checkpoints' own training data, when they share it
 default_domain = next(iter(trained_on)) if len(trained_on) == 1 and next(iter(trained_on)) in DATA_OPTIONS else "prose"
-domain = sb.selectbox("Data", DATA_OPTIONS, key=ui.url_state(P, "domain", default_domain, options=DATA_OPTIONS),
-                      format_func=lambda d: "your own file (.txt / .jsonl)" if d == "upload" else
-                      (f"{d} (synthetic task: answer accuracy)" if d in TASKS else d))
+domain = sb.selectbox(
+    "Data",
+    DATA_OPTIONS,
+    key=ui.url_state(P, "domain", default_domain, options=DATA_OPTIONS),
+    format_func=lambda d: (
+        "your own file (.txt / .jsonl)"
+        if d == "upload"
+        else (f"{d} (synthetic task: answer accuracy)" if d in TASKS else d)
+    ),
+)
 data, split = domain, "validation"
 is_task = domain in TASKS
 if domain == "upload":
-    up = sb.file_uploader("Text or JSONL file (one {\"text\": …} object per line)", type=ui.UPLOAD_TYPES,
-                          key=ui.key(P, "upload"))
+    up = sb.file_uploader(
+        'Text or JSONL file (one {"text": …} object per line)', type=ui.UPLOAD_TYPES, key=ui.key(P, "upload")
+    )
     if up is None:
         st.info("Upload a .txt or .jsonl file in the sidebar to evaluate on it (all of it is used: split 'all').")
         st.stop()
     try:
         data = str(ui.save_upload(up.name, up.getvalue()))
     except DataError as e:
-        ui.error(f"Cannot use the uploaded file {up.name}: {e}",
-                 "Upload UTF-8 text (.txt), or JSONL with one object per line holding a string 'text' field.")
+        ui.error(
+            f"Cannot use the uploaded file {up.name}: {e}",
+            "Upload UTF-8 text (.txt), or JSONL with one object per line holding a string 'text' field.",
+        )
         st.stop()
     split = "all"
 
@@ -58,84 +71,155 @@ if st.query_params.get_all("len") and st.query_params.get_all("len") != [str(n) 
     st.query_params["len"] = [str(n) for n in from_url]  # a stale or hand-edited link: keep its good lengths
 asked = set(from_url)
 asked |= set(st.session_state.get(ui.key(P, "typed_lengths"), []))
-options = sorted({2 ** k for k in range(2, 21)} | set(train_lens) | asked)
+options = sorted({2**k for k in range(2, 21)} | set(train_lens) | asked)
 pending = st.session_state.pop(ui.key(P, "len_pending"), None)
 if pending is not None:  # typed lengths, converted to ints on the previous run
     st.session_state[ui.key(P, "len")] = pending
 # a quarter of the shortest to 16× the longest training length, the lengths the bundled results are published
 # at (128…8192 for 512): every checkpoint is shown extrapolating, and the same-text prefix (the largest length)
 # is the published one, so its numbers appear without a run
-default_lens = [n for n in sorted({2 ** k for k in range(2, 21)} | set(train_lens))
-                if max(2, train_lens[0] // 4) <= n <= 16 * train_lens[-1]]
-picked = sb.multiselect("Evaluation lengths (tokens; type any other length and press Enter)", options,
-                        key=ui.url_state(P, "len", default_lens, int, options=options, multi=True),
-                        accept_new_options=True)
+default_lens = [
+    n
+    for n in sorted({2**k for k in range(2, 21)} | set(train_lens))
+    if max(2, train_lens[0] // 4) <= n <= 16 * train_lens[-1]
+]
+picked = sb.multiselect(
+    "Evaluation lengths (tokens; type any other length and press Enter)",
+    options,
+    key=ui.url_state(P, "len", default_lens, int, options=options, multi=True),
+    accept_new_options=True,
+)
 lengths, bad = ui.parse_lengths(picked, 2, MAX_LENGTH)
 if bad:
-    sb.error(f"Not a length: {', '.join(map(str, bad))}. A length is a whole number of tokens from 2 to {MAX_LENGTH:,}.")
+    sb.error(
+        f"Not a length: {', '.join(map(str, bad))}. A length is a whole number of tokens from 2 to {MAX_LENGTH:,}."
+    )
 new_typed = [n for n in lengths if n not in options]
 if new_typed:  # typed in: keep it as an option for the rest of the session, in the widget as an int
-    st.session_state[ui.key(P, "typed_lengths")] = sorted(set(st.session_state.get(ui.key(P, "typed_lengths"), [])
-                                                              + new_typed))
+    st.session_state[ui.key(P, "typed_lengths")] = sorted(
+        set(st.session_state.get(ui.key(P, "typed_lengths"), []) + new_typed)
+    )
     st.session_state[ui.key(P, "len_pending")] = lengths
     st.rerun()
-MODE_NAMES = {"same_text": "same text at every length", "nonoverlapping": "random windows per length",
-              "sliding": "sliding window"}
-mode = evaluate.DEFAULT_MODE if is_task else sb.radio("Protocol", list(evaluate.MODES), format_func=MODE_NAMES.get,
-                key=ui.url_state(P, "mode", evaluate.DEFAULT_MODE, options=list(evaluate.MODES)),
-                help="Same text: one fixed set of tokens (each qualifying document's first M tokens) at every "
-                     "length — the published protocol. Random windows: each length draws its own windows under a "
-                     "token budget, so columns score different text. Sliding: overlapping windows with a stride.")
+MODE_NAMES = {
+    "same_text": "same text at every length",
+    "nonoverlapping": "random windows per length",
+    "sliding": "sliding window",
+}
+mode = (
+    evaluate.DEFAULT_MODE
+    if is_task
+    else sb.radio(
+        "Protocol",
+        list(evaluate.MODES),
+        format_func=MODE_NAMES.get,
+        key=ui.url_state(P, "mode", evaluate.DEFAULT_MODE, options=list(evaluate.MODES)),
+        help="Same text: one fixed set of tokens (each qualifying document's first M tokens) at every "
+        "length — the published protocol. Random windows: each length draws its own windows under a "
+        "token budget, so columns score different text. Sliding: overlapping windows with a stride.",
+    )
+)
 stride = None
 if mode == "sliding":
     # default: half the training length, but never more than the smallest chosen length
-    stride = int(sb.number_input("Stride (tokens; at most the smallest length)", 1, 1 << 16,
-                                 key=ui.url_state(P, "stride", max(1, min([train_lens[0] // 2, *lengths])), int,
-                                                  lo=1, hi=1 << 16)))
+    stride = int(
+        sb.number_input(
+            "Stride (tokens; at most the smallest length)",
+            1,
+            1 << 16,
+            key=ui.url_state(P, "stride", max(1, min([train_lens[0] // 2, *lengths])), int, lo=1, hi=1 << 16),
+        )
+    )
 if is_task:  # fresh task sequences of each length, the same for every checkpoint; only answers are scored
-    budget = int(sb.number_input("Sequences per length", 1, 1 << 16,
-                                 key=ui.url_state(P, "seqs", evaluate.SYNTHETIC_SEQUENCES, int, lo=1, hi=1 << 16),
-                                 help=f"{evaluate.SYNTHETIC_SEQUENCES} reproduces the published numbers of the "
-                                      "task's checkpoint group."))
+    budget = int(
+        sb.number_input(
+            "Sequences per length",
+            1,
+            1 << 16,
+            key=ui.url_state(P, "seqs", evaluate.SYNTHETIC_SEQUENCES, int, lo=1, hi=1 << 16),
+            help=f"{evaluate.SYNTHETIC_SEQUENCES} reproduces the published numbers of the task's checkpoint group.",
+        )
+    )
 elif mode == "same_text":
-    docs_limit = int(sb.number_input("Documents (0 = every document holding the largest length)", 0, 10**6,
-                                     key=ui.url_state(P, "docs", 0, int, lo=0, hi=10**6),
-                                     help="A smaller number is quicker: that many documents, drawn with the seed "
-                                          "below, each scored on its first M tokens at every length."))
+    docs_limit = int(
+        sb.number_input(
+            "Documents (0 = every document holding the largest length)",
+            0,
+            10**6,
+            key=ui.url_state(P, "docs", 0, int, lo=0, hi=10**6),
+            help="A smaller number is quicker: that many documents, drawn with the seed "
+            "below, each scored on its first M tokens at every length.",
+        )
+    )
     budget = None if docs_limit == 0 else docs_limit * (max(lengths, default=2) - 1)
 else:
-    budget = int(sb.number_input("Token budget per length (targets scored)", 256, 1 << 22, step=4096,
-                                 key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22)))
-seed = 0 if is_task else int(sb.number_input("Seed (windows drawn; in same-text mode the documents, when fewer than all)",
-                                             0, 10**6, key=ui.url_state(P, "seed", 0, int, lo=0)))
+    budget = int(
+        sb.number_input(
+            "Token budget per length (targets scored)",
+            256,
+            1 << 22,
+            step=4096,
+            key=ui.url_state(P, "budget", 16384, int, lo=256, hi=1 << 22),
+        )
+    )
+seed = (
+    0
+    if is_task
+    else int(
+        sb.number_input(
+            "Seed (windows drawn; in same-text mode the documents, when fewer than all)",
+            0,
+            10**6,
+            key=ui.url_state(P, "seed", 0, int, lo=0),
+        )
+    )
+)
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
 if rope:
-    scalings = sb.multiselect("Also RoPE checkpoints with zero-shot scaling", list(evaluate.ROPE_SCALINGS),
-                              key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
-                              format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get)
+    scalings = sb.multiselect(
+        "Also RoPE checkpoints with zero-shot scaling",
+        list(evaluate.ROPE_SCALINGS),
+        key=ui.url_state(P, "scaling", [], options=list(evaluate.ROPE_SCALINGS), multi=True),
+        format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get,
+    )
 fires, cap = ui.normalizer_cap_input(
-    P, chosen, "Also FIRE with its normalizer capped at (tokens; 0 = off)",
+    P,
+    chosen,
+    "Also FIRE with its normalizer capped at (tokens; 0 = off)",
     help="ψ(min(max(L, i), N)): queries beyond N are normalized as if at N, so FIRE's input for a distance stays "
-         "what it was in training. Drawn beside the plain rows; N = the training length is the natural choice.")
+    "what it was in training. Drawn beside the plain rows; N = the training length is the natural choice.",
+)
 pool = False
 bases = [seed_base(i.name) for i in chosen]
 if any(bases.count(b) > 1 for b in bases):  # two or more training seeds of one encoding chosen
-    pool = sb.checkbox("Pool training seeds (mean ± std)", key=ui.url_state(P, "pool", False, bool),
-                       help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
-                            "± one sample standard deviation as error bars.")
+    pool = sb.checkbox(
+        "Pool training seeds (mean ± std)",
+        key=ui.url_state(P, "pool", False, bool),
+        help="Draw fire and fire_seed1, fire_seed2 … as one line: the mean over seeds, with "
+        "± one sample standard deviation as error bars.",
+    )
 elif extra := seed_groups(i.name for i in ui.list_checkpoints()[0]):
-    sb.caption("Also trained with other seeds: " + "; ".join(", ".join(g) for g in extra.values())
-               + ". Choose two or more runs of one encoding to pool them (mean ± std).")
+    sb.caption(
+        "Also trained with other seeds: "
+        + "; ".join(", ".join(g) for g in extra.values())
+        + ". Choose two or more runs of one encoding to pool them (mean ± std)."
+    )
 devices = ["cuda", "cpu"] if default_device() == "cuda" else ["cpu"]
 device = devices[0]
 if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gives (slightly) other ones
-    device = sb.radio("Device", devices, key=ui.url_state(P, "device", devices[0], options=devices), horizontal=True,
-                      format_func={"cuda": "GPU (bf16 autocast)", "cpu": "CPU (float32)"}.get,
-                      help="The bundled checkpoints' published numbers were computed on CPU in float32: choose "
-                           "CPU to see them without running anything. Precision is part of every cached result.")
-ui.sync_url(P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seqs", "seed", "scaling", "cap", "pool",
-               "device"])
+    device = sb.radio(
+        "Device",
+        devices,
+        key=ui.url_state(P, "device", devices[0], options=devices),
+        horizontal=True,
+        format_func={"cuda": "GPU (bf16 autocast)", "cpu": "CPU (float32)"}.get,
+        help="The bundled checkpoints' published numbers were computed on CPU in float32: choose "
+        "CPU to see them without running anything. Precision is part of every cached result.",
+    )
+ui.sync_url(
+    P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seqs", "seed", "scaling", "cap", "pool", "device"]
+)
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
@@ -149,28 +233,47 @@ if cap and not capped_lengths:
 
 c1, c2 = st.columns([1, 5])
 run = c1.button("Run", type="primary", key=ui.key(P, "run"))
-c2.caption(f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}"
-           + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
-           + (f", plus {len(fires)} FIRE checkpoint(s) with the normalizer capped at {cap}" if cap else "")
-           + ". Finished lengths are cached on disk and reused.")
+c2.caption(
+    f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}"
+    + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
+    + (f", plus {len(fires)} FIRE checkpoint(s) with the normalizer capped at {cap}" if cap else "")
+    + ". Finished lengths are cached on disk and reused."
+)
 
 if cap and capped_lengths:  # its own lengths: identical rows at or below the cap would hide the plain ones
-    specs.append(([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}",
-                  capped_lengths))
+    specs.append(
+        (
+            [i.path for i in fires],
+            {**settings, "rope_scaling": None, "normalizer_cap": cap},
+            f" cap {cap}",
+            capped_lengths,
+        )
+    )
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
 missing = sorted({e["length"] for r in results for e in r.get("per_length", []) if e.get("not_computed")})
 if missing and not pending and any("error" not in e for r in results for e in r.get("per_length", [])):
-    st.info(f"Not computed yet at {', '.join(map(str, missing))} tokens: press **Run** to add "
-            f"{'it' if len(missing) == 1 else 'them'} (the lengths drawn are cached).")
+    st.info(
+        f"Not computed yet at {', '.join(map(str, missing))} tokens: press **Run** to add "
+        f"{'it' if len(missing) == 1 else 'them'} (the lengths drawn are cached)."
+    )
 if not any("error" not in e for r in results for e in r.get("per_length", [])):
     if not pending:
-        st.info("These settings have not been evaluated yet. Press **Run**."
-                + (" (The bundled checkpoints' published numbers are CPU float32 ones: choose Device → CPU in the "
-                   "sidebar to see them at once.)" if device == "cuda" else "")
-                + (" The bundled checkpoints' numbers are published with Protocol → *random windows per length* "
-                   "(token budget 16384): choose it to see them at once, or Run the same-text protocol (minutes "
-                   "per checkpoint on a CPU; fewer Documents in the sidebar make it quicker)."
-                   if mode == "same_text" else ""))
+        st.info(
+            "These settings have not been evaluated yet. Press **Run**."
+            + (
+                " (The bundled checkpoints' published numbers are CPU float32 ones: choose Device → CPU in the "
+                "sidebar to see them at once.)"
+                if device == "cuda"
+                else ""
+            )
+            + (
+                " The bundled checkpoints' numbers are published with Protocol → *random windows per length* "
+                "(token budget 16384): choose it to see them at once, or Run the same-text protocol (minutes "
+                "per checkpoint on a CPU; fewer Documents in the sidebar make it quicker)."
+                if mode == "same_text"
+                else ""
+            )
+        )
     st.stop()
 
 clean, errors = ui.split_errors(results)
@@ -181,79 +284,145 @@ if not clean:
 caption = ui.eval_caption(clean)
 if is_task:  # a task: answer accuracy, and bits per answer token (perplexity of a 64-symbol task says little)
     afig = plots.accuracy_figure(clean, chance=synthetic.load_task(domain).chance_accuracy)
-    ui.show_figure(afig, caption + " Answer accuracy: the share of answer positions (the copied half) whose most "
-                   "likely next token is right; error bars: 95 % bootstrap interval over sequences. Length n: the "
-                   "model reads n tokens, as in training at seq_len n.", P, "accuracy")
+    ui.show_figure(
+        afig,
+        caption + " Answer accuracy: the share of answer positions (the copied half) whose most "
+        "likely next token is right; error bars: 95 % bootstrap interval over sequences. Length n: the "
+        "model reads n tokens, as in training at seq_len n.",
+        P,
+        "accuracy",
+    )
     ui.downloads(P, "accuracy_vs_length", plots.figure_to_csv(afig), plots.figure_data(afig))
-    rows = [{"checkpoint": r.get("label") or r["checkpoint"], "length": e["length"], "answer accuracy": e["accuracy"],
-             "95 % low": (e.get("accuracy_ci95") or [None])[0], "95 % high": (e.get("accuracy_ci95") or [None, None])[1],
-             "sequences copied without error": e.get("sequence_accuracy"), "bits per answer token": e["bits_per_byte"],
-             "sequences": e.get("documents")}
-            for r in clean for e in r["per_length"] if "accuracy" in e]
-    st.dataframe(rows, hide_index=True, key=ui.key(P, "task_table"), height=ui.table_height(len(rows)),
-                 column_config={k: st.column_config.NumberColumn(format="%.3f") for k in
-                                ("answer accuracy", "95 % low", "95 % high", "sequences copied without error",
-                                 "bits per answer token")})
+    rows = [
+        {
+            "checkpoint": r.get("label") or r["checkpoint"],
+            "length": e["length"],
+            "answer accuracy": e["accuracy"],
+            "95 % low": (e.get("accuracy_ci95") or [None])[0],
+            "95 % high": (e.get("accuracy_ci95") or [None, None])[1],
+            "sequences copied without error": e.get("sequence_accuracy"),
+            "bits per answer token": e["bits_per_byte"],
+            "sequences": e.get("documents"),
+        }
+        for r in clean
+        for e in r["per_length"]
+        if "accuracy" in e
+    ]
+    st.dataframe(
+        rows,
+        hide_index=True,
+        key=ui.key(P, "task_table"),
+        height=ui.table_height(len(rows)),
+        column_config={
+            k: st.column_config.NumberColumn(format="%.3f")
+            for k in (
+                "answer accuracy",
+                "95 % low",
+                "95 % high",
+                "sequences copied without error",
+                "bits per answer token",
+            )
+        },
+    )
     ui.downloads(P, "task_results", ui.rows_to_csv(rows), rows)
     st.stop()
 shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
-ui.show_figure(fig, caption + (" Seeds pooled: mean ± sample standard deviation over each encoding's training "
-                               "seeds (n and std in the table; the error bars are often smaller than the markers); "
-                               "the table's 95 % interval is over documents of the seed-mean loss. The std covers "
-                               "training seeds only, the interval the text only." if pool else
-                               (" Error bars: 95 % bootstrap interval over documents (the text's own spread; "
-                                "differences between checkpoints are much tighter, see the paired figure)."
-                                if any(e.get("ci95") for r in clean for e in r["per_length"]) else
-                                " No error bars: these results carry no per-document losses (computed before fireviz "
-                                "kept them); press Run to recompute them with intervals.")),
-               P, "ppl")
+ui.show_figure(
+    fig,
+    caption
+    + (
+        " Seeds pooled: mean ± sample standard deviation over each encoding's training "
+        "seeds (n and std in the table; the error bars are often smaller than the markers); "
+        "the table's 95 % interval is over documents of the seed-mean loss. The std covers "
+        "training seeds only, the interval the text only."
+        if pool
+        else (
+            " Error bars: 95 % bootstrap interval over documents (the text's own spread; "
+            "differences between checkpoints are much tighter, see the paired figure)."
+            if any(e.get("ci95") for r in clean for e in r["per_length"])
+            else " No error bars: these results carry no per-document losses (computed before fireviz "
+            "kept them); press Run to recompute them with intervals."
+        )
+    ),
+    P,
+    "ppl",
+)
 ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
 table = ui.perplexity_table(plots.group_perplexity(shown))
 if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
     table = [{k: v for k, v in r.items() if not k.endswith("_std") and k != "n"} for r in table]
-st.dataframe(table, hide_index=True, key=ui.key(P, "table"), height=ui.table_height(len(table)),
-             column_config={"group": "encoding (seeds pooled)" if pool else "checkpoint",
-                            "length": st.column_config.NumberColumn("length (tokens)"),
-                            "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
-                            "bits_per_byte_std": st.column_config.NumberColumn(
-                                "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"),
-                            "ci95_low": st.column_config.NumberColumn(
-                                "95 % low", format="%.4f", help="bootstrap interval over documents, bits per byte"),
-                            "ci95_high": st.column_config.NumberColumn("95 % high", format="%.4f"),
-                            "tokens_scored": st.column_config.NumberColumn("tokens scored"),
-                            "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
-                            "perplexity": st.column_config.NumberColumn(
-                                format="%.3f", help="exp(mean nats/token): the perplexity of the mean loss over pooled seeds"),
-                            "perplexity_std": st.column_config.NumberColumn(
-                                "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"),
-                            "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),
-                            "train_seq_len": st.column_config.NumberColumn("training length")})
+st.dataframe(
+    table,
+    hide_index=True,
+    key=ui.key(P, "table"),
+    height=ui.table_height(len(table)),
+    column_config={
+        "group": "encoding (seeds pooled)" if pool else "checkpoint",
+        "length": st.column_config.NumberColumn("length (tokens)"),
+        "bits_per_byte": st.column_config.NumberColumn("bits per byte", format="%.4f"),
+        "bits_per_byte_std": st.column_config.NumberColumn(
+            "bits per byte std", format="%.4f", help="sample standard deviation over pooled seeds"
+        ),
+        "ci95_low": st.column_config.NumberColumn(
+            "95 % low", format="%.4f", help="bootstrap interval over documents, bits per byte"
+        ),
+        "ci95_high": st.column_config.NumberColumn("95 % high", format="%.4f"),
+        "tokens_scored": st.column_config.NumberColumn("tokens scored"),
+        "nats_per_token": st.column_config.NumberColumn("nats/token", format="%.4f"),
+        "perplexity": st.column_config.NumberColumn(
+            format="%.3f", help="exp(mean nats/token): the perplexity of the mean loss over pooled seeds"
+        ),
+        "perplexity_std": st.column_config.NumberColumn(
+            "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"
+        ),
+        "n": st.column_config.NumberColumn(help="checkpoints averaged (seeds, when pooled)"),
+        "train_seq_len": st.column_config.NumberColumn("training length"),
+    },
+)
 
 st.subheader("Paired differences (every checkpoint on the same windows)")
 labels = list(dict.fromkeys(r.get("label") or r["checkpoint"] for r in shown))
 if len(labels) < 2:
     st.caption("Choose two or more checkpoints to compare them on the same documents.")
 else:
-    ref = st.selectbox("Reference", labels, key=ui.url_state(P, "ref", labels[0], options=labels),
-                       help="Every other checkpoint's bits per byte minus this one's, on the same documents.")
+    ref = st.selectbox(
+        "Reference",
+        labels,
+        key=ui.url_state(P, "ref", labels[0], options=labels),
+        help="Every other checkpoint's bits per byte minus this one's, on the same documents.",
+    )
     ui.sync_url(P, ["ref"])  # after its widget: the first sync would drop a ?ref= it cannot see yet
     paired = plots.paired_difference_rows(shown, reference=ref)
     if not paired:
-        st.caption("These results carry no per-document losses (computed by an older fireviz, or on other "
-                   "windows): press Run to compute them.")
+        st.caption(
+            "These results carry no per-document losses (computed by an older fireviz, or on other "
+            "windows): press Run to compute them."
+        )
     else:
         pfig = plots.paired_difference_figure(shown, reference=ref)
-        ui.show_figure(pfig, caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
-                       "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
-                       "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
-                       P, "paired")
+        ui.show_figure(
+            pfig,
+            caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
+            "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
+            "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
+            P,
+            "paired",
+        )
         ui.downloads(P, "paired_differences", plots.figure_to_csv(pfig), paired)
-        st.dataframe(paired, hide_index=True, key=ui.key(P, "paired_table"), height=ui.table_height(len(paired)),
-                     column_config={"group": "checkpoint", "length": st.column_config.NumberColumn("length (tokens)"),
-                                    "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
-                                    "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
-                                    "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f")})
+        st.dataframe(
+            paired,
+            hide_index=True,
+            key=ui.key(P, "paired_table"),
+            height=ui.table_height(len(paired)),
+            column_config={
+                "group": "checkpoint",
+                "length": st.column_config.NumberColumn("length (tokens)"),
+                "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
+                "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
+                "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f"),
+            },
+        )
 
 st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})
@@ -262,6 +431,12 @@ if pick:
     # pooled: each run in its encoding's colour from the figure above
     same = {r.get("label") or r["checkpoint"]: p["label"] for r, p in zip(clean, shown)} if pool else None
     lbp = plots.loss_by_position_figure(clean, lengths=pick, color_groups=same)
-    ui.show_figure(lbp, caption + " Loss averaged over equal-width buckets of window positions"
-                   + (", one line per checkpoint (not pooled)." if pool else "."), P, "lbp")
+    ui.show_figure(
+        lbp,
+        caption
+        + " Loss averaged over equal-width buckets of window positions"
+        + (", one line per checkpoint (not pooled)." if pool else "."),
+        P,
+        "lbp",
+    )
     ui.downloads(P, "loss_by_position", plots.figure_to_csv(lbp), plots.figure_data(lbp))

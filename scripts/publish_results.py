@@ -18,6 +18,7 @@ repository README between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME
     python scripts/publish_results.py [--domains prose,latex,code] [--reference alibi]
         [--mode nonoverlapping --token-budget 16384]   # the earlier random-window protocol
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from fireviz import evaluate, plots
 from fireviz.eval_cli import format_table
-from fireviz.checkpoints import read_train_log, seed_groups, validation_rows
+from fireviz.checkpoints import read_train_log, seed_groups
+from fireviz.run_records import validation_rows
 from fireviz.encodings import has_normalizer
 from fireviz.files import atomic_write_text, write_json_atomic
 
@@ -48,8 +50,11 @@ def read_results(folder: Path) -> list[dict]:
         return []
     if not isinstance(runs, list):
         return []
-    return [r for r in runs if isinstance(r, dict) and isinstance(r.get("settings"), dict)
-            and "data" in r["settings"] and "checkpoint" in r]
+    return [
+        r
+        for r in runs
+        if isinstance(r, dict) and isinstance(r.get("settings"), dict) and "data" in r["settings"] and "checkpoint" in r
+    ]
 
 
 def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -60,13 +65,20 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
     Every row gets the current ``label`` and a repository-relative ``checkpoint_path``.
     Returns: ``(rows sorted by domain then scaling, old rows dropped as stale)``.
     """
+
     def pair(r: dict) -> tuple:
         return r["settings"]["data"], r["settings"].get("rope_scaling"), r["settings"].get("normalizer_cap")
 
     def recipe(r: dict) -> tuple:
         s = r["settings"]
-        return (r.get("checkpoint_sha256"), s.get("mode"), s.get("token_budget"), s.get("seed"), s.get("split"),
-                s.get("lengths"))
+        return (
+            r.get("checkpoint_sha256"),
+            s.get("mode"),
+            s.get("token_budget"),
+            s.get("seed"),
+            s.get("split"),
+            s.get("lengths"),
+        )
 
     done = {pair(r) for r in fresh}
     ref = recipe(fresh[0]) if fresh else None
@@ -75,8 +87,10 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
         if pair(r) in done:
             continue
         (kept if ref is None or recipe(r) == ref else dropped).append(r)
-    rows = sorted(kept + fresh, key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99),
-                                               r["settings"].get("rope_scaling") or ""))
+    rows = sorted(
+        kept + fresh,
+        key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99), r["settings"].get("rope_scaling") or ""),
+    )
     for r in rows:
         name_row(r)
     return rows, dropped
@@ -98,12 +112,17 @@ def label(result: dict) -> str:
     if not scaling:
         return name
     # the bundled RoPE checkpoint keeps the row names of earlier tables; any other RoPE folder is named
-    return {"pi": "rope_pi (zero-shot)", "yarn": "yarn (zero-shot)"}[scaling] if name == "rope" else f"{name} + {scaling} (zero-shot)"
+    return (
+        {"pi": "rope_pi (zero-shot)", "yarn": "yarn (zero-shot)"}[scaling]
+        if name == "rope"
+        else f"{name} + {scaling} (zero-shot)"
+    )
 
 
 def render_png(fig, path: Path) -> None:
     """Screenshot the figure in headless Chromium (Debian's, via Playwright); skip if absent."""
     import tempfile
+
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -116,8 +135,10 @@ def render_png(fig, path: Path) -> None:
         html = Path(tmp) / "fig.html"
         fig.write_html(html, include_plotlyjs=True, full_html=True)  # offline: plotly.js inlined
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=[
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            browser = pw.chromium.launch(
+                executable_path="/usr/bin/chromium",
+                args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+            )
             page = browser.new_page(viewport={"width": 1020, "height": 620})
             page.goto(html.as_uri())
             page.wait_for_selector(".js-plotly-plot")
@@ -128,15 +149,22 @@ def render_png(fig, path: Path) -> None:
 def protocol_text(settings: dict) -> str:
     """One sentence naming the evaluation protocol of a result's ``settings``."""
     if settings.get("mode") == "same_text":
-        docs = ("all" if settings.get("token_budget") is None else f"{settings.get('documents_scored')} "
-                f"(drawn with seed {settings.get('seed')})")
-        return (f"the same text at every length: the first {settings.get('prefix_tokens')} tokens of {docs} "
-                f"{settings.get('split')} documents at least that long "
-                f"({settings.get('documents_skipped')} shorter ones skipped), cut into non-overlapping windows of "
-                "each length; 95 % bootstrap intervals over documents in brackets")
-    return (f"{settings.get('mode')} windows drawn at random per length from {settings.get('split')} documents, at "
-            f"least {settings.get('token_budget')} scored tokens per length (whole windows), window-selection seed "
-            f"{settings.get('seed')}")
+        docs = (
+            "all"
+            if settings.get("token_budget") is None
+            else f"{settings.get('documents_scored')} (drawn with seed {settings.get('seed')})"
+        )
+        return (
+            f"the same text at every length: the first {settings.get('prefix_tokens')} tokens of {docs} "
+            f"{settings.get('split')} documents at least that long "
+            f"({settings.get('documents_skipped')} shorter ones skipped), cut into non-overlapping windows of "
+            "each length; 95 % bootstrap intervals over documents in brackets"
+        )
+    return (
+        f"{settings.get('mode')} windows drawn at random per length from {settings.get('split')} documents, at "
+        f"least {settings.get('token_budget')} scored tokens per length (whole windows), window-selection seed "
+        f"{settings.get('seed')}"
+    )
 
 
 def bpb_cell(e: dict) -> str:
@@ -164,39 +192,59 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
     vals = validation_rows(log)
     st = tr.get("settings", {})
     interim = bool(tr.get("steps") and st.get("max_steps") and tr["steps"] < st["max_steps"])
-    lines = [f"# {folder.name}: {cfg['position_encoding']} byte-level GPT", "",
-             f"- encoding: `{cfg['position_encoding']}`"
-             + (f" {json.dumps(cfg['encoding_options'])}" if cfg.get("encoding_options") else ""),
-             f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
-             f"{format(tr['num_parameters'], ',') if 'num_parameters' in tr else '?'} parameters, training length {cfg['seq_len']} bytes",
-             f"- data: bundled `{tr.get('data')}` corpus, training split (fingerprint `{str(tr.get('data_fingerprint'))[:12]}`)",
-             f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
-             f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
-             f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
-             f"--set train.checkpoint_interval=100"
-             + (f" --set train.seed={st['seed']}" if st.get("seed") else "")
-             + f" --out checkpoints/{folder.name}"
-             + (f" --stop-at-step {tr['steps']}" if interim else "")
-             + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
-             "the resumable trainer state is not shipped)", ""]
+    lines = [
+        f"# {folder.name}: {cfg['position_encoding']} byte-level GPT",
+        "",
+        f"- encoding: `{cfg['position_encoding']}`"
+        + (f" {json.dumps(cfg['encoding_options'])}" if cfg.get("encoding_options") else ""),
+        f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
+        f"{format(tr['num_parameters'], ',') if 'num_parameters' in tr else '?'} parameters, training length {cfg['seq_len']} bytes",
+        f"- data: bundled `{tr.get('data')}` corpus, training split (fingerprint `{str(tr.get('data_fingerprint'))[:12]}`)",
+        f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
+        f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
+        f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
+        f"--set train.checkpoint_interval=100"
+        + (f" --set train.seed={st['seed']}" if st.get("seed") else "")
+        + f" --out checkpoints/{folder.name}"
+        + (f" --stop-at-step {tr['steps']}" if interim else "")
+        + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
+        "the resumable trainer state is not shipped)",
+        "",
+    ]
     if interim:
-        lines += [f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
-                  "numbers below are not converged (validation loss was still falling; see below).", ""]
+        lines += [
+            f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
+            "numbers below are not converged (validation loss was still falling; see below).",
+            "",
+        ]
     if vals:
         n = cfg["seq_len"]
-        lines += ["Validation (nats/token at the training length / at 4×):", "",
-                  f"| step | tokens | val @{n} | val @{4 * n} |", "|---|---|---|---|"]
-        lines += [f"| {r['step']} | {r.get('tokens', 0):,} | {r['val_loss']:.3f} | {r.get('val_loss_4x', float('nan')):.3f} |"
-                  for r in vals]
+        lines += [
+            "Validation (nats/token at the training length / at 4×):",
+            "",
+            f"| step | tokens | val @{n} | val @{4 * n} |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['step']} | {r.get('tokens', 0):,} | {r['val_loss']:.3f} | {r.get('val_loss_4x', float('nan')):.3f} |"
+            for r in vals
+        ]
         lines.append("")
     protocol = protocol_text(results[0]["settings"]) if results else "none yet"
-    lines += [f"Evaluation (bits per byte; {protocol}):", "",
-              "| data | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 1) + "|"]
+    lines += [
+        f"Evaluation (bits per byte; {protocol}):",
+        "",
+        "| data | " + " | ".join(map(str, LENGTHS)) + " |",
+        "|---" * (len(LENGTHS) + 1) + "|",
+    ]
     for r in results:
         row = {e["length"]: e for e in r["per_length"]}
         s = r["settings"]
-        name = s["data"] + (f" ({s['rope_scaling']})" if s.get("rope_scaling") else "") + (
-            f" (normalizer cap {s['normalizer_cap']})" if s.get("normalizer_cap") else "")
+        name = (
+            s["data"]
+            + (f" ({s['rope_scaling']})" if s.get("rope_scaling") else "")
+            + (f" (normalizer cap {s['normalizer_cap']})" if s.get("normalizer_cap") else "")
+        )
         lines.append(f"| {name} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
     lines += ["", "Reproduce: `python scripts/publish_results.py` (see the repository README)."]
     return "\n".join(lines) + "\n"
@@ -231,16 +279,23 @@ def fmt_validation_table(logs: dict[str, list[dict]], seq_len: int) -> list[str]
 
     ``val_loss`` is measured at ``seq_len`` tokens and ``val_loss_4x`` at 4 × seq_len (fireviz.train).
     """
-    out = [f"| encoding | step | tokens | val @{seq_len} (nats/token) | val @{4 * seq_len} | "
-           f"change @{seq_len} since previous eval |", "|---|---|---|---|---|---|"]
+    out = [
+        f"| encoding | step | tokens | val @{seq_len} (nats/token) | val @{4 * seq_len} | "
+        f"change @{seq_len} since previous eval |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, rows in logs.items():
         vals = validation_rows(rows)
         if not vals:
             continue
         last = vals[-1]
-        delta = f"{last['val_loss'] - vals[-2]['val_loss']:+.3f} (from step {vals[-2]['step']})" if len(vals) > 1 else "—"
-        out.append(f"| {name} | {last['step']} | {last.get('tokens', 0):,} | {last['val_loss']:.3f} | "
-                   f"{last.get('val_loss_4x', float('nan')):.3f} | {delta} |")
+        delta = (
+            f"{last['val_loss'] - vals[-2]['val_loss']:+.3f} (from step {vals[-2]['step']})" if len(vals) > 1 else "—"
+        )
+        out.append(
+            f"| {name} | {last['step']} | {last.get('tokens', 0):,} | {last['val_loss']:.3f} | "
+            f"{last.get('val_loss_4x', float('nan')):.3f} | {delta} |"
+        )
     return out
 
 
@@ -256,15 +311,18 @@ def fmt_seed_table(runs: list[dict]) -> list[str]:
     if not groups:
         return []
     # the app's "Pool training seeds" table comes from the same plots.group_perplexity
-    pooled = plots.group_perplexity([{**plain[name], "group": enc} for enc, names in groups.items() for name in names],
-                                    group_key="group")
+    pooled = plots.group_perplexity(
+        [{**plain[name], "group": enc} for enc, names in groups.items() for name in names], group_key="group"
+    )
     by = {(r["group"], r["length"]): r for r in pooled}
     out = ["| encoding | seeds | " + " | ".join(map(str, LENGTHS)) + " |", "|---" * (len(LENGTHS) + 2) + "|"]
     for enc, names in groups.items():
         cells = []
         for n in LENGTHS:
             r = by.get((enc, n))
-            cells.append(f"{r['bits_per_byte']:.3f} ± {r['bits_per_byte_std']:.3f}" if r and r["n"] == len(names) else "—")
+            cells.append(
+                f"{r['bits_per_byte']:.3f} ± {r['bits_per_byte_std']:.3f}" if r and r["n"] == len(names) else "—"
+            )
         out.append(f"| {enc} | {len(names)} | " + " | ".join(cells) + " |")
     return out
 
@@ -319,20 +377,30 @@ def main() -> int:
     ap.add_argument("--domains", default="prose,latex,code")
     ap.add_argument("--only", default="", help="comma-separated checkpoint names (default: all)")
     ap.add_argument("--mode", default=evaluate.DEFAULT_MODE, choices=["same_text", "nonoverlapping"])
-    ap.add_argument("--token-budget", type=int, default=None,
-                    help="default: none for same_text (every qualifying document), 16384 for nonoverlapping")
+    ap.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        help="default: none for same_text (every qualifying document), 16384 for nonoverlapping",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
     args = ap.parse_args()
     if args.token_budget is None and args.mode == "nonoverlapping":
         args.token_budget = 16384
-    folders = sorted(p for p in CKPTS.iterdir() if (p / "model.safetensors").exists()
-                     and (not args.only or p.name in args.only.split(",")))
+    folders = sorted(
+        p
+        for p in CKPTS.iterdir()
+        if (p / "model.safetensors").exists() and (not args.only or p.name in args.only.split(","))
+    )
     if not folders:
         sys.exit("no checkpoints in checkpoints/")
     readme = ROOT / "README.md"
-    markers = ["results-prose", "validation"] + (["seeds"] if seed_groups([f.name for f in folders]) else []) + (
-        ["paired-prose"] if args.mode == "same_text" else [])
+    markers = (
+        ["results-prose", "validation"]
+        + (["seeds"] if seed_groups([f.name for f in folders]) else [])
+        + (["paired-prose"] if args.mode == "same_text" else [])
+    )
     for name in markers:  # fail before an hour of evaluation, not after
         replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
@@ -340,11 +408,14 @@ def main() -> int:
     domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
     names = [f.name for f in folders]
     if args.reference not in names:
-        sys.exit(f"--reference {args.reference} is not among the checkpoints evaluated ({', '.join(names)}); "
-                 "name one of them")
+        sys.exit(
+            f"--reference {args.reference} is not among the checkpoints evaluated ({', '.join(names)}); "
+            "name one of them"
+        )
     reference = names.index(args.reference)
-    kw = dict(mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto",
-              use_published=False)  # never read back the results.json files this script rewrites
+    kw = dict(
+        mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto", use_published=False
+    )  # never read back the results.json files this script rewrites
     for domain in domains:
         runs = evaluate_domain(folders, domain, reference, kw)
         for r in runs:
@@ -362,8 +433,11 @@ def main() -> int:
         # keep the folder's results for domains not evaluated in this run (e.g. --domains code)
         by_ckpt[f.name], dropped = merge_results(read_results(f), by_ckpt[f.name])
         for r in dropped:
-            print(f"{f.name}: dropped its {r['settings'].get('data')} result made on other weights or settings; "
-                  "run without --domains to evaluate every domain again", flush=True)
+            print(
+                f"{f.name}: dropped its {r['settings'].get('data')} result made on other weights or settings; "
+                "run without --domains to evaluate every domain again",
+                flush=True,
+            )
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
     logs = {f.name: read_train_log(f) for f in folders}
@@ -373,15 +447,26 @@ def main() -> int:
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0
-    md = ["# Results: bits per byte by evaluation length", "",
-          f"Per domain: {protocol_text(next(iter(table.values()))[0]['settings'])}; training length {seq_len} "
-          "bytes. Lower is better.", ""]
+    md = [
+        "# Results: bits per byte by evaluation length",
+        "",
+        f"Per domain: {protocol_text(next(iter(table.values()))[0]['settings'])}; training length {seq_len} "
+        "bytes. Lower is better.",
+        "",
+    ]
     for domain, runs in table.items():
         md += [f"## {domain}", "", protocol_text(runs[0]["settings"]) + ".", ""] + fmt_bpb_table(runs) + [""]
         if paired := fmt_paired_table(runs):
             ref = next(r["paired_reference"] for r in runs if r.get("paired_reference"))
-            md += [f"Paired difference against {ref} on the same documents (bits per byte; below 0: better), "
-                   "95 % paired bootstrap interval over documents:", ""] + paired + [""]
+            md += (
+                [
+                    f"Paired difference against {ref} on the same documents (bits per byte; below 0: better), "
+                    "95 % paired bootstrap interval over documents:",
+                    "",
+                ]
+                + paired
+                + [""]
+            )
         if seeds := fmt_seed_table(runs):
             md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]

@@ -20,6 +20,7 @@ repository README's generated block ``<!-- generated:task-<group> -->``.
     python scripts/publish_task_group.py [--group copy] [--lengths 32,64,128,256,512]
         [--sequences 256] [--reference alibi]   (lengths default 16…1024: ¼× to 16× the training length)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,8 @@ from pathlib import Path
 from publish_results import ROOT, bpb_cell, paired_cell, render_png, replace_generated
 
 from fireviz import analysis, evaluate, plots, synthetic
-from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints, validation_rows
+from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints
+from fireviz.run_records import validation_rows
 from fireviz.model import CheckpointError
 from fireviz.files import atomic_write_text, write_json_atomic
 
@@ -65,9 +67,13 @@ def locality_rows(summaries: list[dict], tables: dict[str, list[dict]]) -> list[
         layers: dict[int, list[str]] = {}
         for h in tables[s["checkpoint"]]:
             rho = h["rank_correlation"]
-            layers.setdefault(h["layer"], []).append(f"{h['locality']} ({rho:+.2f})" if rho is not None else h["locality"])
+            layers.setdefault(h["layer"], []).append(
+                f"{h['locality']} ({rho:+.2f})" if rho is not None else h["locality"]
+            )
         detail = "; ".join(f"L{k}: " + ", ".join(v) for k, v in layers.items())
-        out.append(f"| {s['checkpoint']} | {s['heads']} | {s['n_local']} | {s['n_anti_local']} | {s['n_mixed']} | {detail} |")
+        out.append(
+            f"| {s['checkpoint']} | {s['heads']} | {s['n_local']} | {s['n_anti_local']} | {s['n_mixed']} | {detail} |"
+        )
     return out
 
 
@@ -77,30 +83,47 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
     st = tr.get("settings", {})
     vals = validation_rows(read_train_log(folder))
     row = {e["length"]: e for e in result["per_length"]}
-    lines = [f"# {group}/{folder.name}: {cfg['position_encoding']} on the synthetic task `{tr.get('data')}`", "",
-             f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
-             f"{tr.get('num_parameters', 0):,} parameters, training length {cfg['seq_len']} tokens",
-             f"- trained: {tr.get('steps')} steps, {tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')}, "
-             f"lr {st.get('lr')}, seed {st.get('seed')}); weights stored in float16 "
-             "(`scripts/ship_checkpoint.py`; every number here is from exactly these weights)",
-             f"- made by: `python -m fireviz train --config configs/copy.toml --set "
-             f"model.position_encoding={cfg['position_encoding']} --out runs/copy/{folder.name}`", ""]
+    lines = [
+        f"# {group}/{folder.name}: {cfg['position_encoding']} on the synthetic task `{tr.get('data')}`",
+        "",
+        f"- model: {cfg['n_layer']} layers, {cfg['n_head']} heads, d_model {cfg['d_model']}, "
+        f"{tr.get('num_parameters', 0):,} parameters, training length {cfg['seq_len']} tokens",
+        f"- trained: {tr.get('steps')} steps, {tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')}, "
+        f"lr {st.get('lr')}, seed {st.get('seed')}); weights stored in float16 "
+        "(`scripts/ship_checkpoint.py`; every number here is from exactly these weights)",
+        f"- made by: `python -m fireviz train --config configs/copy.toml --set "
+        f"model.position_encoding={cfg['position_encoding']} --out runs/copy/{folder.name}`",
+        "",
+    ]
     if vals:
         last = vals[-1]
-        lines += [f"Last validation loss during training: {last['val_loss']:.3g} nats per answer token at "
-                  f"{cfg['seq_len']} (the copied half only, as the training loss), step {last['step']}.", ""]
-    lines += [f"Evaluation on {result['settings']['documents']} fresh sequences per length (only the answer "
-              "positions scored; 95 % intervals over sequences):", "",
-              "| length | " + " | ".join(map(str, lengths)) + " |", "|---" * (len(lengths) + 1) + "|",
-              "| answer accuracy | " + " | ".join(accuracy_cell(row.get(n, {})) for n in lengths) + " |",
-              "| sequences copied without error | " + " | ".join(
-                  f"{row[n]['sequence_accuracy']:.3f}" if n in row and "sequence_accuracy" in row[n] else "—"
-                  for n in lengths) + " |",
-              "| bits per token | " + " | ".join(bpb_cell(row.get(n, {})) for n in lengths) + " |", ""]
+        lines += [
+            f"Last validation loss during training: {last['val_loss']:.3g} nats per answer token at "
+            f"{cfg['seq_len']} (the copied half only, as the training loss), step {last['step']}.",
+            "",
+        ]
+    lines += [
+        f"Evaluation on {result['settings']['documents']} fresh sequences per length (only the answer "
+        "positions scored; 95 % intervals over sequences):",
+        "",
+        "| length | " + " | ".join(map(str, lengths)) + " |",
+        "|---" * (len(lengths) + 1) + "|",
+        "| answer accuracy | " + " | ".join(accuracy_cell(row.get(n, {})) for n in lengths) + " |",
+        "| sequences copied without error | "
+        + " | ".join(
+            f"{row[n]['sequence_accuracy']:.3f}" if n in row and "sequence_accuracy" in row[n] else "—" for n in lengths
+        )
+        + " |",
+        "| bits per token | " + " | ".join(bpb_cell(row.get(n, {})) for n in lengths) + " |",
+        "",
+    ]
     if summary["heads"]:
-        lines += [f"Heads at query position {summary['classify_at']}: {summary['n_local']} local, "
-                  f"{summary['n_anti_local']} anti-local, {summary['n_mixed']} mixed "
-                  f"(`python -m fireviz biases checkpoints/{group}/{folder.name}`).", ""]
+        lines += [
+            f"Heads at query position {summary['classify_at']}: {summary['n_local']} local, "
+            f"{summary['n_anti_local']} anti-local, {summary['n_mixed']} mixed "
+            f"(`python -m fireviz biases checkpoints/{group}/{folder.name}`).",
+            "",
+        ]
     lines += ["Reproduce: `python scripts/publish_task_group.py` (see the repository README)."]
     return "\n".join(lines) + "\n"
 
@@ -108,14 +131,19 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", default="copy", help="sub-folder of checkpoints/ (default copy)")
-    ap.add_argument("--lengths", default="16,32,64,128,256,512,1024",
-                    help="¼× to 16× the training length (64), as the app's default")
+    ap.add_argument(
+        "--lengths",
+        default="16,32,64,128,256,512,1024",
+        help="¼× to 16× the training length (64), as the app's default",
+    )
     ap.add_argument("--sequences", type=int, default=evaluate.SYNTHETIC_SEQUENCES)
     ap.add_argument("--reference", default="alibi")
     args = ap.parse_args()
     groups = checkpoint_groups(CKPTS)
     if args.group not in groups or not args.group:
-        sys.exit(f"no checkpoint group {args.group!r} under {CKPTS}; groups: {', '.join(g for g in groups if g) or 'none'}")
+        sys.exit(
+            f"no checkpoint group {args.group!r} under {CKPTS}; groups: {', '.join(g for g in groups if g) or 'none'}"
+        )
     gdir = groups[args.group]
     infos, problems = scan_checkpoints(gdir)
     for folder, problem in problems.items():  # a broken checkpoint is left out (and said), the rest published
@@ -140,8 +168,15 @@ def main() -> int:
     marker = f"task-{args.group}"
     replace_generated(readme.read_text(encoding="utf-8"), marker, [])  # fail before evaluating, not after
     try:
-        runs = evaluate.evaluate_many([str(f) for f in folders], task, lengths, token_budget=args.sequences,
-                                      reference=names.index(args.reference), device="cpu", use_published=False)
+        runs = evaluate.evaluate_many(
+            [str(f) for f in folders],
+            task,
+            lengths,
+            token_budget=args.sequences,
+            reference=names.index(args.reference),
+            device="cpu",
+            use_published=False,
+        )
     except (evaluate.EvaluationError, CheckpointError) as e:
         sys.exit(f"cannot evaluate the group: {e}")
     reports = {}
@@ -167,16 +202,38 @@ def main() -> int:
     render_png(afig, gdir / "accuracy.png")
     seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
     chance = synthetic.load_task(task).chance_accuracy
-    body = [f"Task `{task}`, training length {seq_len} tokens; {args.sequences} fresh sequences per length, the same "
+    body = (
+        [
+            f"Task `{task}`, training length {seq_len} tokens; {args.sequences} fresh sequences per length, the same "
             f"for every checkpoint, only the answer positions scored; 95 % intervals over sequences. Answer accuracy "
-            f"(chance {chance:.3f}):", ""] + table(runs, lengths, accuracy_cell) + [
-        "", f"Heads' locality at query position {summaries[0]['classify_at']} (`fireviz biases`; ρ: rank correlation "
-        "of bias with distance, below −0.5 local, above +0.5 anti-local):", ""] + locality_rows(summaries, tables)
-    md = [f"# Results: the `{args.group}` task group", "", *body, "",
-          "Bits per answer token [95 % interval]:", "", *table(runs, lengths, bpb_cell), "",
-          f"Paired difference against {args.reference} on the same sequences (bits per answer token; below 0: better):",
-          "", *table([r for r in runs if r["checkpoint"] != args.reference], lengths, paired_cell), "",
-          "![answer accuracy vs length](accuracy.png)", ""]
+            f"(chance {chance:.3f}):",
+            "",
+        ]
+        + table(runs, lengths, accuracy_cell)
+        + [
+            "",
+            f"Heads' locality at query position {summaries[0]['classify_at']} (`fireviz biases`; ρ: rank correlation "
+            "of bias with distance, below −0.5 local, above +0.5 anti-local):",
+            "",
+        ]
+        + locality_rows(summaries, tables)
+    )
+    md = [
+        f"# Results: the `{args.group}` task group",
+        "",
+        *body,
+        "",
+        "Bits per answer token [95 % interval]:",
+        "",
+        *table(runs, lengths, bpb_cell),
+        "",
+        f"Paired difference against {args.reference} on the same sequences (bits per answer token; below 0: better):",
+        "",
+        *table([r for r in runs if r["checkpoint"] != args.reference], lengths, paired_cell),
+        "",
+        "![answer accuracy vs length](accuracy.png)",
+        "",
+    ]
     md += [f"![{n} biases](bias_grid_{n}.png)" for n, s in zip(names, summaries) if s["heads"]] + [""]
     atomic_write_text(gdir / "RESULTS.md", "\n".join(md))
     atomic_write_text(readme, replace_generated(readme.read_text(encoding="utf-8"), marker, body))

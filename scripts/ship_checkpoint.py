@@ -14,6 +14,7 @@ stored dtype and the sha256 of the float32 source), train_log.jsonl.gz (determin
 Results and the model card are left to the publish script. Prints the conversion error.
 Refuses a tensor that would overflow float16 or lose its non-zero values to underflow.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,15 +67,21 @@ def ship(src: Path, dst: Path, dtype_name: str = "float16") -> dict:
     tensors, meta = read_safetensors(src / "model.safetensors")
     converted, stats = convert(tensors, dtype)
     dst.mkdir(parents=True, exist_ok=True)
-    meta = {**meta, "format": "pt", "fireviz_stored_dtype": dtype_name,
-            "fireviz_converted_from_sha256": sha256_files(src / "model.safetensors")}
+    meta = {
+        **meta,
+        "format": "pt",
+        "fireviz_stored_dtype": dtype_name,
+        "fireviz_converted_from_sha256": sha256_files(src / "model.safetensors"),
+    }
     atomic_write(dst / "model.safetensors", lambda p: save_file(converted, str(p), metadata=meta))
     atomic_write(dst / "config.json", lambda p: shutil.copyfile(src / "config.json", p))
     log = src / LOG_FILE
     if log.exists():
+
         def write_gz(p):
             with open(p, "wb") as raw, gzip.GzipFile(filename=LOG_FILE, mode="wb", fileobj=raw, mtime=0) as g:
                 g.write(log.read_bytes())
+
         atomic_write(dst / LOG_FILE_GZ, write_gz)
         if (dst / LOG_FILE).exists():
             (dst / LOG_FILE).unlink()
@@ -90,16 +97,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
     a = ap.parse_args(argv)
     if a.src.resolve() == a.dst.resolve():
-        print("ship_checkpoint: error: SRC and DST are the same folder; write the shipped copy elsewhere",
-              file=sys.stderr)
+        print(
+            "ship_checkpoint: error: SRC and DST are the same folder; write the shipped copy elsewhere", file=sys.stderr
+        )
         return 2
     try:
         stats = ship(a.src, a.dst, a.dtype)
     except (OSError, ValueError) as e:
         print(f"ship_checkpoint: error: {e}", file=sys.stderr)
         return 2
-    print(f"{a.src} → {a.dst} ({a.dtype}): {stats['tensors']} tensors, max |error| {stats['max_abs_error']:.3g}, "
-          f"max relative error {stats['max_rel_error']:.3g} (|x| ≥ 1e-3)")
+    print(
+        f"{a.src} → {a.dst} ({a.dtype}): {stats['tensors']} tensors, max |error| {stats['max_abs_error']:.3g}, "
+        f"max relative error {stats['max_rel_error']:.3g} (|x| ≥ 1e-3)"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny checkpoints on disk and an environment that points the app at them."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,9 @@ TINY_ENCODINGS = ("fire", "alibi", "rope")
 TINY_SEQ_LEN = 32
 
 
-def make_tiny_checkpoint(folder: Path, encoding: str, seq_len: int = TINY_SEQ_LEN, seed: int = 0,
-                         log_steps: int = 20, results: bool = False) -> Path:
+def make_tiny_checkpoint(
+    folder: Path, encoding: str, seq_len: int = TINY_SEQ_LEN, seed: int = 0, log_steps: int = 20, results: bool = False
+) -> Path:
     """Write a 2-layer, 2-head, width-32 checkpoint with a synthetic train_log.jsonl.
 
     The log mimics fireviz.train: step, tokens, loss, lr, tokens_per_s every step, and
@@ -24,27 +26,50 @@ def make_tiny_checkpoint(folder: Path, encoding: str, seq_len: int = TINY_SEQ_LE
     (per_length at seq_len and 8·seq_len on prose) is written too.
     """
     torch.manual_seed(seed)
-    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=seq_len, position_encoding=encoding,
-                    training={"tokens": log_steps * 4 * seq_len, "data": {"domain": "prose"}, "steps": log_steps})
+    cfg = GPTConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        seq_len=seq_len,
+        position_encoding=encoding,
+        training={"tokens": log_steps * 4 * seq_len, "data": {"domain": "prose"}, "steps": log_steps},
+    )
     model = GPT(cfg)
     if encoding == "fire":  # make the heads differ so curves are not all alike
         with torch.no_grad():
             for enc in model.encodings:
-                enc.mlp[-1].weight.copy_(torch.tensor([[2.0] * enc.mlp_width, [-2.0] * enc.mlp_width])[:, :enc.mlp_width] / enc.mlp_width)
+                enc.mlp[-1].weight.copy_(
+                    torch.tensor([[2.0] * enc.mlp_width, [-2.0] * enc.mlp_width])[:, : enc.mlp_width] / enc.mlp_width
+                )
     model.save_pretrained(folder)
     with open(folder / "train_log.jsonl", "w") as f:
         for step in range(1, log_steps + 1):
-            rec = {"step": step, "tokens": step * 4 * seq_len, "loss": 5.5 * math.exp(-step / 10) + 1.0,
-                   "lr": 1e-3, "tokens_per_s": 1000.0}
+            rec = {
+                "step": step,
+                "tokens": step * 4 * seq_len,
+                "loss": 5.5 * math.exp(-step / 10) + 1.0,
+                "lr": 1e-3,
+                "tokens_per_s": 1000.0,
+            }
             if step % 5 == 0:
                 rec["val_loss"] = 5.6 * math.exp(-step / 10) + 1.1
                 rec["val_loss_4x"] = rec["val_loss"] + 0.5
             f.write(json.dumps(rec) + "\n")
     if results:
-        per_length = [{"length": n, "nats_per_token": v, "perplexity": math.exp(v), "bits_per_byte": v / math.log(2),
-                       "tokens_scored": 100, "windows": 4} for n, v in ((seq_len, 1.5), (8 * seq_len, 2.5))]
-        (folder / "results_prose.json").write_text(json.dumps(
-            {"checkpoint": folder.name, "settings": {"data": "prose"}, "per_length": per_length}))
+        per_length = [
+            {
+                "length": n,
+                "nats_per_token": v,
+                "perplexity": math.exp(v),
+                "bits_per_byte": v / math.log(2),
+                "tokens_scored": 100,
+                "windows": 4,
+            }
+            for n, v in ((seq_len, 1.5), (8 * seq_len, 2.5))
+        ]
+        (folder / "results_prose.json").write_text(
+            json.dumps({"checkpoint": folder.name, "settings": {"data": "prose"}, "per_length": per_length})
+        )
     return folder
 
 
@@ -72,4 +97,5 @@ def small_corpora_get_intervals(monkeypatch):
     ``stats.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
     floor to 2; ``test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
     import fireviz.stats as stats
+
     monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 2)

@@ -5,6 +5,7 @@ repos, with the headers huggingface_hub reads (X-Repo-Commit, ETag, Content-Leng
 Range support; every request and the bytes sent are logged so a test can check what was read.
 Point huggingface_hub at it with ``HF_ENDPOINT=http://127.0.0.1:<port>``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,7 +60,7 @@ class HubServer:
                 if rng:
                     a, b = re.match(r"bytes=(\d+)-(\d*)", rng).groups()
                     a, b = int(a), (int(b) if b else len(data) - 1)
-                    body, status = data[a:b + 1], 206
+                    body, status = data[a : b + 1], 206
                 self.send_response(status)
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')

@@ -1,5 +1,6 @@
 """Decode plotly 7 figure data for tests: arrays are stored as ``{"dtype", "bdata", "shape"}``
 (base64 of little-endian bytes) in ``fig.to_dict()``; plain lists stay lists."""
+
 from __future__ import annotations
 
 import base64

@@ -1,4 +1,5 @@
 """fireviz.analysis: bias curves/matrices, rotary kernel, locality, attention dilution, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,18 @@ from fireviz import biases_cli
 from fireviz import text_attention as TA
 from fireviz.cli import main as cli_main
 from fireviz.model import GPT, GPTConfig
+from fireviz import locality
 
 SEQ = 32  # training length of the tiny models (tokens)
 
 
 def tiny(encoding: str, n_layer: int = 2, n_head: int = 4, seed: int = 0, **opts) -> GPT:
     torch.manual_seed(seed)
-    return GPT(GPTConfig(n_layer=n_layer, n_head=n_head, d_model=32, seq_len=SEQ,
-                         position_encoding=encoding, encoding_options=opts)).eval()
+    return GPT(
+        GPTConfig(
+            n_layer=n_layer, n_head=n_head, d_model=32, seq_len=SEQ, position_encoding=encoding, encoding_options=opts
+        )
+    ).eval()
 
 
 SLOPE = 4.0  # logits per unit of FIRE's normalized input
@@ -38,8 +43,8 @@ def set_fire_heads(model: GPT, slope: float = SLOPE) -> None:
             lin1.bias.zero_()
             lin2.weight.zero_()
             lin2.bias.zero_()
-            lin1.weight[0, 0], lin1.bias[0] = 1.0, 0.0    # u0 = relu(x)
-            lin1.weight[1, 0], lin1.bias[1] = 1.0, -0.5   # u1 = relu(x − 0.5)
+            lin1.weight[0, 0], lin1.bias[0] = 1.0, 0.0  # u0 = relu(x)
+            lin1.weight[1, 0], lin1.bias[1] = 1.0, -0.5  # u1 = relu(x − 0.5)
             lin2.weight[0, 0] = -slope
             lin2.weight[1, 0] = slope
             lin2.weight[2, 0], lin2.weight[2, 1] = -slope, 2 * slope
@@ -102,7 +107,11 @@ def test_hand_set_fire_heads_are_classified(fire_model):
             assert [s.locality for s in scores] == ["local", "anti-local", "mixed", "mixed"], i
     rows = A.locality_table([rep])
     assert len(rows) == 2 * 4 and rows[1]["locality"] == "anti-local"
-    (summary,) = A.locality_summary([rep, ])
+    (summary,) = A.locality_summary(
+        [
+            rep,
+        ]
+    )
     assert (summary["n_local"], summary["n_anti_local"], summary["n_mixed"]) == (2, 2, 4)
     assert summary["share_local"] == pytest.approx(0.25)
 
@@ -118,7 +127,9 @@ def test_alibi_report_locality_and_matrix():
     assert mat.shape == (2, 16, 16)
     dist = grid[:, None] - grid[None, :]
     assert np.isnan(mat[:, dist < 0]).all()
-    np.testing.assert_allclose(mat[:, dist >= 0], (-slopes[:, None] * dist[dist >= 0][None]).astype(np.float32), rtol=1e-6)
+    np.testing.assert_allclose(
+        mat[:, dist >= 0], (-slopes[:, None] * dist[dist >= 0][None]).astype(np.float32), rtol=1e-6
+    )
 
 
 def test_fire_matrix_equals_reference_formula(fire_model):
@@ -159,8 +170,13 @@ def test_matrix_of_a_non_toeplitz_bias_goes_row_by_row(fire_model):
             return fire_model.encoding(0).bias(q_len, k_len, q_offset)
 
     qs, ks = [3, 50, 120], [0, 3, 60, 120]
-    np.testing.assert_allclose(A.bias_matrix(RowOnly(), qs, ks), A.bias_matrix(fire_model.encoding(0), qs, ks),
-                               rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(
+        A.bias_matrix(RowOnly(), qs, ks),
+        A.bias_matrix(fire_model.encoding(0), qs, ks),
+        rtol=1e-5,
+        atol=1e-6,
+        equal_nan=True,
+    )
 
 
 def test_rotary_kernel_and_nope_report():
@@ -204,18 +220,21 @@ def test_bad_positions_raise(fire_model):
 
 # -- locality classifier -----------------------------------------------------------------------
 def test_spearman_known_value():
-    assert A.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 − 6·4/(5·24)
-    assert A.spearman([1, 2, 3], [7, 7, 7]) == 0.0
+    assert locality.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)  # 1 − 6·4/(5·24)
+    assert locality.spearman([1, 2, 3], [7, 7, 7]) == 0.0
 
 
-@pytest.mark.parametrize("curve,expected", [
-    (lambda d: -0.1 * d, "local"),
-    (lambda d: 0.02 * d, "anti-local"),
-    (lambda d: (np.log1p(d) - np.log1p(255) / 2) ** 2, "mixed"),              # U in log distance
-    (lambda d: np.where(d < 16, 2.0 - d / 8, 0.0), "local"),                  # steep, then exactly flat
-    (lambda d: np.minimum(d, 100) * 0.01, "anti-local"),                      # rises to a plateau
-    (lambda d: 0.001 * np.sin(d), "mixed"),                                   # flat (range < 0.01 logits)
-])
+@pytest.mark.parametrize(
+    "curve,expected",
+    [
+        (lambda d: -0.1 * d, "local"),
+        (lambda d: 0.02 * d, "anti-local"),
+        (lambda d: (np.log1p(d) - np.log1p(255) / 2) ** 2, "mixed"),  # U in log distance
+        (lambda d: np.where(d < 16, 2.0 - d / 8, 0.0), "local"),  # steep, then exactly flat
+        (lambda d: np.minimum(d, 100) * 0.01, "anti-local"),  # rises to a plateau
+        (lambda d: 0.001 * np.sin(d), "mixed"),  # flat (range < 0.01 logits)
+    ],
+)
 def test_classify_locality_shapes(curve, expected):
     d = np.arange(256)
     assert A.classify_locality(d, curve(d)).locality == expected
@@ -223,7 +242,7 @@ def test_classify_locality_shapes(curve, expected):
 
 def test_classify_locality_scores_and_errors():
     d = np.arange(100)
-    s = A.classify_locality(d, np.exp(-((d - 30) / 5.0) ** 2), query_position=99)
+    s = A.classify_locality(d, np.exp(-(((d - 30) / 5.0) ** 2)), query_position=99)
     assert s.peak_distance == 30 and s.peak_fraction == pytest.approx(math.log(31) / math.log(100))
     assert s.bias_range == pytest.approx(1.0, abs=1e-6) and s.query_position == 99
     # the thresholds are rules, not constants baked in
@@ -261,7 +280,7 @@ def reference_shares(model: GPT, tokens: torch.Tensor, positions, near: int, row
     out = np.zeros((len(probs), probs[0].shape[0], len(positions)))
     for layer, p in enumerate(probs):
         for c, i in enumerate(positions):
-            vals = [p[:, r, max(0, r - near + 1): r + 1].sum(-1) for r in range(max(0, i - rows + 1), i + 1)]
+            vals = [p[:, r, max(0, r - near + 1) : r + 1].sum(-1) for r in range(max(0, i - rows + 1), i + 1)]
             out[layer, :, c] = torch.stack(vals).mean(0).numpy()
     return out
 
@@ -334,8 +353,22 @@ def test_cli_writes_biases_json(checkpoint, tmp_path, capsys):
     out = tmp_path / "res" / "biases.json"
     text = tmp_path / "doc.txt"
     text.write_text("the quick brown fox " * 20)
-    rc = cli_main(["biases", str(checkpoint), "--query-positions", "31,255", "--out", str(out),
-                   "--text", str(text), "--dilution-positions", "31,63,300", "--near", "8"])
+    rc = cli_main(
+        [
+            "biases",
+            str(checkpoint),
+            "--query-positions",
+            "31,255",
+            "--out",
+            str(out),
+            "--text",
+            str(text),
+            "--dilution-positions",
+            "31,63,300",
+            "--near",
+            "8",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     d = json.loads(out.read_text())
     assert d["checkpoint"] == "fire-tiny" and d["query_positions"] == [31, 255] and d["classify_at"] == 31
@@ -359,16 +392,19 @@ def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint,
     assert sorted(p.name for p in checkpoint.iterdir()) == before
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["{missing}"], "not found"),
-    (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
-    (["{ckpt}", "--query-positions", "-5"], "negative"),
-    (["{ckpt}", "--query-positions", "0"], "needs one >= 1"),
-    (["{ckpt}", "--matrix", "9:3"], "matrix window"),
-    (["{ckpt}", "--text", "{missing}"], "cannot read"),
-    (["{ckpt}", "--text", "{short}"], "longer text"),
-    ([], "required"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["{missing}"], "not found"),
+        (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
+        (["{ckpt}", "--query-positions", "-5"], "negative"),
+        (["{ckpt}", "--query-positions", "0"], "needs one >= 1"),
+        (["{ckpt}", "--matrix", "9:3"], "matrix window"),
+        (["{ckpt}", "--text", "{missing}"], "cannot read"),
+        (["{ckpt}", "--text", "{short}"], "longer text"),
+        ([], "required"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(argv, needle, checkpoint, tmp_path, capsys):
     short = tmp_path / "short.txt"
     short.write_text("tiny")
@@ -439,8 +475,21 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
     set_fire_heads(model)
     model.save_pretrained(tmp_path / "fire")
     out = tmp_path / "b.json"
-    assert cli_main(["biases", str(tmp_path / "fire"), "--query-positions", "32,200", "--normalizer-cap", "32",
-                     "--out", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "biases",
+                str(tmp_path / "fire"),
+                "--query-positions",
+                "32,200",
+                "--normalizer-cap",
+                "32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "normalizer capped at 32" in capsys.readouterr().out
     assert json.loads(out.read_text())["normalizer_cap"] == 32
     assert cli_main(["biases", str(tmp_path / "fire"), "--normalizer-cap", "0"]) == 2
@@ -449,10 +498,25 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
 
 def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoint, tmp_path, capsys):
     from fireviz import __version__, cli
+
     text = tmp_path / "t.txt"
     text.write_text("the river stone of the delta " * 40)
-    assert biases_cli.main([str(checkpoint), "--query-positions", "31", "--text", str(text), "--dilution-positions", "31,63",
-                   "--out", str(tmp_path / "b.json")]) == 0
+    assert (
+        biases_cli.main(
+            [
+                str(checkpoint),
+                "--query-positions",
+                "31",
+                "--text",
+                str(text),
+                "--dilution-positions",
+                "31,63",
+                "--out",
+                str(tmp_path / "b.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "attention share on the nearest 16 keys" in out and "      31       63" in out
     assert cli.main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"fireviz {__version__}"

@@ -4,6 +4,7 @@ The app is pointed at tiny checkpoints (tests/conftest.py: fire, alibi, rope; 2 
 heads, trained length 32) through FIREVIZ_CHECKPOINTS_DIR, and at a fresh evaluation cache.
 Figures are compared with the library's own numbers, so a page that drew the wrong curve fails.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,6 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from fireviz import analysis, checkpoints, evaluate, jobs, text_attention, ui
 from fireviz.model import GPT, CheckpointError
+from fireviz import run_records
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
@@ -82,10 +84,14 @@ def test_home_lists_checkpoints_with_headline_numbers(app_env):
 
 
 def test_headline_ignores_zero_shot_rope_variants():
-    own = {"settings": {"data": "prose", "rope_scaling": None},
-           "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 3.0}]}
-    yarn = {"settings": {"data": "prose", "rope_scaling": "yarn"},
-            "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 2.5}]}
+    own = {
+        "settings": {"data": "prose", "rope_scaling": None},
+        "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 3.0}],
+    }
+    yarn = {
+        "settings": {"data": "prose", "rope_scaling": "yarn"},
+        "per_length": [{"length": 512, "bits_per_byte": 2.0}, {"length": 4096, "bits_per_byte": 2.5}],
+    }
     head = checkpoints.headline_numbers(512, {"results.json": [own, yarn]}, [])
     assert head["bpb @ 4096"] == 3.0  # the checkpoint's own number, not YaRN's
 
@@ -123,8 +129,15 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
         make_tiny_checkpoint(root / name, enc, seed=seed)
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
-    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "fire_seed1", "alibi"],
-              len=["16", "32"], budget="256", pool="true", mode="nonoverlapping").run()
+    at = page(
+        "pages/3_Length_generalization.py",
+        domain="upload",
+        ckpt=["fire", "fire_seed1", "alibi"],
+        len=["16", "32"],
+        budget="256",
+        pool="true",
+        mode="nonoverlapping",
+    ).run()
     at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(at)
     assert at.sidebar.checkbox(key="lengen_pool").value is True
@@ -135,8 +148,15 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     assert [(t["meta"]["group"], t["meta"]["n"]) for t in lines] == [("fire", 2), ("alibi", 1)]
     assert lines[0]["name"] == "fire (mean ± std, 2 seeds)"
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
-    ref = evaluate.evaluate_many([str(root / "fire"), str(root / "fire_seed1")], str(upload), [16, 32],
-                                 mode="nonoverlapping", token_budget=256, split="all", device="cpu")
+    ref = evaluate.evaluate_many(
+        [str(root / "fire"), str(root / "fire_seed1")],
+        str(upload),
+        [16, 32],
+        mode="nonoverlapping",
+        token_budget=256,
+        split="all",
+        device="cpu",
+    )
     ppls = np.array([[e["perplexity"] for e in r["per_length"]] for r in ref])
     assert not np.allclose(ppls[0], ppls[1])  # two different models
     fire = lines[0]
@@ -157,7 +177,11 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     assert ui.pool_seeds([{"checkpoint": "fire_seed1"}, {"checkpoint": "fire_seed2"}])[1]["label"] == "fire"
     at.sidebar.checkbox(key="lengen_pool").uncheck().run()
     no_exception(at)
-    assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {"fire", "fire_seed1", "alibi"}
+    assert {t["meta"]["group"] for t in figures(at)[0]["data"] if t.get("mode") == "lines+markers"} == {
+        "fire",
+        "fire_seed1",
+        "alibi",
+    }
     assert not [c for c in at.dataframe[0].value.columns if c.endswith("_std")]  # nothing pooled: no std columns
 
 
@@ -169,13 +193,21 @@ def test_length_generalization_shows_shipped_results_without_run(tmp_path, monke
     root = tmp_path / "root"
     make_tiny_checkpoint(root / "rope", "rope", seed=2)
     kw = dict(mode="nonoverlapping", token_budget=256, device="cpu", cache_dir=tmp_path / "publisher")
-    shipped = [evaluate.evaluate_many([str(root / "rope")], "prose", [64], rope_scaling=s, **kw)[0]
-               for s in (None, "pi", "yarn")]
+    shipped = [
+        evaluate.evaluate_many([str(root / "rope")], "prose", [64], rope_scaling=s, **kw)[0]
+        for s in (None, "pi", "yarn")
+    ]
     (root / "rope" / "results.json").write_text(json.dumps(shipped))
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "empty-cache"))
-    at = page("pages/3_Length_generalization.py", ckpt="rope", len="64", budget="256", scaling=["pi", "yarn"],
-              mode="nonoverlapping")
+    at = page(
+        "pages/3_Length_generalization.py",
+        ckpt="rope",
+        len="64",
+        budget="256",
+        scaling=["pi", "yarn"],
+        mode="nonoverlapping",
+    )
     run_until(at, lambda a: bool(a.dataframe) and len(set(a.dataframe[0].value["group"])) == 3, timeout=60)
     table = at.dataframe[0].value
     assert list(table["group"]) == ["rope", "rope + pi", "rope + yarn"]
@@ -245,8 +277,9 @@ def test_biases_grid_matches_the_library(app_env):
     for tr in fig["data"]:
         m = tr["meta"]
         curve = next(c for c in rep["layers"][m["layer"]]["curves"] if c["query_position"] == m["query_position"])
-        np.testing.assert_allclose(arr(tr["y"]), np.asarray(curve["bias"][m["head"]])[arr(tr["x"]).astype(int)],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            arr(tr["y"]), np.asarray(curve["bias"][m["head"]])[arr(tr["x"]).astype(int)], rtol=1e-5, atol=1e-6
+        )
     # locality table: one row per layer × head, same classes as the library
     table = at.dataframe[1].value
     expected = analysis.locality_table([rep])
@@ -266,7 +299,7 @@ def test_biases_one_head_view_from_the_url_and_two_checkpoints(app_env):
     # ALiBi head 1 of 2: slope 2^-8 → bias −d/256 at every query position
     alibi = next(f for f in curves if "alibi" in f["layout"]["title"]["text"])
     tr = alibi["data"][0]
-    np.testing.assert_allclose(arr(tr["y"]), -arr(tr["x"]) * 2.0 ** -8, atol=1e-6)
+    np.testing.assert_allclose(arr(tr["y"]), -arr(tr["x"]) * 2.0**-8, atol=1e-6)
     assert at.query_params["view"] == "head" and at.query_params["layer"] == "1"
     # switching the layer widget writes the URL
     at.sidebar.selectbox(key="biases_layer").set_value(0).run()
@@ -368,7 +401,7 @@ def test_fit_alibi_live_and_download(app_env):
     fig = figures(at)[0]
     target = next(tr for tr in fig["data"] if tr["meta"]["series"] == "target")
     d = arr(target["x"])
-    np.testing.assert_allclose(arr(target["y"]), -0.5 ** 4 * d, atol=1e-6)  # head 0 of 2: slope 2^-4
+    np.testing.assert_allclose(arr(target["y"]), -(0.5**4) * d, atol=1e-6)  # head 0 of 2: slope 2^-4
     fitted = next(tr for tr in fig["data"] if tr["meta"]["series"] == "fitted")
     assert np.max(np.abs(arr(fitted["y"]) - arr(target["y"]))) < 1e-3  # ALiBi is linear in d: FIRE fits it
     labels = [m.label for m in at.metric]
@@ -419,7 +452,10 @@ def test_length_generalization_default_lengths_are_a_quarter_to_16x_the_training
 def test_job_error_text_strips_the_checkpoint_error_prefix():
     from fireviz import ui
 
-    assert ui.job_error_text("CheckpointError: x is truncated; copy it again") == ("x is truncated; copy it again", True)
+    assert ui.job_error_text("CheckpointError: x is truncated; copy it again") == (
+        "x is truncated; copy it again",
+        True,
+    )
     assert ui.job_error_text("ValueError: bad stride") == ("ValueError: bad stride", False)
 
 
@@ -433,8 +469,14 @@ def test_length_generalization_bad_upload_is_a_clear_error(app_env):
 
 def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_env):
     q = jobs.default_queue("evaluate")
-    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
-              budget="256", mode="nonoverlapping").run()
+    at = page(
+        "pages/3_Length_generalization.py",
+        domain="upload",
+        ckpt=["fire", "alibi"],
+        len=["16", "32", "64"],
+        budget="256",
+        mode="nonoverlapping",
+    ).run()
     at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(at)
     before = len(q.jobs())
@@ -450,16 +492,29 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
     np.testing.assert_allclose(table["bits_per_byte"], table["nats_per_token"] / math.log(2))
     # the same numbers as the library (now all from the on-disk cache the job wrote)
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
-    ref = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],
-                                 mode="nonoverlapping", token_budget=256, split="all", device="cpu")
+    ref = evaluate.evaluate_many(
+        [str(app_env / "fire"), str(app_env / "alibi")],
+        str(upload),
+        [16, 32, 64],
+        mode="nonoverlapping",
+        token_budget=256,
+        split="all",
+        device="cpu",
+    )
     for r in ref:
         assert all(e["cached"] for e in r["per_length"])
         tr = next(t for t in ppl["data"] if t["name"] == r["checkpoint"])
         np.testing.assert_allclose(arr(tr["y"]), [e["perplexity"] for e in r["per_length"]], rtol=1e-9)
         np.testing.assert_array_equal(arr(tr["x"]), [16, 32, 64])
     # a second tab (new session) with the same settings finds the finished job: no new run
-    tab2 = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
-                budget="256", mode="nonoverlapping").run()
+    tab2 = page(
+        "pages/3_Length_generalization.py",
+        domain="upload",
+        ckpt=["fire", "alibi"],
+        len=["16", "32", "64"],
+        budget="256",
+        mode="nonoverlapping",
+    ).run()
     tab2.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(tab2)
     assert len(tab2.get("plotly_chart")) == 3
@@ -487,27 +542,32 @@ def test_training_runs_plot_the_logs(app_env):
     assert len(df) == 3
     row = df[df["checkpoint"] == "fire"].iloc[0]  # the last record, the last evaluation, the last 100 steps' mean loss
     last_eval = [r for r in log if r.get("val_loss") is not None][-1]
-    n = checkpoints.SUMMARY_STEPS
-    assert row["steps"] == log[-1]["step"] and "training seed" in df.columns  # None here: no train.seed in the tiny config
+    n = run_records.SUMMARY_STEPS
+    assert (
+        row["steps"] == log[-1]["step"] and "training seed" in df.columns
+    )  # None here: no train.seed in the tiny config
     assert row[f"train loss (last {n} steps)"] == pytest.approx(np.mean([r["loss"] for r in log[-n:]]))
     assert row["last val loss"] == pytest.approx(last_eval["val_loss"])
 
 
 def test_training_summary_row_without_evaluations():
-    info = checkpoints.CheckpointInfo(name="x", path="/x", source="local", config={}, position_encoding="fire",
-                                      num_parameters=1, seq_len=64)
-    row = checkpoints.training_summary_row(info, [{"step": 5, "tokens": 320, "loss": 2.0, "lr": 1e-3}])
+    info = checkpoints.CheckpointInfo(
+        name="x", path="/x", source="local", config={}, position_encoding="fire", num_parameters=1, seq_len=64
+    )
+    row = run_records.training_summary_row(info, [{"step": 5, "tokens": 320, "loss": 2.0, "lr": 1e-3}])
     assert row["steps"] == 5 and row["last val loss"] is None and row["last val loss @ 4×"] is None
-    assert checkpoints.training_summary_row(info, [])["steps"] is None
+    assert run_records.training_summary_row(info, [])["steps"] is None
     log = [{"step": k, "loss": float(k), "tokens_per_s": 10.0 * k} for k in range(1, 11)]
-    row = checkpoints.training_summary_row(info, log, last_steps=4)  # steps 7..10
+    row = run_records.training_summary_row(info, log, last_steps=4)  # steps 7..10
     assert row["train loss (last 4 steps)"] == 8.5 and row["tokens/s (median, last 4 steps)"] == 85.0
-    assert checkpoints.training_summary_row(info, log, last_steps=1)["train loss (last step)"] == 10.0
+    assert run_records.training_summary_row(info, log, last_steps=1)["train loss (last step)"] == 10.0
     log[8]["loss"] = math.nan  # a non-finite loss is skipped, not spread over the mean
-    assert checkpoints.training_summary_row(info, log, last_steps=4)["train loss (last 4 steps)"] == pytest.approx(25 / 3)
+    assert run_records.training_summary_row(info, log, last_steps=4)["train loss (last 4 steps)"] == pytest.approx(
+        25 / 3
+    )
     for bad in (0, 2.5, True):
         with pytest.raises(ValueError, match="last_steps"):
-            checkpoints.training_summary_row(info, log, last_steps=bad)
+            run_records.training_summary_row(info, log, last_steps=bad)
 
 
 # -- the library pieces under the pages ----------------------------------------------------------
@@ -525,6 +585,7 @@ def test_job_queue_runs_each_key_once_fifo_and_cancels():
                 time.sleep(0.05)
             order.append(tag)
             return tag
+
         return f
 
     a = q.submit({"job": "a"}, work("a"))
@@ -560,14 +621,26 @@ def test_length_generalization_same_text_intervals_paired_and_cap(app_env):
     """The default protocol scores the same text at every length; the table carries 95 %
     intervals, the paired figure the differences against the chosen reference, and the cap
     control adds capped FIRE rows computed with evaluate's normalizer_cap."""
-    at = page("pages/3_Length_generalization.py", domain="upload", ckpt=["fire", "alibi"], len=["16", "32", "64"],
-              cap="16", ref="alibi").run()
+    at = page(
+        "pages/3_Length_generalization.py",
+        domain="upload",
+        ckpt=["fire", "alibi"],
+        len=["16", "32", "64"],
+        cap="16",
+        ref="alibi",
+    ).run()
     at.sidebar.file_uploader(key="lengen_upload").upload("tiny.jsonl", _tiny_jsonl()).run()
     no_exception(at)
     assert at.sidebar.radio(key="lengen_mode").value == "same_text"
     at.button(key="lengen_run").click()
-    run_until(at, lambda a: len(a.get("plotly_chart")) == 3 and bool(a.dataframe)
-              and "fire cap 16" in set(a.dataframe[0].value["group"]))
+    run_until(
+        at,
+        lambda a: (
+            len(a.get("plotly_chart")) == 3
+            and bool(a.dataframe)
+            and "fire cap 16" in set(a.dataframe[0].value["group"])
+        ),
+    )
     table = at.dataframe[0].value
     assert list(dict.fromkeys(table["group"])) == ["fire", "alibi", "fire cap 16"]
     assert (table["ci95_low"] <= table["bits_per_byte"]).all() and (table["bits_per_byte"] <= table["ci95_high"]).all()
@@ -575,22 +648,33 @@ def test_length_generalization_same_text_intervals_paired_and_cap(app_env):
     caption = " ".join(c.value for c in at.caption)
     assert "same text at every length: the first 64 tokens of" in caption
     upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
-    plain = evaluate.evaluate_many([str(app_env / "fire"), str(app_env / "alibi")], str(upload), [16, 32, 64],
-                                   split="all", device="cpu", reference=1)
-    capped = evaluate.evaluate_many([str(app_env / "fire")], str(upload), [16, 32, 64], split="all", device="cpu",
-                                    normalizer_cap=16)[0]
+    plain = evaluate.evaluate_many(
+        [str(app_env / "fire"), str(app_env / "alibi")],
+        str(upload),
+        [16, 32, 64],
+        split="all",
+        device="cpu",
+        reference=1,
+    )
+    capped = evaluate.evaluate_many(
+        [str(app_env / "fire")], str(upload), [16, 32, 64], split="all", device="cpu", normalizer_cap=16
+    )[0]
     assert all(e["cached"] for r in plain + [capped] for e in r["per_length"][1:])  # what the page's jobs computed
     # capped rows only beyond the cap (at 16 they would equal, and hide, the plain ones)
     assert list(table[table["group"] == "fire cap 16"]["length"]) == [32, 64]
-    np.testing.assert_allclose(table[table["group"] == "fire cap 16"]["bits_per_byte"],
-                               [e["bits_per_byte"] for e in capped["per_length"][1:]], rtol=1e-12)
+    np.testing.assert_allclose(
+        table[table["group"] == "fire cap 16"]["bits_per_byte"],
+        [e["bits_per_byte"] for e in capped["per_length"][1:]],
+        rtol=1e-12,
+    )
     assert at.selectbox(key="lengen_ref").value == "alibi"
     paired = figures(at)[1]
     assert paired["layout"]["meta"]["reference"] == "alibi"
     fire = next(t for t in paired["data"] if t.get("meta", {}).get("group") == "fire")
     np.testing.assert_allclose(arr(fire["y"]), [e["paired_delta_bpb"] for e in plain[0]["per_length"]], rtol=1e-9)
-    np.testing.assert_allclose(arr(fire["y"]) + arr(fire["error_y"]["array"]),
-                               [e["paired_ci95"][1] for e in plain[0]["per_length"]], rtol=1e-9)
+    np.testing.assert_allclose(
+        arr(fire["y"]) + arr(fire["error_y"]["array"]), [e["paired_ci95"][1] for e in plain[0]["per_length"]], rtol=1e-9
+    )
     assert at.query_params["ref"] == "alibi" and at.query_params["cap"] == "16"
 
 
@@ -599,11 +683,22 @@ def test_training_runs_plot_position_parameters(tmp_path, monkeypatch):
 
     root = tmp_path / "root"
     make_tiny_checkpoint(root / "kerple_log", "kerple_log", seed=3)
-    rows = [{"step": 0, "tokens": 0, "val_loss": 5.0, "position_parameters": {"r1": {"0": [1.0, 2.0]},
-                                                                                "r2": {"0": [0.5, 0.25]}}},
-            {"step": 1, "tokens": 64, "loss": 4.0},
-            {"step": 2, "tokens": 128, "loss": 3.9, "val_loss": 3.5,
-             "position_parameters": {"r1": {"0": [1.1, 2.1]}, "r2": {"0": [0.6, 0.01]}}}]
+    rows = [
+        {
+            "step": 0,
+            "tokens": 0,
+            "val_loss": 5.0,
+            "position_parameters": {"r1": {"0": [1.0, 2.0]}, "r2": {"0": [0.5, 0.25]}},
+        },
+        {"step": 1, "tokens": 64, "loss": 4.0},
+        {
+            "step": 2,
+            "tokens": 128,
+            "loss": 3.9,
+            "val_loss": 3.5,
+            "position_parameters": {"r1": {"0": [1.1, 2.1]}, "r2": {"0": [0.6, 0.01]}},
+        },
+    ]
     (root / "kerple_log" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
@@ -620,13 +715,17 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     """The cap control overlays capped curves (at a query past the cap they equal the uncapped
     curve of the query at the cap, for distances below it), the fixed-distance figure follows
     f_θ's input, and the dilution panel measures in the background what analysis computes."""
-    at = page("pages/1_Learned_biases.py", ckpt="fire", view="head", layer="1", head="0", pos="32,255",
-              cap="32", dnear="4").run()
+    at = page(
+        "pages/1_Learned_biases.py", ckpt="fire", view="head", layer="1", head="0", pos="32,255", cap="32", dnear="4"
+    ).run()
     no_exception(at)
     assert at.sidebar.number_input(key="biases_cap").value == 32
     figs = figures(at)
-    curves = {(t["meta"]["query_position"], t["meta"]["capped"]): t for t in figs[0]["data"]
-              if "query_position" in t.get("meta", {})}
+    curves = {
+        (t["meta"]["query_position"], t["meta"]["capped"]): t
+        for t in figs[0]["data"]
+        if "query_position" in t.get("meta", {})
+    }
     assert set(curves) == {(32, None), (255, None), (32, 32), (255, 32)}
     plain_32, capped_255, plain_255 = (arr(curves[k]["y"]) for k in ((32, None), (255, 32), (255, None)))
     np.testing.assert_array_equal(capped_255[:32], plain_32[:32])  # distances 0..31 < cap
@@ -642,7 +741,10 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     model = GPT.from_pretrained(str(app_env / "fire"))
     enc = model.encodings[1]
     import torch
-    expected = (enc.psi(torch.tensor([1.0])) / enc.normalizer(torch.tensor(q.astype(np.int64)))).detach().double().numpy()
+
+    expected = (
+        (enc.psi(torch.tensor([1.0])) / enc.normalizer(torch.tensor(q.astype(np.int64)))).detach().double().numpy()
+    )
     np.testing.assert_allclose(y_plain, expected, rtol=1e-5)
     # dilution: not measured yet → Measure → the panel's figure matches the library
     assert any("Not measured yet" in c.value for c in at.caption)
@@ -650,6 +752,7 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     run_until(at, lambda a: any("nearest 4 keys" in f["layout"]["title"]["text"] for f in figures(a)), timeout=120)
     dil = next(f for f in figures(at) if "nearest 4 keys" in f["layout"]["title"]["text"])
     from fireviz.data import document_tokens, load_documents, split_documents
+
     doc = next(d for d in split_documents(load_documents("prose"), "validation") if d.num_tokens >= 16 * 32)
     direct = text_attention.attention_dilution(model, document_tokens(doc), near=4)
     capped = text_attention.attention_dilution(model, document_tokens(doc), near=4, normalizer_cap=32)
@@ -675,6 +778,7 @@ def test_length_generalization_takes_any_length_from_the_url_and_the_widget(app_
 
 def test_parse_lengths():
     from fireviz import ui
+
     assert ui.parse_lengths([3000, "1,536", " 64 ", "0", "x", True], 2, 1 << 20) == ([64, 1536, 3000], ["0", "x", True])
 
 
@@ -692,6 +796,7 @@ def test_fit_shared_url_opens_on_the_finished_fit(app_env):
 @pytest.mark.slow
 def test_fit_stop_during_the_closed_form_start(app_env):
     from fireviz import jobs
+
     job = jobs.submit_fit("alibi", {}, 512, 256, 32, 50, seed=11)
     deadline = time.time() + 60
     while job.status == jobs.QUEUED and time.time() < deadline:
@@ -708,9 +813,17 @@ def test_fit_stop_during_the_closed_form_start(app_env):
 
 def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env):
     from fireviz import jobs
+
     fire = str(app_env / "fire")
-    settings = {"mode": "nonoverlapping", "stride": None, "token_budget": 256, "seed": 0, "split": "validation",
-                "device": "cpu", "rope_scaling": None}
+    settings = {
+        "mode": "nonoverlapping",
+        "stride": None,
+        "token_budget": 256,
+        "seed": 0,
+        "split": "validation",
+        "device": "cpu",
+        "rope_scaling": None,
+    }
     evaluate.evaluate_many([fire], "prose", [16], **settings)  # length 16 finished (cached) before the cancel
     job = jobs.submit_evaluation([fire], "prose", [16, 32], settings)
     jobs.default_queue("evaluate").cancel(job.key)

@@ -3,6 +3,7 @@
 One test per case of the issue's table that this module covers, and property tests that
 write arbitrary JSON and bytes into a checkpoint folder's files.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ from conftest import make_tiny_checkpoint
 from fireviz import checkpoints, data, eval_cli, evaluate, train_cli
 from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
 from fireviz.model import GPT, CheckpointError, config_from_dict
+from fireviz import fit_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -48,9 +50,16 @@ def test_json_depth_ignores_brackets_in_strings_and_needs_no_recursion():
     assert json_depth(NESTED) == 100_000
 
 
-@pytest.mark.parametrize("text, match", [(NESTED, "nests 100000 levels"), ("[NaN]", "non-finite"),
-                                         ("[-Infinity]", "non-finite"), ("[1e999]", "out of float range"),
-                                         ("{", "not valid JSON")])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (NESTED, "nests 100000 levels"),
+        ("[NaN]", "non-finite"),
+        ("[-Infinity]", "non-finite"),
+        ("[1e999]", "out of float range"),
+        ("{", "not valid JSON"),
+    ],
+)
 def test_parse_json_refuses_deep_nonfinite_and_broken(text, match):
     with pytest.raises(FileFormatError, match=match):
         parse_json(text, "x.json")
@@ -96,11 +105,12 @@ def test_deeply_nested_json_affects_only_its_checkpoint(root, file):
 
 def test_results_with_wrong_types_or_nonfinite_numbers_are_left_out(root):
     res = root / "victim" / "results_prose.json"
-    for text, match in (('{"settings": {"data": ["prose"]}, "per_length": []}', "settings.data is not a string"),
-                        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": NaN}]}',
-                         "non-finite"),
-                        ('{"settings": {"data": "prose"}, "per_length": [{"length": "32"}]}', "length is not"),
-                        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "ci95": [1]}]}', "ci95")):
+    for text, match in (
+        ('{"settings": {"data": ["prose"]}, "per_length": []}', "settings.data is not a string"),
+        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": NaN}]}', "non-finite"),
+        ('{"settings": {"data": "prose"}, "per_length": [{"length": "32"}]}', "length is not"),
+        ('{"settings": {"data": "prose"}, "per_length": [{"length": 32, "ci95": [1]}]}', "ci95"),
+    ):
         res.write_text(text)
         info = checkpoints.read_checkpoint(root / "victim")
         assert match in info.problems["results_prose.json"] and info.results == {}
@@ -116,8 +126,9 @@ def test_train_log_with_a_non_number_step_is_left_out(root):
 
 def test_eval_cli_on_a_nested_config_is_one_error_not_a_traceback(root, capsys, tmp_path):
     (root / "victim" / "config.json").write_text(NESTED)
-    rc = eval_cli.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
-                        "--lengths", "16", "--no-cache"])
+    rc = eval_cli.main(
+        [str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all", "--lengths", "16", "--no-cache"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "nests 100000 levels" in err and "Traceback" not in err
 
@@ -137,8 +148,16 @@ def test_a_config_missing_a_field_that_changes_the_numbers_is_refused(root, fiel
 
 
 def test_config_from_dict_takes_absent_fields_that_do_not_change_the_numbers():
-    cfg = {"n_layer": 1, "n_head": 1, "d_model": 8, "seq_len": 16, "vocab_size": 257, "position_encoding": "nope",
-           "encoding_options": {}, "absolute_position_embedding": False}
+    cfg = {
+        "n_layer": 1,
+        "n_head": 1,
+        "d_model": 8,
+        "seq_len": 16,
+        "vocab_size": 257,
+        "position_encoding": "nope",
+        "encoding_options": {},
+        "absolute_position_embedding": False,
+    }
     assert config_from_dict(cfg).dropout == 0.0
 
 
@@ -159,8 +178,12 @@ def test_tied_tensors_that_disagree_are_refused(root):
 # -- numeric policy ------------------------------------------------------------------------------
 def _small_text(tmp_path: Path) -> Path:
     p = tmp_path / "text.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "the quick brown fox jumps over the lazy dog " * 3})
-                         + "\n" for i in range(3)))
+    p.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "text": "the quick brown fox jumps over the lazy dog " * 3}) + "\n"
+            for i in range(3)
+        )
+    )
     return p
 
 
@@ -175,8 +198,20 @@ def test_nan_weights_are_reported_by_name_never_cached_and_fail_the_cli(root, tm
         evaluate.evaluate_many([str(root / "victim")], str(_small_text(tmp_path)), [16], split="all", cache_dir=cache)
     assert not any(cache.rglob("*.json")) if cache.exists() else True
     for extra in ([], ["--no-cache"]):
-        rc = eval_cli.main([str(root / "victim"), "--data", str(_small_text(tmp_path)), "--split", "all",
-                            "--lengths", "16", "--cache-dir", str(cache)] + extra)
+        rc = eval_cli.main(
+            [
+                str(root / "victim"),
+                "--data",
+                str(_small_text(tmp_path)),
+                "--split",
+                "all",
+                "--lengths",
+                "16",
+                "--cache-dir",
+                str(cache),
+            ]
+            + extra
+        )
         assert rc != 0 and name in capsys.readouterr().err
 
 
@@ -224,6 +259,7 @@ def test_train_and_eval_take_a_lone_surrogate(tmp_path):
 # -- uploads ------------------------------------------------------------------------------------
 def test_a_refused_upload_is_deleted(tmp_path, monkeypatch):
     from fireviz import ui
+
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(data.DataError):
         ui.save_upload("bad.jsonl", b'{"no_text": 1}\n')
@@ -238,19 +274,45 @@ def test_streamlit_upload_limit_matches_the_library():
     import tomllib
 
     from fireviz import ui
+
     cfg = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
     assert cfg["server"]["maxUploadSize"] == ui.MAX_UPLOAD_MB
 
 
 # -- properties: arbitrary content never escapes as a foreign error ---------------------------
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=8), lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
-                     max_leaves=12)
-_key_json = st.fixed_dictionaries({}, optional={k: _json for k in (
-    "settings", "per_length", "data", "length", "bits_per_byte", "n_layer", "seq_len", "position_encoding",
-    "step", "loss", "val_loss", "tokens", "ci95")})
-_content = st.one_of(st.binary(max_size=200), _json.map(json.dumps), _key_json.map(json.dumps),
-                     st.just(NESTED), st.just('{"settings": {"data": "prose"}, "per_length": [{"length": 1e999}]}'))
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4),
+    max_leaves=12,
+)
+_key_json = st.fixed_dictionaries(
+    {},
+    optional={
+        k: _json
+        for k in (
+            "settings",
+            "per_length",
+            "data",
+            "length",
+            "bits_per_byte",
+            "n_layer",
+            "seq_len",
+            "position_encoding",
+            "step",
+            "loss",
+            "val_loss",
+            "tokens",
+            "ci95",
+        )
+    },
+)
+_content = st.one_of(
+    st.binary(max_size=200),
+    _json.map(json.dumps),
+    _key_json.map(json.dumps),
+    st.just(NESTED),
+    st.just('{"settings": {"data": "prose"}, "per_length": [{"length": 1e999}]}'),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -286,13 +348,24 @@ def _pristine(factory) -> Path:
     return _PRISTINE["root"]
 
 
-@pytest.mark.parametrize("file, content, refused", [
-    ("config.json", NESTED, True), ("results_prose.json", NESTED, True), ("train_log.jsonl", NESTED, True),
-    ("results_prose.json", '{"settings": {"data": ["prose"]}, "per_length": []}', True),
-    ("train_log.jsonl", '{"step": 1, "loss": NaN, "val_loss": NaN}\n', False),  # a diverged run: shown, not a number
-    ("config.json", b"\xff\xfe\x00garbage", True)])
+@pytest.mark.parametrize(
+    "file, content, refused",
+    [
+        ("config.json", NESTED, True),
+        ("results_prose.json", NESTED, True),
+        ("train_log.jsonl", NESTED, True),
+        ("results_prose.json", '{"settings": {"data": ["prose"]}, "per_length": []}', True),
+        (
+            "train_log.jsonl",
+            '{"step": 1, "loss": NaN, "val_loss": NaN}\n',
+            False,
+        ),  # a diverged run: shown, not a number
+        ("config.json", b"\xff\xfe\x00garbage", True),
+    ],
+)
 def test_every_page_renders_the_other_checkpoints(root, monkeypatch, tmp_path, file, content, refused):
     from streamlit.testing.v1 import AppTest
+
     target = root / "victim" / file
     target.write_bytes(content if isinstance(content, bytes) else content.encode())
     monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
@@ -307,6 +380,7 @@ def test_every_page_renders_the_other_checkpoints(root, monkeypatch, tmp_path, f
 
 def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path):
     from streamlit.testing.v1 import AppTest
+
     (tmp_path / "exists").mkdir()
     (tmp_path / "exists" / "config.json").write_text("{}")
     (tmp_path / "a_file.txt").write_text("x")
@@ -323,15 +397,19 @@ def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path)
 # -- memory before work ---------------------------------------------------------------------------
 def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_path, monkeypatch):
     from fireviz import memory
+
     cfg = GPT.from_pretrained(str(root / "good")).config
     need_16 = memory.forward_bytes(cfg, 1, 16)
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": need_16 + 1)
     calls = []
-    monkeypatch.setattr(evaluate, "score_windows", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(
+        evaluate, "score_windows", lambda *a, **k: calls.append(a) or (_ for _ in ()).throw(AssertionError)
+    )
     text = tmp_path / "long.jsonl"
     text.write_text(json.dumps({"id": "a", "text": "x" * 5000}) + "\n")
-    r = evaluate.evaluate_many([str(root / "good")], str(text), [4096], split="all", use_cache=False,
-                               batch_tokens=16)[0]
+    r = evaluate.evaluate_many([str(root / "good")], str(text), [4096], split="all", use_cache=False, batch_tokens=16)[
+        0
+    ]
     err = r["per_length"][0]["error"]
     assert "needs about" in err and "available" in err and "largest length that fits is about" in err
     largest = int(err.split("largest length that fits is about ")[1].split(" ")[0].replace(",", ""))
@@ -343,6 +421,7 @@ def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_pat
 def test_forward_bytes_grows_with_length_and_batch():
     from fireviz import memory
     from fireviz.model import GPTConfig
+
     for enc in ("fire", "rope"):
         cfg = GPTConfig(position_encoding=enc)
         sizes = [memory.forward_bytes(cfg, 1, n) for n in (512, 1024, 4096, 16384)]
@@ -352,12 +431,19 @@ def test_forward_bytes_grows_with_length_and_batch():
 # -- progress for every long call -------------------------------------------------------------------
 def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
     from fireviz import fit, fit_cli
+
     rc = fit_cli.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
     err = capsys.readouterr().err
-    assert rc == 2 and "100000" in err and f"{fit.MAX_FIT_HEADS}" in err
+    assert rc == 2 and "100000" in err and f"{fit_targets.MAX_FIT_HEADS}" in err
     seen, stops = [], iter([False, False, True])
-    r = fit.fit_fire("alibi", 64, num_heads=2, steps=5, start_progress=lambda d, t: seen.append((d, t)),
-                     should_stop=lambda: next(stops, True))
+    r = fit.fit_fire(
+        "alibi",
+        64,
+        num_heads=2,
+        steps=5,
+        start_progress=lambda d, t: seen.append((d, t)),
+        should_stop=lambda: next(stops, True),
+    )
     assert seen[:3] == [(1, 9), (2, 9), (3, 9)] and r.stopped and r.steps_run == 0  # Stop works in the start
     assert math.isfinite(r.relative_rmse)
 
@@ -372,11 +458,13 @@ def test_document_tokens_slices_equal_the_int64_tokens():
 
 def test_eval_counts_documents_too_short_and_takes_lone_surrogates(root, tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": ("ab\ud800cd " * 20)[: 60 + 40 * i]}) + "\n"
-                         for i in range(4)))
+    p.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": ("ab\ud800cd " * 20)[: 60 + 40 * i]}) + "\n" for i in range(4))
+    )
     with pytest.warns(data.RawBytesWarning):
-        r = evaluate.evaluate_many([str(root / "good")], str(p), [100], split="all", use_cache=False,
-                                   mode="nonoverlapping")[0]
+        r = evaluate.evaluate_many(
+            [str(root / "good")], str(p), [100], split="all", use_cache=False, mode="nonoverlapping"
+        )[0]
     e = r["per_length"][0]
     assert e["documents_skipped"] == 1 and e["documents"] == 3 and math.isfinite(e["bits_per_byte"])
     assert "documents too short" in eval_cli.format_table([r])
@@ -386,8 +474,10 @@ def test_train_takes_a_lone_surrogate(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps({"id": f"d{i}", "text": "ab\ud800cd " * 40}) + "\n" for i in range(12)))
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
-                   f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n')
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
+        f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n'
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", data.RawBytesWarning)
         rc = train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
@@ -396,6 +486,7 @@ def test_train_takes_a_lone_surrogate(tmp_path):
 
 def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
     from fireviz import analysis, fit, memory
+
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
     with pytest.raises(ValueError, match="needs about .* more than the 10 MiB available"):
         fit.fit_fire("alibi", 4096, num_heads=8, steps=1)
@@ -405,8 +496,9 @@ def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypat
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 1000}) + "\n" for i in range(12)))
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[model]\nseq_len = 1024\nposition_encoding = "alibi"\n[train]\ndata = "{p}"\nmax_steps = 2\n'
-                   'batch_size = 16\n')
+    cfg.write_text(
+        f'[model]\nseq_len = 1024\nposition_encoding = "alibi"\n[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 16\n'
+    )
     rc = train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
     assert rc != 0 and not (tmp_path / "run" / "model.safetensors").exists()
     assert "a training step (micro-batch 16 × seq_len 1024) needs about" in capsys.readouterr().err
@@ -415,6 +507,7 @@ def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypat
 def test_the_estimates_let_normal_work_through():
     from fireviz import memory
     from fireviz.model import GPTConfig
+
     cfg = GPTConfig(position_encoding="fire")
     assert memory.train_step_bytes(cfg, 16, 512, 900_000) < 4 << 30  # the shipped recipe: well under 24 GB
     assert memory.fit_bytes(8, 512) < 256 << 20
@@ -423,13 +516,27 @@ def test_the_estimates_let_normal_work_through():
 
 def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
     import shlex
+
     monkeypatch.chdir(ROOT)
     words = shlex.split(checkpoints.TRAIN_HINT.replace("<encoding>", "alibi"))
     assert words[:4] == ["python", "-m", "fireviz", "train"]
     args = words[4:]
     args[args.index("--out") + 1] = str(tmp_path / "my_run")  # never into the repository's checkpoints/
-    args += ["--set", "train.max_steps=2", "--set", "train.warmup_steps=1", "--set", "train.eval_interval=2", "--set", "train.checkpoint_interval=2",
-             "--set", "train.batch_size=2", "--set", "model.seq_len=64", "--no-progress"]
+    args += [
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.warmup_steps=1",
+        "--set",
+        "train.eval_interval=2",
+        "--set",
+        "train.checkpoint_interval=2",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "model.seq_len=64",
+        "--no-progress",
+    ]
     assert train_cli.main(args) == 0
     assert checkpoints.read_checkpoint(tmp_path / "my_run").position_encoding == "alibi"
 
@@ -440,16 +547,24 @@ def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, r
     lie, fireviz.data.FileBytes), not the 18 bytes per byte of int64 tokens plus copies."""
     import subprocess
     import sys
-    code = ("import resource, sys; from fireviz import evaluate; "
-            "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
-            "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+
+    code = (
+        "import resource, sys; from fireviz import evaluate; "
+        "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
+        "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
     peaks: dict[int, int] = {}
     for mb in (1, 24):
         p = tmp_path / f"doc{mb}.txt"
         p.write_text(("river stone of the delta " * (mb * 2**20 // 25 + 1))[: mb * 2**20])
     for mb in (1, 24, 1, 24):  # the lower of two runs each: a first run's peak can be ~40 MB higher by chance
-        out = subprocess.run([sys.executable, "-c", code, str(root / "good"), str(tmp_path / f"doc{mb}.txt")],
-                             capture_output=True, text=True, check=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(root / "good"), str(tmp_path / f"doc{mb}.txt")],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
         peaks[mb] = min(peaks.get(mb, 1 << 62), int(out.stdout.strip().splitlines()[-1]))
     per_byte = (peaks[24] - peaks[1]) / (23 * 2**20)
     assert per_byte < 0.5, f"{per_byte:.2f} bytes of memory per document byte (a text file is read where windows lie)"
@@ -464,6 +579,7 @@ def test_documents_on_disk_read_the_same_tokens_as_in_memory(tmp_path, monkeypat
     import json as _json
 
     from fireviz import data
+
     monkeypatch.setattr(data, "SPOOL_BYTES", 1000)  # spool anything over 1000 bytes
     text = "Grüße, ✓ straße " * 400 + "\udcff end"  # non-ASCII, and one raw byte (0xff, surrogateescape'd)
     raw = data.text_bytes(text)
@@ -495,6 +611,7 @@ def test_documents_on_disk_read_the_same_tokens_as_in_memory(tmp_path, monkeypat
 @given(file=st.sampled_from(["config.json", "results_prose.json", "train_log.jsonl"]), content=_content)
 def test_any_content_in_one_file_every_page_still_renders(tmp_path_factory, monkeypatch, file, content):
     from streamlit.testing.v1 import AppTest
+
     base = tmp_path_factory.mktemp("pages")
     shutil.copytree(_pristine(tmp_path_factory), base / "root")
     target = base / "root" / "victim" / file
@@ -511,14 +628,16 @@ def test_any_content_in_one_file_every_page_still_renders(tmp_path_factory, monk
 # -- found by an adversarial review ------------------------------------------------------------------
 def test_a_fifo_or_folder_named_like_a_json_file_is_refused_not_waited_on(root):
     import os
+
     os.mkfifo(root / "victim" / "results_x.json")
     (root / "victim" / "results_y.json").mkdir()
     info = checkpoints.read_checkpoint(root / "victim")  # returns: a FIFO is never opened
     assert "not a regular file" in info.problems["results_x.json"] and "results_y.json" in info.problems
 
 
-@pytest.mark.parametrize("field, value", [("n_head", 2 ** 30), ("d_model", 2 ** 30), ("vocab_size", 10 ** 12),
-                                          ("n_layer", 10 ** 12)])
+@pytest.mark.parametrize(
+    "field, value", [("n_head", 2**30), ("d_model", 2**30), ("vocab_size", 10**12), ("n_layer", 10**12)]
+)
 def test_absurd_sizes_in_a_config_are_refused_before_allocating(root, field, value):
     p = root / "victim" / "config.json"
     p.write_text(json.dumps({**json.loads(p.read_text()), field: value}))
@@ -537,8 +656,11 @@ def test_nan_weights_give_no_number_even_from_a_matching_results_json(root, tmp_
     sha = evaluate.checkpoint_sha256(root / "victim")
     text = _small_text(tmp_path)
     fp = data.data_fingerprint(data.load_documents(text))
-    (root / "victim" / "results.json").write_text(json.dumps([{"checkpoint_sha256": sha, "data_fingerprint": fp,
-                                                              "settings": {"data": str(text)}, "per_length": []}]))
+    (root / "victim" / "results.json").write_text(
+        json.dumps(
+            [{"checkpoint_sha256": sha, "data_fingerprint": fp, "settings": {"data": str(text)}, "per_length": []}]
+        )
+    )
     with pytest.raises(evaluate.NonFiniteLossError, match=k):
         evaluate.evaluate_many([str(root / "victim")], str(text), [16], split="all", cache_dir=tmp_path / "c")
 
@@ -552,6 +674,7 @@ def test_a_nan_in_the_tied_matrix_is_named_not_called_a_disagreement(root):
     state["wte.weight"], state["lm_head.weight"] = t, t.clone()
     save_file(state, str(w))
     from fireviz.model import nonfinite_parameters
+
     assert "wte.weight" in nonfinite_parameters(GPT.from_pretrained(str(root / "victim")))
 
 
@@ -568,6 +691,7 @@ def test_data_files_with_giant_numbers_or_corrupt_gzip_are_data_errors(tmp_path)
 
 def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
     from fireviz import ui
+
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     for name in ("..", ".", "../../x.txt", ".hidden.txt"):
         path = ui.save_upload(name, b"hello world")
@@ -575,8 +699,9 @@ def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
 
 
 def test_results_with_a_negative_loss_are_refused(root):
-    (root / "victim" / "results_prose.json").write_text(json.dumps(
-        {"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": -1.0}]}))
+    (root / "victim" / "results_prose.json").write_text(
+        json.dumps({"settings": {"data": "prose"}, "per_length": [{"length": 32, "bits_per_byte": -1.0}]})
+    )
     info = checkpoints.read_checkpoint(root / "victim")
     assert "bits_per_byte = -1.0" in info.problems["results_prose.json"] and not info.headline.get("bpb @ 32")
 
@@ -585,13 +710,20 @@ def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
-                   f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
-                   'batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n')
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
+        f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
+        "batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n"
+    )
     assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["config_format"] == 2
-    assert saved["encoding_options"] == {"num_buckets": 32, "max_distance": 20, "bidirectional": False, "init_std": 0.02}
+    assert saved["encoding_options"] == {
+        "num_buckets": 32,
+        "max_distance": 20,
+        "bidirectional": False,
+        "init_std": 0.02,
+    }
     before = GPT.from_pretrained(str(tmp_path / "run"))
     assert before.encoding(0).max_distance == 20
     del saved["encoding_options"]["max_distance"]
@@ -609,6 +741,7 @@ def test_a_text_file_changed_or_deleted_while_in_use_is_refused_and_nothing_is_c
     """The fingerprint is taken when the data is read; a file that changes afterwards must not be
     scored as other text under it (nor cached)."""
     import os
+
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 60)
     cache = tmp_path / "cache"
@@ -619,8 +752,16 @@ def test_a_text_file_changed_or_deleted_while_in_use_is_refused_and_nothing_is_c
             os.utime(text, ns=(1, 1))
 
     with pytest.raises(data.DataError, match="changed"):
-        evaluate.evaluate_many([root / "good"], str(text), [64, 128], mode="nonoverlapping", token_budget=320,
-                               split="all", cache_dir=cache, progress=rewrite)
+        evaluate.evaluate_many(
+            [root / "good"],
+            str(text),
+            [64, 128],
+            mode="nonoverlapping",
+            token_budget=320,
+            split="all",
+            cache_dir=cache,
+            progress=rewrite,
+        )
     assert len(list(cache.glob("*.json"))) == 1  # the length scored before the change, nothing after
     docs = data.load_documents(text)
     text.unlink()
@@ -634,6 +775,7 @@ def test_a_text_file_changed_or_deleted_while_in_use_is_refused_and_nothing_is_c
 
 def test_a_data_folder_takes_every_text_kind_with_paths_as_ids_and_one_spool(tmp_path, monkeypatch):
     import gzip
+
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "x.txt").write_text("first document " * 10)
@@ -643,8 +785,9 @@ def test_a_data_folder_takes_every_text_kind_with_paths_as_ids_and_one_spool(tmp
     docs = data.load_documents(tmp_path)
     assert [d.id for d in docs] == ["a/x.txt", "b/x.txt", "c.md", "d.txt.gz"]
     monkeypatch.setattr(data, "SPOOL_BYTES", 100)
-    (tmp_path / "e.jsonl").write_text("".join(json.dumps({"id": f"j{k}", "text": f"doc {k} " * 50}) + "\n"
-                                              for k in range(30)))
+    (tmp_path / "e.jsonl").write_text(
+        "".join(json.dumps({"id": f"j{k}", "text": f"doc {k} " * 50}) + "\n" for k in range(30))
+    )
     big = data.load_documents(tmp_path / "e.jsonl")
     assert all(d.on_disk for d in big) and len({id(d.raw_bytes().fileobj) for d in big}) == 1  # one descriptor
     assert [d.text for d in big] == [f"doc {k} " * 50 for k in range(30)]

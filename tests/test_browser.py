@@ -5,6 +5,7 @@ the ones whose charts need a click (Fit FIRE, Length generalization with an uplo
 waits for the plotly charts, asserts no exception is shown, and saves a screenshot of each
 page to out/screenshots/. Chromium is Debian's (/usr/bin/chromium; .ci/run installs it).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "out" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PAGE_TIMEOUT_MS = 300_000  # generous: a fresh clone may compile the numba kernels on first use, on 2 shared cores
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -38,13 +47,36 @@ def _free_port() -> int:
 def server(tiny_checkpoints_dir, tmp_path_factory):
     """``streamlit run app.py`` on a free port; yields its base URL; always terminated."""
     port = _free_port()
-    env = dict(os.environ, FIREVIZ_CHECKPOINTS_DIR=str(tiny_checkpoints_dir),
-               FIREVIZ_CACHE_DIR=str(tmp_path_factory.mktemp("eval_cache")), HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        FIREVIZ_CHECKPOINTS_DIR=str(tiny_checkpoints_dir),
+        FIREVIZ_CACHE_DIR=str(tmp_path_factory.mktemp("eval_cache")),
+        HF_HUB_OFFLINE="1",
+    )
     log = open(tmp_path_factory.mktemp("server") / "streamlit.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -109,8 +141,7 @@ def _settle(page) -> None:
     """
     page.wait_for_timeout(300)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
-                           timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_timeout(300)
 
 
@@ -125,15 +156,20 @@ def _click_when_idle(page, button: str, ready_text: str) -> None:
     ready.or_(exception).first.wait_for(timeout=PAGE_TIMEOUT_MS)
     assert exception.count() == 0, exception.first.inner_text()
     _settle(page)
-    assert ready.count(), f"the page no longer says {ready_text!r} before {button} is pressed:\n{page.inner_text('body')}"
+    assert ready.count(), (
+        f"the page no longer says {ready_text!r} before {button} is pressed:\n{page.inner_text('body')}"
+    )
     page.get_by_role("button", name=button, exact=True).click()
 
 
 def _check_and_shoot(page, name: str, charts: int = 1, width: int = 1400) -> None:
-    page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
-                           timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(
+        f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}", timeout=PAGE_TIMEOUT_MS
+    )
     _settle(page)
-    assert page.locator('[data-testid="stException"]').count() == 0, page.locator('[data-testid="stException"]').first.inner_text()
+    assert page.locator('[data-testid="stException"]').count() == 0, page.locator(
+        '[data-testid="stException"]'
+    ).first.inner_text()
     body = page.inner_text("body")
     assert "Traceback" not in body
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -173,10 +209,16 @@ def test_fit_fire_page(server, browser, width):
 
 
 def test_length_generalization_page(server, browser, tmp_path, width):
-    docs = [{"id": f"d{k}", "text": "Position encodings decide what a transformer sees. " * (10 + 3 * k)} for k in range(6)]
+    docs = [
+        {"id": f"d{k}", "text": "Position encodings decide what a transformer sees. " * (10 + 3 * k)} for k in range(6)
+    ]
     upload = tmp_path / "mini.jsonl"
     upload.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    page = _open(browser, f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512&mode=nonoverlapping", width)
+    page = _open(
+        browser,
+        f"{server}/Length_generalization?domain=upload&len=16&len=32&len=64&len=128&budget=512&mode=nonoverlapping",
+        width,
+    )
     page.locator('input[type="file"]').set_input_files(str(upload))
     if width == WIDTHS[0]:
         _click_when_idle(page, "Run", ready_text="have not been evaluated yet")
@@ -194,4 +236,3 @@ def test_attention_page(server, browser, width):
     page = _open(browser, f"{server}/Attention?ckpt=fire&alen=100&cap=16", width)
     _check_and_shoot(page, "5_attention", charts=2, width=width)
     page.close()
-

@@ -3,6 +3,7 @@ published numbers are what evaluating them gives.
 
 These read the repository's own files; the fixtures in conftest.py are not used.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,19 @@ DOMAINS = {"prose", "latex", "code"}
 #: Extra seeds of an encoding: checkpoints/fire_seed1 is encoding fire trained with train.seed=1.
 SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
-SHARED_SETTINGS = ("batch_size", "grad_accum", "max_steps", "lr", "min_lr", "warmup_steps", "weight_decay",
-                   "beta1", "beta2", "grad_clip", "data")
+SHARED_SETTINGS = (
+    "batch_size",
+    "grad_accum",
+    "max_steps",
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "data",
+)
 
 
 def shipped() -> list[Path]:
@@ -117,8 +129,10 @@ def test_readme_table_is_the_results():
     published = {r["label"]: r for p in shipped() for r in results(p) if r["settings"]["data"] == "prose"}
     assert set(table) == set(published)
     for label, cells in table.items():
-        assert cells == [f"{e['bits_per_byte']:.3f}" + (f" [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]" if "ci95" in e
-                                                        else "") for e in published[label]["per_length"]], label
+        assert cells == [
+            f"{e['bits_per_byte']:.3f}" + (f" [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]" if "ci95" in e else "")
+            for e in published[label]["per_length"]
+        ], label
 
 
 def test_readme_seed_table_is_the_seed_runs():
@@ -134,8 +148,12 @@ def test_readme_seed_table_is_the_seed_runs():
     table = readme_table("seeds")
     assert set(table) == set(groups)
     for enc, members in groups.items():
-        rows = [next(r for r in results(CKPTS / n) if r["settings"]["data"] == "prose"
-                     and not r["settings"]["rope_scaling"]) for n in members]
+        rows = [
+            next(
+                r for r in results(CKPTS / n) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"]
+            )
+            for n in members
+        ]
         assert table[enc][0] == str(len(members))
         for k, n in enumerate(LENGTHS):
             vals = [next(e["bits_per_byte"] for e in r["per_length"] if e["length"] == n) for r in rows]
@@ -158,9 +176,20 @@ def test_evaluation_reproduces_the_published_row(name, tmp_path):
     """The README's eval command, without the cache, gives the shipped numbers to 3 significant digits."""
     folder = CKPTS / name
     lengths = [128, 1024]  # windows per length do not depend on the other lengths asked for
-    fresh = evaluate.evaluate_many([str(folder)], "prose", lengths, mode="nonoverlapping", token_budget=16384,
-                                   seed=0, device="cpu", use_cache=False, cache_dir=tmp_path)[0]
-    shipped_row = next(r for r in results(folder) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"])
+    fresh = evaluate.evaluate_many(
+        [str(folder)],
+        "prose",
+        lengths,
+        mode="nonoverlapping",
+        token_budget=16384,
+        seed=0,
+        device="cpu",
+        use_cache=False,
+        cache_dir=tmp_path,
+    )[0]
+    shipped_row = next(
+        r for r in results(folder) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"]
+    )
     published = {e["length"]: e["bits_per_byte"] for e in shipped_row["per_length"]}
     for e in fresh["per_length"]:
         assert f"{e['bits_per_byte']:.3g}" == f"{published[e['length']]:.3g}", (name, e["length"])

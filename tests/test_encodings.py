@@ -1,6 +1,7 @@
 """Position encodings: exact reference values (tests/reference/encodings.json: numbers
 computed independently from each encoding's paper and reference implementation) and
 properties (hypothesis)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fireviz.encodings import (
-    ENCODING_NAMES, FIRE, ALiBi, KerpleLog, KerplePower, RotaryEmbedding, Sandwich, T5RelativeBias,
-    alibi_slopes, build_encoding, relative_position_bucket, rope_inv_freq, sandwich_kernel, yarn_inv_freq,
+    ENCODING_NAMES,
+    FIRE,
+    ALiBi,
+    KerpleLog,
+    KerplePower,
+    RotaryEmbedding,
+    Sandwich,
+    T5RelativeBias,
+    alibi_slopes,
+    build_encoding,
+    relative_position_bucket,
+    rope_inv_freq,
+    sandwich_kernel,
+    yarn_inv_freq,
 )
 
 import fireviz.encodings.fire as fire_module
@@ -30,8 +43,15 @@ def ref():
 
 def test_reference_file_holds_every_section_the_tests_read(ref):
     # the suite runs from the repository alone: every reference section it uses is in the file
-    assert {"alibi_slopes", "fire_normalized_distance", "kerple", "rope_inv_freq", "rope_pi",
-            "t5_relative_position_bucket", "yarn"} <= set(ref)
+    assert {
+        "alibi_slopes",
+        "fire_normalized_distance",
+        "kerple",
+        "rope_inv_freq",
+        "rope_pi",
+        "t5_relative_position_bucket",
+        "yarn",
+    } <= set(ref)
 
 
 def additive(name, heads=4, head_dim=8, **kw):
@@ -123,17 +143,22 @@ def test_rope_pi_reference(ref):
 
 def test_yarn_reference(ref):
     r = ref["yarn"]
-    inv, factor = yarn_inv_freq(r["head_dim"], r["base"], r["factor"], r["original_max_position"],
-                                r["beta_fast"], r["beta_slow"])
+    inv, factor = yarn_inv_freq(
+        r["head_dim"], r["base"], r["factor"], r["original_max_position"], r["beta_fast"], r["beta_slow"]
+    )
     assert factor == pytest.approx(r["mscale"], abs=1e-6)
     theta = rope_inv_freq(r["head_dim"], r["base"])
     low, high = r["low"], r["high"]
     # below `low`: extrapolated (unchanged); above `high`: interpolated by the factor
     assert torch.allclose(inv[: low + 1], theta[: low + 1])
     assert torch.allclose(inv[high:], theta[high:] / r["factor"])
-    assert ((inv[low + 1: high] < theta[low + 1: high]) & (inv[low + 1: high] > theta[low + 1: high] / r["factor"])).all()
+    assert (
+        (inv[low + 1 : high] < theta[low + 1 : high]) & (inv[low + 1 : high] > theta[low + 1 : high] / r["factor"])
+    ).all()
     for s, m in r["mscale_by_factor"].items():
-        assert yarn_inv_freq(r["head_dim"], r["base"], float(s), r["original_max_position"])[1] == pytest.approx(m, abs=1e-6)
+        assert yarn_inv_freq(r["head_dim"], r["base"], float(s), r["original_max_position"])[1] == pytest.approx(
+            m, abs=1e-6
+        )
 
 
 def test_yarn_attention_factor_applied_once():
@@ -148,8 +173,9 @@ def test_yarn_attention_factor_applied_once():
 
 # ---------------------------------------------------------------- shapes and finiteness
 @pytest.mark.parametrize("name", ENCODING_NAMES)
-@pytest.mark.parametrize("q_len,k_len,q_offset", [(1, 8192, None), (16, 16, None), (1, 1, 0), (5, 9, 100),
-                                                  (7, 3, 8192), (600, 600, None)])
+@pytest.mark.parametrize(
+    "q_len,k_len,q_offset", [(1, 8192, None), (16, 16, None), (1, 1, 0), (5, 9, 100), (7, 3, 8192), (600, 600, None)]
+)
 def test_every_encoding_shapes_and_finite(name, q_len, k_len, q_offset):
     enc = build_encoding(name, 4, 8)
     if enc.kind == "additive":
@@ -198,8 +224,13 @@ def test_alignment_bottom_right():
 
 # ---------------------------------------------------------------- properties
 @settings(max_examples=25, deadline=None)
-@given(name=st.sampled_from(TOEPLITZ), q_len=st.integers(1, 20), k_len=st.integers(1, 20),
-       offset=st.integers(0, 300), shift=st.integers(1, 500))
+@given(
+    name=st.sampled_from(TOEPLITZ),
+    q_len=st.integers(1, 20),
+    k_len=st.integers(1, 20),
+    offset=st.integers(0, 300),
+    shift=st.integers(1, 500),
+)
 def test_toeplitz_translation_invariance(name, q_len, k_len, offset, shift):
     torch.manual_seed(0)
     enc = additive(name)
@@ -230,23 +261,31 @@ def test_offset_consistency(name, k_len, data):
     part = enc.bias(stop - start, k_len, start)
     assert torch.allclose(full[:, start:stop], part, atol=1e-6)
     # default offset: last queries
-    assert torch.allclose(full[:, -(stop - start):], enc.bias(stop - start, k_len), atol=1e-6)
+    assert torch.allclose(full[:, -(stop - start) :], enc.bias(stop - start, k_len), atol=1e-6)
 
 
 @settings(max_examples=20, deadline=None)
-@given(name=st.sampled_from(ADDITIVE), q_len=st.integers(1, 30), k_len=st.integers(1, 3000),
-       offset=st.integers(0, 20000))
+@given(
+    name=st.sampled_from(ADDITIVE), q_len=st.integers(1, 30), k_len=st.integers(1, 3000), offset=st.integers(0, 20000)
+)
 def test_no_nan_any_length_or_offset(name, q_len, k_len, offset):
     enc = additive(name)
     assert torch.isfinite(enc.bias(q_len, k_len, offset)).all()
 
 
 @settings(max_examples=25, deadline=None)
-@given(name=st.sampled_from(["rope", "rope_pi", "yarn"]), m=st.integers(0, 5000), n=st.integers(0, 5000),
-       shift=st.integers(0, 5000))
+@given(
+    name=st.sampled_from(["rope", "rope_pi", "yarn"]),
+    m=st.integers(0, 5000),
+    n=st.integers(0, 5000),
+    shift=st.integers(0, 5000),
+)
 def test_rotary_score_depends_only_on_m_minus_n(name, m, n, shift):
-    opts = {"rope_scaling_factor": 4.0, "original_max_position_embeddings": 512} if name == "yarn" else (
-        {"rope_scaling_factor": 4.0} if name == "rope_pi" else {})
+    opts = (
+        {"rope_scaling_factor": 4.0, "original_max_position_embeddings": 512}
+        if name == "yarn"
+        else ({"rope_scaling_factor": 4.0} if name == "rope_pi" else {})
+    )
     enc = build_encoding(name, 1, 16, **opts)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
@@ -275,13 +314,20 @@ def random_fire(heads=3, seed=0, **kw):
     return fire
 
 
-@pytest.mark.parametrize("kw", [
-    {"init_L": 20.0}, {"init_L": 20.0, "normalizer_cap": 60.0}, {"init_L": 80.0, "normalizer_cap": 30.0},
-    {"progressive_interpolation": False}, {"log_transform": False, "init_L": 20.0},
-    {"learn_threshold": False}, {"mlp_depth": 2, "init_L": 20.0}, {"mlp_width": 1, "init_L": 5.0},
-])
-@pytest.mark.parametrize("q_len,k_len,q_offset", [(100, 100, 0), (7, 100, None), (30, 40, 500), (1, 1, 0),
-                                              (50, 20, 3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"init_L": 20.0},
+        {"init_L": 20.0, "normalizer_cap": 60.0},
+        {"init_L": 80.0, "normalizer_cap": 30.0},
+        {"progressive_interpolation": False},
+        {"log_transform": False, "init_L": 20.0},
+        {"learn_threshold": False},
+        {"mlp_depth": 2, "init_L": 20.0},
+        {"mlp_width": 1, "init_L": 5.0},
+    ],
+)
+@pytest.mark.parametrize("q_len,k_len,q_offset", [(100, 100, 0), (7, 100, None), (30, 40, 500), (1, 1, 0), (50, 20, 3)])
 def test_fire_fast_path_equals_formula(kw, q_len, k_len, q_offset, fire_path):
     fire = random_fire(**kw)
     fast = fire.bias(q_len, k_len, q_offset)
@@ -308,12 +354,15 @@ def fire_path(request, monkeypatch):
 
 
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("kw,q_len,k_len,q_offset", [
-    ({"init_L": 20.0, "normalizer_cap": 50.0}, 70, 70, 0),
-    ({"init_L": 20.0, "init_c": -0.3}, 30, 90, 60),
-    ({"progressive_interpolation": False}, 40, 40, 0),
-    ({"init_L": 80.0, "normalizer_cap": 30.0}, 20, 50, 40),
-])
+@pytest.mark.parametrize(
+    "kw,q_len,k_len,q_offset",
+    [
+        ({"init_L": 20.0, "normalizer_cap": 50.0}, 70, 70, 0),
+        ({"init_L": 20.0, "init_c": -0.3}, 30, 90, 60),
+        ({"progressive_interpolation": False}, 40, 40, 0),
+        ({"init_L": 80.0, "normalizer_cap": 30.0}, 20, 50, 40),
+    ],
+)
 def test_fire_fast_path_gradients_equal_formula(fire_path, masked, kw, q_len, k_len, q_offset):
     fire = random_fire(**kw)
     g = torch.randn(3, q_len, k_len)
@@ -414,6 +463,7 @@ def test_numba_kernels_leave_torch_thread_count_alone():
     (a process asked for 1 thread then ran on all of them); the kernels must put it back."""
     import subprocess
     import sys
+
     code = """
 import torch
 import fireviz.attention as A
@@ -438,9 +488,13 @@ print("threads", torch.get_num_threads())
 
 def test_bias_lengths_must_be_integers():
     enc = build_encoding("alibi", 2, 8)
-    for args, match in (((2.5, 4), "q_len must be an integer"), ((True, 4), "q_len must be an integer"),
-                        ((2, 4, 1.5), "q_offset must be an integer"), ((2, 4, -1), "must be >= 0"),
-                        ((5, 3), "q_len=5 > k_len=3")):
+    for args, match in (
+        ((2.5, 4), "q_len must be an integer"),
+        ((True, 4), "q_len must be an integer"),
+        ((2, 4, 1.5), "q_offset must be an integer"),
+        ((2, 4, -1), "must be >= 0"),
+        ((5, 3), "q_len=5 > k_len=3"),
+    ):
         with pytest.raises(ValueError, match=match):
             enc.bias(*args)
     assert enc.bias(2, 4, 1).shape == (2, 2, 4)
@@ -491,15 +545,17 @@ def test_kerple_projection_and_parameters():
 
 # ---------------------------------------------------------------- RoPE under a cast of the model
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("scaling", [None, {"type": "pi", "factor": 4.0},
-                                     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}])
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"type": "pi", "factor": 4.0}, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}],
+)
 def test_rope_angles_exact_after_casting_the_model(dtype, scaling):
     """model.to(bf16/fp16) must not round the frequencies: cos/sin at 8191 and 65535 within
     1e-3 of float64 (before the fix bf16 was off by 1.4 at 8191)."""
     from fireviz.encodings import rope_inv_freq, yarn_inv_freq
+
     head_dim = 32
-    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=2 * head_dim, seq_len=64,
-                          position_encoding="rope")).to(dtype)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=2 * head_dim, seq_len=64, position_encoding="rope")).to(dtype)
     enc = RotaryEmbedding(2, head_dim, rope_scaling=scaling).to(dtype)
     for e in (enc, model.encodings[0] if scaling is None else enc):
         assert e.inv_freq.dtype == torch.float64
@@ -564,6 +620,7 @@ def test_model_position_offset():
     with pytest.raises(ValueError, match="position_offset"):
         m(x, position_offset=-3)
     from fireviz.model import KVCache
+
     with pytest.raises(ValueError, match="KV cache"):
         m(x, cache=KVCache(1), position_offset=4)
 
@@ -572,6 +629,7 @@ def test_model_position_offset():
 def test_bias_at_equals_bias_on_any_grid(name):
     """``bias_at`` (the formula on the grid pairs only) gives ``bias``'s numbers, NaN at future keys."""
     from fireviz.encodings import build_encoding
+
     torch.manual_seed(0)
     enc = build_encoding(name, num_heads=3, head_dim=8)
     qs, ks = [0, 5, 63, 200, 777], [0, 1, 5, 64, 199, 200, 1000]

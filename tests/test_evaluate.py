@@ -1,4 +1,5 @@
 """fireviz.evaluate: window selection, scoring against a hand computation, cache, CLI, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import fireviz.evaluate as ev
 from fireviz import eval_cli, stats, windows
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
 from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
+from fireviz import eval_cache
 
 # the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
@@ -79,7 +81,7 @@ def _targets(windows, length):
 # ---------------------------------------------------------------------------------------------
 def test_reference_token_count():
     ref = json.loads(REFERENCE.read_text())["perplexity_token_count"]
-    wins = ev.sliding_windows(ref["N"], ref["window"], ref["stride"])
+    wins = windows.sliding_windows(ref["N"], ref["window"], ref["stride"])
     targets = _targets(wins, ref["window"])
     assert len(targets) == ref["scored_tokens"] == 9
     assert sorted(targets) == list(range(1, ref["N"]))
@@ -91,7 +93,7 @@ def test_reference_token_count():
 def test_sliding_scores_every_token_once(n_tokens, window, data):
     window = min(window, n_tokens)
     stride = data.draw(st.integers(1, window - 1)) if window > 2 else 1
-    wins = ev.sliding_windows(n_tokens, window, stride)
+    wins = windows.sliding_windows(n_tokens, window, stride)
     targets = _targets(wins, window)
     assert sorted(targets) == list(range(1, n_tokens)), "every token 1..N-1 exactly once"
     assert all(0 <= s and s + window <= n_tokens and 1 <= f < window for s, f in wins)
@@ -103,11 +105,11 @@ def test_sliding_scores_every_token_once(n_tokens, window, data):
 @given(st.integers(2, 40), st.integers(1, 8), st.integers(0, 39))
 def test_nonoverlapping_count_and_stride_equal_window(window, k, extra):
     n_tokens = window * k + extra % window
-    wins = ev.nonoverlapping_windows(n_tokens, window)
+    wins = windows.nonoverlapping_windows(n_tokens, window)
     assert len(wins) == n_tokens // window
     targets = _targets(wins, window)
     assert len(targets) == len(set(targets)) == (n_tokens // window) * (window - 1)
-    sliding = ev.sliding_windows(n_tokens, window, window)
+    sliding = windows.sliding_windows(n_tokens, window, window)
     if n_tokens % window == 0:
         assert sliding == wins
     else:  # the same windows plus one tail window scoring only new targets
@@ -115,8 +117,13 @@ def test_nonoverlapping_count_and_stride_equal_window(window, k, extra):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(1, 120), min_size=1, max_size=12), st.integers(2, 40), st.integers(1, 40),
-       st.one_of(st.none(), st.integers(1, 600)), st.integers(0, 3))
+@given(
+    st.lists(st.integers(1, 120), min_size=1, max_size=12),
+    st.integers(2, 40),
+    st.integers(1, 40),
+    st.one_of(st.none(), st.integers(1, 600)),
+    st.integers(0, 3),
+)
 def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
     ids = [f"doc{i}" for i in range(len(sizes))]
     eligible = [i for i, n in enumerate(sizes) if n >= length]
@@ -195,13 +202,22 @@ def test_nonoverlapping_equals_hand_computation(ckpts, corpus, cache, enc):
         for d in docs:
             toks = document_tokens(d)
             for start in range(0, len(toks) - length + 1, length):
-                x = _hand_nll(model, toks[start:start + length])
+                x = _hand_nll(model, toks[start : start + length])
                 nll.append(x)
                 for p in range(1, length):
                     by_pos[p].append(float(x[p - 1]))
         expected = float(torch.cat(nll).mean())
-        r = ev.evaluate_checkpoint(ckpts[enc], corpus, [length], mode="nonoverlapping", token_budget=None, split="all", device="cpu",
-                                   cache_dir=cache, position_buckets=4)
+        r = ev.evaluate_checkpoint(
+            ckpts[enc],
+            corpus,
+            [length],
+            mode="nonoverlapping",
+            token_budget=None,
+            split="all",
+            device="cpu",
+            cache_dir=cache,
+            position_buckets=4,
+        )
         e = r["per_length"][0]
         assert e["nats_per_token"] == pytest.approx(expected, rel=1e-6)
         assert e["perplexity"] == pytest.approx(math.exp(expected), rel=1e-6)
@@ -223,8 +239,18 @@ def test_sliding_equals_hand_computation(ckpts, tmp_path, cache):
     parts = [_hand_nll(model, toks[0:8]), _hand_nll(model, toks[3:11])[4:], _hand_nll(model, toks[5:13])[5:]]
     expected = torch.cat(parts)
     assert len(expected) == 12
-    r = ev.evaluate_checkpoint(ckpts["fire"], path, [8], mode="sliding", stride=3, token_budget=None, split="all",
-                               device="cpu", cache_dir=cache, position_buckets=7)
+    r = ev.evaluate_checkpoint(
+        ckpts["fire"],
+        path,
+        [8],
+        mode="sliding",
+        stride=3,
+        token_budget=None,
+        split="all",
+        device="cpu",
+        cache_dir=cache,
+        position_buckets=7,
+    )
     e = r["per_length"][0]
     assert (e["tokens_scored"], e["windows"]) == (12, 3)
     assert e["nats_per_token"] == pytest.approx(float(expected.mean()), rel=1e-6)
@@ -263,24 +289,44 @@ def test_result_shape_and_paired_windows(ckpts, corpus, cache, monkeypatch):
 
     def spy(model, doc_tokens, windows, length, **kw):
         seen.setdefault(model.config.position_encoding, []).append(
-            [(w.start, doc_tokens(w.doc)[w.start:w.start + length].tolist(), w.first_target) for w in windows])
+            [(w.start, doc_tokens(w.doc)[w.start : w.start + length].tolist(), w.first_target) for w in windows]
+        )
         return real(model, doc_tokens, windows, length, **kw)
 
     monkeypatch.setattr(ev, "score_windows", spy)
     calls = []
-    results = ev.evaluate_many([ckpts["fire"], ckpts["rope"]], corpus, [8, 16], mode="nonoverlapping",
-                               token_budget=30, split="all",
-                               device="cpu", cache_dir=cache, progress=lambda d, t, m: calls.append((d, t)))
+    results = ev.evaluate_many(
+        [ckpts["fire"], ckpts["rope"]],
+        corpus,
+        [8, 16],
+        mode="nonoverlapping",
+        token_budget=30,
+        split="all",
+        device="cpu",
+        cache_dir=cache,
+        progress=lambda d, t, m: calls.append((d, t)),
+    )
     assert seen["fire"] == seen["rope"]  # identical windows for every checkpoint at a length
     for start, toks, _ in seen["fire"][0] + seen["fire"][1]:  # BOS opens a window iff it opens a document
         assert (toks[0] == BOS_ID) == (start == 0) and BOS_ID not in toks[1:]
     assert calls[-1][0] == calls[-1][1] > 0 and all(d <= t for d, t in calls)
     for r in results:
-        assert set(r) >= {"checkpoint", "checkpoint_sha256", "position_encoding", "train_seq_len", "settings",
-                          "data_fingerprint", "fireviz_version", "device", "seconds", "per_length"}
+        assert set(r) >= {
+            "checkpoint",
+            "checkpoint_sha256",
+            "position_encoding",
+            "train_seq_len",
+            "settings",
+            "data_fingerprint",
+            "fireviz_version",
+            "device",
+            "seconds",
+            "per_length",
+        }
         assert r["settings"]["bos"].startswith("each document starts with BOS (id 256)")
         assert {"lengths", "mode", "stride", "token_budget", "seed", "rope_scaling", "data", "split"} <= set(
-            r["settings"])
+            r["settings"]
+        )
         assert r["device"] == "cpu" and r["train_seq_len"] == 16 and len(r["checkpoint_sha256"]) == 64
         for e in r["per_length"]:
             assert 30 <= e["tokens_scored"] < 30 + e["length"]
@@ -311,8 +357,10 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     again = ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16], **kw)
     assert calls == [8, 16], "a repeated request must not recompute"
     assert all(e["cached"] for e in again["per_length"])
+
     def strip(r):
         return [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
+
     assert strip(again) == strip(first)
     ev.evaluate_checkpoint(ckpts["rope"], corpus, [8, 16, 32], **kw)  # a new length reuses the others
     assert calls == [8, 16, 32]
@@ -322,8 +370,19 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
     assert calls == [8, 16, 32, 8, 8]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong_key", "missing_field", "truncated", "bool_tokens",
-                                    "string_bucket", "inconsistent_bpb", "negative_loss"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "garbage",
+        "wrong_key",
+        "missing_field",
+        "truncated",
+        "bool_tokens",
+        "string_bucket",
+        "inconsistent_bpb",
+        "negative_loss",
+    ],
+)
 def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, damage):
     calls = _counting(monkeypatch)
     kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
@@ -364,6 +423,7 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     settings (how shipped checkpoints show numbers on a fresh machine), and nothing else; it is
     read in place each time, never copied into the cache."""
     import shutil
+
     folder = tmp_path / "alibi"
     shutil.copytree(ckpts["alibi"], folder)
     kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu")
@@ -373,13 +433,16 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     calls = _counting(monkeypatch)
     fresh = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=cache, **kw)
     assert calls == [] and all(e["cached"] for e in fresh["per_length"])
+
     def strip(r):
         return [{k: v for k, v in e.items() if k not in ("cached", "source")} for e in r["per_length"]]
+
     assert strip(fresh) == strip(published) and {e["source"] for e in fresh["per_length"]} == {"results.json"}
     assert not list(cache.glob("*.json"))  # read in place, never copied into the cache
     # publish_results.py never reads what it rewrites; then the cache answers
-    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=cache, use_published=False, **kw)[
-        "per_length"][0]["source"] == "computed" and calls == [8]
+    assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=cache, use_published=False, **kw)["per_length"][0][
+        "source"
+    ] == "computed" and calls == [8]
     assert ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=cache, **kw)["per_length"][0]["source"] == "cache"
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c2", **{**kw, "seed": 3})  # other settings
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c3", use_cache=False, **kw)  # --no-cache
@@ -390,11 +453,18 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c4", **kw)
     assert calls == [8, 8, 8, 8]
     # a results.json corrected after a first look takes effect at once (nothing stale was cached)
-    poisoned = {**published, "per_length": [{**e, "nats_per_token": 0.123, "perplexity": math.exp(0.123),
-                                             "bits_per_byte": 0.123 / math.log(2)} for e in published["per_length"]]}
+    poisoned = {
+        **published,
+        "per_length": [
+            {**e, "nats_per_token": 0.123, "perplexity": math.exp(0.123), "bits_per_byte": 0.123 / math.log(2)}
+            for e in published["per_length"]
+        ],
+    }
     (folder / "results.json").write_text(json.dumps(poisoned))
+
     def look(c):
         return ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / c, **kw)["per_length"][0]
+
     assert look("c5")["nats_per_token"] == 0.123
     (folder / "results.json").write_text(json.dumps([published]))
     assert look("c5")["nats_per_token"] == published["per_length"][0]["nats_per_token"]
@@ -430,7 +500,10 @@ def test_rope_scaling_equals_rebuilt_model(ckpts, corpus, cache, scaling, name):
     plain = ev.evaluate_checkpoint(ckpts["rope"], corpus, [16, 64], **kw)
     at16, at64 = r["per_length"]
     assert at16["position_encoding"] == at64["position_encoding"] == name
-    assert at16["encoding_options"]["rope_scaling_factor"] == 1.0 and at64["encoding_options"]["rope_scaling_factor"] == 4.0
+    assert (
+        at16["encoding_options"]["rope_scaling_factor"] == 1.0
+        and at64["encoding_options"]["rope_scaling_factor"] == 4.0
+    )
     # factor 1 is plain RoPE; factor 4 changes the numbers
     assert at16["nats_per_token"] == pytest.approx(plain["per_length"][0]["nats_per_token"], rel=1e-6)
     assert abs(at64["nats_per_token"] - plain["per_length"][1]["nats_per_token"]) > 1e-3
@@ -462,29 +535,35 @@ def test_length_longer_than_every_document_is_reported(ckpts, corpus, cache):
     r = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8, 65, 500], token_budget=40, split="all", cache_dir=cache)
     ok, too_long, way_too_long = r["per_length"]
     assert ok["tokens_scored"] > 0
-    assert set(too_long) == {"length", "error"} and "no document has 65 tokens (the longest has 64)" in too_long["error"]
+    assert (
+        set(too_long) == {"length", "error"} and "no document has 65 tokens (the longest has 64)" in too_long["error"]
+    )
     assert way_too_long["length"] == 500 and "error" in way_too_long
 
 
 def test_stride_larger_than_window_is_reported(ckpts, corpus, cache):
-    r = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8, 16], mode="sliding", stride=12, token_budget=40,
-                               split="all", cache_dir=cache)
+    r = ev.evaluate_checkpoint(
+        ckpts["fire"], corpus, [8, 16], mode="sliding", stride=12, token_budget=40, split="all", cache_dir=cache
+    )
     bad, good = r["per_length"]
     assert "stride 12 is larger than the window (8 tokens)" in bad["error"]
     assert good["tokens_scored"] >= 40
     with pytest.raises(ev.EvaluationError, match="larger than the window"):
-        ev.sliding_windows(20, 8, 9)
+        windows.sliding_windows(20, 8, 9)
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(mode="sliding"), "needs a stride"),
-    (dict(stride=4), "only to mode='sliding'"),
-    (dict(mode="sliding", stride=0), "stride must be an integer >= 1"),
-    (dict(mode="rolling"), "mode must be one of"),
-    (dict(token_budget=0), "token_budget must be"),
-    (dict(split="test"), "split must be one of"),
-    (dict(lengths=[1]), "length must be an integer >= 2"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(mode="sliding"), "needs a stride"),
+        (dict(stride=4), "only to mode='sliding'"),
+        (dict(mode="sliding", stride=0), "stride must be an integer >= 1"),
+        (dict(mode="rolling"), "mode must be one of"),
+        (dict(token_budget=0), "token_budget must be"),
+        (dict(split="test"), "split must be one of"),
+        (dict(lengths=[1]), "length must be an integer >= 2"),
+    ],
+)
 def test_bad_settings(ckpts, corpus, cache, kw, match):
     lengths = kw.pop("lengths", [8])
     with pytest.raises(ev.EvaluationError, match=match):
@@ -537,8 +616,16 @@ def test_device_and_cancel(ckpts, corpus, cache):
     with pytest.raises(ev.EvaluationError, match="unknown device"):
         ev.resolve_device("tpu-ish")
     with pytest.raises(ev.EvaluationCancelled):
-        ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], token_budget=None, split="all", cache_dir=cache,
-                               batch_tokens=8, should_stop=lambda: True)
+        ev.evaluate_checkpoint(
+            ckpts["fire"],
+            corpus,
+            [8],
+            token_budget=None,
+            split="all",
+            cache_dir=cache,
+            batch_tokens=8,
+            should_stop=lambda: True,
+        )
     assert not list(cache.glob("*.json"))  # nothing finished, nothing cached
 
 
@@ -556,12 +643,37 @@ def test_absolute_embedding_past_training_length(tmp_path, corpus, cache):
 def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
     out = tmp_path / "results.json"
     from fireviz.cli import main as cli_main
-    rc = cli_main(["eval", str(ckpts["fire"]), str(ckpts["rope"]), "--data", str(corpus), "--split", "all",
-                   "--lengths", "8,16,100", "--mode", "sliding", "--stride", "4", "--token-budget", "40",
-                   "--cache-dir", str(cache), "--out", str(out), "--device", "cpu"])
+
+    rc = cli_main(
+        [
+            "eval",
+            str(ckpts["fire"]),
+            str(ckpts["rope"]),
+            "--data",
+            str(corpus),
+            "--split",
+            "all",
+            "--lengths",
+            "8,16,100",
+            "--mode",
+            "sliding",
+            "--stride",
+            "4",
+            "--token-budget",
+            "40",
+            "--cache-dir",
+            str(cache),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0
-    assert "bits per byte [95 % bootstrap interval" in captured.out and "fire" in captured.out and "error" in captured.out
+    assert (
+        "bits per byte [95 % bootstrap interval" in captured.out and "fire" in captured.out and "error" in captured.out
+    )
     results = json.loads(out.read_text())
     assert [r["checkpoint"] for r in results] == ["fire", "rope"]
     assert [("error" in e) for e in results[0]["per_length"]] == [False, False, True]
@@ -570,23 +682,33 @@ def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
     assert f"{results[1]['per_length'][1]['bits_per_byte']:.3f}" in table
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--data", "poetry"], "not found"),
-    (["--data", "EMPTY"], "no text"),
-    (["--lengths", "500"], "no document has 500 tokens"),
-    (["--mode", "sliding", "--stride", "20", "--lengths", "8,16"], "larger than the window"),
-    (["CKPT_MISSING"], "not found"),
-    (["--rope-scaling", "pi"], "needs a RoPE checkpoint"),
-    (["--stride", "4"], "only to mode='sliding'"),
-    (["--batch-tokens", "0"], "batch_tokens must be an integer >= 1"),
-    (["--out", "OUT_DIR"], "is a folder"),
-    (["--out", "OUT_UNDER_FILE"], "which is a file"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--data", "poetry"], "not found"),
+        (["--data", "EMPTY"], "no text"),
+        (["--lengths", "500"], "no document has 500 tokens"),
+        (["--mode", "sliding", "--stride", "20", "--lengths", "8,16"], "larger than the window"),
+        (["CKPT_MISSING"], "not found"),
+        (["--rope-scaling", "pi"], "needs a RoPE checkpoint"),
+        (["--stride", "4"], "only to mode='sliding'"),
+        (["--batch-tokens", "0"], "batch_tokens must be an integer >= 1"),
+        (["--out", "OUT_DIR"], "is a folder"),
+        (["--out", "OUT_UNDER_FILE"], "which is a file"),
+    ],
+)
 def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"text": ""}) + "\n")
-    args = [{"EMPTY": str(empty), "CKPT_MISSING": str(tmp_path / "missing"), "OUT_DIR": str(tmp_path),
-             "OUT_UNDER_FILE": str(empty / "r.json")}.get(a, a) for a in args]
+    args = [
+        {
+            "EMPTY": str(empty),
+            "CKPT_MISSING": str(tmp_path / "missing"),
+            "OUT_DIR": str(tmp_path),
+            "OUT_UNDER_FILE": str(empty / "r.json"),
+        }.get(a, a)
+        for a in args
+    ]
     base = [str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8", "--cache-dir", str(cache)]
     if "--data" in args:
         base = base[:1] + base[3:]
@@ -608,9 +730,12 @@ def test_default_cache_dir_from_environment(ckpts, corpus, cache, tmp_path, monk
 # same text at every length, intervals, paired differences, the FIRE normalizer cap
 # ---------------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(2, 120), min_size=1, max_size=12),
-       lengths=st.lists(st.integers(2, 130), min_size=1, max_size=5), budget=st.none() | st.integers(1, 500),
-       seed=st.integers(0, 3))
+@given(
+    sizes=st.lists(st.integers(2, 120), min_size=1, max_size=12),
+    lengths=st.lists(st.integers(2, 130), min_size=1, max_size=5),
+    budget=st.none() | st.integers(1, 500),
+    seed=st.integers(0, 3),
+)
 def test_same_text_plan_scores_one_fixed_text(sizes, lengths, budget, seed):
     ids = [f"d{i:02d}" for i in range(len(sizes))]
     if min(lengths) > max(sizes):
@@ -639,8 +764,9 @@ def test_same_text_plan_scores_one_fixed_text(sizes, lengths, budget, seed):
 
 
 def test_same_text_is_the_default_and_scores_the_same_text(ckpts, corpus, cache):
-    r = ev.evaluate_many([ckpts["alibi"], ckpts["fire"]], corpus, [8, 16, 32], split="all", device="cpu",
-                         cache_dir=cache)
+    r = ev.evaluate_many(
+        [ckpts["alibi"], ckpts["fire"]], corpus, [8, 16, 32], split="all", device="cpu", cache_dir=cache
+    )
     s = r[0]["settings"]
     assert s["mode"] == "same_text" and s["token_budget"] is None and s["prefix_tokens"] == 32
     assert s["documents_scored"] == sum(1 for n in DOC_TOKENS if n >= 32) == 3
@@ -677,7 +803,7 @@ def test_same_text_equals_hand_computation(ckpts, corpus, cache):
         if len(toks) < M:
             continue
         for start in (0, 15):  # overlapping by one token: targets 1..15, then 16..30
-            nll.append(_hand_nll(model, toks[start:start + n]))
+            nll.append(_hand_nll(model, toks[start : start + n]))
         tail = _hand_nll(model, toks[18:34])  # scores document positions 31..33 (window positions 13..15)
         nll.append(tail[-3:])
     r = ev.evaluate_checkpoint(ckpts["rope"], corpus, [n, M], split="all", device="cpu", cache_dir=cache)
@@ -690,23 +816,23 @@ def test_bootstrap_interval_and_paired_difference_properties():
     rng = random.Random(0)
     tokens = [rng.randint(50, 200) for _ in range(30)]
     nats = [t * (1.0 + rng.random()) for t in tokens]
-    lo, hi = ev.bootstrap_ci95(nats, tokens)
+    lo, hi = stats.bootstrap_ci95(nats, tokens)
     mean = sum(nats) / sum(tokens) / math.log(2)
     assert lo < mean < hi and hi - lo > 0
-    assert ev.bootstrap_ci95(nats, tokens) == [lo, hi]  # deterministic
-    assert ev.bootstrap_ci95([5.0], [10]) is None  # one document: no interval (a zero width would look certain)
+    assert stats.bootstrap_ci95(nats, tokens) == [lo, hi]  # deterministic
+    assert stats.bootstrap_ci95([5.0], [10]) is None  # one document: no interval (a zero width would look certain)
     a = {"per_document": {"doc": [str(i) for i in range(30)], "nats": nats, "tokens": tokens}}
     shifted = {"per_document": {**a["per_document"], "nats": [x + 0.1 * t for x, t in zip(nats, tokens)]}}
-    d = ev.paired_difference(shifted, a)  # a constant per-token shift: no spread at all
+    d = stats.paired_difference(shifted, a)  # a constant per-token shift: no spread at all
     assert d["paired_delta_bpb"] == pytest.approx(0.1 / math.log(2))
     assert d["paired_ci95"] == [pytest.approx(0.1 / math.log(2))] * 2
     noisy = {"per_document": {**a["per_document"], "nats": [x + rng.gauss(0, 1) for x in nats]}}
-    lo, hi = ev.paired_difference(noisy, a)["paired_ci95"]
-    assert hi - lo < (ev.bootstrap_ci95(nats, tokens)[1] - ev.bootstrap_ci95(nats, tokens)[0])  # pairing helps
+    lo, hi = stats.paired_difference(noisy, a)["paired_ci95"]
+    assert hi - lo < (stats.bootstrap_ci95(nats, tokens)[1] - stats.bootstrap_ci95(nats, tokens)[0])  # pairing helps
     other_docs = {"per_document": {**a["per_document"], "doc": ["x"] * 30}}
-    assert ev.paired_difference(other_docs, a) is None  # different text is never paired
+    assert stats.paired_difference(other_docs, a) is None  # different text is never paired
     with pytest.raises(ev.EvaluationError):
-        ev.bootstrap_ci95([1.0, 2.0], [1])
+        stats.bootstrap_ci95([1.0, 2.0], [1])
 
 
 def test_reference_choice_and_errors(ckpts, corpus, cache):
@@ -746,9 +872,25 @@ def test_normalizer_cap_is_a_setting_of_its_own(ckpts, corpus, cache, monkeypatc
 
 def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path, cache, capsys):
     out = tmp_path / "r.json"
-    rc = eval_cli.main([str(ckpts["alibi"]), str(ckpts["fire"]), "--data", str(corpus), "--split", "all",
-                  "--lengths", "8,16,32", "--cache-dir", str(cache), "--out", str(out), "--device", "cpu",
-                  "--quiet"])
+    rc = eval_cli.main(
+        [
+            str(ckpts["alibi"]),
+            str(ckpts["fire"]),
+            "--data",
+            str(corpus),
+            "--split",
+            "all",
+            "--lengths",
+            "8,16,32",
+            "--cache-dir",
+            str(cache),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--quiet",
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     assert "same_text: the first 32 tokens of each of 3 documents at every length (4 shorter documents skipped)" in text
@@ -758,13 +900,30 @@ def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path
     for e in results[1]["per_length"]:
         assert {"ci95", "paired_delta_bpb", "paired_ci95", "documents", "windows", "tokens_scored"} <= set(e)
         assert f"{e['paired_delta_bpb']:+.3f} [{e['paired_ci95'][0]:+.3f}, {e['paired_ci95'][1]:+.3f}]" in text
-    rc = eval_cli.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "32",
-                  "--normalizer-cap", "4", "--cache-dir", str(cache), "--device", "cpu", "--quiet"])
+    rc = eval_cli.main(
+        [
+            str(ckpts["fire"]),
+            "--data",
+            str(corpus),
+            "--split",
+            "all",
+            "--lengths",
+            "32",
+            "--normalizer-cap",
+            "4",
+            "--cache-dir",
+            str(cache),
+            "--device",
+            "cpu",
+            "--quiet",
+        ]
+    )
     assert rc == 0 and "fire cap 4" in capsys.readouterr().out
 
 
 def test_published_capped_rows_never_answer_a_plain_request(ckpts, corpus, tmp_path, cache):
     import shutil
+
     folder = tmp_path / "fire"
     shutil.copytree(ckpts["fire"], folder)
     kw = dict(split="all", device="cpu")
@@ -773,7 +932,7 @@ def test_published_capped_rows_never_answer_a_plain_request(ckpts, corpus, tmp_p
     plain = ev.evaluate_checkpoint(folder, corpus, [32], cache_dir=cache, **kw)["per_length"][0]
     assert plain["source"] == "computed" and plain["nats_per_token"] != capped["per_length"][0]["nats_per_token"]
     again = ev.evaluate_checkpoint(folder, corpus, [32], normalizer_cap=4, cache_dir=tmp_path / "c2", **kw)
-    assert again["per_length"][0]["source"] == ev.PUBLISHED_RESULTS
+    assert again["per_length"][0]["source"] == eval_cache.PUBLISHED_RESULTS
 
 
 def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
@@ -782,6 +941,7 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     be a folder, entries without per-document losses are recomputed unless a lookup accepts
     them."""
     import shutil
+
     a, b = tmp_path / "a" / "final", tmp_path / "b" / "final"
     shutil.copytree(ckpts["fire"], a)
     shutil.copytree(ckpts["alibi"], b)
@@ -795,10 +955,40 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     one = _write_jsonl(tmp_path / "one.jsonl", [40])
     r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], one, [8], **kw)
     assert r[0]["per_length"][0]["ci95"] is None and r[1]["per_length"][0]["paired_ci95"] is None
-    assert eval_cli.main([str(ckpts["fire"]), "--data", str(one), "--split", "all", "--lengths", "8", "--cache-dir",
-                    str(cache), "--quiet"]) == 0  # printed without an interval, no traceback
-    assert eval_cli.main([str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8",
-                    "--normalizer-cap", "1" + "0" * 320, "--quiet"]) == 2
+    assert (
+        eval_cli.main(
+            [
+                str(ckpts["fire"]),
+                "--data",
+                str(one),
+                "--split",
+                "all",
+                "--lengths",
+                "8",
+                "--cache-dir",
+                str(cache),
+                "--quiet",
+            ]
+        )
+        == 0
+    )  # printed without an interval, no traceback
+    assert (
+        eval_cli.main(
+            [
+                str(ckpts["fire"]),
+                "--data",
+                str(corpus),
+                "--split",
+                "all",
+                "--lengths",
+                "8",
+                "--normalizer-cap",
+                "1" + "0" * 320,
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     assert "normalizer_cap must be an integer number of tokens in 1.." in capsys.readouterr().err
     blocker = tmp_path / "cachefile"
     blocker.write_text("x")
@@ -839,8 +1029,12 @@ def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=8), length=st.integers(2, 600),
-       budget=st.one_of(st.none(), st.integers(1, 5000)), seed=st.integers(0, 3))
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=8),
+    length=st.integers(2, 600),
+    budget=st.one_of(st.none(), st.integers(1, 5000)),
+    seed=st.integers(0, 3),
+)
 def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(sizes, length, budget, seed):
     """plan_windows finds candidate k from cumulative counts (no list of every window): the
     windows drawn are exactly those of shuffling the full candidate list, as published."""
@@ -852,7 +1046,7 @@ def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(siz
         with pytest.raises(ev.EvaluationError):
             ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
         return
-    candidates = [(d, s) for d in eligible for s, _ in ev.nonoverlapping_windows(sizes[d], length)]
+    candidates = [(d, s) for d in eligible for s, _ in windows.nonoverlapping_windows(sizes[d], length)]
     want, scored, cap = [], 0, math.inf if budget is None else budget
     for k in torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed)).tolist():
         if scored >= cap:

@@ -2,6 +2,7 @@
 
 Sizes are small (max_len 64–128, 4 heads); each fit takes well under a second on one core.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,9 @@ import torch
 
 from fireviz import fit
 from fireviz.encodings import FIRE, alibi_slopes
-from fireviz.fit import (BEYOND_FACTOR, FIRE_OPTIONS_KEY, TARGET_NAMES, FitResult, fit_fire, load_fitted_fire, make_target, t5_bucket_values, target_from_checkpoint)
+from fireviz.fit import BEYOND_FACTOR, TARGET_NAMES, FitResult, fit_fire, make_target, t5_bucket_values
+from fireviz.fit_result import FIRE_OPTIONS_KEY, load_fitted_fire
+from fireviz.fit_targets import target_from_checkpoint
 from fireviz.fit_cli import main
 from fireviz.model import GPT, GPTConfig
 
@@ -38,17 +41,20 @@ def brute_force_errors(result: FitResult, q_rows: range) -> tuple[float, float, 
 # ---------------------------------------------------------------------------------------------
 # Each target reaches its bound (the issue's bars, at a smaller size than the benchmark's 512)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, params, max_len, width, bound", [
-    ("alibi", {}, 128, 32, 0.01),
-    ("alibi", {"slope": 0.25}, 128, 32, 0.01),
-    ("kerple_log", {}, 128, 32, 0.01),
-    ("kerple_log", {"r1": [0.5, 1.0, 2.0, 4.0], "r2": [0.02, 0.1, 0.5, 2.0]}, 128, 32, 0.01),
-    ("kerple_power", {}, 128, 32, 0.01),
-    ("kerple_power", {"r1": 1.0, "r2": [0.1, 0.5, 1.0, 2.0]}, 128, 32, 0.01),
-    ("sandwich", {}, 64, 32, 0.02),
-    ("t5", {"values": "decay"}, 128, 32, 0.05),
-    ("t5", {"values": "random", "seed": 3}, 128, 128, 0.01),
-])
+@pytest.mark.parametrize(
+    "name, params, max_len, width, bound",
+    [
+        ("alibi", {}, 128, 32, 0.01),
+        ("alibi", {"slope": 0.25}, 128, 32, 0.01),
+        ("kerple_log", {}, 128, 32, 0.01),
+        ("kerple_log", {"r1": [0.5, 1.0, 2.0, 4.0], "r2": [0.02, 0.1, 0.5, 2.0]}, 128, 32, 0.01),
+        ("kerple_power", {}, 128, 32, 0.01),
+        ("kerple_power", {"r1": 1.0, "r2": [0.1, 0.5, 1.0, 2.0]}, 128, 32, 0.01),
+        ("sandwich", {}, 64, 32, 0.02),
+        ("t5", {"values": "decay"}, 128, 32, 0.05),
+        ("t5", {"values": "random", "seed": 3}, 128, 128, 0.01),
+    ],
+)
 def test_fit_reaches_bound(name, params, max_len, width, bound):
     result = fit_fire(make_target(name, HEADS, **params), max_len, mlp_width=width, steps=40)
     assert result.relative_rmse < bound
@@ -184,32 +190,38 @@ def test_t5_values():
         t5_bucket_values("rising", 16, 3)
 
 
-@pytest.mark.parametrize("name, params, match", [
-    ("kerple_log", {"r2": 0.0}, "r2 > 0"),
-    ("kerple_power", {"r2": -1.0}, "r2 > 0"),
-    ("kerple_log", {"r1": [1.0, -1.0, 1.0, 1.0]}, "r1 > 0"),
-    ("kerple_power", {"r2": 2.5}, "r2 <= 2"),
-    ("kerple_log", {"r2": 0.001}, ">= 0.01"),
-    ("kerple_log", {"r2": [0.5, 0.5]}, "1 or num_heads=4"),
-    ("alibi", {"slope": 0.0}, "slope must be a finite number > 0"),
-    ("sandwich", {"dbar": 15}, "dbar"),
-    ("t5", {"max_distance": 8, "num_buckets": 32}, "max_distance"),
-    ("alibi", {"r1": 1.0}, "does not take"),
-    ("rope", {}, "unknown fit target"),
-    ("checkpoint", {}, "needs path"),
-])
+@pytest.mark.parametrize(
+    "name, params, match",
+    [
+        ("kerple_log", {"r2": 0.0}, "r2 > 0"),
+        ("kerple_power", {"r2": -1.0}, "r2 > 0"),
+        ("kerple_log", {"r1": [1.0, -1.0, 1.0, 1.0]}, "r1 > 0"),
+        ("kerple_power", {"r2": 2.5}, "r2 <= 2"),
+        ("kerple_log", {"r2": 0.001}, ">= 0.01"),
+        ("kerple_log", {"r2": [0.5, 0.5]}, "1 or num_heads=4"),
+        ("alibi", {"slope": 0.0}, "slope must be a finite number > 0"),
+        ("sandwich", {"dbar": 15}, "dbar"),
+        ("t5", {"max_distance": 8, "num_buckets": 32}, "max_distance"),
+        ("alibi", {"r1": 1.0}, "does not take"),
+        ("rope", {}, "unknown fit target"),
+        ("checkpoint", {}, "needs path"),
+    ],
+)
 def test_bad_target_parameters(name, params, match):
     with pytest.raises(ValueError, match=match):
         make_target(name, HEADS, **params)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_len": 1}, "max_len must be an integer >= 2"),
-    ({"max_len": 0}, "max_len must be an integer >= 2"),
-    ({"max_len": 16, "mlp_width": 1}, "mlp_width"),
-    ({"max_len": 16, "steps": -1}, "steps"),
-    ({"max_len": 16, "num_heads": 3}, "num_heads=3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_len": 1}, "max_len must be an integer >= 2"),
+        ({"max_len": 0}, "max_len must be an integer >= 2"),
+        ({"max_len": 16, "mlp_width": 1}, "mlp_width"),
+        ({"max_len": 16, "steps": -1}, "steps"),
+        ({"max_len": 16, "num_heads": 3}, "num_heads=3"),
+    ],
+)
 def test_bad_fit_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fit_fire(make_target("alibi", HEADS), **kwargs)
@@ -295,14 +307,24 @@ def test_to_dict_is_json_with_curves():
     result = fit_fire(make_target("sandwich", HEADS, dbar=16), n, mlp_width=4, steps=2)
     data = json.loads(json.dumps(result.to_dict()))
     assert data["max_abs_error"] > 1e-3  # residuals are not all zero, so their sign is tested
-    for key in ("relative_rmse", "max_abs_error", "relative_rmse_beyond", "seconds", "loss_curve",
-                "relative_rmse_per_head", "max_abs_error_beyond", "fire", "target_params"):
+    for key in (
+        "relative_rmse",
+        "max_abs_error",
+        "relative_rmse_beyond",
+        "seconds",
+        "loss_curve",
+        "relative_rmse_per_head",
+        "max_abs_error_beyond",
+        "fire",
+        "target_params",
+    ):
         assert key in data
     inside, beyond = data["inside"], data["beyond"]
     assert inside["distance"] == list(range(n)) and inside["weight"][0] == n
     assert np.asarray(inside["residual"]).shape == (HEADS, n)
-    np.testing.assert_allclose(np.asarray(inside["target"]) - np.asarray(inside["fitted"]),
-                               np.asarray(inside["residual"]), atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(inside["target"]) - np.asarray(inside["fitted"]), np.asarray(inside["residual"]), atol=1e-6
+    )
     assert beyond["query_position"] == BEYOND_FACTOR * n - 1
     assert np.asarray(beyond["fitted"]).shape == (HEADS, BEYOND_FACTOR * n)
     # the last row's bias at d = 0 is f(0), the same as inside: FIRE only stretches the rest
@@ -315,8 +337,29 @@ def test_to_dict_is_json_with_curves():
 # ---------------------------------------------------------------------------------------------
 def test_cli_writes_json(tmp_path, capsys):
     out, module = tmp_path / "fit.json", tmp_path / "fit.safetensors"
-    rc = main(["--target", "kerple_log", "--max-len", "64", "--heads", "2", "--width", "16", "--steps", "5",
-               "--r1", "1,2", "--r2", "0.5", "--out", str(out), "--save-module", str(module), "--quiet"])
+    rc = main(
+        [
+            "--target",
+            "kerple_log",
+            "--max-len",
+            "64",
+            "--heads",
+            "2",
+            "--width",
+            "16",
+            "--steps",
+            "5",
+            "--r1",
+            "1,2",
+            "--r2",
+            "0.5",
+            "--out",
+            str(out),
+            "--save-module",
+            str(module),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert {"relative_rmse", "max_abs_error", "relative_rmse_beyond", "seconds"} <= set(data)
@@ -325,17 +368,20 @@ def test_cli_writes_json(tmp_path, capsys):
     assert load_fitted_fire(module).num_heads == 2
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["--target", "kerple_log", "--max-len", "64", "--r2", "0"], "r2 > 0"),
-    (["--target", "kerple_power", "--max-len", "64", "--r2", "-0.5"], "r2 > 0"),
-    (["--target", "alibi", "--max-len", "1"], "max_len must be an integer >= 2"),
-    (["--target", "bogus", "--max-len", "64"], "unknown --target 'bogus'"),
-    (["--target", "alibi", "--max-len", "64", "--r1", "1"], "--r1 applies to kerple_log/kerple_power"),
-    (["--target", "checkpoint", "--max-len", "64"], "needs --checkpoint PATH"),
-    (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "not found"),
-    (["--target", "kerple_log", "--max-len", "64", "--r1", "a,b"], "comma-separated numbers"),
-    (["--target", "alibi", "--max-len", "64", "--save-module", "."], "such as fire_fit.safetensors"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--target", "kerple_log", "--max-len", "64", "--r2", "0"], "r2 > 0"),
+        (["--target", "kerple_power", "--max-len", "64", "--r2", "-0.5"], "r2 > 0"),
+        (["--target", "alibi", "--max-len", "1"], "max_len must be an integer >= 2"),
+        (["--target", "bogus", "--max-len", "64"], "unknown --target 'bogus'"),
+        (["--target", "alibi", "--max-len", "64", "--r1", "1"], "--r1 applies to kerple_log/kerple_power"),
+        (["--target", "checkpoint", "--max-len", "64"], "needs --checkpoint PATH"),
+        (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "not found"),
+        (["--target", "kerple_log", "--max-len", "64", "--r1", "a,b"], "comma-separated numbers"),
+        (["--target", "alibi", "--max-len", "64", "--save-module", "."], "such as fire_fit.safetensors"),
+    ],
+)
 def test_cli_bad_parameters(argv, match, capsys):
     assert main(argv + ["--quiet"]) == 2
     err = capsys.readouterr().err
@@ -351,18 +397,42 @@ def test_cli_usage_error(capsys):
 @pytest.mark.slow
 def test_python_dash_m_fireviz_fit(tmp_path):
     out = tmp_path / "fit.json"
-    proc = subprocess.run([sys.executable, "-m", "fireviz", "fit", "--target", "alibi", "--max-len", "32",
-                           "--heads", "2", "--steps", "3", "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fireviz",
+            "fit",
+            "--target",
+            "alibi",
+            "--max-len",
+            "32",
+            "--heads",
+            "2",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["relative_rmse"] < 0.01
-    bad = subprocess.run([sys.executable, "-m", "fireviz", "fit", "--target", "kerple_log", "--max-len", "32",
-                          "--r2", "0"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fireviz", "fit", "--target", "kerple_log", "--max-len", "32", "--r2", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "r2 > 0" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_cli_output_paths(tmp_path, capsys):
     from fireviz.fit_cli import main as fit_main
+
     args = ["--target", "alibi", "--max-len", "16", "--heads", "2", "--steps", "1", "--quiet"]
     assert fit_main(args + ["--out", str(tmp_path)]) == 2  # a folder is refused before fitting
     assert "is a folder" in capsys.readouterr().err
@@ -396,6 +466,7 @@ def test_overlapping_fits_restore_the_thread_count_once_both_end():
     """Two fits in app worker threads overlap as A-enter, B-enter, A-exit, B-exit; the count
     torch had before A is back only after B ends (not left at 1 by B's save/restore)."""
     from fireviz.fit import one_torch_thread
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -1,5 +1,6 @@
 """FlexAttention with the bias inside the kernel (issue 22): the same logits as the SDPA path
 (≤ 1e-4) on CPU, at lengths that are and are not multiples of its 128-token blocks."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,16 @@ def test_flex_matches_the_sdpa_path(available, encoding, length):
 
 def test_flex_fire_at_a_block_multiple_and_with_a_cap(available):
     torch.manual_seed(1)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=64, position_encoding="fire",
-                          encoding_options={"normalizer_cap": 96})).eval()
+    model = GPT(
+        GPTConfig(
+            n_layer=1,
+            n_head=2,
+            d_model=32,
+            seq_len=64,
+            position_encoding="fire",
+            encoding_options={"normalizer_cap": 96},
+        )
+    ).eval()
     x = torch.randint(0, 256, (1, 256))
     with torch.no_grad():
         ref = model(x)
@@ -46,6 +55,7 @@ def test_flex_fire_at_a_block_multiple_and_with_a_cap(available):
 
 def test_no_fused_form_is_a_clear_error():
     from fireviz.encodings import FIRE
+
     with pytest.raises(flex.FlexUnavailable, match="mlp_depth 1"):
         flex.score_mod_for(FIRE(2, mlp_depth=2), 8, 8, 0)
     with pytest.raises(ValueError, match="'sdpa' or 'flex'"):

@@ -1,6 +1,7 @@
 """Published models (issue 19): T5-family bias tables, ALiBi slopes and RoPE kernels read from
 folders with the layout ``transformers`` writes, and from a loopback server that answers the
 Hub's file endpoints (no internet here). References are written from the original formulas."""
+
 from __future__ import annotations
 
 import json
@@ -21,26 +22,56 @@ REF = json.loads((Path(__file__).parent / "reference" / "encodings.json").read_t
 
 
 # -- fixtures with the real file layout ------------------------------------------------------------
-def t5_folder(path: Path, model_type: str = "t5", layers: int = 2, dec_layers: int = 3, heads: int = 4,
-              buckets: int = 32, max_distance: int = 128, d_model: int = 64, vocab: int = 300, shards: int = 1,
-              seed: int = 0, encoder_attention_type: str | None = None) -> Path:
+def t5_folder(
+    path: Path,
+    model_type: str = "t5",
+    layers: int = 2,
+    dec_layers: int = 3,
+    heads: int = 4,
+    buckets: int = 32,
+    max_distance: int = 128,
+    d_model: int = 64,
+    vocab: int = 300,
+    shards: int = 1,
+    seed: int = 0,
+    encoder_attention_type: str | None = None,
+) -> Path:
     """A T5/mT5/UMT5/LongT5 folder as ``save_pretrained`` writes it (config fields, tensor names)."""
     g = torch.Generator().manual_seed(seed)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["T5ForConditionalGeneration"], "model_type": model_type, "d_model": d_model,
-           "d_kv": d_model // heads, "d_ff": 4 * d_model, "num_layers": layers, "num_decoder_layers": dec_layers,
-           "num_heads": heads, "relative_attention_num_buckets": buckets,
-           "relative_attention_max_distance": max_distance, "vocab_size": vocab, "is_encoder_decoder": True,
-           "feed_forward_proj": "relu", "n_positions": 512, "torch_dtype": "float32"}
+    cfg = {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": model_type,
+        "d_model": d_model,
+        "d_kv": d_model // heads,
+        "d_ff": 4 * d_model,
+        "num_layers": layers,
+        "num_decoder_layers": dec_layers,
+        "num_heads": heads,
+        "relative_attention_num_buckets": buckets,
+        "relative_attention_max_distance": max_distance,
+        "vocab_size": vocab,
+        "is_encoder_decoder": True,
+        "feed_forward_proj": "relu",
+        "n_positions": 512,
+        "torch_dtype": "float32",
+    }
     if encoder_attention_type:
         cfg["encoder_attention_type"] = encoder_attention_type
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    t = {"shared.weight": torch.randn(vocab, d_model, generator=g), "lm_head.weight": torch.randn(vocab, d_model, generator=g)}
+    t = {
+        "shared.weight": torch.randn(vocab, d_model, generator=g),
+        "lm_head.weight": torch.randn(vocab, d_model, generator=g),
+    }
     for stack, n in (("encoder", layers), ("decoder", dec_layers)):
         for i in range(n):
             attn = "SelfAttention"
             if model_type == "longt5" and stack == "encoder":
-                attn = "TransientGlobalSelfAttention" if encoder_attention_type == "transient-global" else "LocalSelfAttention"
+                attn = (
+                    "TransientGlobalSelfAttention"
+                    if encoder_attention_type == "transient-global"
+                    else "LocalSelfAttention"
+                )
             pre = f"{stack}.block.{i}.layer.0.{attn}"
             for w in "qkvo":
                 t[f"{pre}.{w}.weight"] = torch.randn(d_model, d_model, generator=g)
@@ -65,7 +96,9 @@ def t5_folder(path: Path, model_type: str = "t5", layers: int = 2, dec_layers: i
     return path
 
 
-def hf_t5_bias(table: torch.Tensor, q: int, k: int, bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
+def hf_t5_bias(
+    table: torch.Tensor, q: int, k: int, bidirectional: bool, num_buckets: int, max_distance: int
+) -> np.ndarray:
     """HF ``T5Attention.compute_bias`` (its ``_relative_position_bucket``, float32 log as there), [H, q, k]."""
     context = torch.arange(q, dtype=torch.long)[:, None]
     memory = torch.arange(k, dtype=torch.long)[None, :]
@@ -79,15 +112,20 @@ def hf_t5_bias(table: torch.Tensor, q: int, k: int, bidirectional: bool, num_buc
         relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
     max_exact = num_buckets // 2
     is_small = relative_position < max_exact
-    if_large = max_exact + (torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
-                            * (num_buckets - max_exact)).to(torch.long)
+    if_large = max_exact + (
+        torch.log(relative_position.float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
     if_large = torch.min(if_large, torch.full_like(if_large, num_buckets - 1))
     relative_buckets += torch.where(is_small, relative_position, if_large)
     return table[relative_buckets].permute(2, 0, 1).numpy()
 
 
 def _matrix(out: dict, layer: int) -> np.ndarray:
-    return np.array([[[np.nan if v is None else v for v in row] for row in h] for h in out["layers"][layer]["matrix"]["bias"]])
+    return np.array(
+        [[[np.nan if v is None else v for v in row] for row in h] for h in out["layers"][layer]["matrix"]["bias"]]
+    )
 
 
 # -- T5 family: the acceptance command -----------------------------------------------------------
@@ -99,6 +137,7 @@ def test_biases_cli_on_a_t5_folder_matches_the_original_bias(tmp_path, model_typ
     assert biases_cli.main([str(folder), "--stack", stack, "--matrix", "0:64", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     from safetensors.torch import load_file
+
     w = load_file(str(folder / "model.safetensors"))
     n_layers = 2 if stack == "encoder" else 3
     assert d["n_layer"] == n_layers and d["n_head"] == 4 and len(d["layers"]) == n_layers
@@ -122,6 +161,7 @@ def test_t5_buckets_match_the_published_first_distances():
     table = torch.arange(32, dtype=torch.float32)[:, None]  # bias = bucket id
     hf = hf_t5_bias(table, 200, 200, False, 32, 128)[0, 199, ::-1]  # row of query 199 by distance
     from fireviz.encodings import T5RelativeBias
+
     e = T5RelativeBias(1)
     with torch.no_grad():
         e.relative_attention_bias.copy_(table)
@@ -145,14 +185,24 @@ def test_bloom_and_mpt_alibi_slopes(tmp_path):
     for h in (16, 12, 112):
         assert torch.allclose(alibi_slopes(h), torch.tensor(_bloom_slopes(h)), rtol=1e-6)
     (tmp_path / "bloom").mkdir()
-    (tmp_path / "bloom" / "config.json").write_text(json.dumps({"model_type": "bloom", "n_head": 12, "n_layer": 2,
-                                                                "hidden_size": 96, "seq_length": 2048}))
+    (tmp_path / "bloom" / "config.json").write_text(
+        json.dumps({"model_type": "bloom", "n_head": 12, "n_layer": 2, "hidden_size": 96, "seq_length": 2048})
+    )
     m = hub.load_published(str(tmp_path / "bloom"))
     assert m.config.position_encoding == "alibi" and torch.allclose(m.encoding(0).slopes, alibi_slopes(12))
     (tmp_path / "mpt").mkdir()
-    (tmp_path / "mpt" / "config.json").write_text(json.dumps({"model_type": "mpt", "n_heads": 12, "n_layers": 2,
-                                                              "d_model": 96, "max_seq_len": 2048,
-                                                              "attn_config": {"alibi": True, "alibi_bias_max": 8}}))
+    (tmp_path / "mpt" / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "mpt",
+                "n_heads": 12,
+                "n_layers": 2,
+                "d_model": 96,
+                "max_seq_len": 2048,
+                "attn_config": {"alibi": True, "alibi_bias_max": 8},
+            }
+        )
+    )
     m = hub.load_published(str(tmp_path / "mpt"))
     assert torch.allclose(m.encoding(0).slopes, torch.tensor(_mpt_slopes(12, 8)), rtol=1e-6)
     out = tmp_path / "b.json"
@@ -168,10 +218,10 @@ def _bloom_slopes(n: int) -> list[float]:
     """BLOOM's build_alibi_tensor slopes (HF modeling_bloom), written from its formula."""
     closest = 2 ** math.floor(math.log2(n))
     base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
-    slopes = [base ** p for p in range(1, closest + 1)]
+    slopes = [base**p for p in range(1, closest + 1)]
     if closest != n:
         extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
-        slopes += [extra_base ** p for p in range(1, 1 + 2 * (n - closest), 2)]
+        slopes += [extra_base**p for p in range(1, 1 + 2 * (n - closest), 2)]
     return slopes
 
 
@@ -179,25 +229,43 @@ def _mpt_slopes(n: int, alibi_bias_max: float) -> list[float]:
     """MPT's gen_slopes (HF modeling_mpt), written from its formula."""
     hp = 2 ** math.ceil(math.log2(n))
     m = [(k + 1) * alibi_bias_max / hp for k in range(hp)]
-    s = [1.0 / 2 ** x for x in m]
+    s = [1.0 / 2**x for x in m]
     if hp != n:
         s = (s[1::2] + s[::2])[:n]
     return s
 
 
 def _llama(scaling: dict | None, **extra) -> dict:
-    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 2,
-           "max_position_embeddings": 8192, "rope_theta": 500000.0, **extra}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        **extra,
+    }
     if scaling is not None:
         cfg["rope_scaling"] = scaling
     return cfg
 
 
-@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 4.0},
-                                     {"rope_type": "dynamic", "factor": 2.0},
-                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
-                                     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"rope_type": "linear", "factor": 4.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ],
+)
 def test_rope_configs_give_their_kernel(tmp_path, scaling):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(_llama(scaling)))
@@ -208,8 +276,17 @@ def test_rope_configs_give_their_kernel(tmp_path, scaling):
 
 
 def test_llama3_frequencies_follow_the_reference_formula():
-    inv, att, s = hub_rope.rope_frequencies(_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}))
+    inv, att, s = hub_rope.rope_frequencies(
+        _llama(
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            }
+        )
+    )
     base = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
     wavelen = 2 * np.pi / base
     expect = np.where(wavelen < 8192 / 4, base, np.where(wavelen > 8192 / 1, base / 8, np.nan))
@@ -221,24 +298,48 @@ def test_llama3_frequencies_follow_the_reference_formula():
 
 
 def test_partial_rotary_and_rope_parameters():
-    inv, _, s = hub_rope.rope_frequencies({"model_type": "phi", "hidden_size": 256, "num_attention_heads": 4,
-                                      "partial_rotary_factor": 0.5, "rope_parameters": {"rope_type": "default",
-                                                                                         "rope_theta": 10000.0}})
+    inv, _, s = hub_rope.rope_frequencies(
+        {
+            "model_type": "phi",
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "partial_rotary_factor": 0.5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    )
     assert s["rotary_dim"] == 32 and inv.shape == (16,)
     np.testing.assert_allclose(inv.numpy(), 1.0 / 10000.0 ** (np.arange(0, 32, 2) / 32), rtol=1e-12)
     ref = REF["yarn"]
-    _, att, _ = hub_rope.rope_frequencies(_llama({"rope_type": "yarn", "factor": ref["factor"],
-                                             "original_max_position_embeddings": ref["original_max_position"]}))
+    _, att, _ = hub_rope.rope_frequencies(
+        _llama(
+            {
+                "rope_type": "yarn",
+                "factor": ref["factor"],
+                "original_max_position_embeddings": ref["original_max_position"],
+            }
+        )
+    )
     assert att == pytest.approx(ref["mscale"], abs=5e-7)  # the reference gives 7 digits
 
 
-@pytest.mark.parametrize("cfg, match", [({"model_type": "gpt2", "n_head": 4, "n_layer": 2}, "absolute position"),
-                                        ({"model_type": "mamba"}, "not an architecture fireviz reads"),
-                                        ({"model_type": "mpt", "n_heads": 4, "n_layers": 1, "attn_config": {}},
-                                         "alibi false"),
-                                        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,
-                                          "num_hidden_layers": 1, "rope_scaling": {"rope_type": "weird"}},
-                                         "rope_type 'weird'")])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        ({"model_type": "gpt2", "n_head": 4, "n_layer": 2}, "absolute position"),
+        ({"model_type": "mamba"}, "not an architecture fireviz reads"),
+        ({"model_type": "mpt", "n_heads": 4, "n_layers": 1, "attn_config": {}}, "alibi false"),
+        (
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "rope_scaling": {"rope_type": "weird"},
+            },
+            "rope_type 'weird'",
+        ),
+    ],
+)
 def test_unsupported_models_are_one_clear_error(tmp_path, cfg, match, capsys):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
@@ -255,6 +356,7 @@ def test_pickled_only_and_missing_tensor(tmp_path):
         hub.load_published(str(f))
     g = t5_folder(tmp_path / "g")
     from safetensors.torch import load_file
+
     w = load_file(str(g / "model.safetensors"))
     del w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
     save_file(w, str(g / "model.safetensors"))
@@ -270,6 +372,7 @@ def hub_env(tmp_path, monkeypatch):
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "fireviz_cache"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     import huggingface_hub.constants as hc
+
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
     return tmp_path
@@ -293,6 +396,7 @@ def test_hub_reads_only_the_header_and_the_bias_tensors(hub_env, monkeypatch):
         assert server.bytes_sent("model.safetensors") == before
     # offline, from the caches alone
     import huggingface_hub.constants as hc
+
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
     m2 = hub.load_published("google/t5-tiny", stack="encoder")
     assert torch.equal(m2.encoding(0).relative_attention_bias, m.encoding(0).relative_attention_bias)
@@ -310,6 +414,7 @@ def test_hub_sharded_gated_missing_and_offline(hub_env, monkeypatch):
         with pytest.raises(hub.HubModelError, match="org/nothing"):
             hub.load_published("org/nothing")
     import huggingface_hub.constants as hc
+
     monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
     with pytest.raises(hub.HubModelError, match="cache"):
         hub.load_published("org/never-fetched")
@@ -322,9 +427,13 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
     import base64
 
     from streamlit.testing.v1 import AppTest
+
     repo = t5_folder(hub_env / "repo", layers=2, dec_layers=2, heads=2)
     from safetensors.torch import load_file
-    table = load_file(str(repo / "model.safetensors"))["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+
+    table = load_file(str(repo / "model.safetensors"))[
+        "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    ]
     root = Path(__file__).resolve().parent.parent
     with HubServer({"google/t5-tiny": repo}) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
@@ -359,10 +468,15 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
 
 def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
     from fireviz import fit, fit_cli
+
     folder = t5_folder(tmp_path / "m", model_type="umt5", heads=2)
     out = tmp_path / "fit.json"
-    assert fit_cli.main(["--target", str(folder), "--layer", "1", "--max-len", "64", "--steps", "20", "--quiet",
-                     "--out", str(out)]) == 0
+    assert (
+        fit_cli.main(
+            ["--target", str(folder), "--layer", "1", "--max-len", "64", "--steps", "20", "--quiet", "--out", str(out)]
+        )
+        == 0
+    )
     d = json.loads(out.read_text())
     assert d["target_params"]["layer"] == 1 and d["target_params"]["published"].startswith("UMT5")
     assert d["relative_rmse"] < 0.2  # FIRE represents T5's bucketed bias inside the fitted range (Thm 3.1)
@@ -378,13 +492,15 @@ def test_app_fits_fire_to_a_hub_model(hub_env, monkeypatch, app_env):
     import time
 
     from streamlit.testing.v1 import AppTest
+
     repo = t5_folder(hub_env / "repo", layers=1, dec_layers=2, heads=2)
     root = Path(__file__).resolve().parent.parent
     with HubServer({"google/t5-tiny": repo}) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         at = AppTest.from_file(str(root / "pages" / "2_Fit_FIRE.py"), default_timeout=60)
-        for k, v in dict(target="checkpoint", pub="google/t5-tiny", layer="1", max_len="32", steps="5",
-                         width="8").items():
+        for k, v in dict(
+            target="checkpoint", pub="google/t5-tiny", layer="1", max_len="32", steps="5", width="8"
+        ).items():
             at.query_params[k] = v
         at.run()
         assert not at.exception, [e.value for e in at.exception]
@@ -407,10 +523,14 @@ def test_encoder_curves_have_distances_of_both_signs(tmp_path):
     ce, cd = enc["layers"][0]["curves"][0], dec["layers"][0]["curves"][0]
     assert ce["distance"] == list(range(-20, 21)) and cd["distance"] == list(range(21))
     from safetensors.torch import load_file
-    t = load_file(str(folder / "model.safetensors"))["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+
+    t = load_file(str(folder / "model.safetensors"))[
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    ]
     ref = hf_t5_bias(t, 41, 41, True, 32, 128)[:, 20, ::-1]  # query 20, keys 40 … 0 = distances −20 … 20
     np.testing.assert_allclose(np.array(ce["bias"]), ref, atol=1e-5)
     from fireviz import plots
+
     fig = plots.bias_grid_figure(enc)
     assert min(min(tr.x) for tr in fig.data if tr.x is not None) == -20
 
@@ -428,9 +548,15 @@ def test_longrope_and_dynamic_frequencies():
     dim = 64
     base = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
     long_factor = list(np.linspace(1.0, 8.0, dim // 2))
-    cfg = {"model_type": "phi3", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 131072,
-           "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
-           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * (dim // 2), "long_factor": long_factor}}
+    cfg = {
+        "model_type": "phi3",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * (dim // 2), "long_factor": long_factor},
+    }
     inv, att, _ = hub_rope.rope_frequencies(cfg)
     np.testing.assert_allclose(inv.numpy(), base / np.array(long_factor), rtol=1e-12)
     assert att == pytest.approx(math.sqrt(1 + math.log(131072 / 4096) / math.log(4096)))
@@ -441,30 +567,45 @@ def test_longrope_and_dynamic_frequencies():
 
 
 # -- found by an adversarial review ------------------------------------------------------------------
-@pytest.mark.parametrize("cfg, match", [
-    (_llama({"rope_type": "linear", "factor": 0}), "must be a finite number > 0"),
-    (_llama({"rope_type": "linear", "factor": -2}), "must be a finite number > 0"),
-    (_llama({"rope_type": "dynamic", "factor": 0.5}), "must be >= 1"),
-    (_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0}), "must be a finite number > 0"),
-    (_llama({"rope_type": "longrope", "long_factor": [0.0] * 32}), "finite numbers > 0"),
-    (_llama(None, rope_scaling=["linear"]), "must be an object or null"),
-    (_llama(None, num_attention_heads=0), "outside 1"),
-    (_llama(None, rope_theta=None, rotary_emb_base="x"), "finite number"),
-    (_llama({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}), "outside 1"),
-    ({"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": -8}},
-     "finite number > 0"),
-    ({"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": None}}, None),
-    ({"model_type": "falcon", "num_attention_heads": 4, "num_hidden_layers": 2, "alibi": "false",
-      "hidden_size": 64}, "true or false"),
-    ({"model_type": "bloom", "n_head": 4, "n_layer": 0}, "outside 1"),
-    ({"model_type": "bloom", "n_head": 4, "n_layer": 10 ** 9}, "outside 1"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (_llama({"rope_type": "linear", "factor": 0}), "must be a finite number > 0"),
+        (_llama({"rope_type": "linear", "factor": -2}), "must be a finite number > 0"),
+        (_llama({"rope_type": "dynamic", "factor": 0.5}), "must be >= 1"),
+        (_llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0}), "must be a finite number > 0"),
+        (_llama({"rope_type": "longrope", "long_factor": [0.0] * 32}), "finite numbers > 0"),
+        (_llama(None, rope_scaling=["linear"]), "must be an object or null"),
+        (_llama(None, num_attention_heads=0), "outside 1"),
+        (_llama(None, rope_theta=None, rotary_emb_base="x"), "finite number"),
+        (_llama({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 0}), "outside 1"),
+        (
+            {"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": -8}},
+            "finite number > 0",
+        ),
+        (
+            {"model_type": "mpt", "n_heads": 4, "n_layers": 2, "attn_config": {"alibi": True, "alibi_bias_max": None}},
+            None,
+        ),
+        (
+            {
+                "model_type": "falcon",
+                "num_attention_heads": 4,
+                "num_hidden_layers": 2,
+                "alibi": "false",
+                "hidden_size": 64,
+            },
+            "true or false",
+        ),
+        ({"model_type": "bloom", "n_head": 4, "n_layer": 0}, "outside 1"),
+        ({"model_type": "bloom", "n_head": 4, "n_layer": 10**9}, "outside 1"),
+    ],
+)
 def test_bad_published_configs_are_one_clear_error(tmp_path, cfg, match):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     if match is None:  # null means the default (8)
-        assert torch.allclose(hub.load_published(str(tmp_path / "m")).encoding(0).slopes,
-                              hub.mpt_alibi_slopes(4, 8.0))
+        assert torch.allclose(hub.load_published(str(tmp_path / "m")).encoding(0).slopes, hub.mpt_alibi_slopes(4, 8.0))
         return
     with pytest.raises(hub.HubModelError, match=match):
         hub.load_published(str(tmp_path / "m"))
@@ -473,12 +614,12 @@ def test_bad_published_configs_are_one_clear_error(tmp_path, cfg, match):
 def _shift_offsets(path: Path, tensor: str, by: int) -> None:
     raw = path.read_bytes()
     n = int(np.frombuffer(raw[:8], dtype="<u8")[0])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     a, b = header[tensor]["data_offsets"]
     header[tensor]["data_offsets"] = [a + by, b + by]
     new = json.dumps(header).encode()
     new += b" " * (n - len(new)) if len(new) <= n else b""
-    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n:])
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n :])
 
 
 def test_weights_whose_offsets_do_not_tile_the_data_are_refused(tmp_path):

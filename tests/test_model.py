@@ -1,4 +1,5 @@
 """The GPT: offsets proven by incremental decoding, blocked attention, checkpoints."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,16 @@ def tiny(name, seq_len=16, block=1024, **kw):
         opts["rope_scaling_factor"] = 2.0
     if name.startswith("fire"):
         opts["init_L"] = 6.0  # queries beyond L exercise the non-Toeplitz rows
-    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=seq_len, position_encoding=name,
-                    encoding_options=opts, attn_query_block=block, **kw)
+    cfg = GPTConfig(
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        seq_len=seq_len,
+        position_encoding=name,
+        encoding_options=opts,
+        attn_query_block=block,
+        **kw,
+    )
     model = GPT(cfg).eval()
     if name in ("fire", "fire_s"):
         for enc in model.encodings:  # make the bias matter
@@ -36,7 +45,12 @@ def test_incremental_decoding_equals_full_forward(name):
     idx = torch.randint(0, 257, (2, 24))
     full = model(idx)
     cache = KVCache(2)
-    pieces = [model(idx[:, :7], cache), model(idx[:, 7:8], cache), model(idx[:, 8:20], cache), model(idx[:, 20:], cache)]
+    pieces = [
+        model(idx[:, :7], cache),
+        model(idx[:, 7:8], cache),
+        model(idx[:, 8:20], cache),
+        model(idx[:, 20:], cache),
+    ]
     assert cache.length == 24
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
 
@@ -68,8 +82,11 @@ def test_chunked_bias_backward_equals_math_path(name, monkeypatch):
 
     monkeypatch.setattr(attention_module, "BACKWARD_CHUNK", 4)
     fast = grads()
-    monkeypatch.setattr(attention_module.BiasedAttention, "apply",
-                        lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    monkeypatch.setattr(
+        attention_module.BiasedAttention,
+        "apply",
+        lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    )
     slow = grads()
     assert fast.keys() == slow.keys()
     enc_params = [n for n in slow if n.startswith("encodings.")]
@@ -96,8 +113,10 @@ def test_biased_attention_backward_equals_math_path(path, Tq, Tk, chunk, monkeyp
     mask = torch.randn(H, Tq, Tk).masked_fill(future, float("-inf")).requires_grad_(True)
     g = torch.randn(B, H, Tq, D)
     results = []
-    for fn in (attention_module.BiasedAttention.apply,
-               lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)):
+    for fn in (
+        attention_module.BiasedAttention.apply,
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+    ):
         for t in (q, k, v, mask):
             t.grad = None
         out = fn(q, k, v, mask)
@@ -111,6 +130,7 @@ def test_biased_attention_backward_equals_math_path(path, Tq, Tk, chunk, monkeyp
 def test_compiled_kernels_equal_torch_path(name, monkeypatch):
     """Logits and gradients with the numba kernels equal those of the plain torch path."""
     import fireviz.encodings.fire as fire_module
+
     if fire_module._row_kernel() is None or attention_module._softmax_grad_kernel() is None:
         pytest.skip("numba is not installed: the compiled kernels are off")
     model = tiny(name).train()
@@ -149,8 +169,13 @@ def test_generate_uses_cache_consistently():
     for _ in range(6):
         seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(out, seq)
-    for kwargs in ({"temperature": -1.0}, {"temperature": float("nan")}, {"top_k": 0}, {"top_k": 2.5},
-                   {"max_new_tokens": -1}):
+    for kwargs in (
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"top_k": 0},
+        {"top_k": 2.5},
+        {"max_new_tokens": -1},
+    ):
         with pytest.raises(ValueError, match="generate needs"):
             model.generate(prompt, **{"max_new_tokens": 2, **kwargs})
     with pytest.raises(ValueError, match=r"idx\[None\]"):
@@ -236,8 +261,11 @@ def test_from_pretrained_names_bad_config_files_and_arguments(tmp_path):
     tiny("alibi").save_pretrained(tmp_path)
     cfg_path = tmp_path / "config.json"
     good = cfg_path.read_text()
-    for text, match in (("[1]", "not a JSON object"), ("{bad", "not valid JSON"),
-                        (json.dumps({**json.loads(good), "n_layer": "1"}), "n_layer must be an integer")):
+    for text, match in (
+        ("[1]", "not a JSON object"),
+        ("{bad", "not valid JSON"),
+        (json.dumps({**json.loads(good), "n_layer": "1"}), "n_layer must be an integer"),
+    ):
         cfg_path.write_text(text)
         with pytest.raises(CheckpointError, match=match):
             GPT.from_pretrained(tmp_path)
@@ -250,16 +278,19 @@ def test_from_pretrained_names_bad_config_files_and_arguments(tmp_path):
         GPT.from_pretrained(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("fields,match", [
-    ({"d_model": 16.0}, "d_model must be an integer"),
-    ({"n_layer": True}, "n_layer must be an integer"),
-    ({"absolute_position_embedding": "no"}, "true or false"),
-    ({"encoding_options": None}, "must be dicts"),
-    ({"dropout": "0.1"}, "dropout must be a number"),
-    ({"position_encoding": "fire", "encoding_options": {"init_L": 0}}, "init_L"),
-    ({"position_encoding": "kerple_log", "encoding_options": {"init_r1": float("nan")}}, "r1 > 0"),
-    ({"position_encoding": "rope", "encoding_options": {"rope_theta": float("nan")}}, "rope_theta"),
-])
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"d_model": 16.0}, "d_model must be an integer"),
+        ({"n_layer": True}, "n_layer must be an integer"),
+        ({"absolute_position_embedding": "no"}, "true or false"),
+        ({"encoding_options": None}, "must be dicts"),
+        ({"dropout": "0.1"}, "dropout must be a number"),
+        ({"position_encoding": "fire", "encoding_options": {"init_L": 0}}, "init_L"),
+        ({"position_encoding": "kerple_log", "encoding_options": {"init_r1": float("nan")}}, "r1 > 0"),
+        ({"position_encoding": "rope", "encoding_options": {"rope_theta": float("nan")}}, "rope_theta"),
+    ],
+)
 def test_config_validate_checks_types_and_option_values(fields, match):
     with pytest.raises(ValueError, match=match):
         GPTConfig(**fields).validate()

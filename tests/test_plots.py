@@ -1,4 +1,5 @@
 """fireviz.plots: every figure built from a tiny model or synthetic data; asserts on trace values."""
+
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,9 @@ SEQ = 16
 
 def tiny(encoding: str, **opts) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=SEQ, position_encoding=encoding,
-                         encoding_options=opts)).eval()
+    return GPT(
+        GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=SEQ, position_encoding=encoding, encoding_options=opts)
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,12 @@ def fire_report() -> dict:
 
 
 def test_decode_helper_roundtrip():
-    fig = go.Figure([go.Scatter(x=np.arange(4), y=np.array([1.5, np.nan, 3.0, 4.0], dtype=np.float32)),
-                     go.Heatmap(z=np.arange(6.0).reshape(2, 3))])
+    fig = go.Figure(
+        [
+            go.Scatter(x=np.arange(4), y=np.array([1.5, np.nan, 3.0, 4.0], dtype=np.float32)),
+            go.Heatmap(z=np.arange(6.0).reshape(2, 3)),
+        ]
+    )
     t = traces(fig)
     np.testing.assert_array_equal(t[0]["x"], [0, 1, 2, 3])
     np.testing.assert_array_equal(t[0]["y"], np.array([1.5, np.nan, 3.0, 4.0], dtype=np.float32))
@@ -148,10 +154,24 @@ def test_bias_heatmap(fire_report):
 
 def test_bias_heatmap_color_limit():
     """color_limit saturates the colours, never the data; a limit the bias stays within changes nothing."""
-    rep = {"kind": "additive", "encoding": "kerple_power", "train_seq_len": 4, "layers": [{"layer": 0, "matrix": {
-        "query_positions": [0, 4, 8], "key_positions": [0, 4, 8],
-        "bias": [[[0.0, None, None], [-50.0, 0.0, None], [-900.0, -50.0, 0.0]],
-                 [[2.0, None, None], [-30.0, 2.0, None], [-60.0, -30.0, 2.0]]]}}]}
+    rep = {
+        "kind": "additive",
+        "encoding": "kerple_power",
+        "train_seq_len": 4,
+        "layers": [
+            {
+                "layer": 0,
+                "matrix": {
+                    "query_positions": [0, 4, 8],
+                    "key_positions": [0, 4, 8],
+                    "bias": [
+                        [[0.0, None, None], [-50.0, 0.0, None], [-900.0, -50.0, 0.0]],
+                        [[2.0, None, None], [-30.0, 2.0, None], [-60.0, -30.0, 2.0]],
+                    ],
+                },
+            }
+        ],
+    }
     full = P.bias_heatmap_figure(rep, 0, 0)
     assert full.data[0].zmin is None and full.data[0].colorscale[0][1] == "#440154"  # Viridis, full range
     clipped = P.bias_heatmap_figure(rep, 0, 0, color_limit=20)
@@ -170,8 +190,14 @@ def test_bias_heatmap_color_limit():
 
 
 def test_dilution_figure():
-    res = {"checkpoint": "c", "query_positions": [15, 31, 255], "near": 8, "rows": 2, "train_seq_len": SEQ,
-           "share": [[[0.9, 0.5, 0.2], [0.3, 0.3, 0.3]]]}
+    res = {
+        "checkpoint": "c",
+        "query_positions": [15, 31, 255],
+        "near": 8,
+        "rows": 2,
+        "train_seq_len": SEQ,
+        "share": [[[0.9, 0.5, 0.2], [0.3, 0.3, 0.3]]],
+    }
     fig = P.dilution_figure(res)
     ts = traces(fig)
     assert [t["name"] for t in ts] == ["L0 H0", "L0 H1"]
@@ -182,17 +208,32 @@ def test_dilution_figure():
 
 # -- perplexity / loss ---------------------------------------------------------------------------
 def ppl_result(ckpt, label, ppls, train=SEQ, stride=8):
-    return {"checkpoint": ckpt, "label": label, "train_seq_len": train,
-            "settings": {"mode": "sliding", "stride": stride, "token_budget": 1000, "seed": 0, "domain": "prose"},
-            "per_length": [{"length": n, "perplexity": p, "nats_per_token": math.log(p), "bits_per_byte": math.log(p) / math.log(2),
-                            "tokens_scored": 100, "windows": 3,
-                            "loss_by_position": {"bucket_starts": [0, n // 2], "nats": [math.log(p) + 0.1, math.log(p) - 0.1]}}
-                           for n, p in zip((16, 64, 256), ppls)]}
+    return {
+        "checkpoint": ckpt,
+        "label": label,
+        "train_seq_len": train,
+        "settings": {"mode": "sliding", "stride": stride, "token_budget": 1000, "seed": 0, "domain": "prose"},
+        "per_length": [
+            {
+                "length": n,
+                "perplexity": p,
+                "nats_per_token": math.log(p),
+                "bits_per_byte": math.log(p) / math.log(2),
+                "tokens_scored": 100,
+                "windows": 3,
+                "loss_by_position": {"bucket_starts": [0, n // 2], "nats": [math.log(p) + 0.1, math.log(p) - 0.1]},
+            }
+            for n, p in zip((16, 64, 256), ppls)
+        ],
+    }
 
 
 def test_perplexity_groups_seeds_with_error_bars():
-    results = [ppl_result("fire-s0", "fire", [3.0, 4.0, 8.0]), ppl_result("fire-s1", "fire", [5.0, 6.0, 10.0]),
-               ppl_result("rope-s0", "rope", [3.5, 20.0, 90.0])]
+    results = [
+        ppl_result("fire-s0", "fire", [3.0, 4.0, 8.0]),
+        ppl_result("fire-s1", "fire", [5.0, 6.0, 10.0]),
+        ppl_result("rope-s0", "rope", [3.5, 20.0, 90.0]),
+    ]
     fig = P.perplexity_figure(results)
     fire, rope = traces(fig)
     np.testing.assert_array_equal(fire["x"], [16, 64, 256])
@@ -208,15 +249,28 @@ def test_perplexity_groups_seeds_with_error_bars():
     assert "stride 8" in layout["title"]["subtitle"]["text"] and "mode sliding" in layout["title"]["subtitle"]["text"]
     rows = P.group_perplexity(results)
     bpb = [math.log(3) / math.log(2), math.log(5) / math.log(2)]
-    assert rows[0] == {"group": "fire", "length": 16, "bits_per_byte": pytest.approx(sum(bpb) / 2),
-                       "bits_per_byte_std": pytest.approx(abs(bpb[1] - bpb[0]) / math.sqrt(2)),
-                       "perplexity": pytest.approx(math.sqrt(15.0)), "perplexity_std": pytest.approx(math.sqrt(2)),
-                       "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2), "n": 2, "train_seq_len": SEQ,
-                       # no per-document losses in these results: no interval, and what was scored is passed on
-                       "ci95_low": None, "ci95_high": None, "documents": None,
-                       "windows": results[0]["per_length"][0].get("windows"),
-                       "tokens_scored": results[0]["per_length"][0].get("tokens_scored")}
-    assert rows[-1]["group"] == "rope" and rows[-1]["bits_per_byte_std"] is None and rows[-1]["perplexity"] == pytest.approx(90.0)
+    assert rows[0] == {
+        "group": "fire",
+        "length": 16,
+        "bits_per_byte": pytest.approx(sum(bpb) / 2),
+        "bits_per_byte_std": pytest.approx(abs(bpb[1] - bpb[0]) / math.sqrt(2)),
+        "perplexity": pytest.approx(math.sqrt(15.0)),
+        "perplexity_std": pytest.approx(math.sqrt(2)),
+        "nats_per_token": pytest.approx((math.log(3) + math.log(5)) / 2),
+        "n": 2,
+        "train_seq_len": SEQ,
+        # no per-document losses in these results: no interval, and what was scored is passed on
+        "ci95_low": None,
+        "ci95_high": None,
+        "documents": None,
+        "windows": results[0]["per_length"][0].get("windows"),
+        "tokens_scored": results[0]["per_length"][0].get("tokens_scored"),
+    }
+    assert (
+        rows[-1]["group"] == "rope"
+        and rows[-1]["bits_per_byte_std"] is None
+        and rows[-1]["perplexity"] == pytest.approx(90.0)
+    )
     # grouping by checkpoint instead: three lines, no error bars
     by_ckpt = traces(P.perplexity_figure(results, group_key="checkpoint"))
     assert [t["meta"]["group"] for t in by_ckpt] == ["fire-s0", "fire-s1", "rope-s0"]
@@ -230,8 +284,14 @@ def test_perplexity_groups_seeds_with_error_bars():
 
 def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     res = ppl_result("fire-s0", "fire", [3.0, 4.0, 8.0])
-    res["settings"] = {"data": "latex", "split": "validation", "mode": "nonoverlapping", "stride": None,
-                       "token_budget": 4096, "seed": 0}
+    res["settings"] = {
+        "data": "latex",
+        "split": "validation",
+        "mode": "nonoverlapping",
+        "stride": None,
+        "token_budget": 4096,
+        "seed": 0,
+    }
     res["per_length"].append({"length": 100000, "error": "no document has 100000 tokens"})
     fig = P.perplexity_figure([res])
     (trace,) = traces(fig)
@@ -276,7 +336,9 @@ def test_fit_figure():
     d = np.arange(10)
     target = np.stack([-0.5 * d, -np.log1p(d)])
     fitted = target + np.linspace(0, 0.3, 10)
-    fig = P.fit_figure({"distance": d.tolist(), "target": target.tolist(), "fitted": fitted.tolist(), "max_len": 6}, head=1)
+    fig = P.fit_figure(
+        {"distance": d.tolist(), "target": target.tolist(), "fitted": fitted.tolist(), "max_len": 6}, head=1
+    )
     t, f, r = traces(fig)
     assert [x["meta"]["series"] for x in (t, f, r)] == ["target", "fitted", "residual"]
     np.testing.assert_allclose(t["y"], target[1])
@@ -286,8 +348,9 @@ def test_fit_figure():
     marks = shapes(fig, P.FIT_RANGE_MARK)
     assert len(marks) == 2 and all(m["x0"] == 0 and m["x1"] == 6 for m in marks)
     # 1-D arrays and an explicit residual
-    fig = P.fit_figure({"distance": [0, 1, 2], "target": [0, -1, -2], "fitted": [0, -1, -1], "residual": [9, 9, 9],
-                        "max_len": 2})
+    fig = P.fit_figure(
+        {"distance": [0, 1, 2], "target": [0, -1, -2], "fitted": [0, -1, -1], "residual": [9, 9, 9], "max_len": 2}
+    )
     np.testing.assert_allclose(traces(fig)[2]["y"], [9, 9, 9])
     with pytest.raises(ValueError):
         P.fit_figure({"distance": [0, 1], "target": [0, 1, 2], "fitted": [0, 1, 2], "max_len": 1})
@@ -336,7 +399,9 @@ def test_training_curves():
     # one non-finite loss is skipped by the windows that hold it, not spread over the rest of the curve
     holed = [dict(r) for r in log]
     holed[1]["loss"] = math.nan
-    y = [t for t in traces(P.training_curves_figure({"fire": holed}, smooth=2)) if t["meta"]["series"] == "loss"][0]["y"]
+    y = [t for t in traces(P.training_curves_figure({"fire": holed}, smooth=2)) if t["meta"]["series"] == "loss"][0][
+        "y"
+    ]
     np.testing.assert_allclose(y, [3.0, 3.0, 1.0, 0.875])
 
 
@@ -344,8 +409,9 @@ def test_validation_curves():
     log = [{"step": s, "tokens": 1000 * s, "loss": 3.0 / s, "lr": 1e-3} for s in (1, 2, 3, 4)]
     log[1].update(val_loss=2.0, val_loss_4x=2.5)
     log[3].update(val_loss=1.0)  # a row without the 4× value is kept on the left only
-    fig = P.validation_curves_figure({"fire": log, "rope": [{"step": 5, "tokens": 50, "val_loss": 5.5, "val_loss_4x": 5.6}]},
-                                     seq_len=512)
+    fig = P.validation_curves_figure(
+        {"fire": log, "rope": [{"step": 5, "tokens": 50, "val_loss": 5.5, "val_loss_4x": 5.6}]}, seq_len=512
+    )
     ts = {(t["meta"]["run"], t["meta"]["series"]): t for t in traces(fig)}
     assert set(ts) == {("fire", "val_loss"), ("fire", "val_loss_4x"), ("rope", "val_loss"), ("rope", "val_loss_4x")}
     np.testing.assert_array_equal(ts[("fire", "val_loss")]["x"], [2000, 4000])
@@ -394,13 +460,26 @@ def test_csv_and_json_export(fire_report):
 def _doc_result(name, group, nats_by_doc, tokens, length=16):
     docs = [f"d{i}" for i in range(len(tokens))]
     mean = sum(nats_by_doc) / sum(tokens)
-    from fireviz.evaluate import bootstrap_ci95
-    entry = {"length": length, "nats_per_token": mean, "perplexity": math.exp(mean), "bits_per_byte": mean / math.log(2),
-             "tokens_scored": sum(tokens), "windows": len(tokens), "documents": len(tokens),
-             "per_document": {"doc": docs, "nats": list(nats_by_doc), "tokens": list(tokens)},
-             "ci95": bootstrap_ci95(nats_by_doc, tokens)}
-    return {"checkpoint": name, "label": group, "train_seq_len": SEQ, "settings": {"mode": "same_text"},
-            "per_length": [entry]}
+    from fireviz.stats import bootstrap_ci95
+
+    entry = {
+        "length": length,
+        "nats_per_token": mean,
+        "perplexity": math.exp(mean),
+        "bits_per_byte": mean / math.log(2),
+        "tokens_scored": sum(tokens),
+        "windows": len(tokens),
+        "documents": len(tokens),
+        "per_document": {"doc": docs, "nats": list(nats_by_doc), "tokens": list(tokens)},
+        "ci95": bootstrap_ci95(nats_by_doc, tokens),
+    }
+    return {
+        "checkpoint": name,
+        "label": group,
+        "train_seq_len": SEQ,
+        "settings": {"mode": "same_text"},
+        "per_length": [entry],
+    }
 
 
 def test_intervals_and_paired_differences_of_single_and_pooled_runs():
@@ -408,15 +487,20 @@ def test_intervals_and_paired_differences_of_single_and_pooled_runs():
     base = [t * (1.0 + 0.1 * k) for k, t in enumerate(tokens)]
     a = _doc_result("alibi", "alibi", base, tokens)
     f0 = _doc_result("fire", "fire", [x + 0.05 * t for x, t in zip(base, tokens)], tokens)
-    f1 = _doc_result("fire_seed1", "fire", [x + 0.15 * t + (k % 2) for k, (x, t) in enumerate(zip(base, tokens))],
-                     tokens)
+    f1 = _doc_result(
+        "fire_seed1", "fire", [x + 0.15 * t + (k % 2) for k, (x, t) in enumerate(zip(base, tokens))], tokens
+    )
     rows = {r["group"]: r for r in P.group_perplexity([a, f0, f1])}
     assert (rows["alibi"]["ci95_low"], rows["alibi"]["ci95_high"]) == tuple(a["per_length"][0]["ci95"])
-    assert rows["fire"]["n"] == 2 and rows["fire"]["ci95_low"] < rows["fire"]["bits_per_byte"] < rows["fire"]["ci95_high"]
+    assert (
+        rows["fire"]["n"] == 2 and rows["fire"]["ci95_low"] < rows["fire"]["bits_per_byte"] < rows["fire"]["ci95_high"]
+    )
     paired = P.paired_difference_rows([a, f0, f1], reference="alibi")
     assert [(r["group"], r["length"], r["n"]) for r in paired] == [("fire", 16, 2)]
-    pooled = [(x0 + x1) / 2 for x0, x1 in zip(f0["per_length"][0]["per_document"]["nats"],
-                                               f1["per_length"][0]["per_document"]["nats"])]
+    pooled = [
+        (x0 + x1) / 2
+        for x0, x1 in zip(f0["per_length"][0]["per_document"]["nats"], f1["per_length"][0]["per_document"]["nats"])
+    ]
     expected = (sum(pooled) - sum(base)) / sum(tokens) / math.log(2)
     assert paired[0]["paired_delta_bpb"] == pytest.approx(expected)
     assert paired[0]["ci95_low"] <= expected <= paired[0]["ci95_high"]
@@ -440,16 +524,34 @@ def test_intervals_and_paired_differences_of_single_and_pooled_runs():
 
 
 def test_position_parameters_figure():
-    logs = {"kerple_power": [{"step": 0, "tokens": 0, "val_loss": 5.0,
-                              "position_parameters": {"r1": {"0": [1.0, 2.0], "1": [0.5, 0.5]},
-                                                      "r2": {"0": [0.5, 0.01], "1": [1.0, 2.0]}}},
-                             {"step": 1, "tokens": 10, "loss": 4.0},
-                             {"step": 2, "tokens": 20, "val_loss": 3.0,
-                              "position_parameters": {"r1": {"0": [1.5, 2.5], "1": [0.5, 0.6]},
-                                                      "r2": {"0": [0.6, 0.02], "1": [1.0, 1.9]}}}],
-            "fire": [{"step": 0, "tokens": 0, "position_parameters": {"c": {"0": [0.1]}, "L": {"0": [128.0]}}},
-                     {"step": 5, "tokens": 50, "position_parameters": {"c": {"0": [0.2]}, "L": {"0": [200.0]}}}],
-            "alibi": [{"step": 0, "tokens": 0, "val_loss": 5.0}]}
+    logs = {
+        "kerple_power": [
+            {
+                "step": 0,
+                "tokens": 0,
+                "val_loss": 5.0,
+                "position_parameters": {
+                    "r1": {"0": [1.0, 2.0], "1": [0.5, 0.5]},
+                    "r2": {"0": [0.5, 0.01], "1": [1.0, 2.0]},
+                },
+            },
+            {"step": 1, "tokens": 10, "loss": 4.0},
+            {
+                "step": 2,
+                "tokens": 20,
+                "val_loss": 3.0,
+                "position_parameters": {
+                    "r1": {"0": [1.5, 2.5], "1": [0.5, 0.6]},
+                    "r2": {"0": [0.6, 0.02], "1": [1.0, 1.9]},
+                },
+            },
+        ],
+        "fire": [
+            {"step": 0, "tokens": 0, "position_parameters": {"c": {"0": [0.1]}, "L": {"0": [128.0]}}},
+            {"step": 5, "tokens": 50, "position_parameters": {"c": {"0": [0.2]}, "L": {"0": [200.0]}}},
+        ],
+        "alibi": [{"step": 0, "tokens": 0, "val_loss": 5.0}],
+    }
     fig = P.position_parameters_figure(logs)
     by = {(t.meta["run"], t.meta["parameter"], t.meta["layer"], t.meta["head"]): t for t in fig.data}
     assert len(by) == 8 + 2
@@ -465,6 +567,7 @@ def test_head_bias_log_distance_and_fire_input_figures():
     import torch
     from fireviz import analysis
     from fireviz.model import GPT, GPTConfig
+
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=32, position_encoding="fire")).eval()
     rep = analysis.bias_report(model, [31, 127]).to_dict()
@@ -473,10 +576,15 @@ def test_head_bias_log_distance_and_fire_input_figures():
     assert fig.layout.xaxis.type == "log"
     assert all(min(t.x) >= 1 for t in fig.data)  # distance 0 left out of a log axis
     assert sorted((t.meta["query_position"], t.meta["capped"] or 0) for t in fig.data) == [
-        (31, 0), (31, 32), (127, 0), (127, 32)]
+        (31, 0),
+        (31, 32),
+        (127, 0),
+        (127, 32),
+    ]
     fi = P.fire_input_figure(rep, 0, capped=capped)
     assert {(t.meta["distance"], t.meta["capped"]) for t in fi.data} == {
-        (d, c) for d in analysis.FIRE_INPUT_DISTANCES for c in (None, 32)}
+        (d, c) for d in analysis.FIRE_INPUT_DISTANCES for c in (None, 32)
+    }
     assert fi.layout.shapes[0].x1 == 32  # the training positions, shaded
     with pytest.raises(ValueError, match="x_axis"):
         P.head_bias_figure(rep, 0, 0, x_axis="bogus")
@@ -484,11 +592,15 @@ def test_head_bias_log_distance_and_fire_input_figures():
     with pytest.raises(ValueError, match="no FIRE input"):
         P.fire_input_figure(analysis.bias_report(alibi, [31]).to_dict(), 0)
     toks = torch.randint(0, 256, (600,))
-    d = [TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire"),
-         TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire", normalizer_cap=32)]
+    d = [
+        TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire"),
+        TA.attention_dilution(model, toks, [31, 127, 511], near=4, checkpoint="fire", normalizer_cap=32),
+    ]
     dfig = P.dilution_compare_figure(d)
     assert [(t.meta["checkpoint"], t.meta["layer"], t.meta["normalizer_cap"]) for t in dfig.data] == [
-        ("fire", 0, None), ("fire", 0, 32)]
+        ("fire", 0, None),
+        ("fire", 0, 32),
+    ]
     np.testing.assert_allclose(dfig.data[0].y, d[0].share[0].mean(0), rtol=1e-5)  # to_dict: 6 digits
 
 
@@ -496,10 +608,24 @@ def test_perplexity_figure_marks_chance_only_near_it():
     from fireviz import plots
 
     def result(bpb):
-        per = [{"length": n, "nats_per_token": b * math.log(2), "perplexity": 2 ** b, "bits_per_byte": b,
-                "tokens_scored": 100, "windows": 2} for n, b in zip((128, 256), bpb)]
-        return {"checkpoint": "x", "position_encoding": "fire", "train_seq_len": 128, "settings": {"data": "code"},
-                "per_length": per}
+        per = [
+            {
+                "length": n,
+                "nats_per_token": b * math.log(2),
+                "perplexity": 2**b,
+                "bits_per_byte": b,
+                "tokens_scored": 100,
+                "windows": 2,
+            }
+            for n, b in zip((128, 256), bpb)
+        ]
+        return {
+            "checkpoint": "x",
+            "position_encoding": "fire",
+            "train_seq_len": 128,
+            "settings": {"data": "code"},
+            "per_length": per,
+        }
 
     near = plots.perplexity_figure([result([6.5, 7.9])])
     marks = [sh for sh in near.layout.shapes if sh.name == plots.UNIFORM_MARK]
@@ -518,15 +644,32 @@ def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_tr
     from fireviz.model import GPT, GPTConfig
 
     def result(name, bpb):
-        per = [{"length": n, "nats_per_token": b * math.log(2), "perplexity": 2 ** b, "bits_per_byte": b,
-                "tokens_scored": 100, "windows": 2} for n, b in zip((128, 256, 512), bpb)]
-        return {"checkpoint": name, "position_encoding": "fire", "train_seq_len": 128, "settings": {"data": "prose"},
-                "per_length": per}
+        per = [
+            {
+                "length": n,
+                "nats_per_token": b * math.log(2),
+                "perplexity": 2**b,
+                "bits_per_byte": b,
+                "tokens_scored": 100,
+                "windows": 2,
+            }
+            for n, b in zip((128, 256, 512), bpb)
+        ]
+        return {
+            "checkpoint": name,
+            "position_encoding": "fire",
+            "train_seq_len": 128,
+            "settings": {"data": "prose"},
+            "per_length": per,
+        }
 
     ppl = plots.perplexity_figure([result("alpha_run", [2.0, 1.9, 1.95]), result("beta_run", [2.1, 2.0, 2.2])])
     torch.manual_seed(0)
-    grid = plots.bias_grid_figure(analysis.bias_report(GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=32,
-                                                                       position_encoding="alibi")), [31]).to_dict())
+    grid = plots.bias_grid_figure(
+        analysis.bias_report(
+            GPT(GPTConfig(n_layer=2, n_head=2, d_model=16, seq_len=32, position_encoding="alibi")), [31]
+        ).to_dict()
+    )
     for fig, names in ((ppl, ["alpha_run", "beta_run"]), (grid, ["i = 31"])):
         svg = plots.write_figure(fig, tmp_path / "f.svg")
         root = ET.fromstring(svg.read_bytes())

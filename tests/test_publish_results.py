@@ -1,5 +1,6 @@
 """scripts/publish_results.py's table helpers on synthetic results (the real ones are checked
 against the shipped files in test_bundled_checkpoints.py)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,20 +22,33 @@ def pub():
 
 
 def run(label: str, bpb: list[float], rope_scaling=None) -> dict:
-    return {"label": label, "settings": {"rope_scaling": rope_scaling},
-            "per_length": [{"length": n, "bits_per_byte": b, "perplexity": 2.0 ** b}
-                           for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)]}
+    return {
+        "label": label,
+        "settings": {"rope_scaling": rope_scaling},
+        "per_length": [
+            {"length": n, "bits_per_byte": b, "perplexity": 2.0**b}
+            for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)
+        ],
+    }
 
 
 def test_seed_groups_pair_extra_seeds_with_their_seed_zero_run(pub):
     names = ["alibi", "fire", "fire_s", "fire_seed1", "fire_seed2", "fire_s_seed1", "kerple_power_seed3", "rope"]
-    assert pub.seed_groups(names) == {"fire": ["fire", "fire_seed1", "fire_seed2"], "fire_s": ["fire_s", "fire_s_seed1"]}
+    assert pub.seed_groups(names) == {
+        "fire": ["fire", "fire_seed1", "fire_seed2"],
+        "fire_s": ["fire_s", "fire_s_seed1"],
+    }
     assert pub.seed_groups(["fire", "rope", "fire_seed0x"]) == {}
 
 
 def test_seed_table_is_mean_and_sample_sd_over_seeds(pub):
-    runs = [run("fire", [2.0] * 7), run("fire_seed1", [2.2] * 6 + [3.0]), run("fire_seed2", [2.4] * 7),
-            run("rope", [9.0] * 7), run("rope", [1.0] * 7, rope_scaling="pi")]
+    runs = [
+        run("fire", [2.0] * 7),
+        run("fire_seed1", [2.2] * 6 + [3.0]),
+        run("fire_seed2", [2.4] * 7),
+        run("rope", [9.0] * 7),
+        run("rope", [1.0] * 7, rope_scaling="pi"),
+    ]
     rows = pub.fmt_seed_table(runs)
     assert len(rows) == 3 and rows[2].startswith("| fire | 3 | ")
     cells = [c.strip() for c in rows[2].strip("|").split("|")][2:]
@@ -45,8 +59,12 @@ def test_seed_table_is_mean_and_sample_sd_over_seeds(pub):
 
 
 def test_validation_table_labels_follow_the_training_length(pub):
-    logs = {"fire": [{"step": 0, "tokens": 0, "val_loss": 5.5, "val_loss_4x": 5.6},
-                     {"step": 250, "tokens": 2048000, "val_loss": 2.25, "val_loss_4x": 2.5}]}
+    logs = {
+        "fire": [
+            {"step": 0, "tokens": 0, "val_loss": 5.5, "val_loss_4x": 5.6},
+            {"step": 250, "tokens": 2048000, "val_loss": 2.25, "val_loss_4x": 2.5},
+        ]
+    }
     rows = pub.fmt_validation_table(logs, seq_len=256)
     assert "val @256 (nats/token)" in rows[0] and "val @1024" in rows[0]
     assert rows[2] == "| fire | 250 | 2,048,000 | 2.250 | 2.500 | -3.250 (from step 0) |"
@@ -54,7 +72,10 @@ def test_validation_table_labels_follow_the_training_length(pub):
 
 def test_replace_generated_rewrites_only_between_markers(pub):
     text = "a\n<!-- generated:t -->\nold\n<!-- /generated:t -->\nb\n"
-    assert pub.replace_generated(text, "t", ["new", "rows"]) == "a\n<!-- generated:t -->\nnew\nrows\n<!-- /generated:t -->\nb\n"
+    assert (
+        pub.replace_generated(text, "t", ["new", "rows"])
+        == "a\n<!-- generated:t -->\nnew\nrows\n<!-- /generated:t -->\nb\n"
+    )
     with pytest.raises(SystemExit, match="generated:missing"):
         pub.replace_generated(text, "missing", [])
 
@@ -62,7 +83,12 @@ def test_replace_generated_rewrites_only_between_markers(pub):
 def test_labels_name_every_scaled_rope_row(pub):
     def res(name, scaling):
         return {"checkpoint": name, "settings": {"rope_scaling": scaling}}
-    assert [pub.label(res("rope", s)) for s in (None, "pi", "yarn")] == ["rope", "rope_pi (zero-shot)", "yarn (zero-shot)"]
+
+    assert [pub.label(res("rope", s)) for s in (None, "pi", "yarn")] == [
+        "rope",
+        "rope_pi (zero-shot)",
+        "yarn (zero-shot)",
+    ]
     labels = [pub.label(res("rope_seed1", s)) for s in (None, "pi", "yarn")]
     assert labels == ["rope_seed1", "rope_seed1 + pi (zero-shot)", "rope_seed1 + yarn (zero-shot)"]
     assert pub.label(res("alibi", None)) == "alibi"
@@ -78,18 +104,34 @@ def test_read_results_tolerates_missing_and_corrupt_files(pub, tmp_path):
 
 
 def result(data: str, sha: str = "w1", budget: int = 16384, scaling=None, bpb: float = 2.0) -> dict:
-    return {"checkpoint": "rope", "checkpoint_path": "/elsewhere/checkpoints/rope", "checkpoint_sha256": sha,
-            "label": "old label", "per_length": [{"length": 128, "bits_per_byte": bpb}],
-            "settings": {"data": data, "rope_scaling": scaling, "mode": "nonoverlapping", "token_budget": budget,
-                         "seed": 0, "split": "validation", "lengths": [128]}}
+    return {
+        "checkpoint": "rope",
+        "checkpoint_path": "/elsewhere/checkpoints/rope",
+        "checkpoint_sha256": sha,
+        "label": "old label",
+        "per_length": [{"length": 128, "bits_per_byte": bpb}],
+        "settings": {
+            "data": data,
+            "rope_scaling": scaling,
+            "mode": "nonoverlapping",
+            "token_budget": budget,
+            "seed": 0,
+            "split": "validation",
+            "lengths": [128],
+        },
+    }
 
 
 def test_merge_results_keeps_other_domains_only_when_made_on_the_same_weights_and_settings(pub):
     old = [result("prose", bpb=9.0), result("latex"), result("code"), result("latex", scaling="pi")]
     fresh = [result("prose", bpb=1.0)]
     rows, dropped = pub.merge_results(old, fresh)
-    assert [(r["settings"]["data"], r["settings"]["rope_scaling"]) for r in rows] == \
-        [("prose", None), ("latex", None), ("latex", "pi"), ("code", None)]
+    assert [(r["settings"]["data"], r["settings"]["rope_scaling"]) for r in rows] == [
+        ("prose", None),
+        ("latex", None),
+        ("latex", "pi"),
+        ("code", None),
+    ]
     assert rows[0]["per_length"][0]["bits_per_byte"] == 1.0 and dropped == []  # the fresh prose row wins
     assert {r["checkpoint_path"] for r in rows} == {"checkpoints/rope"}
     assert [r["label"] for r in rows] == ["rope", "rope", "rope_pi (zero-shot)", "rope"]
@@ -99,8 +141,14 @@ def test_merge_results_keeps_other_domains_only_when_made_on_the_same_weights_an
 
 
 def test_validation_rows_keep_only_numeric_evaluations():
-    from fireviz.checkpoints import validation_rows
-    log = [{"step": 0, "val_loss": 5.5, "val_loss_4x": 5.6}, {"step": 1, "loss": 5.0}, {"step": 2, "val_loss": None},
-           {"step": 3, "val_loss": True}, {"step": 4, "val_loss": 4.0}]
+    from fireviz.run_records import validation_rows
+
+    log = [
+        {"step": 0, "val_loss": 5.5, "val_loss_4x": 5.6},
+        {"step": 1, "loss": 5.0},
+        {"step": 2, "val_loss": None},
+        {"step": 3, "val_loss": True},
+        {"step": 4, "val_loss": 4.0},
+    ]
     assert [r["step"] for r in validation_rows(log)] == [0, 4]
     assert validation_rows([]) == []

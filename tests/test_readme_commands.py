@@ -3,6 +3,7 @@ written on a copy of the repository (issue 23), shortened only by flags those se
 (training steps, sequence length, token budget), and none of them but the publish script —
 whose purpose that is — touches ``checkpoints/``. The published-model commands run against
 the tests' loopback Hub server (no internet here), serving repos with the real layout."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,9 +20,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Flags that shorten a training command (the recipe's own options, smaller).
-SHORT_TRAIN = ["--set", "train.max_steps=4", "--set", "train.warmup_steps=1", "--set", "train.eval_interval=2",
-               "--set", "train.checkpoint_interval=2", "--set", "train.batch_size=2", "--set", "model.seq_len=64",
-               "--set", "train.eval_batches=1"]
+SHORT_TRAIN = [
+    "--set",
+    "train.max_steps=4",
+    "--set",
+    "train.warmup_steps=1",
+    "--set",
+    "train.eval_interval=2",
+    "--set",
+    "train.checkpoint_interval=2",
+    "--set",
+    "train.batch_size=2",
+    "--set",
+    "model.seq_len=64",
+    "--set",
+    "train.eval_batches=1",
+]
 #: Token budget that shortens an evaluation (same text: the documents it needs; otherwise targets).
 SHORT_BUDGET = ["--token-budget", "3000"]
 SECTIONS = ("## Bundled checkpoints and results", "## Command line")
@@ -34,7 +48,7 @@ def readme_commands() -> list[str]:
     for title in SECTIONS:
         start = text.index(title)
         nxt = text.find("\n## ", start + len(title))
-        body = text[start: nxt if nxt >= 0 else len(text)]
+        body = text[start : nxt if nxt >= 0 else len(text)]
         for block in re.findall(r"```bash\n(.*?)```", body, flags=re.S):
             joined = re.sub(r"\\\n\s*", " ", block)
             for line in joined.splitlines():
@@ -65,14 +79,17 @@ def shortened(cmd: str) -> tuple[list[str], dict]:
     elif argv[1:2] == ["scripts/publish_results.py"]:  # one checkpoint, one domain, a few documents
         if "--domains" in argv:
             i = argv.index("--domains")
-            del argv[i: i + 2]
+            del argv[i : i + 2]
         argv += ["--only", "alibi", "--domains", "prose"] + SHORT_BUDGET
     return argv, env
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_readme_commands_parse():
@@ -90,19 +107,34 @@ def test_every_readme_command_runs_and_leaves_checkpoints_alone(tmp_path):
     from test_hub import t5_folder
 
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", ".git", "runs", ".pytest_cache", ".hypothesis",
-                                                              "__pycache__", "*.egg-info"))
+    shutil.copytree(
+        ROOT,
+        repo,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "runs", ".pytest_cache", ".hypothesis", "__pycache__", "*.egg-info"
+        ),
+    )
     before = tree_digest(repo / "checkpoints")
     hub = tmp_path / "hub"
     t5_folder(hub / "t5-small", layers=2, dec_layers=2, heads=4)
     t5_folder(hub / "umt5-small", model_type="umt5", layers=2, dec_layers=2, heads=4)
     (hub / "bloom").mkdir(parents=True)
-    (hub / "bloom" / "config.json").write_text(json.dumps({"model_type": "bloom", "n_head": 16, "n_layer": 24,
-                                                           "hidden_size": 1024, "seq_length": 2048}))
-    repos = {"google-t5/t5-small": hub / "t5-small", "google/umt5-small": hub / "umt5-small",
-             "bigscience/bloom-560m": hub / "bloom"}
-    env = {**os.environ, "FIREVIZ_CACHE_DIR": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf"),
-           "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    (hub / "bloom" / "config.json").write_text(
+        json.dumps({"model_type": "bloom", "n_head": 16, "n_layer": 24, "hidden_size": 1024, "seq_length": 2048})
+    )
+    repos = {
+        "google-t5/t5-small": hub / "t5-small",
+        "google/umt5-small": hub / "umt5-small",
+        "bigscience/bloom-560m": hub / "bloom",
+    }
+    env = {
+        **os.environ,
+        "FIREVIZ_CACHE_DIR": str(tmp_path / "cache"),
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(repo),
+    }
     publish = []
     with HubServer(repos) as server:
         env["HF_ENDPOINT"] = server.url

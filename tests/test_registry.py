@@ -1,5 +1,6 @@
 """One spec per encoding (issue 20): a toy additive encoding defined in this file plus one
 registry entry trains, evaluates, gets a bias report and is a fit target — no other file touched."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,18 @@ import torch
 from torch import nn
 
 from fireviz import analysis, evaluate, fit, fit_cli, train_cli
-from fireviz.encodings import (ENCODING_NAMES, EncodingSpec, ToeplitzBias, build_encoding, encoding_names,
-                               encoding_spec, register_encoding, unregister_encoding)
+from fireviz.encodings import (
+    ENCODING_NAMES,
+    EncodingSpec,
+    ToeplitzBias,
+    build_encoding,
+    encoding_names,
+    encoding_spec,
+    register_encoding,
+    unregister_encoding,
+)
 from fireviz.model import GPT, GPTConfig
+from fireviz import fit_targets
 
 
 class ToyLinear(ToeplitzBias):
@@ -30,8 +40,14 @@ def _toy_target(num_heads: int, w=0.25):
     return ToyLinear(num_heads, init_w=float(w)).requires_grad_(False), {"w": float(w)}
 
 
-TOY = EncodingSpec("toy_linear", lambda H, hd, **o: ToyLinear(H, **o), frozenset({"init_w"}),
-                   fit_params=frozenset({"w"}), fit_target=_toy_target, summary="toy: learned linear bias")
+TOY = EncodingSpec(
+    "toy_linear",
+    lambda H, hd, **o: ToyLinear(H, **o),
+    frozenset({"init_w"}),
+    fit_params=frozenset({"w"}),
+    fit_target=_toy_target,
+    summary="toy: learned linear bias",
+)
 
 
 @pytest.fixture
@@ -43,28 +59,42 @@ def toy():
 
 def test_a_toy_encoding_trains_evaluates_reports_and_fits(toy, tmp_path):
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 12}) + "\n"
-                            for i in range(30)))
+    data.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 12}) + "\n" for i in range(30))
+    )
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[model]\nn_layer = 2\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "toy_linear"\n'
-                   f'[train]\ndata = "{data}"\nmax_steps = 3\nwarmup_steps = 1\nbatch_size = 4\neval_interval = 3\n'
-                   'checkpoint_interval = 3\neval_batches = 1\n')
+    cfg.write_text(
+        '[model]\nn_layer = 2\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "toy_linear"\n'
+        f'[train]\ndata = "{data}"\nmax_steps = 3\nwarmup_steps = 1\nbatch_size = 4\neval_interval = 3\n'
+        "checkpoint_interval = 3\neval_batches = 1\n"
+    )
     assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     model = GPT.from_pretrained(str(tmp_path / "run"))
     assert isinstance(model.encoding(0), ToyLinear) and model.encoding(0) is not model.encoding(1)  # per layer
     assert not torch.equal(model.encoding(0).w, torch.full((2,), 0.1))  # it learned
-    r = evaluate.evaluate_many([str(tmp_path / "run")], str(data), [16, 64], split="all", use_cache=False,
-                               mode="nonoverlapping", token_budget=200)[0]
+    r = evaluate.evaluate_many(
+        [str(tmp_path / "run")],
+        str(data),
+        [16, 64],
+        split="all",
+        use_cache=False,
+        mode="nonoverlapping",
+        token_budget=200,
+    )[0]
     assert all(math.isfinite(e["bits_per_byte"]) for e in r["per_length"])
     rep = analysis.bias_report(model, [31]).to_dict()
     assert rep["kind"] == "additive" and rep["layers"][0]["heads"][0]["locality"] == "local"
     res = fit.fit_fire(fit.make_target("toy_linear", 2, w=0.5), 32, steps=5)
     assert res.relative_rmse < 0.01  # linear in d: FIRE fits it (Theorem 3.1)
-    assert "toy_linear" in fit.target_names() and "toy_linear" in fit.fittable_encodings()
+    assert "toy_linear" in fit_targets.target_names() and "toy_linear" in fit_targets.fittable_encodings()
     t = fit.make_target("checkpoint", path=str(tmp_path / "run"), layer=1)
     assert t.params["encoding"] == "toy_linear"
-    assert fit_cli.main(["--target", "toy_linear", "--heads", "2", "--param", "w=0.3", "--max-len", "16", "--steps", "2",
-                     "--quiet"]) == 0
+    assert (
+        fit_cli.main(
+            ["--target", "toy_linear", "--heads", "2", "--param", "w=0.3", "--max-len", "16", "--steps", "2", "--quiet"]
+        )
+        == 0
+    )
 
 
 def test_an_unregistered_name_never_falls_through_to_fire():
@@ -94,6 +124,7 @@ def test_the_fit_page_offers_a_registered_target_by_its_summary(toy):
     from pathlib import Path
 
     from streamlit.testing.v1 import AppTest
+
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/2_Fit_FIRE.py"), default_timeout=60)
     at.query_params["target"] = "toy_linear"
     at.run()

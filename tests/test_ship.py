@@ -1,5 +1,6 @@
 """scripts/ship_checkpoint.py: the shipped copy stores float16 weights and a gzip log, loads to
 float32 exactly as stored, and fireviz reads it everywhere a checkpoint is read."""
+
 from __future__ import annotations
 
 import gzip

@@ -7,14 +7,22 @@ model's own file format (fireviz/model.py) and is called from the door alone; do
 fireviz checkpoints happen there too (``fireviz/hub.py`` reads published transformers models,
 a different thing: their config and bias tables only).
 """
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = sorted([*ROOT.glob("fireviz/**/*.py"), *ROOT.glob("pages/*.py"), ROOT / "app.py",
-                  *ROOT.glob("scripts/*.py"), *ROOT.glob("benchmarks/*.py")])
+PRODUCT = sorted(
+    [
+        *ROOT.glob("fireviz/**/*.py"),
+        *ROOT.glob("pages/*.py"),
+        ROOT / "app.py",
+        *ROOT.glob("scripts/*.py"),
+        *ROOT.glob("benchmarks/*.py"),
+    ]
+)
 
 
 def _calls(path: Path, names: set[str]) -> list[str]:
@@ -31,12 +39,20 @@ def _calls(path: Path, names: set[str]) -> list[str]:
 
 def test_checkpoints_are_loaded_through_one_door():
     door = {"fireviz/checkpoints.py"}
-    found = [c for p in PRODUCT if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py"}
-             for c in _calls(p, {"from_pretrained"})]
+    found = [
+        c
+        for p in PRODUCT
+        if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py"}
+        for c in _calls(p, {"from_pretrained"})
+    ]
     assert not found, f"load checkpoints with fireviz.checkpoints.load_model, not GPT.from_pretrained: {found}"
-    fetch = [c for p in PRODUCT if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py", "fireviz/hub.py"}
-             and not str(p.relative_to(ROOT)).startswith("benchmarks/hub_fetch")  # measures the download itself
-             for c in _calls(p, {"hf_hub_download", "snapshot_download"})]
+    fetch = [
+        c
+        for p in PRODUCT
+        if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py", "fireviz/hub.py"}
+        and not str(p.relative_to(ROOT)).startswith("benchmarks/hub_fetch")  # measures the download itself
+        for c in _calls(p, {"hf_hub_download", "snapshot_download"})
+    ]
     assert not fetch, f"fetch checkpoints through fireviz.checkpoints: {fetch}"
 
 
@@ -44,8 +60,12 @@ def test_no_second_loader_or_identity_is_defined():
     defined = {}
     for p in PRODUCT:
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.FunctionDef) and node.name in {"load_checkpoint", "load_model", "checkpoint_sha256",
-                                                                    "checkpoint_files"}:
+            if isinstance(node, ast.FunctionDef) and node.name in {
+                "load_checkpoint",
+                "load_model",
+                "checkpoint_sha256",
+                "checkpoint_files",
+            }:
                 defined.setdefault(node.name, []).append(str(p.relative_to(ROOT)))
     # ui.load_model is the app's per-process cache (st.cache_resource) of checkpoints.load_model
     assert defined.pop("load_model") == ["fireviz/checkpoints.py", "fireviz/ui/picker.py"]
@@ -59,8 +79,9 @@ KERNELS = {("fireviz/encodings/fire.py", "_build_row_kernel"), ("fireviz/attenti
 
 def test_no_module_over_600_lines_and_no_function_over_80():
     """One concept per module, functions that read on one screen (the issue's limits)."""
-    long_modules = {str(p.relative_to(ROOT)): n for p in PRODUCT
-                    if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
+    long_modules = {
+        str(p.relative_to(ROOT)): n for p in PRODUCT if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
     assert not long_modules, long_modules
     long_functions = []
     for p in PRODUCT:
@@ -73,6 +94,9 @@ def test_no_module_over_600_lines_and_no_function_over_80():
 
 
 def test_only_the_ui_package_imports_streamlit():
-    importers = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("fireviz/**/*.py")
-                       if "import streamlit" in p.read_text(encoding="utf-8"))
+    importers = sorted(
+        str(p.relative_to(ROOT))
+        for p in ROOT.glob("fireviz/**/*.py")
+        if "import streamlit" in p.read_text(encoding="utf-8")
+    )
     assert importers and all(p.startswith("fireviz/ui/") for p in importers), importers

@@ -1,4 +1,5 @@
 """fireviz.synthetic: the copy task, training on it, and evaluating answer loss and accuracy."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,8 @@ from fireviz import evaluate as ev
 from fireviz import synthetic as S
 from fireviz.data import DataError
 from fireviz.model import BOS_ID, GPT, GPTConfig
-from fireviz.train import apply_overrides, configs_from_tables, train
+from fireviz.train import train
+from fireviz.train_config import apply_overrides, configs_from_tables
 
 
 @pytest.mark.parametrize("length", [4, 5, 64, 65, 513])
@@ -23,7 +25,7 @@ def test_copy_sequences(length):
     n = first - 2
     assert seq.shape == (length,) and seq.dtype == torch.int64
     assert seq[0] == BOS_ID and seq[n + 1] == S.SEP_ID
-    s = seq[1: n + 1]
+    s = seq[1 : n + 1]
     assert set(s.tolist()) <= set(S.COPY_ALPHABET.tolist()) and S.SEP_ID not in S.COPY_ALPHABET
     assert torch.equal(seq[first:], s[: length - first])  # the answers are the string again
     assert 0 <= n - (length - first) <= 1  # the copy is the whole string, or all but its last symbol
@@ -44,11 +46,20 @@ def test_copy_task_errors_and_names():
 
 
 def _tables(**train):
-    t = {"data": "synthetic:copy", "batch_size": 8, "max_steps": 12, "lr": 3e-3, "warmup_steps": 2,
-         "eval_interval": 6, "eval_batches": 1, "checkpoint_interval": 6, "seed": 0, "device": "cpu"}
+    t = {
+        "data": "synthetic:copy",
+        "batch_size": 8,
+        "max_steps": 12,
+        "lr": 3e-3,
+        "warmup_steps": 2,
+        "eval_interval": 6,
+        "eval_batches": 1,
+        "checkpoint_interval": 6,
+        "seed": 0,
+        "device": "cpu",
+    }
     t.update(train)
-    return {"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "position_encoding": "fire"},
-            "train": t}
+    return {"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "position_encoding": "fire"}, "train": t}
 
 
 def test_training_on_the_copy_task_counts_only_the_answers(tmp_path):
@@ -64,7 +75,7 @@ def test_training_on_the_copy_task_counts_only_the_answers(tmp_path):
     first = S.CopyTask().split(17)
     with torch.no_grad():
         logits = model(val[:, :-1])
-    expected = F.cross_entropy(logits[:, first - 1:].reshape(-1, logits.shape[-1]), val[:, first:].reshape(-1))
+    expected = F.cross_entropy(logits[:, first - 1 :].reshape(-1, logits.shape[-1]), val[:, first:].reshape(-1))
     assert log[-1]["val_loss"] == pytest.approx(float(expected), rel=1e-5)
 
 
@@ -73,9 +84,11 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
     for enc in ("fire", "alibi"):
         torch.manual_seed(0)
         GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=16, position_encoding=enc)).save_pretrained(
-            tmp_path / enc)
-    r = ev.evaluate_many([tmp_path / "alibi", tmp_path / "fire"], "synthetic:copy", [16, 40], token_budget=6,
-                         device="cpu")
+            tmp_path / enc
+        )
+    r = ev.evaluate_many(
+        [tmp_path / "alibi", tmp_path / "fire"], "synthetic:copy", [16, 40], token_budget=6, device="cpu"
+    )
     assert r[0]["settings"]["mode"] == "synthetic" and r[0]["settings"]["token_budget"] == 6
     model = GPT.from_pretrained(str(tmp_path / "fire")).eval()
     task = S.CopyTask()
@@ -85,7 +98,7 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
         first = task.split(n + 1)
         with torch.no_grad():
             logits = model(seqs[:, :n])
-        pred, tgt = logits[:, first - 1: n], seqs[:, first:]
+        pred, tgt = logits[:, first - 1 : n], seqs[:, first:]
         nll = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), tgt.reshape(-1))
         assert e["tokens_scored"] == 6 * (n + 1 - first) and e["windows"] == 6 and e["documents"] == 6
         assert e["nats_per_token"] == pytest.approx(float(nll), rel=1e-5)
@@ -103,7 +116,8 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
 
 
 def test_the_copy_config_loads():
-    from fireviz.train import load_config
+    from fireviz.train_config import load_config
     from pathlib import Path
+
     mc, tc = load_config(Path(__file__).resolve().parent.parent / "configs" / "copy.toml")
     assert tc.data == "synthetic:copy" and mc.seq_len == 64

@@ -4,6 +4,7 @@ A group is a sub-folder of the checkpoints root holding checkpoints of its own (
 copy-task models); it is listed apart and never mixed into the prose models' lists. The
 shipped copy-task numbers are re-derived here from exactly the stored weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ def test_bundled_copy_group_is_listed_apart_from_the_prose_models():
 def test_shipped_copy_results_are_reproduced_from_the_stored_weights(tmp_path):
     shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
     assert set(shipped) == set(COPY_NAMES)
-    fresh = evaluate.evaluate_many([COPY / "fire", COPY / "alibi"], "synthetic:copy", [64, 128], device="cpu",
-                                   cache_dir=tmp_path, use_published=False)
+    fresh = evaluate.evaluate_many(
+        [COPY / "fire", COPY / "alibi"],
+        "synthetic:copy",
+        [64, 128],
+        device="cpu",
+        cache_dir=tmp_path,
+        use_published=False,
+    )
     assert fresh[0]["settings"]["token_budget"] == shipped["fire"]["settings"]["token_budget"] == 256
     for r in fresh:
         old = {e["length"]: e for e in shipped[r["checkpoint"]]["per_length"]}
@@ -68,8 +75,9 @@ def test_shipped_copy_results_are_reproduced_from_the_stored_weights(tmp_path):
 def test_task_lengths_are_the_training_format():
     """Length n of a task = the model reads n tokens, as a training window of seq_len + 1 = n + 1
     tokens: at the training length the string and the copy distance are those trained on."""
-    r = evaluate.evaluate_many([COPY / "rope"], "synthetic:copy", [64], token_budget=16, device="cpu",
-                               use_cache=False)[0]["per_length"][0]
+    r = evaluate.evaluate_many([COPY / "rope"], "synthetic:copy", [64], token_budget=16, device="cpu", use_cache=False)[
+        0
+    ]["per_length"][0]
     assert r["sequence_tokens"] == 65 and r["first_answer_position"] == synthetic.load_task("synthetic:copy").split(65)
     assert r["accuracy"] == 1.0
 
@@ -120,16 +128,24 @@ def test_app_group_picker_shows_the_copy_models_and_their_anti_local_heads(bundl
     # back to the bundled prose models: the copy models' names go, the default prose choice comes
     at.sidebar.selectbox(key="biases_group").set_value("").run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any(o.startswith("kerple_power") for o in at.sidebar.multiselect[0].options) and "group" not in at.query_params
+    assert (
+        any(o.startswith("kerple_power") for o in at.sidebar.multiselect[0].options) and "group" not in at.query_params
+    )
 
 
 def test_app_length_page_on_the_copy_group_defaults_to_its_task_and_draws_accuracy(bundled_env):
     import time
+
     at = _page("pages/3_Length_generalization.py", group="copy", ckpt=["fire", "alibi"], len=["64", "128"])
     end = time.time() + 90
     at.run()
-    while not any(json.loads(el.proto.spec)["layout"]["title"]["text"].startswith("Answer accuracy")
-                  for el in at.get("plotly_chart")) and time.time() < end:
+    while (
+        not any(
+            json.loads(el.proto.spec)["layout"]["title"]["text"].startswith("Answer accuracy")
+            for el in at.get("plotly_chart")
+        )
+        and time.time() < end
+    ):
         assert not at.exception, [e.value for e in at.exception]
         time.sleep(0.25)
         at.run()
@@ -139,6 +155,9 @@ def test_app_length_page_on_the_copy_group_defaults_to_its_task_and_draws_accura
     shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
     for t in acc["data"]:
         want = {e["length"]: e["accuracy"] for e in shipped[t["name"]]["per_length"]}
-        ys = t["y"] if isinstance(t["y"], list) else np.frombuffer(__import__("base64").b64decode(t["y"]["bdata"]),
-                                                                   dtype=t["y"]["dtype"])
+        ys = (
+            t["y"]
+            if isinstance(t["y"], list)
+            else np.frombuffer(__import__("base64").b64decode(t["y"]["bdata"]), dtype=t["y"]["dtype"])
+        )
         np.testing.assert_allclose(ys, [want[64], want[128]])

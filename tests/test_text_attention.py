@@ -4,6 +4,7 @@ The probabilities are checked against the model's own attention output (probabil
 through the output projection equals what the attention module returns), the bias share
 against its definition in the two limits (no content logit: 1; a zero bias: 0).
 """
+
 from __future__ import annotations
 
 import json
@@ -98,8 +99,11 @@ def test_pattern_figure_draws_the_probabilities_and_block_means_long_texts():
     z = np.asarray(fig.data[2].z, dtype=float)
     np.testing.assert_allclose(z[3, 1], probs[2, 18:24, 6:12].mean())  # a block below the diagonal
     short = AP.attention_pattern_figure(TA.attention_pattern(model, _tokens(50), 0), heads=[1])
-    np.testing.assert_allclose(np.nan_to_num(np.asarray(short.data[0].z, dtype=float)),
-                               TA.attention_pattern(model, _tokens(50), 0).probs[1], atol=1e-6)  # 6 digits
+    np.testing.assert_allclose(
+        np.nan_to_num(np.asarray(short.data[0].z, dtype=float)),
+        TA.attention_pattern(model, _tokens(50), 0).probs[1],
+        atol=1e-6,
+    )  # 6 digits
     share = AP.bias_share_figure([pat])
     assert [t.meta["head"] for t in share.data] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="additive"):
@@ -116,11 +120,14 @@ def test_attention_page_draws_the_pattern_and_the_capped_shares(tmp_path, monkey
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     assert figs[0]["layout"]["title"]["text"] == "fire: attention on the text, layer 1"
     from fireviz import checkpoints, data
+
     doc = data.split_documents(data.load_documents("prose"), "validation")[0]
     want = TA.attention_pattern(checkpoints.load_model(ROOT / "checkpoints/fire"), data.document_tokens(doc)[:400], 1)
     table = at.dataframe[0].value
     np.testing.assert_allclose(table["bias share"].to_numpy(), want.bias_share, atol=1e-6)  # 6 digits kept
     assert "bias share, cap 256" in table.columns
     at.radio[0].set_value("capped").run()
-    assert not at.exception and "normalizer capped at 256" in json.loads(
-        at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
+    assert (
+        not at.exception
+        and "normalizer capped at 256" in json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
+    )

@@ -1,4 +1,5 @@
 """fireviz.train: the loop learns, resume is exact, DDP matches one process, bad input fails cleanly."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,13 +19,24 @@ import torch
 from fireviz.data import DataError, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
 from fireviz.model import BOS_ID, GPT, CheckpointError
-from fireviz.train import (TrainConfig, TrainingError, apply_overrides, configs_from_tables, evaluate_windows,
-                           load_config, lr_at, read_trainer_state, train, validation_windows, window_starts)
+from fireviz.train import (
+    TrainConfig,
+    TrainingError,
+    evaluate_windows,
+    lr_at,
+    read_trainer_state,
+    train,
+    validation_windows,
+    window_starts,
+)
+from fireviz.train_config import apply_overrides, configs_from_tables, load_config
 from fireviz.train_cli import main
 
 REPO = Path(__file__).resolve().parent.parent
-WORDS = ("the cat sat on a mat while one dog ran to the red barn and two birds sang over green hills "
-         "as rain fell slowly upon old stone walls near quiet rivers").split()
+WORDS = (
+    "the cat sat on a mat while one dog ran to the red barn and two birds sang over green hills "
+    "as rain fell slowly upon old stone walls near quiet rivers"
+).split()
 
 
 def _write_corpus(path: Path, n_docs: int = 60, seed: int = 0) -> Path:
@@ -55,16 +67,26 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _tables(corpus: Path, **train) -> dict:
-    t = {"data": str(corpus), "batch_size": 8, "max_steps": 30, "lr": 3e-3, "warmup_steps": 3,
-         "eval_interval": 10, "eval_batches": 1, "checkpoint_interval": 10, "seed": 0, "device": "cpu"}
+    t = {
+        "data": str(corpus),
+        "batch_size": 8,
+        "max_steps": 30,
+        "lr": 3e-3,
+        "warmup_steps": 3,
+        "eval_interval": 10,
+        "eval_batches": 1,
+        "checkpoint_interval": 10,
+        "seed": 0,
+        "device": "cpu",
+    }
     t.update(train)
-    return {"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "position_encoding": "fire"},
-            "train": t}
+    return {"model": {"n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 32, "position_encoding": "fire"}, "train": t}
 
 
 def _write_toml(path: Path, tables: dict) -> Path:
     def lit(v):
         return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+
     lines = []
     for section, table in tables.items():
         lines.append(f"[{section}]")
@@ -108,18 +130,18 @@ def test_lr_schedule_warmup_then_cosine_to_min_lr():
     tc = TrainConfig(max_steps=100, lr=1e-3, min_lr=5e-5, warmup_steps=10).validate()
     lrs = [lr_at(s, tc) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
-    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))          # linear warmup
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))         # cosine decay
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))  # linear warmup
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decay
     assert lr_at(100, tc) == pytest.approx(5e-5) and min(lrs) > 5e-5
-    assert lr_at(55, tc) == pytest.approx(5e-5 + 0.5 * 9.5e-4)        # halfway down the cosine
-    assert TrainConfig(lr=2e-3).final_lr == pytest.approx(2e-4)    # default min_lr = lr / 10
+    assert lr_at(55, tc) == pytest.approx(5e-5 + 0.5 * 9.5e-4)  # halfway down the cosine
+    assert TrainConfig(lr=2e-3).final_lr == pytest.approx(2e-4)  # default min_lr = lr / 10
 
 
 def test_global_batch_is_independent_of_world_size(corpus):
     tc = TrainConfig(batch_size=8, seed=3)
     a, b = window_starts(5, tc, 10_000, 32), window_starts(5, tc, 10_000, 32)
     assert torch.equal(a, b) and a.shape == (8,) and int(a.max()) <= 10_000 - 33
-    assert not torch.equal(a, window_starts(6, tc, 10_000, 32))     # a fresh batch every step
+    assert not torch.equal(a, window_starts(6, tc, 10_000, 32))  # a fresh batch every step
     assert len(set(a.tolist())) == 8
     with pytest.raises(TrainingError, match="not one window of 32"):
         window_starts(0, tc, 32, 32)
@@ -130,8 +152,8 @@ def test_validation_windows_are_deterministic_and_inside_documents(corpus):
     w = validation_windows(docs, 32, 12)
     assert w.shape[1] == 33 and torch.equal(w, validation_windows(docs, 32, 12))
     n_docs = len(docs)
-    assert (w[:min(n_docs, 12), 0] == BOS_ID).all()                    # round 0 starts at each BOS
-    assert not (w[:, 1:] == BOS_ID).any()                              # never crosses into a next doc
+    assert (w[: min(n_docs, 12), 0] == BOS_ID).all()  # round 0 starts at each BOS
+    assert not (w[:, 1:] == BOS_ID).any()  # never crosses into a next doc
     with pytest.raises(DataError, match="no validation document holds 100001 tokens"):
         validation_windows(docs, 100_000, 4)
 
@@ -143,8 +165,13 @@ def test_save_load_round_trip(corpus, tmp_path):
     mc, tc = configs_from_tables(_tables(corpus, max_steps=12, eval_interval=6, checkpoint_interval=6))
     out = tmp_path / "run"
     train(mc, tc, out, command="pytest round trip", progress=False)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "train_log.jsonl",
-                                                     "trainer_state.json", "trainer_state.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "train_log.jsonl",
+        "trainer_state.json",
+        "trainer_state.safetensors",
+    ]
     model = GPT.from_pretrained(str(out))
     training = model.config.training
     assert training["tokens_seen"] == 12 * 8 * 32 and training["steps"] == 12
@@ -155,8 +182,9 @@ def test_save_load_round_trip(corpus, tmp_path):
     logged = _log(out)[-1]
     for L, key in ((32, "val_loss"), (128, "val_loss_4x")):
         windows = validation_windows(docs, L, 8)
-        assert evaluate_windows(model, windows, 2, torch.device("cpu"), __import__("contextlib").nullcontext) \
-            == pytest.approx(logged[key], abs=1e-5)
+        assert evaluate_windows(
+            model, windows, 2, torch.device("cpu"), __import__("contextlib").nullcontext
+        ) == pytest.approx(logged[key], abs=1e-5)
     state, tensors = read_trainer_state(out)
     assert state["step"] == 12
     for k, v in model.state_dict().items():
@@ -167,8 +195,13 @@ def test_save_load_round_trip(corpus, tmp_path):
 
 def _run_cli_subprocess(args: list[str]) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "-m", "fireviz", "train", *args, "--no-progress"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fireviz", "train", *args, "--no-progress"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.slow
@@ -192,8 +225,10 @@ def test_sigkill_and_resume_equals_uninterrupted_run(corpus, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    interrupted_at = max(r["step"] for r in (json.loads(line) for line in log_path.read_text().splitlines()
-                                             if line.strip().endswith("}")))
+    interrupted_at = max(
+        r["step"]
+        for r in (json.loads(line) for line in log_path.read_text().splitlines() if line.strip().endswith("}"))
+    )
     assert 20 <= interrupted_at < 60
     resumed = _run_cli_subprocess(["--config", str(cfg), "--out", str(killed), "--resume"])
     _, err = resumed.communicate(timeout=180)
@@ -261,9 +296,28 @@ def test_torchrun_two_processes_match_one_process(corpus, tmp_path):
     cfg = _write_toml(tmp_path / "cfg.toml", tables)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     ddp = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "fireviz", "train", "--config", str(cfg), "--out", str(ddp), "--no-progress"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "fireviz",
+            "train",
+            "--config",
+            str(cfg),
+            "--out",
+            str(ddp),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     mc, tc = load_config(cfg)
     single = tmp_path / "single"
@@ -284,8 +338,16 @@ def test_torchrun_two_processes_match_one_process(corpus, tmp_path):
 # Config keys and overrides
 # ------------------------------------------------------------------------------------------
 def test_overrides_parse_toml_literals_and_bare_keys(corpus):
-    t = apply_overrides(_tables(corpus), ["model.position_encoding=alibi", "train.lr=3e-4", "compile=true",
-                                          "model.encoding_options.init_L=64", 'data="prose"'])
+    t = apply_overrides(
+        _tables(corpus),
+        [
+            "model.position_encoding=alibi",
+            "train.lr=3e-4",
+            "compile=true",
+            "model.encoding_options.init_L=64",
+            'data="prose"',
+        ],
+    )
     assert t["model"]["position_encoding"] == "alibi" and t["train"]["lr"] == 3e-4
     assert t["train"]["compile"] is True and t["model"]["encoding_options"] == {"init_L": 64}
     assert t["train"]["data"] == "prose"
@@ -334,6 +396,7 @@ def test_documents_too_short_for_validation_length(tmp_path, capsys):
 
 def test_training_data_shorter_than_one_window(tmp_path, capsys):
     from fireviz.data import is_validation
+
     ids = [f"d{i}" for i in range(200)]
     val = [i for i in ids if is_validation(i)][:2]
     train_ids = [i for i in ids if not is_validation(i)][:3]
@@ -346,8 +409,9 @@ def test_training_data_shorter_than_one_window(tmp_path, capsys):
 
 def test_unknown_encoding(corpus, tmp_path, capsys):
     cfg = _write_toml(tmp_path / "c.toml", _tables(corpus))
-    code, err = _cli(["--config", str(cfg), "--set", "model.position_encoding=xpos", "--out", str(tmp_path / "o")],
-                     capsys)
+    code, err = _cli(
+        ["--config", str(cfg), "--set", "model.position_encoding=xpos", "--out", str(tmp_path / "o")], capsys
+    )
     _assert_one_line(code, err, "unknown position_encoding 'xpos'", "fire_s")
 
 
@@ -389,6 +453,7 @@ def finished(corpus, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture
 def fresh(finished, tmp_path) -> tuple[Path, Path]:
     import shutil
+
     cfg, run = finished
     shutil.copytree(run, tmp_path / "run")
     return cfg, tmp_path / "run"
@@ -419,8 +484,12 @@ def test_out_dir_of_a_run_killed_before_its_first_checkpoint(fresh, capsys):
 @pytest.mark.parametrize("damage", ["truncate_state", "corrupt_state", "truncate_json", "corrupt_model"])
 def test_corrupt_or_truncated_checkpoint_on_resume(fresh, capsys, damage):
     cfg, run = fresh
-    target = {"truncate_state": "trainer_state.safetensors", "corrupt_state": "trainer_state.safetensors",
-              "truncate_json": "trainer_state.json", "corrupt_model": "model.safetensors"}[damage]
+    target = {
+        "truncate_state": "trainer_state.safetensors",
+        "corrupt_state": "trainer_state.safetensors",
+        "truncate_json": "trainer_state.json",
+        "corrupt_model": "model.safetensors",
+    }[damage]
     data = (run / target).read_bytes()
     if damage.startswith("truncate"):
         (run / target).write_bytes(data[: len(data) // 2])
@@ -479,8 +548,13 @@ SCRIPT = REPO / "scripts" / "train_reference.sh"
 def test_train_reference_script_lists_every_shipped_run(tmp_path):
     """With PYTHON=echo the script prints the commands it would run: every encoding at seed 0 and
     the extra seeds, each with the recipe config and its own folder."""
-    out = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=dict(os.environ, PYTHON="echo"),
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path)],
+        env=dict(os.environ, PYTHON="echo"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     runs = {line.split("--out ")[1].split()[0]: line for line in out}
     expected = [str(tmp_path / e) for e in ENCODING_NAMES if e not in ("rope_pi", "yarn")]
     expected += [str(tmp_path / f"{e}_seed{s}") for e in ("fire", "kerple_power") for s in (1, 2)]
@@ -517,24 +591,48 @@ def test_train_reference_script_restarts_a_run_stopped_before_its_first_checkpoi
 
 def test_train_reference_script_skips_a_run_another_copy_is_training(tmp_path):
     import fcntl
+
     (tmp_path / "runs").mkdir()
     with open(tmp_path / "runs" / ".alibi.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "runs")], capture_output=True, text=True,
-                              env=dict(os.environ, PYTHON="echo", RUNS="alibi fire"))
+        done = subprocess.run(
+            ["bash", str(SCRIPT), str(tmp_path / "runs")],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHON="echo", RUNS="alibi fire"),
+        )
     assert done.returncode == 0 and "being trained by another process" in done.stderr
     assert [line.split("--out ")[1] for line in done.stdout.splitlines()] == [str(tmp_path / "runs" / "fire")]
 
 
 @pytest.mark.slow
 def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
-    tiny = ["--set", f"train.data={corpus}", "--set", "train.max_steps=4", "--set", "train.warmup_steps=1",
-            "--set", "train.batch_size=4", "--set", "model.seq_len=32", "--set", "model.d_model=32",
-            "--set", "model.n_layer=1", "--set", "train.eval_batches=1", "--no-progress"]
+    tiny = [
+        "--set",
+        f"train.data={corpus}",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.warmup_steps=1",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "model.seq_len=32",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.n_layer=1",
+        "--set",
+        "train.eval_batches=1",
+        "--no-progress",
+    ]
     env = dict(os.environ, PYTHON=sys.executable, RUNS="alibi fire_seed1", OMP_NUM_THREADS="1")
+
     def run(*extra):
-        return subprocess.run(["bash", str(SCRIPT), str(tmp_path), *tiny, *extra], env=env,
-                                            capture_output=True, text=True)
+        return subprocess.run(
+            ["bash", str(SCRIPT), str(tmp_path), *tiny, *extra], env=env, capture_output=True, text=True
+        )
+
     first = run("--stop-at-step", "2")
     assert first.returncode == 0, first.stderr
     second = run()  # continues both with --resume and the same settings
@@ -550,11 +648,20 @@ def test_train_reference_script_trains_then_resumes(corpus, tmp_path):
 # ------------------------------------------------------------------------------------------
 # Learned position parameters: projected onto their constraints, logged at validation
 # ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("encoding,names", [("kerple_power", {"r1", "r2"}), ("kerple_log", {"r1", "r2"}),
-                                            ("fire", {"c", "L"}), ("fire_s", {"c", "L"}), ("alibi", set())])
+@pytest.mark.parametrize(
+    "encoding,names",
+    [
+        ("kerple_power", {"r1", "r2"}),
+        ("kerple_log", {"r1", "r2"}),
+        ("fire", {"c", "L"}),
+        ("fire_s", {"c", "L"}),
+        ("alibi", set()),
+    ],
+)
 def test_position_parameters_are_logged_at_every_validation(encoding, names, corpus, tmp_path):
-    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=20),
-                                                 [f"model.position_encoding={encoding}"]))
+    mc, tc = configs_from_tables(
+        apply_overrides(_tables(corpus, max_steps=20), [f"model.position_encoding={encoding}"])
+    )
     train(mc, tc, tmp_path / "run", progress=False)
     log = _log(tmp_path / "run")
     validated = [r for r in log if "val_loss" in r]
@@ -573,6 +680,7 @@ def test_position_parameters_are_logged_at_every_validation(encoding, names, cor
     # the logged values are those of the saved model at the last step
     model = GPT.from_pretrained(str(tmp_path / "run"))
     from fireviz.train import position_parameters
+
     assert position_parameters(model) == validated[-1]["position_parameters"]
     if encoding.startswith("kerple"):
         assert validated[0]["position_parameters"]["r2"] != validated[-1]["position_parameters"]["r2"]
@@ -581,9 +689,12 @@ def test_position_parameters_are_logged_at_every_validation(encoding, names, cor
 def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpus, tmp_path):
     """A Kerple r2 initialised below 0.01 is projected to the bound after the first step and
     moves on from there (with the clamp in the graph it froze at its initial value)."""
-    mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=20),
-                                                 ["model.position_encoding=kerple_power",
-                                                  "model.encoding_options.init_r2=0.005"]))
+    mc, tc = configs_from_tables(
+        apply_overrides(
+            _tables(corpus, max_steps=20),
+            ["model.position_encoding=kerple_power", "model.encoding_options.init_r2=0.005"],
+        )
+    )
     train(mc, tc, tmp_path / "run", progress=False)
     model = GPT.from_pretrained(str(tmp_path / "run"))
     for enc in model.encodings:
@@ -597,6 +708,7 @@ def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpu
 # ------------------------------------------------------------------------------------------
 def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(corpus, tmp_path):
     from fireviz.train import config_hash
+
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), []))
     mc0, tc0 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), ["train.random_position_offset=0"]))
     assert config_hash(mc, tc) == config_hash(mc0, tc0)  # runs made before the option still resume
@@ -610,10 +722,12 @@ def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(
 @pytest.mark.parametrize("encoding", ["fire", "alibi", "rope"])
 def test_random_position_offset_trains_and_moves_only_position_dependent_encodings(encoding, corpus, tmp_path):
     from fireviz.train import position_offsets
+
     over = [f"model.position_encoding={encoding}"]
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10), over))
-    mc1, tc1 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10, grad_accum=2),
-                                                   over + ["train.random_position_offset=200"]))
+    mc1, tc1 = configs_from_tables(
+        apply_overrides(_tables(corpus, max_steps=10, grad_accum=2), over + ["train.random_position_offset=200"])
+    )
     offs = [position_offsets(s, tc1) for s in range(10)]
     assert all(len(o) == 2 and all(0 <= v <= 200 for v in o) for o in offs)
     assert len({v for o in offs for v in o}) > 5 and offs == [position_offsets(s, tc1) for s in range(10)]
@@ -624,14 +738,19 @@ def test_random_position_offset_trains_and_moves_only_position_dependent_encodin
     # ALiBi depends on i − j only: the offset changes nothing, so the run equals one without it
     mc2, tc2 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10, grad_accum=2), over))
     train(mc2, tc2, tmp_path / "plain", progress=False)
-    same = (tmp_path / "off" / "model.safetensors").read_bytes() == (tmp_path / "plain" / "model.safetensors").read_bytes()
+    same = (tmp_path / "off" / "model.safetensors").read_bytes() == (
+        tmp_path / "plain" / "model.safetensors"
+    ).read_bytes()
     assert same == (encoding == "alibi")
 
 
 def test_random_position_offset_refuses_absolute_embeddings(corpus):
     with pytest.raises(TrainingError, match="random_position_offset needs a relative encoding"):
-        configs_from_tables(apply_overrides(_tables(corpus), ["model.absolute_position_embedding=true",
-                                                               "train.random_position_offset=64"]))
+        configs_from_tables(
+            apply_overrides(
+                _tables(corpus), ["model.absolute_position_embedding=true", "train.random_position_offset=64"]
+            )
+        )
     with pytest.raises(TrainingError, match="random_position_offset must be >= 0"):
         configs_from_tables(apply_overrides(_tables(corpus), ["train.random_position_offset=-1"]))
 
@@ -640,25 +759,33 @@ def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_p
     """From Python too (not only through a config file): the pair is refused before the first write."""
     from fireviz.model import GPTConfig
     from fireviz.train import TrainConfig
-    mc = GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=8, position_encoding="nope", absolute_position_embedding=True)
+
+    mc = GPTConfig(
+        n_layer=1, n_head=2, d_model=32, seq_len=8, position_encoding="nope", absolute_position_embedding=True
+    )
     tc = TrainConfig(data=str(corpus), max_steps=2, random_position_offset=100, device="cpu")
     with pytest.raises(TrainingError, match="needs a relative encoding"):
         train(mc, tc, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
     with pytest.raises(TrainingError, match="at most"):
-        TrainConfig(data=str(corpus), random_position_offset=10 ** 30).validate()
+        TrainConfig(data=str(corpus), random_position_offset=10**30).validate()
 
 
 def test_training_also_logs_validation_on_random_windows(tmp_path):
     from fireviz import train_cli as T
-    from fireviz.checkpoints import read_train_log, training_summary_row, read_checkpoint
+    from fireviz.checkpoints import read_train_log, read_checkpoint
+    from fireviz.run_records import training_summary_row
+
     p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 40}) + "\n"
-                         for i in range(30)))
+    p.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": "the river stone of the delta " * 40}) + "\n" for i in range(30))
+    )
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "alibi"\n'
-                   f'[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\n'
-                   'checkpoint_interval = 2\neval_batches = 1\n')
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "alibi"\n'
+        f'[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\n'
+        "checkpoint_interval = 2\neval_batches = 1\n"
+    )
     assert T.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     log = read_train_log(tmp_path / "run")
     evals = [r for r in log if "val_loss" in r]
@@ -666,7 +793,9 @@ def test_training_also_logs_validation_on_random_windows(tmp_path):
     row = training_summary_row(read_checkpoint(tmp_path / "run"), log)
     assert row["last val loss (random windows)"] == evals[-1]["val_loss_random"]
     from fireviz.data import load_documents, split_documents
+
     docs = split_documents(load_documents(p), "validation")
     from fireviz.train import random_validation_windows
+
     w1 = random_validation_windows(docs, 32, 4)
     assert torch.equal(w1, random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33

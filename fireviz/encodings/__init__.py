@@ -4,6 +4,7 @@
 ``encoding_names()``; each encoding is one ``EncodingSpec`` (specs.py for the built-ins,
 ``register_encoding`` for new ones). See ``base.PositionEncoding`` for the interface.
 """
+
 from __future__ import annotations
 
 from .alibi import ALiBi, alibi_slopes
@@ -15,8 +16,15 @@ from .rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_in
 from .sandwich import Sandwich, sandwich_kernel
 from .t5 import T5RelativeBias, relative_position_bucket
 
-from .registry import (EncodingSpec, encoding_names, encoding_spec, fit_target_names, has_normalizer, register_encoding,
-                       unregister_encoding)
+from .registry import (
+    EncodingSpec,
+    encoding_names,
+    encoding_spec,
+    fit_target_names,
+    has_normalizer,
+    register_encoding,
+    unregister_encoding,
+)
 from .specs import BUILTIN_SPECS
 
 #: The built-in encodings (``encoding_names()`` lists these plus any registered later).
@@ -58,9 +66,36 @@ def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> Posit
 
 
 __all__ = [
-    "ENCODING_NAMES", "SHARED_ACROSS_LAYERS", "EncodingSpec", "encoding_names", "encoding_spec", "fit_target_names",
-    "register_encoding", "unregister_encoding", "has_normalizer", "BIAS_QUERY_BLOCK", "build_encoding", "encoding_options",
-    "PositionEncoding", "ToeplitzBias", "NoPE", "RotaryEmbedding", "T5RelativeBias", "ALiBi",
-    "KerpleLog", "KerplePower", "Sandwich", "FIRE", "fire_modules", "check_normalizer_cap", "MAX_NORMALIZER_CAP", "alibi_slopes", "relative_position_bucket",
-    "rope_inv_freq", "yarn_inv_freq", "yarn_attention_factor", "sandwich_kernel", "relative_distance",
+    "ENCODING_NAMES",
+    "SHARED_ACROSS_LAYERS",
+    "EncodingSpec",
+    "encoding_names",
+    "encoding_spec",
+    "fit_target_names",
+    "register_encoding",
+    "unregister_encoding",
+    "has_normalizer",
+    "BIAS_QUERY_BLOCK",
+    "build_encoding",
+    "encoding_options",
+    "PositionEncoding",
+    "ToeplitzBias",
+    "NoPE",
+    "RotaryEmbedding",
+    "T5RelativeBias",
+    "ALiBi",
+    "KerpleLog",
+    "KerplePower",
+    "Sandwich",
+    "FIRE",
+    "fire_modules",
+    "check_normalizer_cap",
+    "MAX_NORMALIZER_CAP",
+    "alibi_slopes",
+    "relative_position_bucket",
+    "rope_inv_freq",
+    "yarn_inv_freq",
+    "yarn_attention_factor",
+    "sandwich_kernel",
+    "relative_distance",
 ]

@@ -1,5 +1,6 @@
 """ALiBi: a fixed linear penalty per head. Source: Press et al. 2022 (ICLR), §3 and the
 reference code (ofirpress/attention_with_linear_biases, ``get_slopes``)."""
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ class ALiBi(ToeplitzBias):
     def __init__(self, num_heads: int, slope: float | None = None):
         super().__init__(num_heads)
         if slope is not None and not (math.isfinite(float(slope)) and float(slope) > 0):
-            raise ValueError(f"ALiBi slope must be a finite number > 0 (got {slope}); omit it for the "
-                             "standard per-head slopes alibi_slopes(num_heads)")
+            raise ValueError(
+                f"ALiBi slope must be a finite number > 0 (got {slope}); omit it for the "
+                "standard per-head slopes alibi_slopes(num_heads)"
+            )
         slopes = alibi_slopes(num_heads) if slope is None else torch.full((num_heads,), float(slope))
         self.register_buffer("slopes", slopes, persistent=False)
 

@@ -6,6 +6,7 @@ Three kinds:
   * ``rotary``   – ``rotate(x, positions)`` rotates queries or keys at absolute positions.
   * ``none``     – NoPE: the causal mask is the only source of order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,13 +35,16 @@ def query_positions(q_len: int, k_len: int, q_offset: int | None) -> tuple[int, 
         raise ValueError(f"q_len and k_len must be >= 1 (got q_len={q_len}, k_len={k_len})")
     if q_offset is None:
         if q_len > k_len:
-            raise ValueError(f"q_len={q_len} > k_len={k_len}: the default bottom-right alignment puts queries "
-                             "before the first key; pass an explicit q_offset >= 0 (queries at absolute "
-                             "positions q_offset…)")
+            raise ValueError(
+                f"q_len={q_len} > k_len={k_len}: the default bottom-right alignment puts queries "
+                "before the first key; pass an explicit q_offset >= 0 (queries at absolute "
+                "positions q_offset…)"
+            )
         q_offset = k_len - q_len
     if q_offset < 0:
-        raise ValueError(f"q_offset={q_offset} is negative; queries sit at absolute positions q_offset… "
-                         "so it must be >= 0")
+        raise ValueError(
+            f"q_offset={q_offset} is negative; queries sit at absolute positions q_offset… so it must be >= 0"
+        )
     return int(q_offset), int(k_len)
 
 
@@ -100,8 +104,9 @@ class PositionEncoding(nn.Module):
         """
         raise TypeError(f"{type(self).__name__} is a {self.kind} encoding and has no bias()")
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
-                    position_offset: int = 0) -> torch.Tensor:
+    def masked_bias(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
         """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``:
         the additive causal mask attention uses. Subclasses may fuse the two (same values).
 
@@ -197,8 +202,9 @@ class ToeplitzBias(PositionEncoding):
         # Rows are sliding windows of the reversed table: one copy forward, a strided sum back.
         return table.flip(-1).unfold(-1, k_len, 1).flip(1)
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
-                    position_offset: int = 0) -> torch.Tensor:
+    def masked_bias(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
         """``bias`` with −inf at future keys (j > i), float32 ``[num_heads, q_len, k_len]``
         (``position_offset`` changes nothing: the bias depends on i − j only).
 

@@ -21,6 +21,7 @@ scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + 
 the segment of x, found by ``searchsorted`` — no [q, k, width] intermediate. Both equal the
 plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,8 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import LazyKernel, numba_kernel_call
-from .base import (BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions,
-                   relative_distance)
+from .base import BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions, relative_distance
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -223,8 +223,15 @@ class _FusedRows(torch.autograd.Function):
         g = g.float().contiguous()
         with numba_kernel_call():
             p_psi, d_norm, p_slope, p_icpt = _row_kernel()[1](
-                g.numpy(), psi_d.numpy(), norm.numpy(), bps.numpy(), slope.numpy(),
-                int(q_offset), bool(causal), BACKWARD_CHUNKS)
+                g.numpy(),
+                psi_d.numpy(),
+                norm.numpy(),
+                bps.numpy(),
+                slope.numpy(),
+                int(q_offset),
+                bool(causal),
+                BACKWARD_CHUNKS,
+            )
         # A fixed chunk count and a sequential reduction here (not numba's parallel one, whose
         # order follows thread scheduling) make the gradient bit-identical run to run and for
         # any thread count: exact resume depends on it.
@@ -255,9 +262,19 @@ class FIRE(PositionEncoding):
 
     kind = "additive"
 
-    def __init__(self, num_heads: int, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0,
-                 eps: float = 1e-6, progressive_interpolation: bool = True, log_transform: bool = True,
-                 learn_threshold: bool = True, mlp_depth: int = 1, normalizer_cap: float | None = None):
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+        progressive_interpolation: bool = True,
+        log_transform: bool = True,
+        learn_threshold: bool = True,
+        mlp_depth: int = 1,
+        normalizer_cap: float | None = None,
+    ):
         super().__init__(num_heads)
         if mlp_width < 1:
             raise ValueError(f"mlp_width must be >= 1 (got {mlp_width})")
@@ -320,6 +337,7 @@ class FIRE(PositionEncoding):
         """See :meth:`PositionEncoding.bias_at`: f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4)
         on the grid's pairs only, ≤ ~2^22 MLP activations at a time."""
         from .base import _grid_positions
+
         qs, ks = _grid_positions(q_positions, k_positions)
         out = torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))
         if qs.numel() == 0 or ks.numel() == 0:
@@ -328,8 +346,8 @@ class FIRE(PositionEncoding):
         kt = ks.to(dev)
         block = max(1, (1 << 22) // max(1, ks.numel() * int(self.mlp_width)))
         for start in range(0, qs.numel(), block):
-            qt = qs[start:start + block].to(dev)
-            out[:, start:start + block] = self.mlp_forward(self.normalized_distance(qt, kt)).float().cpu()
+            qt = qs[start : start + block].to(dev)
+            out[:, start : start + block] = self.mlp_forward(self.normalized_distance(qt, kt)).float().cpu()
         out[:, ks[None, :] > qs[:, None]] = float("nan")
         return out
 
@@ -337,8 +355,9 @@ class FIRE(PositionEncoding):
         """f_θ applied elementwise: ``[...]`` float32 → ``[num_heads, ...]`` logits."""
         return self.mlp(x.unsqueeze(-1)).movedim(-1, 0)
 
-    def bias_reference(self, q_len: int, k_len: int, q_offset: int | None = None,
-                       position_offset: int = 0) -> torch.Tensor:
+    def bias_reference(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
         """The plain formula over all pairs at once (memory q·k·width): for tests and audits.
 
         Returns ``[num_heads, q_len, k_len]`` float32 logits, eq. 3–4 evaluated literally,
@@ -348,8 +367,9 @@ class FIRE(PositionEncoding):
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         P = check_position_offset(position_offset)
         dev = self.c.device
-        x = self.normalized_distance(torch.arange(q_offset, q_offset + q_len, device=dev) + P,
-                                     torch.arange(k_len, device=dev) + P)
+        x = self.normalized_distance(
+            torch.arange(q_offset, q_offset + q_len, device=dev) + P, torch.arange(k_len, device=dev) + P
+        )
         return self.mlp_forward(x)
 
     # -- fast exact evaluation -------------------------------------------------------------
@@ -365,8 +385,10 @@ class FIRE(PositionEncoding):
         Raises: ValueError when mlp_depth != 1 (a deeper MLP has no such closed form here).
         """
         if self.mlp_depth != 1:
-            raise ValueError(f"piecewise_linear needs mlp_depth=1 (this FIRE has mlp_depth={self.mlp_depth}); "
-                             "use mlp_forward for deeper MLPs")
+            raise ValueError(
+                f"piecewise_linear needs mlp_depth=1 (this FIRE has mlp_depth={self.mlp_depth}); "
+                "use mlp_forward for deeper MLPs"
+            )
         lin1, lin2 = self.mlp[0], self.mlp[2]
         w, b = lin1.weight[:, 0], lin1.bias  # [W]
         W2, b2 = lin2.weight, lin2.bias  # [H, W], [H]
@@ -405,8 +427,9 @@ class FIRE(PositionEncoding):
     def _needs_grad(self) -> bool:
         return torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
 
-    def _fused(self, q_len: int, k_len: int, q_offset: int, causal: bool,
-               position_offset: int = 0) -> torch.Tensor | None:
+    def _fused(
+        self, q_len: int, k_len: int, q_offset: int, causal: bool, position_offset: int = 0
+    ) -> torch.Tensor | None:
         """The compiled path: every row in one kernel pass (and one for the backward), or None
         where it does not apply (mlp_depth 2, not on CPU, numba missing)."""
         if self.mlp_depth != 1 or self.c.device.type != "cpu" or _row_kernel() is None:
@@ -419,8 +442,9 @@ class FIRE(PositionEncoding):
         bps, slope, intercept = self.piecewise_linear()
         return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal))
 
-    def masked_bias(self, q_len: int, k_len: int, q_offset: int | None = None,
-                    position_offset: int = 0) -> torch.Tensor:
+    def masked_bias(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
         """``bias`` with −inf at future keys (j > i): float32 ``[num_heads, q_len, k_len]``,
         queries at absolute positions position_offset + q_offset… (tokens); the additive
         causal mask.
@@ -480,7 +504,7 @@ class FIRE(PositionEncoding):
 
         def emit(row_start: int, block: torch.Tensor) -> None:
             if direct:
-                out[:, row_start: row_start + block.shape[1]] = block
+                out[:, row_start : row_start + block.shape[1]] = block
             else:
                 pieces.append(block)
 
@@ -494,7 +518,7 @@ class FIRE(PositionEncoding):
             stop = min(start + BIAS_QUERY_BLOCK, mid_end)
             rows = q_pos[start:stop]
             # psi(i - j) for these rows is a sliding window of psi_d
-            x = toeplitz_from_table(psi_d[None, start: stop + k_len - 1], stop - start, k_len)[0]
+            x = toeplitz_from_table(psi_d[None, start : stop + k_len - 1], stop - start, k_len)[0]
             emit(start, self._rows_general(x / self.normalizer(rows)[:, None], pl))
         if n_high:
             norm = self.normalizer(q_pos[-1:])
@@ -516,12 +540,13 @@ def check_normalizer_cap(cap) -> int | None:
     if cap is None:
         return None
     if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= MAX_NORMALIZER_CAP:
-        raise ValueError(f"normalizer_cap must be an integer number of tokens in 1..{MAX_NORMALIZER_CAP} (got "
-                         f"{cap!r}); e.g. the training length, --normalizer-cap 512")
+        raise ValueError(
+            f"normalizer_cap must be an integer number of tokens in 1..{MAX_NORMALIZER_CAP} (got "
+            f"{cap!r}); e.g. the training length, --normalizer-cap 512"
+        )
     return int(cap)
 
 
 def fire_modules(module: nn.Module) -> list[FIRE]:
     """Every FIRE module inside ``module`` (a GPT, an encoding list, or a FIRE itself)."""
     return [m for m in module.modules() if isinstance(m, FIRE)]
-

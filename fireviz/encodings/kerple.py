@@ -7,6 +7,7 @@ graph has zero gradient below its bound, so a parameter that crossed it froze fo
 In the forward pass the bound is applied with a straight-through estimator: the value is
 clamped (so an unprojected parameter still gives the constrained bias), the gradient
 passes as if unclamped."""
+
 from __future__ import annotations
 
 import torch
@@ -27,16 +28,31 @@ class _Kerple(ToeplitzBias):
     is not ``num_heads``.
     """
 
-    def __init__(self, num_heads: int, init_r1: float | list[float] | None = None,
-                 init_r2: float | list[float] | None = None):
+    def __init__(
+        self, num_heads: int, init_r1: float | list[float] | None = None, init_r2: float | list[float] | None = None
+    ):
         super().__init__(num_heads)
         for name, v in (("init_r1", init_r1), ("init_r2", init_r2)):
             if v is not None and torch.as_tensor(v).numel() not in (1, num_heads):
-                raise ValueError(f"Kerple {name} needs one number or {num_heads} (one per head); got "
-                                 f"{torch.as_tensor(v).numel()}")
-        r1 = torch.rand(num_heads) * 2 if init_r1 is None else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
-        r2 = torch.rand(num_heads) if init_r2 is None else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
-        if init_r1 is not None and not (r1.isfinite() & (r1 > 0)).all() or init_r2 is not None and not (r2.isfinite() & (r2 > 0)).all():
+                raise ValueError(
+                    f"Kerple {name} needs one number or {num_heads} (one per head); got {torch.as_tensor(v).numel()}"
+                )
+        r1 = (
+            torch.rand(num_heads) * 2
+            if init_r1 is None
+            else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
+        )
+        r2 = (
+            torch.rand(num_heads)
+            if init_r2 is None
+            else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
+        )
+        if (
+            init_r1 is not None
+            and not (r1.isfinite() & (r1 > 0)).all()
+            or init_r2 is not None
+            and not (r2.isfinite() & (r2 > 0)).all()
+        ):
             raise ValueError(f"Kerple needs r1 > 0 and r2 > 0 (got r1={r1.tolist()}, r2={r2.tolist()})")
         self.r1 = nn.Parameter(r1.float())
         self.r2 = nn.Parameter(r2.float())
@@ -50,8 +66,10 @@ class _Kerple(ToeplitzBias):
         Values are clamped to r1 >= 0.01, 0.01 <= r2 (<= 2 for the power variant); the
         gradient is the identity (straight-through), so it never vanishes at a bound.
         """
-        return (_straight_through_clamp(self.r1, KERPLE_MIN, None),
-                _straight_through_clamp(self.r2, KERPLE_MIN, self.r2_max))
+        return (
+            _straight_through_clamp(self.r1, KERPLE_MIN, None),
+            _straight_through_clamp(self.r2, KERPLE_MIN, self.r2_max),
+        )
 
     @torch.no_grad()
     def project_(self) -> None:

@@ -9,6 +9,7 @@ parameters. The model, the trainer, evaluation, the bias report, the fit and the
 these specs; nothing falls through to a default encoding. ``register_encoding`` adds one:
 a new encoding is its class plus one spec.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,8 +57,10 @@ class EncodingSpec:
         if self.sharing not in SHARING:
             raise ValueError(f"EncodingSpec {self.name!r}: sharing must be one of {SHARING} (got {self.sharing!r})")
         if set(self.defaults) - set(self.options):
-            raise ValueError(f"EncodingSpec {self.name!r}: defaults for options it does not take: "
-                             f"{sorted(set(self.defaults) - set(self.options))}")
+            raise ValueError(
+                f"EncodingSpec {self.name!r}: defaults for options it does not take: "
+                f"{sorted(set(self.defaults) - set(self.options))}"
+            )
         if (self.fit_params is None) != (self.fit_target is None):
             raise ValueError(f"EncodingSpec {self.name!r}: give fit_params and fit_target together, or neither")
 

@@ -6,6 +6,7 @@ factor s); YaRN: Peng et al. 2023, §3.2–3.4 ("NTK-by-parts" ramp between γ b
 beta_fast/beta_slow, attention temperature √(1/t) = 0.1·ln(s) + 1), matching Hugging Face
 ``_compute_yarn_parameters``.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,9 +40,15 @@ def yarn_attention_factor(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
-def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_position_embeddings: int,
-                  beta_fast: float = 32, beta_slow: float = 1,
-                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
+def yarn_inv_freq(
+    head_dim: int,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32,
+    beta_slow: float = 1,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, float]:
     """YaRN frequencies and attention factor (Peng et al. 2023, §3.2–3.4; HF reference).
 
     ``original_max_position_embeddings``: the training context in tokens; ``beta_fast`` /
@@ -58,11 +65,15 @@ def yarn_inv_freq(head_dim: int, base: float, factor: float, original_max_positi
     if not (math.isfinite(factor) and factor >= 1):
         raise ValueError(f"rope_scaling factor must be >= 1 (got {factor})")
     if not beta_fast > beta_slow > 0:
-        raise ValueError(f"YaRN needs beta_fast > beta_slow > 0 rotations (got beta_fast={beta_fast}, "
-                         f"beta_slow={beta_slow}; the paper uses 32 and 1)")
+        raise ValueError(
+            f"YaRN needs beta_fast > beta_slow > 0 rotations (got beta_fast={beta_fast}, "
+            f"beta_slow={beta_slow}; the paper uses 32 and 1)"
+        )
     theta = rope_inv_freq(head_dim, base, torch.float64)
     low = max(math.floor(_yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)), 0)
-    high = min(math.ceil(_yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)), head_dim - 1)
+    high = min(
+        math.ceil(_yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)), head_dim - 1
+    )
     if low == high:
         high += 0.001  # avoid a zero-width ramp (HF does the same)
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
@@ -92,8 +103,7 @@ class RotaryEmbedding(PositionEncoding):
 
     kind = "rotary"
 
-    def __init__(self, num_heads: int, head_dim: int, rope_theta: float = 10000.0,
-                 rope_scaling: dict | None = None):
+    def __init__(self, num_heads: int, head_dim: int, rope_theta: float = 10000.0, rope_scaling: dict | None = None):
         super().__init__(num_heads)
         self.head_dim = head_dim
         self.rope_theta = float(rope_theta)
@@ -114,8 +124,14 @@ class RotaryEmbedding(PositionEncoding):
                 if not orig:
                     raise ValueError("yarn rope_scaling needs original_max_position_embeddings (the training length)")
                 inv_freq, self.attention_factor = yarn_inv_freq(
-                    head_dim, self.rope_theta, factor, int(orig),
-                    self.rope_scaling.get("beta_fast", 32), self.rope_scaling.get("beta_slow", 1), torch.float64)
+                    head_dim,
+                    self.rope_theta,
+                    factor,
+                    int(orig),
+                    self.rope_scaling.get("beta_fast", 32),
+                    self.rope_scaling.get("beta_slow", 1),
+                    torch.float64,
+                )
             else:
                 raise ValueError(f"rope_scaling type must be 'pi' or 'yarn' (got {kind!r})")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -134,8 +150,7 @@ class RotaryEmbedding(PositionEncoding):
         with torch.autocast(device_type=positions.device.type, enabled=False):
             angles = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None, :]
             angles = torch.cat([angles, angles], dim=-1)
-            return ((angles.cos() * self.attention_factor).float(),
-                    (angles.sin() * self.attention_factor).float())
+            return ((angles.cos() * self.attention_factor).float(), (angles.sin() * self.attention_factor).float())
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x [..., T, head_dim]`` at absolute ``positions [T]``; same dtype as x."""

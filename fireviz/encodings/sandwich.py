@@ -1,6 +1,7 @@
 """Sandwich: the inner product of sinusoidal position embeddings used as a bias.
 Source: Chi et al. 2023 (ACL), "Dissecting Transformer Length Extrapolation via the Lens of
 Receptive Field Analysis", §5; per-head compression as in its reference code."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ options, its layer sharing, what it takes from the training length, and (for bia
 ``i − j`` only) how it becomes a target of ``fireviz.fit`` — with the target builders here,
 next to the spec they belong to.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,6 +31,7 @@ def _rope_builder(kind: str | None):
                 scaling["beta_fast"] = options.get("beta_fast", 32)
                 scaling["beta_slow"] = options.get("beta_slow", 1)
         return RotaryEmbedding(num_heads, head_dim, rope_theta=options.get("rope_theta", 10000.0), rope_scaling=scaling)
+
     return build
 
 
@@ -40,8 +42,12 @@ def _heads_only(cls):
 def _defaults(cls) -> dict:
     """The keyword defaults of ``cls.__init__`` (after num_heads): the options' values when unset."""
     import inspect
-    return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
-            if k not in ("self", "num_heads") and p.default is not inspect.Parameter.empty}
+
+    return {
+        k: p.default
+        for k, p in inspect.signature(cls.__init__).parameters.items()
+        if k not in ("self", "num_heads") and p.default is not inspect.Parameter.empty
+    }
 
 
 _ROPE_DEFAULTS = {"rope_theta": 10000.0}
@@ -79,14 +85,18 @@ def t5_bucket_values(profile, num_buckets: int, num_heads: int, seed: int = 0) -
             b = torch.arange(num_buckets, dtype=torch.float32)[:, None] / (num_buckets - 1)
             h = torch.arange(1, num_heads + 1, dtype=torch.float32)[None, :] / num_heads
             return -4.0 * h * b
-        raise ValueError(f"unknown T5 value profile {profile!r}; use 'random', 'decay' or a list of "
-                         f"{num_buckets} numbers (one per bucket)")
+        raise ValueError(
+            f"unknown T5 value profile {profile!r}; use 'random', 'decay' or a list of "
+            f"{num_buckets} numbers (one per bucket)"
+        )
     v = torch.as_tensor(profile, dtype=torch.float32)
     if v.dim() == 1 and v.numel() == num_buckets:
         v = v[:, None].expand(num_buckets, num_heads)
     if tuple(v.shape) != (num_buckets, num_heads):
-        raise ValueError(f"T5 values must have shape [num_buckets={num_buckets}] or "
-                         f"[num_buckets, num_heads]=[{num_buckets}, {num_heads}] (got {tuple(v.shape)})")
+        raise ValueError(
+            f"T5 values must have shape [num_buckets={num_buckets}] or "
+            f"[num_buckets, num_heads]=[{num_buckets}, {num_heads}] (got {tuple(v.shape)})"
+        )
     if not torch.isfinite(v).all():
         raise ValueError("T5 values must be finite")
     return v.clone()
@@ -112,11 +122,15 @@ def _kerple_r(value, default_draw: torch.Tensor, num_heads: int, what: str, uppe
     if not torch.isfinite(r).all() or (r <= 0).any():
         raise ValueError(f"Kerple needs {what} > 0 for every head (got {r.tolist()}); e.g. {what}=0.5")
     if (r < KERPLE_MIN).any():
-        raise ValueError(f"Kerple's reference code clamps {what} to >= {KERPLE_MIN} (got {r.tolist()}); "
-                         f"pass {what} >= {KERPLE_MIN} so the target is exactly what you asked for")
+        raise ValueError(
+            f"Kerple's reference code clamps {what} to >= {KERPLE_MIN} (got {r.tolist()}); "
+            f"pass {what} >= {KERPLE_MIN} so the target is exactly what you asked for"
+        )
     if upper is not None and (r > upper).any():
-        raise ValueError(f"Kerple-power needs 0 < {what} <= {upper} (got {r.tolist()}); the kernel "
-                         "|d|^r2 is conditionally positive definite only there (Chi et al. 2022, §4.2)")
+        raise ValueError(
+            f"Kerple-power needs 0 < {what} <= {upper} (got {r.tolist()}); the kernel "
+            "|d|^r2 is conditionally positive definite only there (Chi et al. 2022, §4.2)"
+        )
     return r
 
 
@@ -130,6 +144,7 @@ def _kerple_target(cls, upper: float | None):
         r2 = _kerple_r(r2, draw_r2, num_heads, "r2", upper)
         enc = cls(num_heads, init_r1=r1.tolist(), init_r2=r2.tolist()).requires_grad_(False)
         return enc, {"r1": r1.tolist(), "r2": r2.tolist(), "seed": seed}
+
     return target
 
 
@@ -138,41 +153,119 @@ def _sandwich_target(num_heads: int, dbar=128):
     return enc, {"dbar": int(dbar), "compression": enc.compression.tolist()}
 
 
-_FIRE_OPTIONS = frozenset({"mlp_width", "init_c", "init_L", "eps", "progressive_interpolation", "log_transform",
-                           "learn_threshold", "mlp_depth", "normalizer_cap"})
+_FIRE_OPTIONS = frozenset(
+    {
+        "mlp_width",
+        "init_c",
+        "init_L",
+        "eps",
+        "progressive_interpolation",
+        "log_transform",
+        "learn_threshold",
+        "mlp_depth",
+        "normalizer_cap",
+    }
+)
 
 BUILTIN_SPECS = (
     EncodingSpec("nope", _heads_only(NoPE), sharing="static", summary="no position encoding (causal mask only)"),
-    EncodingSpec("rope", _rope_builder(None), frozenset({"rope_theta"}), "static", summary="rotary (RoFormer)",
-                 defaults=dict(_ROPE_DEFAULTS)),
-    EncodingSpec("rope_pi", _rope_builder("pi"), frozenset({"rope_theta", "rope_scaling_factor"}), "static",
-                 summary="rotary with position interpolation", defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0}),
-    EncodingSpec("yarn", _rope_builder("yarn"),
-                 frozenset({"rope_theta", "rope_scaling_factor", "original_max_position_embeddings", "beta_fast",
-                            "beta_slow"}), "static",
-                 defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L}, summary="rotary with YaRN",
-                 defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0, "original_max_position_embeddings": None,
-                           "beta_fast": 32, "beta_slow": 1}),
-    EncodingSpec("t5", _heads_only(T5RelativeBias), frozenset({"num_buckets", "max_distance", "bidirectional",
-                                                               "init_std"}),
-                 fit_params=frozenset({"num_buckets", "max_distance", "values", "seed"}), fit_target=_t5_target,
-                 summary="T5 learned bucketed bias", defaults=_defaults(T5RelativeBias)),
-    EncodingSpec("alibi", _heads_only(ALiBi), frozenset({"slope"}), "static",
-                 fit_params=frozenset({"slope"}), fit_target=_alibi_target, summary="ALiBi linear bias",
-                 defaults=_defaults(ALiBi)),
-    EncodingSpec("kerple_log", _heads_only(KerpleLog), frozenset({"init_r1", "init_r2"}),
-                 fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerpleLog, None),
-                 summary="Kerple logarithmic", defaults=_defaults(KerpleLog)),
-    EncodingSpec("kerple_power", _heads_only(KerplePower), frozenset({"init_r1", "init_r2"}),
-                 fit_params=frozenset({"r1", "r2", "seed"}), fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
-                 summary="Kerple power", defaults=_defaults(KerplePower)),
-    EncodingSpec("sandwich", _heads_only(Sandwich), frozenset({"dbar"}), "static",
-                 fit_params=frozenset({"dbar"}), fit_target=_sandwich_target, summary="Sandwich",
-                 defaults=_defaults(Sandwich)),
-    EncodingSpec("fire", _heads_only(FIRE), _FIRE_OPTIONS, defaults_from_seq_len=lambda L: {"init_L": L / 4},
-                 normalizer=True, summary="FIRE, one MLP per layer", defaults=_defaults(FIRE)),
-    EncodingSpec("fire_s", _heads_only(FIRE), _FIRE_OPTIONS, "shared", defaults_from_seq_len=lambda L: {"init_L": L / 4},
-                 normalizer=True, summary="FIRE-S, one MLP shared by all layers", defaults=_defaults(FIRE)),
+    EncodingSpec(
+        "rope",
+        _rope_builder(None),
+        frozenset({"rope_theta"}),
+        "static",
+        summary="rotary (RoFormer)",
+        defaults=dict(_ROPE_DEFAULTS),
+    ),
+    EncodingSpec(
+        "rope_pi",
+        _rope_builder("pi"),
+        frozenset({"rope_theta", "rope_scaling_factor"}),
+        "static",
+        summary="rotary with position interpolation",
+        defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0},
+    ),
+    EncodingSpec(
+        "yarn",
+        _rope_builder("yarn"),
+        frozenset({"rope_theta", "rope_scaling_factor", "original_max_position_embeddings", "beta_fast", "beta_slow"}),
+        "static",
+        defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L},
+        summary="rotary with YaRN",
+        defaults={
+            **_ROPE_DEFAULTS,
+            "rope_scaling_factor": 1.0,
+            "original_max_position_embeddings": None,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+    ),
+    EncodingSpec(
+        "t5",
+        _heads_only(T5RelativeBias),
+        frozenset({"num_buckets", "max_distance", "bidirectional", "init_std"}),
+        fit_params=frozenset({"num_buckets", "max_distance", "values", "seed"}),
+        fit_target=_t5_target,
+        summary="T5 learned bucketed bias",
+        defaults=_defaults(T5RelativeBias),
+    ),
+    EncodingSpec(
+        "alibi",
+        _heads_only(ALiBi),
+        frozenset({"slope"}),
+        "static",
+        fit_params=frozenset({"slope"}),
+        fit_target=_alibi_target,
+        summary="ALiBi linear bias",
+        defaults=_defaults(ALiBi),
+    ),
+    EncodingSpec(
+        "kerple_log",
+        _heads_only(KerpleLog),
+        frozenset({"init_r1", "init_r2"}),
+        fit_params=frozenset({"r1", "r2", "seed"}),
+        fit_target=_kerple_target(KerpleLog, None),
+        summary="Kerple logarithmic",
+        defaults=_defaults(KerpleLog),
+    ),
+    EncodingSpec(
+        "kerple_power",
+        _heads_only(KerplePower),
+        frozenset({"init_r1", "init_r2"}),
+        fit_params=frozenset({"r1", "r2", "seed"}),
+        fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
+        summary="Kerple power",
+        defaults=_defaults(KerplePower),
+    ),
+    EncodingSpec(
+        "sandwich",
+        _heads_only(Sandwich),
+        frozenset({"dbar"}),
+        "static",
+        fit_params=frozenset({"dbar"}),
+        fit_target=_sandwich_target,
+        summary="Sandwich",
+        defaults=_defaults(Sandwich),
+    ),
+    EncodingSpec(
+        "fire",
+        _heads_only(FIRE),
+        _FIRE_OPTIONS,
+        defaults_from_seq_len=lambda L: {"init_L": L / 4},
+        normalizer=True,
+        summary="FIRE, one MLP per layer",
+        defaults=_defaults(FIRE),
+    ),
+    EncodingSpec(
+        "fire_s",
+        _heads_only(FIRE),
+        _FIRE_OPTIONS,
+        "shared",
+        defaults_from_seq_len=lambda L: {"init_L": L / 4},
+        normalizer=True,
+        summary="FIRE-S, one MLP shared by all layers",
+        defaults=_defaults(FIRE),
+    ),
 )
 
 for _spec in BUILTIN_SPECS:

@@ -3,6 +3,7 @@
 Source: Raffel et al. 2020 (T5), §2.1; bucketing as in Hugging Face
 ``transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket``.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,15 +43,14 @@ def relative_position_bucket(
         n = -torch.clamp(rel, max=0)
     max_exact = num_buckets // 2
     if max_distance <= max_exact:
-        raise ValueError(
-            f"max_distance={max_distance} must exceed num_buckets//2={max_exact} (exact range)"
-        )
+        raise ValueError(f"max_distance={max_distance} must exceed num_buckets//2={max_exact} (exact range)")
     # Clamp before the log so the unused branch never computes log(0) (HF computes it and
     # discards it; the result is identical).
     n_large = torch.clamp(n, min=max_exact).float()
-    large = max_exact + (
-        torch.log(n_large / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (torch.log(n_large / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)).long()
+    )
     large = torch.clamp(large, max=num_buckets - 1)
     return buckets + torch.where(n < max_exact, n, large)
 
@@ -69,8 +69,14 @@ class T5RelativeBias(ToeplitzBias):
       rejects (e.g. too few buckets, max_distance not above the exact range).
     """
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
-                 bidirectional: bool = False, init_std: float = 0.02):
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = False,
+        init_std: float = 0.02,
+    ):
         super().__init__(num_heads)
         if not (math.isfinite(init_std) and init_std >= 0):
             raise ValueError(f"T5 init_std must be a finite number >= 0 (got {init_std}); the reference uses 0.02")

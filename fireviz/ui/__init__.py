@@ -11,18 +11,53 @@ What lives here (and nothing that computes a bias or a loss):
 Errors from the library are shown with ``st.error`` naming the problem and the fix; the
 app keeps running.
 """
+
 from __future__ import annotations
 
-from .. import checkpoints as ck  # noqa: F401  (pages read ui.ck.TRAIN_HINT)
-from ..model import CheckpointError  # noqa: F401  (pages catch ui.CheckpointError)
-from ..presentation import (fit_file_stem, format_params, human_count, int_values, job_error_text,  # noqa: F401
-                            locality_rules_text, locality_summary_rows, parse_lengths, percent, perplexity_table,
-                            pool_seeds, rows_to_csv, split_errors, to_json)
-from ..uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload  # noqa: F401
-from .figures import (MAX_QUERY_POSITION, attention_pattern, bias_report, downloads, figure_downloads,  # noqa: F401
-                      normalizer_cap_input, show_figure)
-from .background import eval_caption, evaluation_jobs, job_panel  # noqa: F401
-from .picker import (HOME_DETAIL_COLUMNS, checkpoint_caption, checkpoint_groups, checkpoint_picker,  # noqa: F401
-                     checkpoint_table_config, checkpoint_warnings, checkpoints_root, current_group, group_label,
-                     group_picker, group_root, list_checkpoints, load_model, no_checkpoints_message, resolve)
-from .state import EXTRA_KEY, GROUP_KEY, error, key, setup_page, sync_url, table_height, url_state  # noqa: F401
+from .. import checkpoints as ck
+from ..model import CheckpointError
+from ..presentation import (
+    fit_file_stem,
+    format_params,
+    human_count,
+    int_values,
+    job_error_text,
+    locality_rules_text,
+    locality_summary_rows,
+    parse_lengths,
+    percent,
+    perplexity_table,
+    pool_seeds,
+    rows_to_csv,
+    split_errors,
+    to_json,
+)
+from ..uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
+from .figures import (
+    MAX_QUERY_POSITION,
+    attention_pattern,
+    bias_report,
+    downloads,
+    figure_downloads,
+    normalizer_cap_input,
+    show_figure,
+)
+from .background import eval_caption, evaluation_jobs, job_panel
+from .picker import (
+    HOME_DETAIL_COLUMNS,
+    checkpoint_caption,
+    checkpoint_groups,
+    checkpoint_picker,
+    checkpoint_table_config,
+    checkpoint_warnings,
+    checkpoints_root,
+    current_group,
+    group_label,
+    group_picker,
+    group_root,
+    list_checkpoints,
+    load_model,
+    no_checkpoints_message,
+    resolve,
+)
+from .state import EXTRA_KEY, GROUP_KEY, error, key, setup_page, sync_url, table_height, url_state

@@ -1,4 +1,5 @@
 """Background jobs in a page: the progress panel, evaluations run (once) in the background, captions."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,11 @@ from typing import Sequence
 import streamlit as st
 
 from ..model import CheckpointError
-from ..presentation import (job_error_text)
+from ..presentation import job_error_text
 from .state import error, key
 
 
-def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop",
-              poll_s: float = 0.5) -> None:
+def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop", poll_s: float = 0.5) -> None:
     """Live status of a background job: a progress bar, its message, a cancel button
     (none if ``cancel_label`` is None).
 
@@ -34,8 +34,10 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
             st.rerun(scope="app")  # the page draws finished jobs itself (and shows no panel)
         if snap["status"] == jobs.QUEUED:
             ahead = q.position(job_key)
-            st.info(f"{snap['label']}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
-                    "the page or opening it in another tab finds it here.")
+            st.info(
+                f"{snap['label']}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
+                "the page or opening it in another tab finds it here."
+            )
         text = f"{snap['label']}: {snap['message']} · {snap['elapsed_s']:.0f} s"
         st.progress(snap["fraction"], text=text)
         if cancel_label and st.button(cancel_label, key=key(page, f"cancel_{job_key}")):
@@ -48,12 +50,14 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
 def _cancelled_at(paths, data, lengths, settings) -> float:
     """When the (non-probe) evaluation with these arguments ended, or 0."""
     from .. import jobs
+
     job = jobs.find_evaluation(paths, data, lengths, settings)
     return (job.finished or 0.0) if job is not None else 0.0
 
 
-def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: Sequence[int],
-                    run: bool) -> tuple[list[dict], list]:
+def evaluation_jobs(
+    page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: Sequence[int], run: bool
+) -> tuple[list[dict], list]:
     """The background evaluations behind the Length generalization page, one per spec.
 
     ``specs``: ``(checkpoint paths, evaluate settings, label suffix)`` or, with lengths of its own
@@ -86,14 +90,18 @@ def evaluation_jobs(page: str, specs: Sequence[tuple[list[str], dict, str]], dat
             # (a cancelled run's finished lengths are there)
             was_cancelled = job is not None
             job = jobs.find_evaluation(paths, data, lengths, s, probe=True)
-            if job is None or job.status == jobs.CANCELLED or (was_cancelled and job.status == jobs.DONE
-                                                              and job.finished < _cancelled_at(paths, data, lengths, s)):
+            if (
+                job is None
+                or job.status == jobs.CANCELLED
+                or (was_cancelled and job.status == jobs.DONE and job.finished < _cancelled_at(paths, data, lengths, s))
+            ):
                 # none yet, cancelled before it looked (by a probe of other settings), or older than
                 # the cancelled run's last cached length: look now
                 job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True, keep=keep)
             if was_cancelled:
-                st.warning("The evaluation was cancelled; the lengths it finished are drawn below. Press **Run** "
-                           "to go on.")
+                st.warning(
+                    "The evaluation was cancelled; the lengths it finished are drawn below. Press **Run** to go on."
+                )
         if job.status not in jobs.FINISHED:
             pending.append(job)
         if job.status == jobs.ERROR:
@@ -117,29 +125,44 @@ def eval_caption(results: Sequence[dict]) -> str:
     s = results[0].get("settings", {})
     parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)"]
     if s.get("mode") == "same_text":
-        parts.append(f"same text at every length: the first {s.get('prefix_tokens')} tokens of "
-                     f"{s.get('documents_scored')} documents ({s.get('documents_skipped')} shorter ones skipped"
-                     + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "") + ")")
+        parts.append(
+            f"same text at every length: the first {s.get('prefix_tokens')} tokens of "
+            f"{s.get('documents_scored')} documents ({s.get('documents_skipped')} shorter ones skipped"
+            + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "")
+            + ")"
+        )
     else:
-        parts += [f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
-                  f"token budget {s.get('token_budget')} per length", f"window seed {s.get('seed')}"]
+        parts += [
+            f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),
+            f"token budget {s.get('token_budget')} per length",
+            f"window seed {s.get('seed')}",
+        ]
     parts.append(f"precision {s.get('precision')}")
     first = {e.get("length"): e for e in results[0].get("per_length", []) if "error" not in e}
     if first:
-        parts.append("scored per length: " + ", ".join(
-            f"{n}: {e.get('documents', '?')} docs / {e.get('windows')} windows / {e.get('tokens_scored'):,} tokens"
-            for n, e in sorted(first.items())))
+        parts.append(
+            "scored per length: "
+            + ", ".join(
+                f"{n}: {e.get('documents', '?')} docs / {e.get('windows')} windows / {e.get('tokens_scored'):,} tokens"
+                for n, e in sorted(first.items())
+            )
+        )
     caps = sorted({r.get("normalizer_cap") for r in results if r.get("normalizer_cap")})
     if caps:
         parts.append("FIRE normalizer capped at " + ", ".join(str(c) for c in caps) + " tokens where labelled")
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]
-    from ..evaluate import PUBLISHED_RESULTS
+    from ..eval_cache import PUBLISHED_RESULTS
 
     published = sum(1 for e in entries if e.get("cached") and e.get("source") == PUBLISHED_RESULTS)
     cached = sum(1 for e in entries if e.get("cached")) - published
-    parts.append(f"{cached}/{len(entries)} lengths from the cache"
-                 + (f", {published} from the checkpoints' shipped results.json (same weights, data and settings)"
-                    if published else ""))
+    parts.append(
+        f"{cached}/{len(entries)} lengths from the cache"
+        + (
+            f", {published} from the checkpoints' shipped results.json (same weights, data and settings)"
+            if published
+            else ""
+        )
+    )
     return "Evaluation: " + " · ".join(parts) + ". Lengths in tokens (bytes); dashed = training length."

@@ -1,4 +1,5 @@
 """Figures with captions and downloads (CSV, JSON, figures for a paper), and cached library results."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ import streamlit as st
 
 from .. import checkpoints as ck
 from ..model import CheckpointError
-from ..presentation import (to_json)
+from ..presentation import to_json
 from .picker import _load_model
 from .state import key, url_state
 
@@ -16,8 +17,7 @@ from .state import key, url_state
 def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
     """Draw a plotly figure full width, with ``caption`` (evaluation settings etc.) under it and,
     for a named figure, its paper-ready downloads (SVG, PDF, PNG; see ``figure_downloads``)."""
-    st.plotly_chart(fig, width="stretch", key=key(page, name) if page and name else None,
-                    config={"displaylogo": False})
+    st.plotly_chart(fig, width="stretch", key=key(page, name) if page and name else None, config={"displaylogo": False})
     if caption:
         st.caption(caption)
     if page and name:
@@ -37,17 +37,31 @@ def figure_downloads(fig, page: str, name: str) -> None:
                 return plots.export_figure(fig, fmt)
             except (plots.FigureExportError, ValueError) as e:
                 return f"fireviz could not export this figure: {e}\n".encode()
+
         return make
 
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     with st.popover("⬇ Figure for a paper", help="SVG, PDF or PNG, a two-column page wide (6.9 in), serif 8 pt"):
         for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
-            st.download_button(f"{fmt.upper()}", render(fmt), file_name=f"{stem}.{fmt}", mime=mime,
-                               key=key(page, f"export_{name}_{fmt}"), on_click="ignore", help=f"{stem}.{fmt}")
+            st.download_button(
+                f"{fmt.upper()}",
+                render(fmt),
+                file_name=f"{stem}.{fmt}",
+                mime=mime,
+                key=key(page, f"export_{name}_{fmt}"),
+                on_click="ignore",
+                help=f"{stem}.{fmt}",
+            )
 
 
-def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any = None,
-              extra: dict[str, tuple[bytes, str]] | None = None, where=None) -> None:
+def downloads(
+    page: str,
+    name: str,
+    csv_text: str | None = None,
+    json_obj: Any = None,
+    extra: dict[str, tuple[bytes, str]] | None = None,
+    where=None,
+) -> None:
     """Download buttons in one row: ``<name>.csv`` (``csv_text``), ``<name>.json`` (``json_obj``),
     and ``extra`` files ``{file name: (bytes, mime)}``."""
     where = where or st
@@ -64,20 +78,30 @@ def downloads(page: str, name: str, csv_text: str | None = None, json_obj: Any =
     for col, (fname, data, mime) in zip(cols, items):
         kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
         kind = {"SAFETENSORS": "weights"}.get(kind, kind)
-        col.download_button(f"⬇ {kind}", data, file_name=fname, mime=mime, help=fname,
-                            key=key(page, f"dl_{name}_{fname}"), on_click="ignore")
+        col.download_button(
+            f"⬇ {kind}",
+            data,
+            file_name=fname,
+            mime=mime,
+            help=fname,
+            key=key(page, f"dl_{name}_{fname}"),
+            on_click="ignore",
+        )
 
 
-def normalizer_cap_input(page: str, chosen: Sequence[ck.CheckpointInfo], label: str,
-                         help: str) -> tuple[list[ck.CheckpointInfo], int]:
+def normalizer_cap_input(
+    page: str, chosen: Sequence[ck.CheckpointInfo], label: str, help: str
+) -> tuple[list[ck.CheckpointInfo], int]:
     """The sidebar's FIRE normalizer cap (tokens; 0 = off, URL ``cap``), shown only when a
     FIRE / FIRE-S checkpoint is chosen. Returns: ``(the chosen FIRE checkpoints, cap)``."""
     from ..encodings import has_normalizer
+
     fires = [i for i in chosen if has_normalizer(i.position_encoding)]
     if not fires:
         return fires, 0
-    return fires, int(st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20),
-                                              help=help))
+    return fires, int(
+        st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20), help=help)
+    )
 
 
 #: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
@@ -85,24 +109,29 @@ MAX_QUERY_POSITION = 1 << 17
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
-def _bias_report(path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str,
-                 normalizer_cap: int | None = None) -> dict:
+def _bias_report(
+    path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str, normalizer_cap: int | None = None
+) -> dict:
     from .. import analysis
 
     model = _load_model(path, mtime_ns, "cpu")
-    return analysis.bias_report(model, list(positions) if positions else None, checkpoint=name,
-                                normalizer_cap=normalizer_cap).to_dict()
+    return analysis.bias_report(
+        model, list(positions) if positions else None, checkpoint=name, normalizer_cap=normalizer_cap
+    ).to_dict()
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
-def _attention_pattern(path: str, mtime_ns: int, tokens: tuple[int, ...], layer: int, name: str,
-                       normalizer_cap: int | None) -> dict:
+def _attention_pattern(
+    path: str, mtime_ns: int, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
+) -> dict:
     import torch
 
     from .. import text_attention
+
     model = _load_model(path, mtime_ns, "cpu")
-    return text_attention.attention_pattern(model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name,
-                                            normalizer_cap=normalizer_cap).to_dict()
+    return text_attention.attention_pattern(
+        model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name, normalizer_cap=normalizer_cap
+    ).to_dict()
 
 
 def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
@@ -113,23 +142,40 @@ def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_ca
         mtime = w.stat().st_mtime_ns
     except OSError as e:
         raise CheckpointError(f"cannot read {w}: {e}") from e
-    return _attention_pattern(info.path, mtime, tuple(int(t) for t in tokens.tolist()), int(layer), info.name,
-                              int(normalizer_cap) if normalizer_cap else None)
+    return _attention_pattern(
+        info.path,
+        mtime,
+        tuple(int(t) for t in tokens.tolist()),
+        int(layer),
+        info.name,
+        int(normalizer_cap) if normalizer_cap else None,
+    )
 
 
 @st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
-def _published_bias_report(ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None,
-                           name: str) -> dict:
+def _published_bias_report(
+    ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None, name: str
+) -> dict:
     from .. import analysis, hub
+
     model = hub.load_published(ref, stack=stack, revision=revision)
     out = analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
-    out["published"] = {"source": model.config.source, "family": model.config.family, "revision": model.config.revision,
-                        "stack": model.config.stack, "model_type": model.config.model_type}
+    out["published"] = {
+        "source": model.config.source,
+        "family": model.config.family,
+        "revision": model.config.revision,
+        "stack": model.config.stack,
+        "model_type": model.config.model_type,
+    }
     return out
 
 
-def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None,
-                normalizer_cap: int | None = None, stack: str | None = None) -> dict:
+def bias_report(
+    info: ck.CheckpointInfo,
+    positions: Sequence[int] | None = None,
+    normalizer_cap: int | None = None,
+    stack: str | None = None,
+) -> dict:
     """``fireviz.analysis.bias_report(model, positions, normalizer_cap=…).to_dict()`` for a
     checkpoint, cached (``st.cache_data``) by folder, weights modification time, positions
     (tokens) and FIRE normalizer cap (tokens; computed on a copy of the shared model).
@@ -139,11 +185,22 @@ def bias_report(info: ck.CheckpointInfo, positions: Sequence[int] | None = None,
     Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
     """
     if positions and max(positions) > MAX_QUERY_POSITION:
-        raise ValueError(f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; "
-                         "pick smaller positions")
+        raise ValueError(
+            f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; pick smaller positions"
+        )
     if info.is_published:
-        return _published_bias_report(info.path, info.config.get("revision"), stack or "decoder",
-                                      tuple(sorted(set(int(p) for p in positions))) if positions else None, info.name)
+        return _published_bias_report(
+            info.path,
+            info.config.get("revision"),
+            stack or "decoder",
+            tuple(sorted(set(int(p) for p in positions))) if positions else None,
+            info.name,
+        )
     mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
-    return _bias_report(info.path, mtime, tuple(sorted(set(int(p) for p in positions))) if positions else None,
-                        info.name, normalizer_cap)
+    return _bias_report(
+        info.path,
+        mtime,
+        tuple(sorted(set(int(p) for p in positions))) if positions else None,
+        info.name,
+        normalizer_cap,
+    )

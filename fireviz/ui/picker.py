@@ -1,4 +1,5 @@
 """Checkpoints in the app: groups, the cached scan, the sidebar picker, cached models, captions."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ import streamlit as st
 
 from .. import checkpoints as ck
 from ..model import CheckpointError
-from ..presentation import (human_count)
+from ..presentation import human_count
 from .state import EXTRA_KEY, GROUP_KEY, key, url_state
 
 
@@ -74,9 +75,15 @@ def group_picker(page: str, where=None) -> str:
         if "ckpt" in st.query_params:
             del st.query_params["ckpt"]
 
-    group = where.selectbox("Checkpoint group", groups, key=k, format_func=group_label, on_change=changed,
-                            help="The bundled prose models, or a group of models trained on another task "
-                                 "(e.g. copy: the synthetic copy task). Groups are never mixed in one table.")
+    group = where.selectbox(
+        "Checkpoint group",
+        groups,
+        key=k,
+        format_func=group_label,
+        on_change=changed,
+        help="The bundled prose models, or a group of models trained on another task "
+        "(e.g. copy: the synthetic copy task). Groups are never mixed in one table.",
+    )
     st.session_state[GROUP_KEY] = group
     if group:
         st.query_params["group"] = group
@@ -129,17 +136,21 @@ def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
 
 def no_checkpoints_message() -> None:
     """An ``st.info`` box: no checkpoints found under the root, and the command that makes one."""
-    st.info(f"No checkpoints found in `{checkpoints_root()}`.\n\nCreate one with\n\n"
-            f"```\n{ck.TRAIN_HINT}\n```\n\nor add one from a local folder or a Hugging Face repo id "
-            "with the sidebar box of the other pages, or set `FIREVIZ_CHECKPOINTS_DIR` to a folder of checkpoints.")
+    st.info(
+        f"No checkpoints found in `{checkpoints_root()}`.\n\nCreate one with\n\n"
+        f"```\n{ck.TRAIN_HINT}\n```\n\nor add one from a local folder or a Hugging Face repo id "
+        "with the sidebar box of the other pages, or set `FIREVIZ_CHECKPOINTS_DIR` to a folder of checkpoints."
+    )
 
 
 def _add_extra(ref: str) -> ck.CheckpointInfo | None:
     try:
         info = resolve(ref)
     except ck.CheckpointNotFoundError:  # one message: the app does not tell which server paths exist
-        st.error(f"**Cannot use checkpoint `{ref}`.** There is no readable fireviz checkpoint there: give a folder "
-                 "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name).")
+        st.error(
+            f"**Cannot use checkpoint `{ref}`.** There is no readable fireviz checkpoint there: give a folder "
+            "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name)."
+        )
         return None
     except CheckpointError as e:
         st.error(f"**Cannot use checkpoint `{ref}`.** {e}")
@@ -148,10 +159,16 @@ def _add_extra(ref: str) -> ck.CheckpointInfo | None:
     return info
 
 
-def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None = None,
-                      label: str = "Checkpoints", default_count: int = 1,
-                      filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
-                      where=None, allow_published: bool = False) -> list[ck.CheckpointInfo]:
+def checkpoint_picker(
+    page: str,
+    multi: bool = True,
+    max_selections: int | None = None,
+    label: str = "Checkpoints",
+    default_count: int = 1,
+    filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
+    where=None,
+    allow_published: bool = False,
+) -> list[ck.CheckpointInfo]:
     """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
 
     Options are the checkpoints under the root and any added in this session (by local
@@ -167,8 +184,11 @@ def checkpoint_picker(page: str, multi: bool = True, max_selections: int | None 
     found, problems = list_checkpoints()
     checkpoint_warnings(found, problems, where)
     with where.expander("Add a checkpoint (folder or Hub repo id)"):
-        ref = st.text_input("Local folder path or Hugging Face repo id (owner/name)", key=key(page, "add_ref"),
-                            placeholder="checkpoints/fire  or  owner/fireviz-fire")
+        ref = st.text_input(
+            "Local folder path or Hugging Face repo id (owner/name)",
+            key=key(page, "add_ref"),
+            placeholder="checkpoints/fire  or  owner/fireviz-fire",
+        )
         if st.button("Add", key=key(page, "add_btn")) and ref.strip():
             info = _add_extra(ref.strip())
             if info is not None:
@@ -217,12 +237,18 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     if info.is_published:
         rev = f" @ `{c.get('revision')[:12]}`" if c.get("revision") else ""
         stack = f", {c.get('stack')} stack" if c.get("stack") else ""
-        return (f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "
-                f"× {c.get('n_head')} heads{stack}; position encoding {info.position_encoding} read from config.json"
-                + (" and the bias tables' bytes" if info.position_encoding == "t5" else "") + " only")
-    parts = [f"**{info.name}**: {info.position_encoding}",
-             f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
-             f"{info.num_parameters:,} parameters", f"trained at {info.seq_len} tokens"]
+        return (
+            f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "
+            f"× {c.get('n_head')} heads{stack}; position encoding {info.position_encoding} read from config.json"
+            + (" and the bias tables' bytes" if info.position_encoding == "t5" else "")
+            + " only"
+        )
+    parts = [
+        f"**{info.name}**: {info.position_encoding}",
+        f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
+        f"{info.num_parameters:,} parameters",
+        f"trained at {info.seq_len} tokens",
+    ]
     if info.training_tokens:
         parts.append(f"on {human_count(info.training_tokens)} tokens")
     if info.data:
@@ -239,15 +265,19 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
     headline columns labelled short (``"bpb @512"``, ``"val @2048"``; the data in their help)
     with pixel widths that fit a 1024 px window; the underlying column names stay as in the rows."""
     # pixel widths: the headline columns of 13 checkpoints fit the ~560 px a 1024 px window leaves
-    cfg: dict = {"checkpoint": st.column_config.TextColumn(width=140),
-                 "encoding": st.column_config.TextColumn(width=95),
-                 "training seed": st.column_config.NumberColumn("seed", width=50, help="train.seed: initialization "
-                                                                                   "and the order of training windows"),
-                 "parameters": st.column_config.NumberColumn(format="localized", width=80),
-                 "training tokens": st.column_config.NumberColumn(format="compact"),
-                 "progress": st.column_config.TextColumn(
-                     help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
-                          "interim = a checkpoint of a run that has not finished")}
+    cfg: dict = {
+        "checkpoint": st.column_config.TextColumn(width=140),
+        "encoding": st.column_config.TextColumn(width=95),
+        "training seed": st.column_config.NumberColumn(
+            "seed", width=50, help="train.seed: initialization and the order of training windows"
+        ),
+        "parameters": st.column_config.NumberColumn(format="localized", width=80),
+        "training tokens": st.column_config.NumberColumn(format="compact"),
+        "progress": st.column_config.TextColumn(
+            help="optimizer steps done / planned (training.steps / training.settings.max_steps); "
+            "interim = a checkpoint of a run that has not finished"
+        ),
+    }
     cols = list(dict.fromkeys(c for r in rows for c in r))
 
     def common(col: str, field: str):
@@ -259,16 +289,23 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
             n = col.removeprefix("bpb @ ")
             prose = all("prose" in str(r.get("numbers from", "")) for r in rows if r.get(col) is not None)
             cfg[col] = st.column_config.NumberColumn(
-                f"bpb @{n}", format="%.3f", width=68,
-                help=f"bits per byte at {n}-token windows" + (" on prose" if prose else "")
-                     + ", from the checkpoint's results JSON")
+                f"bpb @{n}",
+                format="%.3f",
+                width=68,
+                help=f"bits per byte at {n}-token windows"
+                + (" on prose" if prose else "")
+                + ", from the checkpoint's results JSON",
+            )
         elif col.startswith("val loss"):
             L, data = common(col, "training length"), common(col, "data")
             four = "4L" in col
             at = f" @{4 * L if four else L}" if L else (" @4L" if four else " @L")
             cfg[col] = st.column_config.NumberColumn(
-                f"val{at}", format="%.3f", width=68,
+                f"val{at}",
+                format="%.3f",
+                width=68,
                 help="last validation loss in train_log.jsonl, nats per token (÷ ln 2 = bits per byte)"
-                     + (f", on {data}" if data else "")
-                     + (" at 4× the training length" if "4L" in col else " at the training length"))
+                + (f", on {data}" if data else "")
+                + (" at 4× the training length" if "4L" in col else " at the training length"),
+            )
     return cfg

@@ -1,11 +1,11 @@
 """Page setup, widget keys, page state in the URL, one-line errors."""
+
 from __future__ import annotations
 
 import math
 from typing import Any, Iterable, Sequence
 
 import streamlit as st
-
 
 
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
@@ -42,8 +42,16 @@ def _cast(raw: str, kind: type) -> Any:
     return kind(raw)
 
 
-def url_state(page: str, name: str, default: Any, kind: type = str, options: Sequence | None = None,
-              multi: bool = False, lo: float | None = None, hi: float | None = None) -> str:
+def url_state(
+    page: str,
+    name: str,
+    default: Any,
+    kind: type = str,
+    options: Sequence | None = None,
+    multi: bool = False,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> str:
     """Seed the widget ``key(page, name)`` from the URL (``?name=...``) once per session.
 
     The value comes from ``st.query_params`` when present and valid (cast with ``kind``; in
