@@ -9,7 +9,9 @@ What this module answers, for a ``fireviz.model.GPT`` (usually a checkpoint fold
   story). For FIRE also the MLP input ψ(i − j)/ψ(max(L, i)) of each curve, which shows
   progressive interpolation squeezing a growing distance range into [0, 1] (§3.2).
   Rotary encodings have no bias; they get the RoPE position kernel instead (RoFormer, Su
-  et al. 2021, §3.4.3, long-term decay). NoPE has neither.
+  et al. 2021, §3.4.3, long-term decay). NoPE has neither. What decides the numbers is one
+  frozen ``BiasSettings`` (``run_bias_report(model, settings)``); the readouts of one
+  encoding are ``fireviz.bias_primitives``.
 * ``classify_locality(distance, bias)`` – ``local`` / ``anti-local`` / ``mixed`` with the
   scores behind it (see ``LOCALITY_RULES``).
 * Attention measured on a text (dilution, per-head patterns) is ``fireviz.text_attention``.
@@ -24,6 +26,7 @@ distances 0 … seq_len − 1 seen in training. Never imports Streamlit.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -32,7 +35,15 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .encodings import PositionEncoding, ToeplitzBias, check_normalizer_cap, fire_modules
+from .bias_primitives import (
+    FIRE_INPUT_DISTANCES,
+    bias_curve,
+    bias_matrix,
+    fire_input_vs_query,
+    fire_normalized_input,
+    rotary_kernel,
+)
+from .encodings import ToeplitzBias, check_normalizer_cap, fire_modules
 from .locality import (
     LOCALITY_CLASSES,
     LOCALITY_RULES,
@@ -98,78 +109,115 @@ def _check_positions(positions: Sequence[int]) -> list[int]:
     return pos
 
 
-# -- per-encoding primitives -------------------------------------------------------------------
-@torch.no_grad()
-def bias_curve(encoding, query_position: int) -> np.ndarray:
-    """One query row of an additive bias, ordered by distance.
+def _check_window(window) -> tuple[int, int, int]:
+    try:
+        start, stop, stride = (int(v) for v in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"matrix window needs three integers (start, stop, stride) (got {window!r})") from None
+    if start < 0 or stop <= start or stride < 1:
+        raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 (got {window})")
+    return start, stop, stride
 
-    Args: ``encoding`` with ``kind == "additive"``; ``query_position`` i >= 0 (tokens).
-    Returns: float32 ``[num_heads, i + 1]``: entry ``[h, d]`` is b_h(i, i − d) in logits for
-      distances d = 0 … i (keys j = i … 0).
-    Raises: TypeError for a rotary/NoPE encoding; ValueError for i < 0.
+
+def _default_classify_at(positions: Sequence[int]) -> int:
+    if positions[0] < 1:
+        raise ValueError(
+            f"the smallest query position is {positions[0]}, where a query sees only itself; the "
+            "locality classification needs one >= 1 (e.g. --query-positions 511,4095)"
+        )
+    return int(positions[0])
+
+
+@dataclass(frozen=True)
+class BiasSettings:
+    """Everything that decides a bias report's numbers, validated once (:meth:`BiasSettings.make`).
+
+    Fields (positions in tokens, 0-based):
+      query_positions: sorted, unique, each >= 0; None = ``default_query_positions(seq_len)``
+        (m·seq_len − 1 for m = 1, 2, 4, 8), filled in per model by :meth:`resolve`.
+      classify_at: query position (>= 1) of the headline per-head locality; None = the
+        smallest query position (filled in by :meth:`resolve`).
+      matrix_window: ``(start, stop, stride)`` of the query × key grid (same on both axes), or
+        None = 0 … the largest query position with at most ``DEFAULT_MATRIX_POINTS`` per axis.
+      normalizer_cap: FIRE only: every curve with ψ(min(max(L, i), cap)), cap in tokens
+        (1 … ``MAX_NORMALIZER_CAP``), or None; ignored for encodings without a normalizer.
+      mlp_grid_points: FIRE only: points (>= 2) of the f_θ curve on its input [0, 1].
+    :meth:`describe` is the JSON description (cache and job key), :meth:`caption` the positions in words.
     """
-    if getattr(encoding, "kind", None) != "additive":
-        raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
-    i = int(query_position)
-    if i < 0:
-        raise ValueError(f"query position must be >= 0 (got {i})")
-    row = encoding.bias(1, i + 1, i)[:, 0]  # [H, keys 0..i]
-    return row.flip(-1).float().cpu().numpy()
 
+    query_positions: tuple[int, ...] | None = None
+    classify_at: int | None = None
+    matrix_window: tuple[int, int, int] | None = None
+    normalizer_cap: int | None = None
+    mlp_grid_points: int = 201
 
-@torch.no_grad()
-def fire_normalized_input(encoding, query_position: int) -> np.ndarray:
-    """FIRE's MLP input ψ(d)/ψ(max(L, i)) for distances d = 0 … i at query position i.
+    @classmethod
+    def make(
+        cls,
+        query_positions: Sequence[int] | None = None,
+        *,
+        classify_at: int | None = None,
+        matrix_window: tuple[int, int, int] | None = None,
+        normalizer_cap: int | None = None,
+        mlp_grid_points: int = 201,
+    ) -> "BiasSettings":
+        """Validated settings (the arguments of :func:`bias_report`).
 
-    Source: Li et al. 2024 eq. 3–4 with progressive interpolation (§3.2). In [0, 1] with
-    interpolation on; the curve of a head over this input is f_θ itself.
-    Returns: float32 ``[i + 1]``. Raises: TypeError if ``encoding`` is not FIRE.
-    """
-    if not hasattr(encoding, "normalized_distance"):
-        raise TypeError(f"{type(encoding).__name__} is not FIRE (no normalized_distance)")
-    i = int(query_position)
-    dev = encoding.c.device
-    keys = torch.arange(i, -1, -1, device=dev)  # distance 0 … i
-    return encoding.normalized_distance(torch.tensor([i], device=dev), keys)[0].float().cpu().numpy()
+        Raises: ValueError for empty or negative query positions, a smallest query position of
+          0 without ``classify_at``, ``classify_at`` < 1, a matrix window that is not
+          ``0 <= start < stop``, ``stride >= 1``, a normalizer cap outside 1 … MAX_NORMALIZER_CAP
+          (``check_normalizer_cap``), or ``mlp_grid_points`` < 2.
+        """
+        positions = None if query_positions is None else tuple(_check_positions(query_positions))
+        if classify_at is not None:
+            classify_at = int(classify_at)
+            if classify_at < 1:
+                raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
+        elif positions is not None:
+            _default_classify_at(positions)  # the smallest given position must be one a curve classifies
+        window = None if matrix_window is None else _check_window(matrix_window)
+        cap = check_normalizer_cap(normalizer_cap)
+        if type(mlp_grid_points) is bool or not isinstance(mlp_grid_points, (int, np.integer)) or mlp_grid_points < 2:
+            raise ValueError(f"mlp_grid_points must be an integer >= 2 (got {mlp_grid_points!r})")
+        return cls(positions, classify_at, window, cap, int(mlp_grid_points))
 
+    def replace(self, **changes) -> "BiasSettings":
+        """These settings with some fields changed, validated again (``make``), e.g. ``replace(normalizer_cap=512)``."""
+        fields = {**self.describe(), **changes}
+        return BiasSettings.make(fields.pop("query_positions"), **fields)
 
-@torch.no_grad()
-def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequence[int]) -> np.ndarray:
-    """The additive bias on a query × key grid; NaN where the key is in the future (j > i),
-    except for a bidirectional encoding (a T5 encoder stack), whose future keys have a bias.
+    def resolve(self, seq_len: int) -> "BiasSettings":
+        """The settings for a model of training length ``seq_len`` (tokens): default query
+        positions and ``classify_at`` filled in. Raises: ValueError as ``make`` (and for seq_len < 1)."""
+        positions = self.query_positions or tuple(default_query_positions(seq_len))  # never empty once made
+        classify_at = self.classify_at if self.classify_at is not None else _default_classify_at(positions)
+        return dataclasses.replace(self, query_positions=positions, classify_at=classify_at)
 
-    Args: query and key positions in tokens (0-based, any order).
-    Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits — the
-      encoding's own ``bias_at`` (FIRE evaluates f_θ(ψ(i − j)/ψ(max(L, i))) on the grid pairs
-      only, Toeplitz biases read one table over distances): memory stays small for any grid.
-    Raises: TypeError for a non-additive encoding; ValueError for negative positions.
-    """
-    if getattr(encoding, "kind", None) != "additive":
-        raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
-    if hasattr(encoding, "bias_at"):
-        grid = encoding.bias_at(query_positions, key_positions)
-    else:  # an additive encoding known only through bias(): the generic row-by-row version
-        grid = PositionEncoding.bias_at(encoding, query_positions, key_positions)
-    return grid.numpy().astype(np.float32, copy=False)
+    def describe(self) -> dict:
+        """The settings as JSON (``query_positions`` and ``matrix_window`` as lists or null; the
+        cache and job key's settings)."""
+        return {
+            "query_positions": None if self.query_positions is None else list(self.query_positions),
+            "classify_at": self.classify_at,
+            "matrix_window": None if self.matrix_window is None else list(self.matrix_window),
+            "normalizer_cap": self.normalizer_cap,
+            "mlp_grid_points": self.mlp_grid_points,
+        }
 
-
-def rotary_kernel(inv_freq: torch.Tensor | np.ndarray, distances: Sequence[int] | np.ndarray) -> np.ndarray:
-    """RoPE's position kernel K(d) = (1/K)·Σ_k cos(d·θ_k), the RoFormer long-term decay curve.
-
-    Source: Su et al. 2021 (RoFormer) §3.4.3: the rotated product q_m·k_n depends on m − n
-    through Σ_k cos((m − n)θ_k) (and sine terms); averaging cos over the K = head_dim/2
-    frequencies is the logit for q = k = a constant unit vector and decays with |d|.
-    Args: ``inv_freq`` θ_k in radians per token ``[K]`` (the encoding's buffer, so PI/YaRN
-      scaling is included); ``distances`` d in tokens.
-    Returns: float64 ``[len(distances)]`` in [−1, 1] (dimensionless; 1 at d = 0). The YaRN
-      attention factor, which scales every logit, is not included.
-    Raises: ValueError if inv_freq is empty.
-    """
-    theta = np.asarray(inv_freq.detach().cpu().double() if torch.is_tensor(inv_freq) else inv_freq, dtype=np.float64)
-    if theta.size == 0:
-        raise ValueError("inv_freq is empty")
-    d = np.asarray(distances, dtype=np.float64)
-    return np.cos(d[:, None] * theta[None, :]).mean(axis=1)
+    def caption(self) -> str:
+        """The positions in words, e.g. ``"Query positions i = 511, 4095 tokens"``, then the
+        locality position when it is not the smallest, the matrix grid and the cap when set."""
+        if self.query_positions is None:
+            parts = ["Query positions i = m·L − 1 for m = " + ", ".join(map(str, DEFAULT_BIAS_MULTIPLES))]
+        else:
+            parts = [f"Query positions i = {', '.join(map(str, self.query_positions))} tokens"]
+        if self.classify_at is not None and self.classify_at != (self.query_positions or (None,))[0]:
+            parts.append(f"locality classified at i = {self.classify_at} tokens")
+        if self.matrix_window is not None:
+            parts.append("matrix grid {}:{}:{} tokens".format(*self.matrix_window))
+        if self.normalizer_cap is not None:
+            parts.append(f"FIRE's normalizer capped at {self.normalizer_cap} tokens")
+        return "; ".join(parts)
 
 
 def _rl(a: np.ndarray, digits: int = 6):
@@ -310,56 +358,13 @@ class BiasReport:
 
 
 def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list[int]:
+    """Positions of the query × key grid: ``range(*window)`` (validated by ``BiasSettings``), or
+    0 … ``max_position`` with at most ``DEFAULT_MATRIX_POINTS`` points."""
     if window is None:
         stride = max(1, math.ceil((max_position + 1) / DEFAULT_MATRIX_POINTS))
         return list(range(0, max_position + 1, stride))
-    start, stop, stride = (int(v) for v in window)
-    if start < 0 or stop <= start or stride < 1:
-        raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 (got {window})")
+    start, stop, stride = window
     return list(range(start, stop, stride))
-
-
-#: distances (tokens) whose FIRE input ψ(d)/ψ(max(L, i)) is followed against the query position
-FIRE_INPUT_DISTANCES = (1, 16, 64, 256)
-
-
-def fire_input_vs_query(
-    encoding,
-    distances: Sequence[int] = FIRE_INPUT_DISTANCES,
-    query_positions: Sequence[int] | None = None,
-    max_position: int = 8192,
-) -> dict:
-    """FIRE's MLP input for fixed distances as the query moves (Li et al. 2024, eq. 3–4).
-
-    For each distance d and query position i >= d: x(d, i) = ψ(d) / ψ(max(L, i)) (with the
-    encoding's normalizer cap, if any; ψ(d) alone without progressive interpolation). Past
-    the training length the normalizer keeps growing, so a fixed distance looks nearer and
-    nearer to f_θ — the dilution mechanism.
-    Args: a ``FIRE`` module; ``distances`` in tokens (>= 1); ``query_positions`` (tokens) or
-      None for ~96 log-spaced positions from 1 to ``max_position``.
-    Returns: ``{"distances": [D], "query_positions": [Q], "input": [D][Q] floats, None where
-      d > i (no such key)}``.
-    Raises: ValueError for a distance < 1 or an empty grid.
-    """
-    d = [int(x) for x in distances]
-    if not d or min(d) < 1:
-        raise ValueError(f"distances must be >= 1 token (got {list(distances)})")
-    if query_positions is None:
-        q = sorted({int(round(x)) for x in np.geomspace(1, max(2, max_position), 96)} | {max_position})
-    else:
-        q = sorted({int(x) for x in query_positions})
-    if not q or q[0] < 0:
-        raise ValueError("query positions must be a non-empty list of integers >= 0")
-    with torch.no_grad():
-        dev = encoding.c.device
-        psi_d = encoding.psi(torch.tensor(d, device=dev, dtype=torch.float32))
-        if encoding.progressive_interpolation:
-            x = psi_d[:, None] / encoding.normalizer(torch.tensor(q, device=dev))[None, :]
-        else:
-            x = psi_d[:, None].expand(len(d), len(q))
-        x = x.double().cpu().numpy()
-    grid = [[_r(float(x[a, b])) if d[a] <= q[b] else None for b in range(len(q))] for a in range(len(d))]
-    return {"distances": d, "query_positions": q, "input": grid}
 
 
 @torch.no_grad()
@@ -372,7 +377,8 @@ def bias_report(
     mlp_grid_points: int = 201,
     normalizer_cap: int | None = None,
 ) -> BiasReport:
-    """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``).
+    """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``):
+    ``run_bias_report(model, BiasSettings.make(query_positions, …), checkpoint)``.
 
     Args:
       query_positions: query positions i in tokens (0-based); default
@@ -386,17 +392,37 @@ def bias_report(
       mlp_grid_points: FIRE only, points of the f_θ curve on [0, 1].
       normalizer_cap: FIRE only: compute every curve with ψ(min(max(L, i), cap)) (tokens), as
         ``fireviz eval --normalizer-cap`` evaluates, on a copy of the model (the model given
-        is never changed). Ignored
-        (``report.normalizer_cap`` None) for encodings without a normalizer.
-    Returns: ``BiasReport``; FIRE layers also carry ``fire["input_vs_query"]``
-      (:func:`fire_input_vs_query`, up to 16× the training length). Additive encodings get curves/matrix/locality; rotary ones the
-      ``rotary_kernel`` over distances 0 … max query position (Su et al. 2021 §3.4.3) and no
-      per-head locality; NoPE neither (``note`` says so).
-    Raises: ValueError for negative/empty query positions or a bad window.
+        is never changed). Ignored (``report.normalizer_cap`` None) for encodings without a normalizer.
+    Returns: ``BiasReport``; see :func:`run_bias_report`.
+    Raises: ValueError for negative/empty query positions or a bad window (``BiasSettings.make``).
     """
-    model = _capped_copy(model, normalizer_cap)
-    report = _bias_report(model, query_positions, classify_at, matrix_window, checkpoint, mlp_grid_points)
-    report.normalizer_cap = int(normalizer_cap) if normalizer_cap is not None and fire_modules(model) else None
+    settings = BiasSettings.make(
+        query_positions,
+        classify_at=classify_at,
+        matrix_window=matrix_window,
+        normalizer_cap=normalizer_cap,
+        mlp_grid_points=mlp_grid_points,
+    )
+    return run_bias_report(model, settings, checkpoint)
+
+
+@torch.no_grad()
+def run_bias_report(model: GPT, settings: BiasSettings, checkpoint: str | None = None) -> BiasReport:
+    """The bias report of ``model`` (a ``GPT`` or a published model's encodings) as ``settings`` say.
+
+    ``checkpoint`` is the name stored in the report. Returns: ``BiasReport`` (query positions and
+    ``classify_at`` resolved for the model: ``settings.resolve(seq_len)``); FIRE layers also
+    carry ``fire["input_vs_query"]`` (:func:`fire_input_vs_query`, up to 16× the training
+    length). Additive encodings get curves/matrix/locality; rotary ones the ``rotary_kernel``
+    over distances 0 … max query position (Su et al. 2021 §3.4.3) and no per-head locality;
+    NoPE neither (``note`` says so).
+    Raises: ValueError for a default smallest query position of 0 (seq_len 1), or a report or
+      bias matrix that would not fit in memory.
+    """
+    s = settings.resolve(model.config.seq_len)
+    model = _capped_copy(model, s.normalizer_cap)
+    report = _bias_report(model, s, checkpoint)
+    report.normalizer_cap = s.normalizer_cap if s.normalizer_cap is not None and fire_modules(model) else None
     return report
 
 
@@ -411,24 +437,13 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
     return copy
 
 
-def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint, mlp_grid_points) -> BiasReport:
-    cfg = model.config
-    positions = _check_positions(
-        query_positions if query_positions is not None else default_query_positions(cfg.seq_len)
-    )
-    if classify_at is None:
-        classify_at = positions[0]
-        if classify_at < 1:
-            raise ValueError(
-                f"the smallest query position is {classify_at}, where a query sees only itself; the "
-                "locality classification needs one >= 1 (e.g. --query-positions 511,4095)"
-            )
-    classify_at = int(classify_at)
-    if classify_at < 1:
-        raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
-    all_positions = sorted(set(positions) | {classify_at})
+def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
+    """The report for resolved settings ``s``: memory checked first, then every layer."""
     from .memory import check_fits
 
+    cfg = model.config
+    positions = list(s.query_positions)
+    all_positions = sorted(set(positions) | {s.classify_at})
     # memory before work: one bias row [heads, i + 1] per query position (a few float32 copies)
     check_fits(
         16 * cfg.n_head * cfg.n_layer * (max(all_positions) + 1) + (64 << 20),
@@ -446,11 +461,34 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         n_layer=int(cfg.n_layer),
         n_head=int(cfg.n_head),
         query_positions=positions,
-        classify_at=classify_at if kind == "additive" else None,
+        classify_at=s.classify_at if kind == "additive" else None,
         layers=[],
     )
-    if kind == "rotary":
-        d = np.arange(positions[-1] + 1)
+    if kind != "additive":
+        return _without_bias(report, enc0)
+    grid = _matrix_grid(positions[-1], s.matrix_window)
+    check_fits(
+        3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20),
+        "cpu",
+        f"a {len(grid):,} × {len(grid):,} bias matrix",
+        "give a coarser --matrix START:STOP:STRIDE",
+    )  # float32 [heads, q, k], a few copies
+    fire_max_position = max(16 * cfg.seq_len, positions[-1])
+    for layer in range(cfg.n_layer):
+        enc = model.encoding(layer)
+        lb = _layer_curves(enc, layer, positions, s.classify_at)
+        lb.matrix = bias_matrix(enc, grid, grid)
+        lb.matrix_query_positions = lb.matrix_key_positions = grid
+        if hasattr(enc, "normalized_distance"):
+            lb.fire = _fire_curves(enc, s.mlp_grid_points, fire_max_position)
+        report.layers.append(lb)
+    return report
+
+
+def _without_bias(report: BiasReport, enc0) -> BiasReport:
+    """A report of a non-additive encoding: the RoPE kernel (rotary) or a note (NoPE); empty layers."""
+    if report.kind == "rotary":
+        d = np.arange(report.query_positions[-1] + 1)
         report.kernel = {
             "distance": d,
             "value": rotary_kernel(enc0.inv_freq, d),
@@ -460,55 +498,50 @@ def _bias_report(model, query_positions, classify_at, matrix_window, checkpoint,
         report.note = (
             "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
         )
-        report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
-        return report
-    if kind != "additive":
+    else:
         report.note = (
-            f"{cfg.position_encoding} ({kind}) has no position bias and no kernel: order comes from the causal mask"
+            f"{report.encoding} ({report.kind}) has no position bias and no kernel: order comes from the causal mask"
         )
-        report.layers = [LayerBiases(layer=ly) for ly in range(cfg.n_layer)]
-        return report
-    grid = _matrix_grid(positions[-1], matrix_window)
-    check_fits(
-        3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20),
-        "cpu",
-        f"a {len(grid):,} × {len(grid):,} bias matrix",
-        "give a coarser --matrix START:STOP:STRIDE",
-    )  # float32 [heads, q, k], a few copies
-    for layer in range(cfg.n_layer):
-        enc = model.encoding(layer)
-        lb = LayerBiases(layer=layer)
-        is_fire = hasattr(enc, "normalized_distance")
-        two_sided = bool(getattr(enc, "bidirectional", False)) and isinstance(enc, ToeplitzBias)
-        for i in all_positions:
-            curve = bias_curve(enc, i)
-            if i in positions and two_sided:  # keys after the query too: distances −i … −1 before 0 … i
-                with torch.no_grad():
-                    after = enc.bias_by_distance(torch.arange(-i, 0, device=enc.device)).float().cpu().numpy()
-                lb.curves[i] = np.concatenate([after, curve], axis=1)
-                lb.curve_distances[i] = np.arange(-i, i + 1)
-            elif i in positions:
-                lb.curves[i] = curve
-                if is_fire:
-                    lb.normalized_input[i] = fire_normalized_input(enc, i)
-            if i >= 1:
-                dist = np.arange(i + 1)
-                lb.locality_by_query_position[i] = [classify_locality(dist, curve[h], i) for h in range(curve.shape[0])]
-        lb.locality = lb.locality_by_query_position[classify_at]
-        lb.locality_by_query_position = {i: v for i, v in lb.locality_by_query_position.items() if i in positions}
-        lb.matrix = bias_matrix(enc, grid, grid)
-        lb.matrix_query_positions = lb.matrix_key_positions = grid
-        if is_fire:
-            x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
-            lb.fire = {
-                "c": float(enc.c),
-                "threshold_L": float(enc.threshold()),
-                "mlp_x": x.cpu().numpy(),
-                "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
-                "input_vs_query": fire_input_vs_query(enc, max_position=max(16 * cfg.seq_len, positions[-1])),
-            }
-        report.layers.append(lb)
+    report.layers = [LayerBiases(layer=ly) for ly in range(report.n_layer)]
     return report
+
+
+def _layer_curves(enc, layer: int, positions: list[int], classify_at: int) -> LayerBiases:
+    """One layer's curves (and FIRE's input) at ``positions``, and its per-head locality at
+    every position >= 1 and at ``classify_at``."""
+    lb = LayerBiases(layer=layer)
+    is_fire = hasattr(enc, "normalized_distance")
+    two_sided = bool(getattr(enc, "bidirectional", False)) and isinstance(enc, ToeplitzBias)
+    for i in sorted(set(positions) | {classify_at}):
+        curve = bias_curve(enc, i)
+        if i in positions and two_sided:  # keys after the query too: distances −i … −1 before 0 … i
+            with torch.no_grad():
+                after = enc.bias_by_distance(torch.arange(-i, 0, device=enc.device)).float().cpu().numpy()
+            lb.curves[i] = np.concatenate([after, curve], axis=1)
+            lb.curve_distances[i] = np.arange(-i, i + 1)
+        elif i in positions:
+            lb.curves[i] = curve
+            if is_fire:
+                lb.normalized_input[i] = fire_normalized_input(enc, i)
+        if i >= 1:
+            dist = np.arange(i + 1)
+            lb.locality_by_query_position[i] = [classify_locality(dist, curve[h], i) for h in range(curve.shape[0])]
+    lb.locality = lb.locality_by_query_position[classify_at]
+    lb.locality_by_query_position = {i: v for i, v in lb.locality_by_query_position.items() if i in positions}
+    return lb
+
+
+def _fire_curves(enc, mlp_grid_points: int, max_position: int) -> dict:
+    """A FIRE layer's ``c``, threshold L (tokens), f_θ on ``mlp_grid_points`` inputs in [0, 1]
+    and its input for fixed distances up to ``max_position`` (:func:`fire_input_vs_query`)."""
+    x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
+    return {
+        "c": float(enc.c),
+        "threshold_L": float(enc.threshold()),
+        "mlp_x": x.cpu().numpy(),
+        "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
+        "input_vs_query": fire_input_vs_query(enc, FIRE_INPUT_DISTANCES, max_position=max_position),
+    }
 
 
 def locality_table(reports: Sequence[BiasReport | dict]) -> list[dict]:

@@ -21,10 +21,15 @@ regions wait for preempted threads; see benchmarks/README.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from .kernels import LazyKernel, numba_kernel_call
+
+if TYPE_CHECKING:
+    from .encodings import PositionEncoding
 
 #: query rows per backward chunk; 64–128 keeps a chunk's [batch, heads, rows, keys] in cache
 BACKWARD_CHUNK = 128
@@ -176,3 +181,22 @@ def attention(
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask[None].expand(q.shape[0], *mask.shape), dropout_p=dropout_p
     )
+
+
+def causal_attention_mask(
+    encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int, device: torch.device, position_offset: int = 0
+) -> torch.Tensor:
+    """The mask ``attention`` takes for queries at ``q_offset…`` over keys ``0…k_len−1`` (all
+    shifted by ``position_offset`` tokens, see ``PositionEncoding.bias``).
+
+    Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
+    additive encodings, on the encoding's device; bool ``[q_len, k_len]`` (True = may
+    attend) on ``device`` otherwise.
+    Raises: ValueError for bad lengths/offset (``query_positions``).
+    """
+    if encoding.kind == "additive":
+        if position_offset:
+            return encoding.masked_bias(q_len, k_len, q_offset, position_offset)
+        return encoding.masked_bias(q_len, k_len, q_offset)  # bias and −inf in as few passes as it can
+    i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
+    return torch.arange(k_len, device=device)[None, :] <= i

@@ -41,7 +41,6 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     """
     r = _as_dict(report)
     L = r.get("train_seq_len")
-    title = f"{r.get('checkpoint') or r.get('encoding')}: position bias by layer and head"
     if r.get("kind") == "rotary":
         return _kernel_figure(r, max_points)
     if r.get("kind") != "additive":
@@ -56,24 +55,37 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     if missing:
         raise ValueError(f"query positions {sorted(missing)} are not in the report (has {r['query_positions']})")
     n_layer, n_head = r["n_layer"], r["n_head"]
-    heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
     # four or more panels side by side: the class on its own line (at 1024 px one line ran into the next title)
     sep = "<br>" if n_head >= 4 else " · "
-    titles = [
-        f"L{ly} H{h}" + (f"{sep}{heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
-        for ly in range(n_layer)
-        for h in range(n_head)
-    ]
     fig = make_subplots(
         rows=n_layer,
         cols=n_head,
-        subplot_titles=titles,
+        subplot_titles=_grid_titles(r, sep),
         shared_xaxes=True,
         horizontal_spacing=min(0.04, 0.5 / max(1, n_head - 1)),
         vertical_spacing=min(0.09 if sep == "<br>" else 0.06, 0.5 / max(1, n_layer - 1)),
     )
     refs = {(ly, h): _panel_refs(fig, ly + 1, h + 1) for ly in range(n_layer) for h in range(n_head)}
-    new_traces = []
+    fig.add_traces(_grid_traces(r, wanted, refs, max_points))
+    # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
+    fig.layout.shapes = _grid_marks(refs, L) if L is not None else []
+    _grid_layout(fig, r, sep)
+    return fig
+
+
+def _grid_titles(r: dict, sep: str) -> list[str]:
+    """``"L<layer> H<head>"`` per panel, row by row, with the head's locality class after ``sep``."""
+    heads_loc = {(lay["layer"], h["head"]): h.get("locality") for lay in r["layers"] for h in lay.get("heads", [])}
+    return [
+        f"L{ly} H{h}" + (f"{sep}{heads_loc[(ly, h)]}" if heads_loc.get((ly, h)) else "")
+        for ly in range(r["n_layer"])
+        for h in range(r["n_head"])
+    ]
+
+
+def _grid_traces(r: dict, wanted: list[int], refs: dict, max_points: int | None) -> list[go.Scatter]:
+    """One line per (layer, head, wanted query position), on that panel's axes ``refs[(layer, head)]``."""
+    traces = []
     for lay in r["layers"]:
         ly = lay["layer"]
         for c in lay["curves"]:
@@ -86,7 +98,7 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
             dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
             for h in range(bias.shape[0]):
                 xr, yr = refs[(ly, h)]
-                new_traces.append(
+                traces.append(
                     go.Scatter(
                         x=dist,
                         y=bias[h, idx],
@@ -100,32 +112,36 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
                         meta={"layer": ly, "head": h, "query_position": i},
                     )
                 )
-    fig.add_traces(new_traces)
-    # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
-    fig.layout.shapes = (
-        [
-            go.layout.Shape(
-                type="line",
-                x0=L,
-                x1=L,
-                xref=xr,
-                y0=0,
-                y1=1,
-                yref=f"{yr} domain",
-                name=TRAIN_MARK,
-                line=dict(dash="dash", color="gray", width=1),
-                label=dict(
-                    text="train" if (ly, h) == (0, 0) else "",
-                    textposition="end",
-                    textangle=-90,
-                    font=dict(size=9, color="gray"),
-                ),
-            )
-            for (ly, h), (xr, yr) in refs.items()
-        ]
-        if L is not None
-        else []
-    )
+    return traces
+
+
+def _grid_marks(refs: dict, L: float) -> list[go.layout.Shape]:
+    """The dashed training-length line of every panel (labelled "train" in the first)."""
+    return [
+        go.layout.Shape(
+            type="line",
+            x0=L,
+            x1=L,
+            xref=xr,
+            y0=0,
+            y1=1,
+            yref=f"{yr} domain",
+            name=TRAIN_MARK,
+            line=dict(dash="dash", color="gray", width=1),
+            label=dict(
+                text="train" if (ly, h) == (0, 0) else "",
+                textposition="end",
+                textangle=-90,
+                font=dict(size=9, color="gray"),
+            ),
+        )
+        for (ly, h), (xr, yr) in refs.items()
+    ]
+
+
+def _grid_layout(fig: go.Figure, r: dict, sep: str) -> None:
+    """Axis titles (y per row, x under the first column), panel-title font, title, height and meta."""
+    n_layer, L = r["n_layer"], r.get("train_seq_len")
     for ly in range(n_layer):
         fig.update_yaxes(title_text="bias (logits)", row=ly + 1, col=1)
     # one x title under the first column (one per column overlapped in narrow windows)
@@ -133,7 +149,7 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
     fig.update_annotations(font_size=11)  # the panel titles
     fig.update_layout(
         title=dict(
-            text=title,
+            text=f"{r.get('checkpoint') or r.get('encoding')}: position bias by layer and head",
             subtitle=dict(text=f"{r.get('encoding')} · training length {L} tokens · one line per query position i"),
         ),
         legend_title_text="query position",
@@ -146,7 +162,6 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
             "units": {"x": "tokens", "y": "logits"},
         },
     )
-    return fig
 
 
 def _kernel_figure(r: dict, max_points: int | None) -> go.Figure:
@@ -222,46 +237,8 @@ def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance", ca
         c_r = _as_dict(capped)
         sets.append((_layer(c_r, layer), c_r.get("normalizer_cap")))
     for lay_k, cap in sets:
-        for k, c in enumerate(lay_k["curves"]):
-            i = c["query_position"]
-            y = _arr(c["bias"])[head]
-            if x_axis == "normalized":
-                if "normalized_input" not in c:
-                    raise ValueError(f"{r.get('encoding')} is not FIRE: no normalized input to plot against")
-                x = _arr(c["normalized_input"])
-            else:
-                x = np.asarray(c.get("distance", range(y.size)), dtype=np.int64)
-                if x_axis == "log_distance":  # distance 0 has no place on a log axis
-                    keep = x >= 1
-                    x, y = x[keep], y[keep]
-            fig.add_trace(
-                go.Scatter(
-                    x=x,
-                    y=y,
-                    mode="lines",
-                    name=f"i = {i}" + (f", cap {cap}" if cap else ""),
-                    line=dict(color=_color(k), dash="dash" if cap else None),
-                    meta={"layer": layer, "head": head, "query_position": i, "capped": cap},
-                )
-            )
-    if x_axis == "normalized" and lay.get("fire"):
-        f = lay["fire"]
-        fig.add_trace(
-            go.Scatter(
-                x=_arr(f["mlp_x"]),
-                y=_arr(f["mlp_bias"])[head],
-                mode="lines",
-                name="f_θ(x)",
-                line=dict(color="black", dash="dot"),
-                meta={"layer": layer, "head": head, "mlp": True},
-            )
-        )
-        xt = "normalized distance ψ(i − j)/ψ(max(L, i)) (dimensionless)"
-    else:
-        xt = "distance i − j (tokens" + (", log scale)" if x_axis == "log_distance" else ")")
-        _mark_length(fig, r.get("train_seq_len"))
-        if x_axis == "log_distance":
-            fig.update_xaxes(type="log")
+        fig.add_traces(_head_curves(r, lay_k, cap, layer, head, x_axis))
+    xt = _head_x_axis(fig, r, lay, layer, head, x_axis)
     loc = next((h for h in lay.get("heads", []) if h["head"] == head), None)
     sub = (
         f"locality {loc['locality']} (ρ = {loc['rank_correlation']:.2f}, peak at {loc['peak_distance']} tokens)"
@@ -278,6 +255,57 @@ def head_bias_figure(report, layer: int, head: int, x_axis: str = "distance", ca
         meta={"train_seq_len": r.get("train_seq_len"), "layer": layer, "head": head, "x_axis": x_axis},
     )
     return fig
+
+
+def _head_curves(r: dict, lay: dict, cap, layer: int, head: int, x_axis: str) -> list[go.Scatter]:
+    """One line per query position of one layer's curves for ``head`` on the ``x_axis``; dashed
+    and named ``"…, cap N"`` for a report computed with a normalizer cap ``N``."""
+    traces = []
+    for k, c in enumerate(lay["curves"]):
+        i = c["query_position"]
+        y = _arr(c["bias"])[head]
+        if x_axis == "normalized":
+            if "normalized_input" not in c:
+                raise ValueError(f"{r.get('encoding')} is not FIRE: no normalized input to plot against")
+            x = _arr(c["normalized_input"])
+        else:
+            x = np.asarray(c.get("distance", range(y.size)), dtype=np.int64)
+            if x_axis == "log_distance":  # distance 0 has no place on a log axis
+                keep = x >= 1
+                x, y = x[keep], y[keep]
+        traces.append(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                name=f"i = {i}" + (f", cap {cap}" if cap else ""),
+                line=dict(color=_color(k), dash="dash" if cap else None),
+                meta={"layer": layer, "head": head, "query_position": i, "capped": cap},
+            )
+        )
+    return traces
+
+
+def _head_x_axis(fig: go.Figure, r: dict, lay: dict, layer: int, head: int, x_axis: str) -> str:
+    """The x axis of a one-head figure: on FIRE's input, f_θ itself (dotted); on a distance
+    axis, the training length marked (and a log scale). Returns: the axis title."""
+    if x_axis == "normalized" and lay.get("fire"):
+        f = lay["fire"]
+        fig.add_trace(
+            go.Scatter(
+                x=_arr(f["mlp_x"]),
+                y=_arr(f["mlp_bias"])[head],
+                mode="lines",
+                name="f_θ(x)",
+                line=dict(color="black", dash="dot"),
+                meta={"layer": layer, "head": head, "mlp": True},
+            )
+        )
+        return "normalized distance ψ(i − j)/ψ(max(L, i)) (dimensionless)"
+    _mark_length(fig, r.get("train_seq_len"))
+    if x_axis == "log_distance":
+        fig.update_xaxes(type="log")
+    return "distance i − j (tokens" + (", log scale)" if x_axis == "log_distance" else ")")
 
 
 def fire_input_figure(report, layer: int, capped=None) -> go.Figure:

@@ -1,7 +1,8 @@
 """``python -m fireviz biases``: a checkpoint's (or a published model's) position biases as JSON.
 
-Parses the arguments, loads through ``fireviz.checkpoints.load_model_or_published``, computes
-with ``fireviz.analysis.bias_report`` (and ``fireviz.text_attention.attention_dilution`` for
+Parses the arguments into ``fireviz.analysis.BiasSettings`` (before any checkpoint is read),
+loads through ``fireviz.checkpoints.load_model_or_published``, computes with
+``fireviz.analysis.run_bias_report`` (and ``fireviz.text_attention.attention_dilution`` for
 ``--text``), prints the per-head locality table and writes the report (and ``--figure``).
 """
 
@@ -12,7 +13,14 @@ import json
 import sys
 from pathlib import Path
 
-from .analysis import DEFAULT_DILUTION_MULTIPLES, bias_report, default_query_positions, locality_table, parse_positions
+from .analysis import (
+    DEFAULT_DILUTION_MULTIPLES,
+    BiasSettings,
+    default_query_positions,
+    locality_table,
+    parse_positions,
+    run_bias_report,
+)
 from .checkpoints import load_model_or_published
 from .encodings import MAX_NORMALIZER_CAP
 from .model import GPT
@@ -91,6 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def settings_from_args(args: argparse.Namespace) -> BiasSettings:
+    """The bias report the parsed arguments ask for: ``--query-positions``, ``--classify-at``,
+    ``--matrix``, ``--normalizer-cap``. Raises: ValueError naming the bad one (``BiasSettings.make``)."""
+    return BiasSettings.make(
+        parse_positions(args.query_positions) if args.query_positions is not None else None,
+        classify_at=args.classify_at,
+        matrix_window=_parse_window(args.matrix) if args.matrix is not None else None,
+        normalizer_cap=args.normalizer_cap,
+    )
+
+
 def _fail(msg: str) -> int:
     print(f"fireviz biases: error: {msg}", file=sys.stderr)
     return 2
@@ -160,19 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    try:
-        positions = parse_positions(args.query_positions) if args.query_positions is not None else None
-        dil_positions = parse_positions(args.dilution_positions) if args.dilution_positions is not None else None
-        window = _parse_window(args.matrix) if args.matrix is not None else None
-    except ValueError as e:
-        return _fail(str(e))
-    if args.near < 1:
-        return _fail(f"--near must be >= 1 (got {args.near})")
     if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= MAX_NORMALIZER_CAP:
         return _fail(
             f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
             f"{args.normalizer_cap}); e.g. the training length"
         )
+    try:
+        settings = settings_from_args(args)  # every setting checked before a checkpoint is read
+        dil_positions = parse_positions(args.dilution_positions) if args.dilution_positions is not None else None
+    except ValueError as e:
+        return _fail(str(e))
+    if args.near < 1:
+        return _fail(f"--near must be >= 1 (got {args.near})")
     try:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
     except Exception as e:  # missing folder, corrupt weights, bad config: one line
@@ -184,14 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             return _fail(problem)
     try:
-        out = bias_report(
-            model,
-            positions,
-            classify_at=args.classify_at,
-            matrix_window=window,
-            checkpoint=name,
-            normalizer_cap=args.normalizer_cap,
-        ).to_dict()
+        out = run_bias_report(model, settings, checkpoint=name).to_dict()
         if tokens is not None:
             from .text_attention import attention_dilution
 

@@ -37,7 +37,8 @@ from .run_records import (
     read_train_log,
 )
 from .files import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
-from .model import GPT, CheckpointError, config_from_dict
+from .model import GPT, CheckpointError
+from .model_state import config_from_dict
 
 
 class CheckpointNotFoundError(CheckpointError):

@@ -3,7 +3,7 @@
 A result is stored under ``<cache>/<key>.json`` (``default_cache_dir``: ``$FIREVIZ_CACHE_DIR``
 or ``~/.cache/fireviz/eval``), the key the sha256 of the checkpoint's identity
 (``checkpoints.checkpoint_sha256``), the data fingerprint and every setting that decides the
-numbers (``evaluate.EvalSettings.length_settings``). A checkpoint folder's own
+numbers (``eval_settings.EvalSettings.length_settings``). A checkpoint folder's own
 ``results.json`` (the shipped numbers) is read as a read-only cache under the same key. An
 entry that is not what fireviz writes (wrong types, non-finite numbers, missing fields) is
 ignored, never shown.

@@ -13,18 +13,10 @@ from typing import Sequence
 
 from . import stats
 from .data import DOMAINS, DataError
-from .evaluate import (
-    DEFAULT_LENGTHS,
-    DEFAULT_MODE,
-    DEFAULT_POSITION_BUCKETS,
-    DEFAULT_TOKEN_BUDGET,
-    MODES,
-    ROPE_SCALINGS,
-    SPLITS,
-    SYNTHETIC_SEQUENCES,
-    EvaluationError,
-    evaluate_many,
-)
+from .eval_settings import DEFAULT_LENGTHS, SPLITS, SYNTHETIC_SEQUENCES
+from .eval_variants import ROPE_SCALINGS
+from .evaluate import evaluate_many
+from .windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
 from .files import write_json_atomic
 from .model import CheckpointError
 
@@ -194,12 +186,8 @@ def _parse_budget(text: str):
     return value or None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m fireviz eval`` argument parser."""
-    p = argparse.ArgumentParser(
-        prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
-    )
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
+def _add_text_arguments(p: argparse.ArgumentParser) -> None:
+    """What is scored: the data, lengths, protocol, budget, seed and split."""
     p.add_argument(
         "--data",
         default="prose",
@@ -229,6 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"target tokens per length; default: every qualifying document for same_text, "
         f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window",
     )
+    p.add_argument("--seed", type=int, default=0, help="window selection seed")
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="validation",
+        help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)",
+    )
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """How the checkpoints run: cap, reference, RoPE scaling, buckets, device, batch size."""
     p.add_argument(
         "--normalizer-cap",
         type=int,
@@ -242,13 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="CKPT",
         help="checkpoint the others are paired against (default: the first given)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="window selection seed")
-    p.add_argument(
-        "--split",
-        choices=SPLITS,
-        default="validation",
-        help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)",
     )
     p.add_argument(
         "--rope-scaling",
@@ -269,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m fireviz eval`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
+    )
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
+    _add_text_arguments(p)
+    _add_model_arguments(p)
     p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
     p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
@@ -283,44 +285,71 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
-    or when no length of any checkpoint could be evaluated, 130 when interrupted."""
-    args = build_parser().parse_intermixed_args(argv)
-    bar = None
-    if args.out:  # refuse a bad output path before the evaluation, not after it
-        out = Path(args.out)
-        blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
-        if out.is_dir() or blocker is not None:
-            print(
-                f"fireviz eval: error: --out {out} "
-                + ("is a folder" if out.is_dir() else f"lies under {blocker}, which is a file")
-                + "; give a file path such as results.json",
-                file=sys.stderr,
-            )
-            return 2
+def _out_problem(out: Path) -> str | None:
+    """Why ``--out`` cannot be written (a folder, or under a file), or None: checked before the evaluation."""
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
+    if out.is_dir():
+        return f"--out {out} is a folder; give a file path such as results.json"
+    if blocker is not None:
+        return f"--out {out} lies under {blocker}, which is a file; give a file path such as results.json"
+    return None
 
-    def progress(done: int, total: int, message: str) -> None:
-        nonlocal bar
-        if args.quiet or (bar is None and total == 0):
+
+class _ProgressBar:
+    """``progress(done, total, message)`` for evaluate_many as a tqdm bar on stderr (tokens, not
+    windows: a 16k-token window is 128× a 128-token one; the message carries the ETA). Created
+    on the first report, so an early error prints one line only; nothing with ``quiet``."""
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bar = quiet, None
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        if self.quiet or (self.bar is None and total == 0):
             return
-        if bar is None:  # created on the first report, so an early error prints one line only
+        if self.bar is None:
             from tqdm.auto import tqdm
 
             # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
-            # tokens, not windows: a 16k-token window is 128× a 128-token one; the message has the ETA
-            bar = tqdm(
+            self.bar = tqdm(
                 total=total,
                 file=sys.stderr,
                 dynamic_ncols=True,
                 disable=None,  # None: off when not a terminal
                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]",
             )
-        bar.total = total
-        bar.n = done
-        bar.set_description_str(message[:100], refresh=False)
-        bar.refresh()
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_description_str(message[:100], refresh=False)
+        self.bar.refresh()
 
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _write_figure(results: list[dict], path: str) -> bool:
+    """Write the perplexity-vs-length figure of the evaluated lengths to ``path``; False (and
+    one stderr line) if that fails."""
+    from . import plots  # the CLI layer draws; the library above only computes
+
+    try:
+        shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
+        print(f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), path)}")
+    except (ValueError, plots.FigureExportError, OSError) as e:
+        print(f"fireviz eval: error: --figure {path}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
+    or when no length of any checkpoint could be evaluated, 130 when interrupted."""
+    args = build_parser().parse_intermixed_args(argv)
+    problem = _out_problem(Path(args.out)) if args.out else None  # a bad output path before the evaluation
+    if problem:
+        print(f"fireviz eval: error: {problem}", file=sys.stderr)
+        return 2
+    bar = _ProgressBar(args.quiet)
     try:
         results = evaluate_many(
             args.checkpoints,
@@ -335,40 +364,29 @@ def main(argv: list[str] | None = None) -> int:
             position_buckets=args.position_buckets,
             device=args.device,
             batch_tokens=args.batch_tokens,
-            progress=progress,
+            progress=bar,
             cache_dir=args.cache_dir,
             use_cache=not args.no_cache,
             normalizer_cap=args.normalizer_cap,
             reference=0 if args.reference is None else args.reference,
         )
     except (CheckpointError, DataError, EvaluationError) as e:
-        if bar is not None:
-            bar.close()
+        bar.close()
         print(f"fireviz eval: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if bar is not None:
-            bar.close()
+        bar.close()
         print("fireviz eval: interrupted; finished lengths are cached", file=sys.stderr)
         return 130
-    if bar is not None:
-        bar.close()
+    bar.close()
     print(format_table(results))
     if args.out:
         write_json_atomic(args.out, results)
         print(f"wrote {args.out}")
-    if args.figure and any("error" not in e for r in results for e in r["per_length"]):
-        from . import plots  # the CLI layer draws; the library above only computes
-
-        try:
-            shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
-            print(
-                f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), args.figure)}"
-            )
-        except (ValueError, plots.FigureExportError, OSError) as e:
-            print(f"fireviz eval: error: --figure {args.figure}: {e}", file=sys.stderr)
-            return 2
-    if not any("error" not in e for r in results for e in r["per_length"]):
+    evaluated = any("error" not in e for r in results for e in r["per_length"])
+    if args.figure and evaluated and not _write_figure(results, args.figure):
+        return 2
+    if not evaluated:
         first = next(e["error"] for r in results for e in r["per_length"])
         print(f"fireviz eval: error: no length could be evaluated: {first}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ et al. 2023) with the factor length / training length, on the same weights;
 from __future__ import annotations
 
 from .encodings import check_normalizer_cap, fire_modules
-from .model import GPT, GPTConfig, load_state_checked
+from .model import GPT, GPTConfig
+from .model_state import load_state_checked
 from .windows import EvaluationError
 
 #: zero-shot RoPE extensions evaluate can apply

@@ -28,6 +28,10 @@ Beyond the fitted range (queries up to ``4 × max_len``) FIRE's normalizer becom
 it stretches the fitted function over the longer context (progressive interpolation) while
 the target keeps its own formula; ``FitResult`` reports that difference as it is.
 
+A fit is described by one frozen :class:`FitSettings` (the target, max_len, width, steps,
+seed, learning rate), validated once; :func:`run_fit` computes it and :func:`fit_fire` is the
+same call with plain arguments. The errors are measured by ``fireviz.fit_measure``.
+
 Limits (counting kinks): f_θ of width W is piecewise linear with at most W kinks. A T5 table
 of 32 arbitrary values (16 one-distance buckets, then runs up to max_distance) needs about
 46 kinks to be exact, and Sandwich's kernel (dbar = 128) has ~130 local extrema below 512
@@ -41,7 +45,7 @@ import contextlib
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -49,10 +53,8 @@ import torch
 
 from .encodings import FIRE
 from .encodings.specs import t5_bucket_values  # noqa: F401  (public here since it was first defined in fit)
-from .fit_result import (
-    BEYOND_FACTOR,
-    FitResult,
-)
+from .fit_measure import BEYOND_CHUNK, measure_fit
+from .fit_result import BEYOND_FACTOR, FitResult, _json_safe
 from .fit_targets import (
     TARGET_NAMES,  # noqa: F401
     FitTarget,
@@ -62,6 +64,8 @@ from .fit_targets import (
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
 DEFAULT_STEPS = 300
+#: Default Adam learning rate of ``fit_fire`` for log c and the kink positions.
+DEFAULT_LR = 3e-3
 
 
 # Grid of c·L (c times the threshold L) tried by the initialisation, from ψ nearly linear
@@ -69,10 +73,6 @@ DEFAULT_STEPS = 300
 _CL_GRID = tuple(10.0**e for e in np.arange(-2.0, 4.01, 1.0))
 # Candidate kink positions per fit (data points; subsampled beyond this many distances).
 _MAX_CANDIDATES = 1024
-#: Query rows (evenly spaced, deterministic) on which the error beyond the fitted range is
-#: measured: every pair (i, j ≤ i) of these rows counts.
-BEYOND_ROWS = 256
-_BEYOND_CHUNK = 16  # query rows evaluated at once (memory: chunk · 4·max_len · width floats)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,6 +181,115 @@ def _candidates(n: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # fit_fire
 # --------------------------------------------------------------------------------------------
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """Everything that decides a fit's numbers, validated once (:meth:`FitSettings.make`).
+
+    Fields: ``target`` (the built ``FitTarget``: its name, JSON-able ``params`` and heads; a
+    ``checkpoint`` target is the loaded layer's bias), ``max_len`` (fitted range in tokens,
+    >= 2: every pair ``0 ≤ j ≤ i < max_len``; FIRE's threshold is ``L = max_len``),
+    ``mlp_width`` (hidden units of f_θ, >= 2: one carries the linear term, the others place
+    kinks), ``steps`` (Adam steps after the closed-form start, >= 0), ``seed`` (seeds the
+    module's construction; the fit draws no random numbers, so it is provenance only), ``lr``
+    (Adam learning rate for log c and the kinks, > 0). ``num_heads`` is the target's.
+    :meth:`describe` is the JSON description (the job key's settings), :meth:`caption` the
+    same in words.
+    """
+
+    target: FitTarget = field(hash=False)
+    max_len: int
+    mlp_width: int
+    steps: int
+    seed: int
+    lr: float
+
+    @classmethod
+    def make(
+        cls,
+        target: FitTarget | str,
+        max_len: int,
+        num_heads: int | None = None,
+        mlp_width: int = 32,
+        steps: int = DEFAULT_STEPS,
+        seed: int = 0,
+        lr: float = DEFAULT_LR,
+        target_params: dict | None = None,
+    ) -> "FitSettings":
+        """Validated settings (the arguments of :func:`fit_fire`). ``target`` is a ``FitTarget`` or
+        a target name, built here by ``make_target(target, num_heads, **target_params)``.
+
+        Raises: ValueError for an unknown target name or bad target parameters (whatever
+          ``make_target`` raises; CheckpointError for a checkpoint target that does not load),
+          max_len not an integer >= 2, mlp_width < 2, steps < 0, a seed that is not an integer,
+          lr not a finite number > 0, ``num_heads`` different from the target's, or a fit
+          that would not fit in memory.
+        """
+        if isinstance(target, str):
+            target = make_target(target, num_heads, **(target_params or {}))
+        elif target_params:
+            raise ValueError("target_params apply to a target name; a FitTarget is already built")
+        if not _is_int(max_len) or max_len < 2:
+            raise ValueError(
+                f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at least two distances to fit"
+            )
+        if not _is_int(mlp_width) or mlp_width < 2:
+            raise ValueError(
+                f"mlp_width must be >= 2 (got {mlp_width!r}): one unit for the linear term, the rest for kinks"
+            )
+        if not _is_int(steps) or steps < 0:
+            raise ValueError(f"steps must be >= 0 (got {steps!r})")
+        if not _is_int(seed):
+            raise ValueError(f"seed must be an integer (got {seed!r})")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)) or not 0 < lr < math.inf:
+            raise ValueError(f"lr must be a finite number > 0 (got {lr!r}); the default is {DEFAULT_LR}")
+        if num_heads is not None and num_heads != target.num_heads:
+            raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
+        from .memory import check_fits, fit_bytes
+
+        check_fits(
+            fit_bytes(target.num_heads, int(max_len), int(mlp_width), BEYOND_FACTOR, BEYOND_CHUNK),
+            "cpu",
+            f"fitting {target.num_heads} heads over max_len {max_len}",
+            "lower max_len or the number of heads",
+        )
+        return cls(target, int(max_len), int(mlp_width), int(steps), int(seed), float(lr))
+
+    @property
+    def num_heads(self) -> int:
+        """Heads of the target (and of the fitted FIRE)."""
+        return self.target.num_heads
+
+    def describe(self) -> dict:
+        """The fit as JSON (what decides its numbers; the job key's settings): ``target`` (name),
+        ``target_params`` (the target's own description: e.g. ALiBi's slopes, a checkpoint's
+        path, layer, encoding and training length), ``num_heads``, ``max_len`` (tokens),
+        ``mlp_width``, ``steps``, ``seed``, ``lr``. Non-finite numbers become null."""
+        return _json_safe(
+            {
+                "target": self.target.name,
+                "target_params": self.target.params,
+                "num_heads": self.num_heads,
+                "max_len": self.max_len,
+                "mlp_width": self.mlp_width,
+                "steps": self.steps,
+                "seed": self.seed,
+                "lr": self.lr,
+            }
+        )
+
+    def caption(self) -> str:
+        """The fit in words, e.g. ``"FIRE (width 32) to alibi (8 heads) on all pairs 0 ≤ j ≤ i < 512
+        tokens, 300 steps, seed 0"`` (what ``python -m fireviz fit`` says it is fitting)."""
+        return (
+            f"FIRE (width {self.mlp_width}) to {self.target.name} ({self.num_heads} heads) on all pairs "
+            f"0 ≤ j ≤ i < {self.max_len} tokens, {self.steps} steps, seed {self.seed}"
+        )
+
+
 def fit_fire(
     target: FitTarget | str,
     max_len: int,
@@ -190,10 +299,11 @@ def fit_fire(
     seed: int = 0,
     progress: Callable[[int, int, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    lr: float = 3e-3,
+    lr: float = DEFAULT_LR,
     start_progress: Callable[[int, int], None] | None = None,
 ) -> FitResult:
-    """Fit a FIRE bias to ``target`` on all pairs ``0 ≤ j ≤ i < max_len`` (Theorem 3.1).
+    """Fit a FIRE bias to ``target`` on all pairs ``0 ≤ j ≤ i < max_len`` (Theorem 3.1):
+    ``run_fit(FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, lr), …)``.
 
     Args:
       target: a ``FitTarget`` or a target name (built by ``make_target(name, num_heads)``
@@ -206,26 +316,43 @@ def fit_fire(
       seed: seeds the module's construction. The fit itself draws no random numbers (grid,
         greedy least squares, full-batch Adam) and overwrites every weight, so the result
         is the same for every seed; it is recorded for provenance.
+      progress, should_stop, start_progress: as :func:`run_fit`.
+      lr: Adam learning rate for log c and the kink positions (> 0).
+    Returns: ``FitResult`` (see :func:`run_fit`).
+    Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
+      unknown target name (and whatever ``make_target`` raises); see ``FitSettings.make``.
+    """
+    with one_torch_thread():
+        settings = FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, lr)
+        return run_fit(settings, progress, should_stop, start_progress)
+
+
+def run_fit(
+    settings: FitSettings,
+    progress: Callable[[int, int, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    start_progress: Callable[[int, int], None] | None = None,
+) -> FitResult:
+    """Fit FIRE as ``settings`` say (a :class:`FitSettings`, already validated).
+
+    Args:
       progress: called as ``progress(step, steps, loss)`` after every step (step 0 = the
         initialisation), loss = the objective below.
       should_stop: polled before every step and between the closed-form start's candidates;
         True ends the fit early with the best parameters so far (``stopped=True``; still a
         complete, valid ``FitResult``).
-      lr: Adam learning rate for log c and the kink positions.
       start_progress: called as ``start_progress(done, total)`` after each candidate c of the
         closed-form start (the slow part for many heads), before any step.
     Objective: mean over heads of (RMSE_h / std_h)² on the fitted range, the per-distance
       errors weighted by their pair counts ``max_len − d`` (equal to the all-pairs error).
     Returns: ``FitResult`` (metrics are measured on the float32 module — ``FIRE.bias`` inside,
       its eq. 3–4 pieces ``psi``/``normalizer``/``mlp_forward`` on the rows beyond — not on
-      the float64 fitting surrogate).
+      the float64 fitting surrogate; ``fireviz.fit_measure``).
     Runs on one CPU thread (:func:`one_torch_thread`, restored afterwards): the problem
     has only ``max_len`` distances, and on shared cores one thread is several times faster.
-    Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
-      unknown target name (and whatever ``make_target`` raises).
     """
     with one_torch_thread():
-        return _fit(target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr, start_progress)
+        return _fit(settings, progress, should_stop, start_progress)
 
 
 _THREADS_LOCK = threading.Lock()
@@ -252,30 +379,6 @@ def one_torch_thread():
             _threads_state["depth"] -= 1
             if _threads_state["depth"] == 0:
                 torch.set_num_threads(_threads_state["before"])
-
-
-def _check_fit_args(target, max_len, num_heads, mlp_width, steps) -> FitTarget:
-    if isinstance(target, str):
-        target = make_target(target, num_heads)
-    if not isinstance(max_len, (int, np.integer)) or max_len < 2:
-        raise ValueError(
-            f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at least two distances to fit"
-        )
-    if mlp_width < 2:
-        raise ValueError(f"mlp_width must be >= 2 (got {mlp_width}): one unit for the linear term, the rest for kinks")
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0 (got {steps})")
-    if num_heads is not None and num_heads != target.num_heads:
-        raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
-    from .memory import check_fits, fit_bytes
-
-    check_fits(
-        fit_bytes(target.num_heads, int(max_len), mlp_width, BEYOND_FACTOR, _BEYOND_CHUNK),
-        "cpu",
-        f"fitting {target.num_heads} heads over max_len {max_len}",
-        "lower max_len or the number of heads",
-    )
-    return target
 
 
 @dataclass
@@ -412,127 +515,17 @@ def _write_module(module: FIRE, fd: _FitData, L: float, eps: float, best_state, 
         lin2.weight[:, 1 + n_live :] = 0.0
 
 
-def _fit(
-    target, max_len, num_heads, mlp_width, steps, seed, progress, should_stop, lr, start_progress=None
-) -> FitResult:
+def _fit(s: FitSettings, progress, should_stop, start_progress) -> FitResult:
     t0 = time.perf_counter()
-    target = _check_fit_args(target, max_len, num_heads, mlp_width, steps)
-    max_len, H = int(max_len), target.num_heads
+    max_len, H = s.max_len, s.num_heads
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched
-        torch.manual_seed(seed)
-        module = FIRE(H, mlp_width=mlp_width, init_L=float(max_len))
+        torch.manual_seed(s.seed)
+        module = FIRE(H, mlp_width=s.mlp_width, init_L=float(max_len))
     L, eps = float(module.threshold().detach()), module.eps
-    fd = _fit_data(target, max_len)
-    c0, knots0, n_live, stopped = _closed_form_start(fd, L, eps, mlp_width - 1, max_len, should_stop, start_progress)
+    fd = _fit_data(s.target, max_len)
+    c0, knots0, n_live, stopped = _closed_form_start(fd, L, eps, s.mlp_width - 1, max_len, should_stop, start_progress)
     best_state, curve, steps_run, stopped = _refine(
-        fd, L, eps, c0, knots0, n_live, steps, lr, stopped, progress, should_stop
+        fd, L, eps, c0, knots0, n_live, s.steps, s.lr, stopped, progress, should_stop
     )
     _write_module(module, fd, L, eps, best_state, n_live)
-    return _evaluate(module, target, max_len, curve, steps, steps_run, stopped, t0, mlp_width, seed)
-
-
-@torch.no_grad()
-def _evaluate(
-    module: FIRE,
-    target: FitTarget,
-    max_len: int,
-    curve: list[float],
-    steps: int,
-    steps_run: int,
-    stopped: bool,
-    t0: float,
-    mlp_width: int,
-    seed: int,
-) -> FitResult:
-    """Measure the float32 module inside and beyond the fitted range (see ``FitResult``)."""
-    H, n = target.num_heads, max_len
-    # Inside: every query i < max_len ≤ L has normalizer ψ(L), so the row of query n−1
-    # holds the value of every distance 0..n−1 exactly as every other row does.
-    fitted = module.bias(1, n, q_offset=n - 1)[:, 0].flip(-1).double()  # [H, n], d = 0..n−1
-    tgt = target.bias_by_distance(torch.arange(n)).double()
-    w = n - torch.arange(n, dtype=torch.float64)
-    r = fitted - tgt
-    sse_h = (w * r * r).sum(1)
-    npairs = float(w.sum())
-    mean_h = (w * tgt).sum(1) / npairs
-    var_h = (w * (tgt - mean_h[:, None]) ** 2).sum(1) / npairs
-    mean_all = float(mean_h.mean())
-    var_all = float(((w * (tgt - mean_all) ** 2).sum()) / (npairs * H))
-    rmse = math.sqrt(float(sse_h.sum()) / (npairs * H))
-    rel = _ratio(rmse, math.sqrt(var_all))
-    rel_h = [_ratio(math.sqrt(float(e) / npairs), math.sqrt(float(v))) for e, v in zip(sse_h, var_h)]
-    max_abs = float(r.abs().max())
-
-    # Beyond: queries max_len ≤ i < 4·max_len over all keys j ≤ i.
-    top = BEYOND_FACTOR * n
-    rows = np.unique(np.linspace(n, top - 1, min(BEYOND_ROWS, top - n)).round().astype(np.int64))
-    table = target.bias_by_distance(torch.arange(top)).double()  # [H, top]
-    sse_b = torch.zeros(H, dtype=torch.float64)
-    s1 = torch.zeros(H, dtype=torch.float64)
-    s2 = torch.zeros(H, dtype=torch.float64)
-    count, max_b = 0, 0.0
-    psi_d = module.psi(torch.arange(top))  # [top]
-    for start in range(0, rows.size, _BEYOND_CHUNK):
-        # FIRE's formula (eq. 3–4) for queries i over d = 0..top−1, the same values as
-        # ``module.bias`` (tests check it); distances d > i are masked out. Every chunk has
-        # the same shape (the last one padded), so torch's kernels are set up once.
-        q = torch.as_tensor(rows[start : start + _BEYOND_CHUNK])
-        q = torch.cat([q, q[-1:].expand(_BEYOND_CHUNK - q.numel())])
-        x = psi_d[None, :] / module.normalizer(q)[:, None]  # [chunk, top]
-        causal = torch.arange(top)[None, :] <= q[:, None]
-        causal[min(rows.size - start, _BEYOND_CHUNK) :] = False  # padding rows
-        fb = module.mlp_forward(x).double()  # [H, chunk, top]
-        tb = table[:, None, :].expand_as(fb)
-        diff = torch.where(causal, fb - tb, torch.zeros(()))
-        tb = torch.where(causal, tb, torch.zeros(()))
-        sse_b += (diff * diff).sum((1, 2))
-        s1 += tb.sum((1, 2))
-        s2 += (tb * tb).sum((1, 2))
-        count += int(causal.sum())
-        max_b = max(max_b, float(diff.abs().max()))
-    var_bh = (s2 / count - (s1 / count) ** 2).clamp(min=0)
-    mean_b = float(s1.sum()) / (count * H)
-    var_b = max(float(s2.sum()) / (count * H) - mean_b**2, 0.0)
-    rmse_b = math.sqrt(float(sse_b.sum()) / (count * H))
-    rel_b = _ratio(rmse_b, math.sqrt(var_b))
-    rel_bh = [_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh)]
-
-    q_last = top - 1
-    beyond_fit = module.mlp_forward(psi_d / module.normalizer(torch.tensor([q_last])))  # [H, top], d = 0..top−1
-    c_val = float(module.c.detach())
-    return FitResult(
-        module=module,
-        target=target,
-        max_len=n,
-        loss_curve=curve,
-        relative_rmse=rel,
-        relative_rmse_per_head=rel_h,
-        max_abs_error=max_abs,
-        rmse=rmse,
-        relative_rmse_beyond=rel_b,
-        relative_rmse_beyond_per_head=rel_bh,
-        max_abs_error_beyond=max_b,
-        rmse_beyond=rmse_b,
-        beyond_rows=int(rows.size),
-        distance=np.arange(n),
-        target_values=tgt.float().numpy(),
-        fitted_values=fitted.float().numpy(),
-        weights=w.numpy(),
-        beyond_query=q_last,
-        beyond_distance=np.arange(top),
-        beyond_target=table.float().numpy(),
-        beyond_fitted=beyond_fit.numpy(),
-        steps=steps,
-        steps_run=steps_run,
-        stopped=stopped,
-        seconds=time.perf_counter() - t0,
-        mlp_width=mlp_width,
-        seed=seed,
-        c=c_val,
-    )
-
-
-def _ratio(num: float, den: float) -> float:
-    if den > 0:
-        return num / den
-    return 0.0 if num == 0 else math.inf
+    return measure_fit(module, s, curve, steps_run, stopped, t0)

@@ -1,4 +1,4 @@
-"""``python -m fireviz fit``: parse the arguments into a fit target and run ``fireviz.fit.fit_fire``."""
+"""``python -m fireviz fit``: parse the arguments into ``fireviz.fit.FitSettings`` and run ``fireviz.fit.run_fit``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .files import FileFormatError, read_json, write_json_atomic
-from .fit import BEYOND_FACTOR, DEFAULT_STEPS, fit_fire
+from .fit import BEYOND_FACTOR, DEFAULT_STEPS, FitSettings, run_fit
 from .fit_result import _json_safe
 from .fit_targets import FitTarget, make_target, parse_numbers, target_names
 from .model import CheckpointError
@@ -139,10 +139,19 @@ def _target_from_args(a: argparse.Namespace) -> FitTarget:
     return make_target(a.target, heads, **params)
 
 
+def settings_from_args(a: argparse.Namespace) -> FitSettings:
+    """The fit the parsed arguments ask for (target, ``--max-len``, ``--width``, ``--steps``, ``--seed``).
+
+    Raises: _CLIError for flags that do not go together; ValueError / CheckpointError from
+      ``make_target`` and ``FitSettings.make``."""
+    return FitSettings.make(_target_from_args(a), a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fireviz fit --target NAME --max-len N [--heads H] [--width W] [--out fit.json]``.
 
-    Fits FIRE (``fit_fire``), prints a one-line summary, writes ``FitResult.to_dict()`` as
+    Parses the arguments into ``FitSettings`` (:func:`settings_from_args`), fits FIRE
+    (``run_fit``), prints a one-line summary, writes ``FitResult.to_dict()`` as
     JSON to ``--out`` (keys include ``relative_rmse``, ``max_abs_error``,
     ``relative_rmse_beyond``, ``seconds``) and the module to ``--save-module``.
     Returns: 0 on success; 2 for bad arguments or parameters (one error line on stderr,
@@ -161,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     try:
-        target = _target_from_args(a)
+        settings = settings_from_args(a)
         last = [0.0]
 
         def report_start(done: int, total: int) -> None:
@@ -177,16 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"step {step}/{total}  loss {loss:.3e}", file=sys.stderr)
 
         if not a.quiet:
-            print(f"fitting FIRE to {target.name} ({target.num_heads} heads, max_len {a.max_len})…", file=sys.stderr)
-        result = fit_fire(
-            target,
-            a.max_len,
-            mlp_width=a.width,
-            steps=a.steps,
-            seed=a.seed,
-            progress=report,
-            start_progress=report_start,
-        )
+            print(f"fitting {settings.caption()}…", file=sys.stderr)
+        result = run_fit(settings, progress=report, start_progress=report_start)
     except _CLIError as e:
         print(f"fireviz fit: error: {e}", file=sys.stderr)
         return 2
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fireviz fit: error: {e}", file=sys.stderr)
         return 2
     summary = (
-        f"{target.name}: max_len={a.max_len} heads={target.num_heads} width={a.width}  "
+        f"{settings.target.name}: max_len={settings.max_len} heads={settings.num_heads} width={settings.mlp_width}  "
         f"relative RMSE {100 * result.relative_rmse:.3f}%  max |err| {result.max_abs_error:.3g} logits  "
         f"beyond (to {BEYOND_FACTOR}x) relative RMSE {100 * result.relative_rmse_beyond:.1f}%  "
         f"{result.seconds:.2f} s"

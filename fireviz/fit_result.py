@@ -40,7 +40,7 @@ class FitResult:
         the same over pairs with query ``max_len ≤ i < 4·max_len`` (all ``j ≤ i``), against
         the target's own formula at those distances; see ``beyond_rows``.
       beyond_rows: query rows measured beyond: all of ``max_len … 4·max_len − 1`` when
-        they are at most ``BEYOND_ROWS`` (256), else 256 evenly spaced ones (every pair
+        they are at most ``fit_measure.BEYOND_ROWS`` (256), else 256 evenly spaced ones (every pair
         ``j ≤ i`` of a measured row counts).
       distance, target_values, fitted_values: per-distance curves inside the fitted range:
         ``d = 0..max_len−1`` and float32 ``[num_heads, max_len]`` logits (FIRE is a function

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .encodings.rope import rope_inv_freq, yarn_inv_freq
-from .hub import MAX_HEADS, HubModelError, _int, _num
+from .hub_families import MAX_HEADS, HubModelError, _int, _num
 
 
 def _rotary_shape(cfg: dict, scaling: dict) -> tuple[float, int, int]:

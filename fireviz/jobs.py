@@ -28,7 +28,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any, Callable
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
@@ -255,34 +255,19 @@ def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int
     }
 
 
-def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool) -> dict:
+def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> dict:
     from .checkpoints import checkpoint_sha256
 
     ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths]
-    description = evaluation_description(ckpts, data, lengths, settings)
-    return {**description, "probe": True} if probe else description
+    return evaluation_description(ckpts, data, lengths, settings)
 
 
-def evaluation_key(
-    checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool = False
-) -> str:
-    """The job key ``submit_evaluation`` uses for these arguments (to keep probes, see there).
-
-    Raises: CheckpointError if a checkpoint's weights cannot be read.
-    """
-    return job_key(_evaluation(checkpoint_paths, data, lengths, settings, probe))
-
-
-def find_evaluation(
-    checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict, probe: bool = False
-) -> Job | None:
+def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> Job | None:
     """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
 
     Raises: CheckpointError if a checkpoint's weights cannot be read.
     """
-    return default_queue("probe" if probe else "evaluate").find(
-        _evaluation(checkpoint_paths, data, lengths, settings, probe)
-    )
+    return default_queue("evaluate").find(_evaluation(checkpoint_paths, data, lengths, settings))
 
 
 def submit_evaluation(
@@ -291,48 +276,33 @@ def submit_evaluation(
     lengths: list[int],
     settings: dict,
     label_suffix: str = "",
-    probe: bool = False,
     queue_: JobQueue | None = None,
-    keep: Collection[str] = (),
 ) -> Job:
     """Run ``fireviz.evaluate.evaluate_many`` in the background (or return the job already doing it).
 
     Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
       ``evaluation_description`` (settings are passed to evaluate_many as keywords);
       ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
-      " + yarn". With ``probe=True`` nothing is computed (``evaluate_many(cache_only=True)``):
-      the job collects what is already in evaluate's on-disk cache; lengths not there come
-      back as ``not_computed`` entries — pages use it to show cached results without a click. Probes run on their
-      own queue ("probe") so they never wait behind a run; a new probe cancels the probes
-      still waiting, except those whose key (``evaluation_key``) is in ``keep`` — a page
-      that probes several settings at once (RoPE + PI + YaRN) keeps them all.
+      " + yarn". (What is already cached, without computing: ``fireviz.evaluate.cached_results``,
+      a direct call.)
     Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
       checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
       finished length into its cache, so after a cancel or a server restart those lengths
       are not computed again.
     Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
     """
-    description = _evaluation(checkpoint_paths, data, lengths, settings, probe)
-    q = queue_ or default_queue("probe" if probe else "evaluate")
-    if probe:
-        for other in q.jobs():
-            if other.status == QUEUED and other.key != job_key(description) and other.key not in keep:
-                q.cancel(other.key)
+    description = _evaluation(checkpoint_paths, data, lengths, settings)
 
     def work(progress, should_stop):
         from . import evaluate
 
         try:
-            # a cache lookup shows what is there, intervals or not, and computes nothing; a run
-            # recomputes entries that predate per-document losses (require_intervals)
             results = evaluate.evaluate_many(
                 checkpoint_paths,
                 data,
                 description["lengths"],
                 progress=progress,
                 should_stop=should_stop,
-                require_intervals=not probe,
-                cache_only=probe,
                 **settings,
             )
         except evaluate.EvaluationCancelled:
@@ -341,11 +311,8 @@ def submit_evaluation(
             r["label"] = f"{r['checkpoint']}{label_suffix}"
         return results
 
-    return q.submit(
-        description,
-        work,
-        label=("cache lookup" if probe else "evaluation") + label_suffix,
-        device=settings.get("device"),
+    return (queue_ or default_queue("evaluate")).submit(
+        description, work, label="evaluation" + label_suffix, device=settings.get("device")
     )
 
 
@@ -436,26 +403,20 @@ def _bytes_fingerprint(module) -> str:
 
 
 def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
+    """(validated ``fit.FitSettings``, job description): the settings' own description is the key,
+    plus the weights' identity for a checkpoint target (a retrained checkpoint is a new fit)."""
     from . import fit
 
-    built = fit.make_target(target, num_heads, **target_params)  # validate now
-    description = {
-        "kind": "fit",
-        "target": target,
-        "params": target_params,
-        "max_len": int(max_len),
-        "num_heads": num_heads,
-        "mlp_width": int(mlp_width),
-        "steps": int(steps),
-        "seed": int(seed),
-    }
+    settings = fit.FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, target_params=target_params)
+    description = {"kind": "fit", **settings.describe()}
+    built = settings.target
     if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
         description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
     elif target == "checkpoint":
         from .checkpoints import checkpoint_sha256
 
         description["fingerprint"] = checkpoint_sha256(target_params["path"])
-    return built, description
+    return settings, description
 
 
 def find_fit(
@@ -486,29 +447,20 @@ def submit_fit(
     Returns: the :class:`Job`. Progress counts optimisation steps; the message carries the
       loss. Cancelling ends the fit early with the best parameters so far: the job then ends
       ``cancelled`` and still holds a complete ``FitResult`` (``stopped=True``).
-    Raises: ValueError from ``make_target`` for bad parameters (before queueing, so the
+    Raises: ValueError from ``fit.FitSettings.make`` for bad parameters (before queueing, so the
       page can show it at once); CheckpointError for a bad checkpoint target.
     """
     from . import fit
 
-    built, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
+    settings, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
 
     def work(progress, should_stop):
         def on_step(step: int, total: int, loss: float) -> None:
             progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
 
         def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
-            progress(0, int(steps), f"closed-form start: candidate c {done}/{total}")
+            progress(0, settings.steps, f"closed-form start: candidate c {done}/{total}")
 
-        return fit.fit_fire(
-            built,
-            int(max_len),
-            mlp_width=int(mlp_width),
-            steps=int(steps),
-            seed=int(seed),
-            progress=on_step,
-            should_stop=should_stop,
-            start_progress=on_start,
-        )
+        return fit.run_fit(settings, progress=on_step, should_stop=should_stop, start_progress=on_start)
 
     return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")

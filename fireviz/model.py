@@ -5,236 +5,36 @@ Shapes follow TransformerLens' naming: ``[batch, pos, d_model]`` activations,
 (Karpathy), whose plainness this follows: pre-LayerNorm blocks, GELU MLP, tied embeddings,
 causal attention through ``F.scaled_dot_product_attention`` with the position bias folded
 into the mask (added after the 1/√d_head scaling, before masking).
+
+Attention probabilities are handed out by the model itself: ``GPT.capture_attention`` (the
+computation is ``fireviz.attention_capture``) and ``GPT.attention_probs``, which stops the pass
+after the last layer it needs (``GPT.hidden_states``). What defines a model is
+``fireviz.model_config.GPTConfig``; reading a saved one back, and its weights, is checked by
+``fireviz.model_state`` (``GPT.from_pretrained``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from .attention import attention
-from .files import FileFormatError, read_json
-from .encodings import PositionEncoding, build_encoding, encoding_names, encoding_options, encoding_spec
+from .attention import attention, causal_attention_mask
+from .attention_capture import AttentionCapture, check_layers, check_queries
+from .encodings import PositionEncoding, build_encoding, encoding_spec
 from .encodings.base import check_position_offset
+from .model_state import check_checkpoint_ref, check_load_options, folder_weights, load_checked
 
-BOS_ID = 256  # byte-level vocabulary: ids 0..255 are bytes, 256 marks the start of a document
-BYTE_VOCAB_SIZE = 257
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint folder is missing, corrupt, truncated or disagrees with its config."""
-
-
-#: Format of the config.json fireviz writes: 2 = ``encoding_options`` complete (every option of
-#: the encoding named, defaults included); files without the field are format 1.
-CONFIG_FORMAT = 2
-
-#: Largest value of each size field of ``GPTConfig`` (far beyond any model fireviz trains; a
-#: config.json past them is refused before anything is allocated).
-CONFIG_LIMITS = {
-    "n_layer": 1024,
-    "n_head": 1024,
-    "d_model": 1 << 16,
-    "seq_len": 1 << 24,
-    "vocab_size": 1 << 20,
-    "attn_query_block": 1 << 20,
-}
-#: Most parameters a ``GPT`` may have (≈ 68B: nothing fireviz trains comes near).
-MAX_PARAMETERS = 1 << 36
-
-
-@dataclass
-class GPTConfig:
-    """Everything that defines a model (saved as config.json next to the weights).
-
-    Attributes:
-      n_layer, n_head, d_model: transformer shape; d_model divisible by n_head.
-      seq_len: training length in tokens (bytes); FIRE's default init_L is seq_len/4.
-      vocab_size: 257 = 256 bytes + BOS.
-      dropout: residual/attention dropout probability during training.
-      position_encoding: a registered encoding (``fireviz.encodings.encoding_names()``).
-      encoding_options: keyword options for ``build_encoding`` (e.g. ``{"init_L": 128}``).
-      absolute_position_embedding: add a learned absolute embedding (max seq_len positions).
-      attn_query_block: queries per attention call; longer inputs go block by block so a
-        forward pass needs memory ∝ block × length (tokens).
-      training: provenance written by the trainer (settings, data, tokens seen); not used
-        by the model itself.
-      config_format: 2 for a config.json the trainer writes (``to_json_dict``: ``encoding_options``
-        names every option, see ``complete_encoding_options``); 1 (or absent) for older files and
-        ``save_pretrained``, whose unset options take their defaults.
-    Raises (``validate``): ValueError naming the bad field.
-    """
-
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    seq_len: int = 512
-    vocab_size: int = BYTE_VOCAB_SIZE
-    dropout: float = 0.0
-    position_encoding: str = "fire"
-    encoding_options: dict = field(default_factory=dict)
-    absolute_position_embedding: bool = False
-    attn_query_block: int = 1024
-    training: dict = field(default_factory=dict)
-    config_format: int = 1
-
-    def validate(self) -> "GPTConfig":
-        """Check every field; returns self. Raises ValueError with the field and the fix.
-
-        Sizes are bounded (``CONFIG_LIMITS``; at most ``MAX_PARAMETERS`` parameters) before
-        anything is built, so a config.json with absurd sizes is refused, not allocated."""
-        for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "attn_query_block"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"GPTConfig.{name} must be an integer (got {v!r} of type {type(v).__name__})")
-            if v < 1:
-                raise ValueError(f"GPTConfig.{name} must be >= 1 (got {v})")
-            if v > CONFIG_LIMITS[name]:
-                raise ValueError(f"GPTConfig.{name} = {v} is more than fireviz takes ({CONFIG_LIMITS[name]:,})")
-        n_params = 12 * self.n_layer * self.d_model**2 + self.vocab_size * self.d_model
-        if n_params > MAX_PARAMETERS:
-            raise ValueError(
-                f"this config has ~{n_params:,} parameters, more than the {MAX_PARAMETERS:,} fireviz builds "
-                "(n_layer, d_model or vocab_size is far too large)"
-            )
-        if not isinstance(self.absolute_position_embedding, bool):
-            raise ValueError(
-                f"GPTConfig.absolute_position_embedding must be true or false "
-                f"(got {self.absolute_position_embedding!r})"
-            )
-        if not isinstance(self.encoding_options, dict) or not isinstance(self.training, dict):
-            raise ValueError(
-                "GPTConfig.encoding_options and .training must be dicts (JSON objects); "
-                f"got {type(self.encoding_options).__name__} and {type(self.training).__name__}"
-            )
-        if not isinstance(self.position_encoding, str):
-            raise ValueError(f"GPTConfig.position_encoding must be a name (got {self.position_encoding!r})")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise ValueError(f"GPTConfig.dropout must be a number in [0, 1) (got {self.dropout!r})")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if self.position_encoding not in encoding_names():
-            raise ValueError(
-                f"unknown position_encoding {self.position_encoding!r}; choose one of {', '.join(encoding_names())}"
-            )
-        bad = set(self.encoding_options) - encoding_options(self.position_encoding)
-        if bad:
-            raise ValueError(
-                f"position_encoding {self.position_encoding!r} does not take option(s) "
-                f"{sorted(bad)}; allowed: {sorted(encoding_options(self.position_encoding))}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
-        try:  # option *values* are checked by the encoding itself; a throwaway build (small), RNG untouched
-            with torch.random.fork_rng(devices=[]):
-                build_encoding(
-                    self.position_encoding, self.n_head, self.d_model // self.n_head, **self.resolved_encoding_options()
-                )
-        except (TypeError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
-            raise ValueError(
-                f"encoding_options {self.encoding_options} are invalid for {self.position_encoding!r}: {e}"
-            ) from None
-        return self
-
-    @property
-    def head_dim(self) -> int:
-        """Channels per attention head: d_model // n_head (validate() requires divisibility)."""
-        return self.d_model // self.n_head
-
-    def complete_encoding_options(self) -> dict:
-        """Every option of the encoding with the value this model uses: its spec's defaults,
-        then the training-length ones (``resolved_encoding_options``). What config.json holds."""
-        return {**encoding_spec(self.position_encoding).defaults, **self.resolved_encoding_options()}
-
-    def to_json_dict(self) -> dict:
-        """The config as written to config.json: every field, ``encoding_options`` complete,
-        ``config_format = CONFIG_FORMAT``."""
-        from dataclasses import asdict
-
-        return {**asdict(self), "encoding_options": self.complete_encoding_options(), "config_format": CONFIG_FORMAT}
-
-    def resolved_encoding_options(self) -> dict:
-        """``encoding_options`` plus fireviz's defaults tied to the training length.
-
-        From the encoding's spec (``EncodingSpec.defaults_from_seq_len``): FIRE ``init_L =
-        seq_len / 4`` (the paper's 512 at 2048); YaRN ``original_max_position_embeddings = seq_len``.
-        """
-        opts = dict(self.encoding_options)
-        spec = encoding_spec(self.position_encoding)
-        if spec.defaults_from_seq_len is not None:  # e.g. FIRE's init_L, YaRN's training length
-            for k, v in spec.defaults_from_seq_len(self.seq_len).items():
-                opts.setdefault(k, v)
-        return opts
-
-
-#: config.json fields that change what a model computes: a saved config must name every one
-#: (a missing ``seq_len`` would silently move FIRE's threshold, a missing
-#: ``position_encoding`` would load as FIRE). ``dropout``, ``attn_query_block`` and
-#: ``training`` do not change the numbers and may be absent (defaults apply).
-REQUIRED_CONFIG_FIELDS = (
-    "n_layer",
-    "n_head",
-    "d_model",
-    "seq_len",
-    "vocab_size",
-    "position_encoding",
-    "encoding_options",
-    "absolute_position_embedding",
-)
-
-
-def config_from_dict(data: object, source: str = "config.json") -> GPTConfig:
-    """A validated :class:`GPTConfig` from a saved config.json's parsed JSON.
-
-    Args: ``data`` the parsed JSON; ``source`` names it in errors.
-    Returns: the config (``validate`` passed).
-    Raises: CheckpointError naming the problem: not an object, an unknown field, a missing
-      field of ``REQUIRED_CONFIG_FIELDS``, or a bad value.
-    """
-    if not isinstance(data, dict):
-        raise CheckpointError(
-            f"{source} is not a JSON object (it holds a {type(data).__name__}); a config.json "
-            "maps GPTConfig fields to values — restore it or train the checkpoint again"
-        )
-    known = {f.name for f in fields(GPTConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise CheckpointError(
-            f"{source} has unknown field(s) {unknown}; a fireviz config.json holds only {sorted(known)}"
-        )
-    missing = [k for k in REQUIRED_CONFIG_FIELDS if k not in data]
-    if missing:
-        raise CheckpointError(
-            f"{source} does not name {', '.join(missing)}, which decide what the model computes; "
-            "add the value(s) the model was trained with (see GPTConfig) or train it again"
-        )
-    fmt = data.get("config_format", 1)
-    if fmt not in (1, CONFIG_FORMAT) or isinstance(fmt, bool):
-        raise CheckpointError(f"{source} has config_format {fmt!r}; this fireviz reads formats 1 and {CONFIG_FORMAT}")
-    if (
-        fmt == CONFIG_FORMAT
-        and isinstance(data.get("encoding_options"), dict)
-        and isinstance(data.get("position_encoding"), str)
-        and data["position_encoding"] in encoding_names()
-    ):
-        absent = sorted(set(encoding_spec(data["position_encoding"]).defaults) - set(data["encoding_options"]))
-        if absent:  # format 2 names every option: a missing one was deleted, not defaulted
-            raise CheckpointError(
-                f"{source} does not name encoding option(s) {', '.join(absent)} of "
-                f"{data['position_encoding']} (config_format {CONFIG_FORMAT} lists every option, "
-                "as trained); restore them or train the checkpoint again"
-            )
-    try:
-        return GPTConfig(**data).validate()
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{source} is invalid: {e}") from None
+# The model's public names, defined with what they belong to and importable from here too:
+from .model_config import BOS_ID, BYTE_VOCAB_SIZE, GPTConfig  # noqa: F401
+from .model_state import CheckpointError  # noqa: F401  (public here: fireviz.model.CheckpointError)
 
 
 class KVCache:
@@ -260,27 +60,13 @@ class KVCache:
         return k, v
 
 
-def causal_attention_mask(
-    encoding: PositionEncoding, q_len: int, k_len: int, q_offset: int, device: torch.device, position_offset: int = 0
-) -> torch.Tensor | None:
-    """The additive mask for queries at ``q_offset…`` over keys ``0…k_len−1`` (all shifted
-    by ``position_offset`` tokens, see ``PositionEncoding.bias``).
-
-    Returns float32 ``[heads, q_len, k_len]`` (bias, −inf above the causal diagonal) for
-    additive encodings, on the encoding's device; bool ``[q_len, k_len]`` (True = may
-    attend) on ``device`` otherwise.
-    Raises: ValueError for bad lengths/offset (``query_positions``).
-    """
-    if encoding.kind == "additive":
-        if position_offset:
-            return encoding.masked_bias(q_len, k_len, q_offset, position_offset)
-        return encoding.masked_bias(q_len, k_len, q_offset)  # bias and −inf in as few passes as it can
-    i = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]
-    return torch.arange(k_len, device=device)[None, :] <= i
-
-
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; the position encoding is passed in per call."""
+    """Multi-head causal self-attention; the position encoding is passed in per call.
+
+    ``capture``: None, or the ``AttentionCapture`` of a ``GPT.capture_attention`` block, which
+    each call then hands its queries, keys and mask (``fireviz.attention_capture``); the
+    output is the same either way.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -290,6 +76,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.query_block = config.attn_query_block
         self.backend = "sdpa"  # or "flex" (GPT.set_attention_backend): the bias inside FlexAttention
+        self.capture: AttentionCapture | None = None  # set by GPT.capture_attention only
 
     def forward(
         self,
@@ -304,6 +91,7 @@ class CausalSelfAttention(nn.Module):
         """``x [batch, pos, d_model]`` at absolute positions ``position_offset + q_offset…`` → same shape.
 
         ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
+        Under a capture (``self.capture``) the probabilities of this call are recorded too.
         """
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -312,6 +100,8 @@ class CausalSelfAttention(nn.Module):
             q, k = encoding.rotate(q, pos), encoding.rotate(k, pos)
         if cache is not None:
             k, v = cache.append(layer, k, v)
+        if self.capture is not None:  # GPT.capture_attention: the probabilities from these q, k and mask
+            self.capture.record(layer, q, k, encoding, q_offset, mask, position_offset)
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
@@ -461,6 +251,29 @@ class GPT(
         asked for a position past seq_len, or for a negative / non-integer offset or an
         offset together with a cache.
         """
+        x = self._residual_stream(idx, cache, position_offset, len(self.blocks))
+        if cache is not None:
+            cache.length += idx.shape[1]
+        return self.lm_head(self.ln_f(x))
+
+    def hidden_states(self, idx: torch.Tensor, upto_layer: int | None = None, position_offset: int = 0) -> torch.Tensor:
+        """The residual stream ``[batch, pos, d_model]`` after block ``upto_layer`` (default the last,
+        before the final LayerNorm) for token ids ``idx [batch, pos]`` (int64); the blocks after
+        it, ``ln_f`` and ``lm_head`` are not run. Same numbers as inside ``forward`` (no KV cache).
+
+        Raises: ValueError as ``forward``, or for ``upto_layer`` not a block index.
+        """
+        n = len(self.blocks)
+        if upto_layer is None:
+            upto_layer = n - 1
+        if isinstance(upto_layer, bool) or not isinstance(upto_layer, (int, np.integer)) or not 0 <= upto_layer < n:
+            raise ValueError(f"upto_layer must be a block index in 0..{n - 1} (got {upto_layer!r})")
+        return self._residual_stream(idx, None, position_offset, int(upto_layer) + 1)
+
+    def _residual_stream(
+        self, idx: torch.Tensor, cache: KVCache | None, position_offset: int, n_blocks: int
+    ) -> torch.Tensor:
+        """Embeddings, then blocks ``0 … n_blocks − 1``: ``[batch, pos, d_model]``. Raises: see ``forward``."""
         B, T = idx.shape
         position_offset = check_position_offset(position_offset)
         if position_offset and cache is not None:
@@ -487,17 +300,79 @@ class GPT(
         # shared encodings (ALiBi, Sandwich, fire_s) then compute their bias once per pass.
         masks: dict[int, torch.Tensor | None] = {}
         single_block = T <= self.config.attn_query_block
-        for layer, block in enumerate(self.blocks):
+        for layer in range(n_blocks):
             enc = self.encoding(layer)
             mask = None
             if single_block and enc.kind == "additive":
                 if id(enc) not in masks:
                     masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device, position_offset)
                 mask = masks[id(enc)]
-            x = block(x, enc, q_offset, cache, layer, mask, position_offset)
-        if cache is not None:
-            cache.length += T
-        return self.lm_head(self.ln_f(x))
+            x = self.blocks[layer](x, enc, q_offset, cache, layer, mask, position_offset)
+        return x
+
+    @contextmanager
+    def capture_attention(
+        self,
+        layers: Iterable[int] | int | None = None,
+        queries: Iterable[int] | torch.Tensor | None = None,
+        logits: bool = False,
+    ) -> Iterator[AttentionCapture]:
+        """Record the attention probabilities of ``layers`` in the forward passes run inside the block.
+
+        ``with model.capture_attention(layers=[1]) as cap: model(idx)``, then ``cap[1].probs`` is
+        float32 ``[batch, heads, queries, keys]``: softmax(q·kᵀ/√d_head + bias + causal mask)
+        from the very q, k and mask layer 1 attended with (``fireviz.attention_capture``).
+        Args:
+          layers: block indices (an int or several; default all).
+          queries: query positions to record (tokens, 0-based, a KV cache's tokens counted;
+            default every query of each pass); every pass through a recorded layer must hold them.
+          logits: also record the content logits q·kᵀ/√d_head and the additive mask
+            (``AttentionRecord.content``, ``.bias``).
+        Yields: the :class:`~fireviz.attention_capture.AttentionCapture`; its ``records`` (the
+          latest pass per layer) stay readable after the block. The forward's output is the
+          same, bit for bit, with and without a capture. The capture leaves the modules when
+          the block ends, by an exception too.
+        Raises: ValueError for a bad layer or query position (at once) and, during a pass, for
+          a query position the pass does not hold; RuntimeError if this model is already
+          capturing (captures do not nest).
+        """
+        cap = AttentionCapture(check_layers(layers, len(self.blocks)), check_queries(queries), logits)
+        if any(block.attn.capture is not None for block in self.blocks):
+            raise RuntimeError("this model is already capturing attention; end that capture_attention block first")
+        modules = [self.blocks[layer].attn for layer in cap.layers]
+        try:
+            for attn in modules:
+                attn.capture = cap
+            yield cap
+        finally:
+            for attn in modules:
+                attn.capture = None
+
+    @torch.no_grad()
+    def attention_probs(
+        self,
+        idx: torch.Tensor,
+        layers: Iterable[int] | int | None = None,
+        queries: Iterable[int] | torch.Tensor | None = None,
+        logits: bool = False,
+        position_offset: int = 0,
+    ) -> AttentionCapture:
+        """One pass over token ids ``idx [batch, pos]`` (int64) recording ``layers``' attention.
+
+        As ``capture_attention`` (same arguments), run in eval mode (dropout off; the mode is
+        restored after) without gradients, and stopped after the last layer asked for
+        (``hidden_states(idx, max(layers))``). Returns: the capture; ``cap[layer].probs`` float32
+        ``[batch, heads, queries, keys]``.
+        Raises: ValueError as ``capture_attention`` and ``forward``.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            with self.capture_attention(layers, queries, logits) as cap:
+                self.hidden_states(idx, cap.layers[-1], position_offset)
+        finally:
+            self.train(was_training)
+        return cap
 
     @torch.no_grad()
     def generate(
@@ -565,24 +440,7 @@ class GPT(
         Raises: CheckpointError (see the class docstring), ValueError for a model keyword
           such as ``n_layer=…`` or a ``map_location`` that is not a usable device.
         """
-        path = os.fspath(pretrained_model_name_or_path)
-        if os.path.isdir(path):
-            cfg = Path(path) / "config.json"
-            if (cfg.is_symlink() or cfg.exists()) and not cfg.is_file():
-                raise CheckpointError(
-                    f"{path}: config.json is a broken link or not a file; restore it or train the checkpoint again"
-                )
-            if cfg.exists():
-                try:
-                    data = read_json(cfg)
-                except FileFormatError as e:
-                    raise CheckpointError(str(e)) from e
-                config_from_dict(data, str(cfg))
-        elif os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
-            raise CheckpointError(
-                f"{path} is not a checkpoint folder (no such directory); give a folder "
-                "with config.json and model.safetensors, or a Hub repo id 'owner/name'"
-            )
+        check_checkpoint_ref(pretrained_model_name_or_path)
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
@@ -599,36 +457,16 @@ class GPT(
         strict: bool = True,
         **model_kwargs,
     ):
-        """Load config.json + model.safetensors; never pickle. Raises CheckpointError."""
-        if not strict:
-            raise ValueError(
-                "fireviz checkpoints load strictly only (strict=False would leave weights "
-                "at their random init without a word); drop strict=False"
-            )
-        extra = sorted(set(model_kwargs) - {"config"})
-        if extra:
-            raise ValueError(
-                f"from_pretrained takes no model settings ({', '.join(extra)}): the model is what "
-                "config.json says; build GPT(GPTConfig(...)) for another shape"
-            )
-        try:
-            device = torch.device(map_location)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(f"map_location={map_location!r} is not a device ({e}); use 'cpu' or 'cuda'") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"map_location={map_location!r} but this torch has no CUDA device; use 'cpu'")
-        from huggingface_hub import hf_hub_download
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        """Load config.json + model.safetensors (huggingface_hub calls this); never pickle.
 
+        Raises: ValueError for the options ``check_load_options`` refuses; CheckpointError
+        (``fireviz.model_state``); huggingface_hub's errors for a Hub repo id."""
+        check_load_options(strict, model_kwargs, map_location)
         if os.path.isdir(model_id):
-            weights = os.path.join(model_id, "model.safetensors")
-            if not os.path.exists(weights):
-                raise CheckpointError(
-                    f"{model_id} has no model.safetensors: not a fireviz checkpoint folder "
-                    "(save one with GPT.save_pretrained or `python -m fireviz train`)"
-                )
+            weights = folder_weights(model_id)
         else:
+            from huggingface_hub import hf_hub_download
+
             weights = hf_hub_download(
                 repo_id=model_id,
                 filename="model.safetensors",
@@ -638,77 +476,4 @@ class GPT(
                 token=token,
                 local_files_only=local_files_only,
             )
-        config = model_kwargs.pop("config", None)
-        if isinstance(config, dict):
-            config = config_from_dict(config, f"config.json of {model_id}")
-        if config is None:
-            raise CheckpointError(f"{model_id} has no config.json")
-        try:
-            model = cls(config)
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
-        except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
-            raise CheckpointError(
-                f"the model of {model_id} does not fit in memory ({str(e).splitlines()[0][:200]})"
-            ) from e
-        try:
-            state = load_file(weights, device=str(map_location))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(
-                f"{weights} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
-            ) from e
-        load_state_checked(model, state, source=weights)
-        return model
-
-
-def nonfinite_parameters(model: nn.Module) -> list[str]:
-    """Names of ``model``'s parameters and buffers holding NaN or ±inf (state_dict order); [] if none."""
-    return [k for k, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
-
-
-def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
-    """Strictly load ``state`` into ``model``, tolerating the tied ``lm_head.weight`` alias.
-
-    Raises: CheckpointError naming missing/unexpected keys or mismatched shapes.
-    """
-    own = model.state_dict()
-    state = dict(state)
-    for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
-        if a not in state and b in state:  # safetensors keeps one name of a tied pair
-            state[a] = state[b]
-    tied = ("wte.weight", "lm_head.weight")
-    if (
-        all(k in state for k in tied)
-        and all(k in own for k in tied)
-        and own[tied[0]].data_ptr() == own[tied[1]].data_ptr()
-    ):
-        a, b = state[tied[0]], state[tied[1]]
-        same = (
-            a.shape == b.shape
-            and a.dtype == b.dtype
-            and torch.equal(  # bit for bit: NaN equals itself
-                a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-            )
-        )
-        if not same:
-            raise CheckpointError(
-                f"{source} holds wte.weight and lm_head.weight with different values, but the model "
-                "ties them (one matrix); keep one of the two tensors in the file or train again"
-            )
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    mismatched = [
-        f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
-        for k in own
-        if k in state and state[k].shape != own[k].shape
-    ]
-    if missing or unexpected or mismatched:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:5]}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:5]}")
-        if mismatched:
-            parts.append(f"shape mismatch {mismatched[:5]}")
-        raise CheckpointError(f"{source} does not match its config.json: " + "; ".join(parts))
-    model.load_state_dict(state, strict=True)
+        return load_checked(cls, model_kwargs.get("config"), weights, model_id, map_location)

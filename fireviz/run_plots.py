@@ -33,56 +33,20 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
       Trace meta ``{"head", "series"}`` with series target | fitted | residual.
     Raises: ValueError for missing keys, mismatched shapes or a head out of range.
     """
+    d, t, f, res = _fit_arrays(fit, head)
     fit = _as_dict(fit)
-    for key in ("distance", "target", "fitted", "max_len"):
-        if key not in fit:
-            raise ValueError(f"fit result needs key {key!r} (has {sorted(fit)})")
-    d = _arr(fit["distance"])
-    t, f = np.atleast_2d(_arr(fit["target"])), np.atleast_2d(_arr(fit["fitted"]))
-    res = np.atleast_2d(_arr(fit["residual"])) if fit.get("residual") is not None else t - f
-    if not (t.shape == f.shape == res.shape and t.shape[1] == d.size):
-        raise ValueError(f"target {t.shape}, fitted {f.shape}, residual {res.shape} and distance [{d.size}] disagree")
-    if not 0 <= head < t.shape[0]:
-        raise ValueError(f"head {head} out of range 0..{t.shape[0] - 1}")
     max_len = float(fit["max_len"])
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
-    tname = fit.get("target_name", "target")
-    fig.add_trace(
-        go.Scatter(
-            x=d,
-            y=t[head],
-            mode="lines",
-            name=str(tname),
-            line=dict(color="black"),
-            meta={"head": head, "series": "target"},
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=d,
-            y=f[head],
-            mode="lines",
-            name="FIRE fit",
-            line=dict(color=_color(1), dash="dash"),
-            meta={"head": head, "series": "fitted"},
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=d,
-            y=res[head],
-            mode="lines",
-            name="residual (target − fitted)",
-            line=dict(color=_color(3)),
-            meta={"head": head, "series": "residual"},
-        ),
-        row=2,
-        col=1,
-    )
+    for y, name, line, series, row in (
+        (t[head], str(fit.get("target_name", "target")), dict(color="black"), "target", 1),
+        (f[head], "FIRE fit", dict(color=_color(1), dash="dash"), "fitted", 1),
+        (res[head], "residual (target − fitted)", dict(color=_color(3)), "residual", 2),
+    ):
+        fig.add_trace(
+            go.Scatter(x=d, y=y, mode="lines", name=name, line=line, meta={"head": head, "series": series}),
+            row=row,
+            col=1,
+        )
     for row in (1, 2):
         fig.add_vrect(
             x0=0,
@@ -113,6 +77,22 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
         meta={"max_len": max_len, "head": head},
     )
     return fig
+
+
+def _fit_arrays(fit: Mapping, head: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(distance [D], target, fitted, residual [heads, D])`` of a fit dict, checked (see ``fit_figure``)."""
+    fit = _as_dict(fit)
+    for key in ("distance", "target", "fitted", "max_len"):
+        if key not in fit:
+            raise ValueError(f"fit result needs key {key!r} (has {sorted(fit)})")
+    d = _arr(fit["distance"])
+    t, f = np.atleast_2d(_arr(fit["target"])), np.atleast_2d(_arr(fit["fitted"]))
+    res = np.atleast_2d(_arr(fit["residual"])) if fit.get("residual") is not None else t - f
+    if not (t.shape == f.shape == res.shape and t.shape[1] == d.size):
+        raise ValueError(f"target {t.shape}, fitted {f.shape}, residual {res.shape} and distance [{d.size}] disagree")
+    if not 0 <= head < t.shape[0]:
+        raise ValueError(f"head {head} out of range 0..{t.shape[0] - 1}")
+    return d, t, f, res
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -154,72 +134,100 @@ def training_curves_figure(logs: Mapping[str, Sequence[Mapping]] | Sequence[Mapp
     use_tokens = all("tokens" in row for rows in runs.values() for row in rows)
     xkey = "tokens" if use_tokens else "step"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
-    train_losses, last_values, lowest = [], [], math.inf
     x_end = max((row[xkey] for rows in runs.values() for row in rows if xkey in row), default=0)
-    late_val: list[float] = []  # validation points past the first 10% of training stay in view
+    zoom = _LossZoom(x_end)
     for k, (run, rows) in enumerate(runs.items()):
-        col = _color(k)
-
-        def series(key):
-            pts = [(row[xkey], row[key]) for row in rows if row.get(key) is not None and xkey in row]
-            return (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64))
-
-        # one legend entry per run (its train line, else its val line); the rest share its group
-        legend_key = "loss" if series("loss")[0].size else "val_loss"
-        for key, name, style, panel in (
-            ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
-            (
-                "val_loss",
-                f"{run} val",
-                dict(mode="markers+lines", marker=dict(color=col, size=7), line=dict(color=col, dash="dot")),
-                1,
-            ),
-            (
-                "val_loss_4x",
-                f"{run} val @ 4× length",
-                dict(
-                    mode="markers+lines",
-                    marker=dict(color=col, size=7, symbol="circle-open"),
-                    line=dict(color=col, dash="dash"),
-                ),
-                1,
-            ),
-            ("lr", f"{run} lr", dict(mode="lines", line=dict(color=col)), 2),
-        ):
-            x, y = series(key)
-            if not x.size:
-                continue
-            meta = {"run": run, "series": key}
-            if key == "loss" and smooth > 1:
-                y, meta = _trailing_mean(y, smooth), {**meta, "smooth": smooth}
-            first = key == legend_key
-            fig.add_trace(
-                go.Scatter(
-                    x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first, meta=meta, **style
-                ),
-                row=panel,
-                col=1,
-            )
-            if panel == 1:
-                finite = y[np.isfinite(y)]
-                if finite.size:
-                    lowest = min(lowest, float(finite.min()))
-                    last_values.append(float(finite[-1]))
-                    if key == "loss":
-                        train_losses.extend(finite.tolist())
-                    else:
-                        late = y[np.isfinite(y) & (x >= 0.1 * x_end)]
-                        late_val.extend(late.tolist())
+        _add_run(fig, run, rows, _color(k), xkey, smooth, zoom)
     fig.update_xaxes(title_text="tokens seen" if use_tokens else "step", row=2, col=1)
     fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
-    if train_losses and last_values:
-        # zoom to where runs differ: the first few % of steps (≈ ln 257 nats) would squash the end.
-        # Every series' last value stays in view; a double-click on the plot shows everything.
-        top = max(float(np.percentile(train_losses, 95)), max(last_values), max(late_val, default=-math.inf))
-        fig.update_yaxes(range=[lowest - 0.03 * (top - lowest), top + 0.05 * (top - lowest)], row=1, col=1)
+    y_range = zoom.y_range()
+    if y_range is not None:
+        fig.update_yaxes(range=y_range, row=1, col=1)
     fig.update_yaxes(title_text="learning rate", row=2, col=1)
     fig.update_layout(title="Training curves", meta={"x": xkey}, height=650)
     return fig
+
+
+class _LossZoom:
+    """The loss panel's y range, from every loss-panel series drawn (``add``): zoomed to where runs
+    differ — the first few % of steps (≈ ln 257 nats) would squash the end. Every series' last
+    value stays in view, and so does every validation point past 10% of ``x_end`` (the last x)."""
+
+    def __init__(self, x_end: float):
+        self.x_end, self.train_losses, self.last_values, self.late_val = x_end, [], [], []
+        self.lowest = math.inf
+
+    def add(self, key: str, x: np.ndarray, y: np.ndarray) -> None:
+        finite = y[np.isfinite(y)]
+        if not finite.size:
+            return
+        self.lowest = min(self.lowest, float(finite.min()))
+        self.last_values.append(float(finite[-1]))
+        if key == "loss":
+            self.train_losses.extend(finite.tolist())
+        else:
+            late = y[np.isfinite(y) & (x >= 0.1 * self.x_end)]
+            self.late_val.extend(late.tolist())
+
+    def y_range(self) -> list[float] | None:
+        """``[low, high]`` (nats/token), or None without a train loss (a double-click shows everything)."""
+        if not (self.train_losses and self.last_values):
+            return None
+        lowest = self.lowest
+        top = max(
+            float(np.percentile(self.train_losses, 95)), max(self.last_values), max(self.late_val, default=-math.inf)
+        )
+        return [lowest - 0.03 * (top - lowest), top + 0.05 * (top - lowest)]
+
+
+def _run_styles(run: str, col: str) -> tuple:
+    """``(log key, trace name, style, panel)`` of each series of one run, in drawing order."""
+    return (
+        ("loss", f"{run} train", dict(mode="lines", line=dict(color=col)), 1),
+        (
+            "val_loss",
+            f"{run} val",
+            dict(mode="markers+lines", marker=dict(color=col, size=7), line=dict(color=col, dash="dot")),
+            1,
+        ),
+        (
+            "val_loss_4x",
+            f"{run} val @ 4× length",
+            dict(
+                mode="markers+lines",
+                marker=dict(color=col, size=7, symbol="circle-open"),
+                line=dict(color=col, dash="dash"),
+            ),
+            1,
+        ),
+        ("lr", f"{run} lr", dict(mode="lines", line=dict(color=col)), 2),
+    )
+
+
+def _add_run(fig: go.Figure, run: str, rows: Sequence[Mapping], col: str, xkey: str, smooth: int, zoom) -> None:
+    """One run's train loss (smoothed), val losses and learning rate; loss-panel series go to ``zoom``."""
+
+    def series(key):
+        pts = [(row[xkey], row[key]) for row in rows if row.get(key) is not None and xkey in row]
+        return (np.array([p[0] for p in pts], dtype=np.float64), np.array([p[1] for p in pts], dtype=np.float64))
+
+    # one legend entry per run (its train line, else its val line); the rest share its group
+    legend_key = "loss" if series("loss")[0].size else "val_loss"
+    for key, name, style, panel in _run_styles(run, col):
+        x, y = series(key)
+        if not x.size:
+            continue
+        meta = {"run": run, "series": key}
+        if key == "loss" and smooth > 1:
+            y, meta = _trailing_mean(y, smooth), {**meta, "smooth": smooth}
+        first = key == legend_key
+        fig.add_trace(
+            go.Scatter(x=x, y=y, name=run if first else name, legendgroup=run, showlegend=first, meta=meta, **style),
+            row=panel,
+            col=1,
+        )
+        if panel == 1:
+            zoom.add(key, x, y)
 
 
 def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figure:

@@ -13,6 +13,7 @@ difficulty cancels.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Sequence
@@ -32,12 +33,20 @@ def bootstrap_indices(num_documents: int, samples: int = BOOTSTRAP_SAMPLES, seed
     """Document resamples with replacement, int64 ``[samples, num_documents]``.
 
     Deterministic (numpy ``default_rng(seed)``); the same matrix for every checkpoint with
-    the same number of documents, which is what makes the paired bootstrap paired.
+    the same number of documents, which is what makes the paired bootstrap paired. Drawn once
+    per arguments and shared: the array is read-only.
     Raises: EvaluationError for ``num_documents < 1`` or ``samples < 1``.
     """
     if num_documents < 1 or samples < 1:
         raise EvaluationError(f"a bootstrap needs >= 1 document and >= 1 sample (got {num_documents}, {samples})")
-    return np.random.default_rng(seed).integers(0, num_documents, size=(samples, num_documents))
+    return _drawn_indices(int(num_documents), int(samples), int(seed))
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn_indices(num_documents: int, samples: int, seed: int) -> np.ndarray:
+    idx = np.random.default_rng(seed).integers(0, num_documents, size=(samples, num_documents))
+    idx.flags.writeable = False
+    return idx
 
 
 def bootstrap_ci95(

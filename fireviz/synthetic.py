@@ -18,7 +18,7 @@ with BOS = 256, so a task model is an ordinary fireviz checkpoint.
 
 Training (``train.data = "synthetic:copy"``): every window of seq_len + 1 tokens is one fresh
 sequence, drawn from a generator seeded by the window's start value (itself drawn from the
-run's seed and step: ``fireviz.train.window_starts``), so runs are reproducible and resume
+run's seed and step: ``fireviz.schedule.window_starts``), so runs are reproducible and resume
 exactly. Validation and evaluation sequences come from disjoint seeds (``VALIDATION_SEED``,
 ``EVALUATION_SEED``). Nothing is read from or written to disk.
 """

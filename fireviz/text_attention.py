@@ -1,9 +1,9 @@
 """Attention on a text: where each head's probability goes, measured by running the model.
 
 The bias report (``fireviz.analysis``) reads the position encoding alone; this module runs the
-whole model on ``[BOS] + bytes`` of a text and reads the attention probabilities of every
-layer through a forward pre-hook on each attention module (the forward stops after the last
-layer it needs):
+whole model on ``[BOS] + bytes`` of a text and reads the attention probabilities the model
+hands out (``GPT.attention_probs``: computed by each attention module from its own queries,
+keys and bias, the pass stopped after the last layer needed; ``fireviz.attention_capture``):
 
 * ``attention_dilution(model, tokens)``: per layer and head, the share of attention on the
   nearest keys at chosen query positions — why FIRE's loss rises past the training length
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,64 +69,19 @@ class DilutionResult:
         }
 
 
-class _StopForward(Exception):
-    pass
-
-
-def _attention_inputs(args, kwargs) -> tuple[torch.Tensor, object, int]:
-    """``(x, encoding, q_offset)`` of a ``CausalSelfAttention.forward`` call, positional or keyword."""
-    names = ("x", "encoding", "q_offset")
-    vals = dict(zip(names, args))
-    vals.update({k: kwargs[k] for k in names if k in kwargs})
-    return vals["x"], vals["encoding"], int(vals.get("q_offset", 0))
-
-
-def _queries_keys(attn, x: torch.Tensor, enc, q_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """An attention module's queries and keys ``[B, H, T, head_dim]`` for its input ``x``, rotated
-    at their absolute positions for a rotary encoding, as ``CausalSelfAttention.forward`` does."""
-    B, T, _ = x.shape
-    q, k, _ = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-    if enc.kind == "rotary":
-        pos = torch.arange(q_offset, q_offset + T, device=x.device)
-        q, k = enc.rotate(q, pos), enc.rotate(k, pos)
-    return q, k
-
-
-def _run_with_hooks(model: GPT, idx: torch.Tensor, hooks: dict) -> None:
-    """Run ``model(idx)`` in eval mode with forward pre-hooks ``{attention module: hook}`` (a hook may
-    raise ``_StopForward`` to end the pass early); hooks removed and the mode restored after."""
-    was_training = model.training
-    model.eval()
-    handles = [attn.register_forward_pre_hook(hook, with_kwargs=True) for attn, hook in hooks.items()]
-    try:
-        model(idx)
-    except _StopForward:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-
-
-def _near_shares(
-    attn, x: torch.Tensor, enc, q_offset: int, positions: Sequence[int], rows: int, near: int
-) -> np.ndarray:
+def _near_shares(probs: torch.Tensor, queries: list[int], positions: Sequence[int], rows: int, near: int) -> np.ndarray:
     """float64 ``[heads, positions]``: each head's attention on its ``near`` nearest keys, averaged
-    over the ``rows`` query rows ending at each position (and the batch), recomputed as the
-    forward pass does (qkv, rotation for RoPE, q·k/√d + bias, causal softmax)."""
-    H, hd = attn.n_head, attn.head_dim
-    q, k = _queries_keys(attn, x, enc, q_offset)
-    out = np.zeros((H, len(positions)), dtype=np.float64)
+    over the ``rows`` query rows ending at each position (and the batch). ``probs`` float32
+    ``[batch, heads, len(queries), keys]`` (an ``AttentionRecord``'s) for the ascending query
+    positions ``queries``, which hold every such row."""
+    index = {r: q for q, r in enumerate(queries)}
+    keys = torch.arange(probs.shape[-1], device=probs.device)
+    out = np.zeros((probs.shape[1], len(positions)), dtype=np.float64)
     for p, i in enumerate(positions):
         r0 = max(0, i - rows + 1)
-        qs, ks = q[:, :, r0 : i + 1].float(), k[:, :, : i + 1].float()
-        scores = qs @ ks.transpose(-1, -2) / math.sqrt(hd)  # [B, H, r, i + 1]
-        if enc.kind == "additive":
-            scores = scores + enc.bias(i + 1 - r0, i + 1, r0).float()[None]
-        qpos = torch.arange(r0, i + 1, device=x.device)[:, None]
-        dist = qpos - torch.arange(i + 1, device=x.device)[None, :]  # [r, i + 1]
-        probs = torch.softmax(scores.masked_fill(dist < 0, float("-inf")), dim=-1)
-        near_mass = (probs * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
+        dist = torch.arange(r0, i + 1, device=probs.device)[:, None] - keys[None, :]  # [r, keys]
+        rows_p = probs[:, :, index[r0] : index[i] + 1]  # the rows r0 … i (consecutive in queries)
+        near_mass = (rows_p * ((dist >= 0) & (dist < near))).sum(-1)  # [B, H, r]
         out[:, p] = near_mass.mean(dim=(0, 2)).double().cpu().numpy()
     return out
 
@@ -144,12 +98,12 @@ def attention_dilution(
 ) -> DilutionResult:
     """Per head, the attention probability on the nearest ``near`` keys at growing query positions.
 
-    Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` and, at the input of
-    every ``block.attn`` (a forward pre-hook), recomputes the attention probabilities of
-    only the chosen query rows exactly as ``CausalSelfAttention`` does: qkv projection,
-    rotary rotation at absolute positions (rotary kinds; YaRN's factor included),
-    q·k/√d_head, plus ``encoding.bias`` (additive kinds), causal mask, softmax. Memory is
-    ∝ rows × length per head, never length². The forward stops after the last block.
+    Runs ``model`` once on ``tokens[..., :max(query_positions) + 1]`` (``GPT.attention_probs``)
+    and takes every layer's attention probabilities of only the chosen query rows, as each
+    ``CausalSelfAttention`` computes them from its own queries and keys (rotated at absolute
+    positions for rotary kinds; YaRN's factor included) and its bias (additive kinds):
+    softmax(q·k/√d_head + bias + causal mask). Memory is ∝ rows × length per head, never
+    length². The pass stops after the last block (no vocabulary projection).
     For each position i the share is averaged over the ``rows`` queries i − rows + 1 … i
     (and the batch) to reduce token noise. A bias stretched by progressive interpolation
     (FIRE) can spread attention thin past the training length: the share falls.
@@ -186,20 +140,11 @@ def attention_dilution(
         )
     device = next(model.parameters()).device
     idx = idx[:, :n].to(device)
-    share = np.zeros((cfg.n_layer, cfg.n_head, len(positions)), dtype=np.float64)
-
-    def make_hook(layer: int, attn):
-        def hook(module, args, kwargs):
-            x, enc, q_offset = _attention_inputs(args, kwargs)
-            share[layer] = _near_shares(attn, x, enc, q_offset, positions, rows, near)
-            if layer == cfg.n_layer - 1:
-                raise _StopForward
-
-        return hook
-
     capped = normalizer_cap is not None and bool(fire_modules(model))
     model = _capped_copy(model, normalizer_cap)
-    _run_with_hooks(model, idx, {block.attn: make_hook(layer, block.attn) for layer, block in enumerate(model.blocks)})
+    queries = sorted({r for i in positions for r in range(max(0, i - rows + 1), i + 1)})
+    cap = model.attention_probs(idx, queries=queries)
+    share = np.stack([_near_shares(cap[layer].probs, queries, positions, rows, near) for layer in range(cfg.n_layer)])
     return DilutionResult(
         query_positions=positions,
         near=int(near),
@@ -360,10 +305,10 @@ def attention_pattern(
     """The attention probabilities of every head of ``layer`` on one text, and the bias's share.
 
     Runs the model on ``tokens`` (LongTensor ``[T]``, ``[BOS] + bytes``, 2 <= T <=
-    ``MAX_PATTERN_TOKENS``) up to ``layer`` and recomputes that layer's logits from its
-    queries and keys (rotated for RoPE) plus the encoding's bias, exactly as the forward
-    pass does (``fireviz.model.CausalSelfAttention``): probabilities equal the model's to
-    float32 rounding. ``normalizer_cap``: FIRE/FIRE-S measured with ψ(min(max(L, i), N)) on a
+    ``MAX_PATTERN_TOKENS``) up to ``layer`` (``GPT.attention_probs``, with the logits): the
+    layer's own queries and keys (rotated for RoPE) and bias give its content logits, its
+    bias and its probabilities as ``fireviz.model.CausalSelfAttention`` attends with them
+    (probabilities · V reproduce its output to float32 rounding). ``normalizer_cap``: FIRE/FIRE-S measured with ψ(min(max(L, i), N)) on a
     copy of the model (ignored for other encodings).
     Returns: :class:`AttentionPattern`.
     Raises: ValueError for a layer out of range, tokens that are not a 1-D integer tensor of
@@ -381,21 +326,11 @@ def attention_pattern(
         check_normalizer_cap(normalizer_cap)  # a bad cap is an error for every encoding, not only FIRE
     capped = normalizer_cap is not None and bool(fire_modules(model))
     model = _capped_copy(model, normalizer_cap)
-    attn = model.blocks[int(layer)].attn
-    got: dict = {}
-
-    def hook(module, args, kwargs):
-        x, enc, q_offset = _attention_inputs(args, kwargs)
-        q, k = _queries_keys(attn, x, enc, q_offset)
-        got["content"] = (q[0].float() @ k[0].float().transpose(-1, -2)) / math.sqrt(attn.head_dim)  # [H, T, T]
-        got["bias"] = enc.bias(x.shape[1], x.shape[1], 0).float() if enc.kind == "additive" else None
-        raise _StopForward
-
-    _run_with_hooks(model, tokens.long()[None].to(next(model.parameters()).device), {attn: hook})
-    content, bias = got["content"].cpu(), None if got["bias"] is None else got["bias"].cpu()
+    device = next(model.parameters()).device
+    rec = model.attention_probs(tokens.long()[None].to(device), layers=int(layer), logits=True)[int(layer)]
+    probs, content = rec.probs[0].cpu(), rec.content[0].cpu()  # [H, T, T]
+    bias = None if rec.bias is None else rec.bias.cpu()  # [H, T, T], −inf above the diagonal
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
-    logits = (content if bias is None else content + bias).masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
     share = by_query = None
     if bias is not None:
         counts = allowed.sum(-1).double()  # keys per query: i + 1

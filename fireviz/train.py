@@ -32,235 +32,45 @@ it), written only by rank 0, every file atomically (temp file in the same folder
   * ``train_log.jsonl`` — one line per step (appended live, truncated on resume).
 
 No pickle anywhere: never ``torch.save``/``torch.load``.
+
+The modules: ``fireviz.train_setup`` (every check and everything built before the first step),
+``fireviz.train_step`` (AdamW, one step with gradient accumulation, the validation loss),
+``fireviz.schedule`` (learning rate, windows and seeds as functions of the step),
+``fireviz.train_state`` (the checkpoint files); this one runs the loop.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
-import shlex
-import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from . import __version__, synthetic
-from .data import TokenStream, data_fingerprint, load_documents, split_documents
-from .encodings import PositionEncoding
-from .model import GPT, CheckpointError, GPTConfig, load_state_checked
 from .distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed
-from .schedule import (
-    derive_seed,
-    lr_at,
-    position_offsets,
-    random_validation_windows,
-    validation_windows,
-    window_starts,
+from .model import GPT
+from .model_config import GPTConfig
+from .schedule import derive_seed, lr_at, position_offsets, window_starts
+from .train_config import TrainConfig, TrainingError
+from .train_setup import (
+    EVAL_LENGTH_FACTOR,
+    RunData,
+    build_model,
+    check_settings,
+    check_step_memory,
+    load_run_data,
+    open_log,
+    provenance,
+    wrap_model,
 )
-from .train_state import (
-    _load_optimizer,
-    _model_state,  # noqa: F401
-    _truncate_log,
-    _write_checkpoint,
-    has_checkpoint,
-    read_trainer_state,
-)
-from .train_config import (
-    _FREE_ON_RESUME,
-    TrainConfig,
-    TrainingError,
-    _check_pair,
-    config_hash,
-    settings_dict,
-)
+from .train_state import _write_checkpoint
+from .train_step import evaluate_windows, position_parameters, training_step
 
-EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
-
-
-# ---------------------------------------------------------------------------------------------
-# Schedule, seeds, data
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Files: atomic writes, checkpoint reading
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# Distributed helpers
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
-# The trainer
-# ---------------------------------------------------------------------------------------------
-def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
-    if tc.device == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        name = tc.device
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise TrainingError("train.device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
-        return torch.device("cuda", d.local_rank if d.world > 1 else (torch.device(name).index or 0))
-    return torch.device("cpu")
-
-
-def _param_groups(model: GPT, tc: TrainConfig) -> tuple[list[dict], list[str]]:
-    """AdamW groups: decay 2-D transformer weights; no decay for biases, LayerNorm and
-    position-encoding parameters (their scale is the encoding's meaning). Returns the groups
-    and the parameter names in optimizer order."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.dim() >= 2 and not name.startswith("encodings.") else no_decay).append((name, p))
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": tc.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
-    ]
-    names = [n for n, _ in decay] + [n for n, _ in no_decay]
-    return groups, names
-
-
-def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW (Loshchilov & Hutter 2019) over ``model``'s parameters, betas (beta1, beta2).
-
-    Decoupled weight decay ``tc.weight_decay`` on 2-D transformer matrices (embedding,
-    attention, MLP); none on biases, LayerNorm gains and position-encoding parameters.
-    Fused kernels on CUDA. The learning rate is set per step by the caller (``lr_at``).
-    Returns: ``(optimizer, parameter names in optimizer order)`` — the names key the
-    optimizer moments in ``trainer_state.safetensors``.
-    """
-    groups, names = _param_groups(model, tc)
-    kwargs = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), **kwargs), names
-
-
-def training_step(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    micro_batches: list[torch.Tensor],
-    grad_clip: float,
-    device: torch.device,
-    autocast=nullcontext,
-    ddp: bool = False,
-    position_offsets: list[int] | None = None,
-    first_target: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step with gradient accumulation (nanoGPT's inner loop).
-
-    Args:
-      model: the GPT (possibly compiled and/or wrapped in DistributedDataParallel).
-      micro_batches: int64 ``[micro_batch, seq_len + 1]`` windows (inputs ``[:, :-1]``,
-        targets ``[:, 1:]``); each contributes 1/len of the gradient.
-      grad_clip: max global L2 norm of the gradient (0: no clipping, norm still returned).
-      autocast: a context factory (``nullcontext`` or bf16 ``torch.autocast``).
-      ddp: ``model`` is DDP — gradients are all-reduced only on the last micro-batch.
-      position_offsets: per micro-batch, the absolute position (tokens) its windows start at
-        (``train.random_position_offset``); None = 0 for all.
-      first_target: window position of the first target that counts (1 = all; a synthetic
-        task's first answer position, ``fireviz.synthetic.CopyTask.split``).
-    Returns: ``(mean loss, grad norm)``, float32 0-d tensors on ``device``; the loss is the
-      mean next-token cross-entropy of this process's micro-batches in nats/token.
-    """
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    n = len(micro_batches)
-    for m, batch in enumerate(micro_batches):
-        batch = batch.to(device, non_blocking=True)
-        ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
-        with ctx:
-            loss = _forward_loss(
-                model,
-                batch[:, :-1],
-                batch[:, 1:],
-                autocast,
-                position_offsets[m] if position_offsets else 0,
-                first_target,
-            )
-            (loss / n).backward()
-        loss_sum += loss.detach()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    for module in model.modules():  # projected gradient descent for constrained encodings (Kerple)
-        if isinstance(module, PositionEncoding):
-            module.project_()
-    return loss_sum / n, grad_norm
-
-
-def position_parameters(model: GPT) -> dict[str, dict[str, list[float]]]:
-    """The learned scalar position parameters of every layer, as the forward pass uses them.
-
-    Returns ``{parameter: {layer: [value per head (or one value)]}}`` with layer as a string
-    ("0", "1", …; one entry "0" for an encoding shared by all layers), e.g. FIRE's ``c`` and
-    ``L`` (tokens) and Kerple's ``r1``, ``r2``; empty for encodings without such parameters.
-    Logged in ``train_log.jsonl`` at every validation point under ``position_parameters``.
-    """
-    out: dict[str, dict[str, list[float]]] = {}
-    for layer, enc in enumerate(model.encodings):
-        for name, values in enc.position_parameters().items():
-            out.setdefault(name, {})[str(layer)] = [float(v) for v in values]
-    return out
-
-
-def _forward_loss(
-    model, x: torch.Tensor, y: torch.Tensor, autocast, position_offset: int = 0, first_target: int = 1
-) -> torch.Tensor:
-    with autocast():
-        logits = model(x, position_offset=position_offset) if position_offset else model(x)
-    if first_target > 1:  # a synthetic task: only its answers are targets (the rest is random)
-        y = y.clone()
-        y[:, : first_target - 1] = -100  # cross_entropy's ignore_index
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
-@torch.no_grad()
-def evaluate_windows(
-    model: GPT,
-    windows: torch.Tensor,
-    micro: int,
-    device: torch.device,
-    autocast,
-    d: _Dist | None = None,
-    first_target: int = 1,
-) -> float:
-    """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
-
-    Rank r of a process group evaluates windows r, r + world, …; sums are all-reduced.
-    ``micro``: windows per forward pass. ``first_target``: window position of the first
-    target that counts (1 = all; a synthetic task's answers). Returns NaN when there are
-    no windows at all.
-    """
-    d = d or _Dist()
-    was_training = model.training
-    model.eval()
-    mine = windows[d.rank :: d.world]
-    total = torch.zeros(2, dtype=torch.float64)
-    for i in range(0, len(mine), micro):
-        w = mine[i : i + micro].to(device)
-        with autocast():
-            logits = model(w[:, :-1])
-        y = w[:, first_target:]
-        pred = logits[:, first_target - 1 :].float()
-        nats = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), y.reshape(-1), reduction="sum")
-        total += torch.tensor([float(nats), y.numel()], dtype=torch.float64)
-    model.train(was_training)
-    total = _all_reduce_sum(total.to(d.comm_device), d).cpu()
-    return float(total[0] / total[1])
-
-
-def _command_line() -> str:
-    return shlex.join(sys.argv)
+# kept importable from here: the optimizer the loop steps (benchmarks/train_throughput.py)
 
 
 def train(
@@ -308,204 +118,6 @@ def train(
             dist.destroy_process_group()
 
 
-def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, TrainConfig, dict, dict]:
-    """The run to continue from ``out``'s trainer state: ``(mc, tc, state, tensors)``; given
-    settings must equal the saved ones outside ``_FREE_ON_RESUME``. Raises: TrainingError, CheckpointError."""
-    if not has_checkpoint(out):
-        raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
-    state, tensors = read_trainer_state(out)
-    try:
-        saved_mc = GPTConfig(**state["settings"]["model"])
-        saved_tc = TrainConfig(**state["settings"]["train"])
-    except (KeyError, TypeError) as e:
-        raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
-    model_config, train_config = model_config or saved_mc, train_config or saved_tc
-    if config_hash(model_config, train_config) != state["config_hash"]:
-        now, then = settings_dict(model_config, train_config), state["settings"]
-        diff = [
-            f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
-            for s in ("model", "train")
-            for k in now[s]
-            if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)
-        ]
-        raise TrainingError(
-            f"--resume with settings that differ from the checkpoint in {out}: "
-            + "; ".join(diff)
-            + ". Resume with the original settings or train into a new folder"
-        )
-    return model_config, train_config, state, tensors
-
-
-def _check_new_out(out: Path) -> None:
-    """A fresh run never overwrites a checkpoint. Raises: TrainingError naming the way out."""
-    if has_checkpoint(out):
-        if not (out / "trainer_state.safetensors").exists():
-            raise TrainingError(
-                f"{out} holds files of a run that stopped before its first checkpoint (no "
-                "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
-                "or choose another --out (nothing was overwritten)"
-            )
-        raise TrainingError(
-            f"{out} already holds a checkpoint; pass --resume to continue it or choose "
-            "another --out (nothing was overwritten)"
-        )
-    if out.exists() and not out.is_dir():
-        raise TrainingError(f"--out {out} exists and is not a folder")
-
-
-@dataclass
-class _RunData:
-    """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
-
-    stream: object  # TokenStream or synthetic.SyntheticStream: num_tokens, batch(starts, length)
-    fingerprint: str
-    val_fingerprint: str
-    val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)
-    val_random: torch.Tensor | None  # windows drawn like the evaluation's (text only)
-    answers_from: Callable[[int], int]  # window length → first scored target (1 for text: every target counts)
-
-
-def _load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int]) -> _RunData:
-    n_val = tc.eval_batches * tc.batch_size
-    if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
-        task = synthetic.load_task(tc.data)
-        # the loss counts its answers only (the rest is random); sequences already fresh: no random windows
-        return _RunData(
-            synthetic.SyntheticStream(task),
-            task.fingerprint(),
-            task.fingerprint(),
-            {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths},
-            None,
-            task.split,
-        )
-    docs = load_documents(tc.data)
-    train_docs, val_docs = split_documents(docs, "train"), split_documents(docs, "validation")
-    # also windows drawn like the evaluation's (logged as val_loss_random): document starts read high
-    # (least context), which looks like overfitting and is not
-    return _RunData(
-        TokenStream(train_docs, min_tokens=mc.seq_len + 1),
-        data_fingerprint(train_docs),
-        data_fingerprint(val_docs),
-        {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
-        random_validation_windows(val_docs, mc.seq_len, n_val),
-        lambda length: 1,
-    )
-
-
-def _check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
-    """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
-    from .memory import InsufficientMemoryError, check_fits, train_step_bytes
-
-    n_params = 12 * mc.n_layer * mc.d_model**2 + mc.vocab_size * mc.d_model  # before the model exists
-    try:
-        check_fits(
-            train_step_bytes(mc, micro, mc.seq_len, n_params),
-            str(device),
-            f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
-            "lower train.batch_size (or raise train.grad_accum) or model.seq_len",
-        )
-    except InsufficientMemoryError as e:
-        raise TrainingError(str(e)) from None
-
-
-def _settings_checked(model_config, train_config, out: Path, resume: bool, d: _Dist, stop_at_step):
-    """Every check before anything is written: ``(mc, tc, state, tensors, device, micro, end_step)``."""
-    state = tensors = None
-    if resume:
-        model_config, train_config, state, tensors = _resume_settings(out, model_config, train_config)
-    else:
-        if model_config is None or train_config is None:
-            raise TrainingError("model_config and train_config are required unless resuming")
-        _check_new_out(out)
-    mc, tc = model_config, train_config.validate()
-    try:
-        mc.validate()
-    except ValueError as e:
-        raise TrainingError(f"[model] {e}") from e
-    _check_pair(mc, tc)
-    device = _resolve_device(tc, d)
-    if device.type == "cuda":
-        d.comm_device = device
-    if tc.batch_size % (d.world * tc.grad_accum):
-        raise TrainingError(
-            f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
-            f"{d.world} × {tc.grad_accum}"
-        )
-    if stop_at_step is not None and not (isinstance(stop_at_step, int) and 1 <= stop_at_step <= tc.max_steps):
-        raise TrainingError(
-            f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} (got {stop_at_step!r})"
-        )
-    micro = tc.batch_size // (d.world * tc.grad_accum)
-    return mc, tc, state, tensors, device, micro, tc.max_steps if stop_at_step is None else stop_at_step
-
-
-def _build_model(mc: GPTConfig, tc: TrainConfig, device: torch.device, out: Path, tensors) -> tuple:
-    """The GPT (seeded init, or the trainer state's weights) and its AdamW: ``(model, opt, names)``."""
-    torch.manual_seed(tc.seed)
-    model = GPT(dataclasses.replace(mc, training={}))
-    if tensors is not None:
-        load_state_checked(
-            model,
-            {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")},
-            source=str(out / "trainer_state.safetensors"),
-        )
-    model.to(device)
-    opt, names = build_optimizer(model, tc, device)
-    if tensors is not None:
-        _load_optimizer(opt, names, tensors, str(out / "trainer_state.safetensors"))
-    return model, opt, names
-
-
-def _wrapped(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
-    """``(model to step: compiled and/or DDP-wrapped, autocast context factory)``."""
-    use_bf16 = tc.dtype == "bfloat16" or (tc.dtype == "auto" and device.type == "cuda")
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls
-        torch.backends.cudnn.allow_tf32 = True
-    if tc.compile:
-        model = torch.compile(model)
-    if d.world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return model, autocast
-
-
-def _provenance(mc: GPTConfig, tc: TrainConfig, data: _RunData, eval_lengths, d: _Dist, model: GPT, command) -> dict:
-    """What config.json['training'] records about the run."""
-    return {
-        "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
-        "data": tc.data,
-        "data_split": "train",
-        "data_fingerprint": data.fingerprint,
-        "train_tokens_available": data.stream.num_tokens,
-        "validation_fingerprint": data.val_fingerprint,
-        "validation_lengths": list(eval_lengths),
-        "validation_windows": {str(L): int(v.shape[0]) for L, v in data.val_sets.items()},
-        "validation_random_windows": None if data.val_random is None else int(data.val_random.shape[0]),
-        "world_size": d.world,
-        "num_parameters": model.num_parameters(),
-        "config_hash": config_hash(mc, tc),
-        "fireviz_version": __version__,
-        "torch_version": torch.__version__,
-        "command": command or _command_line(),
-    }
-
-
-def _open_log(out: Path, d: _Dist, resume: bool, start_step: int):
-    """The train log, appended to by rank 0 (a resumed one first cut back to the resumed step)."""
-    log_path = out / "train_log.jsonl"
-    if not d.master:
-        return None
-    out.mkdir(parents=True, exist_ok=True)
-    for stray in out.glob(".*.tmp-*"):
-        stray.unlink()  # temp files of an interrupted write (ours; never a checkpoint file)
-    if resume:
-        _truncate_log(log_path, start_step)
-    return open(log_path, "a", encoding="utf-8")
-
-
 def _train(
     model_config,
     train_config,
@@ -517,28 +129,27 @@ def _train(
     tqdm,
     stop_at_step: int | None = None,
 ) -> dict:
-    mc, tc, state, tensors, device, micro, end_step = _settings_checked(
+    """``train`` in an initialised process group: the setup (``fireviz.train_setup``), then the loop."""
+    mc, tc, state, tensors, device, micro, end_step = check_settings(
         model_config, train_config, out, resume, d, stop_at_step
     )
     eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
-    data = _load_run_data(mc, tc, eval_lengths)
+    data = load_run_data(mc, tc, eval_lengths)
     if resume and state["data_fingerprint"] != data.fingerprint:
         raise TrainingError(
             f"--resume: the training data {tc.data!r} changed since the checkpoint "
             f"(fingerprint {data.fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)"
         )
     if device.type in ("cpu", "cuda"):
-        _check_step_memory(mc, micro, device)
-    raw_model, opt, names = _build_model(mc, tc, device, out, tensors)
+        check_step_memory(mc, micro, device)
+    raw_model, opt, names = build_model(mc, tc, device, out, tensors)
     del tensors
     start_step = state["step"] if resume else 0
     _barrier(d)  # every rank passed its checks before rank 0 writes anything
-    model, autocast = _wrapped(raw_model, tc, d, device)
-    provenance = _provenance(mc, tc, data, eval_lengths, d, raw_model, command)
-    log = _open_log(out, d, resume, start_step)
-    run = _Run(
-        raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, provenance, log
-    )
+    model, autocast = wrap_model(raw_model, tc, d, device)
+    record = provenance(mc, tc, data, eval_lengths, d, raw_model, command)
+    log = open_log(out, d, resume, start_step)
+    run = _Run(raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, record, log)
     bar = tqdm(
         total=tc.max_steps,
         initial=start_step,
@@ -557,45 +168,36 @@ def _train(
     return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
 
 
+@dataclass
 class _Run:
     """One training run's loop, validation and checkpoints (everything decided beforehand)."""
 
-    def __init__(
-        self,
-        raw_model,
-        model,
-        opt,
-        names,
-        mc,
-        tc,
-        data: _RunData,
-        eval_lengths,
-        device,
-        micro,
-        autocast,
-        d: _Dist,
-        out: Path,
-        provenance: dict,
-        log,
-    ):
-        self.raw, self.model, self.opt, self.names, self.mc, self.tc, self.data = (
-            raw_model,
-            model,
-            opt,
-            names,
-            mc,
-            tc,
-            data,
-        )
-        self.eval_lengths, self.device, self.micro, self.autocast, self.d = eval_lengths, device, micro, autocast, d
-        self.out, self.provenance, self.log = out, provenance, log
-        self.tokens_per_step = tc.batch_size * mc.seq_len
-        self.last = {"loss": None, "val_loss": None, "val_loss_4x": None, "val_loss_random": None, "val_step": None}
-        self.val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if data.val_random is not None else ())
+    raw: GPT  # the model itself: validated and saved
+    model: torch.nn.Module  # what is stepped: ``raw`` compiled and/or DDP-wrapped
+    opt: torch.optim.Optimizer
+    names: list[str]  # parameter names in optimizer order (they key the saved AdamW moments)
+    mc: GPTConfig
+    tc: TrainConfig
+    data: RunData
+    eval_lengths: tuple[int, int]  # tokens
+    device: torch.device
+    micro: int  # windows per micro-batch on this process
+    autocast: Callable
+    d: _Dist
+    out: Path
+    provenance: dict  # config.json['training']
+    log: object  # the open train log (rank 0), else None
+    last: dict = field(
+        default_factory=lambda: dict.fromkeys(("loss", "val_loss", "val_loss_4x", "val_loss_random", "val_step"))
+    )
+
+    def __post_init__(self):
+        self.tokens_per_step = self.tc.batch_size * self.mc.seq_len
+        self.val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if self.data.val_random is not None else ())
 
     def loop(self, start_step: int, end_step: int, bar) -> None:
         """Steps ``start_step + 1 … end_step``: the schedule, data and RNG follow from the step alone."""
-        tc, mc, d, micro = self.tc, self.mc, self.d, self.micro
+        tc, d = self.tc, self.d
         if start_step == 0 and tc.eval_interval > 0:
             self.validate(0, {"step": 0, "tokens": 0})
         self.model.train()
@@ -605,21 +207,16 @@ class _Run:
             for g in self.opt.param_groups:
                 g["lr"] = lr
             torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
-            starts = window_starts(step, tc, self.data.stream.num_tokens, mc.seq_len)[d.rank * micro * tc.grad_accum :]
-            micro_batches = [
-                self.data.stream.batch(starts[m * micro : (m + 1) * micro], mc.seq_len + 1)
-                for m in range(tc.grad_accum)
-            ]
             loss_mean, grad_norm = training_step(
                 self.model,
                 self.opt,
-                micro_batches,
+                self.micro_batches(step),
                 tc.grad_clip,
                 self.device,
                 self.autocast,
                 ddp=d.world > 1,
                 position_offsets=position_offsets(step, tc, d.rank),
-                first_target=self.data.answers_from(mc.seq_len + 1),
+                first_target=self.data.answers_from(self.mc.seq_len + 1),
             )
             loss = float(_all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
             if not math.isfinite(loss):
@@ -646,6 +243,13 @@ class _Run:
             bar.write(
                 f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
             )
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        """This process's ``grad_accum`` micro-batches of step ``step``: int64 ``[micro, seq_len + 1]``
+        windows, its contiguous slice of the global batch (``schedule.window_starts``)."""
+        tc, m, length = self.tc, self.micro, self.mc.seq_len
+        starts = window_starts(step, tc, self.data.stream.num_tokens, length)[self.d.rank * m * tc.grad_accum :]
+        return [self.data.stream.batch(starts[i * m : (i + 1) * m], length + 1) for i in range(tc.grad_accum)]
 
     def validate(self, step: int, rec: dict) -> None:
         """Validation losses (and FIRE's / Kerple's position parameters) into ``rec``, then logged."""

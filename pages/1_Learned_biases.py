@@ -1,6 +1,7 @@
 """Learned biases: what each head of a checkpoint learned, at several query positions.
 
-Thin over ``fireviz.analysis.bias_report`` (curves, heatmap matrix, locality) and
+Thin over ``fireviz.analysis.run_bias_report`` (curves, heatmap matrix, locality; one
+``analysis.BiasSettings`` built from the sidebar is the call, the cache key and the caption) and
 ``fireviz.plots`` (figures); the dilution panel runs ``fireviz.jobs.submit_dilution`` in the
 background (cached on disk by ``text_attention.cached_attention_dilution``). State in the URL: ckpt,
 view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
@@ -99,11 +100,11 @@ clip = sb.selectbox(
 )
 ui.sync_url(P, ["ckpt", "pos", "view", "layer", "head", "x", "clip", "cap", "stack"])
 
-positions = None
+settings = analysis.BiasSettings.make()  # the default query positions m·L − 1
 text = st.session_state[ui.key(P, "pos")].strip()
 if text:
     try:
-        positions = analysis.parse_positions(text)
+        settings = analysis.BiasSettings.make(analysis.parse_positions(text))
     except ValueError as e:
         ui.error(f"Bad query positions: {e}", "Use comma-separated integers such as 511,4095, or leave it empty.")
         st.stop()
@@ -115,7 +116,7 @@ for col, info in zip(cols, chosen):
     with col:
         st.markdown(ui.checkpoint_caption(info))
         try:
-            rep = ui.bias_report(info, positions, stack=stack)
+            rep = ui.bias_report(info, settings, stack=stack)
         except ui.CheckpointError as e:  # its message names the problem and the fix
             ui.error(f"Cannot compute the biases of {info.name}: {e}")
             continue
@@ -123,10 +124,8 @@ for col, info in zip(cols, chosen):
             ui.error(f"Cannot compute the biases of {info.name}: {e}", "Pick other query positions.")
             continue
         reports.append(rep)
-        caption = (
-            f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens; training length "
-            f"{rep['train_seq_len']} tokens (dashed). Bias in logits."
-        )
+        shown = settings.resolve(rep["train_seq_len"])  # the positions the report has
+        caption = f"{shown.caption()}; training length {rep['train_seq_len']} tokens (dashed). Bias in logits."
         if rep["kind"] != "additive":
             fig = plots.bias_grid_figure(rep)
             ui.show_figure(fig, rep.get("note") or caption, P, f"grid_{info.name}")
@@ -148,12 +147,12 @@ for col, info in zip(cols, chosen):
         use_x = x_axis if (x_axis != "normalized" or is_fire) else "distance"
         if use_x != x_axis:
             st.caption(f"{info.position_encoding} is not FIRE: drawn against the distance instead.")
-        capped = ui.bias_report(info, positions, normalizer_cap=cap) if (cap and is_fire) else None
+        capped = ui.bias_report(info, settings.replace(normalizer_cap=cap)) if (cap and is_fire) else None
         fig = plots.head_bias_figure(rep, layer, head, x_axis=use_x, capped=capped)
         if use_x == "normalized":
             caption = (
-                f"Query positions i = {', '.join(map(str, rep['query_positions']))} tokens, against FIRE's MLP "
-                "input ψ(i−j)/ψ(max(L, i)): every query's curve lies on f_θ (dotted), squeezed into [0, 1]."
+                f"{shown.caption()}, against FIRE's MLP input ψ(i−j)/ψ(max(L, i)): every query's curve lies on "
+                "f_θ (dotted), squeezed into [0, 1]."
             )
         if capped is not None:
             caption += (

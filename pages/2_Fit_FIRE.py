@@ -1,8 +1,8 @@
 """Fit FIRE: Theorem 3.1 made numerical — FIRE imitating T5, ALiBi, Kerple, Sandwich or a checkpoint.
 
-Thin over ``fireviz.fit`` (``make_target``, ``fit_fire`` run by ``fireviz.jobs.submit_fit``)
-and ``fireviz.plots.fit_figure``. State in the URL: target, heads, width, max_len, steps, seed
-and the target's parameters.
+Thin over ``fireviz.fit`` (the sidebar is the arguments of ``fit.FitSettings.make``; the fit
+runs through ``fireviz.jobs.submit_fit``) and ``fireviz.plots.fit_figure``. State in the URL:
+target, heads, width, max_len, steps, seed and the target's parameters.
 """
 
 import json
@@ -172,32 +172,22 @@ with left:
 
 q = jobs.default_queue("fit")
 job_key = st.session_state.get(ui.key(P, "job"))
-# what the sidebar asks for now, to tell when the fit on show is of other settings
-asked = json.dumps(
-    [
-        target,
-        params,
-        int(max_len),
-        None if target == "checkpoint" else int(num_heads),
-        int(width),
-        int(steps),
-        int(seed),
-    ],
-    sort_keys=True,
-    default=str,
-)
+# the fit the sidebar asks for: the arguments of fit.FitSettings.make, which jobs.submit_fit and
+# find_fit take by the same names (the job validates them and keys itself on the settings)
+request = {
+    "target": target,
+    "target_params": params,
+    "max_len": int(max_len),
+    "num_heads": None if target == "checkpoint" else int(num_heads),
+    "mlp_width": int(width),
+    "steps": int(steps),
+    "seed": int(seed),
+}
+asked = json.dumps(request, sort_keys=True, default=str)  # to tell when the fit on show is of other settings
 if go:
     clicked = time.time()
     try:
-        job = jobs.submit_fit(
-            target,
-            params,
-            int(max_len),
-            None if target == "checkpoint" else int(num_heads),
-            int(width),
-            int(steps),
-            int(seed),
-        )
+        job = jobs.submit_fit(**request)
     except (ValueError, ui.CheckpointError) as e:
         with right:
             ui.error(f"Cannot fit this target: {e}", "Change the parameter named above.")
@@ -210,15 +200,7 @@ if go:
 job = q.get(job_key) if job_key else None
 if job is None:  # a shared link or a new tab: the same fit, finished on this server, is shown at once
     try:
-        found = jobs.find_fit(
-            target,
-            params,
-            int(max_len),
-            None if target == "checkpoint" else int(num_heads),
-            int(width),
-            int(steps),
-            int(seed),
-        )
+        found = jobs.find_fit(**request)
     except (ValueError, ui.CheckpointError):
         found = None
     if found is not None and found.status in jobs.FINISHED:

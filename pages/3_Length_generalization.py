@@ -2,8 +2,9 @@
 
 Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
 ``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
-never the same job twice; results cached on disk by evaluate), and ``fireviz.plots``
-(perplexity vs length, loss by position).
+never the same job twice; results cached on disk by evaluate; what is already cached shows
+without a run, ``fireviz.evaluate.cached_results``), and ``fireviz.plots`` (perplexity vs
+length, loss by position).
 State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, seed, scaling, cap, ref, pool, device
 (with a GPU).
 """

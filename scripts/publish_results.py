@@ -372,7 +372,7 @@ def write_readme_tables(readme: Path, markers: list[str], table: dict, logs: dic
     atomic_write_text(readme, text)
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", default="prose,latex,code")
     ap.add_argument("--only", default="", help="comma-separated checkpoint names (default: all)")
@@ -388,6 +388,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.token_budget is None and args.mode == "nonoverlapping":
         args.token_budget = 16384
+    return args
+
+
+def _folders(args: argparse.Namespace) -> list[Path]:
     folders = sorted(
         p
         for p in CKPTS.iterdir()
@@ -395,42 +399,27 @@ def main() -> int:
     )
     if not folders:
         sys.exit("no checkpoints in checkpoints/")
-    readme = ROOT / "README.md"
-    markers = (
-        ["results-prose", "validation"]
-        + (["seeds"] if seed_groups([f.name for f in folders]) else [])
-        + (["paired-prose"] if args.mode == "same_text" else [])
-    )
-    for name in markers:  # fail before an hour of evaluation, not after
-        replace_generated(readme.read_text(encoding="utf-8"), name, [])
-    by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
-    table: dict[str, list[dict]] = {}
-    domains = sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99))
     names = [f.name for f in folders]
     if args.reference not in names:
         sys.exit(
             f"--reference {args.reference} is not among the checkpoints evaluated ({', '.join(names)}); "
             "name one of them"
         )
-    reference = names.index(args.reference)
-    kw = dict(
-        mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto", use_published=False
-    )  # never read back the results.json files this script rewrites
-    for domain in domains:
-        runs = evaluate_domain(folders, domain, reference, kw)
-        for r in runs:
-            name_row(r)
-            by_ckpt[r["checkpoint"]].append(r)
-        table[domain] = runs
-        if not args.only:  # the domain's figure and JSON show every checkpoint; --only leaves them alone
-            fig = plots.perplexity_figure(runs)
-            fig.update_layout(width=1000, height=600)
-            fig.write_html(CKPTS / f"results_{domain}.html", include_plotlyjs="cdn")
-            write_json_atomic(CKPTS / f"results_{domain}.json", runs)
-            render_png(fig, CKPTS / f"results_{domain}.png")
-        print(format_table(runs), flush=True)
+    return folders
+
+
+def _write_domain(domain: str, runs: list[dict]) -> None:
+    """The domain's figure (HTML, PNG) and JSON, showing every checkpoint."""
+    fig = plots.perplexity_figure(runs)
+    fig.update_layout(width=1000, height=600)
+    fig.write_html(CKPTS / f"results_{domain}.html", include_plotlyjs="cdn")
+    write_json_atomic(CKPTS / f"results_{domain}.json", runs)
+    render_png(fig, CKPTS / f"results_{domain}.png")
+
+
+def _write_folders(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> None:
+    """Each folder's results.json and card; results for domains not evaluated now are kept."""
     for f in folders:
-        # keep the folder's results for domains not evaluated in this run (e.g. --domains code)
         by_ckpt[f.name], dropped = merge_results(read_results(f), by_ckpt[f.name])
         for r in dropped:
             print(
@@ -440,13 +429,10 @@ def main() -> int:
             )
         write_json_atomic(f / "results.json", by_ckpt[f.name])
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
-    logs = {f.name: read_train_log(f) for f in folders}
-    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
-    if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
-        write_readme_tables(readme, markers, table, logs, seq_len)
-    if args.only or set(table) != set(DOMAIN_ORDER):
-        print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
-        return 0
+
+
+def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], seq_len: int) -> str:
+    """checkpoints/RESULTS.md: per domain the bits-per-byte table, the paired and seed tables."""
     md = [
         "# Results: bits per byte by evaluation length",
         "",
@@ -458,21 +444,57 @@ def main() -> int:
         md += [f"## {domain}", "", protocol_text(runs[0]["settings"]) + ".", ""] + fmt_bpb_table(runs) + [""]
         if paired := fmt_paired_table(runs):
             ref = next(r["paired_reference"] for r in runs if r.get("paired_reference"))
-            md += (
-                [
-                    f"Paired difference against {ref} on the same documents (bits per byte; below 0: better), "
-                    "95 % paired bootstrap interval over documents:",
-                    "",
-                ]
-                + paired
-                + [""]
-            )
+            md += [
+                f"Paired difference against {ref} on the same documents (bits per byte; below 0: better), "
+                "95 % paired bootstrap interval over documents:",
+                "",
+                *paired,
+                "",
+            ]
         if seeds := fmt_seed_table(runs):
             md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
     md += fmt_validation_table(logs, seq_len) + [""]
-    atomic_write_text(CKPTS / "RESULTS.md", "\n".join(md))
-    print("\n".join(md))
+    return "\n".join(md)
+
+
+def main() -> int:
+    args = _parse_args()
+    folders = _folders(args)
+    readme = ROOT / "README.md"
+    markers = (
+        ["results-prose", "validation"]
+        + (["seeds"] if seed_groups([f.name for f in folders]) else [])
+        + (["paired-prose"] if args.mode == "same_text" else [])
+    )
+    for name in markers:  # fail before an hour of evaluation, not after
+        replace_generated(readme.read_text(encoding="utf-8"), name, [])
+    by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
+    table: dict[str, list[dict]] = {}
+    reference = [f.name for f in folders].index(args.reference)
+    kw = dict(
+        mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto", use_published=False
+    )  # never read back the results.json files this script rewrites
+    for domain in sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99)):
+        runs = evaluate_domain(folders, domain, reference, kw)
+        for r in runs:
+            name_row(r)
+            by_ckpt[r["checkpoint"]].append(r)
+        table[domain] = runs
+        if not args.only:  # the domain's figure and JSON show every checkpoint; --only leaves them alone
+            _write_domain(domain, runs)
+        print(format_table(runs), flush=True)
+    _write_folders(folders, by_ckpt)
+    logs = {f.name: read_train_log(f) for f in folders}
+    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+    if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
+        write_readme_tables(readme, markers, table, logs, seq_len)
+    if args.only or set(table) != set(DOMAIN_ORDER):
+        print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
+        return 0
+    md = results_markdown(table, logs, seq_len)
+    atomic_write_text(CKPTS / "RESULTS.md", md)
+    print(md)
     return 0
 
 

@@ -128,7 +128,7 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", default="copy", help="sub-folder of checkpoints/ (default copy)")
     ap.add_argument(
@@ -138,7 +138,11 @@ def main() -> int:
     )
     ap.add_argument("--sequences", type=int, default=evaluate.SYNTHETIC_SEQUENCES)
     ap.add_argument("--reference", default="alibi")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _group(args: argparse.Namespace) -> tuple[Path, list[Path], str, list[int]]:
+    """(group folder, readable checkpoint folders, their shared task, lengths); exits with one line if not."""
     groups = checkpoint_groups(CKPTS)
     if args.group not in groups or not args.group:
         sys.exit(
@@ -155,7 +159,6 @@ def main() -> int:
     data = {i.data for i in infos}
     if len(data) != 1 or not synthetic.is_synthetic(next(iter(data))):
         sys.exit(f"the checkpoints of {gdir} must share one synthetic training task (found {sorted(map(str, data))})")
-    task = next(iter(data))
     if args.reference not in names:
         sys.exit(f"--reference {args.reference} is not in {gdir} ({', '.join(names)})")
     try:
@@ -164,25 +167,13 @@ def main() -> int:
         sys.exit(f"--lengths {args.lengths!r} is not a comma-separated list of whole numbers of tokens, e.g. 16,32,64")
     if args.sequences < 1:
         sys.exit(f"--sequences must be at least 1 (got {args.sequences})")
-    readme = ROOT / "README.md"
-    marker = f"task-{args.group}"
-    replace_generated(readme.read_text(encoding="utf-8"), marker, [])  # fail before evaluating, not after
-    try:
-        runs = evaluate.evaluate_many(
-            [str(f) for f in folders],
-            task,
-            lengths,
-            token_budget=args.sequences,
-            reference=names.index(args.reference),
-            device="cpu",
-            use_published=False,
-        )
-    except (evaluate.EvaluationError, CheckpointError) as e:
-        sys.exit(f"cannot evaluate the group: {e}")
-    reports = {}
-    for f in folders:
-        rep = analysis.bias_report(load_model(f), checkpoint=f.name)
-        reports[f.name] = rep.to_dict()
+    return gdir, folders, next(iter(data)), lengths
+
+
+def _write_checkpoints(args, gdir: Path, folders: list[Path], runs: list[dict], lengths: list[int]):
+    """Each checkpoint's results.json, card and bias grid; returns (locality summaries, one per folder;
+    locality tables by checkpoint name)."""
+    reports = {f.name: analysis.bias_report(load_model(f), checkpoint=f.name).to_dict() for f in folders}
     summaries = analysis.locality_summary(list(reports.values()))
     tables = {name: analysis.locality_table([rep]) for name, rep in reports.items()}
     for f, r, s in zip(folders, runs, summaries):
@@ -193,16 +184,17 @@ def main() -> int:
             fig = plots.bias_grid_figure(reports[f.name])
             fig.update_layout(width=1000, height=600)
             render_png(fig, gdir / f"bias_grid_{f.name}.png")
+    names = [f.name for f in folders]
     for stale in gdir.glob("bias_grid_*.png"):  # figures of checkpoints no longer in the group
         if stale.stem.removeprefix("bias_grid_") not in names:
             stale.unlink()
-    write_json_atomic(gdir / "results.json", runs)
-    afig = plots.accuracy_figure(runs, chance=synthetic.load_task(task).chance_accuracy)
-    afig.update_layout(width=1000, height=600)
-    render_png(afig, gdir / "accuracy.png")
-    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+    return summaries, tables
+
+
+def _summary_lines(args, task: str, seq_len: int, runs, lengths, summaries, tables) -> list[str]:
+    """The README block: accuracy by length and the heads' locality."""
     chance = synthetic.load_task(task).chance_accuracy
-    body = (
+    return (
         [
             f"Task `{task}`, training length {seq_len} tokens; {args.sequences} fresh sequences per length, the same "
             f"for every checkpoint, only the answer positions scored; 95 % intervals over sequences. Answer accuracy "
@@ -218,6 +210,34 @@ def main() -> int:
         ]
         + locality_rows(summaries, tables)
     )
+
+
+def main() -> int:
+    args = _parse_args()
+    gdir, folders, task, lengths = _group(args)
+    names = [f.name for f in folders]
+    readme = ROOT / "README.md"
+    marker = f"task-{args.group}"
+    replace_generated(readme.read_text(encoding="utf-8"), marker, [])  # fail before evaluating, not after
+    try:
+        runs = evaluate.evaluate_many(
+            [str(f) for f in folders],
+            task,
+            lengths,
+            token_budget=args.sequences,
+            reference=names.index(args.reference),
+            device="cpu",
+            use_published=False,
+        )
+    except (evaluate.EvaluationError, CheckpointError) as e:
+        sys.exit(f"cannot evaluate the group: {e}")
+    summaries, tables = _write_checkpoints(args, gdir, folders, runs, lengths)
+    write_json_atomic(gdir / "results.json", runs)
+    afig = plots.accuracy_figure(runs, chance=synthetic.load_task(task).chance_accuracy)
+    afig.update_layout(width=1000, height=600)
+    render_png(afig, gdir / "accuracy.png")
+    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+    body = _summary_lines(args, task, seq_len, runs, lengths, summaries, tables)
     md = [
         f"# Results: the `{args.group}` task group",
         "",

@@ -520,3 +520,51 @@ def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoin
     out = capsys.readouterr().out
     assert "attention share on the nearest 16 keys" in out and "      31       63" in out
     assert cli.main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"fireviz {__version__}"
+
+
+# ---------------------------------------------------------------- BiasSettings: the report's one unit
+def test_bias_settings_validate_resolve_and_describe(fire_model):
+    s = A.BiasSettings.make([63, 31, 31])
+    assert s.query_positions == (31, 63) and s.classify_at is None
+    assert s.describe() == {
+        "query_positions": [31, 63],
+        "classify_at": None,
+        "matrix_window": None,
+        "normalizer_cap": None,
+        "mlp_grid_points": 201,
+    }
+    assert s.caption() == "Query positions i = 31, 63 tokens"
+    assert s.resolve(SEQ).classify_at == 31 and A.BiasSettings.make().resolve(SEQ).query_positions == (31, 63, 127, 255)
+    capped = s.replace(normalizer_cap=32)
+    assert capped.normalizer_cap == 32 and capped.query_positions == s.query_positions and s.normalizer_cap is None
+    assert "capped at 32 tokens" in capped.caption()
+    with pytest.raises(ValueError, match="normalizer_cap"):
+        s.replace(normalizer_cap=0)
+    with pytest.raises(AttributeError):
+        s.classify_at = 3  # frozen
+    # the settings are the call: run_bias_report(model, settings) is bias_report with the same arguments
+    w = A.BiasSettings.make([15, 40], classify_at=20, matrix_window=(0, 48, 3), mlp_grid_points=11)
+    assert (
+        A.run_bias_report(fire_model, w, "x").to_dict()
+        == A.bias_report(
+            fire_model, [15, 40], classify_at=20, matrix_window=(0, 48, 3), checkpoint="x", mlp_grid_points=11
+        ).to_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"query_positions": []}, "query_positions is empty"),
+        ({"query_positions": [-1, 5]}, "must be >= 0"),
+        ({"query_positions": [0, 5]}, "needs one >= 1"),
+        ({"classify_at": 0}, "classify_at must be >= 1"),
+        ({"matrix_window": (10, 5, 1)}, "matrix window"),
+        ({"matrix_window": (0, 5)}, "three integers"),
+        ({"normalizer_cap": 0}, "normalizer_cap"),
+        ({"mlp_grid_points": 1}, "mlp_grid_points"),
+    ],
+)
+def test_bias_settings_refuse_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        A.BiasSettings.make(**kwargs)

@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 from conftest import make_tiny_checkpoint
 from fireviz import checkpoints, data, eval_cli, evaluate, train_cli
 from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
-from fireviz.model import GPT, CheckpointError, config_from_dict
+from fireviz.model import GPT, CheckpointError
+from fireviz.model_state import config_from_dict
 from fireviz import fit_targets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -673,7 +674,7 @@ def test_a_nan_in_the_tied_matrix_is_named_not_called_a_disagreement(root):
     t[0, 0] = float("nan")
     state["wte.weight"], state["lm_head.weight"] = t, t.clone()
     save_file(state, str(w))
-    from fireviz.model import nonfinite_parameters
+    from fireviz.model_state import nonfinite_parameters
 
     assert "wte.weight" in nonfinite_parameters(GPT.from_pretrained(str(root / "victim")))
 

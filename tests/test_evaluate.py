@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import fireviz.evaluate as ev
 from fireviz import eval_cli, stats, windows
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
-from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig, load_state_checked
+from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig
+from fireviz.model_state import load_state_checked
 from fireviz import eval_cache
 
 # the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
@@ -487,6 +488,85 @@ def test_cache_key_changes_with_checkpoint_and_data(ckpts, corpus, tmp_path, cac
     ev.evaluate_checkpoint(ckpts["fire"], other, [8], **kw)
     ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], **kw)
     assert calls == [8, 8, 8]
+
+
+def test_cached_results_compute_nothing_and_return_what_evaluate_cached(ckpts, corpus, cache, monkeypatch):
+    """The direct cache lookup: on an empty cache every length is not computed yet (no model
+    runs, nothing is written); after an evaluation it returns exactly what evaluate_many
+    returns from the cache, paired differences included; a length that cannot be evaluated
+    keeps its reason; capped FIRE is looked up under the capped key."""
+    from fireviz import eval_plan
+
+    def no_forward(*a, **k):
+        raise AssertionError("cached_results must not score anything")
+
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
+    paths = [ckpts["fire"], ckpts["alibi"]]
+    monkeypatch.setattr(ev, "score_windows", no_forward)
+    monkeypatch.setattr(GPT, "forward", no_forward)
+    empty = ev.cached_results(paths, corpus, [8, 16, 128], **kw)
+    assert [r["checkpoint"] for r in empty] == ["fire", "alibi"]
+    for r in empty:
+        assert [e.get("not_computed") for e in r["per_length"][:2]] == [True, True]
+        assert r["per_length"][0]["error"] == ev.NOT_COMPUTED
+        assert "no document has 128 tokens" in r["per_length"][2]["error"] and not r["per_length"][2].get(
+            "not_computed"
+        )
+    assert not cache.exists() or not list(cache.glob("*.json"))
+    monkeypatch.undo()
+    computed = ev.evaluate_many(paths, corpus, [8, 16], **kw)
+    again = ev.evaluate_many(paths, corpus, [8, 16], **kw)  # from the cache
+    monkeypatch.setattr(ev, "score_windows", no_forward)
+    monkeypatch.setattr(GPT, "forward", no_forward)
+    looked = ev.cached_results(paths, corpus, [8, 16], **kw)
+    for r, a in zip(looked, again):
+        assert {k: v for k, v in r.items() if k != "seconds"} == {k: v for k, v in a.items() if k != "seconds"}
+        assert all(e["cached"] and e["source"] == "cache" for e in r["per_length"])
+    assert looked[1]["per_length"][0]["paired_delta_bpb"] == computed[1]["per_length"][0]["paired_delta_bpb"]
+    assert looked[0]["per_length"][1]["nats_per_token"] == computed[0]["per_length"][1]["nats_per_token"]
+    # the same data and checkpoints again: the documents are not read again (memoized per file state)
+    loads = []
+    monkeypatch.setattr(eval_plan, "load_documents", lambda d: loads.append(d) or [])
+    ev.cached_results(paths, corpus, [8, 16], **kw)
+    assert loads == []
+    monkeypatch.undo()
+    capped = ev.cached_results(paths, corpus, [16], normalizer_cap=4, **kw)
+    assert capped[0]["normalizer_cap"] == 4 and capped[0]["per_length"][0].get("not_computed")  # FIRE: its own key
+    assert capped[1]["normalizer_cap"] is None and capped[1]["per_length"][0]["cached"]  # ALiBi: the plain entry
+    with pytest.raises(ev.EvaluationError, match="needs a RoPE checkpoint"):
+        ev.cached_results(paths, corpus, [8], rope_scaling="pi", **kw)
+
+
+def test_cached_results_give_no_number_for_nan_weights(ckpts, corpus, tmp_path, cache):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
+    good = ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], **kw)
+    victim = tmp_path / "victim"
+    shutil.copytree(ckpts["alibi"], victim)
+    state = load_file(str(victim / "model.safetensors"))
+    k = "wte.weight" if "wte.weight" in state else "lm_head.weight"  # the tied matrix is kept under one name
+    state[k][0, 0] = float("nan")
+    save_file(state, str(victim / "model.safetensors"))
+    assert ev.cached_results([victim], corpus, [8], **kw)[0]["per_length"][0]["not_computed"]  # nothing to refuse
+    forged = {**good, "checkpoint_sha256": ev.checkpoint_sha256(victim)}  # a matching results.json
+    (victim / "results.json").write_text(json.dumps([forged]))
+    with pytest.raises(ev.NonFiniteLossError, match="NaN/inf"):
+        ev.cached_results([victim], corpus, [8], **kw)
+
+
+def test_evaluation_documents_are_read_again_when_the_file_changes(tmp_path):
+    from fireviz import eval_plan
+
+    path = _write_jsonl(tmp_path / "d.jsonl", [20, 30])
+    docs, split, fp = eval_plan.load_eval_documents(path, "all")
+    assert split == "all" and [d.id for d in docs] == ["d00", "d01"]
+    assert eval_plan.load_eval_documents(path, "all")[0] is docs  # unchanged: the same documents
+    _write_jsonl(path, [20, 30, 40])
+    docs2, _, fp2 = eval_plan.load_eval_documents(path, "all")
+    assert len(docs2) == 3 and fp2 != fp
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1005,6 +1085,10 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
             path.write_text(json.dumps(obj))
     looked = ev.evaluate_many([ckpts["rope"]], corpus, [8], require_intervals=False, **kw)[0]["per_length"][0]
     assert looked["cached"] and "ci95" not in looked
+    assert ev.cached_results([ckpts["rope"]], corpus, [8], **kw)[0]["per_length"][0] == looked  # the page's lookup
+    assert ev.cached_results([ckpts["rope"]], corpus, [8], require_intervals=True, **kw)[0]["per_length"][0][
+        "not_computed"
+    ]
     again = ev.evaluate_many([ckpts["rope"]], corpus, [8], **kw)[0]["per_length"][0]
     assert not again["cached"] and again["ci95"] == first["ci95"]
     assert entry.exists()

@@ -480,3 +480,41 @@ def test_overlapping_fits_restore_the_thread_count_once_both_end():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# FitSettings: the fit's one validated unit (job key, caption, CLI)
+# ---------------------------------------------------------------------------------------------
+def test_fit_settings_validate_once_and_describe_the_fit():
+    s = fit.FitSettings.make("alibi", 24, num_heads=2, mlp_width=6, steps=5, seed=3)
+    assert (s.max_len, s.mlp_width, s.steps, s.seed, s.num_heads, s.lr) == (24, 6, 5, 3, 2, fit.DEFAULT_LR)
+    d = s.describe()
+    assert json.loads(json.dumps(d, allow_nan=False)) == d
+    assert d["target"] == "alibi" and d["target_params"]["slopes"] == alibi_slopes(2).tolist() and d["max_len"] == 24
+    assert d == fit.FitSettings.make("alibi", 24, 2, 6, 5, 3).describe()  # same fit, same key
+    assert d != fit.FitSettings.make("alibi", 24, 2, 6, 6, 3).describe()
+    assert "0 ≤ j ≤ i < 24 tokens" in s.caption() and "width 6" in s.caption() and "2 heads" in s.caption()
+    with pytest.raises(AttributeError):
+        s.max_len = 5  # frozen
+    # the settings are the call: run_fit(settings) is fit_fire with the same arguments
+    a, b = fit.run_fit(s), fit_fire(make_target("alibi", 2), 24, mlp_width=6, steps=5, seed=3)
+    assert a.loss_curve == b.loss_curve and a.relative_rmse == b.relative_rmse and a.c == b.c
+    t5 = fit.FitSettings.make("t5", 32, num_heads=2, target_params={"num_buckets": 8, "max_distance": 16})
+    assert t5.target.params["num_buckets"] == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_len": 1.5}, "max_len must be an integer >= 2"),
+        ({"max_len": 16, "mlp_width": 2.5}, "mlp_width must be >= 2"),
+        ({"max_len": 16, "steps": True}, "steps must be >= 0"),
+        ({"max_len": 16, "seed": 0.5}, "seed must be an integer"),
+        ({"max_len": 16, "lr": 0.0}, "lr must be a finite number > 0"),
+        ({"max_len": 16, "lr": math.nan}, "lr must be a finite number > 0"),
+        ({"max_len": 16, "target_params": {"slope": 0.5}}, "target_params apply to a target name"),
+    ],
+)
+def test_fit_settings_refuse_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fit.FitSettings.make(make_target("alibi", HEADS), **kwargs)

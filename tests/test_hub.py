@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fireviz import analysis, biases_cli, hub, hub_rope
+from fireviz import analysis, biases_cli, hub, hub_families, hub_rope
 from fireviz.encodings import alibi_slopes
 
 from hub_server import COMMIT, HubServer
@@ -605,7 +605,9 @@ def test_bad_published_configs_are_one_clear_error(tmp_path, cfg, match):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     if match is None:  # null means the default (8)
-        assert torch.allclose(hub.load_published(str(tmp_path / "m")).encoding(0).slopes, hub.mpt_alibi_slopes(4, 8.0))
+        assert torch.allclose(
+            hub.load_published(str(tmp_path / "m")).encoding(0).slopes, hub_families.mpt_alibi_slopes(4, 8.0)
+        )
         return
     with pytest.raises(hub.HubModelError, match=match):
         hub.load_published(str(tmp_path / "m"))

@@ -300,3 +300,118 @@ def test_config_validate_leaves_the_global_rng_alone():
     state = torch.get_rng_state()
     GPTConfig(position_encoding="kerple_log").validate()  # builds (and drops) an encoding that draws r1, r2
     assert torch.equal(state, torch.get_rng_state())
+
+
+# -- attention probabilities handed out by the model (GPT.capture_attention) -------------------
+def _attn_io(model, layer):
+    """Hooks keeping ``layer``'s attention input x and output of each call: ``(seen, remove)``."""
+    seen = {"x": [], "out": []}
+    attn = model.blocks[layer].attn
+    handles = [
+        attn.register_forward_pre_hook(lambda m, a: seen["x"].append(a[0])),
+        attn.register_forward_hook(lambda m, a, out: seen["out"].append(out)),
+    ]
+    return seen, lambda: [h.remove() for h in handles]
+
+
+def _through_values(attn, x, probs):
+    """probs [B, H, Q, keys] · V through the output projection: [B, Q, d_model]."""
+    B, T, d = x.shape
+    v = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim)[:, :, 2].transpose(1, 2)  # [B, H, T, hd]
+    return attn.proj((probs @ v).transpose(1, 2).reshape(B, probs.shape[2], d))
+
+
+@pytest.mark.parametrize("name", ["fire", "rope", "alibi", "nope", "kerple_log", "t5"])
+@pytest.mark.parametrize("block", [1024, 7])  # one attention call with a precomputed mask, or query blocks
+def test_captured_probabilities_reproduce_the_modules_output_and_leave_the_forward_unchanged(name, block):
+    model = tiny(name, block=block)
+    idx = torch.randint(0, 257, (2, 23), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain = model(idx)
+        seen, remove = _attn_io(model, 1)
+        with model.capture_attention(layers=[1]) as cap:
+            captured = model(idx)
+        remove()
+    assert torch.equal(plain, captured)  # bit for bit: the capture computes beside the forward
+    rec = cap[1]
+    assert rec.probs.shape == (2, 2, 23, 23) and rec.probs.dtype == torch.float32 and 0 not in cap.records
+    assert rec.queries.tolist() == list(range(23)) and rec.content is None and rec.bias is None
+    torch.testing.assert_close(rec.probs.sum(-1), torch.ones(2, 2, 23))
+    assert torch.equal(rec.probs.triu(1), torch.zeros_like(rec.probs))  # causal
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        torch.testing.assert_close(_through_values(attn, seen["x"][0], rec.probs), seen["out"][0], atol=1e-5, rtol=1e-4)
+        some = model.attention_probs(idx, layers=[0, 1], queries=[3, 11, 10, 22], logits=True)
+    assert some[1].queries.tolist() == [3, 10, 11, 22]
+    torch.testing.assert_close(some[1].probs, rec.probs[:, :, [3, 10, 11, 22]])
+    logits = some[0].content + (some[0].bias if some[0].bias is not None else 0.0)
+    if some[0].bias is None:  # rotary / NoPE: the causal mask is the only addition
+        assert name in ("rope", "nope")
+        logits = logits.masked_fill(torch.arange(23)[None, :] > some[0].queries[:, None], float("-inf"))
+    torch.testing.assert_close(some[0].probs, torch.softmax(logits, -1))
+    assert all(b.attn.capture is None for b in model.blocks)
+
+
+def test_capture_with_a_kv_cache_records_the_new_queries_over_all_keys():
+    model = tiny("fire")
+    idx = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model.attention_probs(idx, layers=1)[1].probs
+        cache = KVCache(2)
+        model(idx[:, :12], cache)
+        with model.capture_attention(layers=1) as cap:
+            model(idx[:, 12:], cache)
+    assert cap[1].queries.tolist() == list(range(12, 20)) and cap[1].probs.shape == (1, 2, 8, 20)
+    torch.testing.assert_close(cap[1].probs, full[:, :, 12:], atol=1e-6, rtol=1e-5)
+
+
+def test_attention_probs_stops_after_the_last_layer_asked_for_and_restores_the_mode():
+    model = tiny("alibi").train()
+    idx = torch.randint(0, 257, (1, 16))
+    ran = []
+    handles = [b.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, b in enumerate(model.blocks)]
+    handles.append(model.ln_f.register_forward_hook(lambda m, a, o: ran.append("ln_f")))
+    cap = model.attention_probs(idx, layers=0)
+    assert ran == [0] and list(cap.records) == [0] and model.training
+    for h in handles:
+        h.remove()
+    model.eval()
+    with torch.no_grad():  # the residual stream is the forward's own, bit for bit
+        assert torch.equal(model.lm_head(model.ln_f(model.hidden_states(idx))), model(idx))
+        assert torch.equal(model.hidden_states(idx, 0), model.blocks[0](model.wte(idx), model.encoding(0), 0))
+    for bad in (2, -1, True, [0]):
+        with pytest.raises(ValueError, match="block index"):
+            model.hidden_states(idx, bad)
+
+
+def test_capture_state_is_cleaned_up_after_an_exception_and_bad_requests_are_refused():
+    model = tiny("rope")
+    idx = torch.randint(0, 257, (1, 10))
+
+    def clean():
+        return all(b.attn.capture is None for b in model.blocks)
+
+    with pytest.raises(KeyError):
+        with model.capture_attention(layers=[0, 1]):
+            assert not clean()
+            raise KeyError("the caller's own error")
+    assert clean()
+    with pytest.raises(ValueError, match="token ids"), model.capture_attention():
+        model(torch.full((1, 4), 300))  # refused by the forward pass itself
+    assert clean()
+    with pytest.raises(ValueError, match="query positions 0..9"), model.capture_attention(queries=[4, 12]):
+        model(idx)  # a query the pass does not hold: refused in layer 0's attention call
+    assert clean()
+    with pytest.raises(RuntimeError, match="already capturing"), model.capture_attention():
+        with model.capture_attention(layers=1):
+            pass
+    assert clean()
+    for bad in ({"layers": [2]}, {"layers": []}, {"layers": [True]}, {"queries": [-1]}, {"queries": [1.5]}):
+        with pytest.raises(ValueError):
+            with model.capture_attention(**bad):
+                pass
+    assert clean()
+    model.train()  # a capture under training: gradients flow through the forward as before
+    with model.capture_attention() as cap:
+        F.cross_entropy(model(idx[:, :-1]).reshape(-1, 257), idx[:, 1:].reshape(-1)).backward()
+    assert not cap[0].probs.requires_grad and model.blocks[0].attn.qkv.weight.grad is not None and clean()

@@ -161,3 +161,23 @@ def test_app_length_page_on_the_copy_group_defaults_to_its_task_and_draws_accura
             else np.frombuffer(__import__("base64").b64decode(t["y"]["bdata"]), dtype=t["y"]["dtype"])
         )
         np.testing.assert_allclose(ys, [want[64], want[128]])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--group", "no_such_group"], "no checkpoint group 'no_such_group'"),
+        (["--lengths", "16,x"], "is not a comma-separated list of whole numbers"),
+        (["--sequences", "0"], "--sequences must be at least 1"),
+        (["--reference", "no_such_model"], "--reference no_such_model is not in"),
+    ],
+)
+def test_publish_task_group_refuses_bad_arguments_in_one_line(args, message):
+    import subprocess
+    import sys
+
+    script = ROOT / "scripts" / "publish_task_group.py"
+    readme = (ROOT / "README.md").read_bytes()
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (ROOT / "README.md").read_bytes() == readme  # nothing written

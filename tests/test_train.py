@@ -19,17 +19,11 @@ import torch
 from fireviz.data import DataError, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
 from fireviz.model import BOS_ID, GPT, CheckpointError
-from fireviz.train import (
-    TrainConfig,
-    TrainingError,
-    evaluate_windows,
-    lr_at,
-    read_trainer_state,
-    train,
-    validation_windows,
-    window_starts,
-)
-from fireviz.train_config import apply_overrides, configs_from_tables, load_config
+from fireviz.schedule import lr_at, validation_windows, window_starts
+from fireviz.train import train
+from fireviz.train_config import TrainConfig, TrainingError, apply_overrides, configs_from_tables, load_config
+from fireviz.train_state import read_trainer_state
+from fireviz.train_step import evaluate_windows
 from fireviz.train_cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -679,7 +673,7 @@ def test_position_parameters_are_logged_at_every_validation(encoding, names, cor
             assert all(len(v) == (mc.n_head if encoding.startswith("kerple") else 1) for v in values.values())
     # the logged values are those of the saved model at the last step
     model = GPT.from_pretrained(str(tmp_path / "run"))
-    from fireviz.train import position_parameters
+    from fireviz.train_step import position_parameters
 
     assert position_parameters(model) == validated[-1]["position_parameters"]
     if encoding.startswith("kerple"):
@@ -707,7 +701,7 @@ def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpu
 # Randomized absolute positions (train.random_position_offset)
 # ------------------------------------------------------------------------------------------
 def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(corpus, tmp_path):
-    from fireviz.train import config_hash
+    from fireviz.train_config import config_hash
 
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), []))
     mc0, tc0 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), ["train.random_position_offset=0"]))
@@ -721,7 +715,7 @@ def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(
 
 @pytest.mark.parametrize("encoding", ["fire", "alibi", "rope"])
 def test_random_position_offset_trains_and_moves_only_position_dependent_encodings(encoding, corpus, tmp_path):
-    from fireviz.train import position_offsets
+    from fireviz.schedule import position_offsets
 
     over = [f"model.position_encoding={encoding}"]
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10), over))
@@ -758,7 +752,6 @@ def test_random_position_offset_refuses_absolute_embeddings(corpus):
 def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_path):
     """From Python too (not only through a config file): the pair is refused before the first write."""
     from fireviz.model import GPTConfig
-    from fireviz.train import TrainConfig
 
     mc = GPTConfig(
         n_layer=1, n_head=2, d_model=32, seq_len=8, position_encoding="nope", absolute_position_embedding=True
@@ -795,7 +788,7 @@ def test_training_also_logs_validation_on_random_windows(tmp_path):
     from fireviz.data import load_documents, split_documents
 
     docs = split_documents(load_documents(p), "validation")
-    from fireviz.train import random_validation_windows
+    from fireviz.schedule import random_validation_windows
 
     w1 = random_validation_windows(docs, 32, 4)
     assert torch.equal(w1, random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33

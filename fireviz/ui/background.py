@@ -47,12 +47,24 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     _panel()
 
 
-def _cancelled_at(paths, data, lengths, settings) -> float:
-    """When the (non-probe) evaluation with these arguments ended, or 0."""
-    from .. import jobs
+def _cached(paths: list[str], data: str, lengths: Sequence[int], settings: dict, suffix: str):
+    """``(labelled results, None)`` of ``evaluate.cached_results`` — what is already in the cache,
+    nothing computed — or ``([], error text)`` as a failed job would have it."""
+    from .. import evaluate
 
-    job = jobs.find_evaluation(paths, data, lengths, settings)
-    return (job.finished or 0.0) if job is not None else 0.0
+    try:
+        results = evaluate.cached_results(paths, data, lengths, **settings)
+    except (CheckpointError, ValueError, OSError) as e:  # DataError, EvaluationError, NonFiniteLossError
+        return [], f"{type(e).__name__}: {e}"
+    return [{**r, "label": f"{r['checkpoint']}{suffix}"} for r in results], None
+
+
+def _show_failure(error_text: str) -> None:
+    text, bad_checkpoint = job_error_text(error_text)
+    if bad_checkpoint:
+        error(f"Cannot evaluate: {text}")
+    else:
+        error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
 
 
 def evaluation_jobs(
@@ -62,59 +74,45 @@ def evaluation_jobs(
 
     ``specs``: ``(checkpoint paths, evaluate settings, label suffix)`` or, with lengths of its own
     (instead of ``lengths``), ``(paths, settings, suffix, lengths)``. For each: the job with
-    these arguments in this process (``jobs.find_evaluation``), else a cache-only probe that
-    computes nothing; with ``run`` (the Run button) a missing, failed or cancelled job is
-    submitted. Errors and cancellations are shown (problem and fix); unfinished jobs get a
-    live ``job_panel``. Returns ``(results of finished jobs, unfinished jobs)``; stops the
-    page (``st.stop``) when a checkpoint cannot be read.
+    these arguments in this process (``jobs.find_evaluation``); with ``run`` (the Run button) a
+    missing, failed or cancelled job is submitted. Settings with no job here, or whose job was
+    cancelled, show what is already cached (``evaluate.cached_results``, a direct call that
+    computes nothing: published numbers, earlier runs, a cancelled run's finished lengths).
+    Errors and cancellations are shown (problem and fix); unfinished jobs get a live
+    ``job_panel``. Returns ``(results of finished jobs and cache lookups, unfinished jobs)``;
+    stops the page (``st.stop``) when a checkpoint cannot be read.
     """
     from .. import jobs
 
     results, pending = [], []
-    specs = [(spec[0], spec[1], spec[2], spec[3] if len(spec) > 3 else lengths) for spec in specs]
-    try:  # this page's own probes must not cancel one another (RoPE + PI + YaRN + capped FIRE)
-        keep = {jobs.evaluation_key(paths, data, lens, s, probe=True) for paths, s, _, lens in specs}
-    except CheckpointError as e:  # its message names the problem and the fix
-        error(f"Cannot read a checkpoint: {e}")
-        st.stop()
-    for paths, s, suffix, lengths in specs:
+    for spec in specs:
+        paths, s, suffix = spec[:3]
+        lens = spec[3] if len(spec) > 3 else lengths
         try:
-            job = jobs.find_evaluation(paths, data, lengths, s)
+            job = jobs.find_evaluation(paths, data, lens, s)
             if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
-                job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix)
+                job = jobs.submit_evaluation(paths, data, lens, s, label_suffix=suffix)
         except CheckpointError as e:  # its message names the problem and the fix
             error(f"Cannot read a checkpoint: {e}")
             st.stop()
+        failure = None
         if job is None or job.status == jobs.CANCELLED:
-            # never run in this process, or cancelled: look in the on-disk cache without computing
-            # (a cancelled run's finished lengths are there)
-            was_cancelled = job is not None
-            job = jobs.find_evaluation(paths, data, lengths, s, probe=True)
-            if (
-                job is None
-                or job.status == jobs.CANCELLED
-                or (was_cancelled and job.status == jobs.DONE and job.finished < _cancelled_at(paths, data, lengths, s))
-            ):
-                # none yet, cancelled before it looked (by a probe of other settings), or older than
-                # the cancelled run's last cached length: look now
-                job = jobs.submit_evaluation(paths, data, lengths, s, label_suffix=suffix, probe=True, keep=keep)
-            if was_cancelled:
+            found, failure = _cached(paths, data, lens, s, suffix)
+            results += found
+            if job is not None:
                 st.warning(
                     "The evaluation was cancelled; the lengths it finished are drawn below. Press **Run** to go on."
                 )
-        if job.status not in jobs.FINISHED:
+        elif job.status not in jobs.FINISHED:
             pending.append(job)
-        if job.status == jobs.ERROR:
-            text, bad_checkpoint = job_error_text(job.error)
-            if bad_checkpoint:
-                error(f"Cannot evaluate: {text}")
-            else:
-                error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
-        elif job.status == jobs.DONE:
+        elif job.status == jobs.ERROR:
+            failure = job.error
+        else:
             results += job.result
+        if failure:
+            _show_failure(failure)
     for job in pending:
-        queue_name = "probe" if job.description.get("probe") else "evaluate"
-        job_panel(job.key, queue_name, page, cancel_label=None if queue_name == "probe" else "Cancel")
+        job_panel(job.key, "evaluate", page, cancel_label="Cancel")
     return results, pending
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -109,15 +110,12 @@ MAX_QUERY_POSITION = 1 << 17
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
-def _bias_report(
-    path: str, mtime_ns: int, positions: tuple[int, ...] | None, name: str, normalizer_cap: int | None = None
-) -> dict:
+def _bias_report(path: str, mtime_ns: int, settings_key: str, name: str, _settings) -> dict:
+    # cached by settings_key (the settings' JSON); _settings (not hashed) is the same settings
     from .. import analysis
 
     model = _load_model(path, mtime_ns, "cpu")
-    return analysis.bias_report(
-        model, list(positions) if positions else None, checkpoint=name, normalizer_cap=normalizer_cap
-    ).to_dict()
+    return analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
@@ -153,13 +151,11 @@ def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_ca
 
 
 @st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
-def _published_bias_report(
-    ref: str, revision: str | None, stack: str, positions: tuple[int, ...] | None, name: str
-) -> dict:
+def _published_bias_report(ref: str, revision: str | None, stack: str, settings_key: str, name: str, _settings) -> dict:
     from .. import analysis, hub
 
     model = hub.load_published(ref, stack=stack, revision=revision)
-    out = analysis.bias_report(model, list(positions) if positions else None, checkpoint=name).to_dict()
+    out = analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
     out["published"] = {
         "source": model.config.source,
         "family": model.config.family,
@@ -172,35 +168,36 @@ def _published_bias_report(
 
 def bias_report(
     info: ck.CheckpointInfo,
-    positions: Sequence[int] | None = None,
+    settings=None,
     normalizer_cap: int | None = None,
     stack: str | None = None,
 ) -> dict:
-    """``fireviz.analysis.bias_report(model, positions, normalizer_cap=…).to_dict()`` for a
-    checkpoint, cached (``st.cache_data``) by folder, weights modification time, positions
-    (tokens) and FIRE normalizer cap (tokens; computed on a copy of the shared model).
+    """``fireviz.analysis.run_bias_report(model, settings).to_dict()`` for a checkpoint, cached
+    (``st.cache_data``) by folder, weights modification time and the settings' description
+    (``BiasSettings.describe``: query positions in tokens, FIRE normalizer cap in tokens …;
+    a cap is computed on a copy of the shared model).
 
-    A published model (``info.is_published``) is read through ``fireviz.hub`` for ``stack``
-    (T5-family encoder or decoder; default decoder), cached by source, revision and stack.
+    ``settings``: an ``analysis.BiasSettings``, or query positions (tokens; None = the
+    defaults) made into one with ``normalizer_cap``. A published model (``info.is_published``)
+    is read through ``fireviz.hub`` for ``stack`` (T5-family encoder or decoder; default
+    decoder), cached by source, revision, stack and settings.
     Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
     """
+    from .. import analysis
+
+    if not isinstance(settings, analysis.BiasSettings):
+        settings = analysis.BiasSettings.make(settings, normalizer_cap=normalizer_cap)
+    elif normalizer_cap is not None:
+        settings = settings.replace(normalizer_cap=normalizer_cap)
+    positions = settings.query_positions
     if positions and max(positions) > MAX_QUERY_POSITION:
         raise ValueError(
             f"query position {max(positions)} is larger than {MAX_QUERY_POSITION} tokens; pick smaller positions"
         )
+    key_ = json.dumps(settings.describe(), sort_keys=True)
     if info.is_published:
         return _published_bias_report(
-            info.path,
-            info.config.get("revision"),
-            stack or "decoder",
-            tuple(sorted(set(int(p) for p in positions))) if positions else None,
-            info.name,
+            info.path, info.config.get("revision"), stack or "decoder", key_, info.name, settings
         )
     mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
-    return _bias_report(
-        info.path,
-        mtime,
-        tuple(sorted(set(int(p) for p in positions))) if positions else None,
-        info.name,
-        normalizer_cap,
-    )
+    return _bias_report(info.path, mtime, key_, info.name, settings)
