@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _timing import interleaved_medians
+from eval_protocol import cpu_model
 
 from fireviz.model import GPT, GPTConfig
 
@@ -106,7 +107,10 @@ def main():
     ap.add_argument("--skip-eval", action="store_true")
     ap.add_argument("--eval-repeats", type=int, default=3)
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"CPU: {cpu_model()} · torch {torch.__version__}, {torch.get_num_threads()} threads · load average {load:.2f}"
+    )
     names = ["nope", "alibi", "t5", "kerple_log", "fire", "fire_s"]
     print("\nTraining step, length 512, batch 16, d=128, 4 layers, 4 heads (interleaved medians)")
     for n, r in train_steps(names, repeats=args.repeats).items():
