@@ -219,6 +219,14 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="window selection seed")
     p.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=None,
+        metavar="M",
+        help="same_text: score the first M tokens of each document holding them at every length (default: "
+        "the largest length); e.g. --lengths 128 --prefix-tokens 8192 is the 128 column of a 128…8192 run",
+    )
+    p.add_argument(
         "--split",
         choices=SPLITS,
         default="validation",
@@ -368,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir=args.cache_dir,
             use_cache=not args.no_cache,
             normalizer_cap=args.normalizer_cap,
+            prefix_tokens=args.prefix_tokens,
             reference=0 if args.reference is None else args.reference,
         )
     except (CheckpointError, DataError, EvaluationError) as e:

@@ -145,14 +145,16 @@ _PLANS_KEPT = 8
 def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint: str):
     """``(windows per length, same-text plan or None)`` for these documents: a pure function of
     their ids and sizes (fixed by ``fingerprint``) and the settings, so it is planned once."""
-    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths)
+    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens)
     with _DOCUMENTS_LOCK:
         if memo in _PLANS:
             _PLANS.move_to_end(memo)
             return _PLANS[memo]
     same_text, windows = None, {}
     if s.mode == "same_text":
-        same_text = plan_same_text(ids, sizes, list(s.lengths), token_budget=s.token_budget, seed=s.seed)
+        same_text = plan_same_text(
+            ids, sizes, list(s.lengths), token_budget=s.token_budget, seed=s.seed, prefix_tokens=s.prefix_tokens
+        )
         windows = dict(same_text.windows)
     else:
         for n in s.lengths:

@@ -26,6 +26,7 @@ from .windows import (
     EvaluationError,
     _check_length,
     _check_mode,
+    check_prefix_tokens,
 )
 
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -65,7 +66,9 @@ class EvalSettings:
     ``stride``, ``token_budget`` (resolved: None = every qualifying document/window; for a task
     the sequences per length), ``seed``, ``rope_scaling``, ``split``, ``position_buckets``,
     ``normalizer_cap``, ``device`` (resolved), ``precision``, ``batch_tokens`` (resolved; not
-    part of any cache key). The per-length cache key is :meth:`length_settings`.
+    part of any cache key), ``prefix_tokens`` (same_text only: the prefix ``M`` every length
+    scores, None = the largest length; see ``windows.plan_same_text``). The per-length cache
+    key is :meth:`length_settings`.
     """
 
     data: str
@@ -81,6 +84,7 @@ class EvalSettings:
     device: torch.device
     precision: str
     batch_tokens: int
+    prefix_tokens: int | None = None
 
     @classmethod
     def make(
@@ -98,6 +102,7 @@ class EvalSettings:
         device="auto",
         batch_tokens=None,
         normalizer_cap=None,
+        prefix_tokens=None,
     ) -> "EvalSettings":
         """Validated settings (the arguments of :func:`evaluate_many`). Raises: EvaluationError naming the bad one."""
         lengths = list(lengths)
@@ -106,6 +111,13 @@ class EvalSettings:
         for n in lengths:
             _check_length(n)
         mode = _check_mode(mode, stride)
+        if prefix_tokens is not None:
+            if mode != "same_text" or synthetic.is_synthetic(data):
+                raise EvaluationError(
+                    f"prefix_tokens applies to mode='same_text' on text (got mode={mode!r}, data {data!r}); "
+                    "drop --prefix-tokens"
+                )
+            prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
         token_budget = resolve_token_budget(mode, token_budget)
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
             raise EvaluationError(
@@ -144,6 +156,7 @@ class EvalSettings:
             device=dev,
             precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
             batch_tokens=int(batch_tokens or (16384 if dev.type == "cuda" else 8192)),
+            prefix_tokens=prefix_tokens,
         )
 
     def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:

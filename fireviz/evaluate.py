@@ -367,6 +367,7 @@ def evaluate_many(
     normalizer_cap: int | None = None,
     reference: int | str = 0,
     require_intervals: bool = True,
+    prefix_tokens: int | None = None,
 ) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
@@ -393,6 +394,7 @@ def evaluate_many(
         device=device,
         batch_tokens=batch_tokens,
         normalizer_cap=normalizer_cap,
+        prefix_tokens=prefix_tokens,
     )
     loaded = _load_checkpoints(checkpoints, s, reference)  # a bad checkpoint is an error before minutes of work
     plan = plan_text(s)
@@ -502,6 +504,10 @@ def evaluate_checkpoint(
       normalizer_cap: FIRE/FIRE-S only: evaluate with ψ(min(max(L, i), cap)), cap in tokens
         (e.g. the training length); part of the cache key and saved with the numbers
         (``normalizer_cap``); other checkpoints are evaluated as they are.
+      prefix_tokens: same_text only: score the first ``prefix_tokens`` tokens of every document
+        that holds them at each length (default: the largest length). One column of a
+        128 … 8192 evaluation alone, on exactly its text: ``lengths=[128], prefix_tokens=8192``
+        (the same cache entry as that column).
       reference: index, path or name of the checkpoint the others are paired against (a
         name shared by two of them is an error: give the path).
       require_intervals: True (default): a cached or published entry made before fireviz

@@ -221,6 +221,7 @@ def plan_same_text(
     *,
     token_budget: int | None = None,
     seed: int = 0,
+    prefix_tokens: int | None = None,
 ) -> SameTextPlan:
     """The windows of a ``same_text`` evaluation: the same documents and tokens at every length.
 
@@ -230,15 +231,22 @@ def plan_same_text(
       token_budget: None (default) for every qualifying document; else whole documents in
         seeded random order (``torch.Generator().manual_seed(seed)``) until
         ``documents · (M − 1) >= token_budget``.
+      prefix_tokens: ``M`` itself (tokens, at least every requested length) instead of the
+        largest length: e.g. one column of an evaluation made at 128 … 8192, scored on
+        exactly its text, with ``lengths=[128]`` and ``prefix_tokens=8192``.
     Returns: a :class:`SameTextPlan`; lengths longer than every document map to an error
       message (they cannot be evaluated; they do not shrink the text of the others).
-    Raises: EvaluationError for a bad length or budget, or if no length can be evaluated.
+    Raises: EvaluationError for a bad length, budget or prefix, or if no length can be evaluated.
     """
     lengths = [int(n) for n in lengths]
     for n in lengths:
         _check_length(n)
     if token_budget is not None and token_budget < 1:
         raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
+    if prefix_tokens is not None:
+        return _plan_prefix(
+            doc_ids, doc_num_tokens, lengths, token_budget, seed, check_prefix_tokens(prefix_tokens, lengths)
+        )
     longest = max(doc_num_tokens, default=0)
     feasible = [n for n in lengths if n <= longest]
     if not feasible:
@@ -246,8 +254,28 @@ def plan_same_text(
             f"no document has {min(lengths)} tokens (the longest has {longest}); windows never "
             "cross documents, so these lengths cannot be evaluated on this data"
         )
-    M = max(feasible)
+    return _plan_prefix(doc_ids, doc_num_tokens, lengths, token_budget, seed, max(feasible))
+
+
+def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
+    """``prefix_tokens`` as an int; EvaluationError unless an integer >= every length (tokens)."""
+    if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, (int, np.integer)) or prefix_tokens < 2:
+        raise EvaluationError(f"prefix_tokens must be an integer >= 2 tokens (got {prefix_tokens!r})")
+    if prefix_tokens < max(lengths):
+        raise EvaluationError(
+            f"prefix_tokens {prefix_tokens} is shorter than the length {max(lengths)}: every length scores the "
+            f"first prefix_tokens tokens of each document; give at least {max(lengths)} or leave it out"
+        )
+    return int(prefix_tokens)
+
+
+def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed: int, M: int) -> SameTextPlan:
+    longest = max(doc_num_tokens, default=0)
     eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= M), key=lambda i: (doc_ids[i], i))
+    if not eligible:
+        raise EvaluationError(
+            f"no document has {M} tokens (the longest has {longest}); lower prefix_tokens or leave it out"
+        )
     if token_budget is not None:
         order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(int(seed))).tolist()
         take = min(len(eligible), max(1, math.ceil(token_budget / (M - 1))))

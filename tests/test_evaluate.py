@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import math
 import random
 from pathlib import Path
@@ -871,6 +872,39 @@ def test_same_text_is_the_default_and_scores_the_same_text(ckpts, corpus, cache)
         lo, hi = b["paired_ci95"]
         assert lo <= b["paired_delta_bpb"] <= hi
     json.dumps(r, allow_nan=False)
+
+
+def test_prefix_tokens_scores_one_column_of_a_longer_evaluation(ckpts, corpus, cache, tmp_path):
+    """--lengths 8 --prefix-tokens 32 is exactly the 8 column of an 8…32 evaluation (and its cache entry)."""
+    full = ev.evaluate_many([ckpts["fire"]], corpus, [8, 16, 32], split="all", device="cpu", cache_dir=cache)
+    fresh = tmp_path / "fresh-cache"
+    one = ev.evaluate_many([ckpts["fire"]], corpus, [8], split="all", device="cpu", cache_dir=fresh, prefix_tokens=32)
+    a, b = full[0]["per_length"][0], one[0]["per_length"][0]
+    assert b["prefix_tokens"] == 32 and one[0]["settings"]["prefix_tokens"] == 32
+    assert b["per_document"] == a["per_document"] and b["bits_per_byte"] == a["bits_per_byte"]
+    assert b["tokens_scored"] == 3 * 31 and b["documents_skipped"] == 4
+    # the lookup finds it under the full run's key: one entry, not two
+    found = ev.cached_results([ckpts["fire"]], corpus, [8], cache_dir=cache, split="all", prefix_tokens=32)
+    assert found[0]["per_length"][0]["bits_per_byte"] == a["bits_per_byte"]
+    # and without the prefix the 8 column alone is other text (the first 8 tokens of more documents)
+    alone = ev.evaluate_many([ckpts["fire"]], corpus, [8], split="all", device="cpu", cache_dir=fresh)
+    assert alone[0]["per_length"][0]["tokens_scored"] != b["tokens_scored"]
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(prefix_tokens=4), "prefix_tokens 4 is shorter than the length 8"),
+        (dict(prefix_tokens=1), "prefix_tokens must be an integer >= 2"),
+        (dict(prefix_tokens=True), "prefix_tokens must be an integer >= 2"),
+        (dict(prefix_tokens=16.5), "prefix_tokens must be an integer >= 2"),
+        (dict(prefix_tokens=10**9), "no document has 1000000000 tokens"),
+        (dict(prefix_tokens=32, mode="nonoverlapping"), "prefix_tokens applies to mode='same_text'"),
+    ],
+)
+def test_bad_prefix_tokens_is_one_clear_error(ckpts, corpus, cache, kw, message):
+    with pytest.raises(ev.EvaluationError, match=re.escape(message)):
+        ev.evaluate_many([ckpts["fire"]], corpus, [8], split="all", device="cpu", cache_dir=cache, **kw)
 
 
 def test_same_text_equals_hand_computation(ckpts, corpus, cache):
