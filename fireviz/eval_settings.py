@@ -64,7 +64,8 @@ class EvalSettings:
     Fields (units: tokens): ``data`` (a domain, path or ``synthetic:<task>``), ``lengths``
     (user order, duplicates once), ``mode`` (``windows.MODES``, or ``"synthetic"`` for a task),
     ``stride``, ``token_budget`` (resolved: None = every qualifying document/window; for a task
-    the sequences per length), ``seed``, ``rope_scaling``, ``split``, ``position_buckets``,
+    the sequences per length), ``seed``, ``rope_scaling``, ``split`` (resolved: None is
+    ``"validation"``), ``position_buckets``,
     ``normalizer_cap``, ``device`` (resolved), ``precision``, ``batch_tokens`` (resolved; not
     part of any cache key), ``prefix_tokens`` (same_text only: the prefix ``M`` every length
     scores, None = the largest length; see ``windows.plan_same_text``). The per-length cache
@@ -142,6 +143,10 @@ class EvalSettings:
                 raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
             mode, split = "synthetic", "synthetic"
             token_budget = SYNTHETIC_SEQUENCES if token_budget is None else max(1, int(token_budget))
+        else:  # resolved here, so split=None and split="validation" are one cache key, as they are one text
+            split = "validation" if split is None else split
+            if split not in SPLITS:
+                raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
         return cls(
             data=str(data),
             lengths=tuple(dict.fromkeys(int(n) for n in lengths)),

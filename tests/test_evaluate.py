@@ -1173,3 +1173,16 @@ def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(siz
         scored += length - 1
     got = ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
     assert got == sorted(want, key=lambda w: (w.doc, w.start))
+
+
+def test_split_none_is_the_validation_split_under_one_cache_key():
+    """split=None (the library's default) and "validation" (the CLI's) are one text, so one key:
+    a number computed from the command line is found by the app and the publishing script."""
+    from fireviz.eval_settings import EvalSettings
+
+    a, b = EvalSettings.make("prose", [128]), EvalSettings.make("prose", [128], split="validation")
+    assert a.split == b.split == "validation"
+    assert a.length_settings(128, 8192, None, False) == b.length_settings(128, 8192, None, False)
+    assert EvalSettings.make("synthetic:copy", [16]).split == "synthetic"
+    with pytest.raises(ev.EvaluationError, match="split must be one of validation, train, all"):
+        EvalSettings.make("prose", [128], split="test")
