@@ -35,13 +35,14 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from .arg_checks import as_int, is_int
 from .bias_primitives import (
     FIRE_INPUT_DISTANCES,
     bias_curve,
     bias_matrix,
-    fire_input_vs_query,
+    fire_mlp_curves,
     fire_normalized_input,
-    rotary_kernel,
+    rotary_kernel_curve,
 )
 from .encodings import ToeplitzBias, check_normalizer_cap, fire_modules
 from .locality import (
@@ -59,8 +60,8 @@ DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
 DEFAULT_DILUTION_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8, 16)
 #: Most grid points per axis of the default query × key bias matrix.
 DEFAULT_MATRIX_POINTS = 128
-
-ROTARY_KERNEL_LABEL = "RoPE position kernel: mean over k of cos(d·θ_k) (RoFormer §3.4.3 long-term decay), not a bias"
+#: Most points of FIRE's f_θ curve on its input [0, 1] (``BiasSettings.mlp_grid_points``).
+MAX_MLP_GRID_POINTS = 100_000
 
 
 # -- query positions ---------------------------------------------------------------------------
@@ -91,29 +92,31 @@ def parse_positions(text: str) -> list[int]:
     out = []
     for t in items:
         try:
-            v = int(t)
+            out.append(int(t))
         except ValueError:
             raise ValueError(f"query position {t!r} is not an integer (tokens, 0-based)") from None
-        if v < 0:
-            raise ValueError(f"query position {v} is negative; positions are 0-based token indices")
-        out.append(v)
-    return sorted(set(out))
+    return _check_positions(out)
 
 
-def _check_positions(positions: Sequence[int]) -> list[int]:
-    pos = sorted(set(int(p) for p in positions))
+def _check_positions(positions: Iterable[int], what: str = "query_positions") -> list[int]:
+    """Sorted unique positions (integers >= 0, tokens). Raises: ValueError naming ``what`` for a string
+    (text goes through ``parse_positions``), an item not an integer >= 0 (bool, float), or none."""
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, Iterable):
+        raise ValueError(
+            f"{what} must be a list of integers (tokens, 0-based), not {positions!r}; text such as "
+            "'511,4095' goes through parse_positions"
+        )
+    pos = sorted({as_int(p, "query position", lo=0, hint="positions are 0-based token indices") for p in positions})
     if not pos:
-        raise ValueError("query_positions is empty")
-    if pos[0] < 0:
-        raise ValueError(f"query positions must be >= 0 (got {pos[0]})")
+        raise ValueError(f"{what} is empty")
     return pos
 
 
 def _check_window(window) -> tuple[int, int, int]:
-    try:
-        start, stop, stride = (int(v) for v in window)
-    except (TypeError, ValueError):
-        raise ValueError(f"matrix window needs three integers (start, stop, stride) (got {window!r})") from None
+    vals = None if isinstance(window, (str, bytes)) or not isinstance(window, Iterable) else tuple(window)
+    if vals is None or len(vals) != 3 or not all(map(is_int, vals)):
+        raise ValueError(f"matrix window needs three integers (start, stop, stride) (got {window!r})")
+    start, stop, stride = (int(v) for v in vals)
     if start < 0 or stop <= start or stride < 1:
         raise ValueError(f"matrix window (start, stop, stride) needs 0 <= start < stop and stride >= 1 (got {window})")
     return start, stop, stride
@@ -130,9 +133,11 @@ def _default_classify_at(positions: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class BiasSettings:
-    """Everything that decides a bias report's numbers, validated once (:meth:`BiasSettings.make`).
+    """Everything that decides a bias report's numbers, validated on construction (``make`` or
+    ``BiasSettings(...)``: the same checks, which also turn lists into sorted tuples).
 
-    Fields (positions in tokens, 0-based):
+    Fields (positions in tokens, 0-based; integers are ints or numpy ints, never bools, floats
+    or strings — text goes through ``parse_positions``):
       query_positions: sorted, unique, each >= 0; None = ``default_query_positions(seq_len)``
         (m·seq_len − 1 for m = 1, 2, 4, 8), filled in per model by :meth:`resolve`.
       classify_at: query position (>= 1) of the headline per-head locality; None = the
@@ -141,7 +146,7 @@ class BiasSettings:
         None = 0 … the largest query position with at most ``DEFAULT_MATRIX_POINTS`` per axis.
       normalizer_cap: FIRE only: every curve with ψ(min(max(L, i), cap)), cap in tokens
         (1 … ``MAX_NORMALIZER_CAP``), or None; ignored for encodings without a normalizer.
-      mlp_grid_points: FIRE only: points (>= 2) of the f_θ curve on its input [0, 1].
+      mlp_grid_points: FIRE only: points (2 … ``MAX_MLP_GRID_POINTS``) of the f_θ curve on its input [0, 1].
     :meth:`describe` is the JSON description (cache and job key), :meth:`caption` the positions in words.
     """
 
@@ -163,28 +168,41 @@ class BiasSettings:
     ) -> "BiasSettings":
         """Validated settings (the arguments of :func:`bias_report`).
 
-        Raises: ValueError for empty or negative query positions, a smallest query position of
-          0 without ``classify_at``, ``classify_at`` < 1, a matrix window that is not
-          ``0 <= start < stop``, ``stride >= 1``, a normalizer cap outside 1 … MAX_NORMALIZER_CAP
-          (``check_normalizer_cap``), or ``mlp_grid_points`` < 2.
+        Raises: ValueError naming the argument for query positions that are not a non-empty list
+          of integers >= 0, a smallest one of 0 without ``classify_at``, ``classify_at`` not an
+          integer >= 1, a matrix window not three integers with ``0 <= start < stop``, ``stride >=
+          1``, a normalizer cap outside 1 … MAX_NORMALIZER_CAP, or ``mlp_grid_points`` not an integer
+          in 2 … ``MAX_MLP_GRID_POINTS``. What would not fit in memory ``run_bias_report`` refuses.
         """
-        positions = None if query_positions is None else tuple(_check_positions(query_positions))
+        return cls(query_positions, classify_at, matrix_window, normalizer_cap, mlp_grid_points)
+
+    def __post_init__(self):
+        positions = None if self.query_positions is None else tuple(_check_positions(self.query_positions))
+        classify_at = self.classify_at
         if classify_at is not None:
-            classify_at = int(classify_at)
-            if classify_at < 1:
-                raise ValueError(f"classify_at must be >= 1 token (got {classify_at}): a curve needs two distances")
+            classify_at = as_int(classify_at, "classify_at", lo=1, hint="a curve needs two distances (tokens)")
         elif positions is not None:
             _default_classify_at(positions)  # the smallest given position must be one a curve classifies
-        window = None if matrix_window is None else _check_window(matrix_window)
-        cap = check_normalizer_cap(normalizer_cap)
-        if type(mlp_grid_points) is bool or not isinstance(mlp_grid_points, (int, np.integer)) or mlp_grid_points < 2:
-            raise ValueError(f"mlp_grid_points must be an integer >= 2 (got {mlp_grid_points!r})")
-        return cls(positions, classify_at, window, cap, int(mlp_grid_points))
+        grid = as_int(
+            self.mlp_grid_points, "mlp_grid_points", 2, MAX_MLP_GRID_POINTS, "points of FIRE's f_θ curve on [0, 1]"
+        )
+        checked = {
+            "query_positions": positions,
+            "classify_at": classify_at,
+            "matrix_window": None if self.matrix_window is None else _check_window(self.matrix_window),
+            "normalizer_cap": check_normalizer_cap(self.normalizer_cap),
+            "mlp_grid_points": grid,
+        }
+        for name, value in checked.items():  # frozen: the checked values replace what was given
+            object.__setattr__(self, name, value)
 
     def replace(self, **changes) -> "BiasSettings":
-        """These settings with some fields changed, validated again (``make``), e.g. ``replace(normalizer_cap=512)``."""
-        fields = {**self.describe(), **changes}
-        return BiasSettings.make(fields.pop("query_positions"), **fields)
+        """These settings with some fields changed, validated again, e.g. ``replace(normalizer_cap=512)``.
+        Raises: ValueError for a name that is not a setting, or a bad value (as ``make``)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"BiasSettings has no setting(s) {unknown}; the settings are {', '.join(self.describe())}")
+        return dataclasses.replace(self, **changes)
 
     def resolve(self, seq_len: int) -> "BiasSettings":
         """The settings for a model of training length ``seq_len`` (tokens): default query
@@ -357,14 +375,14 @@ class BiasReport:
         }
 
 
-def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> list[int]:
+def _matrix_grid(max_position: int, window: tuple[int, int, int] | None) -> range:
     """Positions of the query × key grid: ``range(*window)`` (validated by ``BiasSettings``), or
-    0 … ``max_position`` with at most ``DEFAULT_MATRIX_POINTS`` points."""
+    0 … ``max_position`` with at most ``DEFAULT_MATRIX_POINTS`` points. A ``range``: its size
+    is known (and checked) before a list of positions is built."""
     if window is None:
         stride = max(1, math.ceil((max_position + 1) / DEFAULT_MATRIX_POINTS))
-        return list(range(0, max_position + 1, stride))
-    start, stop, stride = window
-    return list(range(start, stop, stride))
+        return range(0, max_position + 1, stride)
+    return range(*window)
 
 
 @torch.no_grad()
@@ -380,21 +398,15 @@ def bias_report(
     """Biases of every layer and head of ``model`` (a ``fireviz.model.GPT``):
     ``run_bias_report(model, BiasSettings.make(query_positions, …), checkpoint)``.
 
-    Args:
-      query_positions: query positions i in tokens (0-based); default
-        ``default_query_positions(seq_len)`` = m·seq_len − 1 for m = 1, 2, 4, 8.
-      classify_at: query position of the headline per-head locality; default the smallest
-        query position (the training length by default). Locality is also given at every
-        query position.
-      matrix_window: ``(start, stop, stride)`` in tokens for the query × key matrix (same grid
-        on both axes); default 0 … max query position with at most 128 points per axis.
-      checkpoint: name stored in the report.
-      mlp_grid_points: FIRE only, points of the f_θ curve on [0, 1].
-      normalizer_cap: FIRE only: compute every curve with ψ(min(max(L, i), cap)) (tokens), as
-        ``fireviz eval --normalizer-cap`` evaluates, on a copy of the model (the model given
-        is never changed). Ignored (``report.normalizer_cap`` None) for encodings without a normalizer.
+    Args: as :class:`BiasSettings` (query positions i in tokens, 0-based, default m·seq_len − 1
+      for m = 1, 2, 4, 8; ``classify_at`` the headline locality's query position, default the
+      smallest; ``matrix_window`` (start, stop, stride) of the query × key grid, default 0 … the
+      largest query position in at most 128 points per axis; FIRE's ``mlp_grid_points`` and
+      ``normalizer_cap`` — every curve with ψ(min(max(L, i), cap)), as ``fireviz eval
+      --normalizer-cap`` evaluates, on a copy: the model given is never changed), and
+      ``checkpoint``, the name stored in the report.
     Returns: ``BiasReport``; see :func:`run_bias_report`.
-    Raises: ValueError for negative/empty query positions or a bad window (``BiasSettings.make``).
+    Raises: ValueError as ``BiasSettings.make`` and ``run_bias_report``.
     """
     settings = BiasSettings.make(
         query_positions,
@@ -416,8 +428,8 @@ def run_bias_report(model: GPT, settings: BiasSettings, checkpoint: str | None =
     length). Additive encodings get curves/matrix/locality; rotary ones the ``rotary_kernel``
     over distances 0 … max query position (Su et al. 2021 §3.4.3) and no per-head locality;
     NoPE neither (``note`` says so).
-    Raises: ValueError for a default smallest query position of 0 (seq_len 1), or a report or
-      bias matrix that would not fit in memory.
+    Raises: ValueError for a default smallest query position of 0 (seq_len 1), or curves, a bias
+      matrix or FIRE's f_θ grid that would not fit in memory (estimated before anything is built).
     """
     s = settings.resolve(model.config.seq_len)
     model = _capped_copy(model, s.normalizer_cap)
@@ -439,14 +451,13 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
 
 def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     """The report for resolved settings ``s``: memory checked first, then every layer."""
-    from .memory import check_fits
+    from .memory import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
 
     cfg = model.config
     positions = list(s.query_positions)
     all_positions = sorted(set(positions) | {s.classify_at})
-    # memory before work: one bias row [heads, i + 1] per query position (a few float32 copies)
-    check_fits(
-        16 * cfg.n_head * cfg.n_layer * (max(all_positions) + 1) + (64 << 20),
+    check_fits(  # memory before work: one bias row [heads, i + 1] per query position
+        bias_report_bytes(cfg.n_head, cfg.n_layer, max(all_positions)),
         "cpu",
         f"the bias report up to query position {max(all_positions):,}",
         "ask for smaller query positions",
@@ -467,12 +478,17 @@ def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     if kind != "additive":
         return _without_bias(report, enc0)
     grid = _matrix_grid(positions[-1], s.matrix_window)
-    check_fits(
-        3 * 4 * cfg.n_head * len(grid) ** 2 + (64 << 20),
-        "cpu",
-        f"a {len(grid):,} × {len(grid):,} bias matrix",
-        "give a coarser --matrix START:STOP:STRIDE",
-    )  # float32 [heads, q, k], a few copies
+    n = len(grid)  # arithmetic: nothing is built before the check
+    hint = "give a coarser --matrix START:STOP:STRIDE"
+    check_fits(bias_matrix_bytes(cfg.n_head, n), "cpu", f"a {n:,} × {n:,} bias matrix", hint)
+    if hasattr(enc0, "normalized_distance"):
+        check_fits(
+            fire_curve_bytes(cfg.n_head, enc0.mlp_width, s.mlp_grid_points, enc0.mlp_depth),
+            "cpu",
+            f"FIRE's f_θ on {s.mlp_grid_points:,} points",
+            "ask for fewer mlp_grid_points",
+        )
+    grid = list(grid)
     fire_max_position = max(16 * cfg.seq_len, positions[-1])
     for layer in range(cfg.n_layer):
         enc = model.encoding(layer)
@@ -480,7 +496,7 @@ def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
         lb.matrix = bias_matrix(enc, grid, grid)
         lb.matrix_query_positions = lb.matrix_key_positions = grid
         if hasattr(enc, "normalized_distance"):
-            lb.fire = _fire_curves(enc, s.mlp_grid_points, fire_max_position)
+            lb.fire = fire_mlp_curves(enc, s.mlp_grid_points, fire_max_position, FIRE_INPUT_DISTANCES)
         report.layers.append(lb)
     return report
 
@@ -488,13 +504,7 @@ def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
 def _without_bias(report: BiasReport, enc0) -> BiasReport:
     """A report of a non-additive encoding: the RoPE kernel (rotary) or a note (NoPE); empty layers."""
     if report.kind == "rotary":
-        d = np.arange(report.query_positions[-1] + 1)
-        report.kernel = {
-            "distance": d,
-            "value": rotary_kernel(enc0.inv_freq, d),
-            "attention_factor": float(getattr(enc0, "attention_factor", 1.0)),
-            "label": ROTARY_KERNEL_LABEL,
-        }
+        report.kernel = rotary_kernel_curve(enc0, report.query_positions[-1])
         report.note = (
             "rotary encoding: no additive bias; the RoPE position kernel is given instead, with no per-head locality"
         )
@@ -529,19 +539,6 @@ def _layer_curves(enc, layer: int, positions: list[int], classify_at: int) -> La
     lb.locality = lb.locality_by_query_position[classify_at]
     lb.locality_by_query_position = {i: v for i, v in lb.locality_by_query_position.items() if i in positions}
     return lb
-
-
-def _fire_curves(enc, mlp_grid_points: int, max_position: int) -> dict:
-    """A FIRE layer's ``c``, threshold L (tokens), f_θ on ``mlp_grid_points`` inputs in [0, 1]
-    and its input for fixed distances up to ``max_position`` (:func:`fire_input_vs_query`)."""
-    x = torch.linspace(0.0, 1.0, mlp_grid_points, device=enc.c.device)
-    return {
-        "c": float(enc.c),
-        "threshold_L": float(enc.threshold()),
-        "mlp_x": x.cpu().numpy(),
-        "mlp_bias": enc.mlp_forward(x).float().cpu().numpy(),
-        "input_vs_query": fire_input_vs_query(enc, FIRE_INPUT_DISTANCES, max_position=max_position),
-    }
 
 
 def locality_table(reports: Sequence[BiasReport | dict]) -> list[dict]:

@@ -1,5 +1,6 @@
 """One encoding's position bias, read out: a query row by distance, FIRE's MLP input, a
-query × key grid, RoPE's position kernel, and FIRE's input for fixed distances as the query moves.
+query × key grid, RoPE's position kernel, FIRE's input for fixed distances as the query moves,
+and FIRE's f_θ on its input range.
 
 The building blocks of ``fireviz.analysis.bias_report`` (which runs them over every layer of a
 model). Positions and distances in tokens (0-based); biases in logits. Never imports Streamlit.
@@ -12,7 +13,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .encodings import PositionEncoding
 from .locality import _r
 
 
@@ -55,18 +55,16 @@ def bias_matrix(encoding, query_positions: Sequence[int], key_positions: Sequenc
     """The additive bias on a query × key grid; NaN where the key is in the future (j > i),
     except for a bidirectional encoding (a T5 encoder stack), whose future keys have a bias.
 
-    Args: query and key positions in tokens (0-based, any order).
+    Args: an additive ``PositionEncoding``; query and key positions in tokens (0-based, any order).
     Returns: float32 ``[num_heads, len(query_positions), len(key_positions)]`` logits — the
       encoding's own ``bias_at`` (FIRE evaluates f_θ(ψ(i − j)/ψ(max(L, i))) on the grid pairs
-      only, Toeplitz biases read one table over distances): memory stays small for any grid.
+      only, Toeplitz biases read one table over distances, the base class goes row by row
+      through ``bias``): memory stays small for any grid.
     Raises: TypeError for a non-additive encoding; ValueError for negative positions.
     """
     if getattr(encoding, "kind", None) != "additive":
         raise TypeError(f"{type(encoding).__name__} is a {getattr(encoding, 'kind', '?')} encoding and has no bias")
-    if hasattr(encoding, "bias_at"):
-        grid = encoding.bias_at(query_positions, key_positions)
-    else:  # an additive encoding known only through bias(): the generic row-by-row version
-        grid = PositionEncoding.bias_at(encoding, query_positions, key_positions)
+    grid = encoding.bias_at(query_positions, key_positions)  # every PositionEncoding has one
     return grid.numpy().astype(np.float32, copy=False)
 
 
@@ -87,6 +85,22 @@ def rotary_kernel(inv_freq: torch.Tensor | np.ndarray, distances: Sequence[int] 
         raise ValueError("inv_freq is empty")
     d = np.asarray(distances, dtype=np.float64)
     return np.cos(d[:, None] * theta[None, :]).mean(axis=1)
+
+
+#: how a bias report labels the rotary kernel (:func:`rotary_kernel_curve`)
+ROTARY_KERNEL_LABEL = "RoPE position kernel: mean over k of cos(d·θ_k) (RoFormer §3.4.3 long-term decay), not a bias"
+
+
+def rotary_kernel_curve(encoding, max_distance: int) -> dict:
+    """A rotary encoding's :func:`rotary_kernel` over distances 0 … ``max_distance`` (tokens):
+    ``{"distance" int [D], "value" float64 [D], "attention_factor" (YaRN's, else 1), "label"}``."""
+    d = np.arange(max_distance + 1)
+    return {
+        "distance": d,
+        "value": rotary_kernel(encoding.inv_freq, d),
+        "attention_factor": float(getattr(encoding, "attention_factor", 1.0)),
+        "label": ROTARY_KERNEL_LABEL,
+    }
 
 
 #: distances (tokens) whose FIRE input ψ(d)/ψ(max(L, i)) is followed against the query position
@@ -130,3 +144,21 @@ def fire_input_vs_query(
         x = x.double().cpu().numpy()
     grid = [[_r(float(x[a, b])) if d[a] <= q[b] else None for b in range(len(q))] for a in range(len(d))]
     return {"distances": d, "query_positions": q, "input": grid}
+
+
+@torch.no_grad()
+def fire_mlp_curves(encoding, points: int, max_position: int, distances: Sequence[int] = FIRE_INPUT_DISTANCES) -> dict:
+    """A FIRE layer's ``c``, threshold L (tokens), f_θ on ``points`` inputs evenly spaced in [0, 1]
+    and its input for fixed ``distances`` up to ``max_position`` (:func:`fire_input_vs_query`).
+
+    Returns: ``{"c", "threshold_L", "mlp_x" float32 [points], "mlp_bias" float32 [heads, points],
+      "input_vs_query"}``. Memory: ``fireviz.memory.fire_curve_bytes``.
+    """
+    x = torch.linspace(0.0, 1.0, points, device=encoding.c.device)
+    return {
+        "c": float(encoding.c),
+        "threshold_L": float(encoding.threshold()),
+        "mlp_x": x.cpu().numpy(),
+        "mlp_bias": encoding.mlp_forward(x).float().cpu().numpy(),
+        "input_vs_query": fire_input_vs_query(encoding, distances, max_position=max_position),
+    }

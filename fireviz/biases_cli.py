@@ -1,9 +1,12 @@
 """``python -m fireviz biases``: a checkpoint's (or a published model's) position biases as JSON.
 
-Parses the arguments into ``fireviz.analysis.BiasSettings`` (before any checkpoint is read),
-loads through ``fireviz.checkpoints.load_model_or_published``, computes with
+Parses the arguments into ``fireviz.analysis.BiasSettings`` and
+``fireviz.dilution_settings.DilutionSettings`` (before any checkpoint is read), loads through
+``fireviz.checkpoints.load_model_or_published``, computes with
 ``fireviz.analysis.run_bias_report`` (and ``fireviz.text_attention.attention_dilution`` for
-``--text``), prints the per-head locality table and writes the report (and ``--figure``).
+``--text``), prints the per-head locality table and writes the report (and ``--figure``). The
+library checks every value and names the problem; this module only parses text and prints
+the library's message on one line.
 """
 
 from __future__ import annotations
@@ -13,17 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-from .analysis import (
-    DEFAULT_DILUTION_MULTIPLES,
-    BiasSettings,
-    default_query_positions,
-    locality_table,
-    parse_positions,
-    run_bias_report,
-)
+from .analysis import BiasSettings, locality_table, parse_positions, run_bias_report
 from .checkpoints import load_model_or_published
-from .encodings import MAX_NORMALIZER_CAP
-from .model import GPT
+from .dilution_settings import DEFAULT_NEAR, DilutionSettings
+from .model import GPT, CheckpointError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
     ap.add_argument("--text", default=None, help="text file: also measure attention dilution on it (its bytes)")
-    ap.add_argument("--near", type=int, default=16, help="keys counted as near for dilution (default 16, as the app)")
+    ap.add_argument(
+        "--near", type=int, default=DEFAULT_NEAR, help=f"keys counted as near for dilution (default {DEFAULT_NEAR})"
+    )
     ap.add_argument(
         "--dilution-positions",
         default=None,
@@ -110,8 +108,19 @@ def settings_from_args(args: argparse.Namespace) -> BiasSettings:
     )
 
 
+def dilution_settings_from_args(args: argparse.Namespace) -> DilutionSettings:
+    """The dilution ``--text`` asks for: ``--dilution-positions``, ``--near``, ``--normalizer-cap``.
+    Raises: ValueError naming the bad one (``DilutionSettings.make``)."""
+    return DilutionSettings.make(
+        parse_positions(args.dilution_positions) if args.dilution_positions is not None else None,
+        near=args.near,
+        normalizer_cap=args.normalizer_cap,
+    )
+
+
 def _fail(msg: str) -> int:
-    print(f"fireviz biases: error: {msg}", file=sys.stderr)
+    one_line = " ".join(str(msg).split())  # the library's message, whole, on one stderr line
+    print(f"fireviz biases: error: {one_line}", file=sys.stderr)
     return 2
 
 
@@ -141,9 +150,9 @@ def _print_report(out: dict, args) -> None:
             print(f"{layer:5d} " + " ".join(f"{m:8.3f}" for m in means))
 
 
-def _text_tokens(args, model, dil_positions):
+def _text_tokens(args, model):
     """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
-    error message."""
+    error message (``attention_dilution`` checks that they are enough)."""
     from .text_attention import text_tokens  # it builds on fireviz.analysis
 
     if not isinstance(model, GPT):
@@ -153,14 +162,8 @@ def _text_tokens(args, model, dil_positions):
         )
     try:
         tokens = text_tokens(Path(args.text).read_bytes().decode("utf-8", errors="surrogateescape"))
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         return None, f"cannot read --text {args.text}: {e}"
-    need = (dil_positions or default_query_positions(model.config.seq_len, DEFAULT_DILUTION_MULTIPLES))[-1] + 1
-    if tokens.numel() < need:
-        return None, (
-            f"--text {args.text} gives {tokens.numel()} tokens ([BOS] + bytes) but the largest dilution "
-            f"query position needs {need}; give a longer text or smaller --dilution-positions"
-        )
     return tokens, None
 
 
@@ -179,36 +182,38 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
-    if args.normalizer_cap is not None and not 1 <= args.normalizer_cap <= MAX_NORMALIZER_CAP:
-        return _fail(
-            f"--normalizer-cap must be >= 1 token and at most {MAX_NORMALIZER_CAP} (got "
-            f"{args.normalizer_cap}); e.g. the training length"
-        )
-    try:
-        settings = settings_from_args(args)  # every setting checked before a checkpoint is read
-        dil_positions = parse_positions(args.dilution_positions) if args.dilution_positions is not None else None
+    try:  # every setting checked (by the library) before a checkpoint is read
+        settings, dilution = settings_from_args(args), dilution_settings_from_args(args)
     except ValueError as e:
         return _fail(str(e))
-    if args.near < 1:
-        return _fail(f"--near must be >= 1 (got {args.near})")
     try:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
-    except Exception as e:  # missing folder, corrupt weights, bad config: one line
-        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except CheckpointError as e:  # missing folder, corrupt weights, bad config, a Hub problem: its message
+        return _fail(str(e) or type(e).__name__)
     name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
     tokens = None
     if args.text is not None:
-        tokens, problem = _text_tokens(args, model, dil_positions)
+        tokens, problem = _text_tokens(args, model)
         if problem:
             return _fail(problem)
     try:
-        out = run_bias_report(model, settings, checkpoint=name).to_dict()
-        if tokens is not None:
+        measured = None
+        if tokens is not None:  # first: a text too short is refused before the report's work
             from .text_attention import attention_dilution
 
-            out["dilution"] = attention_dilution(
-                model, tokens, dil_positions, near=args.near, checkpoint=name, normalizer_cap=args.normalizer_cap
+            d = dilution.resolve(model.config.seq_len)
+            measured = attention_dilution(
+                model,
+                tokens,
+                d.query_positions,
+                near=d.near,
+                rows=d.rows,
+                checkpoint=name,
+                normalizer_cap=d.normalizer_cap,
             ).to_dict()
+        out = run_bias_report(model, settings, checkpoint=name).to_dict()
+        if measured is not None:
+            out["dilution"] = measured
     except ValueError as e:
         return _fail(str(e))
     out_path = Path(args.out) if args.out else Path(f"biases_{name.replace('/', '--')}.json")

@@ -11,34 +11,42 @@ Where checkpoints come from:
   * any local folder with those two files;
   * a Hugging Face Hub repo id (``owner/name``), downloaded into the Hub cache.
 
+A checkpoint's identity is :func:`checkpoint_sha256` (its weights and config bytes);
+:func:`load_model_with_identity` gives the model and the identity of one read of the files,
+:func:`checked_config` the config with the weights' header checked against it (no tensor read).
 Nothing here imports Streamlit; nothing here unpickles (weights are safetensors only).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from .run_records import (
     CONFIG_FILE,
     LOG_FILE,
     LOG_FILE_GZ,
-    LOG_NUMBER_FIELDS,  # noqa: F401
     WEIGHTS_FILE,
+    CheckpointInfo,
+    _describe_data,
     _is_number,
     _read_json,
     headline_numbers,
     read_results,
     read_train_log,
 )
-from .files import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
-from .model import GPT, CheckpointError
-from .model_state import config_from_dict
+
+# the naming of extra-seed runs (``fire_seed1``), which the pages and scripts import from here
+from .run_records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_run  # noqa: F401
+from .files import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
+from .model import GPT, CheckpointError, GPTConfig
+from .model_state import config_from_dict, load_state_checked
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -57,132 +65,6 @@ TRAIN_HINT = (
     "python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
     "--out checkpoints/my_run"
 )
-#: An extra-seed run sits beside its seed-0 run: ``fire_seed1`` is ``fire`` trained with train.seed=1.
-SEED_FOLDER = re.compile(r"^(?P<base>[A-Za-z0-9_.-]+?)_seed(?P<seed>[1-9][0-9]*)$")
-
-
-def seed_run(name: str) -> tuple[str, int] | None:
-    """``(base name, training seed)`` for an extra-seed checkpoint name (``"fire_seed2"`` →
-    ``("fire", 2)``, the naming of ``scripts/train_reference.sh`` and ``checkpoints/``); None
-    for any other name, including the seed-0 run itself."""
-    m = SEED_FOLDER.match(name)
-    return (m["base"], int(m["seed"])) if m else None
-
-
-def seed_base(name: str) -> str:
-    """The seed-0 run's name for any run: ``"fire_seed2"`` → ``"fire"``, ``"fire"`` → ``"fire"``."""
-    run = seed_run(name)
-    return run[0] if run else name
-
-
-def seed_groups(names) -> dict[str, list[str]]:
-    """``{base: [base, extra-seed names…]}`` (sorted) for each name among ``names`` that has
-    extra-seed runs (see :func:`seed_run`) among them too; {} when none has."""
-    names = list(names)
-    groups: dict[str, list[str]] = {}
-    for name in sorted(names):
-        run = seed_run(name)
-        if run and run[0] in names:
-            groups.setdefault(run[0], [run[0]]).append(name)
-    return groups
-
-
-def seed0_first(names: list[str]) -> list[str]:
-    """``names`` with every extra-seed run (see :func:`seed_run`) moved after the others,
-    order otherwise kept: a default selection of the first N then shows N encodings."""
-    return [n for n in names if seed_run(n) is None] + [n for n in names if seed_run(n) is not None]
-
-
-@dataclass
-class CheckpointInfo:
-    """What the app shows about one checkpoint, read from its files without loading weights.
-
-    Attributes:
-      name: folder name (or the Hub repo id).
-      path: absolute folder path (str).
-      source: ``"local"`` or ``"hub"`` (then ``repo_id`` is set).
-      config: config.json as a dict.
-      position_encoding: the config's encoding name.
-      num_parameters: parameters in model.safetensors (tied embeddings counted once).
-      seq_len: training length in tokens (bytes).
-      training: the config's ``training`` provenance dict (may be empty).
-      training_tokens: tokens seen in training (from ``training`` or the log), or None.
-      data: a short description of the training data ("" if unknown).
-      results: every results JSON in the folder, as ``{file name: parsed JSON}``.
-      headline: see :func:`headline_numbers`.
-      problems: ``{file name: problem}`` for this checkpoint's files that were refused
-        (a results JSON or train log that is not what fireviz writes); they are left out.
-      published: for a published model (``source == "published"``), its
-        ``fireviz.hub.PublishedModel`` (decoder stack); None for a fireviz checkpoint.
-    """
-
-    name: str
-    path: str
-    source: str
-    config: dict
-    position_encoding: str
-    num_parameters: int
-    seq_len: int
-    training: dict = field(default_factory=dict)
-    training_tokens: int | None = None
-    data: str = ""
-    results: dict = field(default_factory=dict)
-    headline: dict = field(default_factory=dict)
-    repo_id: str | None = None
-    problems: dict = field(default_factory=dict)
-    published: Any = None
-
-    @property
-    def is_published(self) -> bool:
-        """True for a published model read through ``fireviz.hub`` (position encodings only:
-        the bias pages and fit take it, evaluation and training logs do not)."""
-        return self.published is not None
-
-    @property
-    def training_seed(self) -> int | None:
-        """``train.seed`` the checkpoint was trained with (from ``training.settings``), or None."""
-        settings = self.training.get("settings") if isinstance(self.training.get("settings"), dict) else {}
-        seed = settings.get("seed")
-        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
-
-    @property
-    def label(self) -> str:
-        """``name (encoding)`` for widgets and legends; ``name (published: family)`` for a published model."""
-        if self.is_published:
-            return f"{self.name} (published: {self.published.config.family})"
-        return f"{self.name} ({self.position_encoding})"
-
-    def summary_row(self) -> dict:
-        """One row for the checkpoint table: name, encoding, training seed, headline numbers (first,
-        so a narrow window shows them), parameters, tokens, progress (see
-        :func:`training_progress`), length, data, where the numbers come from."""
-        row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed}
-        row.update({k: v for k, v in self.headline.items() if k != "source"})
-        row.update(
-            {
-                "parameters": self.num_parameters,
-                "training tokens": self.training_tokens,
-                "progress": training_progress(self.training),
-                "training length": self.seq_len,
-                "data": self.data,
-                "numbers from": self.headline.get("source", ""),
-            }
-        )
-        return row
-
-
-def training_progress(training: dict) -> str:
-    """``"step N / max_steps"`` from the ``training`` provenance dict (``steps`` and
-    ``settings.max_steps``), with ``" (interim)"`` when N < max_steps; ``"step N"`` when the
-    planned total is unknown; "" when neither is recorded."""
-    steps = training.get("steps")
-    settings = training.get("settings") if isinstance(training.get("settings"), dict) else {}
-    total = settings.get("max_steps", training.get("max_steps"))
-    if not isinstance(steps, (int, float)):
-        return ""
-    if not isinstance(total, (int, float)) or total <= 0:
-        return f"step {int(steps)}"
-    return f"step {int(steps)} / {int(total)}" + (" (interim)" if steps < total else "")
 
 
 def checkpoints_root() -> Path:
@@ -230,7 +112,7 @@ def checkpoint_groups(root: str | os.PathLike | None = None) -> dict[str, Path]:
 def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointInfo]:
     """Every checkpoint folder directly under ``root`` (default :func:`checkpoints_root`), by name.
 
-    Folders that look like checkpoints but cannot be read are skipped (``checkpoint_problems``
+    Folders that look like checkpoints but cannot be read are skipped (:func:`scan_checkpoints`
     lists them with the reason). Returns [] if ``root`` does not exist.
     """
     infos, _ = scan_checkpoints(root)
@@ -259,6 +141,36 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
     return infos, problems
 
 
+def _safetensors_entries(f: BinaryIO, size: int, source: str) -> dict[str, dict]:
+    """The checked header entries of the safetensors file open as ``f`` (``size`` bytes long), read
+    from its header alone. Raises: CheckpointError if the header is unreadable or the file is
+    shorter than the header says (a truncated copy or download)."""
+    fix = "copy, download or train the checkpoint again"
+    try:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            raise ValueError(f"header length {n} is implausible")
+        header = parse_json(f.read(n).decode("utf-8"), f"the header of {source}")
+        return check_safetensors_header(header, size - 8 - n, source)
+    except FileFormatError as e:
+        raise CheckpointError(
+            f"{e}; {fix}" if "truncated" in str(e) else f"{source} is not a readable safetensors file ({e}); {fix}"
+        ) from e
+    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{source} is not a readable safetensors file ({e}); {fix}") from e
+
+
+def _weights_header(weights: Path) -> dict[str, dict]:
+    """:func:`_safetensors_entries` of the file ``weights``. Raises: CheckpointError."""
+    try:
+        with open(weights, "rb") as f:
+            return _safetensors_entries(f, os.fstat(f.fileno()).st_size, str(weights))
+    except OSError as e:
+        raise CheckpointError(
+            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
+        ) from e
+
+
 def count_parameters(weights: str | os.PathLike) -> int:
     """Parameters stored in a safetensors file, from its header alone (no tensor is read).
 
@@ -266,36 +178,8 @@ def count_parameters(weights: str | os.PathLike) -> int:
     Raises: CheckpointError if the header is unreadable or the file is shorter than the
       header says (a truncated copy or download).
     """
-    try:
-        size = os.path.getsize(weights)
-        with open(weights, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > 100_000_000:
-                raise ValueError(f"header length {n} is implausible")
-            header = parse_json(f.read(n).decode("utf-8"), f"the header of {weights}")
-        entries = check_safetensors_header(header, size - 8 - n, str(weights))
-    except FileFormatError as e:
-        fix = "copy, download or train the checkpoint again"
-        raise CheckpointError(
-            f"{e}; {fix}" if "truncated" in str(e) else f"{weights} is not a readable safetensors file ({e}); {fix}"
-        ) from e
-    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(
-            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
-        ) from e
+    entries = _weights_header(Path(weights))
     return int(sum(math.prod(v["shape"]) for v in entries.values()))
-
-
-def _describe_data(training: dict) -> str:
-    data = training.get("data", training.get("dataset", ""))
-    if isinstance(data, dict):
-        for k in ("domain", "name", "source", "path"):
-            if data.get(k):
-                return str(data[k])
-        return ", ".join(f"{k}={v}" for k, v in list(data.items())[:2])
-    if isinstance(data, list):
-        return ", ".join(map(str, data))
-    return str(data or training.get("domain", ""))
 
 
 def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: str | None = None) -> CheckpointInfo:
@@ -305,17 +189,9 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     Raises: CheckpointError if config.json or model.safetensors is missing or unreadable,
       naming the file and what to do.
     """
-    p = Path(path).expanduser().resolve()
-    if not p.is_dir():
-        raise CheckpointNotFoundError(
-            f"checkpoint folder {p} does not exist; give a folder holding "
-            f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a Hugging Face repo id (owner/name)"
-        )
-    for f in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (p / f).is_file():
-            raise CheckpointNotFoundError(
-                f"{p} has no {f}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})"
-            )
+    p = _local_path(path)
+    _folder_files(p, path)
+    p = p.resolve()
     config = _read_json(p / CONFIG_FILE)
     config_from_dict(config, str(p / CONFIG_FILE))  # every field that changes the numbers, well typed
     training = config.get("training") if isinstance(config.get("training"), dict) else {}
@@ -395,10 +271,7 @@ def resolve_checkpoint(
             pass  # a fireviz checkpoint on the Hub: fetched below
         # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
-        raise CheckpointNotFoundError(
-            f"{ref!r} is neither a checkpoint under {root}, an existing folder, nor a "
-            "Hugging Face repo id of the form owner/name; check the spelling or the path"
-        )
+        raise _not_found(ref, root)
     from huggingface_hub import snapshot_download
 
     try:
@@ -468,30 +341,75 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
 _FINGERPRINTS: dict[tuple, str] = {}
 
 
-def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
-    """``(config.json, model.safetensors)`` of a checkpoint folder, or of a fireviz checkpoint
-    on the Hugging Face Hub (``owner/name``, :func:`looks_like_hub_id`; fetched into the
-    huggingface_hub cache).
-
-    Raises: CheckpointNotFoundError (a CheckpointError) if there is no such folder or repo;
-      CheckpointError if either file is missing or cannot be fetched.
-    """
-    path = Path(checkpoint)
-    if path.is_dir():
-        files = path / CONFIG_FILE, path / WEIGHTS_FILE
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint {checkpoint} has no {' or '.join(missing)}: not a fireviz checkpoint "
-                "folder (save one with GPT.save_pretrained or `python -m fireviz train`)"
-            )
-        return files
-    name = str(checkpoint)
-    if not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is a local path
-        raise CheckpointNotFoundError(
-            f"checkpoint {checkpoint} not found: give a folder holding config.json and "
-            "model.safetensors (or a Hugging Face repo id owner/name)"
+def _local_path(checkpoint: str | os.PathLike) -> Path:
+    """The local path a checkpoint reference names: the path itself (``~`` expanded) when it
+    exists, else for a bare name (``fire``) that folder under :func:`checkpoints_root`, as
+    :func:`resolve_checkpoint` takes it, else the path as given (which does not exist).
+    Raises: CheckpointError for a reference that is not a path or a string."""
+    if not isinstance(checkpoint, (str, os.PathLike)) or not str(checkpoint).strip() or "\0" in str(checkpoint):
+        raise CheckpointError(
+            f"a checkpoint is a folder path, a checkpoint name or a Hugging Face repo id (owner/name), "
+            f"not {checkpoint!r}"
         )
+    path = Path(checkpoint).expanduser()
+    if not path.exists() and len(path.parts) == 1 and path.name not in (".", ".."):
+        named = checkpoints_root() / path.name
+        if named.is_dir():
+            return named
+    return path
+
+
+def _not_found(ref, root: Path | None = None) -> CheckpointNotFoundError:
+    """The one error for a checkpoint reference that names nothing (every door says it so)."""
+    return CheckpointNotFoundError(
+        f"checkpoint {str(ref)!r} not found: it is neither a checkpoint name under "
+        f"{root if root is not None else checkpoints_root()}, an existing folder, nor a Hugging Face "
+        "repo id (owner/name); check the spelling or the path"
+    )
+
+
+def _folder_files(path: Path, ref) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of the local checkpoint folder ``path`` (``ref`` as given).
+    Raises: CheckpointNotFoundError, one message per problem: nothing there, a file, or a folder
+    without one of the two files."""
+    if not path.is_dir():
+        if path.exists():
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is a file, not a checkpoint folder; give the folder holding "
+                f"{CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
+        raise _not_found(ref)
+    files = path / CONFIG_FILE, path / WEIGHTS_FILE
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointNotFoundError(
+            f"{path} has no {' or '.join(missing)}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})"
+        )
+    return files
+
+
+def checkpoint_folder(checkpoint: str | os.PathLike) -> Path | None:
+    """The local folder a checkpoint reference names (a path, ``~`` expanded, or a name under
+    :func:`checkpoints_root`, as :func:`checkpoint_files` takes it); None when there is none here
+    (a Hub repo id, or nothing). Nothing is downloaded. Raises: CheckpointError for a reference
+    that is not a path or a string."""
+    path = _local_path(checkpoint)
+    return path if path.is_dir() else None
+
+
+def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of a checkpoint folder (``~`` expanded), a checkpoint
+    name under :func:`checkpoints_root` (``fire``, as :func:`resolve_checkpoint` takes it; an
+    existing local path of that name comes first), or a fireviz checkpoint on the Hugging Face
+    Hub (``owner/name``, :func:`looks_like_hub_id`; fetched into the huggingface_hub cache).
+
+    Raises: CheckpointNotFoundError (a CheckpointError) if there is no such folder or repo, it
+      is a file, or a file is missing; CheckpointError if the Hub files cannot be fetched.
+    """
+    path = _local_path(checkpoint)
+    name = str(checkpoint)
+    if path.exists() or not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is local
+        return _folder_files(path, checkpoint)
     from huggingface_hub import hf_hub_download
 
     try:
@@ -517,6 +435,102 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     return _FINGERPRINTS[memo]
 
 
+def _weights_match(entries: dict[str, dict], config: GPTConfig, source: str) -> None:
+    """Raises: CheckpointError unless the tensors a safetensors header names are those of the model
+    of ``config`` — names and shapes, as ``load_state_checked`` requires — without reading any."""
+    import torch
+
+    with torch.device("meta"):  # the structure alone: nothing is allocated
+        own = {k: tuple(t.shape) for k, t in GPT(config).state_dict().items()}
+    stored = {k: tuple(e["shape"]) for k, e in entries.items()}
+    for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
+        if a not in stored and b in stored:  # safetensors keeps one name of a tied pair
+            stored[a] = stored[b]
+    missing, unexpected = sorted(set(own) - set(stored)), sorted(set(stored) - set(own))
+    mismatched = [f"{k}: file {stored[k]} vs config {own[k]}" for k in own if k in stored and stored[k] != own[k]]
+    parts = [
+        f"{what} {names[:5]}"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
+        if names
+    ]
+    if parts:
+        raise CheckpointError(f"{source} does not match its config.json: " + "; ".join(parts))
+
+
+def checked_config(checkpoint: str | os.PathLike) -> GPTConfig:
+    """A checkpoint's validated config, its weights checked against it from the safetensors header
+    alone (a complete file holding exactly the model's tensors, by name and shape); no tensor is
+    read. What :func:`load_model` would refuse for the files, but NaN/inf values and a tied pair
+    stored twice with different values (those need the weights).
+    Raises: CheckpointError as :func:`load_model`."""
+    config_path, weights_path = checkpoint_files(checkpoint)
+    try:
+        config = config_from_dict(read_json(config_path), str(config_path))
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+    _weights_match(_weights_header(weights_path), config, str(weights_path))
+    return config
+
+
+def _read_bytes(path: Path, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes of ``path`` and the state of the file they were read from (one open)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if limit is not None and st.st_size > limit:
+                raise CheckpointError(
+                    f"{path} is {st.st_size:,} bytes, more than the {limit:,} read for a JSON file; "
+                    "it is not a file fireviz wrote — restore it or train the checkpoint again"
+                )
+            return f.read(), st
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+def load_model_with_identity(checkpoint: str | os.PathLike, device: str = "cpu") -> tuple[GPT, str]:
+    """``(model, identity)`` of a checkpoint from ONE read of its files: the model as
+    :func:`load_model` loads it (strict, safetensors only, eval mode, on ``device``) and the
+    sha256 of exactly those bytes — :func:`checkpoint_sha256`'s value for them — so a weights
+    file replaced while it is read (a training run writing an interim checkpoint) can never give
+    numbers of one file under the identity of another.
+    Raises: CheckpointError as :func:`load_model`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    config_path, weights_path = checkpoint_files(checkpoint)
+    weights, w_st = _read_bytes(weights_path)
+    config_bytes, c_st = _read_bytes(config_path, MAX_JSON_BYTES)
+    h = hashlib.sha256(weights)
+    h.update(config_bytes)  # weights then config, as checkpoint_sha256 hashes them
+    memo = tuple(
+        (str(f.resolve()), st.st_mtime_ns, st.st_size) for f, st in ((weights_path, w_st), (config_path, c_st))
+    )
+    _FINGERPRINTS[memo] = sha = h.hexdigest()
+    try:
+        config = config_from_dict(parse_json(config_bytes.decode("utf-8"), str(config_path)), str(config_path))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"cannot read {config_path}: {e}") from e
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+    try:
+        model = GPT(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json of {checkpoint} is invalid: {e}") from e
+    except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
+        raise CheckpointError(
+            f"the model of {checkpoint} does not fit in memory ({str(e).splitlines()[0][:200]})"
+        ) from e
+    _safetensors_entries(io.BytesIO(weights), len(weights), str(weights_path))  # as load_model says it
+    try:
+        state = load(weights)
+    except (SafetensorError, ValueError) as e:
+        raise CheckpointError(
+            f"{weights_path} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
+        ) from e
+    load_state_checked(model, state, source=str(weights_path))
+    return model.to(device).eval(), sha
+
+
 def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
     """Load the GPT of a checkpoint folder (or a fireviz checkpoint's Hub id) through
     safetensors only (never pickle, strict), on ``device``, in eval mode. The one loader:
@@ -525,7 +539,8 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
     Raises: CheckpointError (CheckpointNotFoundError when there is nothing there) for a
       missing, corrupt or inconsistent checkpoint; never another exception type for bad files.
     """
-    config, _ = checkpoint_files(path)
+    config, weights = checkpoint_files(path)
+    _weights_header(weights)  # a junk or truncated file: the message read_checkpoint gives
     try:
         model = GPT.from_pretrained(str(config.parent), map_location=device)
     except CheckpointError:
@@ -542,7 +557,7 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
     Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
     from . import hub
 
-    folder = Path(ref).expanduser()
+    folder = _local_path(ref)
     cfg = folder / "config.json"
     if folder.is_dir() and cfg.is_file():
         try:
@@ -552,7 +567,7 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
         if published:
             return hub.load_published(str(folder), stack=stack)
         return load_model(folder)
-    if hub.looks_like_hub_id(ref):
+    if hub.looks_like_hub_id(str(ref)):
         try:
             return hub.load_published(ref, stack=stack, revision=revision)
         except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub

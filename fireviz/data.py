@@ -425,11 +425,6 @@ def split_documents(docs: list[Document], split: str, fraction: float = VALIDATI
     return out
 
 
-def encode_bytes(text: str) -> torch.Tensor:
-    """The bytes of ``text`` (:func:`text_bytes`) as int64 token ids ``[n_bytes]`` (no BOS)."""
-    return torch.from_numpy(np.frombuffer(text_bytes(text), dtype=np.uint8).astype(np.int64))
-
-
 def document_tokens(doc: Document) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of a document, int64 ``[doc.num_tokens]``."""
     return torch.cat([torch.tensor([BOS_ID], dtype=torch.int64), torch.from_numpy(doc.raw_bytes()[:].astype(np.int64))])

@@ -70,24 +70,8 @@ def _valid_entry(entry: object, length: int) -> bool:
         return False
     if "seconds" in entry and not _number(entry["seconds"]):
         return False
-    if "per_document" in entry or "ci95" in entry:
-        pd, ci = entry.get("per_document"), entry.get("ci95")
-        if not (
-            isinstance(pd, dict)
-            and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
-            and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1
-            and pd["doc"]
-            and all(isinstance(v, str) for v in pd["doc"])
-            and all(_number(v) for v in pd["nats"])
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
-            and sum(pd["tokens"]) == entry["tokens_scored"]
-            and entry.get("documents") == len(pd["doc"])
-        ):
-            return False
-        if ci is None and len(pd["doc"]) < stats.MIN_INTERVAL_DOCUMENTS:
-            pass  # too few documents: no interval
-        elif not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
-            return False
+    if ("per_document" in entry or "ci95" in entry) and not _valid_per_document(entry):
+        return False
     lbp = entry["loss_by_position"]
     if not (
         isinstance(lbp, dict)
@@ -97,6 +81,34 @@ def _valid_entry(entry: object, length: int) -> bool:
     return all(v is None or _number(v) for v in lbp["nats"]) and all(
         _number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k]
     )
+
+
+def _valid_per_document(entry: dict) -> bool:
+    # the per-document losses add up to the entry's own numbers (the mean is theirs, to rounding),
+    # and its interval holds its value: a hand-edited number is not served
+    pd, ci = entry.get("per_document"), entry.get("ci95")
+    if not (
+        isinstance(pd, dict)
+        and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
+        and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1
+        and pd["doc"]
+        and all(isinstance(v, str) for v in pd["doc"])
+        and all(_number(v) for v in pd["nats"])
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
+        and sum(pd["tokens"]) == entry["tokens_scored"]
+        and entry.get("documents") == len(pd["doc"])
+    ):
+        return False
+    mean = math.fsum(pd["nats"]) / sum(pd["tokens"])
+    if not (math.isfinite(mean) and math.isclose(entry["nats_per_token"], mean, rel_tol=1e-6, abs_tol=1e-12)):
+        return False
+    if ci is None and len(pd["doc"]) < stats.MIN_INTERVAL_DOCUMENTS:
+        return True  # too few documents: no interval
+    if not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
+        return False
+    bpb = entry["bits_per_byte"]
+    slack = 1e-6 * abs(bpb) + 1e-12  # the interval's percentiles and the mean are summed in other orders
+    return ci[0] - slack <= bpb <= ci[1] + slack
 
 
 #: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).

@@ -10,12 +10,14 @@ given setting produces would change. Units: tokens = bytes.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from . import synthetic
+from .data import DOMAINS
 from .encodings import check_normalizer_cap
 from .eval_device import resolve_device
 from .eval_variants import ROPE_SCALINGS
@@ -26,6 +28,7 @@ from .windows import (
     EvaluationError,
     _check_length,
     _check_mode,
+    _is_integer,
     check_prefix_tokens,
 )
 
@@ -48,13 +51,87 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
     None as given. Raises: EvaluationError for anything else."""
     if isinstance(token_budget, str) and token_budget == "auto":
         return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
-    if token_budget is not None and (
-        isinstance(token_budget, bool) or not isinstance(token_budget, (int, np.integer)) or token_budget < 1
-    ):
+    if token_budget is not None and (not _is_integer(token_budget) or token_budget < 1):
         raise EvaluationError(
             f"token_budget must be an integer >= 1, None (every window) or 'auto' (got {token_budget!r})"
         )
     return None if token_budget is None else int(token_budget)
+
+
+#: the keyword arguments of :meth:`EvalSettings.make` (the settings of ``evaluate_many``)
+SETTING_NAMES = (
+    "mode",
+    "stride",
+    "token_budget",
+    "seed",
+    "rope_scaling",
+    "split",
+    "position_buckets",
+    "device",
+    "batch_tokens",
+    "normalizer_cap",
+    "prefix_tokens",
+)
+#: the seeds ``torch.Generator().manual_seed`` takes (the windows are drawn with it)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_setting_names(settings: dict, also: tuple[str, ...] = ()) -> None:
+    """Raises: EvaluationError naming any key of ``settings`` that is neither an evaluation
+    setting (``SETTING_NAMES``) nor one of ``also``."""
+    unknown = sorted(str(k) for k in settings if k not in SETTING_NAMES and k not in also)
+    if unknown:
+        raise EvaluationError(
+            f"unknown evaluation setting(s) {', '.join(unknown)}; the settings are "
+            f"{', '.join(SETTING_NAMES + tuple(also))}"
+        )
+
+
+def _integer(name: str, value, lo: int, hi: int | None = None, fix: str = "", span: str = "") -> int:
+    """``value`` as an int (a numpy integer too) in ``lo`` … ``hi``. Raises: EvaluationError
+    naming ``name`` (``span`` says the range, ``fix`` the remedy) for anything else: a bool,
+    a float (2.0 included), a string, NaN."""
+    if not _is_integer(value) or value < lo or (hi is not None and value > hi):
+        span = span or (f">= {lo}" if hi is None else f"in {lo}..{hi}")
+        raise EvaluationError(f"{name} must be an integer {span} (got {value!r}){fix}")
+    return int(value)
+
+
+def check_lengths(lengths) -> tuple[int, ...]:
+    """The evaluation lengths as ints (tokens), in the order given, duplicates once.
+    Raises: EvaluationError for no lengths, a single number or string instead of a list,
+    or a length that is not an integer >= 2."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise EvaluationError(f"lengths must be a list of integers >= 2 tokens, e.g. [128, 256] (got {lengths!r})")
+    lengths = [_check_length(n) for n in lengths]
+    if not lengths:
+        raise EvaluationError("no evaluation lengths given")
+    return tuple(dict.fromkeys(lengths))
+
+
+def checkpoint_list(checkpoints) -> list:
+    """``checkpoints`` as a list. Raises: EvaluationError for none, or for one path or string given
+    where a list belongs (iterating it would read its characters as checkpoints)."""
+    if isinstance(checkpoints, (str, bytes, os.PathLike)):
+        raise EvaluationError(
+            f"checkpoints must be a list of checkpoint folders or names, e.g. [{str(checkpoints)!r}] "
+            f"(got the single {type(checkpoints).__name__} {str(checkpoints)!r}); use evaluate_checkpoint for one"
+        )
+    if not isinstance(checkpoints, Iterable):
+        raise EvaluationError(f"checkpoints must be a list of checkpoint folders or names (got {checkpoints!r})")
+    out = list(checkpoints)
+    if not out:
+        raise EvaluationError("no checkpoints given")
+    return out
+
+
+def _check_data(data) -> str:
+    if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
+        raise EvaluationError(
+            f"data must be a domain ({', '.join(DOMAINS)}), a file or folder path, or "
+            f"{synthetic.PREFIX}<task> (got {data!r})"
+        )
+    return str(data)
 
 
 @dataclass(frozen=True)
@@ -105,12 +182,13 @@ class EvalSettings:
         normalizer_cap=None,
         prefix_tokens=None,
     ) -> "EvalSettings":
-        """Validated settings (the arguments of :func:`evaluate_many`). Raises: EvaluationError naming the bad one."""
-        lengths = list(lengths)
-        if not lengths:
-            raise EvaluationError("no evaluation lengths given")
-        for n in lengths:
-            _check_length(n)
+        """Validated settings (the arguments of :func:`evaluate_many`), every field normalized: integers
+        are ints (numpy integers too; a float, bool or string is refused, never rounded), so equal
+        settings are one cache key. Raises: EvaluationError naming the bad one and the fix."""
+        data = _check_data(data)
+        lengths = check_lengths(lengths)
+        if stride is not None:
+            stride = _integer("stride", stride, 1, fix="; give a whole number of tokens, e.g. --stride 256")
         mode = _check_mode(mode, stride)
         if prefix_tokens is not None:
             if mode != "same_text" or synthetic.is_synthetic(data):
@@ -120,16 +198,15 @@ class EvalSettings:
                 )
             prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
         token_budget = resolve_token_budget(mode, token_budget)
+        seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
             raise EvaluationError(
                 f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
             )
-        if position_buckets < 1:
-            raise EvaluationError(f"position_buckets must be >= 1 (got {position_buckets})")
-        if batch_tokens is not None and not (isinstance(batch_tokens, int) and batch_tokens >= 1):
-            raise EvaluationError(
-                f"batch_tokens must be an integer >= 1 (got {batch_tokens!r}); omit it for the "
-                "default (8192 on CPU, 16384 on CUDA)"
+        position_buckets = _integer("position_buckets", position_buckets, 1, fix=f"; e.g. {DEFAULT_POSITION_BUCKETS}")
+        if batch_tokens is not None:
+            batch_tokens = _integer(
+                "batch_tokens", batch_tokens, 1, fix="; omit it for the default (8192 on CPU, 16384 on CUDA)"
             )
         try:  # before any checkpoint is read
             normalizer_cap = check_normalizer_cap(normalizer_cap)
@@ -141,28 +218,55 @@ class EvalSettings:
             # checkpoint); only the answer positions are scored
             if mode != DEFAULT_MODE or stride is not None:
                 raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
+            if split not in (None, "validation"):
+                raise EvaluationError(f"{data} draws fresh task sequences, it has no {split!r} split; drop --split")
             mode, split = "synthetic", "synthetic"
-            token_budget = SYNTHETIC_SEQUENCES if token_budget is None else max(1, int(token_budget))
+            token_budget = SYNTHETIC_SEQUENCES if token_budget is None else token_budget
         else:  # resolved here, so split=None and split="validation" are one cache key, as they are one text
             split = "validation" if split is None else split
             if split not in SPLITS:
                 raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
         return cls(
-            data=str(data),
-            lengths=tuple(dict.fromkeys(int(n) for n in lengths)),
+            data=data,
+            lengths=lengths,
             mode=mode,
             stride=stride,
             token_budget=token_budget,
-            seed=int(seed),
+            seed=seed,
             rope_scaling=rope_scaling,
             split=split,
-            position_buckets=int(position_buckets),
-            normalizer_cap=None if normalizer_cap is None else int(normalizer_cap),
+            position_buckets=position_buckets,
+            normalizer_cap=normalizer_cap,
             device=dev,
             precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
-            batch_tokens=int(batch_tokens or (16384 if dev.type == "cuda" else 8192)),
+            batch_tokens=batch_tokens or (16384 if dev.type == "cuda" else 8192),
             prefix_tokens=prefix_tokens,
         )
+
+    def describe(self) -> dict:
+        """What decides this evaluation's numbers, canonical and JSON-able (an evaluation job's key,
+        ``fireviz.jobs``): equal for every spelling of one computation (``device="auto"`` or
+        ``"cpu"`` on a CPU machine, ``token_budget="auto"`` or its resolved value, ``split=None`` or
+        ``"validation"``, lengths in any order). ``format`` (``EVAL_FORMAT_VERSION``), ``data``,
+        ``split``, ``lengths`` (sorted), ``mode``, ``stride``, ``token_budget``, ``seed``,
+        ``rope_scaling``, ``position_buckets``, ``normalizer_cap``, ``prefix_tokens``, ``precision``:
+        the device counts through the precision it decides; ``batch_tokens`` changes no number
+        and is left out."""
+        return {
+            "format": EVAL_FORMAT_VERSION,
+            "data": self.data,
+            "split": self.split,
+            "lengths": sorted(self.lengths),
+            "mode": self.mode,
+            "stride": self.stride,
+            "token_budget": self.token_budget,
+            "seed": self.seed,
+            "rope_scaling": self.rope_scaling,
+            "position_buckets": self.position_buckets,
+            "normalizer_cap": self.normalizer_cap,
+            "prefix_tokens": self.prefix_tokens,
+            "precision": self.precision,
+        }
 
     def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:
         """The settings that decide the numbers at length ``n``: the cache key's settings."""

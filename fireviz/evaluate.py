@@ -14,9 +14,10 @@ The pieces: the text and its windows per length (``fireviz.eval_plan`` over
 attention path and memory checks (``fireviz.eval_device``), progress and cancellation
 (``fireviz.eval_progress``), the scoring (``fireviz.scoring``), intervals and paired
 differences (``fireviz.stats``), zero-shot RoPE scaling and the cap (``fireviz.eval_variants``);
-the command line (``python -m fireviz eval``) is ``fireviz.eval_cli``. The evaluation API's
-names are re-exported here (the CLI is not). Units: tokens = bytes, loss in nats per token,
-bits per byte = nats / ln 2.
+the command line (``python -m fireviz eval``) is ``fireviz.eval_cli``. The names a caller of
+the evaluation needs (its defaults, modes, errors) can be imported from here; the rest from
+the modules that define them. Units: tokens = bytes, loss in nats per token, bits per byte =
+nats / ln 2.
 """
 
 from __future__ import annotations
@@ -33,37 +34,26 @@ import numpy as np
 import torch
 
 from . import __version__
-from .checkpoints import checkpoint_files, checkpoint_sha256, load_model  # noqa: F401  (the one door)
+from .checkpoints import checkpoint_folder, checkpoint_sha256, checked_config, load_model_with_identity
 from .encodings import fire_modules
 from .eval_cache import _lookup, cache_key, default_cache_dir, published_results
-from .eval_device import FLEX_MIN_LENGTH, device_name, memory_refusals, resolve_device, use_flex  # noqa: F401
+from .eval_device import device_name, memory_refusals, use_flex
 from .eval_plan import Plan, plan_text, run_settings, targets
-from .eval_progress import EvaluationCancelled, Progress, ProgressFn, StopFn  # noqa: F401
-from .eval_settings import (  # noqa: F401  (re-exported: the evaluation API in one place)
-    BOS_CONVENTION,
-    DEFAULT_LENGTHS,
-    EVAL_FORMAT_VERSION,
-    SPLITS,
-    SYNTHETIC_SEQUENCES,
-    EvalSettings,
-    resolve_token_budget,
-)
-from .eval_variants import ROPE_SCALINGS, apply_normalizer_cap, rope_scaled_model  # noqa: F401
-from .files import FileFormatError, read_json, write_json_atomic
+from .eval_progress import Progress, ProgressFn, StopFn
+from .eval_settings import DEFAULT_LENGTHS, EvalSettings, check_setting_names, checkpoint_list
+from .eval_variants import apply_normalizer_cap, rope_scaled_model
+from .files import write_json_atomic
 from .model import GPT, CheckpointError, GPTConfig
-from .model_state import config_from_dict, nonfinite_parameters
+from .model_state import nonfinite_parameters
 from .scoring import score_windows, summarize
 from .stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
-from .windows import (  # noqa: F401  (re-exported)
-    DEFAULT_MODE,
-    DEFAULT_POSITION_BUCKETS,
-    DEFAULT_TOKEN_BUDGET,
-    MODES,
-    EvaluationError,
-    Window,
-    plan_same_text,
-    plan_windows,
-)
+from .windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, EvaluationError, Window
+
+# what a caller of the evaluation needs besides the above, importable from here (pages, scripts)
+from .eval_progress import EvaluationCancelled  # noqa: F401
+from .eval_settings import SYNTHETIC_SEQUENCES  # noqa: F401
+from .eval_variants import ROPE_SCALINGS  # noqa: F401
+from .windows import MODES  # noqa: F401
 
 #: ``error`` of a length ``cached_results`` found no result for (the entry also has ``not_computed``)
 NOT_COMPUTED = "not computed yet"
@@ -84,6 +74,7 @@ class _Loaded:
     config: GPTConfig
     cap: int | None
     model: GPT | None = None
+    folder: str | os.PathLike | None = None  # the local folder (a name resolved), for its results.json
 
     @property
     def name(self) -> str:
@@ -116,56 +107,63 @@ def _check_scaling(ckpt, config: GPTConfig, s: EvalSettings) -> None:
         )
 
 
-def _check_reference(loaded: list[_Loaded], reference: int | str) -> list[_Loaded]:
-    """``loaded``, after checking it is not empty and holds ``reference``. Raises: EvaluationError."""
-    if not loaded:
-        raise EvaluationError("no checkpoints given")
-    if isinstance(reference, str):
-        _reference_index(
-            [{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded], reference
-        )  # a wrong reference fails before scoring
-    elif not (0 <= reference < len(loaded)):
-        raise EvaluationError(f"reference index {reference} is out of range for {len(loaded)} checkpoint(s)")
-    return loaded
+def _reference(loaded: list[_Loaded], reference) -> int:
+    """The index of the ``reference`` checkpoint (index, name or path) among ``loaded``, checked
+    before any scoring. Raises: EvaluationError."""
+    if isinstance(reference, np.integer):
+        reference = int(reference)
+    if isinstance(reference, bool) or not isinstance(reference, (int, str)):
+        raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
+    return _reference_index([{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded], reference)
 
 
-def _load_checkpoints(checkpoints, s: EvalSettings, reference: int | str) -> list[_Loaded]:
-    """Every checkpoint loaded and checked before any scoring (a bad one fails at once)."""
+def _load_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
+    """Every checkpoint loaded and checked before any scoring (a bad one fails at once); its
+    identity is that of the very bytes its weights were loaded from (one read)."""
     loaded = []
-    for ckpt in checkpoints:
-        sha, model = checkpoint_sha256(ckpt), load_model(ckpt)
+    for ckpt in checkpoint_list(checkpoints):
+        model, sha = load_model_with_identity(ckpt)
         bad = nonfinite_parameters(model)
         with _MEMO_LOCK:
             _NONFINITE[sha] = bad
         _refuse_nonfinite(ckpt, bad)
         _check_scaling(ckpt, model.config, s)
-        loaded.append(_Loaded(ckpt, sha, model.config, apply_normalizer_cap(model, s.normalizer_cap), model))
-    return _check_reference(loaded, reference)
+        cap = apply_normalizer_cap(model, s.normalizer_cap)
+        loaded.append(_Loaded(ckpt, sha, model.config, cap, model, checkpoint_folder(ckpt) or ckpt))
+    return loaded
 
 
-def _describe_checkpoints(checkpoints, s: EvalSettings, reference: int | str) -> list[_Loaded]:
+#: per checkpoint identity: its config, checked against its weights' header (``checked_config``)
+_CONFIGS: dict[str, GPTConfig] = {}
+
+
+def _describe_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
     """Every checkpoint's identity and config, read without its weights (for a cache lookup).
-    Raises: CheckpointError for a checkpoint that is not there or whose config does not read."""
+    Raises: CheckpointError for a checkpoint that evaluate_many would refuse before scoring, but
+    for NaN/inf weights: not there, a config.json that does not read, a weights file that is
+    junk, truncated or does not match the config (from its header)."""
     described = []
-    for ckpt in checkpoints:
+    for ckpt in checkpoint_list(checkpoints):
         sha = checkpoint_sha256(ckpt)
-        config_path, _ = checkpoint_files(ckpt)
-        try:
-            config = config_from_dict(read_json(config_path), str(config_path))
-        except FileFormatError as e:
-            raise CheckpointError(str(e)) from e
+        with _MEMO_LOCK:
+            config = _CONFIGS.get(sha)
+        if config is None:
+            config = checked_config(ckpt)  # the identity covers both files: checked once per identity
+            with _MEMO_LOCK:
+                _CONFIGS[sha] = config
         _check_scaling(ckpt, config, s)
         cap = None
         if s.normalizer_cap is not None:  # the cap counts where the model has FIRE modules (apply_normalizer_cap)
             with _MEMO_LOCK:
                 has_fire = _HAS_FIRE.get(sha)
             if has_fire is None:
-                has_fire = bool(fire_modules(GPT(config)))  # the structure only: no weights are read
+                with torch.device("meta"):  # the structure only: nothing is allocated, no weights are read
+                    has_fire = bool(fire_modules(GPT(config)))
                 with _MEMO_LOCK:
                     _HAS_FIRE[sha] = has_fire
             cap = s.normalizer_cap if has_fire else None
-        described.append(_Loaded(ckpt, sha, config, cap))
-    return _check_reference(described, reference)
+        described.append(_Loaded(ckpt, sha, config, cap, folder=checkpoint_folder(ckpt) or ckpt))
+    return described
 
 
 def _weights_are_finite(c: _Loaded) -> None:
@@ -173,18 +171,32 @@ def _weights_are_finite(c: _Loaded) -> None:
     with _MEMO_LOCK:
         bad = _NONFINITE.get(c.sha)
     if bad is None:
-        bad = nonfinite_parameters(load_model(c.path))
+        model, sha = load_model_with_identity(c.path)
+        bad = nonfinite_parameters(model)
         with _MEMO_LOCK:
-            _NONFINITE[c.sha] = bad
+            _NONFINITE[sha] = bad
+        if sha != c.sha:  # replaced since its identity was read: these are not the weights the number is for
+            raise CheckpointError(
+                f"{c.name} changed while it was read (is a training run writing it?); try again when it is written"
+            )
     _refuse_nonfinite(c.path, bad)
 
 
-def _cache_root(cache_dir: str | os.PathLike | None, use_cache: bool) -> Path:
-    """The cache folder (default ``default_cache_dir()``). Raises: EvaluationError if it is a file."""
+def _cache_root(cache_dir: str | os.PathLike | None, use_cache: bool, write: bool = True) -> Path:
+    """The cache folder (default ``default_cache_dir()``), checked before any work.
+    Raises: EvaluationError if it is a file or lies under one, or (``write``) if it cannot be
+    written or created: a result is never computed only to fail when it is stored."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if use_cache and root.exists() and not root.is_dir():
-        raise EvaluationError(f"the cache folder {root} is a file; give a folder (--cache-dir) or --no-cache")
-    return root
+    if not use_cache:
+        return root
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        why = "is a file" if existing == root else f"lies under {existing}, which is a file"
+    elif write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
+    else:
+        return root
+    raise EvaluationError(f"the cache folder {root} {why}; give a folder you can write (--cache-dir) or --no-cache")
 
 
 def _unscorable(c: _Loaded, n: int, windows: list[Window] | str) -> str | None:
@@ -296,7 +308,7 @@ def _evaluate_one(
 ) -> list[dict]:
     """One checkpoint at every length: cached where it can be, else scored (and cached)."""
     on_device, per_length = None, []
-    published = published_results(c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
+    published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
     for n in s.lengths:
         windows = plan.windows[n]
         why = _unscorable(c, n, windows)
@@ -377,8 +389,12 @@ def evaluate_many(
     (cached lengths count as done at once). Every result but the ``reference`` one (index or
     checkpoint name; default the first) carries, per length, ``paired_delta_bpb`` and
     ``paired_ci95`` against it (``with_paired_differences``).
+    ``checkpoints`` is a list (one path or string alone is refused: use ``evaluate_checkpoint``).
+    Each checkpoint's identity (``checkpoint_sha256``) is that of the very bytes its weights
+    are loaded from (``checkpoints.load_model_with_identity``: one read).
     Raises: as ``evaluate_checkpoint``; a checkpoint that does not load raises
-      CheckpointError before any scoring.
+      CheckpointError before any scoring, a cache folder that cannot be written
+      EvaluationError before anything is read.
     """
     t_start = time.perf_counter()
     s = EvalSettings.make(
@@ -396,10 +412,11 @@ def evaluate_many(
         normalizer_cap=normalizer_cap,
         prefix_tokens=prefix_tokens,
     )
-    loaded = _load_checkpoints(checkpoints, s, reference)  # a bad checkpoint is an error before minutes of work
+    cache_root = _cache_root(cache_dir, use_cache)  # a cache that cannot be written: before any work
+    loaded = _load_checkpoints(checkpoints, s)  # a bad checkpoint is an error before minutes of work
+    reference = _reference(loaded, reference)
     plan = plan_text(s)
     plan.windows.update(memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens))
-    cache_root = _cache_root(cache_dir, use_cache)
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
     per_checkpoint = sum(targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list))
     prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
@@ -449,23 +466,29 @@ def cached_results(
       could not be computed anyway, ``{"length", "error"}`` with the reason (no windows,
       beyond absolute position embeddings, more memory than there is now).
       ``seconds`` is this lookup's wall time.
-    Cost: a ``stat`` per data file and checkpoint file, a config read and a cache file read per
-      length; the data is read and hashed once per file state (``eval_plan.load_eval_documents``),
-      a checkpoint's weights once per process (to refuse NaN/inf weights, as ``evaluate_many``
-      does) and only when a number is found; the windows are planned each call.
-    Raises: as ``evaluate_many`` before its scoring: CheckpointError (a checkpoint or its
-      config.json does not read), DataError, EvaluationError (bad settings), NonFiniteLossError
-      (a number was found for weights holding NaN/inf). Never EvaluationCancelled.
+    Cost: a ``stat`` per data file and checkpoint file and a cache file read per length; a
+      config read and a weights-header check once per checkpoint identity and process; the data
+      is read and hashed once per file state (``eval_plan.load_eval_documents``), a checkpoint's
+      weights once per process (to refuse NaN/inf weights, as ``evaluate_many`` does) and only
+      when a number is found; the windows are planned each call.
+    Raises: as ``evaluate_many`` before its scoring: CheckpointError (a checkpoint that is not
+      there, a config.json that does not read, weights that are junk, truncated or do not
+      match the config — from the safetensors header, no weights loaded), DataError,
+      EvaluationError (bad or unknown settings, a cache folder that is a file),
+      NonFiniteLossError (a number was found for weights holding NaN/inf). Never
+      EvaluationCancelled.
     """
     t_start = time.perf_counter()
+    check_setting_names(settings)
     s = EvalSettings.make(data, lengths, **settings)
-    described = _describe_checkpoints(checkpoints, s, reference)
+    cache_root = _cache_root(cache_dir, True, write=False)
+    described = _describe_checkpoints(checkpoints, s)
+    reference = _reference(described, reference)
     plan = plan_text(s)
-    cache_root = _cache_root(cache_dir, True)
     refusals: dict[int, str] | None = None  # memory, checked only for a length not found
     results = []
     for c in described:
-        published = published_results(c.path, c.sha, plan.fingerprint) if use_published else []
+        published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_published else []
         per_length = []
         for n in s.lengths:
             why = _unscorable(c, n, plan.windows[n])
@@ -493,7 +516,8 @@ def evaluate_checkpoint(
     """Perplexity of one checkpoint at each evaluation length.
 
     Args:
-      checkpoint: a checkpoint folder (config.json + model.safetensors) or a Hub repo id.
+      checkpoint: a checkpoint folder (config.json + model.safetensors), a checkpoint name
+        under the checkpoints root (``fire``) or a Hub repo id.
       data: ``"prose" | "latex" | "code"`` or a path accepted by ``fireviz.data.load_documents``.
       lengths: window lengths ``n`` in tokens (bytes), each >= 2.
       mode: ``"same_text"`` (default: the same documents' first M tokens at every length),
@@ -544,8 +568,9 @@ def evaluate_checkpoint(
       adds ``position_encoding`` (``rope_pi``/``yarn``) and the ``encoding_options`` used.
       All numbers are finite floats or ints (JSON without NaN).
     Raises: CheckpointError (does not load), DataError (unknown domain, no text, empty
-      split), EvaluationError (bad settings, non-RoPE checkpoint with rope_scaling, CUDA
-      unavailable), EvaluationCancelled. A length that cannot be evaluated (longer than every
+      split), EvaluationError (bad settings — an integer setting given as a float, bool or
+      string included —, non-RoPE checkpoint with rope_scaling, CUDA unavailable, a cache
+      folder that cannot be written), EvaluationCancelled. A length that cannot be evaluated (longer than every
       document, stride larger than it) is an ``{"length", "error"}`` entry, not an exception.
     """
     return evaluate_many([checkpoint], data, lengths, **kwargs)[0]

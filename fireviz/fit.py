@@ -46,20 +46,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
+from .arg_checks import as_float, as_int, as_seed
 from .encodings import FIRE
-from .encodings.specs import t5_bucket_values  # noqa: F401  (public here since it was first defined in fit)
 from .fit_measure import BEYOND_CHUNK, measure_fit
 from .fit_result import BEYOND_FACTOR, FitResult, _json_safe
-from .fit_targets import (
-    TARGET_NAMES,  # noqa: F401
-    FitTarget,
-    make_target,
-)
+from .fit_targets import FitTarget, check_num_heads, make_target, target_names
 
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
@@ -181,23 +177,33 @@ def _candidates(n: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # fit_fire
 # --------------------------------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def _check_numbers(max_len, mlp_width, steps, seed, lr) -> tuple[int, int, int, int, float]:
+    """The fit's numbers as plain ints / float, each checked (no checkpoint is read for this).
+    Raises: ValueError naming the argument."""
+    return (
+        as_int(max_len, "max_len", 2, hint="the fitted range in tokens; FIRE needs at least two distances"),
+        as_int(mlp_width, "mlp_width", 2, hint="one unit for the linear term, the rest for kinks"),
+        as_int(steps, "steps", 0, hint="Adam steps after the closed-form start"),
+        as_seed(seed),
+        as_float(lr, "lr", 0, lo_open=True, hint=f"the Adam learning rate; the default is {DEFAULT_LR}"),
+    )
 
 
 @dataclass(frozen=True)
 class FitSettings:
-    """Everything that decides a fit's numbers, validated once (:meth:`FitSettings.make`).
+    """Everything that decides a fit's numbers, validated on construction (:meth:`FitSettings.make`,
+    or ``FitSettings(target, max_len, …)`` with a built ``FitTarget``: the same checks).
 
     Fields: ``target`` (the built ``FitTarget``: its name, JSON-able ``params`` and heads; a
-    ``checkpoint`` target is the loaded layer's bias), ``max_len`` (fitted range in tokens,
-    >= 2: every pair ``0 ≤ j ≤ i < max_len``; FIRE's threshold is ``L = max_len``),
-    ``mlp_width`` (hidden units of f_θ, >= 2: one carries the linear term, the others place
-    kinks), ``steps`` (Adam steps after the closed-form start, >= 0), ``seed`` (seeds the
-    module's construction; the fit draws no random numbers, so it is provenance only), ``lr``
-    (Adam learning rate for log c and the kinks, > 0). ``num_heads`` is the target's.
-    :meth:`describe` is the JSON description (the job key's settings), :meth:`caption` the
-    same in words.
+    ``checkpoint`` target is the loaded layer's bias, its params carry the weights' sha256),
+    ``max_len`` (fitted range in tokens, >= 2: every pair ``0 ≤ j ≤ i < max_len``; FIRE's
+    threshold is ``L = max_len``), ``mlp_width`` (hidden units of f_θ, >= 2: one carries the
+    linear term, the others place kinks), ``steps`` (Adam steps after the closed-form start,
+    >= 0), ``seed`` (0 … 2⁶⁴ − 1; seeds the module's construction; the fit draws no random
+    numbers, so it is provenance only), ``lr`` (Adam learning rate for log c and the kinks, a
+    finite number > 0). Integers are ints or numpy ints, never bools, floats or strings.
+    ``num_heads`` is the target's. :meth:`describe` is the JSON description (the job key's
+    settings and ``FitResult.to_dict``'s), :meth:`caption` the same in words.
     """
 
     target: FitTarget = field(hash=False)
@@ -205,7 +211,7 @@ class FitSettings:
     mlp_width: int
     steps: int
     seed: int
-    lr: float
+    lr: float = DEFAULT_LR
 
     @classmethod
     def make(
@@ -220,43 +226,43 @@ class FitSettings:
         target_params: dict | None = None,
     ) -> "FitSettings":
         """Validated settings (the arguments of :func:`fit_fire`). ``target`` is a ``FitTarget`` or
-        a target name, built here by ``make_target(target, num_heads, **target_params)``.
+        a target name, built here by ``make_target(target, num_heads, **target_params)`` after
+        every other argument is checked (a checkpoint target is read last).
 
-        Raises: ValueError for an unknown target name or bad target parameters (whatever
-          ``make_target`` raises; CheckpointError for a checkpoint target that does not load),
-          max_len not an integer >= 2, mlp_width < 2, steps < 0, a seed that is not an integer,
-          lr not a finite number > 0, ``num_heads`` different from the target's, or a fit
-          that would not fit in memory.
+        Raises: ValueError naming the argument for a target that is neither a name nor a
+          ``FitTarget``, ``target_params`` that are not a dict (or given with a ``FitTarget``),
+          max_len not an integer >= 2, mlp_width not an integer >= 2, steps not an integer >= 0,
+          a seed outside 0 … 2⁶⁴ − 1, lr not a finite number > 0, ``num_heads`` not an integer in
+          1 … MAX_FIT_HEADS or different from the target's; whatever ``make_target`` raises
+          (CheckpointError for a checkpoint target that does not load); a fit that would not fit
+          in memory or a target whose bias is not finite on the distances fitted and measured.
         """
+        numbers = _check_numbers(max_len, mlp_width, steps, seed, lr)  # cheap checks before any loading
+        heads = None if num_heads is None else check_num_heads(num_heads)
         if isinstance(target, str):
-            target = make_target(target, num_heads, **(target_params or {}))
+            if target_params is not None and not isinstance(target_params, Mapping):
+                raise ValueError(
+                    f"target_params must be a dict of the target's parameters (got {target_params!r}), "
+                    "e.g. {'slope': 0.5}"
+                )
+            target = make_target(target, heads, **(target_params or {}))
+        elif not isinstance(target, FitTarget):
+            raise ValueError(
+                f"target must be a target name (one of {', '.join(target_names())}) or a FitTarget (got {target!r})"
+            )
         elif target_params:
             raise ValueError("target_params apply to a target name; a FitTarget is already built")
-        if not _is_int(max_len) or max_len < 2:
-            raise ValueError(
-                f"max_len must be an integer >= 2 tokens (got {max_len!r}); FIRE needs at least two distances to fit"
-            )
-        if not _is_int(mlp_width) or mlp_width < 2:
-            raise ValueError(
-                f"mlp_width must be >= 2 (got {mlp_width!r}): one unit for the linear term, the rest for kinks"
-            )
-        if not _is_int(steps) or steps < 0:
-            raise ValueError(f"steps must be >= 0 (got {steps!r})")
-        if not _is_int(seed):
-            raise ValueError(f"seed must be an integer (got {seed!r})")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating)) or not 0 < lr < math.inf:
-            raise ValueError(f"lr must be a finite number > 0 (got {lr!r}); the default is {DEFAULT_LR}")
-        if num_heads is not None and num_heads != target.num_heads:
-            raise ValueError(f"num_heads={num_heads} but target {target.name!r} has {target.num_heads} heads")
-        from .memory import check_fits, fit_bytes
+        if heads is not None and heads != target.num_heads:
+            raise ValueError(f"num_heads={heads} but target {target.name!r} has {target.num_heads} heads")
+        return cls(target, *numbers)
 
-        check_fits(
-            fit_bytes(target.num_heads, int(max_len), int(mlp_width), BEYOND_FACTOR, BEYOND_CHUNK),
-            "cpu",
-            f"fitting {target.num_heads} heads over max_len {max_len}",
-            "lower max_len or the number of heads",
-        )
-        return cls(target, int(max_len), int(mlp_width), int(steps), int(seed), float(lr))
+    def __post_init__(self):
+        if not isinstance(self.target, FitTarget):
+            raise ValueError(f"target must be a FitTarget (got {self.target!r}); FitSettings.make builds one by name")
+        names = ("max_len", "mlp_width", "steps", "seed", "lr")
+        for name, value in zip(names, _check_numbers(*(getattr(self, n) for n in names))):
+            object.__setattr__(self, name, value)  # frozen: the checked values replace what was given
+        _check_fit_fits(self.target, self.max_len, self.mlp_width)
 
     @property
     def num_heads(self) -> int:
@@ -266,7 +272,7 @@ class FitSettings:
     def describe(self) -> dict:
         """The fit as JSON (what decides its numbers; the job key's settings): ``target`` (name),
         ``target_params`` (the target's own description: e.g. ALiBi's slopes, a checkpoint's
-        path, layer, encoding and training length), ``num_heads``, ``max_len`` (tokens),
+        path, layer, encoding, training length and ``checkpoint_sha256``), ``num_heads``, ``max_len`` (tokens),
         ``mlp_width``, ``steps``, ``seed``, ``lr``. Non-finite numbers become null."""
         return _json_safe(
             {
@@ -287,6 +293,26 @@ class FitSettings:
         return (
             f"FIRE (width {self.mlp_width}) to {self.target.name} ({self.num_heads} heads) on all pairs "
             f"0 ≤ j ≤ i < {self.max_len} tokens, {self.steps} steps, seed {self.seed}"
+        )
+
+
+def _check_fit_fits(target: FitTarget, max_len: int, mlp_width: int) -> None:
+    """Refuse a fit that would not fit in memory, then one whose target is not finite on the
+    distances the fit uses and measures (0 … BEYOND_FACTOR·max_len − 1). Raises: ValueError."""
+    from .memory import check_fits, fit_bytes
+
+    check_fits(
+        fit_bytes(target.num_heads, max_len, mlp_width, BEYOND_FACTOR, BEYOND_CHUNK),
+        "cpu",
+        f"fitting {target.num_heads} heads over max_len {max_len}",
+        "lower max_len or the number of heads",
+    )
+    values = target.bias_by_distance(torch.arange(BEYOND_FACTOR * max_len))
+    if not torch.isfinite(values).all():
+        d = int(torch.nonzero(~torch.isfinite(values).all(0))[0])
+        raise ValueError(
+            f"target {target.name!r} has a non-finite bias at distance {d} (the fit uses distances up to "
+            f"{BEYOND_FACTOR * max_len - 1}); give smaller parameters or a smaller max_len"
         )
 
 
@@ -319,8 +345,9 @@ def fit_fire(
       progress, should_stop, start_progress: as :func:`run_fit`.
       lr: Adam learning rate for log c and the kink positions (> 0).
     Returns: ``FitResult`` (see :func:`run_fit`).
-    Raises: ValueError for max_len < 2, mlp_width < 2, steps < 0, a heads mismatch, an
-      unknown target name (and whatever ``make_target`` raises); see ``FitSettings.make``.
+    Raises: ValueError naming the argument (max_len < 2, mlp_width < 2, steps < 0, a bool, float
+      or string where an integer belongs, a heads mismatch, an unknown target name, whatever
+      ``make_target`` raises); see ``FitSettings.make``.
     """
     with one_torch_thread():
         settings = FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, lr)

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from .files import FileFormatError, read_json, write_json_atomic
-from .fit import BEYOND_FACTOR, DEFAULT_STEPS, FitSettings, run_fit
+from .fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
 from .fit_result import _json_safe
-from .fit_targets import FitTarget, make_target, parse_numbers, target_names
+from .fit_targets import parse_numbers, target_names
 from .model import CheckpointError
 
 
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=32, help="FIRE MLP width (default 32)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"refinement steps (default {DEFAULT_STEPS})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"Adam learning rate (default {DEFAULT_LR})")
     p.add_argument("--out", default=None, help="write the result JSON here (FitResult.to_dict)")
     p.add_argument("--save-module", default=None, help="write the fitted FIRE here (safetensors)")
     p.add_argument("--no-curves", action="store_true", help="leave per-distance curves out of the JSON")
@@ -104,7 +105,8 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
 }
 
 
-def _target_from_args(a: argparse.Namespace) -> FitTarget:
+def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
+    """``(target name, heads, target parameters)`` from the flags; nothing is read or built here."""
     from . import hub
 
     if a.target not in target_names() and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
@@ -136,15 +138,18 @@ def _target_from_args(a: argparse.Namespace) -> FitTarget:
     if a.target == "checkpoint" and "path" not in params:
         raise _CLIError("--target checkpoint needs --checkpoint PATH (a checkpoint folder)")
     heads = a.heads if a.heads is not None or a.target == "checkpoint" else 8
-    return make_target(a.target, heads, **params)
+    return a.target, heads, params
 
 
 def settings_from_args(a: argparse.Namespace) -> FitSettings:
-    """The fit the parsed arguments ask for (target, ``--max-len``, ``--width``, ``--steps``, ``--seed``).
+    """The fit the parsed arguments ask for (target, ``--max-len``, ``--heads``, ``--width``,
+    ``--steps``, ``--seed``, ``--lr``): ``FitSettings.make``, which checks the numbers before a
+    checkpoint target is read.
 
     Raises: _CLIError for flags that do not go together; ValueError / CheckpointError from
-      ``make_target`` and ``FitSettings.make``."""
-    return FitSettings.make(_target_from_args(a), a.max_len, mlp_width=a.width, steps=a.steps, seed=a.seed)
+      ``FitSettings.make`` (and ``make_target``)."""
+    name, heads, params = _target_from_args(a)
+    return FitSettings.make(name, a.max_len, heads, a.width, a.steps, a.seed, a.lr, target_params=params)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,6 +149,7 @@ def measure_fit(
     beyond, rows, table, last_row = _measure_beyond(module, target, n)
     top = BEYOND_FACTOR * n
     return FitResult(
+        settings=settings,
         module=module,
         target=target,
         max_len=n,

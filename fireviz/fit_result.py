@@ -7,12 +7,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .encodings import FIRE
 from .files import atomic_write, read_safetensors
 from .fit_targets import FitTarget
+
+if TYPE_CHECKING:
+    from .fit import FitSettings
 
 #: Multiple of ``max_len`` up to which ``fit_fire`` measures the error beyond the fitted range.
 BEYOND_FACTOR = 4
@@ -26,9 +30,11 @@ class FitResult:
     """Outcome of ``fit_fire``.
 
     Attributes:
+      settings: the ``FitSettings`` fitted (every setting that decides the numbers; ``to_dict``
+        writes its ``describe()``).
       module: the fitted ``FIRE`` (float32, ``init_L = max_len``, multiplier 1, so
         ``threshold() = max_len`` tokens); ``bias(q, k)`` gives its logits.
-      target: the ``FitTarget`` fitted.
+      target: the ``FitTarget`` fitted (``settings.target``).
       max_len: fitted range, tokens: all pairs ``0 ≤ j ≤ i < max_len``.
       loss_curve: objective per step (mean over heads of (RMSE_h/std_h)², fitted range);
         entry 0 is the closed-form initialisation.
@@ -49,9 +55,10 @@ class FitResult:
         beyond_distance, beyond_target, beyond_fitted: that row's curves, ``d = 0..4·max_len−1``.
       steps, steps_run, stopped: requested steps, steps taken, whether ``should_stop`` ended it.
       seconds: wall-clock seconds of the whole fit including the evaluation.
-      mlp_width, seed, c: width of f_θ, the seed, the fitted c.
+      mlp_width, seed, c: width of f_θ, the seed, the fitted c; ``lr``: the Adam learning rate.
     """
 
+    settings: "FitSettings"
     module: FIRE
     target: FitTarget
     max_len: int
@@ -82,6 +89,11 @@ class FitResult:
     c: float
 
     @property
+    def lr(self) -> float:
+        """The Adam learning rate of the fit (``settings.lr``)."""
+        return self.settings.lr
+
+    @property
     def residuals(self) -> np.ndarray:
         """Target − fitted per distance inside the fitted range, float32 ``[num_heads, max_len]`` (logits)."""
         return self.target_values - self.fitted_values
@@ -96,19 +108,19 @@ class FitResult:
         return fire_options(self.module)
 
     def save(self, path: str | Path) -> Path:
-        """Write the fitted module to ``path`` (safetensors; see ``save_fitted_fire``)."""
+        """Write the fitted module to ``path`` (safetensors; see ``save_fitted_fire``), with the fit's
+        settings (``FitSettings.describe()``: target, target_params, max_len, …) and relative RMSE."""
         return save_fitted_fire(
-            self.module,
-            path,
-            extra={"target": self.target.name, "max_len": self.max_len, "relative_rmse": self.relative_rmse},
+            self.module, path, extra={**self.settings.describe(), "relative_rmse": self.relative_rmse}
         )
 
     def to_dict(self, curves: bool = True) -> dict:
         """JSON-able summary (what ``python -m fireviz fit --out`` writes).
 
         Keys:
-          ``target`` (name), ``target_params``, ``max_len``, ``num_heads``, ``mlp_width``,
-          ``steps``, ``steps_run``, ``stopped``, ``seed``, ``seconds``;
+          the fit's settings, ``FitSettings.describe()``: ``target`` (name), ``target_params``
+          (a checkpoint target's with its ``checkpoint_sha256``), ``num_heads``, ``max_len``,
+          ``mlp_width``, ``steps``, ``seed``, ``lr``; then ``steps_run``, ``stopped``, ``seconds``;
           metrics ``relative_rmse``, ``relative_rmse_per_head`` (list [H]), ``max_abs_error``,
           ``rmse`` and the same with suffix ``_beyond``; ``beyond_factor`` (4),
           ``beyond_rows``; ``loss_curve`` (list, entry 0 = initialisation);
@@ -122,15 +134,9 @@ class FitResult:
         Non-finite numbers (a constant target's relative error) are written as null.
         """
         out = {
-            "target": self.target.name,
-            "target_params": self.target.params,
-            "max_len": self.max_len,
-            "num_heads": self.target.num_heads,
-            "mlp_width": self.mlp_width,
-            "steps": self.steps,
+            **self.settings.describe(),
             "steps_run": self.steps_run,
             "stopped": self.stopped,
-            "seed": self.seed,
             "seconds": self.seconds,
             "relative_rmse": self.relative_rmse,
             "relative_rmse_per_head": self.relative_rmse_per_head,

@@ -236,38 +236,73 @@ def default_queue(name: str = "evaluate") -> JobQueue:
 
 
 # -- evaluations ---------------------------------------------------------------------------------
+#: keyword arguments of ``evaluate_many`` an evaluation job passes on besides its settings, with
+#: their defaults (they decide what comes back, e.g. the paired reference, not how a number is made)
+_RUN_OPTIONS = {"reference": 0, "require_intervals": True, "use_published": True, "use_cache": True, "cache_dir": None}
+
+
+def _settings_description(data: str, lengths, settings: dict):
+    """``(EvalSettings, options)`` of an evaluation job's arguments, validated: the settings through
+    ``EvalSettings.make``, the options (``_RUN_OPTIONS``) kept where they differ from the default.
+    Raises: EvaluationError for a bad or unknown setting."""
+    from .eval_settings import EvalSettings, check_setting_names
+    from .windows import EvaluationError
+
+    check_setting_names(settings, also=tuple(_RUN_OPTIONS))
+    s = EvalSettings.make(data, lengths, **{k: v for k, v in settings.items() if k not in _RUN_OPTIONS})
+    options = {k: settings[k] for k, default in _RUN_OPTIONS.items() if k in settings and settings[k] != default}
+    if options.get("cache_dir") is not None:
+        options["cache_dir"] = str(options["cache_dir"])
+    try:
+        json.dumps(options, allow_nan=False)
+    except (TypeError, ValueError):
+        raise EvaluationError(
+            f"the options {', '.join(sorted(options))} of an evaluation must be plain values (got {options!r})"
+        ) from None
+    return s, options
+
+
 def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int], settings: dict) -> dict:
     """The description (hence the key) of an evaluation job.
 
     Args: ``checkpoints`` as ``[{"path": folder, "fingerprint": weights hash}]`` (the hash makes a
       retrained checkpoint a new job); ``data`` a domain name or file path (an uploaded file's
       path contains its content hash); ``lengths`` in tokens; ``settings`` the other keyword
-      arguments of ``fireviz.evaluate.evaluate_many`` (mode, stride, token_budget, seed,
-      rope_scaling, split, device).
-    Returns: a JSON-able dict; equal inputs give equal keys whatever the order of lengths.
+      arguments of ``fireviz.evaluate.evaluate_many``: its settings (mode, stride, token_budget,
+      seed, rope_scaling, split, position_buckets, device, batch_tokens, normalizer_cap,
+      prefix_tokens) and options (reference, require_intervals, use_published, use_cache, cache_dir).
+    Returns: ``{"kind": "evaluate", "checkpoints", "settings": EvalSettings.make(data, lengths,
+      ...).describe()}`` (+ ``"options"`` that differ from their defaults): JSON-able, and equal for
+      every spelling of one computation — ``device="auto"`` or ``"cpu"`` on a CPU machine,
+      ``token_budget="auto"`` or its value, lengths in any order, ``batch_tokens`` or not.
+    Raises: EvaluationError for a bad or unknown setting.
     """
-    return {
-        "kind": "evaluate",
-        "checkpoints": checkpoints,
-        "data": str(data),
-        "lengths": sorted({int(n) for n in lengths}),
-        "settings": dict(sorted(settings.items())),
-    }
+    s, options = _settings_description(data, lengths, settings)
+    return _described(checkpoints, s, options)
 
 
-def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> dict:
+def _described(checkpoints: list[dict], s, options: dict) -> dict:
+    out = {"kind": "evaluate", "checkpoints": checkpoints, "settings": s.describe()}
+    return {**out, "options": options} if options else out
+
+
+def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict):
+    """``(EvalSettings, job description)``; the settings are checked before any checkpoint is read."""
     from .checkpoints import checkpoint_sha256
+    from .eval_settings import checkpoint_list
 
-    ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths]
-    return evaluation_description(ckpts, data, lengths, settings)
+    s, options = _settings_description(data, lengths, settings)
+    paths = checkpoint_list(checkpoint_paths)
+    ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in paths]
+    return s, _described(ckpts, s, options)
 
 
 def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> Job | None:
     """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
 
-    Raises: CheckpointError if a checkpoint's weights cannot be read.
+    Raises: as ``submit_evaluation``.
     """
-    return default_queue("evaluate").find(_evaluation(checkpoint_paths, data, lengths, settings))
+    return default_queue("evaluate").find(_evaluation(checkpoint_paths, data, lengths, settings)[1])
 
 
 def submit_evaluation(
@@ -284,14 +319,16 @@ def submit_evaluation(
       ``evaluation_description`` (settings are passed to evaluate_many as keywords);
       ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
       " + yarn". (What is already cached, without computing: ``fireviz.evaluate.cached_results``,
-      a direct call.)
+      a direct call.) One computation is one job, however its settings are spelled
+      (``EvalSettings.describe``).
     Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
       checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
       finished length into its cache, so after a cancel or a server restart those lengths
       are not computed again.
-    Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
+    Raises: EvaluationError for bad settings (an unknown one, a bad value), CheckpointError if
+      a checkpoint's weights cannot be read — both at once, before anything is queued.
     """
-    description = _evaluation(checkpoint_paths, data, lengths, settings)
+    s, description = _evaluation(checkpoint_paths, data, lengths, settings)
 
     def work(progress, should_stop):
         from . import evaluate
@@ -300,7 +337,7 @@ def submit_evaluation(
             results = evaluate.evaluate_many(
                 checkpoint_paths,
                 data,
-                description["lengths"],
+                description["settings"]["lengths"],
                 progress=progress,
                 should_stop=should_stop,
                 **settings,
@@ -312,7 +349,7 @@ def submit_evaluation(
         return results
 
     return (queue_ or default_queue("evaluate")).submit(
-        description, work, label="evaluation" + label_suffix, device=settings.get("device")
+        description, work, label="evaluation" + label_suffix, device=str(s.device)
     )
 
 
@@ -326,17 +363,17 @@ def dilution_description(
     normalizer_cap: int | None = None,
 ) -> dict:
     """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
-    make a retrained checkpoint a new job. Raises: CheckpointError for unreadable weights."""
+    make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
+    positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
     from .checkpoints import checkpoint_sha256
+    from .dilution_settings import DilutionSettings
 
+    settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
     return {
         "kind": "dilution",
         "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths],
         "source": str(source),
-        "query_positions": [int(p) for p in query_positions],
-        "near": int(near),
-        "rows": int(rows),
-        "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap),
+        **settings.describe(),
     }
 
 
@@ -392,31 +429,14 @@ def submit_dilution(
 
 
 # -- FIRE fits ----------------------------------------------------------------------------------
-def _bytes_fingerprint(module) -> str:
-    """sha256 (16 hex digits) of a module's tensors, in state_dict order."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for k, t in module.state_dict().items():
-        h.update(k.encode() + t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
-    """(validated ``fit.FitSettings``, job description): the settings' own description is the key,
-    plus the weights' identity for a checkpoint target (a retrained checkpoint is a new fit)."""
+    """(validated ``fit.FitSettings``, job description): the settings' own description is the key
+    (a checkpoint target's parameters carry its identity, a published model's its bias's hash,
+    so a retrained checkpoint is a new fit)."""
     from . import fit
 
     settings = fit.FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, target_params=target_params)
-    description = {"kind": "fit", **settings.describe()}
-    built = settings.target
-    if target == "checkpoint" and built.params.get("published"):  # a published model: its commit, or its table
-        description["fingerprint"] = built.params.get("revision") or _bytes_fingerprint(built.encoding)
-    elif target == "checkpoint":
-        from .checkpoints import checkpoint_sha256
-
-        description["fingerprint"] = checkpoint_sha256(target_params["path"])
-    return settings, description
+    return settings, {"kind": "fit", **settings.describe()}
 
 
 def find_fit(
@@ -441,7 +461,7 @@ def submit_fit(
     """Run ``fireviz.fit.fit_fire`` in the background on the "fit" queue (or return the job
     already fitting exactly this).
 
-    Args: ``target`` in ``fireviz.fit.TARGET_NAMES`` with ``target_params`` for
+    Args: ``target`` in ``fireviz.fit_targets.target_names()`` with ``target_params`` for
       ``make_target`` (for ``checkpoint``: ``path`` and ``layer``; num_heads is then None);
       ``max_len`` fitted range (tokens); ``mlp_width``, ``steps``, ``seed`` as ``fit_fire``.
     Returns: the :class:`Job`. Progress counts optimisation steps; the message carries the

@@ -128,6 +128,24 @@ def fit_bytes(num_heads: int, max_len: int, mlp_width: int = 32, beyond_factor: 
     return int(data + beyond)
 
 
+def bias_report_bytes(n_head: int, n_layer: int, max_position: int) -> int:
+    """Estimated memory (bytes) of ``fireviz.analysis.run_bias_report``'s curves: one bias row
+    ``[heads, i + 1]`` per query position and layer up to ``max_position`` (a few float32 copies)."""
+    return int(16 * n_head * n_layer * (max_position + 1) + (64 << 20))
+
+
+def bias_matrix_bytes(n_head: int, points: int) -> int:
+    """Estimated memory (bytes) of one query × key bias matrix on ``points`` positions per axis:
+    float32 ``[heads, points, points]``, a few copies."""
+    return int(3 * FLOAT32 * n_head * points * points + (64 << 20))
+
+
+def fire_curve_bytes(n_head: int, mlp_width: int, points: int, mlp_depth: int = 1) -> int:
+    """Estimated memory (bytes) of FIRE's f_θ on ``points`` inputs: per hidden layer its
+    ``[points, width]`` activations before and after the ReLU, then ``[points, heads]`` out."""
+    return int(FLOAT32 * points * (2 * mlp_width * mlp_depth + 2 * n_head + 2) + (64 << 20))
+
+
 def memory_problem(configs, length: int, batch: int, device, batch_tokens: int) -> str | None:
     """Why ``length`` cannot be evaluated in this machine's memory, or None if it fits.
 

@@ -7,8 +7,9 @@ causal attention through ``F.scaled_dot_product_attention`` with the position bi
 into the mask (added after the 1/√d_head scaling, before masking).
 
 Attention probabilities are handed out by the model itself: ``GPT.capture_attention`` (the
-computation is ``fireviz.attention_capture``) and ``GPT.attention_probs``, which stops the pass
-after the last layer it needs (``GPT.hidden_states``). What defines a model is
+computation is ``fireviz.attention_capture``; a capture records only its own thread's passes)
+and ``GPT.attention_probs``, which stops the pass after the last layer it needs
+(``GPT.hidden_states``). What defines a model is
 ``fireviz.model_config.GPTConfig``; reading a saved one back, and its weights, is checked by
 ``fireviz.model_state`` (``GPT.from_pretrained``).
 """
@@ -27,7 +28,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from .attention import attention, causal_attention_mask
-from .attention_capture import AttentionCapture, check_layers, check_queries
+from .attention_capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
 from .encodings import PositionEncoding, build_encoding, encoding_spec
 from .encodings.base import check_position_offset
 from .model_state import check_checkpoint_ref, check_load_options, folder_weights, load_checked
@@ -63,9 +64,9 @@ class KVCache:
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention; the position encoding is passed in per call.
 
-    ``capture``: None, or the ``AttentionCapture`` of a ``GPT.capture_attention`` block, which
-    each call then hands its queries, keys and mask (``fireviz.attention_capture``); the
-    output is the same either way.
+    Under a ``GPT.capture_attention`` block each call of the thread that opened it hands the
+    block's ``AttentionCapture`` its queries, keys and mask (``fireviz.attention_capture``;
+    ``capture`` is that thread's, else None); the output is the same either way.
     """
 
     def __init__(self, config: GPTConfig):
@@ -76,7 +77,16 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.query_block = config.attn_query_block
         self.backend = "sdpa"  # or "flex" (GPT.set_attention_backend): the bias inside FlexAttention
-        self.capture: AttentionCapture | None = None  # set by GPT.capture_attention only
+
+    @property
+    def capture(self) -> AttentionCapture | None:
+        """The capture recording this module's calls in the calling thread (``GPT.capture_attention``), or None."""
+        return CAPTURES.lookup(self)
+
+    def _dropout_in_call(self, position_offset: int) -> float:
+        """The attention dropout probability a call applies now (0 in eval mode and on the flex path)."""
+        flex = self.backend == "flex" and not torch.is_grad_enabled() and not position_offset
+        return self.dropout if self.training and not flex else 0.0
 
     def forward(
         self,
@@ -91,7 +101,7 @@ class CausalSelfAttention(nn.Module):
         """``x [batch, pos, d_model]`` at absolute positions ``position_offset + q_offset…`` → same shape.
 
         ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
-        Under a capture (``self.capture``) the probabilities of this call are recorded too.
+        Under a capture of the calling thread (``self.capture``) the probabilities of this call are recorded too.
         """
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -100,8 +110,12 @@ class CausalSelfAttention(nn.Module):
             q, k = encoding.rotate(q, pos), encoding.rotate(k, pos)
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        if self.capture is not None:  # GPT.capture_attention: the probabilities from these q, k and mask
-            self.capture.record(layer, q, k, encoding, q_offset, mask, position_offset)
+        if CAPTURES.active:  # some thread is in GPT.capture_attention: is it this one, for this module?
+            capture = CAPTURES.lookup(self)
+            if capture is not None:  # the probabilities from these q, k and mask
+                capture.record(
+                    layer, q, k, encoding, q_offset, mask, position_offset, self._dropout_in_call(position_offset)
+                )
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
@@ -162,6 +176,19 @@ class Block(nn.Module):
         """Pre-LN residual block: x + attn(ln(x)), then + mlp(ln(x)); x ``[batch, T, d_model]``."""
         x = x + self.drop(self.attn(self.ln_1(x), encoding, q_offset, cache, layer, mask, position_offset))
         return x + self.mlp(self.ln_2(x))
+
+
+def _check_token_ids(idx) -> None:
+    """Raises ValueError unless ``idx`` is a non-empty int64 / int32 tensor ``[batch, pos]`` of token ids."""
+    if not torch.is_tensor(idx):
+        raise ValueError(f"idx must be token ids, an int64 tensor [batch, pos] (got {type(idx).__name__})")
+    if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"idx must be token ids, an int64 tensor [batch, pos] (got a {idx.dim()}-D {idx.dtype} tensor of "
+            f"shape {tuple(idx.shape)}); for one sequence pass idx[None], for floats idx.long()"
+        )
+    if idx.numel() == 0:
+        raise ValueError(f"idx holds no tokens (shape {tuple(idx.shape)}); give at least one sequence of >= 1 token")
 
 
 class GPT(
@@ -261,8 +288,10 @@ class GPT(
         before the final LayerNorm) for token ids ``idx [batch, pos]`` (int64); the blocks after
         it, ``ln_f`` and ``lm_head`` are not run. Same numbers as inside ``forward`` (no KV cache).
 
-        Raises: ValueError as ``forward``, or for ``upto_layer`` not a block index.
+        Raises: ValueError as ``forward``, for ``upto_layer`` not a block index, or for ``idx`` not
+        a non-empty integer tensor ``[batch, pos]``.
         """
+        _check_token_ids(idx)
         n = len(self.blocks)
         if upto_layer is None:
             upto_layer = n - 1
@@ -314,7 +343,7 @@ class GPT(
     def capture_attention(
         self,
         layers: Iterable[int] | int | None = None,
-        queries: Iterable[int] | torch.Tensor | None = None,
+        queries: Iterable[int] | int | torch.Tensor | None = None,
         logits: bool = False,
     ) -> Iterator[AttentionCapture]:
         """Record the attention probabilities of ``layers`` in the forward passes run inside the block.
@@ -323,55 +352,60 @@ class GPT(
         float32 ``[batch, heads, queries, keys]``: softmax(q·kᵀ/√d_head + bias + causal mask)
         from the very q, k and mask layer 1 attended with (``fireviz.attention_capture``).
         Args:
-          layers: block indices (an int or several; default all).
-          queries: query positions to record (tokens, 0-based, a KV cache's tokens counted;
-            default every query of each pass); every pass through a recorded layer must hold them.
-          logits: also record the content logits q·kᵀ/√d_head and the additive mask
+          layers: block indices: an int, or a list, tuple, range, set or 1-D integer tensor /
+            array of them (default all).
+          queries: query positions to record (tokens, 0-based, a KV cache's tokens counted; an int
+            or the forms ``layers`` takes; default every query of each pass); every pass through
+            a recorded layer must hold them.
+          logits: True to also record the content logits q·kᵀ/√d_head and the additive mask
             (``AttentionRecord.content``, ``.bias``).
         Yields: the :class:`~fireviz.attention_capture.AttentionCapture`; its ``records`` (the
           latest pass per layer) stay readable after the block. The forward's output is the
-          same, bit for bit, with and without a capture. The capture leaves the modules when
-          the block ends, by an exception too.
-        Raises: ValueError for a bad layer or query position (at once) and, during a pass, for
-          a query position the pass does not hold; RuntimeError if this model is already
-          capturing (captures do not nest).
+          same, bit for bit, with and without a capture. The capture ends with the block, by
+          an exception too. In training mode with dropout > 0 the records hold the
+          probabilities before attention dropout (``AttentionRecord.dropout``: the rate applied).
+        Threads: only the passes run by the thread that opened the block are recorded; other
+          threads may run or capture the same model meanwhile, unaffected.
+        Raises: ValueError for a bad layer, query position or ``logits`` not a bool (at once)
+          and, during a pass, for a query position the pass does not hold; RuntimeError if
+          this thread is already capturing this model (captures of one model do not nest).
         """
-        cap = AttentionCapture(check_layers(layers, len(self.blocks)), check_queries(queries), logits)
-        if any(block.attn.capture is not None for block in self.blocks):
-            raise RuntimeError("this model is already capturing attention; end that capture_attention block first")
-        modules = [self.blocks[layer].attn for layer in cap.layers]
-        try:
-            for attn in modules:
-                attn.capture = cap
+        cap = AttentionCapture(check_layers(layers, len(self.blocks)), check_queries(queries), check_logits(logits))
+        modules = [block.attn for block in self.blocks]
+        with CAPTURES.open(cap, [modules[layer] for layer in cap.layers], modules):
             yield cap
-        finally:
-            for attn in modules:
-                attn.capture = None
 
     @torch.no_grad()
     def attention_probs(
         self,
         idx: torch.Tensor,
         layers: Iterable[int] | int | None = None,
-        queries: Iterable[int] | torch.Tensor | None = None,
+        queries: Iterable[int] | int | torch.Tensor | None = None,
         logits: bool = False,
         position_offset: int = 0,
     ) -> AttentionCapture:
         """One pass over token ids ``idx [batch, pos]`` (int64) recording ``layers``' attention.
 
-        As ``capture_attention`` (same arguments), run in eval mode (dropout off; the mode is
-        restored after) without gradients, and stopped after the last layer asked for
-        (``hidden_states(idx, max(layers))``). Returns: the capture; ``cap[layer].probs`` float32
-        ``[batch, heads, queries, keys]``.
-        Raises: ValueError as ``capture_attention`` and ``forward``.
+        As ``capture_attention`` (same arguments), run in eval mode (dropout off) without
+        gradients, and stopped after the last layer asked for (``hidden_states(idx,
+        max(layers))``). A model in training mode is switched to eval mode for the pass and back
+        after (which other threads' passes at that moment would see: share models in eval mode,
+        as the app does; one in eval mode is left untouched). Thread-safe otherwise.
+        Returns: the capture; ``cap[layer].probs`` float32 ``[batch, heads, queries, keys]``.
+        Raises: ValueError as ``capture_attention`` and ``forward``, or for ``idx`` not a
+          non-empty integer tensor ``[batch, pos]``.
         """
+        _check_token_ids(idx)
         was_training = self.training
-        self.eval()
+        switch = any(m.training for m in self.modules())  # a model wholly in eval mode is not touched
+        if switch:
+            self.eval()
         try:
             with self.capture_attention(layers, queries, logits) as cap:
                 self.hidden_states(idx, cap.layers[-1], position_offset)
         finally:
-            self.train(was_training)
+            if switch:
+                self.train(was_training)
         return cap
 
     @torch.no_grad()

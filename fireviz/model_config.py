@@ -7,6 +7,7 @@ are bytes, ``BOS_ID`` = 256 starts a document.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -74,7 +75,9 @@ class GPTConfig:
         """Check every field; returns self. Raises ValueError with the field and the fix.
 
         Sizes are bounded (``CONFIG_LIMITS``; at most ``MAX_PARAMETERS`` parameters) before
-        anything is built, so a config.json with absurd sizes is refused, not allocated."""
+        anything is built, so a config.json with absurd sizes is refused, not allocated. Encoding
+        options: each encoding checks its values; none may be NaN/inf, a true/false option takes
+        only true or false and no other takes one (``_check_option_values``)."""
         for name in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size", "attn_query_block"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -117,6 +120,8 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
+        if isinstance(self.config_format, bool) or self.config_format not in (1, CONFIG_FORMAT):
+            raise ValueError(f"GPTConfig.config_format must be 1 or {CONFIG_FORMAT} (got {self.config_format!r})")
         try:  # option *values* are checked by the encoding itself; a throwaway build (small), RNG untouched
             with torch.random.fork_rng(devices=[]):
                 build_encoding(
@@ -126,6 +131,7 @@ class GPTConfig:
             raise ValueError(
                 f"encoding_options {self.encoding_options} are invalid for {self.position_encoding!r}: {e}"
             ) from None
+        _check_option_values(self.position_encoding, self.encoding_options)  # what the encoding let through
         return self
 
     @property
@@ -155,3 +161,32 @@ class GPTConfig:
             for k, v in spec.defaults_from_seq_len(self.seq_len).items():
                 opts.setdefault(k, v)
         return opts
+
+
+def _leaves(value):
+    """The scalars inside an option value (itself, or the items of nested lists / tuples / dicts)."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+def _check_option_values(encoding: str, options: dict) -> None:
+    """What every encoding option shares, checked after the encoding's own checks (which name
+    their problems better): an option whose default is true/false takes only true or false; any
+    other takes no true/false; no number is NaN or infinite. Raises: ValueError naming the option."""
+    defaults = encoding_spec(encoding).defaults
+    for name, value in options.items():
+        leaves = list(_leaves(value))
+        if isinstance(defaults.get(name), bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"encoding_options.{name} of {encoding!r} must be true or false (got {value!r})")
+            continue
+        if any(isinstance(v, bool) for v in leaves):
+            raise ValueError(f"encoding_options.{name} of {encoding!r} takes a number, not true/false (got {value!r})")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in leaves):
+            raise ValueError(f"encoding_options.{name} of {encoding!r} must be finite (got {value!r})")

@@ -11,13 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figure_base import (
-    FIT_RANGE_MARK,
-    _arr,
-    _as_dict,
-    _color,
-    _mark_length,  # noqa: F401
-)
+from .figure_base import FIT_RANGE_MARK, _arr, _as_dict, _color
 
 
 # -- fit ---------------------------------------------------------------------------------------

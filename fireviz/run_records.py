@@ -1,27 +1,63 @@
 """What a checkpoint folder says about itself: its results JSON (schema-checked), its train log,
-the headline numbers and training summary shown for it. Files fireviz did not just write are
-read through ``fireviz.files`` (bounded, finite) and refused with the reason; a bad file
-affects only its own checkpoint (``fireviz.checkpoints`` lists the rest)."""
+the headline numbers and training summary shown for it (``CheckpointInfo``), the naming of
+extra-seed runs. Files fireviz did not just write are read through ``fireviz.files`` (bounded,
+finite) and refused with the reason; a bad file affects only its own checkpoint
+(``fireviz.checkpoints``, which finds and loads checkpoints, lists the rest)."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from .files import FileFormatError, read_json, read_jsonl
 from .model import CheckpointError
-
-if TYPE_CHECKING:
-    from .checkpoints import CheckpointInfo
 
 CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
 #: The compressed train log of a shipped checkpoint (scripts/ship_checkpoint.py writes it).
 LOG_FILE_GZ = LOG_FILE + ".gz"
 #: JSON files in a checkpoint folder that are not evaluation results.
 _NOT_RESULTS = {CONFIG_FILE, "trainer_state.json", "tokenizer.json", "generation_config.json"}
+
+
+#: An extra-seed run sits beside its seed-0 run: ``fire_seed1`` is ``fire`` trained with train.seed=1.
+SEED_FOLDER = re.compile(r"^(?P<base>[A-Za-z0-9_.-]+?)_seed(?P<seed>[1-9][0-9]*)$")
+
+
+def seed_run(name: str) -> tuple[str, int] | None:
+    """``(base name, training seed)`` for an extra-seed checkpoint name (``"fire_seed2"`` →
+    ``("fire", 2)``, the naming of ``scripts/train_reference.sh`` and ``checkpoints/``); None
+    for any other name, including the seed-0 run itself."""
+    m = SEED_FOLDER.match(name)
+    return (m["base"], int(m["seed"])) if m else None
+
+
+def seed_base(name: str) -> str:
+    """The seed-0 run's name for any run: ``"fire_seed2"`` → ``"fire"``, ``"fire"`` → ``"fire"``."""
+    run = seed_run(name)
+    return run[0] if run else name
+
+
+def seed_groups(names) -> dict[str, list[str]]:
+    """``{base: [base, extra-seed names…]}`` (sorted) for each name among ``names`` that has
+    extra-seed runs (see :func:`seed_run`) among them too; {} when none has."""
+    names = list(names)
+    groups: dict[str, list[str]] = {}
+    for name in sorted(names):
+        run = seed_run(name)
+        if run and run[0] in names:
+            groups.setdefault(run[0], [run[0]]).append(name)
+    return groups
+
+
+def seed0_first(names: list[str]) -> list[str]:
+    """``names`` with every extra-seed run (see :func:`seed_run`) moved after the others,
+    order otherwise kept: a default selection of the first N then shows N encodings."""
+    return [n for n in names if seed_run(n) is None] + [n for n in names if seed_run(n) is not None]
 
 
 def _read_json(path: Path, expect: type | tuple | None = None) -> Any:
@@ -153,6 +189,111 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
                     "not what fireviz writes — restore or delete it"
                 )
     return records
+
+
+@dataclass
+class CheckpointInfo:
+    """What the app shows about one checkpoint, read from its files without loading weights.
+
+    Attributes:
+      name: folder name (or the Hub repo id).
+      path: absolute folder path (str).
+      source: ``"local"``, ``"hub"`` (then ``repo_id`` is set) or ``"published"`` (a published
+        transformers model, read through ``fireviz.hub``: see ``published``).
+      config: config.json as a dict.
+      position_encoding: the config's encoding name.
+      num_parameters: parameters in model.safetensors (tied embeddings counted once).
+      seq_len: training length in tokens (bytes).
+      training: the config's ``training`` provenance dict (may be empty).
+      training_tokens: tokens seen in training (from ``training`` or the log), or None.
+      data: a short description of the training data ("" if unknown).
+      results: every results JSON in the folder, as ``{file name: parsed JSON}``.
+      headline: see :func:`headline_numbers`.
+      problems: ``{file name: problem}`` for this checkpoint's files that were refused
+        (a results JSON or train log that is not what fireviz writes); they are left out.
+      published: for a published model (``source == "published"``), its
+        ``fireviz.hub.PublishedModel`` (decoder stack); None for a fireviz checkpoint.
+    """
+
+    name: str
+    path: str
+    source: str
+    config: dict
+    position_encoding: str
+    num_parameters: int
+    seq_len: int
+    training: dict = field(default_factory=dict)
+    training_tokens: int | None = None
+    data: str = ""
+    results: dict = field(default_factory=dict)
+    headline: dict = field(default_factory=dict)
+    repo_id: str | None = None
+    problems: dict = field(default_factory=dict)
+    published: Any = None
+
+    @property
+    def is_published(self) -> bool:
+        """True for a published model read through ``fireviz.hub`` (position encodings only:
+        the bias pages and fit take it, evaluation and training logs do not)."""
+        return self.published is not None
+
+    @property
+    def training_seed(self) -> int | None:
+        """``train.seed`` the checkpoint was trained with (from ``training.settings``), or None."""
+        settings = self.training.get("settings") if isinstance(self.training.get("settings"), dict) else {}
+        seed = settings.get("seed")
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+    @property
+    def label(self) -> str:
+        """``name (encoding)`` for widgets and legends; ``name (published: family)`` for a published model."""
+        if self.is_published:
+            return f"{self.name} (published: {self.published.config.family})"
+        return f"{self.name} ({self.position_encoding})"
+
+    def summary_row(self) -> dict:
+        """One row for the checkpoint table: name, encoding, training seed, headline numbers (first,
+        so a narrow window shows them), parameters, tokens, progress (see
+        :func:`training_progress`), length, data, where the numbers come from."""
+        row = {"checkpoint": self.name, "encoding": self.position_encoding, "training seed": self.training_seed}
+        row.update({k: v for k, v in self.headline.items() if k != "source"})
+        row.update(
+            {
+                "parameters": self.num_parameters,
+                "training tokens": self.training_tokens,
+                "progress": training_progress(self.training),
+                "training length": self.seq_len,
+                "data": self.data,
+                "numbers from": self.headline.get("source", ""),
+            }
+        )
+        return row
+
+
+def training_progress(training: dict) -> str:
+    """``"step N / max_steps"`` from the ``training`` provenance dict (``steps`` and
+    ``settings.max_steps``), with ``" (interim)"`` when N < max_steps; ``"step N"`` when the
+    planned total is unknown; "" when neither is recorded."""
+    steps = training.get("steps")
+    settings = training.get("settings") if isinstance(training.get("settings"), dict) else {}
+    total = settings.get("max_steps", training.get("max_steps"))
+    if not isinstance(steps, (int, float)):
+        return ""
+    if not isinstance(total, (int, float)) or total <= 0:
+        return f"step {int(steps)}"
+    return f"step {int(steps)} / {int(total)}" + (" (interim)" if steps < total else "")
+
+
+def _describe_data(training: dict) -> str:
+    data = training.get("data", training.get("dataset", ""))
+    if isinstance(data, dict):
+        for k in ("domain", "name", "source", "path"):
+            if data.get(k):
+                return str(data[k])
+        return ", ".join(f"{k}={v}" for k, v in list(data.items())[:2])
+    if isinstance(data, list):
+        return ", ".join(map(str, data))
+    return str(data or training.get("domain", ""))
 
 
 def training_summary_row(info: CheckpointInfo, log: list[dict], last_steps: int = SUMMARY_STEPS) -> dict:

@@ -131,35 +131,3 @@ def validation_sequences(task: CopyTask, length: int, count: int) -> torch.Tenso
     """The fixed validation windows of a synthetic run: ``count`` sequences of ``length`` tokens
     from ``VALIDATION_SEED`` → int64 ``[count, length]``."""
     return task.sequences(length, count, VALIDATION_SEED + length)
-
-
-@torch.no_grad()
-def score_sequences(
-    model, seqs: torch.Tensor, first_target: int, device: torch.device | str = "cpu", batch_tokens: int = 8192
-) -> dict:
-    """Loss and accuracy of ``model`` on the answer positions of task sequences.
-
-    Args: ``seqs`` int64 ``[count, length]``; ``first_target``: window position of the first
-      answer token (``CopyTask.split``); positions ``first_target … length − 1`` are scored.
-    Returns: per sequence (numpy arrays ``[count]``): ``nats`` (summed next-token loss on the
-      answers, float64), ``tokens`` (answer tokens, int64), ``correct`` (answers whose argmax
-      prediction is right, int64), ``exact`` (bool: every answer right).
-    """
-    device = torch.device(device)
-    count, length = seqs.shape
-    per_batch = max(1, int(batch_tokens) // length)
-    nats, correct = np.zeros(count), np.zeros(count, dtype=np.int64)
-    use_autocast = device.type == "cuda"
-    for b in range(0, count, per_batch):
-        x = seqs[b : b + per_batch].to(device)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
-            logits = model(x)
-        pred = logits[:, first_target - 1 : length - 1].float()
-        target = x[:, first_target:]
-        nll = torch.nn.functional.cross_entropy(
-            pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none"
-        ).view(target.shape)
-        nats[b : b + per_batch] = nll.double().sum(1).cpu().numpy()
-        correct[b : b + per_batch] = (pred.argmax(-1) == target).sum(1).cpu().numpy()
-    tokens = np.full(count, length - first_target, dtype=np.int64)
-    return {"nats": nats, "tokens": tokens, "correct": correct, "exact": correct == tokens}

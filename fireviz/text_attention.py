@@ -118,13 +118,14 @@ def attention_dilution(
         left as it was. Recorded as ``normalizer_cap`` (None for other encodings).
     Returns: ``DilutionResult`` with ``share [layers, heads, positions]``.
     Raises: ValueError if tokens are not 1-D/2-D integers, too short for the largest query
-      position, or near/rows < 1; the model's own ValueError for a model with absolute
-      position embeddings asked past its training length.
+      position, for bad query positions, near/rows not integers >= 1 or a bad normalizer cap;
+      the model's own ValueError for a model with absolute position embeddings asked past its
+      training length.
     """
     if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() not in (1, 2):
         raise ValueError("tokens must be a 1-D or 2-D integer (Long) tensor of token ids")
-    if near < 1 or rows < 1:
-        raise ValueError(f"near and rows must be >= 1 (got near={near}, rows={rows})")
+    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in (near, rows)):
+        raise ValueError(f"near and rows must be integers >= 1 (got near={near!r}, rows={rows!r})")
     cfg = model.config
     positions = _check_positions(
         query_positions
@@ -174,7 +175,8 @@ def dilution_cache_path(
     """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
     the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
     settings. ``cache_dir`` defaults to ``fireviz.evaluate.default_cache_dir()``.
-    Raises: OSError if the checkpoint's files cannot be read."""
+    Raises: CheckpointError (``fireviz.checkpoints.checkpoint_sha256``) if the checkpoint's
+    config.json or model.safetensors is missing or cannot be read."""
     from .evaluate import default_cache_dir
 
     folder = Path(checkpoint)
@@ -212,7 +214,11 @@ def cached_attention_dilution(
     (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
     writes the result atomically. A damaged cache file is recomputed (never shown).
     Returns: the result dict (``"cached"``: whether it was read), or None when not cached
-      and ``compute`` is False. Raises: as ``attention_dilution`` and ``load_checkpoint``.
+      and ``compute`` is False.
+    Raises: ValueError as ``attention_dilution`` (bad query positions before anything is read);
+      CheckpointError for a checkpoint that is missing, unreadable or does not load
+      (``dilution_cache_path``, ``fireviz.checkpoints.load_model``); OSError if the result
+      cannot be written to the cache folder.
     """
     from .files import read_json, write_json_atomic
 

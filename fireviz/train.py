@@ -103,7 +103,8 @@ def train(
       training loss and validation losses in nats/token (None if not evaluated).
     Raises: TrainingError (settings, folder), DataError (missing/empty/too short data),
       CheckpointError (corrupt, truncated or mismatched checkpoint on resume). All checks
-      happen before anything is written.
+      happen before anything is written. During the run: TrainingError for a loss or weights
+      that are no longer finite (settings that overflow), before that step's checkpoint.
     """
     from tqdm import tqdm
 
@@ -220,7 +221,10 @@ class _Run:
             )
             loss = float(_all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
             if not math.isfinite(loss):
-                raise TrainingError(f"loss became {loss} at step {step + 1}; lower train.lr or check the data")
+                raise TrainingError(
+                    f"loss became {loss} at step {step + 1}: the weights or gradients are no longer finite; "
+                    f"lower train.lr (now {tc.lr:g}) or train.weight_decay (now {tc.weight_decay:g}), or check the data"
+                )
             done, dt = step + 1, time.perf_counter() - t0
             rec = {
                 "step": done,
@@ -281,6 +285,15 @@ class _Run:
             self.log.flush()
 
     def checkpoint(self, step: int) -> None:
+        """Write the checkpoint of ``step`` (rank 0). Raises: TrainingError, before writing, for
+        weights that are no longer finite (the step's update overflowed; every rank checks)."""
+        bad = next((n for n, p in self.raw.named_parameters() if not bool(torch.isfinite(p).all())), None)
+        if bad is not None:
+            raise TrainingError(
+                f"the weights are no longer finite after step {step} ({bad}); nothing was written for this step: "
+                f"lower train.lr (now {self.tc.lr:g}) or train.weight_decay (now {self.tc.weight_decay:g}), "
+                "or check the data"
+            )
         if self.d.master:
             _write_checkpoint(
                 self.out,

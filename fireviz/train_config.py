@@ -1,8 +1,9 @@
 """Training settings: the ``[model]`` and ``[train]`` tables of a TOML file, ``--set`` overrides.
 
-``TrainConfig`` (the ``[train]`` table; ``[model]`` is ``fireviz.model.GPTConfig``) with
-``validate``; ``load_config(path, overrides)`` reads a TOML file, applies ``--set
-section.key=value`` overrides and refuses an unknown key with the list of known ones;
+``TrainConfig`` (the ``[train]`` table, frozen: a changed setting is a new one made with
+``dataclasses.replace``; ``[model]`` is ``fireviz.model.GPTConfig``) with ``validate``;
+``load_config(path, overrides)`` reads a TOML file, applies ``--set section.key=value``
+overrides and refuses an unknown key with the list of known ones;
 ``settings_dict``/``config_hash`` are a run's identity (a resume must match it outside the
 settings that do not change the numbers).
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -20,6 +23,12 @@ from .model import GPTConfig
 
 #: largest train.random_position_offset (tokens)
 MAX_POSITION_OFFSET = 1 << 30
+#: largest value of any integer setting, train.seed included: int64's maximum (what torch's
+#: generators and every file fireviz writes hold)
+MAX_INT_SETTING = (1 << 63) - 1
+#: largest train.lr: AdamW moves each weight by about lr per step (weights start near 0.02),
+#: so a larger one only destroys the model, or overflows the float32 update
+MAX_LR = 1.0
 #: Training settings that do not change the trained numbers; they may differ on --resume.
 #: (``data`` may move: its content is checked by fingerprint instead.)
 _FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "checkpoint_interval", "eval_batches"})
@@ -35,9 +44,11 @@ class TrainingError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # Settings
 # ---------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """The ``[train]`` table: how a model is trained (saved in ``config.json['training']``).
+
+    Frozen: ``dataclasses.replace(tc, lr=…)`` makes a changed copy (validate it again).
 
     Attributes:
       data: ``"prose" | "latex" | "code"`` (bundled) or a path accepted by
@@ -47,18 +58,20 @@ class TrainConfig:
         number of GPUs). Must be divisible by world_size × grad_accum.
       grad_accum: micro-steps per optimizer step on each process.
       max_steps: optimizer steps in the whole run (the cosine reaches min_lr here).
-      lr, min_lr: peak and final learning rate; ``min_lr`` None → lr / 10.
+      lr, min_lr: peak and final learning rate, lr in (0, ``MAX_LR``]; ``min_lr`` in [0, lr],
+        None → lr / 10.
       warmup_steps: steps of linear warmup from 0 to lr.
       weight_decay: AdamW decoupled decay on 2-D transformer weights only (not on
-        biases, LayerNorm or position-encoding parameters).
+        biases, LayerNorm or position-encoding parameters); >= 0 with lr × weight_decay <= 1
+        (each step multiplies those weights by 1 − lr·weight_decay).
       beta1, beta2: AdamW moment coefficients (0.9, 0.95 as in GPT-3 / nanoGPT).
-      grad_clip: max global L2 norm of the gradient; 0 disables clipping.
-      seed: seeds initialization, data windows and dropout.
+      grad_clip: max global L2 norm of the gradient (finite); 0 disables clipping.
+      seed: seeds initialization, data windows and dropout; in [0, 2**63 − 1].
       eval_interval: validate every N steps (and at steps 0 and max_steps); 0 → only at
         the end.
       eval_batches: validation windows per length = eval_batches × batch_size.
       checkpoint_interval: checkpoint every N steps (and at max_steps); 0 → only at the end.
-      device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``.
+      device: ``"auto"`` (cuda if available, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
       dtype: ``"auto"`` (bfloat16 autocast on CUDA, float32 on CPU), ``"float32"``,
         ``"bfloat16"`` (autocast; weights and optimizer stay float32).
       compile: wrap the model in ``torch.compile`` (CUDA recommended).
@@ -73,6 +86,8 @@ class TrainConfig:
         were, up to rounding. All windows of one micro-batch
         share the offset (one bias per attention call); with grad_accum > 1 a step draws
         several. Needs a relative encoding (no absolute position embedding).
+    Every number must be finite (TOML's nan and inf are refused) and every integer at most
+    ``MAX_INT_SETTING``.
     """
 
     data: str = "prose"
@@ -96,8 +111,9 @@ class TrainConfig:
     random_position_offset: int = 0
 
     def validate(self) -> "TrainConfig":
-        """Check every field; returns self. Raises TrainingError naming the field."""
+        """Check every field; returns self. Raises TrainingError naming the field and the fix."""
         _check_types(self, "train")
+        _check_numbers(self, "train")
         for name in ("batch_size", "grad_accum", "max_steps"):
             if getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must be >= 1 (got {getattr(self, name)})")
@@ -119,10 +135,18 @@ class TrainConfig:
                 raise TrainingError(f"train.{name} must be >= 0 (got {getattr(self, name)})")
         if self.eval_batches < 1:
             raise TrainingError(f"train.eval_batches must be >= 1 (got {self.eval_batches})")
-        if not self.lr > 0:
-            raise TrainingError(f"train.lr must be > 0 (got {self.lr})")
+        if not 0 < self.lr <= MAX_LR:
+            raise TrainingError(
+                f"train.lr must be > 0 and at most {MAX_LR} (got {self.lr}); AdamW moves each weight by "
+                "about lr per step (e.g. --set train.lr=1e-3)"
+            )
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
+        if self.lr * self.weight_decay > 1:
+            raise TrainingError(
+                f"train.weight_decay × train.lr must be at most 1 (got {self.weight_decay} × {self.lr}): each "
+                "step multiplies the decayed weights by 1 − lr·weight_decay; lower train.weight_decay (e.g. 0.1)"
+            )
         if self.warmup_steps > self.max_steps:
             raise TrainingError(
                 f"train.warmup_steps={self.warmup_steps} exceeds max_steps={self.max_steps}; "
@@ -131,8 +155,8 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise TrainingError(f"train.{name} must lie in [0, 1) (got {getattr(self, name)})")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise TrainingError(f"train.device must be auto, cpu or cuda (got {self.device!r})")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:[0-9]{1,4}", self.device):
+            raise TrainingError(f"train.device must be auto, cpu, cuda or cuda:N (got {self.device!r})")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise TrainingError(f"train.dtype must be auto, float32 or bfloat16 (got {self.dtype!r})")
         if not self.data:
@@ -165,6 +189,20 @@ def _check_types(obj, section: str) -> None:
             raise TrainingError(
                 f"{section}.{f.name} must be {want.replace(' | None', '')} "
                 f"(got {value!r} of type {type(value).__name__})"
+            )
+
+
+def _check_numbers(obj, section: str) -> None:
+    """Raise TrainingError for a non-finite float or an integer past ``MAX_INT_SETTING`` in a
+    dataclass's fields (after ``_check_types``: every value has its field's type)."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainingError(f"{section}.{f.name} must be a finite number (got {value})")
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT_SETTING:
+            raise TrainingError(
+                f"{section}.{f.name} must be at most 2**63 − 1 = {MAX_INT_SETTING} (got {value}); "
+                + ("give a smaller seed" if f.name == "seed" else "give a smaller number")
             )
 
 

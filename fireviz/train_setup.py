@@ -37,7 +37,8 @@ EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 
 def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
     """The device ``train.device`` names (``auto``: CUDA if available; this process's GPU under
-    torchrun). Raises: TrainingError for CUDA asked for but not available."""
+    torchrun). Raises: TrainingError for CUDA asked for but not available, or a GPU index past
+    the ones there are."""
     if tc.device == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     else:
@@ -45,7 +46,13 @@ def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise TrainingError("train.device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
-        return torch.device("cuda", d.local_rank if d.world > 1 else (torch.device(name).index or 0))
+        index = d.local_rank if d.world > 1 else (torch.device(name).index or 0)
+        if index >= torch.cuda.device_count():
+            raise TrainingError(
+                f"train.device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0; "
+                "use device='cuda' or a smaller index"
+            )
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

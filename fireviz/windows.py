@@ -238,9 +238,7 @@ def plan_same_text(
       message (they cannot be evaluated; they do not shrink the text of the others).
     Raises: EvaluationError for a bad length, budget or prefix, or if no length can be evaluated.
     """
-    lengths = [int(n) for n in lengths]
-    for n in lengths:
-        _check_length(n)
+    lengths = [_check_length(n) for n in lengths]
     if token_budget is not None and token_budget < 1:
         raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
     if prefix_tokens is not None:
@@ -259,7 +257,7 @@ def plan_same_text(
 
 def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
     """``prefix_tokens`` as an int; EvaluationError unless an integer >= every length (tokens)."""
-    if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, (int, np.integer)) or prefix_tokens < 2:
+    if not _is_integer(prefix_tokens) or prefix_tokens < 2:
         raise EvaluationError(f"prefix_tokens must be an integer >= 2 tokens (got {prefix_tokens!r})")
     if prefix_tokens < max(lengths):
         raise EvaluationError(
@@ -294,9 +292,16 @@ def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed
     return SameTextPlan(M, tuple(eligible), skipped, windows)
 
 
-def _check_length(length: int) -> None:
-    if int(length) != length or length < 2:
+def _is_integer(value) -> bool:
+    """True for an int or numpy integer (not a bool, a float — 2.0 included — or a string)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_length(length) -> int:
+    """``length`` as an int. Raises: EvaluationError unless an integer >= 2 tokens."""
+    if not _is_integer(length) or length < 2:
         raise EvaluationError(f"evaluation length must be an integer >= 2 tokens (got {length!r})")
+    return int(length)
 
 
 def _check_mode(mode: str | None, stride: int | None) -> str:
@@ -306,7 +311,7 @@ def _check_mode(mode: str | None, stride: int | None) -> str:
     if mode == "sliding":
         if stride is None:
             raise EvaluationError("sliding mode needs a stride (tokens), e.g. --stride 256")
-        if int(stride) != stride or stride < 1:
+        if not _is_integer(stride) or stride < 1:
             raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
     elif stride is not None:
         raise EvaluationError(
@@ -324,7 +329,7 @@ def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tu
       buckets. Raises: EvaluationError if ``buckets < 1`` or ``length < 2``.
     """
     _check_length(length)
-    if buckets < 1:
-        raise EvaluationError(f"position_buckets must be >= 1 (got {buckets})")
+    if not _is_integer(buckets) or buckets < 1:
+        raise EvaluationError(f"position_buckets must be an integer >= 1 (got {buckets!r})")
     edges = np.unique(np.round(np.linspace(1, length, min(buckets, length - 1) + 1)).astype(np.int64))
     return edges[:-1].tolist(), edges[1:].tolist()

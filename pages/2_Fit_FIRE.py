@@ -34,13 +34,20 @@ LABELS = {
     "sandwich": "Sandwich",
     "checkpoint": "a checkpoint's own bias",
 }
+
+
+def label(name: str) -> str:
+    """A target's name in words (a registered encoding's by its spec's summary)."""
+    return LABELS.get(name) or encoding_spec(name).summary or name
+
+
 left, right = st.columns([1, 2])
 with left:
     target = st.selectbox(
         "Target",
         TARGETS,
         key=ui.url_state(P, "target", "alibi", options=TARGETS),
-        format_func=lambda t: LABELS.get(t) or encoding_spec(t).summary or t,
+        format_func=label,
     )
     params: dict = {}
     num_heads = None
@@ -229,7 +236,7 @@ with right:
     d = res.to_dict()
     if st.session_state.get(ui.key(P, "asked")) not in (None, asked):
         st.info(
-            f"Showing the last fit ({LABELS[res.target.name]}); the settings have changed since. "
+            f"Showing the last fit ({label(res.target.name)}); the settings have changed since. "
             "Press **Fit** to fit them."
         )
     if res.stopped:
@@ -260,7 +267,7 @@ with right:
     heads = list(range(res.target.num_heads))
     h = st.selectbox("Head", heads, key=ui.url_state(P, "head", 0, int, options=heads))
     ui.sync_url(P, ["head"])
-    name = f"{LABELS[res.target.name]} · width {res.mlp_width} · c = {res.c:.3g}"
+    name = f"{label(res.target.name)} · width {res.mlp_width} · c = {res.c:.3g}"
     inside = {**d["inside"], "max_len": res.max_len, "name": f"{name} · fitted range", "target_name": res.target.name}
     beyond = {
         **d["beyond"],
@@ -269,10 +276,11 @@ with right:
         "target_name": res.target.name,
     }
     tab_in, tab_out = st.tabs(["Inside the fitted range", f"Beyond: query at {fit.BEYOND_FACTOR}× the range"])
+    shown_params = {k: v for k, v in res.target.params.items() if not k.endswith("_sha256")}  # identity: in the JSON
     caption = (
-        f"Target {LABELS[res.target.name]} ({ui.format_params(res.target.params)}); fitted on all pairs "
+        f"Target {label(res.target.name)} ({ui.format_params(shown_params)}); fitted on all pairs "
         f"0 ≤ j ≤ i < {res.max_len} tokens (distances 0–{res.max_len - 1}), {res.steps_run} steps, seed "
-        f"{res.seed}. Residual = target − FIRE (logits)."
+        f"{res.seed}, learning rate {res.lr:g}. Residual = target − FIRE (logits)."
     )
     with tab_in:
         fig_in = plots.fit_figure(inside, head=h)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fireviz import evaluate, plots
 from fireviz.eval_cli import format_table
-from fireviz.checkpoints import read_train_log, seed_groups
+from fireviz.checkpoints import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
 from fireviz.run_records import validation_rows
 from fireviz.encodings import has_normalizer
 from fireviz.files import atomic_write_text, write_json_atomic
@@ -186,7 +186,7 @@ def paired_cell(e: dict) -> str:
 
 
 def model_card(folder: Path, results: list[dict], budget: int | None = None) -> str:
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = read_checkpoint(folder).config
     tr = cfg.get("training", {})
     log = read_train_log(folder)
     vals = validation_rows(log)
@@ -345,7 +345,7 @@ def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) 
     at the training length, all paired against the reference on the same windows."""
     runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
     for f in folders:
-        cfg = json.loads((f / "config.json").read_text())
+        cfg = read_checkpoint(f).config
         if cfg["position_encoding"] == "rope":
             for scaling in ("pi", "yarn"):
                 runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
@@ -486,7 +486,7 @@ def main() -> int:
         print(format_table(runs), flush=True)
     _write_folders(folders, by_ckpt)
     logs = {f.name: read_train_log(f) for f in folders}
-    seq_len = json.loads((folders[0] / "config.json").read_text())["seq_len"]
+    seq_len = read_checkpoint(folders[0]).seq_len
     if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
         write_readme_tables(readme, markers, table, logs, seq_len)
     if args.only or set(table) != set(DOMAIN_ORDER):

@@ -12,6 +12,7 @@ import torch
 import fireviz.model as model_mod
 from fireviz import analysis as A
 from fireviz import biases_cli
+from fireviz.bias_primitives import fire_input_vs_query
 from fireviz import text_attention as TA
 from fireviz.cli import main as cli_main
 from fireviz.model import GPT, GPTConfig
@@ -163,8 +164,13 @@ def test_matrix_of_other_additive_encodings_equals_bias(encoding):
 
 
 def test_matrix_of_a_non_toeplitz_bias_goes_row_by_row(fire_model):
-    class RowOnly(torch.nn.Module):  # an additive encoding known only through bias()
-        kind, num_heads = "additive", 4
+    from fireviz.encodings import PositionEncoding
+
+    class RowOnly(PositionEncoding):  # an additive encoding known only through bias(): the base bias_at
+        kind = "additive"
+
+        def __init__(self):
+            super().__init__(4)
 
         def bias(self, q_len, k_len, q_offset=None):
             return fire_model.encoding(0).bias(q_len, k_len, q_offset)
@@ -397,7 +403,7 @@ def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint,
     [
         (["{missing}"], "not found"),
         (["{ckpt}", "--query-positions", "12,abc"], "not an integer"),
-        (["{ckpt}", "--query-positions", "-5"], "negative"),
+        (["{ckpt}", "--query-positions", "-5"], "query position must be an integer >= 0"),
         (["{ckpt}", "--query-positions", "0"], "needs one >= 1"),
         (["{ckpt}", "--matrix", "9:3"], "matrix window"),
         (["{ckpt}", "--text", "{missing}"], "cannot read"),
@@ -437,7 +443,7 @@ def test_bias_report_with_a_normalizer_cap_leaves_the_model_alone():
 def test_fire_input_vs_query_is_psi_over_the_normalizer():
     model = tiny("fire")
     enc = model.encodings[0]
-    out = A.fire_input_vs_query(enc, distances=[1, 64], query_positions=[0, 10, 64, 1000])
+    out = fire_input_vs_query(enc, distances=[1, 64], query_positions=[0, 10, 64, 1000])
     assert out["distances"] == [1, 64] and out["query_positions"] == [0, 10, 64, 1000]
     assert out["input"][1][:2] == [None, None]  # no key 64 tokens back from query 10
     L = float(enc.threshold().detach())
@@ -447,7 +453,7 @@ def test_fire_input_vs_query_is_psi_over_the_normalizer():
                 c = float(enc.c.detach())
                 assert v == pytest.approx(math.log1p(c * d) / (math.log1p(c * max(L, i)) + enc.eps), rel=1e-5)
     with pytest.raises(ValueError):
-        A.fire_input_vs_query(enc, distances=[0])
+        fire_input_vs_query(enc, distances=[0])
 
 
 def test_cached_attention_dilution_reads_back_and_recomputes_a_damaged_entry(tmp_path):
@@ -493,7 +499,7 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
     assert "normalizer capped at 32" in capsys.readouterr().out
     assert json.loads(out.read_text())["normalizer_cap"] == 32
     assert cli_main(["biases", str(tmp_path / "fire"), "--normalizer-cap", "0"]) == 2
-    assert "--normalizer-cap must be >= 1" in capsys.readouterr().err
+    assert "normalizer_cap must be an integer number of tokens in 1.." in capsys.readouterr().err
 
 
 def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoint, tmp_path, capsys):
@@ -556,9 +562,9 @@ def test_bias_settings_validate_resolve_and_describe(fire_model):
     "kwargs, match",
     [
         ({"query_positions": []}, "query_positions is empty"),
-        ({"query_positions": [-1, 5]}, "must be >= 0"),
+        ({"query_positions": [-1, 5]}, "query position must be an integer >= 0"),
         ({"query_positions": [0, 5]}, "needs one >= 1"),
-        ({"classify_at": 0}, "classify_at must be >= 1"),
+        ({"classify_at": 0}, "classify_at must be an integer >= 1"),
         ({"matrix_window": (10, 5, 1)}, "matrix window"),
         ({"matrix_window": (0, 5)}, "three integers"),
         ({"normalizer_cap": 0}, "normalizer_cap"),
@@ -568,3 +574,128 @@ def test_bias_settings_validate_resolve_and_describe(fire_model):
 def test_bias_settings_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         A.BiasSettings.make(**kwargs)
+
+
+# ---------------------------------------------------------------- bad input: one clear error, never a changed value
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"query_positions": "511"}, r"list of integers .* not '511'.*parse_positions"),
+        ({"query_positions": "511,4095"}, "parse_positions"),
+        ({"query_positions": 511}, "list of integers"),
+        ({"query_positions": [10.7, 20]}, r"query position must be an integer >= 0 \(got 10.7\)"),
+        ({"query_positions": [True, False], "classify_at": 1}, r"query position .* \(got (True|False)\)"),
+        ({"query_positions": [math.nan]}, r"\(got nan\)"),
+        ({"query_positions": [math.inf]}, r"\(got inf\)"),
+        ({"query_positions": ["a"]}, r"\(got 'a'\)"),
+        ({"query_positions": ["12"]}, r"\(got '12'\)"),
+        ({"query_positions": torch.tensor([5, 10])}, "query position must be an integer"),
+        ({"classify_at": 2.9}, r"classify_at must be an integer >= 1 \(got 2.9\)"),
+        ({"classify_at": True}, r"classify_at must be an integer >= 1 \(got True\)"),
+        ({"classify_at": "3"}, r"classify_at must be an integer"),
+        ({"matrix_window": (0.5, 10.9, 1.5)}, "three integers"),
+        ({"matrix_window": "019"}, "three integers"),
+        ({"matrix_window": "0:10:1"}, "three integers"),
+        ({"matrix_window": (False, True, True)}, "three integers"),
+        ({"matrix_window": (0, math.nan, 1)}, "three integers"),
+        ({"normalizer_cap": True}, "normalizer_cap"),
+        ({"mlp_grid_points": 2.0}, "mlp_grid_points must be an integer in 2..100000"),
+        ({"mlp_grid_points": 3 * 10**6}, r"mlp_grid_points must be an integer in 2..100000 \(got 3000000\)"),
+    ],
+)
+def test_bias_settings_take_integers_only(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        A.BiasSettings.make(**kwargs)
+
+
+def test_bias_settings_accept_numpy_ints_and_validate_direct_construction():
+    s = A.BiasSettings.make(np.array([40, 5, 5]), classify_at=np.int64(7), matrix_window=np.array([0, 48, 3]))
+    assert s.query_positions == (5, 40) and s.classify_at == 7 and s.matrix_window == (0, 48, 3)
+    assert all(type(v) is int for v in (*s.query_positions, s.classify_at, *s.matrix_window))
+    assert A.BiasSettings.make(mlp_grid_points=np.int64(50)).describe()["mlp_grid_points"] == 50
+    # constructing the dataclass directly runs the same checks (and normalises lists)
+    direct = A.BiasSettings(query_positions=[63, 31, 31])
+    assert direct == A.BiasSettings.make([31, 63]) and hash(direct) == hash(A.BiasSettings.make([31, 63]))
+    for bad in ({"query_positions": (-4,)}, {"query_positions": (0,)}, {"mlp_grid_points": 1}):
+        with pytest.raises(ValueError):
+            A.BiasSettings(**bad)
+    with pytest.raises(ValueError, match="no setting"):
+        direct.replace(foo=1)
+    assert direct.replace(query_positions=None).query_positions is None
+    assert A.parse_positions("511, 4095") == [511, 4095]  # text goes through parse_positions
+
+
+def _peak_bytes(f) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        f()
+    except ValueError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_report_sizes_are_refused_before_anything_is_built(fire_model, monkeypatch):
+    from fireviz import memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 200 << 20)
+    # a 10⁶-point window (a 36 MB list of positions if it were built) is refused by arithmetic alone
+    s = A.BiasSettings.make([31], matrix_window=(0, 10**6, 1))
+    with pytest.raises(memory.InsufficientMemoryError, match="1,000,000 × 1,000,000 bias matrix"):
+        A.run_bias_report(fire_model, s)
+    assert _peak_bytes(lambda: A.run_bias_report(fire_model, s)) < 4 << 20
+    huge = A.BiasSettings.make([31], matrix_window=(0, 10**12, 1))  # no list of 10¹² positions either
+    with pytest.raises(memory.InsufficientMemoryError, match="bias matrix"):
+        A.run_bias_report(fire_model, huge)
+    # FIRE's f_θ grid: refused when its estimate is more than what is available
+    enc = fire_model.encoding(0)
+    need = memory.fire_curve_bytes(4, enc.mlp_width, A.MAX_MLP_GRID_POINTS, enc.mlp_depth)
+    assert need > memory.bias_matrix_bytes(4, A.DEFAULT_MATRIX_POINTS) and need > memory.bias_report_bytes(4, 2, 127)
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": need - 1)
+    with pytest.raises(memory.InsufficientMemoryError, match="f_θ on 100,000 points"):
+        A.run_bias_report(fire_model, A.BiasSettings.make([31, 127], mlp_grid_points=A.MAX_MLP_GRID_POINTS))
+
+
+def test_dilution_settings_validate_resolve_and_describe():
+    from fireviz.dilution_settings import DilutionSettings
+
+    s = DilutionSettings.make([127, 31, 31], near=np.int64(4))
+    assert s.query_positions == (31, 127) and s.near == 4 and type(s.near) is int and s.rows == 8
+    assert s.describe() == {"query_positions": [31, 127], "near": 4, "rows": 8, "normalizer_cap": None}
+    assert DilutionSettings(query_positions=[127, 31]) == DilutionSettings.make([31, 127], near=16)
+    d = DilutionSettings.make().resolve(SEQ)
+    assert d.query_positions == tuple(A.default_query_positions(SEQ, A.DEFAULT_DILUTION_MULTIPLES))
+    assert DilutionSettings.make().tokens_needed(SEQ) == 16 * SEQ and s.resolve(SEQ) is s
+    for kwargs, match in (
+        ({"near": 0}, r"near must be an integer >= 1 \(got 0\)"),
+        ({"near": 1.5}, "near must be an integer"),
+        ({"near": True}, "near must be an integer"),
+        ({"rows": 0}, "rows must be an integer >= 1"),
+        ({"query_positions": "31"}, "parse_positions"),
+        ({"query_positions": []}, "query_positions is empty"),
+        ({"normalizer_cap": 0}, "normalizer_cap"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            DilutionSettings.make(**kwargs)
+
+
+def test_biases_cli_prints_the_librarys_message_and_checks_before_loading(checkpoint, tmp_path, capsys):
+    from fireviz.encodings import check_normalizer_cap
+
+    with pytest.raises(ValueError) as caught:
+        check_normalizer_cap(0)
+    assert biases_cli.main([str(checkpoint), "--normalizer-cap", "0", "--out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"fireviz biases: error: {caught.value}"
+    # --near is the dilution settings' to check, before the (missing) checkpoint is looked for
+    assert biases_cli.main([str(tmp_path / "missing"), "--near", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "near must be an integer >= 1" in err and "not found" not in err
+    # a folder that is not a checkpoint: the loader's own message, on one line
+    (tmp_path / "empty").mkdir()
+    assert biases_cli.main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.json" in err[0]
+    assert not (tmp_path / "x.json").exists()

@@ -845,6 +845,32 @@ def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env
     assert xs == [16]
 
 
+def test_length_generalization_finds_the_job_however_its_settings_were_spelled(app_env):
+    """One computation is one job (``EvalSettings.describe``): a job submitted with other spellings
+    of the page's settings (no stride or seed, lengths in another order, a batch size) is the
+    page's job, so Run starts nothing; bad settings are refused before anything is queued."""
+    fire = str(app_env / "fire")
+    q = jobs.default_queue("evaluate")
+    job = jobs.submit_evaluation(
+        [fire], "prose", [32, 16], {"mode": "nonoverlapping", "token_budget": 256, "device": "cpu", "batch_tokens": 512}
+    )
+    as_the_page = {"mode": "nonoverlapping", "stride": None, "token_budget": 256, "seed": 0, "split": "validation"}
+    as_the_page.update(device="cpu", rope_scaling=None)
+    assert jobs.find_evaluation([fire], "prose", [16, 32], as_the_page) is job
+    assert q.wait(job.key, 120).status == jobs.DONE
+    before = len(q.jobs())
+    at = page("pages/3_Length_generalization.py", ckpt="fire", len=["16", "32"], mode="nonoverlapping", budget="256")
+    run_until(at, lambda a: bool(a.get("plotly_chart")))
+    at.button(key="lengen_run").click().run()
+    no_exception(at)
+    assert len(q.jobs()) == before, "the same computation must not be queued again"
+    xs = sorted({int(x) for tr in figures(at)[0]["data"] for x in arr(tr["x"])})
+    assert xs == [16, 32]
+    with pytest.raises(evaluate.EvaluationError, match="mode must be one of"):
+        jobs.submit_evaluation([fire], "prose", [16], {**as_the_page, "mode": "bogus"})
+    assert len(q.jobs()) == before
+
+
 def test_clearing_every_checkpoint_says_so_and_clears_the_url(app_env):
     at = page("pages/1_Learned_biases.py", ckpt="fire").run()
     no_exception(at)
@@ -852,3 +878,58 @@ def test_clearing_every_checkpoint_says_so_and_clears_the_url(app_env):
     no_exception(at)
     assert any("No checkpoint chosen" in i.value for i in at.info)
     assert "ckpt" not in at.query_params
+
+
+# -- Learned biases / Attention: the cached model and results follow both files of a checkpoint --
+def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_checkpoints_dir, tmp_path, monkeypatch):
+    """One identity (``ui.picker.checkpoint_identity``: the weights + config sha256 the evaluation
+    keys on): editing only config.json (same weights, same weights mtime) reloads the model and
+    recomputes the bias report and the attention pattern."""
+    import shutil
+
+    import torch
+
+    from fireviz.encodings import fire_modules
+    from fireviz.ui import picker
+
+    folder = tmp_path / "fire"
+    shutil.copytree(tiny_checkpoints_dir / "fire", folder)
+    info = checkpoints.read_checkpoint(folder)
+    first = ui.load_model(info)
+    assert ui.load_model(str(folder)) is first  # cached: one model per checkpoint state
+    identity = picker.checkpoint_identity(info)
+    assert identity == checkpoints.checkpoint_sha256(folder)
+    tokens = torch.tensor([256] + list(b"a text of some forty bytes, for the heads"), dtype=torch.long)
+    report, pattern = ui.bias_report(info, [8, 20]), ui.attention_pattern(info, tokens, 1)
+    weights_mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["encoding_options"] = {**cfg.get("encoding_options", {}), "normalizer_cap": 4}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert (folder / "model.safetensors").stat().st_mtime_ns == weights_mtime
+    assert picker.checkpoint_identity(info) != identity
+    second = ui.load_model(info)
+    assert second is not first and {m.normalizer_cap for m in fire_modules(second)} == {4.0}
+    assert {m.normalizer_cap for m in fire_modules(first)} == {None}  # the old model is left as it was
+    info = checkpoints.read_checkpoint(folder)
+    assert ui.bias_report(info, [8, 20]) != report
+    assert ui.attention_pattern(info, tokens, 1)["probs"] != pattern["probs"]
+
+    real = checkpoints.load_model
+
+    def rewritten_while_loading(path, device="cpu"):  # a trainer's next checkpoint lands mid-load
+        model = real(path, device)
+        (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 128}}))
+        return model
+
+    (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 16}}))
+    monkeypatch.setattr(checkpoints, "load_model", rewritten_while_loading)
+    with pytest.raises(CheckpointError, match="changed while it was loading"):
+        ui.load_model(info)
+    monkeypatch.setattr(checkpoints, "load_model", real)
+    assert {m.normalizer_cap for m in fire_modules(ui.load_model(info))} == {128.0}
+    import dataclasses
+
+    gone = dataclasses.replace(info, path=str(tmp_path / "gone"))  # a folder deleted after the scan
+    for call in (lambda: ui.bias_report(gone, [8]), lambda: ui.attention_pattern(gone, tokens, 0)):
+        with pytest.raises(CheckpointError):
+            call()

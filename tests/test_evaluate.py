@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fireviz.evaluate as ev
-from fireviz import eval_cli, stats, windows
+from fireviz import checkpoints, eval_cli, eval_device, eval_settings, stats, windows
 from fireviz.data import DataError, document_tokens, is_validation, load_documents
 from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig
 from fireviz.model_state import load_state_checked
@@ -131,10 +132,10 @@ def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
     eligible = [i for i, n in enumerate(sizes) if n >= length]
     if not eligible:
         with pytest.raises(ev.EvaluationError, match="no document has"):
-            ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+            windows.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
         return
     # non-overlapping: whole windows until the budget, n-1 targets each
-    plan = ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+    plan = windows.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
     scored = len(plan) * (length - 1)
     available = sum(sizes[i] // length for i in eligible) * (length - 1)
     if budget is None:
@@ -143,10 +144,10 @@ def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
         assert scored == min(available, math.ceil(budget / (length - 1)) * (length - 1))
     assert all(w.doc in eligible and w.start % length == 0 and w.start + length <= sizes[w.doc] for w in plan)
     assert len({(w.doc, w.start) for w in plan}) == len(plan)
-    assert plan == ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)  # deterministic
+    assert plan == windows.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)  # deterministic
     # sliding: every selected document's tokens 1..P-1 scored exactly once (P = its scored prefix)
     stride = min(stride, length)
-    plan = ev.plan_windows(ids, sizes, length, mode="sliding", stride=stride, token_budget=budget, seed=seed)
+    plan = windows.plan_windows(ids, sizes, length, mode="sliding", stride=stride, token_budget=budget, seed=seed)
     by_doc: dict[int, list[int]] = {}
     for w in plan:
         assert w.doc in eligible and w.start + length <= sizes[w.doc]
@@ -168,12 +169,12 @@ def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
 def test_plan_depends_on_seed_not_order():
     sizes = [50, 70, 90, 65, 80]
     ids = ["e", "a", "d", "b", "c"]
-    plan = ev.plan_windows(ids, sizes, 8, token_budget=30, seed=0)
-    other = ev.plan_windows(ids, sizes, 8, token_budget=30, seed=1)
+    plan = windows.plan_windows(ids, sizes, 8, token_budget=30, seed=0)
+    other = windows.plan_windows(ids, sizes, 8, token_budget=30, seed=1)
     assert plan != other
     # the same documents in another file order select the same (doc id, start) windows
     perm = [3, 0, 4, 1, 2]
-    shuffled = ev.plan_windows([ids[i] for i in perm], [sizes[i] for i in perm], 8, token_budget=30, seed=0)
+    shuffled = windows.plan_windows([ids[i] for i in perm], [sizes[i] for i in perm], 8, token_budget=30, seed=0)
     assert sorted((ids[w.doc], w.start) for w in plan) == sorted((ids[perm[w.doc]], w.start) for w in shuffled)
 
 
@@ -420,6 +421,21 @@ def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, da
     assert ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]["cached"] is True
 
 
+def _rescaled(e: dict, nats: float) -> dict:
+    """A per-length entry whose mean loss is ``nats``, its per-document losses and interval scaled to match."""
+    k = nats / e["nats_per_token"]
+    pd = {**e["per_document"], "nats": [v * k for v in e["per_document"]["nats"]]}
+    ci = [v * k for v in e["ci95"]] if e.get("ci95") else e.get("ci95")
+    return {
+        **e,
+        "nats_per_token": nats,
+        "perplexity": math.exp(nats),
+        "bits_per_byte": nats / math.log(2),
+        "per_document": pd,
+        "ci95": ci,
+    }
+
+
 def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, cache, monkeypatch):
     """A checkpoint folder's results.json answers a request with the same weights, data and
     settings (how shipped checkpoints show numbers on a fresh machine), and nothing else; it is
@@ -430,7 +446,7 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     shutil.copytree(ckpts["alibi"], folder)
     kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu")
     published = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=tmp_path / "publisher", **kw)
-    assert published["settings"]["format"] == ev.EVAL_FORMAT_VERSION
+    assert published["settings"]["format"] == eval_settings.EVAL_FORMAT_VERSION
     (folder / "results.json").write_text(json.dumps([published]))
     calls = _counting(monkeypatch)
     fresh = ev.evaluate_checkpoint(folder, corpus, [8, 16], cache_dir=cache, **kw)
@@ -450,18 +466,13 @@ def test_published_results_json_is_a_read_only_cache(ckpts, corpus, tmp_path, ca
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c3", use_cache=False, **kw)  # --no-cache
     assert calls == [8, 8, 8]
     # a stale results.json (other format version, or other weights) is never read
-    stale = {**published, "settings": {**published["settings"], "format": ev.EVAL_FORMAT_VERSION - 1}}
+    stale = {**published, "settings": {**published["settings"], "format": eval_settings.EVAL_FORMAT_VERSION - 1}}
     (folder / "results.json").write_text(json.dumps([stale]))
     ev.evaluate_checkpoint(folder, corpus, [8], cache_dir=tmp_path / "c4", **kw)
     assert calls == [8, 8, 8, 8]
-    # a results.json corrected after a first look takes effect at once (nothing stale was cached)
-    poisoned = {
-        **published,
-        "per_length": [
-            {**e, "nats_per_token": 0.123, "perplexity": math.exp(0.123), "bits_per_byte": 0.123 / math.log(2)}
-            for e in published["per_length"]
-        ],
-    }
+    # a results.json corrected after a first look takes effect at once (nothing stale was cached);
+    # its numbers agree with themselves (the per-document losses and interval scaled with the mean)
+    poisoned = {**published, "per_length": [_rescaled(e, 0.123) for e in published["per_length"]]}
     (folder / "results.json").write_text(json.dumps(poisoned))
 
     def look(c):
@@ -675,7 +686,7 @@ def test_bad_checkpoint(ckpts, corpus, tmp_path, cache):
     (broken / "config.json").write_text((ckpts["fire"] / "config.json").read_text())
     weights = (ckpts["fire"] / "model.safetensors").read_bytes()
     (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
-    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+    with pytest.raises(CheckpointError, match="is truncated .* train the checkpoint again"):
         ev.evaluate_checkpoint(broken, corpus, [8], split="all", cache_dir=cache)
     (broken / "model.safetensors").write_bytes(weights)
     (broken / "config.json").write_text("{oops")
@@ -689,13 +700,13 @@ def test_bad_checkpoint(ckpts, corpus, tmp_path, cache):
 
 def test_device_and_cancel(ckpts, corpus, cache):
     if torch.cuda.is_available():
-        assert ev.resolve_device("cuda").type == "cuda"
+        assert eval_device.resolve_device("cuda").type == "cuda"
     else:
         with pytest.raises(ev.EvaluationError, match="no CUDA GPU"):
             ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], device="cuda", split="all", cache_dir=cache)
-    assert ev.resolve_device("cpu").type == "cpu"
+    assert eval_device.resolve_device("cpu").type == "cpu"
     with pytest.raises(ev.EvaluationError, match="unknown device"):
-        ev.resolve_device("tpu-ish")
+        eval_device.resolve_device("tpu-ish")
     with pytest.raises(ev.EvaluationCancelled):
         ev.evaluate_checkpoint(
             ckpts["fire"],
@@ -821,9 +832,9 @@ def test_same_text_plan_scores_one_fixed_text(sizes, lengths, budget, seed):
     ids = [f"d{i:02d}" for i in range(len(sizes))]
     if min(lengths) > max(sizes):
         with pytest.raises(ev.EvaluationError, match="no document has"):
-            ev.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
+            windows.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
         return
-    plan = ev.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
+    plan = windows.plan_same_text(ids, sizes, lengths, token_budget=budget, seed=seed)
     M = plan.prefix_tokens
     assert M == max(n for n in lengths if n <= max(sizes))
     assert plan.documents_skipped == sum(1 for n in sizes if n < M)
@@ -833,15 +844,15 @@ def test_same_text_plan_scores_one_fixed_text(sizes, lengths, budget, seed):
     else:
         assert len(plan.documents) == min(len(sizes) - plan.documents_skipped, max(1, -(-budget // (M - 1))))
     for n in lengths:
-        windows = plan.windows[n]
+        planned = plan.windows[n]
         if n > M:
-            assert isinstance(windows, str) and "no document has" in windows
+            assert isinstance(planned, str) and "no document has" in planned
             continue
-        assert {w.doc for w in windows} == set(plan.documents)  # the same documents at every length
+        assert {w.doc for w in planned} == set(plan.documents)  # the same documents at every length
         for d in plan.documents:
-            targets = _targets([(w.start, w.first_target) for w in windows if w.doc == d], n)
+            targets = _targets([(w.start, w.first_target) for w in planned if w.doc == d], n)
             assert sorted(targets) == list(range(1, M))  # every target of the prefix, once, at every length
-            assert all(w.start + n <= M for w in windows if w.doc == d)
+            assert all(w.start + n <= M for w in planned if w.doc == d)
 
 
 def test_same_text_is_the_default_and_scores_the_same_text(ckpts, corpus, cache):
@@ -1143,7 +1154,7 @@ def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "local").mkdir()
     with pytest.raises(CheckpointError, match="not found"):
-        ev.checkpoint_files("local/nosuch")  # looks like owner/name, but local/ exists here
+        checkpoints.checkpoint_files("local/nosuch")  # looks like owner/name, but local/ exists here
 
 
 @settings(max_examples=60, deadline=None)
@@ -1162,16 +1173,16 @@ def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(siz
     eligible = sorted((i for i, n in enumerate(sizes) if n >= length), key=lambda i: (ids[i], i))
     if not eligible:
         with pytest.raises(ev.EvaluationError):
-            ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+            windows.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
         return
     candidates = [(d, s) for d in eligible for s, _ in windows.nonoverlapping_windows(sizes[d], length)]
     want, scored, cap = [], 0, math.inf if budget is None else budget
     for k in torch.randperm(len(candidates), generator=torch.Generator().manual_seed(seed)).tolist():
         if scored >= cap:
             break
-        want.append(ev.Window(*candidates[k], 1))
+        want.append(windows.Window(*candidates[k], 1))
         scored += length - 1
-    got = ev.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
+    got = windows.plan_windows(ids, sizes, length, token_budget=budget, seed=seed)
     assert got == sorted(want, key=lambda w: (w.doc, w.start))
 
 
@@ -1186,3 +1197,241 @@ def test_split_none_is_the_validation_split_under_one_cache_key():
     assert EvalSettings.make("synthetic:copy", [16]).split == "synthetic"
     with pytest.raises(ev.EvaluationError, match="split must be one of validation, train, all"):
         EvalSettings.make("prose", [128], split="test")
+
+
+# ---------------------------------------------------------------------------------------------
+# review: one clear error per bad input, one key per computation, one read per identity
+# ---------------------------------------------------------------------------------------------
+def test_cache_keys_of_canonical_settings_never_change():
+    """The on-disk cache outlives fireviz versions: these keys are what earlier runs wrote."""
+    from fireviz.eval_settings import EvalSettings
+
+    def key(data, lengths, args, **kw):
+        return eval_cache.cache_key("0" * 64, "f" * 64, EvalSettings.make(data, lengths, **kw).length_settings(*args))
+
+    assert key("prose", [128, 256], (128, 8192, None, False), device="cpu") == (
+        "2f1ad076f1661bc70e01ce52a551654bb91405fdd890484a1ed77e298569d62d"
+    )
+    sliding = dict(mode="sliding", stride=64, token_budget=1000, seed=3, position_buckets=8, split="all")
+    assert key("prose", [128, 256], (128, None, None, False), device="cpu", **sliding) == (
+        "ada48e9ca2b202a74e841e7d0b637de83c6fe071740ba108b34809fc401b4631"
+    )
+    capped = dict(mode="nonoverlapping", normalizer_cap=512)
+    assert key("prose", [128, 256], (256, None, 512, False), device="cpu", **capped) == (
+        "d709bd1f273034c85a9915f54602e301067c2df161694af6d5d7a01659b18d1b"
+    )
+    assert key("synthetic:copy", [64], (64, None, None, False), device="cpu") == (
+        "e041a9cb0c14f46459bcdc4227dda2fbed1f4b15cbf95702a7711d1ed92a604d"
+    )
+    # numpy integers are ints: the same key (before, np.int64 broke the key's JSON)
+    np_kw = dict(sliding, stride=np.int64(64), token_budget=np.int64(1000), seed=np.int64(3))
+    np_kw["position_buckets"] = np.int32(8)
+    assert key("prose", np.array([128, 256]), (128, None, None, False), device="cpu", **np_kw) == (
+        "ada48e9ca2b202a74e841e7d0b637de83c6fe071740ba108b34809fc401b4631"
+    )
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(mode="sliding", stride=2.0), "stride must be an integer >= 1 .got 2.0."),
+        (dict(mode="sliding", stride="abc"), "stride must be an integer"),
+        (dict(mode="sliding", stride=True), "stride must be an integer"),
+        (dict(seed=1.7), "seed must be an integer .* .got 1.7."),
+        (dict(seed=True), "seed must be an integer .* .got True."),
+        (dict(seed="abc"), "seed must be an integer"),
+        (dict(seed=2**70), "seed must be an integer"),
+        (dict(position_buckets=8.5), "position_buckets must be an integer >= 1 .got 8.5."),
+        (dict(position_buckets="8"), "position_buckets must be an integer"),
+        (dict(position_buckets=float("nan")), "position_buckets must be an integer"),
+        (dict(batch_tokens=True), "batch_tokens must be an integer"),
+        (dict(lengths=[float("nan")]), "length must be an integer >= 2 tokens .got nan."),
+        (dict(lengths=[float("inf")]), "length must be an integer >= 2 tokens .got inf."),
+        (dict(lengths=[128.0]), "length must be an integer"),
+        (dict(lengths=["128"]), "length must be an integer"),
+        (dict(lengths=128), "lengths must be a list of integers"),
+        (dict(lengths="128"), "lengths must be a list of integers"),
+        (dict(data=None), "data must be a domain"),
+        (dict(data=5), "data must be a domain"),
+        (dict(data="synthetic:copy", split="all"), "has no 'all' split"),
+    ],
+)
+def test_every_setting_is_an_integer_or_one_clear_error(kw, match):
+    """Never rounded, never a raw TypeError/ValueError from deep inside: EvaluationError naming it."""
+    from fireviz.eval_settings import EvalSettings
+
+    data, lengths = kw.pop("data", "prose"), kw.pop("lengths", [128])
+    with pytest.raises(ev.EvaluationError, match=match):
+        EvalSettings.make(data, lengths, **kw)
+
+
+def test_a_single_checkpoint_string_is_refused_not_read_letter_by_letter(ckpts, corpus, cache):
+    for call in (ev.evaluate_many, ev.cached_results):
+        with pytest.raises(ev.EvaluationError, match="checkpoints must be a list .* .got the single str"):
+            call(str(ckpts["fire"]), corpus, [8], split="all", cache_dir=cache)
+        with pytest.raises(ev.EvaluationError, match="got the single PosixPath"):
+            call(ckpts["fire"], corpus, [8], split="all", cache_dir=cache)
+        with pytest.raises(ev.EvaluationError, match="checkpoints must be a list"):
+            call(None, corpus, [8], split="all", cache_dir=cache)
+    with pytest.raises(ev.EvaluationError, match="unknown evaluation setting.*use_cache"):
+        ev.cached_results([ckpts["fire"]], corpus, [8], split="all", use_cache=False)
+    with pytest.raises(ev.EvaluationError, match="reference must be a checkpoint's index"):
+        ev.cached_results([ckpts["fire"], ckpts["alibi"]], corpus, [8], split="all", reference=True)
+
+
+def test_describe_is_one_key_per_computation():
+    from fireviz import jobs
+    from fireviz.eval_settings import EvalSettings
+
+    a = EvalSettings.make("prose", [256, 128], device="cpu", token_budget="auto", batch_tokens=1024)
+    b = EvalSettings.make("prose", [128, 256, 128], device="cpu", token_budget=None, split="validation")
+    assert a.describe() == b.describe() and json.loads(json.dumps(a.describe())) == a.describe()
+    assert "batch_tokens" not in a.describe() and a.describe()["precision"] == "float32"
+    assert a.describe() != EvalSettings.make("prose", [128, 256], device="cpu", seed=1).describe()
+    ck = [{"path": "x", "fingerprint": "f"}]
+    spellings = [{"device": "cpu", "token_budget": "auto"}, {"device": "cpu", "token_budget": None}, {"device": "cpu"}]
+    if not torch.cuda.is_available():  # "auto" is the CPU here: the same numbers
+        spellings += [{}, {"device": "auto", "token_budget": "auto", "split": None}]
+    keys = {jobs.job_key(jobs.evaluation_description(ck, "prose", [128], s)) for s in spellings}
+    assert len(keys) == 1
+    other = jobs.evaluation_description(ck, "prose", [128], {"device": "cpu", "reference": 1})
+    assert jobs.job_key(other) not in keys  # another reference pairs other differences
+    assert jobs.job_key(jobs.evaluation_description(ck, "prose", [128], {"device": "cpu", "reference": 0})) in keys
+
+
+def test_bad_settings_are_refused_before_a_job_is_queued(ckpts, corpus):
+    from fireviz import jobs
+
+    q = jobs.JobQueue(name="review")
+    for asked, match in (
+        ({"mode": "bogus"}, "mode must be one of"),
+        ({"modee": "same_text"}, "unknown evaluation setting"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"progress": print}, "unknown evaluation setting"),
+        ({"reference": object()}, "must be plain values"),
+    ):
+        with pytest.raises(ev.EvaluationError, match=match):
+            jobs.submit_evaluation([str(ckpts["alibi"])], str(corpus), [8], asked, queue_=q)
+    with pytest.raises(ev.EvaluationError, match="got the single str"):
+        jobs.submit_evaluation(str(ckpts["alibi"]), str(corpus), [8], {}, queue_=q)
+    assert q.jobs() == []
+
+
+def test_identity_and_weights_come_from_one_read(ckpts, corpus, tmp_path, cache, monkeypatch):
+    """A weights file replaced between finding a checkpoint and reading it (a trainer writing
+    interim checkpoints) gives the numbers of the weights read under *their* identity."""
+    import hashlib
+    import shutil
+
+    from fireviz import checkpoints as ckpt_door
+
+    a = tmp_path / "a"
+    shutil.copytree(ckpts["alibi"], a)
+    for folder in (a, ckpts["rope"], ckpts["fire"]):
+        model, sha = ckpt_door.load_model_with_identity(folder)
+        raw = (folder / "model.safetensors").read_bytes() + (folder / "config.json").read_bytes()
+        assert sha == ckpt_door.checkpoint_sha256(folder) == hashlib.sha256(raw).hexdigest()
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
+    b = tmp_path / "b"
+    shutil.copytree(ckpts["alibi"], b)
+    with torch.no_grad():  # other weights, same shapes
+        other = GPT.from_pretrained(str(b))
+        other.wte.weight.mul_(1.5)
+        other.save_pretrained(b)
+    truth_a = ev.evaluate_checkpoint(a, corpus, [8], **{**kw, "cache_dir": tmp_path / "t"})["per_length"][0]
+    truth_b = ev.evaluate_checkpoint(b, corpus, [8], **{**kw, "cache_dir": tmp_path / "t"})["per_length"][0]
+    sha_a, sha_b = ckpt_door.checkpoint_sha256(a), ckpt_door.checkpoint_sha256(b)
+    real = ckpt_door.checkpoint_files
+
+    def racing(path):
+        out = real(path)
+        if Path(path) == a:  # the trainer's os.replace lands here
+            shutil.copy(b / "model.safetensors", a / "model.tmp")
+            (a / "model.tmp").replace(a / "model.safetensors")
+        return out
+
+    monkeypatch.setattr(ckpt_door, "checkpoint_files", racing)
+    r = ev.evaluate_checkpoint(a, corpus, [8], **kw)
+    monkeypatch.setattr(ckpt_door, "checkpoint_files", real)
+    assert r["checkpoint_sha256"] == sha_b and r["per_length"][0]["nats_per_token"] == truth_b["nats_per_token"]
+    shutil.copy(ckpts["alibi"] / "model.safetensors", a / "model.safetensors")  # a's weights back
+    assert ckpt_door.checkpoint_sha256(a) == sha_a
+    back = ev.cached_results([a], corpus, [8], **{k: v for k, v in kw.items() if k != "cache_dir"}, cache_dir=cache)
+    assert back[0]["per_length"][0].get("not_computed")  # b's numbers are never served for a
+    assert truth_a["nats_per_token"] != truth_b["nats_per_token"]
+
+
+def test_cached_results_refuse_what_evaluate_many_refuses(ckpts, corpus, tmp_path, cache, monkeypatch):
+    """Junk, truncated or mismatched weights are a CheckpointError in the lookup too (from the
+    safetensors header: no weights are loaded), with evaluate_many's message."""
+    import shutil
+
+    kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["alibi"], bad)
+    weights = (bad / "model.safetensors").read_bytes()
+    config = json.loads((bad / "config.json").read_text())
+    cases = [
+        ("model.safetensors", b"junk", "is not a readable safetensors file"),
+        ("model.safetensors", weights[: len(weights) // 2], "is truncated"),
+        ("config.json", json.dumps({**config, "n_layer": 3}).encode(), "does not match its config.json: missing"),
+        ("config.json", json.dumps({**config, "d_model": 64}).encode(), "does not match its config.json"),
+    ]
+    for name, content, match in cases:
+        (bad / "model.safetensors").write_bytes(weights)
+        (bad / "config.json").write_text(json.dumps(config))
+        (bad / name).write_bytes(content)
+        with pytest.raises(CheckpointError, match=match) as computed:
+            ev.evaluate_many([bad], corpus, [8], **kw)
+        monkeypatch.setattr(ev, "load_model_with_identity", lambda *a, **k: pytest.fail("weights loaded"))
+        with pytest.raises(CheckpointError, match=match) as looked_up:
+            ev.cached_results([bad], corpus, [8], **kw)
+        monkeypatch.undo()
+        assert str(looked_up.value) == str(computed.value)  # one message per problem
+    # a good checkpoint with nothing cached: looked up without loading its weights
+    monkeypatch.setattr(ev, "load_model_with_identity", lambda *a, **k: pytest.fail("weights loaded"))
+    assert ev.cached_results([ckpts["rope"]], corpus, [8], **kw)[0]["per_length"][0]["not_computed"]
+
+
+def test_an_unusable_cache_folder_is_refused_before_any_work(ckpts, corpus, tmp_path, cache, capsys, monkeypatch):
+    calls = _counting(monkeypatch)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    base = [str(ckpts["alibi"]), "--data", str(corpus), "--split", "all", "--lengths", "8", "--quiet"]
+    for folder, match in ((a_file, "is a file"), (a_file / "x" / "y", f"lies under {a_file}, which is a file")):
+        assert eval_cli.main(base + ["--cache-dir", str(folder)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and match in err[0] and "--no-cache" in err[0]
+    real_access = ev.os.access
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(ev.os, "access", lambda p, mode: False if Path(p) == locked else real_access(p, mode))
+    with pytest.raises(ev.EvaluationError, match="cannot be created: .*locked is not writable"):
+        ev.evaluate_many([ckpts["alibi"]], corpus, [8], split="all", cache_dir=locked / "cache")
+    assert calls == []  # nothing was scored
+    # the lookup only reads: a read-only cache is fine for it
+    assert ev.cached_results([ckpts["alibi"]], corpus, [8], split="all", cache_dir=locked)[0]["per_length"]
+
+
+def test_a_tampered_cache_entry_is_not_served(ckpts, corpus, cache, monkeypatch):
+    """An entry whose numbers were changed together (mean halved, perplexity and bpb to match)
+    no longer adds up with its per-document losses, or falls outside its interval: recomputed."""
+    calls = _counting(monkeypatch)
+    kw = dict(mode="nonoverlapping", token_budget=None, split="all", device="cpu", cache_dir=cache)
+    first = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
+    (entry,) = cache.glob("*.json")
+    original = json.loads(entry.read_text())
+    assert eval_cache._valid_entry(original["result"], 8)  # what fireviz writes passes
+    halved = _rescaled(original["result"], original["result"]["nats_per_token"] / 2)
+    halved["per_document"] = original["result"]["per_document"]  # the per-document losses left alone
+    cases = [halved]
+    if original["result"]["ci95"]:  # an interval that does not hold the value
+        lo, hi = original["result"]["ci95"]
+        cases.append({**original["result"], "ci95": [hi + 0.5, hi + 1.0]})
+    for tampered in cases:
+        entry.write_text(json.dumps({**original, "result": tampered}))
+        assert not eval_cache._valid_entry(tampered, 8)
+        assert ev.cached_results([ckpts["fire"]], corpus, [8], **kw)[0]["per_length"][0].get("not_computed")
+        again = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
+        assert again["source"] == "computed" and again["nats_per_token"] == first["nats_per_token"]
+    assert calls == [8] * (1 + len(cases))

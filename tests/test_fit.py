@@ -16,9 +16,10 @@ import torch
 
 from fireviz import fit
 from fireviz.encodings import FIRE, alibi_slopes
-from fireviz.fit import BEYOND_FACTOR, TARGET_NAMES, FitResult, fit_fire, make_target, t5_bucket_values
+from fireviz.encodings.specs import t5_bucket_values
+from fireviz.fit import BEYOND_FACTOR, FitResult, fit_fire, make_target
 from fireviz.fit_result import FIRE_OPTIONS_KEY, load_fitted_fire
-from fireviz.fit_targets import target_from_checkpoint
+from fireviz.fit_targets import target_from_checkpoint, target_names
 from fireviz.fit_cli import main
 from fireviz.model import GPT, GPTConfig
 
@@ -230,7 +231,7 @@ def test_bad_fit_arguments(kwargs, match):
 def test_unknown_target_name_in_fit():
     with pytest.raises(ValueError, match="unknown fit target 'fire'"):
         fit_fire("fire", 16, num_heads=2)
-    assert set(TARGET_NAMES) == {"t5", "alibi", "kerple_log", "kerple_power", "sandwich", "checkpoint"}
+    assert set(target_names()) == {"t5", "alibi", "kerple_log", "kerple_power", "sandwich", "checkpoint"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,8 +508,8 @@ def test_fit_settings_validate_once_and_describe_the_fit():
     "kwargs, match",
     [
         ({"max_len": 1.5}, "max_len must be an integer >= 2"),
-        ({"max_len": 16, "mlp_width": 2.5}, "mlp_width must be >= 2"),
-        ({"max_len": 16, "steps": True}, "steps must be >= 0"),
+        ({"max_len": 16, "mlp_width": 2.5}, "mlp_width must be an integer >= 2"),
+        ({"max_len": 16, "steps": True}, "steps must be an integer >= 0"),
         ({"max_len": 16, "seed": 0.5}, "seed must be an integer"),
         ({"max_len": 16, "lr": 0.0}, "lr must be a finite number > 0"),
         ({"max_len": 16, "lr": math.nan}, "lr must be a finite number > 0"),
@@ -518,3 +519,107 @@ def test_fit_settings_validate_once_and_describe_the_fit():
 def test_fit_settings_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         fit.FitSettings.make(make_target("alibi", HEADS), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one clear ValueError naming the argument, never a changed value or a raw error
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (("alibi", 64, "4"), {}, r"num_heads must be an integer in 1..1024 \(got '4'\)"),
+        (("alibi", 64, 2.7), {}, r"num_heads must be an integer in 1..1024 \(got 2.7\)"),
+        (("alibi", 64, True), {}, r"num_heads must be an integer .*\(got True\)"),
+        (("alibi", 64, "x"), {}, r"num_heads must be an integer .*\(got 'x'\)"),
+        (("alibi", 64, math.nan), {}, r"num_heads must be an integer .*\(got nan\)"),
+        ((None, 64, 4), {}, "target must be a target name"),
+        ((3, 64, 4), {}, "target must be a target name"),
+        (("alibi", 64, 4), {"target_params": [1]}, "target_params must be a dict"),
+        (("alibi", 64, 4), {"seed": 2**64}, r"seed must be an integer in 0..18446744073709551615"),
+        (("alibi", 64, 4), {"seed": -1}, "seed must be an integer in 0.."),
+        (("alibi", 64, 4), {"lr": "0.1"}, "lr must be a finite number > 0"),
+        (("alibi", 64, 4), {"target_params": {"slope": True}}, r"slope must be a finite number .*\(got True\)"),
+        (("alibi", 64, 4), {"target_params": {"slope": "x"}}, r"slope must be a finite number .*\(got 'x'\)"),
+        (("alibi", 64, 4), {"target_params": {"slope": 1e300}}, r"slope must be a finite number <= 10000"),
+        (("alibi", 64, 4), {"target_params": {"slope": -1.0}}, "slope must be a finite number > 0"),
+        (("kerple_log", 64, 4), {"target_params": {"r1": "a"}}, r"r1 must be a finite number .*\(got 'a'\)"),
+        (("kerple_log", 64, 4), {"target_params": {"r1": [1.0, math.nan]}}, r"r1 .*\(got nan\)"),
+        (("kerple_log", 64, 4), {"target_params": {"seed": 2**70}}, "seed must be an integer in 0.."),
+        (("kerple_power", 64, 4), {"target_params": {"seed": "a"}}, "seed must be an integer"),
+        (("t5", 64, 4), {"target_params": {"num_buckets": 2.5}}, r"num_buckets must be an integer .*\(got 2.5\)"),
+        (("t5", 64, 4), {"target_params": {"num_buckets": True}}, "num_buckets must be an integer"),
+        (("t5", 64, 4), {"target_params": {"values": [math.nan] * 32}}, r"T5 value must be a finite number"),
+        (("t5", 64, 4), {"target_params": {"values": ["a"] * 32}}, r"T5 value must be a finite number"),
+        (("sandwich", 64, 4), {"target_params": {"dbar": math.nan}}, r"dbar must be an integer .*\(got nan\)"),
+        (("sandwich", 64, 4), {"target_params": {"dbar": 128.0}}, "dbar must be an integer"),
+        (("checkpoint", 64), {"target_params": {"path": None}}, "path must be a checkpoint folder"),
+        (("checkpoint", 64), {"target_params": {"path": "x", "stack": "middle"}}, "stack must be 'decoder'"),
+    ],
+)
+def test_fit_settings_name_the_bad_argument(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fit.FitSettings.make(*args, **kwargs)
+
+
+def test_checkpoint_layer_must_be_an_integer_and_cheap_checks_come_first(tmp_path, monkeypatch):
+    from fireviz import fit_targets
+
+    folder, _ = _checkpoint(tmp_path, "alibi")
+    for layer in (1.7, True, "1"):
+        with pytest.raises(ValueError, match=r"layer must be an integer >= 0"):
+            fit.FitSettings.make("checkpoint", 16, target_params={"path": str(folder), "layer": layer})
+        with pytest.raises(ValueError, match=r"layer must be an integer >= 0"):
+            target_from_checkpoint(str(folder), layer)
+
+    def no_loading(*a, **k):
+        raise AssertionError("the checkpoint was read before the cheap checks")
+
+    monkeypatch.setattr(fit_targets, "target_from_checkpoint", no_loading)
+    for kwargs, match in (
+        ({"max_len": 1}, "max_len"),
+        ({"max_len": 16, "mlp_width": 1}, "mlp_width"),
+        ({"max_len": 16, "steps": -1}, "steps"),
+        ({"max_len": 16, "seed": 2**64}, "seed"),
+        ({"max_len": 16, "num_heads": "2"}, "num_heads"),
+        ({"max_len": 16, "target_params": {"path": str(folder), "layer": 0.5}}, "layer"),
+    ):
+        kwargs.setdefault("target_params", {"path": str(folder)})
+        with pytest.raises(ValueError, match=match):
+            fit.FitSettings.make("checkpoint", **kwargs)
+    assert main(["--target", "checkpoint", "--checkpoint", str(tmp_path / "missing"), "--max-len", "1"]) == 2
+
+
+def test_direct_construction_is_validated_and_a_non_finite_target_is_refused():
+    target = make_target("alibi", HEADS)
+    with pytest.raises(ValueError, match="max_len must be an integer >= 2"):
+        fit.FitSettings(target, -5, 1, -1, 0, -1.0)
+    with pytest.raises(ValueError, match="mlp_width"):
+        fit.FitSettings(target, 16, 1, 0, 0)
+    with pytest.raises(ValueError, match="target must be a FitTarget"):
+        fit.FitSettings("alibi", 16, 4, 0, 0)
+    s = fit.FitSettings(target, np.int64(16), 4, 0, 0)
+    assert s == fit.FitSettings.make(target, 16, mlp_width=4, steps=0) and type(s.max_len) is int
+    broken = make_target("alibi", 2)
+    broken.encoding.slopes[1] = math.inf  # -inf·d, NaN at d = 0
+    with pytest.raises(ValueError, match="non-finite bias at distance 0"):
+        fit.FitSettings.make(broken, 16)
+
+
+def test_result_records_every_setting_and_the_checkpoint_identity(tmp_path):
+    from fireviz.checkpoints import checkpoint_sha256
+    from safetensors import safe_open
+
+    s = fit.FitSettings.make("alibi", 16, 2, mlp_width=4, steps=2, seed=5, lr=0.01)
+    result = fit.run_fit(s)
+    d = result.to_dict(curves=False)
+    assert {k: d[k] for k in s.describe()} == s.describe() and d["lr"] == 0.01 and result.lr == 0.01
+    with safe_open(str(result.save(tmp_path / "m.safetensors")), "pt") as f:
+        saved = json.loads(f.metadata()["fireviz.fit"])
+    assert {k: saved[k] for k in s.describe()} == s.describe()
+    folder, _ = _checkpoint(tmp_path, "alibi")
+    r = fit.run_fit(fit.FitSettings.make("checkpoint", 16, steps=0, target_params={"path": str(folder)}))
+    params = r.to_dict(curves=False)["target_params"]
+    assert params["path"] == str(folder) and params["checkpoint_sha256"] == checkpoint_sha256(folder)
+    argv = ["--target", "alibi", "--max-len", "16", "--heads", "2", "--steps", "1", "--lr", "0.02", "--quiet"]
+    assert main(argv + ["--out", str(tmp_path / "f.json")]) == 0
+    assert json.loads((tmp_path / "f.json").read_text())["lr"] == 0.02

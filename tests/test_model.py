@@ -415,3 +415,165 @@ def test_capture_state_is_cleaned_up_after_an_exception_and_bad_requests_are_ref
     with model.capture_attention() as cap:
         F.cross_entropy(model(idx[:, :-1]).reshape(-1, 257), idx[:, 1:].reshape(-1)).backward()
     assert not cap[0].probs.requires_grad and model.blocks[0].attn.qkv.weight.grad is not None and clean()
+
+
+# -- captures and threads, edge inputs (the app shares one model per checkpoint between sessions) --
+def test_two_threads_capture_one_model_at_once_each_recording_only_its_own_passes():
+    import sys
+    import threading
+
+    model = tiny("alibi")
+    xs = [torch.randint(0, 257, (1, n), generator=torch.Generator().manual_seed(n)) for n in (9, 14)]
+    refs = [model.attention_probs(x, layers=[0, 1]) for x in xs]
+    errors, results = [], {0: [], 1: []}
+
+    def worker(k):
+        try:
+            for _ in range(60):
+                cap = model.attention_probs(xs[k], layers=[0, 1])
+                results[k].append(all(torch.equal(cap[i].probs, refs[k][i].probs) for i in (0, 1)))
+        except Exception as e:  # noqa: BLE001 - any error fails the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: interleave the passes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and all(results[0]) and all(results[1]) and len(results[0]) == len(results[1]) == 60
+    assert all(b.attn.capture is None for b in model.blocks)
+
+    # A capture open in thread A: thread B's plain pass (and B's own capture) neither conflict nor get recorded.
+    opened, b_done = threading.Event(), threading.Event()
+    seen = {}
+
+    def other_thread():
+        opened.wait(10)
+        with torch.no_grad():
+            seen["plain"] = model(xs[1])
+        with model.capture_attention(layers=0) as mine:  # a capture of the same model at the same time
+            with torch.no_grad():
+                model(xs[1])
+        seen["b"], seen["b_capture_in_a"] = mine, None
+        b_done.set()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    with model.capture_attention(layers=[0, 1]) as cap:
+        opened.set()
+        assert b_done.wait(10)
+        assert cap.records == {}  # B's passes were not recorded here
+        with torch.no_grad():
+            model(xs[0])
+    t.join()
+    assert cap[0].probs.shape == (1, 2, 9, 9) and seen["b"][0].probs.shape == (1, 2, 14, 14)
+    torch.testing.assert_close(seen["b"][0].probs, refs[1][0].probs)
+    with torch.no_grad():
+        assert torch.equal(seen["plain"], model(xs[1]))
+    with model.capture_attention(), pytest.raises(RuntimeError, match="already capturing attention in this thread"):
+        model.attention_probs(xs[0])  # nesting within one thread stays an error
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"layers": 1.0}, r"layers must be block indices .* \(got 1.0 of type float\)"),
+        ({"layers": torch.tensor([0.0, 1.0])}, r"layers must be .*got a 1-D torch.float32 Tensor"),
+        ({"layers": torch.tensor([[0, 1]])}, r"layers must be .*got a 2-D"),
+        ({"layers": "01"}, r"layers must be .*'01' of type str"),
+        ({"layers": True}, r"layers must be .*True of type bool"),
+        ({"layers": [0, 2]}, r"layers must be block indices in 0..1, at least one \(got layer 2\)"),
+        ({"layers": []}, r"layers .*an empty selection"),
+        ({"queries": [10**30]}, r"queries must be query positions, integers in 0..2\*\*63 − 1"),
+        ({"queries": [1.5]}, r"queries must be .*1.5 of type float"),
+        ({"queries": "3"}, r"queries must be .*of type str"),
+        ({"queries": torch.tensor([[1, 2]])}, r"queries must be .*got a 2-D"),
+        ({"queries": 5.0}, r"queries must be .*5.0 of type float"),
+        ({"logits": "no"}, r"logits must be True or False \(got 'no' of type str\)"),
+        ({"logits": 1}, r"logits must be True or False"),
+    ],
+)
+def test_capture_arguments_of_the_wrong_kind_are_one_clear_value_error(kwargs, match):
+    model = tiny("fire")
+    idx = torch.randint(0, 257, (1, 8))
+    with pytest.raises(ValueError, match=match):
+        model.attention_probs(idx, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        with model.capture_attention(**kwargs):
+            pass
+    assert all(b.attn.capture is None for b in model.blocks)
+
+
+def test_capture_takes_ints_tensors_arrays_and_iterables_and_checks_idx():
+    import numpy as np
+
+    model = tiny("rope")
+    idx = torch.randint(0, 257, (2, 12), generator=torch.Generator().manual_seed(5))
+    ref = model.attention_probs(idx)
+    for layers in (1, np.int64(1), torch.tensor(1), torch.tensor([1]), np.array([1]), range(1, 2), {1}, iter([1])):
+        cap = model.attention_probs(idx, layers=layers)
+        assert list(cap.records) == [1] and torch.equal(cap[1].probs, ref[1].probs)
+    for queries in (5, [5], torch.tensor(5), torch.tensor([5]), np.array([5]), range(5, 6), np.int32(5)):
+        rec = model.attention_probs(idx, layers=[0, 1], queries=queries)[0]
+        assert rec.queries.tolist() == [5]
+        torch.testing.assert_close(rec.probs, ref[0].probs[:, :, 5:6])  # one row's GEMM: rounding
+    assert model.attention_probs(idx.int(), layers=0)[0].probs.shape == (2, 2, 12, 12)  # int32 ids too
+    for bad, match in (
+        (idx[0], r"idx must be token ids, an int64 tensor \[batch, pos\] \(got a 1-D .*idx\[None\]"),
+        (idx.float(), "idx must be token ids.*torch.float32"),
+        (idx[:, :0], r"idx holds no tokens \(shape \(2, 0\)\)"),
+        (idx.tolist(), "idx must be token ids.*got list"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            model.attention_probs(bad)
+    cap = model.attention_probs(idx, layers=[0])
+    with pytest.raises(KeyError, match=r"layer 1 was not captured: this capture records layers \[0\]"):
+        cap[1]
+    with model.capture_attention(layers=[0, 1]) as open_cap:
+        with pytest.raises(KeyError, match="layer 1 has not run under this capture yet"):
+            open_cap[1]
+
+
+def test_records_hold_the_probabilities_before_dropout_and_say_so():
+    model = tiny("alibi", dropout=0.5).train()
+    idx = torch.randint(0, 257, (1, 10))
+    with model.capture_attention(layers=0) as cap:
+        model(idx)
+    assert cap[0].dropout == 0.5 and model.training
+    torch.testing.assert_close(cap[0].probs.sum(-1), torch.ones(1, 2, 10))  # before dropout: rows sum to 1
+    assert model.attention_probs(idx, layers=0)[0].dropout == 0.0 and model.training  # eval for the pass
+    model.eval()
+    assert model.attention_probs(idx, layers=0)[0].dropout == 0.0 and not model.training
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (
+            {"position_encoding": "fire", "encoding_options": {"progressive_interpolation": float("nan")}},
+            "true or false",
+        ),
+        ({"position_encoding": "fire", "encoding_options": {"log_transform": 1}}, "true or false"),
+        ({"position_encoding": "t5", "encoding_options": {"bidirectional": "no"}}, "true or false"),
+        (
+            {"position_encoding": "fire", "encoding_options": {"init_c": float("nan")}},
+            "init_c of 'fire' must be finite",
+        ),
+        ({"position_encoding": "fire", "encoding_options": {"normalizer_cap": float("inf")}}, "must be finite"),
+        ({"position_encoding": "t5", "encoding_options": {"max_distance": float("nan")}}, "max_distance"),
+        ({"position_encoding": "fire", "encoding_options": {"init_L": True}}, "not true/false"),
+        ({"position_encoding": "fire", "encoding_options": {"normalizer_cap": True}}, "not true/false"),
+        ({"config_format": True}, "config_format must be 1 or 2"),
+        ({"config_format": float("nan")}, "config_format must be 1 or 2"),
+        ({"config_format": 10**30}, "config_format must be 1 or 2"),
+    ],
+)
+def test_config_validate_refuses_nan_inf_and_bools_in_encoding_options(fields, match):
+    with pytest.raises(ValueError, match=match):
+        GPTConfig(**fields).validate()
+    assert GPTConfig(position_encoding="fire", encoding_options={"init_L": 128, "log_transform": False}).validate()

@@ -131,3 +131,60 @@ def test_attention_page_draws_the_pattern_and_the_capped_shares(tmp_path, monkey
         not at.exception
         and "normalizer capped at 256" in json.loads(at.get("plotly_chart")[0].proto.spec)["layout"]["title"]["text"]
     )
+
+
+def test_two_sessions_draw_patterns_from_one_shared_model_at_once():
+    """The app shares one loaded model per checkpoint between sessions: patterns and dilution
+    computed from two threads at once equal the ones computed alone."""
+    import sys
+    import threading
+
+    model = tiny("fire")
+    toks = [_tokens(48, seed=s) for s in (1, 2)]
+    alone = [TA.attention_pattern(model, toks[k], k % 2).probs for k in (0, 1)]
+    capped_alone = TA.attention_pattern(model, toks[0], 1, normalizer_cap=20).probs
+    dil_alone = TA.attention_dilution(model, toks[1], [15, 40], near=4, rows=2).share
+    errors, same = [], []
+
+    def session(k):
+        try:
+            for _ in range(8):
+                same.append(np.array_equal(TA.attention_pattern(model, toks[k], k % 2).probs, alone[k]))
+                if k == 0:
+                    same.append(
+                        np.array_equal(TA.attention_pattern(model, toks[0], 1, normalizer_cap=20).probs, capped_alone)
+                    )
+                else:
+                    same.append(
+                        np.array_equal(TA.attention_dilution(model, toks[1], [15, 40], near=4, rows=2).share, dil_alone)
+                    )
+        except Exception as e:  # noqa: BLE001 - any error fails the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=session, args=(k,)) for k in (0, 1)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: interleave the passes
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and len(same) == 32 and all(same)
+    assert not model.training and all(b.attn.capture is None for b in model.blocks)
+
+
+def test_dilution_arguments_and_a_missing_checkpoint_are_clear_errors(tmp_path):
+    from fireviz.model import CheckpointError
+
+    model = tiny("alibi")
+    toks = _tokens(40)
+    for near, rows in ((1.5, 2), (4, True), ("4", 2), (0, 2)):
+        with pytest.raises(ValueError, match="near and rows must be integers >= 1"):
+            TA.attention_dilution(model, toks, [20], near=near, rows=rows)
+    assert TA.attention_dilution(model, toks, [20], near=np.int64(4), rows=2).near == 4
+    with pytest.raises(CheckpointError):  # as documented: not a bare OSError
+        TA.dilution_cache_path(tmp_path / "missing", toks, [20], 4, 2, None, cache_dir=tmp_path)
+    with pytest.raises(CheckpointError):
+        TA.cached_attention_dilution(tmp_path / "missing", toks, [20], near=4, rows=2, cache_dir=tmp_path)

@@ -792,3 +792,84 @@ def test_training_also_logs_validation_on_random_windows(tmp_path):
 
     w1 = random_validation_windows(docs, 32, 4)
     assert torch.equal(w1, random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33
+
+
+# ------------------------------------------------------------------------------------------
+# Settings that are numbers but not usable ones
+# ------------------------------------------------------------------------------------------
+def test_train_config_is_frozen_and_replace_makes_a_copy_to_validate():
+    import dataclasses
+
+    tc = TrainConfig(lr=2e-3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tc.lr = 1.0
+    other = dataclasses.replace(tc, lr=5e-4).validate()
+    assert tc.lr == 2e-3 and other.lr == 5e-4 and other == dataclasses.replace(tc, lr=5e-4)
+    assert hash(other) == hash(dataclasses.replace(tc, lr=5e-4))
+    assert TrainConfig(lr=1.0, seed=2**63 - 1, weight_decay=1.0).validate()  # the edges are allowed
+    with pytest.raises(TrainingError, match="train.lr must be a finite number"):
+        dataclasses.replace(tc, lr=float("inf")).validate()
+
+
+@pytest.mark.parametrize(
+    "setting,needles",
+    [
+        ("train.weight_decay=nan", ["train.weight_decay must be a finite number (got nan)"]),
+        ("train.weight_decay=inf", ["train.weight_decay must be a finite number (got inf)"]),
+        ("train.grad_clip=nan", ["train.grad_clip must be a finite number (got nan)"]),
+        ("train.grad_clip=inf", ["train.grad_clip must be a finite number (got inf)"]),
+        ("train.lr=inf", ["train.lr must be a finite number (got inf)"]),
+        ("train.lr=1e300", ["train.lr must be > 0 and at most 1.0", "e.g. --set train.lr=1e-3"]),
+        ("train.min_lr=nan", ["train.min_lr must be a finite number"]),
+        ("train.beta2=nan", ["train.beta2 must be a finite number"]),
+        ("train.weight_decay=2000", ["train.weight_decay × train.lr must be at most 1", "lower train.weight_decay"]),
+        ("train.seed=1208925819614629174706176", ["train.seed must be at most 2**63 − 1", "smaller seed"]),
+        ("train.seed=-1", ["train.seed must be >= 0"]),
+        ("train.max_steps=1000000000000000000000000000000", ["train.max_steps must be at most 2**63 − 1"]),
+        ("train.device=cuda:x", ["train.device must be auto, cpu, cuda or cuda:N", "'cuda:x'"]),
+    ],
+)
+def test_non_finite_and_overflowing_settings_are_one_line_before_anything_is_written(
+    setting, needles, corpus, tmp_path, capsys
+):
+    cfg = _write_toml(tmp_path / "c.toml", _tables(corpus, max_steps=1, warmup_steps=0))
+    code, err = _cli(["--config", str(cfg), "--set", setting, "--out", str(tmp_path / "o")], capsys)
+    _assert_one_line(code, err, *needles)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("where", ["loss", "weights"])
+def test_a_run_whose_numbers_overflow_names_the_settings_and_writes_no_checkpoint(where, corpus, tmp_path, monkeypatch):
+    """Finite settings can still overflow (a large lr × weight_decay): a non-finite loss, or weights
+    that became non-finite in the last step's update, are refused before that step's checkpoint."""
+    import fireviz.train as T
+
+    real = T.training_step
+
+    def overflowing(model, *args, **kwargs):
+        loss, grad_norm = real(model, *args, **kwargs)
+        if where == "loss":
+            return torch.tensor(float("nan")), grad_norm
+        with torch.no_grad():
+            next(getattr(model, "module", model).parameters()).fill_(float("inf"))
+        return loss, grad_norm
+
+    monkeypatch.setattr(T, "training_step", overflowing)
+    mc, tc = configs_from_tables(_tables(corpus, max_steps=1, warmup_steps=0, eval_interval=0))
+    what = "loss became nan at step 1" if where == "loss" else r"weights are no longer finite after step 1 \(wte"
+    with pytest.raises(TrainingError, match=what + r".*lower train.lr \(now 0.003\) or train.weight_decay \(now 0.1\)"):
+        train(mc, tc, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_a_gpu_index_past_the_machines_gpus_is_a_training_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from fireviz.train_setup import _resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    one = SimpleNamespace(world=1, local_rank=0)
+    assert _resolve_device(TrainConfig(device="cuda:1").validate(), one) == torch.device("cuda", 1)
+    with pytest.raises(TrainingError, match=r"train.device='cuda:2': this machine has 2 GPU\(s\)"):
+        _resolve_device(TrainConfig(device="cuda:2").validate(), one)

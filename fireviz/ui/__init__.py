@@ -6,7 +6,7 @@ What lives here (and nothing that computes a bias or a loss):
     session and ``sync_url`` writes the widgets' values back, so a view is a shareable link;
   * checkpoints: the cached list under the checkpoints root (``FIREVIZ_CHECKPOINTS_DIR``),
     a picker that also takes a local folder or a Hugging Face repo id, and cached models
-    (``st.cache_resource``, keyed by folder + weights modification time);
+    (``st.cache_resource``, keyed by the checkpoint's identity, ``picker.checkpoint_identity``);
   * figures with their captions, and CSV/JSON downloads of the plotted numbers.
 Errors from the library are shown with ``st.error`` naming the problem and the fix; the
 app keeps running.

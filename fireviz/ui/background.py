@@ -8,6 +8,7 @@ from typing import Sequence
 import streamlit as st
 
 from ..model import CheckpointError
+from ..windows import EvaluationError
 from ..presentation import job_error_text
 from .state import error, key
 
@@ -79,8 +80,9 @@ def evaluation_jobs(
     cancelled, show what is already cached (``evaluate.cached_results``, a direct call that
     computes nothing: published numbers, earlier runs, a cancelled run's finished lengths).
     Errors and cancellations are shown (problem and fix); unfinished jobs get a live
-    ``job_panel``. Returns ``(results of finished jobs and cache lookups, unfinished jobs)``;
-    stops the page (``st.stop``) when a checkpoint cannot be read.
+    ``job_panel``; settings that cannot be evaluated (``EvaluationError``, refused before anything
+    is queued) are said once and their spec skipped. Returns ``(results of finished jobs and cache
+    lookups, unfinished jobs)``; stops the page (``st.stop``) when a checkpoint cannot be read.
     """
     from .. import jobs
 
@@ -95,6 +97,9 @@ def evaluation_jobs(
         except CheckpointError as e:  # its message names the problem and the fix
             error(f"Cannot read a checkpoint: {e}")
             st.stop()
+        except EvaluationError as e:  # settings that cannot be evaluated: refused before queueing
+            error(f"Cannot evaluate these settings: {e}", "Change them in the sidebar.")
+            continue
         failure = None
         if job is None or job.status == jobs.CANCELLED:
             found, failure = _cached(paths, data, lens, s, suffix)

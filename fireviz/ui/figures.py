@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Sequence
 
 import streamlit as st
 
 from .. import checkpoints as ck
-from ..model import CheckpointError
 from ..presentation import to_json
-from .picker import _load_model
+from .picker import _load_model, checkpoint_identity
 from .state import key, url_state
 
 
@@ -110,23 +108,23 @@ MAX_QUERY_POSITION = 1 << 17
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
-def _bias_report(path: str, mtime_ns: int, settings_key: str, name: str, _settings) -> dict:
+def _bias_report(path: str, identity: str, settings_key: str, name: str, _settings) -> dict:
     # cached by settings_key (the settings' JSON); _settings (not hashed) is the same settings
     from .. import analysis
 
-    model = _load_model(path, mtime_ns, "cpu")
+    model = _load_model(path, identity, "cpu")
     return analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
 def _attention_pattern(
-    path: str, mtime_ns: int, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
+    path: str, identity: str, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
 ) -> dict:
     import torch
 
     from .. import text_attention
 
-    model = _load_model(path, mtime_ns, "cpu")
+    model = _load_model(path, identity, "cpu")  # shared with other sessions: attention_probs is thread-safe
     return text_attention.attention_pattern(
         model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name, normalizer_cap=normalizer_cap
     ).to_dict()
@@ -134,15 +132,11 @@ def _attention_pattern(
 
 def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
     """``text_attention.attention_pattern(...).to_dict()`` of a checkpoint on ``tokens``
-    (LongTensor ``[T]``), cached per weights, text, layer and cap. Raises: ValueError, CheckpointError."""
-    w = Path(info.path) / ck.WEIGHTS_FILE
-    try:
-        mtime = w.stat().st_mtime_ns
-    except OSError as e:
-        raise CheckpointError(f"cannot read {w}: {e}") from e
+    (LongTensor ``[T]``), cached per checkpoint (``checkpoint_identity``: weights and config),
+    text, layer and cap. Raises: ValueError, CheckpointError."""
     return _attention_pattern(
         info.path,
-        mtime,
+        checkpoint_identity(info),
         tuple(int(t) for t in tokens.tolist()),
         int(layer),
         info.name,
@@ -173,7 +167,7 @@ def bias_report(
     stack: str | None = None,
 ) -> dict:
     """``fireviz.analysis.run_bias_report(model, settings).to_dict()`` for a checkpoint, cached
-    (``st.cache_data``) by folder, weights modification time and the settings' description
+    (``st.cache_data``) by folder, ``checkpoint_identity`` (weights and config) and the settings' description
     (``BiasSettings.describe``: query positions in tokens, FIRE normalizer cap in tokens …;
     a cap is computed on a copy of the shared model).
 
@@ -199,5 +193,4 @@ def bias_report(
         return _published_bias_report(
             info.path, info.config.get("revision"), stack or "decoder", key_, info.name, settings
         )
-    mtime = (Path(info.path) / ck.WEIGHTS_FILE).stat().st_mtime_ns
-    return _bias_report(info.path, mtime, key_, info.name, settings)
+    return _bias_report(info.path, checkpoint_identity(info), key_, info.name, settings)

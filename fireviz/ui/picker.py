@@ -113,25 +113,37 @@ def resolve(ref: str) -> ck.CheckpointInfo:
     return _resolve(ref.strip(), str(group_root()))
 
 
+def checkpoint_identity(info_or_path: ck.CheckpointInfo | str) -> str:
+    """What the app caches a checkpoint's model and results by (the one place it is computed):
+    ``checkpoints.checkpoint_sha256``, the sha256 of model.safetensors and config.json that the
+    evaluation keys on too, memoized per file state (a rerun pays two ``stat`` calls). Editing
+    either file (e.g. config.json's encoding_options) gives a new identity: the model is reloaded
+    and its figures recomputed. Raises: CheckpointError for missing or unreadable files."""
+    path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
+    return ck.checkpoint_sha256(path)
+
+
 @st.cache_resource(max_entries=8, show_spinner="Loading model…")
-def _load_model(path: str, mtime_ns: int, device: str):
-    return ck.load_model(path, device)
+def _load_model(path: str, identity: str, device: str):
+    # identity: checkpoint_identity(path) when asked; a model whose files changed while it loaded
+    # (a trainer's next checkpoint) is refused rather than cached under the old identity
+    model = ck.load_model(path, device)
+    if checkpoint_identity(path) != identity:
+        raise CheckpointError(f"checkpoint {path} changed while it was loading; reload the page")
+    return model
 
 
 def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
-    """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and reused.
+    """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and shared by
+    every session (``GPT.attention_probs`` is safe to call from several at once).
 
-    Reloaded when model.safetensors changes. Raises CheckpointError for a bad folder.
+    Reloaded when model.safetensors or config.json changes (``checkpoint_identity``).
+    Raises CheckpointError for a bad folder.
     """
     if isinstance(info_or_path, ck.CheckpointInfo) and info_or_path.is_published:
         return info_or_path.published  # position encodings only (fireviz.hub.PublishedModel)
     path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
-    w = Path(path) / ck.WEIGHTS_FILE
-    try:
-        mtime = w.stat().st_mtime_ns
-    except OSError as e:
-        raise CheckpointError(f"cannot read {w}: {e}") from e
-    return _load_model(path, mtime, device)
+    return _load_model(path, checkpoint_identity(path), device)
 
 
 def no_checkpoints_message() -> None:
