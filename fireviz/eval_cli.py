@@ -148,6 +148,8 @@ def format_table(results: Sequence[dict]) -> str:
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
         ref = next(e["paired_reference"] for e in paired[0]["per_length"] if e.get("paired_reference"))
+        ref_cap = next((r.get("normalizer_cap") for r in results if r["checkpoint"] == ref), None)
+        ref += f" (normalizer cap {ref_cap})" if ref_cap else ""  # the reference as it was evaluated
         out += _per_checkpoint(
             paired,
             lengths,

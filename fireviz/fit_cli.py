@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -114,7 +115,13 @@ def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
             raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
         a.checkpoint, a.target = a.target, "checkpoint"  # --target <model>: a checkpoint or published model
     if a.target not in target_names():
-        raise _CLIError(f"unknown --target {a.target!r}; choose one of {', '.join(target_names())}")
+        looks_like_path = "/" in a.target or os.sep in a.target or a.target.startswith((".", "~"))
+        raise _CLIError(
+            f"--target {a.target!r} is no checkpoint folder (no such directory)"
+            if looks_like_path
+            else f"unknown --target {a.target!r}; choose one of {', '.join(target_names())}, or a checkpoint "
+            f"folder or Hub id (a bundled checkpoint by name: --target checkpoint --checkpoint {a.target})"
+        )
     params = {}
     for item in a.param or []:  # --param NAME=VALUE (JSON value): any target's parameter
         name, sep, value = item.partition("=")

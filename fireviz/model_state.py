@@ -95,8 +95,9 @@ def check_checkpoint_ref(pretrained_model_name_or_path: str | os.PathLike) -> No
 
     A local folder's config.json must be a readable file holding a valid config
     (``config_from_dict``); a folder without one is left to the loader (which names what is
-    missing). A path that can only be local (absolute, ``./``, ``../``, ``~``, or more than one
-    ``/``) and does not exist is refused instead of being tried as a Hub repo id.
+    missing). A path that can only be local (absolute, ``./``, ``../``, ``~``, no ``/`` or more
+    than one, or under an existing local folder) and does not exist is refused at once instead
+    of being tried as a Hub repo id (which retries the network for ~20 s when offline).
     Raises: CheckpointError naming the problem.
     """
     path = os.fspath(pretrained_model_name_or_path)
@@ -112,9 +113,20 @@ def check_checkpoint_ref(pretrained_model_name_or_path: str | os.PathLike) -> No
             except FileFormatError as e:
                 raise CheckpointError(str(e)) from e
             config_from_dict(data, str(cfg))
-    elif os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.path.exists(path):
+    elif (
+        os.path.isabs(path)
+        or path.startswith((".", "~"))
+        or path.count("/") != 1  # "fire": a bundled name or a typo, not a Hub repo id 'owner/name'
+        or os.path.exists(path)
+        or os.path.isdir(path.split("/")[0])  # "checkpoints/fier": a local folder's child, not a Hub id
+    ):
+        hint = (
+            " (the bundled checkpoints are folders under checkpoints/, e.g. checkpoints/fire)"
+            if "/" not in path
+            else ""
+        )
         raise CheckpointError(
-            f"{path} is not a checkpoint folder (no such directory); give a folder "
+            f"{path} is not a checkpoint folder (no such directory){hint}; give a folder "
             "with config.json and model.safetensors, or a Hub repo id 'owner/name'"
         )
 

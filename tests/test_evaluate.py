@@ -995,6 +995,15 @@ def test_normalizer_cap_is_a_setting_of_its_own(ckpts, corpus, cache, monkeypatc
         ev.evaluate_checkpoint(ckpts["fire"], corpus, [32], normalizer_cap=0, **kw)
 
 
+def test_paired_table_names_a_capped_reference_as_evaluated(ckpts, corpus, cache):
+    r = ev.evaluate_many(
+        [ckpts["fire"], ckpts["alibi"]], corpus, [32], split="all", device="cpu", cache_dir=cache, normalizer_cap=4
+    )
+    assert "vs fire (normalizer cap 4) on the same windows" in eval_cli.format_table(r)
+    r = ev.evaluate_many([ckpts["alibi"], ckpts["fire"]], corpus, [32], split="all", device="cpu", cache_dir=cache)
+    assert "vs alibi on the same windows" in eval_cli.format_table(r)
+
+
 def test_cli_prints_what_was_scored_and_the_paired_table(ckpts, corpus, tmp_path, cache, capsys):
     out = tmp_path / "r.json"
     rc = eval_cli.main(

@@ -577,3 +577,25 @@ def test_config_validate_refuses_nan_inf_and_bools_in_encoding_options(fields, m
     with pytest.raises(ValueError, match=match):
         GPTConfig(**fields).validate()
     assert GPTConfig(position_encoding="fire", encoding_options={"init_L": 128, "log_transform": False}).validate()
+
+
+@pytest.mark.parametrize("ref", ["fire", "no_such_checkpoint"])
+def test_from_pretrained_refuses_a_bare_name_at_once_without_the_hub(ref, tmp_path, monkeypatch):
+    """A bare name is a typo or a bundled checkpoint's name, never a Hub repo id ('owner/name'):
+    refused at once, naming the bundled folders, instead of ~20 s of offline Hub retries."""
+    import huggingface_hub
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
+    with pytest.raises(CheckpointError, match=r"not a checkpoint folder .*checkpoints/, e\.g\. checkpoints/fire"):
+        GPT.from_pretrained(ref)
+
+
+def test_from_pretrained_refuses_a_missing_child_of_a_local_folder(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    (tmp_path / "checkpoints").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
+    with pytest.raises(CheckpointError, match="checkpoints/fier is not a checkpoint folder"):
+        GPT.from_pretrained("checkpoints/fier")
