@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from . import synthetic
+from .arg_checks import is_int
 from .data import DOMAINS
 from .encodings import check_normalizer_cap
 from .eval_device import resolve_device
@@ -28,7 +29,6 @@ from .windows import (
     EvaluationError,
     _check_length,
     _check_mode,
-    _is_integer,
     check_prefix_tokens,
 )
 
@@ -51,7 +51,7 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
     None as given. Raises: EvaluationError for anything else."""
     if isinstance(token_budget, str) and token_budget == "auto":
         return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
-    if token_budget is not None and (not _is_integer(token_budget) or token_budget < 1):
+    if token_budget is not None and (not is_int(token_budget) or token_budget < 1):
         raise EvaluationError(
             f"token_budget must be an integer >= 1, None (every window) or 'auto' (got {token_budget!r})"
         )
@@ -91,7 +91,7 @@ def _integer(name: str, value, lo: int, hi: int | None = None, fix: str = "", sp
     """``value`` as an int (a numpy integer too) in ``lo`` … ``hi``. Raises: EvaluationError
     naming ``name`` (``span`` says the range, ``fix`` the remedy) for anything else: a bool,
     a float (2.0 included), a string, NaN."""
-    if not _is_integer(value) or value < lo or (hi is not None and value > hi):
+    if not is_int(value) or value < lo or (hi is not None and value > hi):
         span = span or (f">= {lo}" if hi is None else f"in {lo}..{hi}")
         raise EvaluationError(f"{name} must be an integer {span} (got {value!r}){fix}")
     return int(value)

@@ -50,6 +50,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .arg_checks import is_int
+
 #: targets (tokens) scored per length unless told otherwise
 DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
@@ -257,7 +259,7 @@ def plan_same_text(
 
 def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
     """``prefix_tokens`` as an int; EvaluationError unless an integer >= every length (tokens)."""
-    if not _is_integer(prefix_tokens) or prefix_tokens < 2:
+    if not is_int(prefix_tokens) or prefix_tokens < 2:
         raise EvaluationError(f"prefix_tokens must be an integer >= 2 tokens (got {prefix_tokens!r})")
     if prefix_tokens < max(lengths):
         raise EvaluationError(
@@ -292,14 +294,9 @@ def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed
     return SameTextPlan(M, tuple(eligible), skipped, windows)
 
 
-def _is_integer(value) -> bool:
-    """True for an int or numpy integer (not a bool, a float — 2.0 included — or a string)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_length(length) -> int:
     """``length`` as an int. Raises: EvaluationError unless an integer >= 2 tokens."""
-    if not _is_integer(length) or length < 2:
+    if not is_int(length) or length < 2:
         raise EvaluationError(f"evaluation length must be an integer >= 2 tokens (got {length!r})")
     return int(length)
 
@@ -311,7 +308,7 @@ def _check_mode(mode: str | None, stride: int | None) -> str:
     if mode == "sliding":
         if stride is None:
             raise EvaluationError("sliding mode needs a stride (tokens), e.g. --stride 256")
-        if not _is_integer(stride) or stride < 1:
+        if not is_int(stride) or stride < 1:
             raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
     elif stride is not None:
         raise EvaluationError(
@@ -329,7 +326,7 @@ def position_buckets(length: int, buckets: int = DEFAULT_POSITION_BUCKETS) -> tu
       buckets. Raises: EvaluationError if ``buckets < 1`` or ``length < 2``.
     """
     _check_length(length)
-    if not _is_integer(buckets) or buckets < 1:
+    if not is_int(buckets) or buckets < 1:
         raise EvaluationError(f"position_buckets must be an integer >= 1 (got {buckets!r})")
     edges = np.unique(np.round(np.linspace(1, length, min(buckets, length - 1) + 1)).astype(np.int64))
     return edges[:-1].tolist(), edges[1:].tolist()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,21 @@ from fireviz.model import GPT, GPTConfig
 #: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
 TINY_ENCODINGS = ("fire", "alibi", "rope")
 TINY_SEQ_LEN = 32
+
+
+def run_interleaved(worker, args) -> None:
+    """Run ``worker(a)`` for each ``a`` in ``args`` on its own thread, all at once, with the
+    interpreter switching threads every 10 µs (so their passes interleave); returns when all end."""
+    threads = [threading.Thread(target=worker, args=(a,)) for a in args]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def make_tiny_checkpoint(

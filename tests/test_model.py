@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import run_interleaved
 import torch.nn.functional as F
 
 import fireviz.attention as attention_module
@@ -419,7 +420,6 @@ def test_capture_state_is_cleaned_up_after_an_exception_and_bad_requests_are_ref
 
 # -- captures and threads, edge inputs (the app shares one model per checkpoint between sessions) --
 def test_two_threads_capture_one_model_at_once_each_recording_only_its_own_passes():
-    import sys
     import threading
 
     model = tiny("alibi")
@@ -435,16 +435,7 @@ def test_two_threads_capture_one_model_at_once_each_recording_only_its_own_passe
         except Exception as e:  # noqa: BLE001 - any error fails the test below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often: interleave the passes
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_interleaved(worker, (0, 1))
     assert not errors and all(results[0]) and all(results[1]) and len(results[0]) == len(results[1]) == 60
     assert all(b.attn.capture is None for b in model.blocks)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_interleaved
 from streamlit.testing.v1 import AppTest
 
 from fireviz import attention_plots as AP
@@ -136,8 +137,6 @@ def test_attention_page_draws_the_pattern_and_the_capped_shares(tmp_path, monkey
 def test_two_sessions_draw_patterns_from_one_shared_model_at_once():
     """The app shares one loaded model per checkpoint between sessions: patterns and dilution
     computed from two threads at once equal the ones computed alone."""
-    import sys
-    import threading
 
     model = tiny("fire")
     toks = [_tokens(48, seed=s) for s in (1, 2)]
@@ -161,16 +160,7 @@ def test_two_sessions_draw_patterns_from_one_shared_model_at_once():
         except Exception as e:  # noqa: BLE001 - any error fails the test below
             errors.append(e)
 
-    threads = [threading.Thread(target=session, args=(k,)) for k in (0, 1)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often: interleave the passes
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_interleaved(session, (0, 1))
     assert not errors and len(same) == 32 and all(same)
     assert not model.training and all(b.attn.capture is None for b in model.blocks)
 
