@@ -1,22 +1,25 @@
 """Scaled dot-product attention with an additive position bias, fast on CPU too.
 
-``F.scaled_dot_product_attention`` takes the bias as a float ``attn_mask``. Two measured
-facts shape this module (torch 2.13, CPU, [16, 4, 512, 32], see benchmarks/README.md):
+``F.scaled_dot_product_attention`` takes the bias as a float ``attn_mask``. Measured facts
+that shape this module (torch 2.13, CPU, [16, 4, 512, 32], fwd+bwd, see benchmarks/README.md):
 
 * a 3-D ``[heads, q, k]`` mask sends SDPA to its slow math path; the same mask expanded
-  (a stride-0 view, no copy) to 4-D ``[batch, heads, q, k]`` runs the fused kernel, as
-  fast as ``is_causal=True``;
+  (a stride-0 view, no copy) to 4-D ``[batch, heads, q, k]`` runs the fused flash kernel;
+* the fused kernel's *backward* with a mask is slow on CPU: 2.4× its causal backward on an
+  Intel Xeon (it cannot skip the future half, and adds the mask per tile), so even a static
+  bias (ALiBi) cost ~1.4× NoPE per training step there;
 * a mask that *requires grad* (T5, Kerple, FIRE) always takes the math path, which
-  materialises every [batch, heads, q, k] intermediate at once (~2.5× the causal cost).
+  materialises every [batch, heads, q, k] intermediate at once.
 
-``BiasedAttention`` keeps the fused kernel for the forward pass and does the backward in
-causal query chunks: each chunk recomputes its probabilities over the keys it may see
-(two batched GEMMs on contiguous [batch·heads, T, d] copies made once), and the bias
-gradient is summed over the batch there. The elementwise middle (mask, softmax, dS, the
-batch sum) is one compiled numba pass when numba is installed, else seven torch ops. Same
-numbers as the math path (tests compare to 1e-5); on a quiet 2-core machine about 1.5×
-the causal fused forward+backward, and 1.8–3.5× on a contended one (many short parallel
-regions wait for preempted threads; see benchmarks/README.md).
+So during CPU training every float mask goes through ``BiasedAttention``: the fused flash
+kernel's forward in causal query chunks (each over the keys it may see), which also returns
+the log-sum-exp of each query row, and a backward in
+causal query chunks of ``BACKWARD_CHUNK`` rows. Each chunk recomputes its probabilities over
+the keys it may see as P = exp(q·kᵀ/√d + mask − lse) (no max or sum pass: the forward's lse
+is exact), with five batched GEMMs on contiguous [batch·heads, T, d] copies made once, and
+sums the bias gradient over the batch there when the mask needs one. A 32-row chunk keeps
+its [batch·heads, 32, keys] blocks in cache. Same numbers as the math path (tests compare to
+1e-5).
 """
 
 from __future__ import annotations
@@ -26,94 +29,61 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .kernels import LazyKernel, numba_kernel_call
-
 if TYPE_CHECKING:
     from .encodings import PositionEncoding
 
-#: query rows per backward chunk; 64–128 keeps a chunk's [batch, heads, rows, keys] in cache
-BACKWARD_CHUNK = 128
+#: query rows per backward chunk: 32 keeps a chunk's [batch·heads, rows, keys] blocks in cache
+#: (at batch 16, 4 heads, 512 keys: 2 MiB each; 64 rows measured 1–3 % slower, 128 rows 25 %)
+BACKWARD_CHUNK = 32
 
+#: query rows per forward call of the fused kernel: a [heads, q, k] mask makes it visit every key,
+#: so 128-row chunks over the keys each may see skip most of the masked future (0.78× the time
+#: of one call at length 512; 64 rows 0.82×, 256 rows 0.93×)
+FORWARD_CHUNK = 128
 
-def _build_softmax_grad():
-    """Compile (once; numba caches to disk) the fused elementwise part of the backward.
+#: log-probabilities at or below this become −inf in the backward (P ≤ e⁻⁶⁰ ≈ 8.8e-27 → 0).
+#: Subnormal floats cost Intel CPUs a microcode assist per operation: torch's exp was ~3× slower
+#: on inputs whose result is subnormal (ALiBi's far keys), and the GEMMs on P and dS ~2× slower
+#: when products of tiny probabilities underflow. What is dropped is < 1e-22 of a row whose
+#: largest probability is ≥ 1/Tk, far below float32 rounding.
+UNDERFLOW = -60.0
 
-    ``softmax_grad(S, dP, mask, delta, dmask, B, row0, offset)``: for every (batch·head,
-    row i, key j) of a chunk with ``S [B·H, c, keys]`` the scaled scores and ``dP`` =
-    dO·Vᵀ, P = softmax_j(S + mask[h, row0 + i]) and dS = P ⊙ (dP − delta); writes dS over
-    S, P over dP and dmask[h, row0 + i, j] = Σ_b dS — one pass instead of seven tensor ops.
-    Keys past the causal limit ``offset + row0 + i`` are written as 0 without work.
-    """
-    import math
-
-    import numba
-
-    @numba.njit(parallel=True, cache=True, nogil=True)
-    def softmax_grad(S, dP, mask, delta, dmask, B, row0, offset):  # pragma: no cover - compiled
-        BH, c, keys = S.shape
-        H = BH // B
-        for hi in numba.prange(H * c):
-            h = hi // c
-            i = hi - h * c
-            lim = min(offset + row0 + i + 1, keys)
-            mrow = mask[h, row0 + i]
-            acc = dmask[h, row0 + i]
-            for j in range(acc.shape[0]):
-                acc[j] = 0.0
-            for b in range(B):
-                bh = b * H + h
-                srow = S[bh, i]
-                prow = dP[bh, i]
-                m = -math.inf
-                for j in range(lim):
-                    v = srow[j] + mrow[j]
-                    srow[j] = v
-                    if v > m:
-                        m = v
-                tot = 0.0
-                for j in range(lim):
-                    e = math.exp(srow[j] - m)
-                    srow[j] = e
-                    tot += e
-                inv = 1.0 / tot
-                d = delta[bh, row0 + i]
-                for j in range(lim):
-                    p = srow[j] * inv
-                    ds = p * (prow[j] - d)
-                    prow[j] = p
-                    srow[j] = ds
-                    acc[j] += ds
-                for j in range(lim, keys):
-                    srow[j] = 0.0
-                    prow[j] = 0.0
-
-    return softmax_grad
-
-
-#: ``_softmax_grad_kernel()``: the compiled kernel, or None without numba (the backward then
-#: uses torch ops; same numbers).
-_softmax_grad_kernel = LazyKernel(_build_softmax_grad)
+#: SDPA's fused CPU kernel, called directly for its per-row log-sum-exp (the public
+#: ``F.scaled_dot_product_attention`` returns only the output).
+_flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 class BiasedAttention(torch.autograd.Function):
-    """softmax(q·kᵀ/√d + mask)·v with gradients for q, k, v and the mask.
+    """softmax(q·kᵀ/√d + mask)·v with gradients for q, k, v and (if it requires grad) the mask.
 
     Inputs: q ``[B, H, Tq, D]``, k, v ``[B, H, Tk, D]`` (Tq == Tk or queries are the last
-    Tq positions), mask float ``[H, Tq, Tk]`` with −inf at disallowed keys; every query must
-    see at least one key. Output ``[B, H, Tq, D]``. No dropout (callers fall back to SDPA).
-    Source: the standard attention backward, dS = P ⊙ (dP − rowsum(dO ⊙ O)) (Dao et al.
-    2022, FlashAttention, Alg. 2), with the bias gradient Σ_batch dS.
+    Tq positions), float32 on CPU; mask float32 ``[H, Tq, Tk]`` with −inf at disallowed keys;
+    every query must see at least one key. Output ``[B, H, Tq, D]``. No dropout (callers
+    fall back to SDPA). Source: the standard attention backward, dS = P ⊙ (dP − rowsum(dO ⊙ O))
+    with P recomputed from the forward's log-sum-exp (Dao et al. 2022, FlashAttention,
+    Alg. 2), and the bias gradient Σ_batch dS.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, mask):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.detach()[None].expand(q.shape[0], *mask.shape))
-        ctx.save_for_backward(q, k, v, mask, out)
+        mask = mask.detach()
+        B, _, Tq, _ = q.shape
+        offset = k.shape[2] - Tq
+        outs, lses = [], []
+        for s in range(0, Tq, FORWARD_CHUNK):  # each query chunk over the keys it may see
+            e = min(s + FORWARD_CHUNK, Tq)
+            keys = offset + e
+            chunk_mask = mask[None, :, s:e, :keys].expand(B, -1, -1, -1)
+            out, lse = _flash_forward(q[:, :, s:e], k[:, :, :keys], v[:, :, :keys], 0.0, False, attn_mask=chunk_mask)
+            outs.append(out)
+            lses.append(lse)
+        out, lse = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs, 2), torch.cat(lses, 2))
+        ctx.save_for_backward(q, k, v, mask, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, mask, out = ctx.saved_tensors
+        q, k, v, mask, out, lse = ctx.saved_tensors
         B, H, Tq, D = q.shape
         Tk = k.shape[2]
         scale = D**-0.5
@@ -124,37 +94,37 @@ class BiasedAttention(torch.autograd.Function):
         k3, v3 = k.reshape(B * H, Tk, D).contiguous(), v.reshape(B * H, Tk, D).contiguous()
         do3 = dout.reshape(B * H, Tq, D).contiguous()
         delta = (do3 * out.reshape(B * H, Tq, D)).sum(-1, keepdim=True)  # rowsum(dO ⊙ O)
+        lse3 = lse.reshape(B * H, Tq, 1)
         dq = torch.empty(B * H, Tq, D, dtype=q.dtype, device=q.device)
         dk = torch.zeros(B * H, Tk, D, dtype=k.dtype, device=k.device)
         dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
-        kernel = _softmax_grad_kernel() if all(t.dtype == torch.float32 for t in (q, mask, dout)) else None
-        if kernel is not None:
-            mask_c = mask.detach().contiguous()
-            dmask = torch.empty_like(mask_c)
-            delta2 = delta[..., 0].contiguous()
-        else:
-            dmask = torch.zeros_like(mask) if ctx.needs_input_grad[3] else None
+        dmask = torch.zeros_like(mask) if ctx.needs_input_grad[3] else None
         for s in range(0, Tq, BACKWARD_CHUNK):
             e = min(s + BACKWARD_CHUNK, Tq)
             keys = offset + e  # causal: later keys carry probability 0 for these rows
             kk, vv = k3[:, :keys], v3[:, :keys]
-            S = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
-            dP = torch.bmm(do3[:, s:e], vv.transpose(1, 2))
-            if kernel is not None:  # one fused pass: S ← dS, dP ← P, dmask rows filled
-                with numba_kernel_call():
-                    kernel(S.numpy(), dP.numpy(), mask_c.numpy(), delta2.numpy(), dmask.numpy(), B, s, offset)
-                dS, P = S, dP
-            else:
-                S.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
-                P = torch.softmax(S, -1)
-                dS = dP.sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
-                if dmask is not None:
-                    torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])
-            # (in-place baddbmm_ on these strided slices would fall back to one GEMM per batch)
+            P = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
+            P.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
+            # the probabilities (exp(−inf) = 0 above the diagonal; see UNDERFLOW)
+            F.threshold_(P.sub_(lse3[:, s:e]), UNDERFLOW, float("-inf")).exp_()
+            dS = torch.bmm(do3[:, s:e], vv.transpose(1, 2)).sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
+            if dmask is not None:
+                torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])
+            # (in-place baddbmm_ on these strided slices measured slower than bmm and +=)
             dq[:, s:e] = torch.bmm(dS, kk).mul_(scale)
             dk[:, :keys] += torch.bmm(dS.transpose(1, 2), qs[:, s:e])
             dv[:, :keys] += torch.bmm(P.transpose(1, 2), do3[:, s:e])
         return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
+
+
+def _use_biased_attention(q, k, v, mask, dropout_p) -> bool:
+    """Whether a float mask goes through ``BiasedAttention``: CPU float32 training without
+    dropout (when anything needs a gradient). Elsewhere SDPA (inference, GPU, dropout, bf16)."""
+    if dropout_p != 0.0 or not torch.is_grad_enabled() or q.device.type != "cpu":
+        return False
+    if not any(t.requires_grad for t in (q, k, v, mask)):
+        return False
+    return all(t.dtype == torch.float32 for t in (q, k, v, mask))
 
 
 def attention(
@@ -176,7 +146,7 @@ def attention(
             q, k, v, attn_mask=mask.expand(q.shape[0], q.shape[1], *mask.shape), dropout_p=dropout_p
         )
     mask = mask.to(q.dtype)
-    if mask.requires_grad and torch.is_grad_enabled() and q.device.type == "cpu" and dropout_p == 0.0:
+    if _use_biased_attention(q, k, v, mask, dropout_p):
         return BiasedAttention.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask[None].expand(q.shape[0], *mask.shape), dropout_p=dropout_p

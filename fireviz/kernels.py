@@ -1,9 +1,8 @@
 """Optional numba kernels: compiled on first use, calls serialised, torch's thread count kept.
 
-Two hot CPU loops are compiled with numba when it is installed: FIRE's row kernels
-(:mod:`fireviz.encodings.fire`) and the fused softmax gradient of ``BiasedAttention``
-(:mod:`fireviz.attention`). Both have exact torch fallbacks (tests compare them to 1e-5);
-``FIRE_NO_NUMBA=1`` forces the fallbacks.
+FIRE's row kernels (:mod:`fireviz.encodings.fire`) are compiled with numba when it is
+installed. They have exact torch fallbacks (tests compare them to 1e-5); ``FIRE_NO_NUMBA=1``
+forces the fallbacks.
 """
 
 from __future__ import annotations

@@ -466,11 +466,10 @@ def test_numba_kernels_leave_torch_thread_count_alone():
 
     code = """
 import torch
-import fireviz.attention as A
 import fireviz.encodings.fire as F
 from fireviz.model import GPT, GPTConfig
 assert torch.get_num_threads() == 1
-if F._row_kernel() is None or A._softmax_grad_kernel() is None:
+if F._row_kernel() is None:
     raise SystemExit("numba kernels unavailable")
 torch.manual_seed(0)
 m = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=64, position_encoding="fire"))
@@ -643,3 +642,23 @@ def test_bias_at_equals_bias_on_any_grid(name):
                 torch.testing.assert_close(grid[:, r, c], full[:, i, j].float(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=">= 0"):
         enc.bias_at([-1], [0])
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (5, 5), (3, 9), (9, 3), (16, 40)])
+def test_toeplitz_rows_backward_equals_autograd_through_the_gather(q_len, k_len):
+    """The diagonal-sum backward of ToeplitzBias.masked_bias's gather equals autograd's
+    scatter through the plain indexing, for square, wide and tall grids."""
+    from fireviz.encodings.base import _toeplitz_rows, _ToeplitzRows
+
+    torch.manual_seed(0)
+    table = torch.randn(3, q_len + k_len - 1, requires_grad=True)
+    grad = torch.randn(3, q_len, k_len)
+    direct = _ToeplitzRows.apply(table, q_len, k_len)
+    (g_direct,) = torch.autograd.grad(direct, table, grad)
+    plain = _toeplitz_rows(table, q_len, k_len)
+    (g_plain,) = torch.autograd.grad(plain, table, grad)
+    assert torch.equal(direct, plain)
+    assert torch.allclose(g_direct, g_plain, atol=1e-5)
+    i, j = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
+    expected = torch.zeros_like(table).index_add_(1, (i - j + k_len - 1).flatten(), grad.flatten(1))
+    assert torch.allclose(g_direct, expected, atol=1e-5)

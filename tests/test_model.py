@@ -71,8 +71,10 @@ def test_appending_tokens_does_not_change_earlier_outputs(name):
     assert torch.allclose(model(idx[:, :12]), model(idx)[:, :12], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["fire", "t5", "kerple_power", "fire_s"])
+@pytest.mark.parametrize("name", ["fire", "t5", "kerple_power", "fire_s", "alibi", "sandwich"])
 def test_chunked_bias_backward_equals_math_path(name, monkeypatch):
+    """Training gradients through BiasedAttention (learned biases, and static ones, which take
+    it too on CPU) equal autograd through SDPA's math path."""
     model = tiny(name).train()
     idx = torch.randint(0, 257, (3, 17))
 
@@ -82,6 +84,7 @@ def test_chunked_bias_backward_equals_math_path(name, monkeypatch):
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     monkeypatch.setattr(attention_module, "BACKWARD_CHUNK", 4)
+    monkeypatch.setattr(attention_module, "FORWARD_CHUNK", 8)
     fast = grads()
     monkeypatch.setattr(
         attention_module.BiasedAttention,
@@ -91,27 +94,26 @@ def test_chunked_bias_backward_equals_math_path(name, monkeypatch):
     slow = grads()
     assert fast.keys() == slow.keys()
     enc_params = [n for n in slow if n.startswith("encodings.")]
-    assert enc_params and all(slow[n].abs().sum() > 0 for n in enc_params)  # the bias does learn
+    learned = name not in ("alibi", "sandwich")
+    assert bool(enc_params) == learned and all(slow[n].abs().sum() > 0 for n in enc_params)  # the bias learns
     for n in slow:
         assert torch.allclose(fast[n], slow[n], atol=1e-6, rtol=1e-4), n
 
 
-@pytest.mark.parametrize("path", ["compiled", "torch"])
-@pytest.mark.parametrize("Tq,Tk,chunk", [(17, 17, 4), (5, 23, 2), (9, 9, 128)])
-def test_biased_attention_backward_equals_math_path(path, Tq, Tk, chunk, monkeypatch):
-    """The chunked backward (numba-fused softmax gradient, or plain torch ops) against
-    autograd through SDPA's math path, queries the last Tq of Tk positions."""
-    if path == "torch":
-        monkeypatch.setattr(attention_module, "_softmax_grad_kernel", lambda: None)
-    elif attention_module._softmax_grad_kernel() is None:
-        pytest.skip("numba is not installed: the compiled kernel is off")
+@pytest.mark.parametrize("learned", [True, False])
+@pytest.mark.parametrize("Tq,Tk,chunk", [(17, 17, 4), (5, 23, 2), (9, 9, 128), (40, 40, 32)])
+def test_biased_attention_backward_equals_math_path(learned, Tq, Tk, chunk, monkeypatch):
+    """The chunked backward against autograd through SDPA's math path, queries the last Tq
+    of Tk positions; a learned mask (gradient wanted) and a static one (none computed); the
+    forward's query chunks too (the chunk size for both)."""
     monkeypatch.setattr(attention_module, "BACKWARD_CHUNK", chunk)
+    monkeypatch.setattr(attention_module, "FORWARD_CHUNK", chunk)
     torch.manual_seed(0)
     B, H, D = 3, 2, 8
     q = torch.randn(B, H, Tq, D, requires_grad=True)
     k, v = torch.randn(B, H, Tk, D, requires_grad=True), torch.randn(B, H, Tk, D, requires_grad=True)
     future = torch.arange(Tk)[None, :] > torch.arange(Tk - Tq, Tk)[:, None]
-    mask = torch.randn(H, Tq, Tk).masked_fill(future, float("-inf")).requires_grad_(True)
+    mask = torch.randn(H, Tq, Tk).masked_fill(future, float("-inf")).requires_grad_(learned)
     g = torch.randn(B, H, Tq, D)
     results = []
     for fn in (
@@ -122,7 +124,8 @@ def test_biased_attention_backward_equals_math_path(path, Tq, Tk, chunk, monkeyp
             t.grad = None
         out = fn(q, k, v, mask)
         out.backward(g)
-        results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask)])
+        results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask) if t.requires_grad])
+    assert len(results[0]) == (5 if learned else 4)
     for a, b in zip(*results):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
@@ -132,8 +135,8 @@ def test_compiled_kernels_equal_torch_path(name, monkeypatch):
     """Logits and gradients with the numba kernels equal those of the plain torch path."""
     import fireviz.encodings.fire as fire_module
 
-    if fire_module._row_kernel() is None or attention_module._softmax_grad_kernel() is None:
-        pytest.skip("numba is not installed: the compiled kernels are off")
+    if fire_module._row_kernel() is None:
+        pytest.skip("numba is not installed: the compiled kernel is off")
     model = tiny(name).train()
     idx = torch.randint(0, 257, (2, 19))
 
@@ -145,7 +148,6 @@ def test_compiled_kernels_equal_torch_path(name, monkeypatch):
 
     fast_logits, fast = run()
     monkeypatch.setattr(fire_module, "_row_kernel", lambda: None)
-    monkeypatch.setattr(attention_module, "_softmax_grad_kernel", lambda: None)
     slow_logits, slow = run()
     assert torch.allclose(fast_logits, slow_logits, atol=1e-5)
     assert fast.keys() == slow.keys()
