@@ -75,12 +75,6 @@ def _checkpoints_table(found) -> None:
         column_order=shown,
         height=ui.table_height(len(rows)),
     )
-    if any(i.position_encoding.startswith("kerple") for i in found):
-        st.caption(
-            "Kerple: the shipped kerple_* checkpoints were trained while a clamp froze any parameter that "
-            "crossed its bound (a few r2 never moved); the retrained ones, with the reference code's "
-            "projection, ship with the next republish — see the README."
-        )
     ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
 

@@ -268,11 +268,12 @@ if not any("error" not in e for r in results for e in r.get("per_length", [])):
                 else ""
             )
             + (
-                " The bundled checkpoints' numbers are published with Protocol → *random windows per length* "
-                "(token budget 16384): choose it to see them at once, or Run the same-text protocol (minutes "
-                "per checkpoint on a CPU; fewer Documents in the sidebar make it quicker)."
+                " The bundled checkpoints' numbers are published for the same-text protocol with every "
+                "document at 128…8192 tokens (prose, LaTeX, code; RoPE also with PI and YaRN, FIRE also with "
+                "its normalizer capped at 512), and show at once there; other settings need Run (minutes per "
+                "checkpoint on a CPU; fewer Documents in the sidebar make it quicker)."
                 if mode == "same_text"
-                else ""
+                else " The bundled checkpoints' numbers are published for Protocol → *same text at every length*."
             )
         )
     st.stop()

@@ -157,8 +157,9 @@ def protocol_text(settings: dict) -> str:
         return (
             f"the same text at every length: the first {settings.get('prefix_tokens')} tokens of {docs} "
             f"{settings.get('split')} documents at least that long "
-            f"({settings.get('documents_skipped')} shorter ones skipped), cut into non-overlapping windows of "
-            "each length; 95 % bootstrap intervals over documents in brackets"
+            f"({settings.get('documents_skipped')} shorter ones skipped), cut into consecutive windows of each "
+            "length (neighbours share one token, so every length scores exactly the same targets); 95 % bootstrap "
+            "intervals over documents in brackets"
         )
     return (
         f"{settings.get('mode')} windows drawn at random per length from {settings.get('split')} documents, at "
