@@ -82,6 +82,7 @@ class BiasedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
     def backward(ctx, dout):
         q, k, v, mask, out, lse = ctx.saved_tensors
         B, H, Tq, D = q.shape
@@ -117,26 +118,41 @@ class BiasedAttention(torch.autograd.Function):
         return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
 
 
-def _use_biased_attention(q, k, v, mask, dropout_p) -> bool:
+def _use_biased_attention(q, k, v, mask, dropout_p, causal: bool) -> bool:
     """Whether a float mask goes through ``BiasedAttention``: CPU float32 training without
-    dropout (when anything needs a gradient). Elsewhere SDPA (inference, GPU, dropout, bf16)."""
-    if dropout_p != 0.0 or not torch.is_grad_enabled() or q.device.type != "cpu":
+    dropout (when anything needs a gradient), for a ``[heads, Tq, Tk]`` mask the caller
+    vouches is causal with the queries the last Tq ≤ Tk positions (its chunks read only the
+    keys a causal query may see). Elsewhere SDPA (inference, GPU, dropout, bf16, other masks)."""
+    if not causal or dropout_p != 0.0 or not torch.is_grad_enabled() or q.device.type != "cpu":
         return False
     if not any(t.requires_grad for t in (q, k, v, mask)):
+        return False
+    Tq, Tk = q.shape[2], k.shape[2]
+    if mask.dim() != 3 or tuple(mask.shape) != (q.shape[1], Tq, Tk) or not 0 < Tq <= Tk:
         return False
     return all(t.dtype == torch.float32 for t in (q, k, v, mask))
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Causal multi-head attention ``[B, H, Tq, D]`` with an optional mask.
+    """Multi-head attention ``[B, H, Tq, D]`` with an optional mask.
 
     Args:
-      q ``[B, H, Tq, D]``; k, v ``[B, H, Tk, D]``; queries are the last Tq of Tk positions.
+      q ``[B, H, Tq, D]``; k, v ``[B, H, Tk, D]``.
       mask: None (plain causal, Tq == Tk), bool ``[Tq, Tk]`` (True = attend), or float
-        ``[H, Tq, Tk]`` logits with −inf above the causal diagonal (cast to q's dtype).
+        ``[H, Tq, Tk]`` logits, −inf where a query may not attend (cast to q's dtype); any
+        pattern SDPA accepts.
       dropout_p: attention dropout probability (training only).
+      causal: the caller vouches that a float mask is −inf exactly at the keys after each
+        query, the queries being the last Tq of Tk positions (what ``causal_attention_mask``
+        makes, and all the model passes); CPU training then takes ``BiasedAttention``, which
+        reads only those keys. False (the default) always uses SDPA.
     Returns: ``[B, H, Tq, D]`` in q's dtype.
     """
     if mask is None:
@@ -146,7 +162,7 @@ def attention(
             q, k, v, attn_mask=mask.expand(q.shape[0], q.shape[1], *mask.shape), dropout_p=dropout_p
         )
     mask = mask.to(q.dtype)
-    if _use_biased_attention(q, k, v, mask, dropout_p):
+    if _use_biased_attention(q, k, v, mask, dropout_p, causal):
         return BiasedAttention.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask[None].expand(q.shape[0], *mask.shape), dropout_p=dropout_p

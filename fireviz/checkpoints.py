@@ -243,7 +243,7 @@ def resolve_checkpoint(
     """Find a checkpoint by name under the root, local folder path, or Hub repo id.
 
     Order: a folder name under ``root`` (default :func:`checkpoints_root`), then an existing
-    local path, then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl,
+    local path, then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl[.gz],
     results JSON and README.md into the Hub cache; never pickles).
     Returns: the :class:`CheckpointInfo` of the local folder.
     Raises: CheckpointError with the reason and the fix: not found, not a checkpoint folder,

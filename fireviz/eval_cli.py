@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -305,16 +306,38 @@ def _out_problem(out: Path) -> str | None:
     return None
 
 
+def _figure_problem(path: Path) -> str | None:
+    """Why ``--figure`` cannot be written (unknown format, a folder, under a file), or None."""
+    from .figure_export import EXPORT_FORMATS
+
+    formats = (*EXPORT_FORMATS, "html")
+    if path.suffix.lstrip(".").lower() not in formats:
+        return f"--figure {path}: the file name must end in {', '.join('.' + f for f in formats)}"
+    problem = _out_problem(path)
+    return problem.replace("--out", "--figure").replace("results.json", "figure.png") if problem else None
+
+
 class _ProgressBar:
     """``progress(done, total, message)`` for evaluate_many as a tqdm bar on stderr (tokens, not
     windows: a 16k-token window is 128× a 128-token one; the message carries the ETA). Created
     on the first report, so an early error prints one line only; nothing with ``quiet``."""
 
+    #: seconds between plain progress lines when stderr is not a terminal (a log, nohup, a pipe)
+    LINE_EVERY = 30.0
+
     def __init__(self, quiet: bool):
         self.quiet, self.bar = quiet, None
+        self.plain = not sys.stderr.isatty()
+        self.last_line = None
 
     def __call__(self, done: int, total: int, message: str) -> None:
         if self.quiet or (self.bar is None and total == 0):
+            return
+        if self.plain:  # tqdm draws nothing here: a line now and then, so a long run does not look hung
+            now = time.monotonic()
+            if self.last_line is None or now - self.last_line >= self.LINE_EVERY or done >= total:
+                self.last_line = now
+                print(f"fireviz eval: {done:,}/{total:,} tokens · {message[:100]}", file=sys.stderr, flush=True)
             return
         if self.bar is None:
             from tqdm.auto import tqdm
@@ -355,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
     or when no length of any checkpoint could be evaluated, 130 when interrupted."""
     args = build_parser().parse_intermixed_args(argv)
-    problem = _out_problem(Path(args.out)) if args.out else None  # a bad output path before the evaluation
+    problem = _out_problem(Path(args.out)) if args.out else None  # bad output paths before the evaluation
+    if problem is None and args.figure:
+        problem = _figure_problem(Path(args.figure))
     if problem:
         print(f"fireviz eval: error: {problem}", file=sys.stderr)
         return 2

@@ -199,6 +199,12 @@ class EvalSettings:
             prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
         token_budget = resolve_token_budget(mode, token_budget)
         seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
+        if mode == "same_text" and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
+            raise EvaluationError(
+                f"seed={seed} changes nothing in mode='same_text' without a token budget: every qualifying "
+                "document is scored, none is drawn; drop --seed, or add --token-budget N to draw documents "
+                "with it"
+            )
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
             raise EvaluationError(
                 f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"

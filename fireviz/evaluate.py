@@ -103,7 +103,9 @@ def _check_scaling(ckpt, config: GPTConfig, s: EvalSettings) -> None:
     if s.rope_scaling is not None and config.position_encoding != "rope":
         raise EvaluationError(
             f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
-            f"position_encoding={config.position_encoding!r}"
+            f"position_encoding={config.position_encoding!r}: evaluate only RoPE checkpoints with "
+            "--rope-scaling (scripts/publish_results.py pairs the scaled rows with a reference of "
+            "another encoding on the same text)"
         )
 
 

@@ -153,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         q_len = q.shape[2]
         if mask is None and not (encoding.kind != "additive" and q_len == k_len):
             mask = causal_attention_mask(encoding, q_len, k_len, q_offset, q.device, position_offset)
-        return attention(q, k, v, mask, dropout)
+        return attention(q, k, v, mask, dropout, causal=True)  # causal_attention_mask: −inf after each query
 
 
 class Block(nn.Module):

@@ -175,6 +175,8 @@ seed = (
         )
     )
 )
+if mode == "same_text" and budget is None:
+    seed = 0  # every qualifying document is scored: nothing is drawn (the library refuses another seed)
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
 if rope:

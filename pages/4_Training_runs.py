@@ -35,10 +35,15 @@ for info in chosen:
     try:
         rows = checkpoints.read_train_log(info.path)
     except ui.CheckpointError as e:
-        ui.error(f"Cannot read the training log of {info.name}: {e}", "Fix or remove the bad line of train_log.jsonl.")
+        ui.error(
+            f"Cannot read the training log of {info.name}: {e}",
+            "Fix or remove the bad line of its train_log.jsonl (or train_log.jsonl.gz).",
+        )
         continue
     if not rows:
-        st.warning(f"{info.name} has no train_log.jsonl (it was not trained by `python -m fireviz train`).")
+        st.warning(
+            f"{info.name} has no train_log.jsonl or train_log.jsonl.gz (it was not trained by `python -m fireviz train`)."
+        )
         continue
     logs[info.name] = rows
     summary.append(run_records.training_summary_row(info, rows, last_steps=smooth))

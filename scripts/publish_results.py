@@ -146,8 +146,9 @@ def render_png(fig, path: Path) -> None:
             browser.close()
 
 
-def protocol_text(settings: dict) -> str:
-    """One sentence naming the evaluation protocol of a result's ``settings``."""
+def protocol_text(settings: dict, skipped: bool = True) -> str:
+    """One sentence naming the evaluation protocol of a result's ``settings`` (``skipped``:
+    with its count of documents too short for the protocol, which differs between domains)."""
     if settings.get("mode") == "same_text":
         docs = (
             "all"
@@ -157,7 +158,8 @@ def protocol_text(settings: dict) -> str:
         return (
             f"the same text at every length: the first {settings.get('prefix_tokens')} tokens of {docs} "
             f"{settings.get('split')} documents at least that long "
-            f"({settings.get('documents_skipped')} shorter ones skipped), cut into consecutive windows of each "
+            + (f"({settings.get('documents_skipped')} shorter ones skipped), " if skipped else "")
+            + "cut into consecutive windows of each "
             "length (neighbours share one token, so every length scores exactly the same targets); 95 % bootstrap "
             "intervals over documents in brackets"
         )
@@ -231,12 +233,12 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
             for r in vals
         ]
         lines.append("")
-    protocol = protocol_text(results[0]["settings"]) if results else "none yet"
+    protocol = protocol_text(results[0]["settings"], skipped=False) if results else "none yet"
     lines += [
         f"Evaluation (bits per byte; {protocol}):",
         "",
-        "| data | " + " | ".join(map(str, LENGTHS)) + " |",
-        "|---" * (len(LENGTHS) + 1) + "|",
+        "| data | documents | " + " | ".join(map(str, LENGTHS)) + " |",
+        "|---" * (len(LENGTHS) + 2) + "|",
     ]
     for r in results:
         row = {e["length"]: e for e in r["per_length"]}
@@ -246,7 +248,8 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
             + (f" ({s['rope_scaling']})" if s.get("rope_scaling") else "")
             + (f" (normalizer cap {s['normalizer_cap']})" if s.get("normalizer_cap") else "")
         )
-        lines.append(f"| {name} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
+        docs = max((e.get("documents", 0) for e in r["per_length"]), default=0)
+        lines.append(f"| {name} | {docs} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
     lines += ["", "Reproduce: `python scripts/publish_results.py` (see the repository README)."]
     return "\n".join(lines) + "\n"
 
@@ -437,7 +440,7 @@ def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], 
     md = [
         "# Results: bits per byte by evaluation length",
         "",
-        f"Per domain: {protocol_text(next(iter(table.values()))[0]['settings'])}; training length {seq_len} "
+        f"Per domain: {protocol_text(next(iter(table.values()))[0]['settings'], skipped=False)}; training length {seq_len} "
         "bytes. Lower is better.",
         "",
     ]

@@ -1296,7 +1296,14 @@ def test_describe_is_one_key_per_computation():
     b = EvalSettings.make("prose", [128, 256, 128], device="cpu", token_budget=None, split="validation")
     assert a.describe() == b.describe() and json.loads(json.dumps(a.describe())) == a.describe()
     assert "batch_tokens" not in a.describe() and a.describe()["precision"] == "float32"
-    assert a.describe() != EvalSettings.make("prose", [128, 256], device="cpu", seed=1).describe()
+    drawn = dict(device="cpu", mode="nonoverlapping", token_budget=1024)
+    assert (
+        EvalSettings.make("prose", [128], **drawn).describe()
+        != EvalSettings.make("prose", [128], seed=1, **drawn).describe()
+    )
+    with pytest.raises(ev.EvaluationError, match="seed=1 changes nothing in mode=.same_text."):
+        EvalSettings.make("prose", [128, 256], device="cpu", seed=1)  # every document scored: no draw
+    assert EvalSettings.make("prose", [128], device="cpu", seed=1, token_budget=4096).seed == 1
     ck = [{"path": "x", "fingerprint": "f"}]
     spellings = [{"device": "cpu", "token_budget": "auto"}, {"device": "cpu", "token_budget": None}, {"device": "cpu"}]
     if not torch.cuda.is_available():  # "auto" is the CPU here: the same numbers

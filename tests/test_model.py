@@ -130,6 +130,56 @@ def test_biased_attention_backward_equals_math_path(learned, Tq, Tk, chunk, monk
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+def _explicit_attention(q, k, v, mask):
+    """softmax(q·kᵀ/√d + mask)·v in float64, the reference for the routing tests."""
+    scores = q.double() @ k.double().transpose(-1, -2) / q.shape[-1] ** 0.5 + mask.double()
+    return torch.softmax(scores, -1) @ v.double()
+
+
+@pytest.mark.parametrize(
+    "Tq,Tk,pattern",
+    [(100, 100, "none"), (40, 40, "anti"), (43, 10, "causal"), (7, 7, "broadcast")],
+)
+def test_attention_routes_masks_it_cannot_chunk_to_sdpa(Tq, Tk, pattern):
+    """Only a [heads, Tq, Tk] causal mask with Tq <= Tk that the caller vouches for takes the
+    chunked BiasedAttention; a bidirectional or anti-causal mask, more queries than keys, a
+    broadcast mask — or any mask without causal=True — get SDPA, and exact gradients."""
+    torch.manual_seed(0)
+    H = 1 if pattern == "broadcast" else 2
+    q = torch.randn(2, 2, Tq, 8, requires_grad=True)
+    k, v = torch.randn(2, 2, Tk, 8, requires_grad=True), torch.randn(2, 2, Tk, 8, requires_grad=True)
+    i, j = torch.arange(Tq)[:, None], torch.arange(Tk)[None, :]
+    mask = torch.randn(H, Tq, Tk)
+    if pattern == "anti":
+        mask = mask.masked_fill(j < i, float("-inf"))
+    elif pattern in ("causal", "broadcast"):
+        mask = mask.masked_fill(j > i, float("-inf"))
+    mask.requires_grad_(True)
+    g = torch.randn(2, 2, Tq, 8)
+    for causal in (False, True):
+        if causal and pattern in ("none", "anti"):
+            continue  # a caller vouching for a non-causal mask breaks the contract
+        out = attention_module.attention(q, k, v, mask, causal=causal)
+        ref = _explicit_attention(q, k, v, mask)
+        grads = torch.autograd.grad(out, (q, k, v, mask), g)
+        ref_grads = torch.autograd.grad(ref, (q, k, v, mask), g.double())
+        assert torch.allclose(out.double(), ref, atol=1e-5)
+        for a, b in zip(grads, ref_grads):
+            assert torch.allclose(a.double(), b.double(), atol=1e-4), (pattern, causal)
+
+
+def test_biased_attention_refuses_a_second_derivative():
+    """BiasedAttention's backward is not differentiable: create_graph=True then double
+    backward raises instead of returning a second derivative that treats lse as a constant."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 9, 9).masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    out = attention_module.attention(q, k, v, mask.requires_grad_(True), causal=True)
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)  # a gradient penalty's first step
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
 @pytest.mark.parametrize("name", ["fire", "fire_s", "t5"])
 def test_compiled_kernels_equal_torch_path(name, monkeypatch):
     """Logits and gradients with the numba kernels equal those of the plain torch path."""

@@ -316,7 +316,7 @@ def checkpoint_table_config(rows: Sequence[dict]) -> dict:
                 f"val{at}",
                 format="%.3f",
                 width=68,
-                help="last validation loss in train_log.jsonl, nats per token (÷ ln 2 = bits per byte)"
+                help="last validation loss in the training log (train_log.jsonl[.gz]), nats per token (÷ ln 2 = bits per byte)"
                 + (f", on {data}" if data else "")
                 + (" at 4× the training length" if "4L" in col else " at the training length"),
             )
