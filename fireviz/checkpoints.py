@@ -242,7 +242,8 @@ def resolve_checkpoint(
 ) -> CheckpointInfo:
     """Find a checkpoint by name under the root, local folder path, or Hub repo id.
 
-    Order: a folder name under ``root`` (default :func:`checkpoints_root`), then an existing
+    Order: a folder name under ``root`` (default :func:`checkpoints_root`; ``group/name`` for a
+    checkpoint group's folder such as ``copy/fire``), then an existing
     local path, then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl[.gz],
     results JSON and README.md into the Hub cache; never pickles).
     Returns: the :class:`CheckpointInfo` of the local folder.
@@ -256,6 +257,8 @@ def resolve_checkpoint(
         )
     root = Path(root) if root is not None else checkpoints_root()
     if "/" not in ref and (root / ref).is_dir():
+        return read_checkpoint(root / ref)
+    if ref.count("/") == 1 and (root / ref / CONFIG_FILE).is_file():  # a group's checkpoint (copy/fire)
         return read_checkpoint(root / ref)
     local = Path(ref).expanduser()
     if local.is_dir() and _is_transformers_folder(local):
@@ -344,7 +347,8 @@ _FINGERPRINTS: dict[tuple, str] = {}
 def _local_path(checkpoint: str | os.PathLike) -> Path:
     """The local path a checkpoint reference names: the path itself (``~`` expanded) when it
     exists, else for a bare name (``fire``) that folder under :func:`checkpoints_root`, as
-    :func:`resolve_checkpoint` takes it, else the path as given (which does not exist).
+    :func:`resolve_checkpoint` takes it, or for ``group/name`` (``copy/fire``) a checkpoint
+    group's folder there, else the path as given (which does not exist).
     Raises: CheckpointError for a reference that is not a path or a string."""
     if not isinstance(checkpoint, (str, os.PathLike)) or not str(checkpoint).strip() or "\0" in str(checkpoint):
         raise CheckpointError(
@@ -356,6 +360,10 @@ def _local_path(checkpoint: str | os.PathLike) -> Path:
         named = checkpoints_root() / path.name
         if named.is_dir():
             return named
+    if not path.exists() and len(path.parts) == 2 and ".." not in path.parts and not path.is_absolute():
+        grouped = checkpoints_root() / path  # a checkpoint group's folder: copy/fire
+        if (grouped / CONFIG_FILE).is_file():
+            return grouped
     return path
 
 

@@ -181,3 +181,11 @@ def test_publish_task_group_refuses_bad_arguments_in_one_line(args, message):
     r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (ROOT / "README.md").read_bytes() == readme  # nothing written
+
+
+def test_a_group_checkpoint_is_found_by_group_and_name():
+    """``copy/fire`` names the copy group's FIRE folder (no Hub lookup for an owner/name look-alike)."""
+    folder = COPY / "fire"
+    assert Path(checkpoints.resolve_checkpoint("copy/fire").path).resolve() == folder
+    config, weights = checkpoints.checkpoint_files("copy/fire")
+    assert (config.resolve(), weights.resolve()) == (folder / "config.json", folder / "model.safetensors")
