@@ -279,7 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
     )
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoint folder(s)")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoints: folder paths, bundled names (fire, copy/fire) or Hugging Face repo ids; the first is the paired reference unless --reference says otherwise",
+    )
     _add_text_arguments(p)
     _add_model_arguments(p)
     p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")

@@ -260,10 +260,10 @@ def plan_same_text(
 def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
     """``prefix_tokens`` as an int; EvaluationError unless an integer >= every length (tokens)."""
     if not is_int(prefix_tokens) or prefix_tokens < 2:
-        raise EvaluationError(f"prefix_tokens must be an integer >= 2 tokens (got {prefix_tokens!r})")
+        raise EvaluationError(f"prefix_tokens (--prefix-tokens) must be an integer >= 2 tokens (got {prefix_tokens!r})")
     if prefix_tokens < max(lengths):
         raise EvaluationError(
-            f"prefix_tokens {prefix_tokens} is shorter than the length {max(lengths)}: every length scores the "
+            f"prefix_tokens (--prefix-tokens) {prefix_tokens} is shorter than the length {max(lengths)}: every length scores the "
             f"first prefix_tokens tokens of each document; give at least {max(lengths)} or leave it out"
         )
     return int(prefix_tokens)

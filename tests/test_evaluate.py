@@ -905,10 +905,10 @@ def test_prefix_tokens_scores_one_column_of_a_longer_evaluation(ckpts, corpus, c
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(prefix_tokens=4), "prefix_tokens 4 is shorter than the length 8"),
-        (dict(prefix_tokens=1), "prefix_tokens must be an integer >= 2"),
-        (dict(prefix_tokens=True), "prefix_tokens must be an integer >= 2"),
-        (dict(prefix_tokens=16.5), "prefix_tokens must be an integer >= 2"),
+        (dict(prefix_tokens=4), "prefix_tokens (--prefix-tokens) 4 is shorter than the length 8"),
+        (dict(prefix_tokens=1), "prefix_tokens (--prefix-tokens) must be an integer >= 2"),
+        (dict(prefix_tokens=True), "prefix_tokens (--prefix-tokens) must be an integer >= 2"),
+        (dict(prefix_tokens=16.5), "prefix_tokens (--prefix-tokens) must be an integer >= 2"),
         (dict(prefix_tokens=10**9), "no document has 1000000000 tokens"),
         (dict(prefix_tokens=32, mode="nonoverlapping"), "prefix_tokens applies to mode='same_text'"),
     ],
