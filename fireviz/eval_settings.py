@@ -72,6 +72,19 @@ SETTING_NAMES = (
     "normalizer_cap",
     "prefix_tokens",
 )
+
+
+def _check_seed_draws(data: str, mode: str, token_budget: int | None, seed: int) -> None:
+    """Raises: EvaluationError for a seed that draws nothing — mode ``same_text`` without a token
+    budget scores every qualifying document, so another seed would only change the cache key."""
+    if mode == "same_text" and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
+        raise EvaluationError(
+            f"seed={seed} changes nothing in mode='same_text' without a token budget: every qualifying "
+            "document is scored, none is drawn; drop --seed, or add --token-budget N to draw documents "
+            "with it"
+        )
+
+
 #: the seeds ``torch.Generator().manual_seed`` takes (the windows are drawn with it)
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
@@ -199,12 +212,7 @@ class EvalSettings:
             prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
         token_budget = resolve_token_budget(mode, token_budget)
         seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
-        if mode == "same_text" and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
-            raise EvaluationError(
-                f"seed={seed} changes nothing in mode='same_text' without a token budget: every qualifying "
-                "document is scored, none is drawn; drop --seed, or add --token-budget N to draw documents "
-                "with it"
-            )
+        _check_seed_draws(data, mode, token_budget, seed)
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
             raise EvaluationError(
                 f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
