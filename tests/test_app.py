@@ -914,18 +914,17 @@ def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_check
     assert ui.bias_report(info, [8, 20]) != report
     assert ui.attention_pattern(info, tokens, 1)["probs"] != pattern["probs"]
 
-    real = checkpoints.load_model
+    real = checkpoints.load_model_with_identity
 
     def rewritten_while_loading(path, device="cpu"):  # a trainer's next checkpoint lands mid-load
-        model = real(path, device)
         (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 128}}))
-        return model
+        return real(path, device)
 
     (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 16}}))
-    monkeypatch.setattr(checkpoints, "load_model", rewritten_while_loading)
+    monkeypatch.setattr(checkpoints, "load_model_with_identity", rewritten_while_loading)
     with pytest.raises(CheckpointError, match="changed while it was loading"):
         ui.load_model(info)
-    monkeypatch.setattr(checkpoints, "load_model", real)
+    monkeypatch.setattr(checkpoints, "load_model_with_identity", real)
     assert {m.normalizer_cap for m in fire_modules(ui.load_model(info))} == {128.0}
     import dataclasses
 

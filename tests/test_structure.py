@@ -67,9 +67,10 @@ def test_no_second_loader_or_identity_is_defined():
                 "checkpoint_files",
             }:
                 defined.setdefault(node.name, []).append(str(p.relative_to(ROOT)))
-    # ui.load_model is the app's per-process cache (st.cache_resource) of checkpoints.load_model
+    # ui.load_model is the app's per-process cache (st.cache_resource) of checkpoints' loader
+    # (load_model_with_identity: the model and the identity of the bytes it was loaded from)
     assert defined.pop("load_model") == ["fireviz/checkpoints.py", "fireviz/ui/picker.py"]
-    assert "ck.load_model(" in (ROOT / "fireviz/ui/picker.py").read_text()
+    assert "ck.load_model_with_identity(" in (ROOT / "fireviz/ui/picker.py").read_text()
     assert {k: v for k, v in defined.items() if v != ["fireviz/checkpoints.py"]} == {}, defined
 
 

@@ -125,10 +125,11 @@ def checkpoint_identity(info_or_path: ck.CheckpointInfo | str) -> str:
 
 @st.cache_resource(max_entries=8, show_spinner="Loading model…")
 def _load_model(path: str, identity: str, device: str):
-    # identity: checkpoint_identity(path) when asked; a model whose files changed while it loaded
-    # (a trainer's next checkpoint) is refused rather than cached under the old identity
-    model = ck.load_model(path, device)
-    if checkpoint_identity(path) != identity:
+    # identity: checkpoint_identity(path) when asked; a model whose files changed since (a trainer's
+    # next checkpoint) is refused rather than cached under the old identity — load_model_with_identity
+    # hashes exactly the bytes it loads
+    model, loaded = ck.load_model_with_identity(path, device)
+    if loaded != identity:
         raise CheckpointError(f"checkpoint {path} changed while it was loading; reload the page")
     return model
 
