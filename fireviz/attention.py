@@ -11,10 +11,10 @@ that shape this module (torch 2.13, CPU, [16, 4, 512, 32], fwd+bwd, see benchmar
 * a mask that *requires grad* (T5, Kerple, FIRE) always takes the math path, which
   materialises every [batch, heads, q, k] intermediate at once.
 
-So during CPU training every float mask goes through ``BiasedAttention``: the fused flash
-kernel's forward in causal query chunks (each over the keys it may see), which also returns
-the log-sum-exp of each query row, and a backward in
-causal query chunks of ``BACKWARD_CHUNK`` rows. Each chunk recomputes its probabilities over
+So during CPU training every causal float mask (``attention(..., causal=True)``: the model's)
+goes through ``BiasedAttention``: the fused flash kernel's forward in causal query chunks (each
+over the keys it may see), which also returns the log-sum-exp of each query row, and a backward
+in causal query chunks of ``BACKWARD_CHUNK`` rows. Each chunk recomputes its probabilities over
 the keys it may see as P = exp(q·kᵀ/√d + mask − lse) (no max or sum pass: the forward's lse
 is exact), with five batched GEMMs on contiguous [batch·heads, T, d] copies made once, and
 sums the bias gradient over the batch there when the mask needs one. A 32-row chunk keeps

@@ -39,6 +39,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from .arg_checks import is_int
 from .attention import causal_attention_mask
 
 #: largest query position a capture takes (tokens): int64's maximum
@@ -94,12 +95,12 @@ def _integers(value, name: str, what: str) -> list[int]:
             raise ValueError(f"{forms} (got a {value.ndim}-D {value.dtype} {type(value).__name__})")
         items = value.tolist()
         return [items] if value.ndim == 0 else items
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if is_int(value):
         return [int(value)]
     if isinstance(value, (str, bytes, float, bool, np.bool_, np.floating)) or not isinstance(value, Iterable):
         raise ValueError(f"{forms} (got {_describe(value)})")
     items = list(value)
-    bad = [v for v in items if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer))]
+    bad = [v for v in items if not is_int(v)]
     if bad:
         raise ValueError(f"{forms} (got {_describe(bad[0])} among them; pass int(…) for a whole number)")
     return [int(v) for v in items]

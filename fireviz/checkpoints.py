@@ -258,8 +258,9 @@ def resolve_checkpoint(
     root = Path(root) if root is not None else checkpoints_root()
     if "/" not in ref and (root / ref).is_dir():
         return read_checkpoint(root / ref)
-    if ref.count("/") == 1 and (root / ref / CONFIG_FILE).is_file():  # a group's checkpoint (copy/fire)
-        return read_checkpoint(root / ref)
+    grouped = _group_folder(ref, root)
+    if grouped is not None:
+        return read_checkpoint(grouped)
     local = Path(ref).expanduser()
     if local.is_dir() and _is_transformers_folder(local):
         return published_info(str(local))
@@ -360,11 +361,18 @@ def _local_path(checkpoint: str | os.PathLike) -> Path:
         named = checkpoints_root() / path.name
         if named.is_dir():
             return named
-    if not path.exists() and len(path.parts) == 2 and ".." not in path.parts and not path.is_absolute():
-        grouped = checkpoints_root() / path  # a checkpoint group's folder: copy/fire
-        if (grouped / CONFIG_FILE).is_file():
-            return grouped
-    return path
+    grouped = None if path.exists() else _group_folder(path, checkpoints_root())
+    return grouped if grouped is not None else path
+
+
+def _group_folder(ref: str | os.PathLike, root: Path) -> Path | None:
+    """``root/group/name`` for a reference ``group/name`` (``copy/fire``) naming a checkpoint
+    group's folder under ``root`` (one holding config.json), else None. Never leaves ``root``."""
+    rel = Path(ref)
+    if len(rel.parts) != 2 or ".." in rel.parts or rel.is_absolute():
+        return None
+    folder = root / rel
+    return folder if (folder / CONFIG_FILE).is_file() else None
 
 
 def _not_found(ref, root: Path | None = None) -> CheckpointNotFoundError:

@@ -301,13 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _out_problem(out: Path) -> str | None:
-    """Why ``--out`` cannot be written (a folder, or under a file), or None: checked before the evaluation."""
+def _out_problem(out: Path, flag: str = "--out", example: str = "results.json") -> str | None:
+    """Why ``flag`` (a file to write) cannot be written (a folder, or under a file), or None:
+    checked before the evaluation."""
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
     if out.is_dir():
-        return f"--out {out} is a folder; give a file path such as results.json"
+        return f"{flag} {out} is a folder; give a file path such as {example}"
     if blocker is not None:
-        return f"--out {out} lies under {blocker}, which is a file; give a file path such as results.json"
+        return f"{flag} {out} lies under {blocker}, which is a file; give a file path such as {example}"
     return None
 
 
@@ -318,8 +319,7 @@ def _figure_problem(path: Path) -> str | None:
     formats = (*EXPORT_FORMATS, "html")
     if path.suffix.lstrip(".").lower() not in formats:
         return f"--figure {path}: the file name must end in {', '.join('.' + f for f in formats)}"
-    problem = _out_problem(path)
-    return problem.replace("--out", "--figure").replace("results.json", "figure.png") if problem else None
+    return _out_problem(path, "--figure", "figure.png")
 
 
 class _ProgressBar:

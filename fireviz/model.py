@@ -21,12 +21,12 @@ import os
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
+from .arg_checks import is_int
 from .attention import attention, causal_attention_mask
 from .attention_capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
 from .encodings import PositionEncoding, build_encoding, encoding_spec
@@ -295,7 +295,7 @@ class GPT(
         n = len(self.blocks)
         if upto_layer is None:
             upto_layer = n - 1
-        if isinstance(upto_layer, bool) or not isinstance(upto_layer, (int, np.integer)) or not 0 <= upto_layer < n:
+        if not is_int(upto_layer) or not 0 <= upto_layer < n:
             raise ValueError(f"upto_layer must be a block index in 0..{n - 1} (got {upto_layer!r})")
         return self._residual_stream(idx, None, position_offset, int(upto_layer) + 1)
 

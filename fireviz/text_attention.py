@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .arg_checks import is_int
 from .analysis import DEFAULT_DILUTION_MULTIPLES, _capped_copy, _check_positions, _rl, default_query_positions
 from .checkpoints import checkpoint_sha256, load_model
 from .encodings import check_normalizer_cap, fire_modules
@@ -124,7 +125,7 @@ def attention_dilution(
     """
     if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() not in (1, 2):
         raise ValueError("tokens must be a 1-D or 2-D integer (Long) tensor of token ids")
-    if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1 for v in (near, rows)):
+    if any(not is_int(v) or v < 1 for v in (near, rows)):
         raise ValueError(f"near and rows must be integers >= 1 (got near={near!r}, rows={rows!r})")
     cfg = model.config
     positions = _check_positions(
@@ -326,7 +327,7 @@ def attention_pattern(
     if not 2 <= T <= MAX_PATTERN_TOKENS:
         raise ValueError(f"an attention pattern takes 2 to {MAX_PATTERN_TOKENS} tokens (got {T}); cut the text")
     cfg = model.config
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < cfg.n_layer:
+    if not is_int(layer) or not 0 <= int(layer) < cfg.n_layer:
         raise ValueError(f"layer {layer!r} is out of range: the model has layers 0..{cfg.n_layer - 1}")
     if normalizer_cap is not None:
         check_normalizer_cap(normalizer_cap)  # a bad cap is an error for every encoding, not only FIRE

@@ -423,7 +423,6 @@ def _write_domain(domain: str, runs: list[dict]) -> None:
     # results.json; this copy holds the per-document losses of all rows, ~4× smaller as gzip)
     data = gzip.compress((json.dumps(runs, indent=1, allow_nan=False) + "\n").encode("utf-8"), mtime=0)
     atomic_write(CKPTS / f"results_{domain}.json.gz", lambda p: Path(p).write_bytes(data))
-    (CKPTS / f"results_{domain}.json").unlink(missing_ok=True)  # the uncompressed copy of earlier releases
     render_png(fig, CKPTS / f"results_{domain}.png")
 
 

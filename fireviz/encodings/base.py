@@ -9,9 +9,10 @@ Three kinds:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
+
+from ..arg_checks import is_int
 
 #: Query rows computed at once by the default blocked ``bias``; keeps peak memory near
 #: the size of the output even for encodings with per-pair intermediates (FIRE's MLP).
@@ -29,7 +30,7 @@ def query_positions(q_len: int, k_len: int, q_offset: int | None) -> tuple[int, 
     included), non-positive lengths or a negative offset.
     """
     for name, v in (("q_len", q_len), ("k_len", k_len), ("q_offset", q_offset)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+        if v is not None and not is_int(v):
             raise ValueError(f"{name} must be an integer number of tokens (got {v!r})")
     if q_len < 1 or k_len < 1:
         raise ValueError(f"q_len and k_len must be >= 1 (got q_len={q_len}, k_len={k_len})")

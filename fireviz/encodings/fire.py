@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..arg_checks import is_int
 from ..kernels import LazyKernel, numba_kernel_call
 from .base import BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions, relative_distance
 
@@ -60,7 +61,6 @@ def _build_row_kernel():
     intercept for an upstream gradient ``g [H, Q, K]``.
     """
     import numba
-    import numpy as np
 
     @numba.njit(parallel=True, cache=True, nogil=True)
     def fire_rows(out, psi, norm, bps, slope, intercept, q_offset, causal):  # pragma: no cover - compiled
@@ -539,7 +539,7 @@ def check_normalizer_cap(cap) -> int | None:
     Raises: ValueError naming the range and an example (the training length)."""
     if cap is None:
         return None
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= MAX_NORMALIZER_CAP:
+    if not is_int(cap) or not 1 <= cap <= MAX_NORMALIZER_CAP:
         raise ValueError(
             f"normalizer_cap must be an integer number of tokens in 1..{MAX_NORMALIZER_CAP} (got "
             f"{cap!r}); e.g. the training length, --normalizer-cap 512"
