@@ -186,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         settings, dilution = settings_from_args(args), dilution_settings_from_args(args)
     except ValueError as e:
         return _fail(str(e))
+    from .figure_export import figure_path_problem
+    from .files import output_path_problem
+
+    problem = (output_path_problem(args.out, example="biases.json") if args.out else None) or (
+        figure_path_problem(args.figure) if args.figure else None
+    )
+    if problem:  # bad output paths before the work
+        return _fail(problem)
     try:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
     except CheckpointError as e:  # missing folder, corrupt weights, bad config, a Hub problem: its message

@@ -47,6 +47,7 @@ from .run_records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_
 from .files import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
 from .model import GPT, CheckpointError, GPTConfig
 from .model_state import config_from_dict, load_state_checked
+from .hub import looks_like_hub_id  # one rule for a Hub repo id: the app's, the CLI's, the library's
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -229,22 +230,14 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     )
 
 
-def looks_like_hub_id(ref: str) -> bool:
-    """True if ``ref`` has the shape of a Hub repo id (``owner/name``) and is not a local path
-    (see ``fireviz.hub.looks_like_hub_id``: one rule for the app, the CLI and the library)."""
-    from .hub import looks_like_hub_id as rule
-
-    return rule(ref)
-
-
 def resolve_checkpoint(
     ref: str, root: str | os.PathLike | None = None, local_files_only: bool = False
 ) -> CheckpointInfo:
     """Find a checkpoint by name under the root, local folder path, or Hub repo id.
 
-    Order: a folder name under ``root`` (default :func:`checkpoints_root`; ``group/name`` for a
-    checkpoint group's folder such as ``copy/fire``), then an existing
-    local path, then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl[.gz],
+    Order: an existing local path (as every other door takes a reference), then a folder name
+    under ``root`` (default :func:`checkpoints_root`; ``group/name`` for a checkpoint group's
+    folder such as ``copy/fire``), then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl[.gz],
     results JSON and README.md into the Hub cache; never pickles).
     Returns: the :class:`CheckpointInfo` of the local folder.
     Raises: CheckpointError with the reason and the fix: not found, not a checkpoint folder,
@@ -256,16 +249,16 @@ def resolve_checkpoint(
             "no checkpoint given; pick one from the list, or type a folder path or a Hugging Face repo id (owner/name)"
         )
     root = Path(root) if root is not None else checkpoints_root()
-    if "/" not in ref and (root / ref).is_dir():
+    local = Path(ref).expanduser()
+    if local.is_dir() and _is_transformers_folder(local):
+        return published_info(str(local))
+    if local.exists():  # an existing path first, as every other door takes it (_local_path)
+        return read_checkpoint(local)
+    if "/" not in ref and not _spelled_as_path(ref) and (root / ref).is_dir():
         return read_checkpoint(root / ref)
     grouped = _group_folder(ref, root)
     if grouped is not None:
         return read_checkpoint(grouped)
-    local = Path(ref).expanduser()
-    if local.is_dir() and _is_transformers_folder(local):
-        return published_info(str(local))
-    if local.exists():
-        return read_checkpoint(local)
     if looks_like_hub_id(ref) and not local_files_only:
         from . import hub
 
@@ -276,27 +269,9 @@ def resolve_checkpoint(
         # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
         raise _not_found(ref, root)
-    from huggingface_hub import snapshot_download
+    from .hub import download_checkpoint
 
-    try:
-        folder = snapshot_download(repo_id=ref, allow_patterns=HUB_PATTERNS, local_files_only=local_files_only)
-    except Exception as e:  # offline, unknown repo, gated repo, rate limit: all end the same way
-        kind = type(e).__name__
-        msg = str(e).splitlines()[0] if str(e) else kind
-        if (
-            "connect" in str(e).lower()
-            or "internet" in str(e).lower()
-            or kind in ("LocalEntryNotFoundError", "ConnectionError", "ConnectError")
-        ):
-            raise CheckpointError(
-                f"cannot download {ref!r} from the Hugging Face Hub: no connection ({msg}). "
-                "Connect to the internet, or download the repo elsewhere and give its local "
-                "folder instead"
-            ) from e
-        raise CheckpointError(
-            f"cannot download {ref!r} from the Hugging Face Hub ({kind}: {msg}); "
-            "check the repo id and your access to it"
-        ) from e
+    folder = download_checkpoint(ref, HUB_PATTERNS, local_files_only=local_files_only)
     return read_checkpoint(folder, name=ref, repo_id=ref)
 
 
@@ -357,22 +332,42 @@ def _local_path(checkpoint: str | os.PathLike) -> Path:
             f"not {checkpoint!r}"
         )
     path = Path(checkpoint).expanduser()
-    if not path.exists() and len(path.parts) == 1 and path.name not in (".", ".."):
+    if not path.exists() and len(path.parts) == 1 and not _spelled_as_path(checkpoint):
         named = checkpoints_root() / path.name
         if named.is_dir():
             return named
-    grouped = None if path.exists() else _group_folder(path, checkpoints_root())
+    grouped = None if path.exists() else _group_folder(checkpoint, checkpoints_root())
     return grouped if grouped is not None else path
 
 
 def _group_folder(ref: str | os.PathLike, root: Path) -> Path | None:
     """``root/group/name`` for a reference ``group/name`` (``copy/fire``) naming a checkpoint
-    group's folder under ``root`` (one holding config.json), else None. Never leaves ``root``."""
+    group's folder under ``root`` (one holding config.json), else None. Never leaves ``root``.
+    Raises: CheckpointNotFoundError for a name the group lacks (``copy/fier``) when no local path
+    ``ref`` exists either: answered here, naming the group's checkpoints, not sent to the Hub."""
     rel = Path(ref)
-    if len(rel.parts) != 2 or ".." in rel.parts or rel.is_absolute():
+    if len(rel.parts) != 2 or ".." in rel.parts or _spelled_as_path(ref):
         return None
     folder = root / rel
-    return folder if (folder / CONFIG_FILE).is_file() else None
+    if (folder / CONFIG_FILE).is_file():
+        return folder
+    group = root / rel.parts[0]
+    members = (
+        []
+        if Path(ref).expanduser().exists() or is_checkpoint_dir(group) or not group.is_dir()
+        else sorted(p.name for p in group.iterdir() if is_checkpoint_dir(p))
+    )
+    if members:
+        raise CheckpointNotFoundError(
+            f"checkpoint {str(ref)!r} not found: the checkpoint group {rel.parts[0]!r} under {root} has no "
+            f"{rel.parts[1]!r}; it holds {', '.join(members)} (check the spelling)"
+        )
+
+
+def _spelled_as_path(ref: str | os.PathLike) -> bool:
+    """``ref`` is written as a path (``./fire``, ``../x``, ``/abs``, ``~/x``): it names that path
+    only, never a checkpoint name or group under the root (``Path`` would drop a leading ``./``)."""
+    return str(ref).startswith((".", "/", "~", os.sep))
 
 
 def _not_found(ref, root: Path | None = None) -> CheckpointNotFoundError:
@@ -397,6 +392,12 @@ def _folder_files(path: Path, ref) -> tuple[Path, Path]:
         raise _not_found(ref)
     files = path / CONFIG_FILE, path / WEIGHTS_FILE
     missing = [f.name for f in files if not f.is_file()]
+    members = sorted(c.name for c in path.iterdir() if is_checkpoint_dir(c)) if missing else []
+    if members:  # a group of checkpoints (checkpoints/copy), not one
+        raise CheckpointNotFoundError(
+            f"{path} is a group of checkpoints, not one; name one of them: "
+            + ", ".join(f"{ref if isinstance(ref, str) else path}/{m}" for m in members)
+        )
     if missing:
         raise CheckpointNotFoundError(
             f"{path} has no {' or '.join(missing)}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})"
@@ -426,15 +427,9 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
     name = str(checkpoint)
     if path.exists() or not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is local
         return _folder_files(path, checkpoint)
-    from huggingface_hub import hf_hub_download
+    from .hub import download_checkpoint  # no network: one line at once, as every Hub door says it
 
-    try:
-        return tuple(Path(hf_hub_download(repo_id=name, filename=f)) for f in (CONFIG_FILE, WEIGHTS_FILE))
-    except Exception as e:  # network, auth, 404, bad repo id: all mean "cannot load"
-        raise CheckpointError(
-            f"checkpoint {checkpoint} is not a local folder and could not be fetched from the "
-            f"Hugging Face Hub ({type(e).__name__}: {e})"
-        ) from e
+    return _folder_files(download_checkpoint(name, [CONFIG_FILE, WEIGHTS_FILE]), checkpoint)
 
 
 def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
@@ -566,29 +561,35 @@ def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
     return model.to(device).eval()
 
 
-def load_model_or_published(ref: str, stack: str = "decoder", revision: str | None = None):
+def load_model_or_published(ref: str, stack: str = "decoder", revision: str | None = None, with_identity: bool = False):
     """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
     a folder whose config.json names ``model_type`` or a repo id not on disk is read through
     ``fireviz.hub``; everything else is a fireviz checkpoint (:func:`load_model`).
+    ``with_identity``: return ``(model, sha)`` instead — a fireviz checkpoint's identity of exactly
+    the bytes loaded (:func:`load_model_with_identity`), None for a published model.
     Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
     from . import hub
+
+    def fireviz(r):
+        return load_model_with_identity(r) if with_identity else load_model(r)
+
+    def published(model):
+        return (model, None) if with_identity else model
 
     folder = _local_path(ref)
     cfg = folder / "config.json"
     if folder.is_dir() and cfg.is_file():
         try:
-            published = hub.is_transformers_config(read_json(cfg))
+            is_published = hub.is_transformers_config(read_json(cfg))
         except ValueError:
-            published = False  # let the checkpoint loader name the problem
-        if published:
-            return hub.load_published(str(folder), stack=stack)
-        return load_model(folder)
+            is_published = False  # let the checkpoint loader name the problem
+        return published(hub.load_published(str(folder), stack=stack)) if is_published else fireviz(folder)
     if hub.looks_like_hub_id(str(ref)):
         try:
-            return hub.load_published(ref, stack=stack, revision=revision)
+            return published(hub.load_published(ref, stack=stack, revision=revision))
         except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
             pass
-    return load_model(ref)
+    return fireviz(ref)
 
 
 def default_device() -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
 from . import stats
@@ -53,8 +52,9 @@ def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
     task = s0.get("mode") == "synthetic"
     if task:
         text = (
-            f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length (the same for every "
-            "checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
+            f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length "
+            + ("(the published set; " if not s0.get("seed") else f"(drawn with seed {s0.get('seed')}; ")
+            + "the same for every checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
             "positions are scored"
         )
     first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
@@ -202,8 +202,9 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lengths",
         type=_parse_lengths,
-        default=list(DEFAULT_LENGTHS),
-        help="comma-separated window lengths in tokens (default %(default)s)",
+        default=None,
+        help=f"comma-separated window lengths in tokens (default {','.join(map(str, DEFAULT_LENGTHS))}; on a "
+        "synthetic task the first checkpoint's training length L times 1/4, 1/2, 1, 2, 4, 8, 16)",
     )
     p.add_argument(
         "--mode",
@@ -220,7 +221,12 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
         help=f"target tokens per length; default: every qualifying document for same_text, "
         f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window",
     )
-    p.add_argument("--seed", type=int, default=0, help="window selection seed")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the documents or windows drawn (with --token-budget), or of a synthetic task's sequences (0: the published set)",
+    )
     p.add_argument(
         "--prefix-tokens",
         type=int,
@@ -301,27 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _out_problem(out: Path, flag: str = "--out", example: str = "results.json") -> str | None:
-    """Why ``flag`` (a file to write) cannot be written (a folder, or under a file), or None:
-    checked before the evaluation."""
-    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)  # folders are made
-    if out.is_dir():
-        return f"{flag} {out} is a folder; give a file path such as {example}"
-    if blocker is not None:
-        return f"{flag} {out} lies under {blocker}, which is a file; give a file path such as {example}"
-    return None
-
-
-def _figure_problem(path: Path) -> str | None:
-    """Why ``--figure`` cannot be written (unknown format, a folder, under a file), or None."""
-    from .figure_export import EXPORT_FORMATS
-
-    formats = (*EXPORT_FORMATS, "html")
-    if path.suffix.lstrip(".").lower() not in formats:
-        return f"--figure {path}: the file name must end in {', '.join('.' + f for f in formats)}"
-    return _out_problem(path, "--figure", "figure.png")
-
-
 class _ProgressBar:
     """``progress(done, total, message)`` for evaluate_many as a tqdm bar on stderr (tokens, not
     windows: a 16k-token window is 128× a 128-token one; the message carries the ETA). Created
@@ -379,13 +364,31 @@ def _write_figure(results: list[dict], path: str) -> bool:
     return True
 
 
+def _default_lengths(checkpoints: list[str], data: str) -> list[int]:
+    """The lengths evaluated without ``--lengths``: DEFAULT_LENGTHS (128…8192), or on a synthetic
+    task (``synthetic:copy``, whose models train on short sequences) L/4 … 16·L around the first
+    checkpoint's training length L, as the task groups are published (16…1024 for L = 64).
+    Raises: CheckpointError when that checkpoint's config cannot be read (evaluate_many's message)."""
+    from . import synthetic
+    from .checkpoints import checked_config
+
+    if not synthetic.is_synthetic(str(data)) or not checkpoints:
+        return list(DEFAULT_LENGTHS)
+    seq_len = checked_config(checkpoints[0]).seq_len
+    # a task sequence needs a few tokens (the copy task at least 4): shorter defaults are left out
+    return sorted({n for n in (seq_len * k // 4 for k in (1, 2, 4, 8, 16, 32, 64)) if n >= 4} | {seq_len})
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
     or when no length of any checkpoint could be evaluated, 130 when interrupted."""
     args = build_parser().parse_intermixed_args(argv)
-    problem = _out_problem(Path(args.out)) if args.out else None  # bad output paths before the evaluation
+    from .figure_export import figure_path_problem
+    from .files import output_path_problem
+
+    problem = output_path_problem(args.out) if args.out else None  # bad output paths before the evaluation
     if problem is None and args.figure:
-        problem = _figure_problem(Path(args.figure))
+        problem = figure_path_problem(args.figure)
     if problem:
         print(f"fireviz eval: error: {problem}", file=sys.stderr)
         return 2
@@ -394,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate_many(
             args.checkpoints,
             args.data,
-            args.lengths,
+            args.lengths or _default_lengths(args.checkpoints, args.data),
             mode=args.mode,
             stride=args.stride,
             token_budget=args.token_budget,
@@ -422,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     print(format_table(results))
     if args.out:
-        write_json_atomic(args.out, results)
+        try:
+            write_json_atomic(args.out, results)
+        except OSError as e:  # a place that takes no file (/proc, a full disk); the numbers stay cached
+            print(f"fireviz eval: error: cannot write {args.out}: {e}; the results are cached", file=sys.stderr)
+            return 2
         print(f"wrote {args.out}")
     evaluated = any("error" not in e for r in results for e in r["per_length"])
     if args.figure and evaluated and not _write_figure(results, args.figure):

@@ -128,7 +128,7 @@ def _plan_task(s: EvalSettings) -> Plan:
         except DataError as e:
             windows[n] = str(e)
             continue
-        seqs = task.sequences(n + 1, count, synthetic.EVALUATION_SEED + n)
+        seqs = task.sequences(n + 1, count, synthetic.evaluation_seed(n, s.seed))
         start = len(ids)
         for k in range(count):
             tokens[start + k] = seqs[k]
@@ -214,5 +214,5 @@ def run_settings(s: EvalSettings, plan: Plan) -> dict:
             documents_skipped=plan.same_text.documents_skipped,
         )
     if s.mode == "synthetic":
-        out["task_format"] = 2  # as in length_settings: results.json rows match the cache key
+        out["task_format"] = s.task_format()  # as in length_settings: results.json rows match the cache key
     return out

@@ -303,6 +303,13 @@ class EvalSettings:
             out["prefix_tokens"] = prefix_tokens
         if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
             out["normalizer_cap"] = cap
-        if self.mode == "synthetic":  # sequences of n + 1 tokens, the training format at seq_len n (format 2)
-            out["task_format"] = 2
+        if self.mode == "synthetic":
+            out["task_format"] = self.task_format()
         return out
+
+    def task_format(self) -> int:
+        """The synthetic evaluation's format, part of its cache key: 2 = sequences of n + 1 tokens
+        (the training format at seq_len n) drawn from seed 0's set; 3 = the same from another
+        ``seed`` (``synthetic.evaluation_seed``; format 2 entries made before seeds drew anything
+        are never read back for one)."""
+        return 2 if self.seed == 0 else 3

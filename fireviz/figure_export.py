@@ -177,6 +177,17 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
         ) from e
 
 
+def figure_path_problem(path: str | os.PathLike, flag: str = "--figure") -> str | None:
+    """Why a figure cannot be written to ``path`` — a format ``write_figure`` does not write
+    (.svg, .pdf, .png or .html), a folder, a path under a file — or None. Checked before any work."""
+    from .files import output_path_problem
+
+    formats = (*EXPORT_FORMATS, "html")
+    if Path(path).suffix.lstrip(".").lower() not in formats:
+        return f"{flag} {path}: the file name must end in {', '.join('.' + f for f in formats)}"
+    return output_path_problem(path, flag, "figure.png")
+
+
 def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None, paper: str | None = "page") -> Path:
     """Write ``fig`` to ``path`` as ``fmt`` (default: the file's suffix: .svg, .pdf, .png, or
     .html for the interactive figure), atomically. Returns the path. Raises: ValueError for an

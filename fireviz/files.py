@@ -358,3 +358,16 @@ def check_safetensors_header(header: object, data_len: int | None, source: str) 
         what = "truncated" if at > data_len else "longer than its header says"
         raise FileFormatError(f"{source} is {what} ({data_len:,} bytes of tensor data; the header needs {at:,})")
     return entries
+
+
+def output_path_problem(out: str | os.PathLike, flag: str = "--out", example: str = "results.json") -> str | None:
+    """Why the file ``out`` (given as ``flag``) cannot be written — it is a folder, or lies under a
+    file — or None (missing parent folders are made). Checked by the CLIs before any work, so a
+    bad path costs nothing. Returns one sentence naming the path and the fix."""
+    out = Path(out)
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if out.is_dir():
+        return f"{flag} {out} is a folder; give a file path such as {out / example}"
+    if blocker is not None:
+        return f"{flag} {out} lies under {blocker}, which is a file; give a file path such as {example}"
+    return None

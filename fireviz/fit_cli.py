@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .files import FileFormatError, read_json, write_json_atomic
+from .files import FileFormatError, output_path_problem, read_json, write_json_atomic
 from .fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
 from .fit_result import _json_safe
 from .fit_targets import parse_numbers, target_names
@@ -175,11 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse already printed usage + the error
         return int(e.code or 0)
     for flag, out, example in (("--out", a.out, "fit.json"), ("--save-module", a.save_module, "fire_fit.safetensors")):
-        if out and Path(out).is_dir():  # refuse before computing, not after
-            print(
-                f"fireviz fit: error: {flag} {out} is a folder; give a file path such as {Path(out) / example}",
-                file=sys.stderr,
-            )
+        if out and (problem := output_path_problem(out, flag, example)):  # refuse before computing, not after
+            print(f"fireviz fit: error: {problem}", file=sys.stderr)
             return 2
     try:
         settings = settings_from_args(a)
@@ -213,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{result.seconds:.2f} s"
     )
     print(summary)
+    from safetensors import SafetensorError
+
     try:  # atomic writes create missing parent folders; nothing half-written is left behind
         if a.out:
             write_json_atomic(a.out, _json_safe(result.to_dict(curves=not a.no_curves)))
         if a.save_module:
             result.save(a.save_module)
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # a place that takes no file (/proc, a full disk)
         print(f"fireviz fit: error: cannot write the result: {e}", file=sys.stderr)
         return 2
     return 0

@@ -288,8 +288,8 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
     Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path`` (as given), ``layer``,
       ``encoding`` (the checkpoint's encoding name), ``seq_len`` (its training length) and its
-      identity: ``checkpoint_sha256`` (``fireviz.checkpoints.checkpoint_sha256``, read after the
-      load) for a fireviz checkpoint; ``published``, ``revision``, ``stack`` and ``bias_sha256``
+      identity: ``checkpoint_sha256`` (``fireviz.checkpoints.checkpoint_sha256`` of exactly the
+      bytes loaded, one read) for a fireviz checkpoint; ``published``, ``revision``, ``stack`` and ``bias_sha256``
       (of the layer's bias tensors) for a published model.
     Raises: ValueError for a path that is not a non-empty string, a layer that is not an integer
       >= 0 or a stack not decoder/encoder (before anything is read); CheckpointError
@@ -298,7 +298,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
       ``fittable_encodings()``.
     """
     from . import hub
-    from .checkpoints import CheckpointNotFoundError, checkpoint_sha256, load_model_or_published
+    from .checkpoints import CheckpointNotFoundError, load_model_or_published
 
     checks = PARAM_CHECKS["checkpoint"]
     path, layer, stack = checks["path"](path), checks["layer"](layer), checks["stack"](stack)
@@ -308,7 +308,9 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
             f"checkpoint {path} not found: give a folder holding config.json and "
             "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id"
         )
-    model = load_model_or_published(str(local) if local.is_dir() else str(path), stack=stack or "decoder")
+    model, sha = load_model_or_published(
+        str(local) if local.is_dir() else str(path), stack=stack or "decoder", with_identity=True
+    )
     if stack is not None and not isinstance(model, hub.PublishedModel):
         raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
     cfg = model.config
@@ -327,7 +329,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
         params.update(published=model.config.family, revision=model.config.revision, stack=model.config.stack)
         params["bias_sha256"] = tensors_sha256(enc)
     else:
-        params["checkpoint_sha256"] = checkpoint_sha256(str(local) if local.is_dir() else path)
+        params["checkpoint_sha256"] = sha  # of exactly the bytes loaded
     return FitTarget("checkpoint", enc, params)
 
 

@@ -28,6 +28,7 @@ import torch
 
 from .files import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
 from .hub_families import STACKS, HubModelError, PublishedModel, build_published
+from .model_state import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Largest safetensors header read (bytes); real headers are well under 1 MB.
@@ -50,6 +51,32 @@ def looks_like_hub_id(ref: str) -> bool:
     here, so ``checkpoints/typo`` is a mistyped folder, not a Hub repo."""
     p = Path(ref or "").expanduser()
     return bool(_HUB_ID.match(ref or "")) and not p.exists() and not p.parent.is_dir()
+
+
+def download_checkpoint(repo_id: str, allow_patterns: list[str], local_files_only: bool = False) -> Path:
+    """A fireviz checkpoint repo's files (``allow_patterns``) fetched into the huggingface_hub
+    cache with ``snapshot_download`` (``local_files_only``: from the cache alone) → the local folder.
+    Raises: CheckpointError — no connection (with the offline fix) or any other Hub refusal
+      (unknown or gated repo, rate limit), naming the repo and the reason."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(repo_id=repo_id, allow_patterns=allow_patterns, local_files_only=local_files_only)
+        )
+    except Exception as e:  # offline, unknown repo, gated repo, rate limit: all end the same way
+        kind = type(e).__name__
+        msg = str(e).splitlines()[0] if str(e) else kind
+        offline = "connect" in str(e).lower() or "internet" in str(e).lower()
+        if offline or kind in ("LocalEntryNotFoundError", "ConnectionError", "ConnectError"):
+            raise CheckpointError(
+                f"cannot download {repo_id!r} from the Hugging Face Hub: no connection ({msg}). "
+                "Connect to the internet, or download the repo elsewhere and give its local folder instead"
+            ) from e
+        raise CheckpointError(
+            f"cannot download {repo_id!r} from the Hugging Face Hub ({kind}: {msg}); "
+            "check the repo id and your access to it"
+        ) from e
 
 
 def default_cache_dir() -> Path:

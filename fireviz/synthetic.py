@@ -48,6 +48,14 @@ EVALUATION_SEED = 2_000_003
 STREAM_TOKENS = 1 << 40
 
 
+def evaluation_seed(length: int, seed: int = 0) -> int:
+    """The base seed of the evaluation sequences of ``length`` tokens under evaluation ``seed``
+    (``eval --seed``): ``EVALUATION_SEED + length`` for seed 0 (the published sequences), another
+    base for each other seed, so ``--seed N`` draws a fresh set of sequences. Every sequence's own
+    seed is then hashed from this base (``SyntheticTask.sequences``)."""
+    return EVALUATION_SEED + length + int(seed) * STREAM_TOKENS
+
+
 def is_synthetic(data: object) -> bool:
     """Whether a ``--data`` / ``train.data`` value names a synthetic task."""
     return isinstance(data, str) and data.startswith(PREFIX)

@@ -4,8 +4,9 @@ For each domain: ``fireviz.evaluate.evaluate_many`` over all checkpoints (paired
 the published protocol — ``mode="same_text"``: every validation document that holds the
 largest length, its first 8192 tokens scored at every length, no token budget — so every
 column scores the same text. The RoPE checkpoint is also evaluated as RoPE-PI and YaRN, and
-every FIRE / FIRE-S checkpoint also with its normalizer capped at the training length
-(``normalizer_cap``). Every row carries 95 % bootstrap intervals over documents (``ci95``) and
+every FIRE / FIRE-S checkpoint also with its normalizer capped at the largest query position
+its training reached (``normalizer_cap``: the training length, plus the random position offset
+of runs trained with one; none when that reaches 8192). Every row carries 95 % bootstrap intervals over documents (``ci95``) and
 its paired difference against the reference checkpoint (``--reference``, default alibi) with
 its interval (``paired_delta_bpb``, ``paired_ci95``).
 
@@ -33,6 +34,7 @@ from fireviz.eval_cli import format_table
 from fireviz.checkpoints import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
 from fireviz.run_records import validation_rows
 from fireviz.encodings import has_normalizer
+from fireviz.model_config import GPTConfig
 from fireviz.files import atomic_write, atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +66,9 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
     scaling) pairs this run did not evaluate, kept only where they were made on the same weights
     (``checkpoint_sha256``) with the same mode, token budget, seed, split and lengths.
 
-    Every row gets the current ``label`` and a repository-relative ``checkpoint_path``.
+    Every row gets the current ``label`` and a repository-relative ``checkpoint_path``; a fresh
+    row whose every length came from the cache keeps the old row's ``seconds`` (the file does not
+    change when the numbers do not).
     Returns: ``(rows sorted by domain then scaling, old rows dropped as stale)``.
     """
 
@@ -84,6 +88,15 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
 
     done = {pair(r) for r in fresh}
     ref = recipe(fresh[0]) if fresh else None
+
+    def same(r: dict) -> str:  # the (domain, variant) and recipe of a row, as a key (lengths is a list)
+        return json.dumps([pair(r), recipe(r)], default=str)
+
+    previous = {same(r): r for r in old}
+    for r in fresh:  # a row answered from the cache keeps its recorded time: no diff for the same numbers
+        before = previous.get(same(r))
+        if before is not None and "seconds" in before and all(e.get("cached") for e in r["per_length"]):
+            r["seconds"] = before["seconds"]
     kept, dropped = [], []
     for r in old:
         if pair(r) in done:
@@ -207,15 +220,23 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
         f"- data: bundled `{tr.get('data')}` corpus, training split (fingerprint `{str(tr.get('data_fingerprint'))[:12]}`)",
         f"- trained: step {tr.get('steps')} of the {st.get('max_steps')}-step schedule, "
         f"{tr.get('tokens_seen', 0):,} tokens (batch {st.get('batch_size')} × {cfg['seq_len']}, lr {st.get('lr')}, seed {st.get('seed')})",
-        f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']} "
-        f"--set train.checkpoint_interval=100"
+        f"- made by: `python -m fireviz train --config configs/tiny.toml --set model.position_encoding={cfg['position_encoding']}"
+        + "".join(f" {a}" for a in recipe_overrides(cfg))
+        + " --set train.checkpoint_interval=100"
         + (f" --set train.seed={st['seed']}" if st.get("seed") else "")
         + f" --out checkpoints/{folder.name}"
         + (f" --stop-at-step {tr['steps']}" if interim else "")
         + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
         "the resumable trainer state is not shipped)",
-        "",
     ]
+    if st.get("random_position_offset"):
+        lines.append(
+            f"- positions: every training batch starts at a random absolute position in "
+            f"[0, {st['random_position_offset']}] (`train.random_position_offset`; one draw per micro-batch, "
+            "shared by its windows), so query positions up to "
+            f"{trained_query_positions(cfg)} were seen in training while windows stayed {cfg['seq_len']} tokens long"
+        )
+    lines.append("")
     if interim:
         lines += [
             f"**Interim checkpoint**: training stopped at step {tr['steps']} of {st['max_steps']}; "
@@ -346,17 +367,44 @@ def replace_generated(text: str, name: str, body: list[str]) -> str:
     return head + start + "\n" + "\n".join(body) + "\n" + end + tail
 
 
+def trained_query_positions(cfg: dict) -> int:
+    """The largest query position (tokens) a checkpoint's training windows reached: the training
+    length, plus ``train.random_position_offset`` where the run drew random starting positions.
+    FIRE's normalizer is capped there for its capped row; a run whose training already reached
+    every evaluated length gets no capped row (the cap would change nothing)."""
+    settings = cfg.get("training", {}).get("settings", {})
+    return cfg["seq_len"] + int(settings.get("random_position_offset") or 0)
+
+
+def recipe_overrides(cfg: dict) -> list[str]:
+    """The ``--set`` arguments beyond the shared recipe, encoding and seed that made a checkpoint:
+    ``train.random_position_offset`` when on, and every encoding option whose stored value differs
+    from its default at the checkpoint's training length (e.g. FIRE's
+    ``progressive_interpolation = false``). [] for a run of the shared recipe."""
+    out = []
+    offset = cfg.get("training", {}).get("settings", {}).get("random_position_offset")
+    if offset:
+        out.append(f"--set train.random_position_offset={offset}")
+    defaults = GPTConfig(position_encoding=cfg["position_encoding"], seq_len=cfg["seq_len"]).complete_encoding_options()
+    for key, value in sorted((cfg.get("encoding_options") or {}).items()):
+        if key in defaults and value != defaults[key]:
+            out.append(f"--set model.encoding_options.{key}={json.dumps(value)}")
+    return out
+
+
 def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) -> list[dict]:
     """Every checkpoint on one domain, plus RoPE as PI and YaRN and FIRE with its normalizer capped
-    at the training length, all paired against the reference on the same windows."""
+    at the largest query position its training reached (``trained_query_positions``), all paired
+    against the reference on the same windows."""
     runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
     for f in folders:
         cfg = read_checkpoint(f).config
         if cfg["position_encoding"] == "rope":
             for scaling in ("pi", "yarn"):
                 runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
-        if has_normalizer(cfg["position_encoding"]):  # FIRE as trained, its normalizer capped
-            runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cfg["seq_len"], **kw)
+        cap = trained_query_positions(cfg)
+        if has_normalizer(cfg["position_encoding"]) and cap < max(LENGTHS):  # FIRE as trained, and capped
+            runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cap, **kw)
     # the scaled and capped rows were scored on the same windows: pair them with the reference too
     return evaluate.with_paired_differences(runs, reference)
 

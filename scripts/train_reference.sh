@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Train every reference checkpoint the way checkpoints/ was made: configs/tiny.toml on the prose
-# corpus, one folder per encoding at seed 0, and fire and kerple_power also at seeds 1 and 2.
+# corpus, one folder per encoding at seed 0, and fire and kerple_power also at seeds 1 and 2; and
+# the randomized-position runs (issue #18): fire_offset (seeds 0 and 1), fire_s_offset and
+# fire_offset_nopi, trained with train.random_position_offset=7680 (the last also without FIRE's
+# progressive interpolation).
 #
 #   scripts/train_reference.sh [OUT_ROOT] [more `fireviz train` options, e.g. --stop-at-step 2500]
 #
 # OUT_ROOT defaults to runs/reference (not checkpoints/, so the shipped folders stay as they are);
-# RUNS="fire fire_seed1" trains only those folders (names: <encoding> or <encoding>_seed<N>).
+# RUNS="fire fire_seed1" trains only those folders (names: <encoding>[_offset|_offset_nopi][_seed<N>]).
 # Re-running continues each unfinished run exactly (--resume; a run stopped before its first
 # checkpoint at step 100 starts again) and finished runs are a no-op, so the script can be stopped
 # at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
@@ -30,10 +33,17 @@ else PY=$(command -v python3 || command -v python) ||
   { echo "no python3 or python on PATH: run make venv, or set PYTHON=/path/to/python" >&2; exit 2; }
 fi
 runs=(${RUNS:-nope rope t5 alibi kerple_log kerple_power sandwich fire fire_s
-       fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2})
+       fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2
+       fire_offset fire_offset_seed1 fire_s_offset fire_offset_nopi})
 for name in "${runs[@]}"; do
   out="$root/$name"
-  args=(--config configs/tiny.toml --set "model.position_encoding=${name%_seed*}"
+  base=${name%_seed*} variant=()
+  case $base in  # the variants of the recipe: random absolute positions, and without progressive interpolation
+    *_offset_nopi) base=${base%_offset_nopi}
+      variant=(--set train.random_position_offset=7680 --set model.encoding_options.progressive_interpolation=false) ;;
+    *_offset) base=${base%_offset} variant=(--set train.random_position_offset=7680) ;;
+  esac
+  args=(--config configs/tiny.toml --set "model.position_encoding=$base" "${variant[@]}"
         --set train.checkpoint_interval=100)
   [[ $name == *_seed* ]] && args+=(--set "train.seed=${name##*_seed}")
   # one trainer per folder: a second copy of this script skips a run that is being trained

@@ -699,3 +699,12 @@ def test_biases_cli_prints_the_librarys_message_and_checks_before_loading(checkp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "config.json" in err[0]
     assert not (tmp_path / "x.json").exists()
+    # output paths too, before the (missing) checkpoint: a figure format write_figure lacks, a folder
+    from fireviz.figure_export import figure_path_problem
+
+    assert biases_cli.main([str(tmp_path / "missing"), "--figure", str(tmp_path / "grid.jpg")]) == 2
+    assert capsys.readouterr().err.strip() == f"fireviz biases: error: {figure_path_problem(tmp_path / 'grid.jpg')}"
+    assert ".html" in figure_path_problem(tmp_path / "grid.jpg")
+    assert biases_cli.main([str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder; give a file path such as" in err and "not found" not in err

@@ -844,8 +844,12 @@ def test_a_bundled_name_is_a_checkpoint_at_every_door(root, tmp_path, monkeypatc
     assert checkpoints.load_model_or_published("good").config.position_encoding == "alibi"
     assert checkpoints.load_model_with_identity("good")[1] == sha
     assert checkpoints.read_checkpoint("good").path == checkpoints.resolve_checkpoint("good").path
+    for door in (checkpoints.checkpoint_files, checkpoints.resolve_checkpoint, checkpoints.load_model):
+        with pytest.raises(checkpoints.CheckpointNotFoundError, match="not found"):
+            door("./good")  # spelled as a path: that path only, never the bundled name
     shutil.copytree(root / "victim", tmp_path / "good")  # a local folder named like it: the path wins
     assert checkpoints.checkpoint_sha256("good") == checkpoints.checkpoint_sha256(root / "victim")
+    assert checkpoints.resolve_checkpoint("good").path == checkpoints.read_checkpoint(tmp_path / "good").path
     monkeypatch.setenv("HOME", str(tmp_path))
     assert checkpoints.checkpoint_sha256("~/good") == checkpoints.checkpoint_sha256(tmp_path / "good")
     assert checkpoints.checked_config("~/good") == checkpoints.load_model("~/good").config

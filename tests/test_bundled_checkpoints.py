@@ -16,7 +16,9 @@ import pytest
 
 from fireviz import evaluate
 from fireviz.checkpoints import read_train_log
+from fireviz.encodings import has_normalizer
 from fireviz.model import GPT
+from fireviz.model_config import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"
@@ -24,8 +26,15 @@ CKPTS = ROOT / "checkpoints"
 ENCODINGS = ("nope", "rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s")
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
 DOMAINS = {"prose", "latex", "code"}
-#: Extra seeds of an encoding: checkpoints/fire_seed1 is encoding fire trained with train.seed=1.
-SEED_FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)_seed(?P<seed>[1-9][0-9]*)$")
+#: Variants of the shared recipe (issue #18), as (train settings, encoding options) that differ:
+#: checkpoints/fire_offset is encoding fire trained with train.random_position_offset=7680.
+VARIANTS = {
+    "offset": ({"random_position_offset": 7680}, {}),
+    "offset_nopi": ({"random_position_offset": 7680}, {"progressive_interpolation": False}),
+}
+#: <encoding>[_<variant>][_seed<N>]: checkpoints/fire_seed1 is encoding fire trained with train.seed=1,
+#: checkpoints/fire_offset_seed1 the offset variant with seed 1.
+FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi))?(?:_seed(?P<seed>[1-9][0-9]*))?$")
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
 SHARED_SETTINGS = (
     "batch_size",
@@ -78,14 +87,29 @@ def test_one_recipe_and_one_token_budget():
         assert tr["data_fingerprint"] == ref["training"]["data_fingerprint"], name
         for key in SHARED_SETTINGS:
             assert tr["settings"][key] == ref["training"]["settings"][key], (name, key)
-        if name in ENCODINGS:
-            assert cfg["position_encoding"] == name and tr["settings"]["seed"] == 0, name
-        else:
-            m = SEED_FOLDER.match(name)
-            assert m and m["encoding"] in ENCODINGS, f"{name}: not an encoding and not <encoding>_seed<N>"
-            assert cfg["position_encoding"] == m["encoding"] and tr["settings"]["seed"] == int(m["seed"]), name
+        m = FOLDER.match(name)
+        assert m and m["encoding"] in ENCODINGS, f"{name}: not <encoding>[_<variant>][_seed<N>]"
+        assert cfg["position_encoding"] == m["encoding"] and tr["settings"]["seed"] == int(m["seed"] or 0), name
+        check_variant(name, cfg, *VARIANTS.get(m["variant"], ({}, {})))
         # every model saw the same number of training tokens
         assert tr["tokens_seen"] == ref["training"]["tokens_seen"] == tr["steps"] * 16 * 512, name
+
+
+def check_variant(name: str, cfg: dict, settings: dict, options: dict) -> None:
+    """The checkpoint differs from the shared recipe exactly by its variant's settings and encoding
+    options, and its card's command names each of them."""
+    tr = cfg["training"]["settings"]
+    assert tr.get("random_position_offset", 0) == settings.get("random_position_offset", 0), name
+    defaults = GPTConfig(position_encoding=cfg["position_encoding"], seq_len=cfg["seq_len"]).complete_encoding_options()
+    assert {**defaults, **cfg["encoding_options"]} == {**defaults, **options}, name
+    made_by = next(
+        line for line in (CKPTS / name / "README.md").read_text(encoding="utf-8").splitlines() if "made by" in line
+    )
+    for key, value in settings.items():
+        assert f"--set train.{key}={value}" in made_by, (name, key)
+    for key, value in options.items():
+        assert f"--set model.encoding_options.{key}={json.dumps(value)}" in made_by, (name, key)
+    assert made_by.count("--set") == 2 + len(settings) + len(options) + bool(tr["seed"]), name
 
 
 def test_validation_curve_reaches_the_shipped_weights():
@@ -124,6 +148,14 @@ def test_loads_with_from_pretrained_and_results_match_the_weights(name):
                 assert lo <= e["paired_delta_bpb"] <= hi, (name, s["data"], e["length"])
     if config(folder)["position_encoding"] == "rope":  # also evaluated zero-shot as RoPE-PI and YaRN
         assert {r["settings"]["rope_scaling"] for r in res} == {None, "pi", "yarn"}
+    # FIRE also with its normalizer capped where training stopped; a run trained at random offsets
+    # up to 8192 has no capped row (the cap would change nothing at these lengths)
+    offset = config(folder)["training"]["settings"].get("random_position_offset", 0)
+    caps = {r["settings"].get("normalizer_cap") for r in res}
+    if has_normalizer(model.config.position_encoding):
+        assert caps == ({None} if offset + 512 >= max(LENGTHS) else {None, 512 + offset}), name
+    else:
+        assert caps == {None}, name
 
 
 def readme_table(marker: str) -> dict[str, list[str]]:
@@ -149,8 +181,9 @@ def test_readme_seed_table_is_the_seed_runs():
     names = [p.name for p in shipped()]
     groups: dict[str, list[str]] = {}
     for name in names:
-        if m := SEED_FOLDER.match(name):
-            groups.setdefault(m["encoding"], [m["encoding"]]).append(name)
+        if (m := FOLDER.match(name)) and m["seed"]:
+            base = name.rsplit("_seed", 1)[0]
+            groups.setdefault(base, [base]).append(name)
     if not groups:
         assert "<!-- generated:seeds -->" not in (ROOT / "README.md").read_text(encoding="utf-8")
         return

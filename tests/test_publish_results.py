@@ -152,3 +152,25 @@ def test_validation_rows_keep_only_numeric_evaluations():
     ]
     assert [r["step"] for r in validation_rows(log)] == [0, 4]
     assert validation_rows([]) == []
+
+
+def test_merge_results_keeps_the_recorded_time_of_a_row_answered_from_the_cache(pub):
+    """Re-publishing unchanged numbers leaves results.json as it was: a fresh row whose every
+    length came from the cache keeps the old row's seconds; a recomputed one records its own."""
+    old = result("prose")
+    old["seconds"] = 812.5
+    cached = result("prose")
+    cached["seconds"] = 3.7
+    cached["per_length"][0]["cached"] = True
+    rows, _ = pub.merge_results([old], [cached])
+    assert rows[0]["seconds"] == 812.5
+    fresh = result("prose")
+    fresh["seconds"] = 640.0
+    fresh["per_length"][0]["cached"] = False
+    rows, _ = pub.merge_results([old], [fresh])
+    assert rows[0]["seconds"] == 640.0
+    other = result("prose", sha="w2")  # other weights: nothing to keep
+    other["seconds"] = 2.0
+    other["per_length"][0]["cached"] = True
+    rows, _ = pub.merge_results([old], [other])
+    assert rows[0]["seconds"] == 2.0

@@ -113,6 +113,18 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
     with pytest.raises(ev.EvaluationError, match="drop --mode"):
         ev.evaluate_many([tmp_path / "fire"], "synthetic:copy", [16], mode="sliding", stride=4, device="cpu")
     assert "answer accuracy" in eval_cli.format_table(r)
+    # --seed draws another set of sequences (seed 0 is the published set above)
+    other = ev.evaluate_many([tmp_path / "fire"], "synthetic:copy", [16], token_budget=6, seed=1, device="cpu")
+    seqs = task.sequences(17, 6, S.evaluation_seed(16, 1))
+    assert not torch.equal(seqs, task.sequences(17, 6, S.EVALUATION_SEED + 16))
+    with torch.no_grad():
+        logits = model(seqs[:, :16])
+    first = task.split(17)
+    nll = F.cross_entropy(logits[:, first - 1 : 16].reshape(-1, logits.shape[-1]), seqs[:, first:].reshape(-1))
+    assert other[0]["settings"]["seed"] == 1 and not other[0]["per_length"][0].get("cached")
+    # its own format in the cache key: entries made when --seed drew seed 0's set are never read for it
+    assert (r[0]["settings"]["task_format"], other[0]["settings"]["task_format"]) == (2, 3)
+    assert other[0]["per_length"][0]["nats_per_token"] == pytest.approx(float(nll), rel=1e-5)
 
 
 def test_the_copy_config_loads():
@@ -121,3 +133,20 @@ def test_the_copy_config_loads():
 
     mc, tc = load_config(Path(__file__).resolve().parent.parent / "configs" / "copy.toml")
     assert tc.data == "synthetic:copy" and mc.seq_len == 64
+
+
+def test_eval_cli_default_lengths_follow_a_synthetic_tasks_training_length(tmp_path, monkeypatch):
+    """Without --lengths, a synthetic task is evaluated at L/4 … 16·L of the checkpoint's training
+    length L (the task groups' published range), not prose's 128…8192."""
+    from fireviz.eval_settings import DEFAULT_LENGTHS
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=16, position_encoding="alibi")).save_pretrained(
+        tmp_path / "m"
+    )
+    out = tmp_path / "r.json"
+    argv = [str(tmp_path / "m"), "--data", "synthetic:copy", "--token-budget", "2", "--quiet", "--device", "cpu"]
+    assert eval_cli.main([*argv, "--out", str(out)]) == 0
+    assert [e["length"] for e in json.loads(out.read_text())[0]["per_length"]] == [4, 8, 16, 32, 64, 128, 256]
+    assert eval_cli._default_lengths([str(tmp_path / "m")], "prose") == list(DEFAULT_LENGTHS)

@@ -189,3 +189,14 @@ def test_a_group_checkpoint_is_found_by_group_and_name():
     assert Path(checkpoints.resolve_checkpoint("copy/fire").path).resolve() == folder
     config, weights = checkpoints.checkpoint_files("copy/fire")
     assert (config.resolve(), weights.resolve()) == (folder / "config.json", folder / "model.safetensors")
+    # a name the group lacks is answered locally, naming the group's checkpoints (no Hub lookup)
+    for door in (checkpoints.resolve_checkpoint, checkpoints.checkpoint_files, checkpoints.load_model_or_published):
+        with pytest.raises(
+            checkpoints.CheckpointNotFoundError, match="group 'copy' .* no 'fier'; it holds alibi, fire"
+        ):
+            door("copy/fier")
+    # the group itself is not a checkpoint: the message names its members
+    with pytest.raises(
+        checkpoints.CheckpointNotFoundError, match="group of checkpoints, not one; name one of them: copy/alibi"
+    ):
+        checkpoints.checkpoint_files("copy")
