@@ -187,18 +187,22 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _fail(str(e))
     from .figure_export import figure_path_problem
-    from .files import output_path_problem
+    from .files import atomic_write_text, output_path_problem
 
-    problem = (output_path_problem(args.out, example="biases.json") if args.out else None) or (
-        figure_path_problem(args.figure) if args.figure else None
+    name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
+    out_path = Path(args.out) if args.out is not None else Path(f"biases_{name.replace('/', '--')}.json")
+    problem = output_path_problem(
+        args.out if args.out is not None else out_path,
+        "--out" if args.out is not None else "the default output",
+        "biases.json",
     )
+    problem = problem or (figure_path_problem(args.figure) if args.figure is not None else None)
     if problem:  # bad output paths before the work
         return _fail(problem)
     try:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
     except CheckpointError as e:  # missing folder, corrupt weights, bad config, a Hub problem: its message
         return _fail(str(e) or type(e).__name__)
-    name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
     tokens = None
     if args.text is not None:
         tokens, problem = _text_tokens(args, model)
@@ -224,10 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             out["dilution"] = measured
     except ValueError as e:
         return _fail(str(e))
-    out_path = Path(args.out) if args.out else Path(f"biases_{name.replace('/', '--')}.json")
     try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, allow_nan=False))
+        atomic_write_text(out_path, json.dumps(out, allow_nan=False))  # folders made, never half-written
     except OSError as e:
         return _fail(f"cannot write {out_path}: {e}")
     _print_report(out, args)

@@ -386,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     from .figure_export import figure_path_problem
     from .files import output_path_problem
 
-    problem = output_path_problem(args.out) if args.out else None  # bad output paths before the evaluation
-    if problem is None and args.figure:
+    problem = output_path_problem(args.out) if args.out is not None else None  # bad output paths before the evaluation
+    if problem is None and args.figure is not None:
         problem = figure_path_problem(args.figure)
     if problem:
         print(f"fireviz eval: error: {problem}", file=sys.stderr)

@@ -364,6 +364,10 @@ def output_path_problem(out: str | os.PathLike, flag: str = "--out", example: st
     """Why the file ``out`` (given as ``flag``) cannot be written — it is a folder, or lies under a
     file — or None (missing parent folders are made). Checked by the CLIs before any work, so a
     bad path costs nothing. Returns one sentence naming the path and the fix."""
+    if not str(out).strip():
+        return f"{flag} is empty; give a file path such as {example}"
+    if str(out).endswith(("/", os.sep)):  # Path() would drop the slash and write a file of that name
+        return f"{flag} {out} names a folder (it ends in /); give a file path such as {out}{example}"
     out = Path(out)
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if out.is_dir():

@@ -109,8 +109,10 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
 def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
     """``(target name, heads, target parameters)`` from the flags; nothing is read or built here."""
     from . import hub
+    from .checkpoints import checkpoint_folder
 
-    if a.target not in target_names() and (Path(a.target).expanduser().is_dir() or hub.looks_like_hub_id(a.target)):
+    # --target <model>: a folder, a bundled name (fire, copy/fire; a misspelt group member raises here) or a Hub id
+    if a.target not in target_names() and (checkpoint_folder(a.target) is not None or hub.looks_like_hub_id(a.target)):
         if a.checkpoint is not None:
             raise _CLIError("give the model once: --target <folder or Hub id>, or --target checkpoint --checkpoint …")
         a.checkpoint, a.target = a.target, "checkpoint"  # --target <model>: a checkpoint or published model
@@ -120,7 +122,7 @@ def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
             f"--target {a.target!r} is no checkpoint folder (no such directory)"
             if looks_like_path
             else f"unknown --target {a.target!r}; choose one of {', '.join(target_names())}, or a checkpoint "
-            f"folder or Hub id (a bundled checkpoint by name: --target checkpoint --checkpoint {a.target})"
+            "(a folder, a bundled checkpoint's name such as fire, or a Hub id)"
         )
     params = {}
     for item in a.param or []:  # --param NAME=VALUE (JSON value): any target's parameter
@@ -175,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse already printed usage + the error
         return int(e.code or 0)
     for flag, out, example in (("--out", a.out, "fit.json"), ("--save-module", a.save_module, "fire_fit.safetensors")):
-        if out and (problem := output_path_problem(out, flag, example)):  # refuse before computing, not after
+        if out is not None and (
+            problem := output_path_problem(out, flag, example)
+        ):  # refuse before computing, not after
             print(f"fireviz fit: error: {problem}", file=sys.stderr)
             return 2
     try:

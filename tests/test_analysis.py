@@ -708,3 +708,19 @@ def test_biases_cli_prints_the_librarys_message_and_checks_before_loading(checkp
     assert biases_cli.main([str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "is a folder; give a file path such as" in err and "not found" not in err
+
+
+def test_biases_cli_checks_its_default_output_before_the_work(checkpoint, tmp_path, monkeypatch, capsys):
+    """No --out: ./biases_<name>.json is checked up front too (a folder of that name is refused
+    before the checkpoint is read, with the default named as such)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"biases_{checkpoint.name}.json").mkdir()
+    assert biases_cli.main([str(checkpoint)]) == 2
+    err = capsys.readouterr().err
+    assert "the default output" in err and "is a folder" in err
+    assert biases_cli.main([str(checkpoint), "--out", ""]) == 2  # an empty --out is not "the default"
+    assert "--out is empty" in capsys.readouterr().err
+    assert (
+        biases_cli.main([str(checkpoint), "--out", str(tmp_path / "r.json"), "--figure", f"{tmp_path}/grid.png/"]) == 2
+    )  # not a file named grid.png
+    assert "names a folder (it ends in /)" in capsys.readouterr().err and not (tmp_path / "grid.png").exists()

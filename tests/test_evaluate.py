@@ -787,6 +787,7 @@ def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
         (["--batch-tokens", "0"], "batch_tokens must be an integer >= 1"),
         (["--out", "OUT_DIR"], "is a folder"),
         (["--out", "OUT_UNDER_FILE"], "which is a file"),
+        (["--out", ""], "--out is empty; give a file path"),
     ],
 )
 def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):

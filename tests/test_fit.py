@@ -377,7 +377,7 @@ def test_cli_writes_json(tmp_path, capsys):
         (["--target", "alibi", "--max-len", "1"], "max_len must be an integer >= 2"),
         (["--target", "bogus", "--max-len", "64"], "unknown --target 'bogus'"),
         (["--target", "checkpoints/no_such_run", "--max-len", "64"], "is no checkpoint folder (no such directory)"),
-        (["--target", "fire", "--max-len", "64"], "--target checkpoint --checkpoint fire"),
+        (["--target", "fire", "--max-len", "64"], "fitting FIRE needs a Toeplitz bias"),  # the bundled fire, by name
         (["--target", "alibi", "--max-len", "64", "--r1", "1"], "--r1 applies to kerple_log/kerple_power"),
         (["--target", "checkpoint", "--max-len", "64"], "needs --checkpoint PATH"),
         (["--target", "checkpoint", "--max-len", "64", "--checkpoint", "/nonexistent/ckpt"], "not found"),

@@ -718,11 +718,13 @@ def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(
     assert config_hash(mc1, tc1) != config_hash(mc, tc)
 
 
-@pytest.mark.parametrize("encoding", ["fire", "alibi", "rope"])
+@pytest.mark.parametrize("encoding", ["fire", "alibi", "rope", "fire_nopi"])
 def test_random_position_offset_trains_and_moves_only_position_dependent_encodings(encoding, corpus, tmp_path):
     from fireviz.schedule import position_offsets
 
     over = [f"model.position_encoding={encoding}"]
+    if encoding == "fire_nopi":  # FIRE without progressive interpolation: f(psi(i - j)), i - j only
+        over = ["model.position_encoding=fire", "model.encoding_options.progressive_interpolation=false"]
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10), over))
     mc1, tc1 = configs_from_tables(
         apply_overrides(_tables(corpus, max_steps=10, grad_accum=2), over + ["train.random_position_offset=200"])
@@ -734,13 +736,14 @@ def test_random_position_offset_trains_and_moves_only_position_dependent_encodin
     train(mc1, tc1, tmp_path / "off", progress=False)
     log = _log(tmp_path / "off")
     assert math.isfinite(log[-1]["val_loss"])
-    # ALiBi depends on i − j only: the offset changes nothing, so the run equals one without it
+    # ALiBi (and FIRE without progressive interpolation) depend on i − j only: the offset changes
+    # nothing, so the run equals one without it
     mc2, tc2 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=10, grad_accum=2), over))
     train(mc2, tc2, tmp_path / "plain", progress=False)
     same = (tmp_path / "off" / "model.safetensors").read_bytes() == (
         tmp_path / "plain" / "model.safetensors"
     ).read_bytes()
-    assert same == (encoding == "alibi")
+    assert same == (encoding in ("alibi", "fire_nopi"))
 
 
 def test_random_position_offset_refuses_absolute_embeddings(corpus):
