@@ -190,12 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     from .files import atomic_write_text, output_path_problem
 
     name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
-    out_path = Path(args.out) if args.out is not None else Path(f"biases_{name.replace('/', '--')}.json")
-    problem = output_path_problem(
-        args.out if args.out is not None else out_path,
-        "--out" if args.out is not None else "the default output",
-        "biases.json",
-    )
+    given = args.out if args.out is not None else f"biases_{name.replace('/', '--')}.json"
+    problem = output_path_problem(given, "--out" if args.out is not None else "the default output", "biases.json")
+    out_path = Path(given)
     problem = problem or (figure_path_problem(args.figure) if args.figure is not None else None)
     if problem:  # bad output paths before the work
         return _fail(problem)

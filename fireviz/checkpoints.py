@@ -47,7 +47,9 @@ from .run_records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_
 from .files import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
 from .model import GPT, CheckpointError, GPTConfig
 from .model_state import config_from_dict, load_state_checked
-from .hub import looks_like_hub_id  # one rule for a Hub repo id: the app's, the CLI's, the library's
+
+# one rule for a Hub repo id and one Hub download for the app, the CLI and the library
+from .hub import download_checkpoint, looks_like_hub_id
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -103,11 +105,20 @@ def checkpoint_groups(root: str | os.PathLike | None = None) -> dict[str, Path]:
         return groups  # an unreadable root: no groups (the scan reports it)
     for sub in subs:
         try:
-            if not is_checkpoint_dir(sub) and any(is_checkpoint_dir(c) for c in sub.iterdir() if c.is_dir()):
+            if group_members(sub):
                 groups[sub.name] = sub
         except OSError:
             continue  # an unreadable folder is not a group
     return groups
+
+
+def group_members(folder: Path) -> list[str]:
+    """The names of the checkpoint folders directly inside ``folder``, sorted, when ``folder`` is
+    a checkpoint group (a folder that is not itself a checkpoint, e.g. ``checkpoints/copy``); []
+    otherwise. Raises: OSError for a folder that cannot be listed."""
+    if not folder.is_dir() or is_checkpoint_dir(folder):
+        return []
+    return sorted(c.name for c in folder.iterdir() if is_checkpoint_dir(c))
 
 
 def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointInfo]:
@@ -269,8 +280,6 @@ def resolve_checkpoint(
         # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
         raise _not_found(ref, root)
-    from .hub import download_checkpoint
-
     folder = download_checkpoint(ref, HUB_PATTERNS, local_files_only=local_files_only)
     return read_checkpoint(folder, name=ref, repo_id=ref)
 
@@ -343,21 +352,16 @@ def _local_path(checkpoint: str | os.PathLike) -> Path:
 def _group_folder(ref: str | os.PathLike, root: Path) -> Path | None:
     """``root/group/name`` for a reference ``group/name`` (``copy/fire``) naming a checkpoint
     group's folder under ``root`` (one holding config.json), else None. Never leaves ``root``.
-    Raises: CheckpointNotFoundError for a name the group lacks (``copy/fier``) when no local path
-    ``ref`` exists either: answered here, naming the group's checkpoints, not sent to the Hub."""
+    Callers look for a local path ``ref`` first.
+    Raises: CheckpointNotFoundError for a name the group lacks (``copy/fier``): answered here,
+    naming the group's checkpoints, not sent to the Hub."""
     rel = Path(ref)
     if len(rel.parts) != 2 or ".." in rel.parts or _spelled_as_path(ref):
         return None
     folder = root / rel
     if (folder / CONFIG_FILE).is_file():
         return folder
-    group = root / rel.parts[0]
-    members = (
-        []
-        if Path(ref).expanduser().exists() or is_checkpoint_dir(group) or not group.is_dir()
-        else sorted(p.name for p in group.iterdir() if is_checkpoint_dir(p))
-    )
-    if members:
+    if members := group_members(root / rel.parts[0]):
         raise CheckpointNotFoundError(
             f"checkpoint {str(ref)!r} not found: the checkpoint group {rel.parts[0]!r} under {root} has no "
             f"{rel.parts[1]!r}; it holds {', '.join(members)} (check the spelling)"
@@ -392,8 +396,7 @@ def _folder_files(path: Path, ref) -> tuple[Path, Path]:
         raise _not_found(ref)
     files = path / CONFIG_FILE, path / WEIGHTS_FILE
     missing = [f.name for f in files if not f.is_file()]
-    members = sorted(c.name for c in path.iterdir() if is_checkpoint_dir(c)) if missing else []
-    if members:  # a group of checkpoints (checkpoints/copy), not one
+    if missing and (members := group_members(path)):  # a group of checkpoints (checkpoints/copy), not one
         raise CheckpointNotFoundError(
             f"{path} is a group of checkpoints, not one; name one of them: "
             + ", ".join(f"{ref if isinstance(ref, str) else path}/{m}" for m in members)
@@ -427,8 +430,6 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
     name = str(checkpoint)
     if path.exists() or not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is local
         return _folder_files(path, checkpoint)
-    from .hub import download_checkpoint  # no network: one line at once, as every Hub door says it
-
     return _folder_files(download_checkpoint(name, [CONFIG_FILE, WEIGHTS_FILE]), checkpoint)
 
 

@@ -183,11 +183,11 @@ def figure_path_problem(path: str | os.PathLike, flag: str = "--figure") -> str 
     from .files import output_path_problem
 
     formats = (*EXPORT_FORMATS, "html")
-    if str(path).endswith(("/", os.sep)):
-        return output_path_problem(path, flag, "figure.png")
+    if problem := output_path_problem(path, flag, "figure.png"):
+        return problem
     if Path(path).suffix.lstrip(".").lower() not in formats:
         return f"{flag} {path}: the file name must end in {', '.join('.' + f for f in formats)}"
-    return output_path_problem(path, flag, "figure.png")
+    return None
 
 
 def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None, paper: str | None = "page") -> Path:
