@@ -235,6 +235,14 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
             f"[0, {st['random_position_offset']}] (`train.random_position_offset`; one draw per micro-batch, "
             "shared by its windows), so query positions up to "
             f"{trained_query_positions(cfg)} were seen in training while windows stayed {cfg['seq_len']} tokens long"
+            + (
+                "; without progressive interpolation this FIRE depends on i − j only, so the offset changes "
+                "nothing (the same run as with offset 0) and its threshold L is unused"
+                if has_normalizer(cfg["position_encoding"])
+                and (cfg.get("encoding_options") or {}).get("progressive_interpolation") is False
+                else ""
+            )
+            + "; the validation below is scored from position 0"
         )
     lines.append("")
     if interim:
