@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import interleaved_medians
 from eval_protocol import cpu_model
 
+from fireviz.attention_kernel import backward_kernel
 from fireviz.model import GPT, GPTConfig
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
@@ -113,6 +114,11 @@ def main():
         f"CPU: {cpu_model()} · torch {torch.__version__}, {torch.get_num_threads()} threads · load average {load:.2f}"
     )
     names = ["nope", "alibi", "sandwich", "t5", "kerple_log", "kerple_power", "fire", "fire_s"]
+    compiled = backward_kernel() is not None  # built before the timing (first use compiles it)
+    print(
+        "biased-attention backward: "
+        + ("compiled (fireviz/csrc/biased_attention.cpp)" if compiled else "torch ops (the compiled one is off)")
+    )
     print("\nTraining step, length 512, batch 16, d=128, 4 layers, 4 heads (interleaved medians)")
     for n, r in train_steps(names, repeats=args.repeats).items():
         verdict = "" if n == "nope" else ("  (≤ 1.10: met)" if r["ratio_to_nope"] <= 1.10 else "  (≤ 1.10: not met)")

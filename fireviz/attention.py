@@ -14,12 +14,13 @@ that shape this module (torch 2.13, CPU, [16, 4, 512, 32], fwd+bwd, see benchmar
 So during CPU training every causal float mask (``attention(..., causal=True)``: the model's)
 goes through ``BiasedAttention``: the fused flash kernel's forward in causal query chunks (each
 over the keys it may see), which also returns the log-sum-exp of each query row, and a backward
-in causal query chunks of ``BACKWARD_CHUNK`` rows. Each chunk recomputes its probabilities over
-the keys it may see as P = exp(q·kᵀ/√d + mask − lse) (no max or sum pass: the forward's lse
-is exact), with five batched GEMMs on contiguous [batch·heads, T, d] copies made once, and
-sums the bias gradient over the batch there when the mask needs one. A 32-row chunk keeps
-its [batch·heads, 32, keys] blocks in cache. Same numbers as the math path (tests compare to
-1e-5).
+in causal query blocks of ``BACKWARD_CHUNK`` rows that recomputes their probabilities over the
+keys they may see as P = exp(q·kᵀ/√d + mask − lse) (no max or sum pass: the forward's lse is
+exact) and sums the bias gradient over the batch in place when the mask needs one. That backward
+is compiled (fireviz/csrc/biased_attention.cpp, built on first use by ``attention_kernel``: per
+(batch, head) pair, its blocks in cache, 0.6–0.7× SDPA's causal backward); where it cannot be
+built, the same blocks run as torch ops batched over every pair (``_torch_backward``, ~1.6×
+slower). Same numbers as the math path (tests compare to 1e-5).
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from .attention_kernel import backward_kernel
+
 if TYPE_CHECKING:
     from .encodings import PositionEncoding
 
-#: query rows per backward chunk: 32 keeps a chunk's [batch·heads, rows, keys] blocks in cache
-#: (at batch 16, 4 heads, 512 keys: 2 MiB each; 64 rows measured 1–3 % slower, 128 rows 25 %)
+#: query rows per backward block. Compiled: a pair's [32, keys] blocks of P and dS (64 KiB each at
+#: 512 keys) stay in L1/L2 (16 and 64 rows 5 % slower, 128 rows 12 %). Torch ops: 32 keeps the
+#: [batch·heads, rows, keys] blocks in cache (2 MiB each at batch 16, 4 heads; 128 rows 25 % slower)
 BACKWARD_CHUNK = 32
 
 #: query rows per forward call of the fused kernel: a [heads, q, k] mask makes it visit every key,
@@ -85,37 +89,49 @@ class BiasedAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
     def backward(ctx, dout):
         q, k, v, mask, out, lse = ctx.saved_tensors
-        B, H, Tq, D = q.shape
-        Tk = k.shape[2]
-        scale = D**-0.5
-        offset = Tk - Tq  # queries are the last Tq positions
-        # One contiguous [B·H, T, D] copy of each input up front: the chunks below then feed
-        # BLAS directly (slices of the permuted qkv view would be copied per chunk and matmul).
-        qs = (q * scale).reshape(B * H, Tq, D)  # the 1/√d scale folded into q (used by dk too)
-        k3, v3 = k.reshape(B * H, Tk, D).contiguous(), v.reshape(B * H, Tk, D).contiguous()
-        do3 = dout.reshape(B * H, Tq, D).contiguous()
-        delta = (do3 * out.reshape(B * H, Tq, D)).sum(-1, keepdim=True)  # rowsum(dO ⊙ O)
-        lse3 = lse.reshape(B * H, Tq, 1)
-        dq = torch.empty(B * H, Tq, D, dtype=q.dtype, device=q.device)
-        dk = torch.zeros(B * H, Tk, D, dtype=k.dtype, device=k.device)
-        dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
-        dmask = torch.zeros_like(mask) if ctx.needs_input_grad[3] else None
-        for s in range(0, Tq, BACKWARD_CHUNK):
-            e = min(s + BACKWARD_CHUNK, Tq)
-            keys = offset + e  # causal: later keys carry probability 0 for these rows
-            kk, vv = k3[:, :keys], v3[:, :keys]
-            P = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
-            P.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
-            # the probabilities (exp(−inf) = 0 above the diagonal; see UNDERFLOW)
-            F.threshold_(P.sub_(lse3[:, s:e]), UNDERFLOW, float("-inf")).exp_()
-            dS = torch.bmm(do3[:, s:e], vv.transpose(1, 2)).sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
-            if dmask is not None:
-                torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])
-            # (in-place baddbmm_ on these strided slices measured slower than bmm and +=)
-            dq[:, s:e] = torch.bmm(dS, kk).mul_(scale)
-            dk[:, :keys] += torch.bmm(dS.transpose(1, 2), qs[:, s:e])
-            dv[:, :keys] += torch.bmm(P.transpose(1, 2), do3[:, s:e])
-        return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
+        kernel = backward_kernel()
+        if kernel is not None:  # the compiled backward (fireviz/csrc/biased_attention.cpp)
+            dq, dk, dv, dmask = kernel.biased_attention_backward(
+                q, k, v, mask, out, lse, dout, ctx.needs_input_grad[3], BACKWARD_CHUNK, UNDERFLOW
+            )
+            return dq, dk, dv, (dmask if ctx.needs_input_grad[3] else None)
+        return _torch_backward(q, k, v, mask, out, lse, dout, ctx.needs_input_grad[3])
+
+
+def _torch_backward(q, k, v, mask, out, lse, dout, mask_grad: bool):
+    """``BiasedAttention``'s backward in torch ops (where the compiled one is not built): the same
+    blocks, batched over every (batch, head) pair. Returns dq, dk, dv, dmask (None unless mask_grad)."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    scale = D**-0.5
+    offset = Tk - Tq  # queries are the last Tq positions
+    # One contiguous [B·H, T, D] copy of each input up front: the chunks below then feed
+    # BLAS directly (slices of the permuted qkv view would be copied per chunk and matmul).
+    qs = (q * scale).reshape(B * H, Tq, D)  # the 1/√d scale folded into q (used by dk too)
+    k3, v3 = k.reshape(B * H, Tk, D).contiguous(), v.reshape(B * H, Tk, D).contiguous()
+    do3 = dout.reshape(B * H, Tq, D).contiguous()
+    delta = (do3 * out.reshape(B * H, Tq, D)).sum(-1, keepdim=True)  # rowsum(dO ⊙ O)
+    lse3 = lse.reshape(B * H, Tq, 1)
+    dq = torch.empty(B * H, Tq, D, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(B * H, Tk, D, dtype=k.dtype, device=k.device)
+    dv = torch.zeros(B * H, Tk, D, dtype=v.dtype, device=v.device)
+    dmask = torch.zeros_like(mask) if mask_grad else None
+    for s in range(0, Tq, BACKWARD_CHUNK):
+        e = min(s + BACKWARD_CHUNK, Tq)
+        keys = offset + e  # causal: later keys carry probability 0 for these rows
+        kk, vv = k3[:, :keys], v3[:, :keys]
+        P = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
+        P.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
+        # the probabilities (exp(−inf) = 0 above the diagonal; see UNDERFLOW)
+        F.threshold_(P.sub_(lse3[:, s:e]), UNDERFLOW, float("-inf")).exp_()
+        dS = torch.bmm(do3[:, s:e], vv.transpose(1, 2)).sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
+        if dmask is not None:
+            torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])
+        # (in-place baddbmm_ on these strided slices measured slower than bmm and +=)
+        dq[:, s:e] = torch.bmm(dS, kk).mul_(scale)
+        dk[:, :keys] += torch.bmm(dS.transpose(1, 2), qs[:, s:e])
+        dv[:, :keys] += torch.bmm(P.transpose(1, 2), do3[:, s:e])
+    return dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D), dmask
 
 
 def _use_biased_attention(q, k, v, mask, dropout_p, causal: bool) -> bool:
