@@ -4,6 +4,8 @@
    d=128, 4 layers, 4 heads: tokens/s and ratio to NoPE for nope and every additive bias —
    alibi and sandwich (static), t5, kerple_log, kerple_power, fire, fire_s (learned).
    Target (issue 22): every bias ≤ 1.10× NoPE, on AMD and Intel machines alike.
+   One layer's attention with a learned bias (compiled backward, torch-ops backward) against
+   SDPA's causal kernel without one.
 2. Evaluation forward at 8192, batch 1: time ratio to NoPE (target ≤ 3×; all models timed
    interleaved in this process) and peak RSS above the loaded model (target ≤ 1.5 GiB; one
    fresh subprocess per encoding).
@@ -94,6 +96,39 @@ def train_steps(names, seq_len=512, batch=16, repeats=7):
     }
 
 
+def attention_layer_times(repeats=7):
+    """One layer's attention [16, 4, 512, 32] forward + backward with a learned (FIRE-like)
+    bias, in ms (interleaved medians): SDPA's causal kernel without a bias (NoPE's), and
+    ``BiasedAttention`` with its compiled backward and with the torch-ops one."""
+    import fireviz.attention as attention
+
+    torch.manual_seed(0)
+    B, H, T, D = 16, 4, 512, 32
+    qkv = torch.randn(B, T, 3, H, D, requires_grad=True)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # the model's layout
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    bias = (torch.randn(H, T, T) * 0.5).requires_grad_(True)
+    grad = torch.randn(B, H, T, D)
+    kernel = attention.backward_kernel
+
+    def sdpa():
+        torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (qkv,), grad)
+
+    def biased(compiled):
+        def run():
+            attention.backward_kernel = kernel if compiled else (lambda: None)
+            try:
+                out = attention.BiasedAttention.apply(q, k, v, bias.masked_fill(future, float("-inf")))
+                torch.autograd.grad(out, (qkv, bias), grad)
+            finally:
+                attention.backward_kernel = kernel
+
+        return run
+
+    fns = {"sdpa_causal_no_bias": sdpa, "biased_compiled": biased(True), "biased_torch_ops": biased(False)}
+    return interleaved_medians(fns, repeats=repeats)
+
+
 def eval_peak(name, n):
     """Peak RSS (VmHWM, reset before the forward) above the loaded model for one forward at
     length n, in MiB, in a fresh process (Linux /proc)."""
@@ -126,6 +161,11 @@ def main():
             f"  {n:12s} {r['seconds'] * 1000:8.0f} ms  {r['tokens_per_s']:8.0f} tok/s  "
             f"{r['ratio_to_nope']:.2f}× NoPE{verdict}"
         )
+    if compiled:
+        print("\nOne layer's attention [16, 4, 512, 32] with a learned bias, forward + backward (interleaved medians)")
+        layer = attention_layer_times(repeats=args.repeats)
+        for n, sec in layer.items():
+            print(f"  {n:22s} {sec * 1000:7.1f} ms  {sec / layer['sdpa_causal_no_bias']:.2f}× SDPA causal")
     if args.skip_eval:
         return
     print(

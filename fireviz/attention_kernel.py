@@ -5,18 +5,20 @@ it with the machine's C++ compiler through ``torch.utils.cpp_extension`` on firs
 ``-O3 -march=native``, so the build is keyed by this CPU as well as the source, flags, Python and
 torch) and loading the cached build afterwards. Where it cannot be built (no C++ compiler or
 ninja, a torch without the BLAS symbol), it warns once, naming what is missing, and returns None:
-``BiasedAttention`` then runs its exact torch backward (same numbers, ~1.2× slower per layer).
-``FIREVIZ_NO_CPP_KERNEL=1`` turns the kernel off; ``TORCH_EXTENSIONS_DIR`` moves the build cache.
+``BiasedAttention`` then runs its exact torch backward (same numbers; the training step ~1.2× slower).
+``FIREVIZ_NO_CPP_KERNEL`` set to anything but 0 turns the kernel off; ``TORCH_EXTENSIONS_DIR``
+moves the build cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib.util
 import os
 import platform
 import sys
 import threading
-import time
 import warnings
 
 import torch
@@ -24,21 +26,37 @@ import torch
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "biased_attention.cpp")
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 
-#: a build lock older than this is left over from a killed build (torch's lock would wait forever)
-STALE_LOCK_SECONDS = 600
-
 _lock = threading.Lock()
 _state: dict = {}  # "module": the loaded extension, or None once a build failed
 
 
+#: /proc/cpuinfo fields that say what ``-march=native`` compiles for (x86 and ARM spellings)
+CPU_FIELDS = (
+    "vendor_id",
+    "cpu family",
+    "model",
+    "model name",
+    "flags",
+    "Features",
+    "CPU implementer",
+    "CPU architecture",
+    "CPU variant",
+    "CPU part",
+)
+
+
 def _cpu_identity() -> str:
-    """The CPU's model and flags (what ``-march=native`` compiles for)."""
+    """The CPU's model and instruction-set flags, and the machine type."""
+    fields = set()
     try:
         with open("/proc/cpuinfo") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in CPU_FIELDS:
+                    fields.add(f"{key.strip()}:{value.strip()}")
     except OSError:
-        return platform.processor() or platform.machine()
+        fields.add(platform.processor())
+    return platform.machine() + "\n" + "\n".join(sorted(fields))
 
 
 def build_name() -> str:
@@ -59,20 +77,59 @@ def build_directory() -> str:
     return os.path.join(root, "fireviz", build_name())
 
 
+@contextlib.contextmanager
+def _build_lock(directory: str):
+    """Hold an exclusive ``flock`` on the build folder: the kernel releases it when its holder
+    dies, so a build killed part-way never blocks the next one (torch's own ``lock`` file would
+    make it wait forever; under this lock such a file is always stale and is removed)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock file alone
+        yield
+        return
+    with open(os.path.join(directory, "fireviz.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, "lock"))
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _import(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _build():
+    """Import the cached build, or compile it first (under the build folder's lock).
+
+    The build's name already keys it by source, flags, CPU, Python and torch, so an existing
+    library is imported directly: ninja's own records (absolute paths, its version) never
+    trigger a rebuild from another checkout or PATH.
+    """
     from torch.utils.cpp_extension import load
 
     name, directory = build_name(), build_directory()
     os.makedirs(directory, exist_ok=True)
-    lock = os.path.join(directory, "lock")
-    if os.path.exists(lock) and time.time() - os.path.getmtime(lock) > STALE_LOCK_SECONDS:
-        os.remove(lock)  # a build killed part-way left it; torch would wait on it forever
-    if not any(f.startswith(name) and f.endswith(".so") for f in os.listdir(directory)):
+    library = os.path.join(directory, name + ".so")
+    with _build_lock(directory):
+        if os.path.exists(library):
+            try:
+                return _import(name, library)
+            except ImportError:  # a library cut short (a killed link): built again below
+                pass
         print("fireviz: compiling the biased-attention backward (once per machine, ~30 s)…", file=sys.stderr)
-    # ninja from this environment's bin/ (the pip package) when the PATH has none
-    bin_dir = os.path.dirname(sys.executable)
-    os.environ["PATH"] = os.pathsep.join([os.environ.get("PATH", ""), bin_dir]).strip(os.pathsep)
-    return load(name=name, sources=[SOURCE], extra_cflags=CFLAGS, build_directory=directory, verbose=False)
+        path = os.environ.get("PATH", "")
+        bin_dir = os.path.dirname(sys.executable)  # this environment's ninja (requirements.txt) first
+        os.environ["PATH"] = os.pathsep.join(p for p in (bin_dir, path) if p)
+        try:
+            return load(name=name, sources=[SOURCE], extra_cflags=CFLAGS, build_directory=directory, verbose=False)
+        finally:
+            os.environ["PATH"] = path
 
 
 def backward_kernel():
@@ -88,14 +145,15 @@ def backward_kernel():
             if "module" not in _state:
                 try:
                     _state["module"] = _build()
-                except Exception as err:  # no compiler, no ninja, a failed compile or link
+                except Exception as err:  # no compiler, no ninja, a failed compile or link, no cache folder
                     _state["module"] = None
-                    first_line = (str(err).strip().splitlines() or [type(err).__name__])[-1][:300]
+                    reason = next((ln for ln in reversed(str(err).strip().splitlines()) if ln.strip()), "")
                     warnings.warn(
-                        f"fireviz: could not build the compiled biased-attention backward ({first_line}); "
-                        "training on CPU uses the exact torch backward instead (~1.2× slower per layer). "
-                        "Install a C++ compiler (g++) and ninja (pip install ninja) to get it, or set "
-                        "FIREVIZ_NO_CPP_KERNEL=1 to silence this.",
+                        f"fireviz: could not build or load the compiled biased-attention backward "
+                        f"({type(err).__name__}: {reason[:300]}); CPU training uses the exact torch backward "
+                        "instead (its training step ~1.2× slower). Install a C++ compiler (g++) and ninja "
+                        "(pip install ninja), make the build cache writable (TORCH_EXTENSIONS_DIR, default "
+                        "~/.cache/torch_extensions), or set FIREVIZ_NO_CPP_KERNEL=1 to silence this.",
                         RuntimeWarning,
                         stacklevel=2,
                     )

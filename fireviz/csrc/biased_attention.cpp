@@ -33,10 +33,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   sgemm_(&ta, &tb, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
 }
 
-// exp(x) for x ≤ 88: Cephes expf (range reduction by ln 2 in two parts, degree-6 polynomial;
+// exp(x) for −87 ≤ x ≤ 88 (clamped outside): Cephes expf (range reduction by ln 2 in two parts, degree-6 polynomial;
 // relative error ~1e-7), branch-free so the compiler vectorises the loops that call it.
 inline float exp_approx(float x) {
-  x = std::min(x, 88.0f);
+  x = std::max(std::min(x, 88.0f), -87.0f);  // 2ⁿ from exponent bits: no wrap-around (exp(−87) ≈ 1.6e-38)
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -52,7 +52,14 @@ inline float exp_approx(float x) {
   return p * two_n;
 }
 
-at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+// A [B, H, T, D] operand BLAS can read in place: unit stride along D and a row stride (its
+// leading dimension) of at least D; otherwise a copy with the canonical strides (dout of a sum
+// over time, keys expanded along time; also a lone query row, whose stride torch's contiguous()
+// leaves as it is and BLAS refuses).
+at::Tensor blas_rows(const at::Tensor& t) {
+  if (t.stride(3) == 1 && t.stride(2) >= std::max<int64_t>(t.size(3), 1)) return t;
+  return at::empty(t.sizes(), t.options()).copy_(t);
+}
 
 }  // namespace
 
@@ -73,8 +80,11 @@ std::vector<at::Tensor> biased_attention_backward(at::Tensor q, at::Tensor k, at
               "biased_attention_backward: bad key shape or chunk");
   TORCH_CHECK(mask.dim() == 3 && mask.size(0) == H && mask.size(1) == Tq && mask.size(2) == Tk,
               "biased_attention_backward: mask must be [heads, Tq, Tk]");
-  q = rows_contiguous(q), k = rows_contiguous(k), v = rows_contiguous(v), mask = rows_contiguous(mask);
-  out = rows_contiguous(out), dout = rows_contiguous(dout), lse = lse.contiguous().view({B, H, Tq});
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Tq,
+              "biased_attention_backward: lse must be [B, H, Tq]");
+  q = blas_rows(q), k = blas_rows(k), v = blas_rows(v), out = blas_rows(out), dout = blas_rows(dout);
+  mask = mask.stride(2) == 1 ? mask : mask.contiguous();  // read row by row, not through BLAS
+  lse = lse.contiguous();
 
   const int64_t offset = Tk - Tq;  // queries are the last Tq positions
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -99,7 +109,9 @@ std::vector<at::Tensor> biased_attention_backward(at::Tensor q, at::Tensor k, at
   const int64_t os0 = out.stride(0), os1 = out.stride(1), ldo = out.stride(2);
   const int64_t gs0 = dout.stride(0), gs1 = dout.stride(1), ldg = dout.stride(2);
   const int64_t ms0 = mask.stride(0), ldm = mask.stride(1);
+  chunk = std::min(chunk, Tq);  // buffers of the rows a block really has
   const int64_t blocks = (Tq + chunk - 1) / chunk;
+  if (mask_grad && B == 0) dmask.zero_();  // no pair writes it
 
   at::parallel_for(0, H * groups, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> P_buf(chunk * Tk), dS_buf(chunk * Tk), delta(Tq);
