@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterable, Iterator
 
 import torch
@@ -31,6 +31,7 @@ from .attention import attention, causal_attention_mask
 from .attention_capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
 from .encodings import PositionEncoding, build_encoding, encoding_spec
 from .encodings.base import check_position_offset
+from .scratch import reuse_mask_memory
 from .model_state import check_checkpoint_ref, check_load_options, folder_weights, load_checked
 
 # The model's public names, defined with what they belong to and importable from here too:
@@ -128,23 +129,28 @@ class CausalSelfAttention(nn.Module):
         else:
             # Query blocks: each block sees only the keys it may attend to (causal), so
             # memory is ∝ block × length and the masked half is never computed.
+            # Without autograd (or a capture, which keeps masks) the blocks' masks share one
+            # buffer: its pages are touched once per layer, not once per block (fireviz.scratch).
+            reuse = not torch.is_grad_enabled() and encoding.kind == "additive" and self.capture is None
+            size = self.n_head * self.query_block * (q_offset + T) if reuse else 0
             outs = []
-            for start in range(0, T, self.query_block):
-                stop = min(start + self.query_block, T)
-                keys = q_offset + stop
-                outs.append(
-                    self._attend(
-                        q[:, :, start:stop],
-                        k[:, :, :keys],
-                        v[:, :, :keys],
-                        encoding,
-                        q_offset + start,
-                        keys,
-                        dropout,
-                        None,
-                        position_offset,
+            with reuse_mask_memory(size, q.device) if reuse else nullcontext():
+                for start in range(0, T, self.query_block):
+                    stop = min(start + self.query_block, T)
+                    keys = q_offset + stop
+                    outs.append(
+                        self._attend(
+                            q[:, :, start:stop],
+                            k[:, :, :keys],
+                            v[:, :, :keys],
+                            encoding,
+                            q_offset + start,
+                            keys,
+                            dropout,
+                            None,
+                            position_offset,
+                        )
                     )
-                )
             y = torch.cat(outs, dim=2)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 

@@ -642,3 +642,62 @@ def test_from_pretrained_refuses_a_missing_child_of_a_local_folder(tmp_path, mon
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("the Hub was asked"))
     with pytest.raises(CheckpointError, match="checkpoints/fier is not a checkpoint folder"):
         GPT.from_pretrained("checkpoints/fier")
+
+
+@pytest.mark.parametrize("name", ["fire", "fire_s", "alibi", "t5", "kerple_power", "sandwich"])
+def test_blocked_inference_reuses_one_mask_buffer_with_the_same_output(name, monkeypatch):
+    """Without autograd the query blocks' masks are views of one buffer per layer call
+    (fireviz.scratch): the output is that of one block, bit for bit that of fresh masks."""
+    import contextlib
+
+    import fireviz.model as model_module
+    from fireviz import scratch
+
+    one, blocked = tiny(name, block=1024), tiny(name, block=6)
+    blocked.load_state_dict(one.state_dict())
+    idx = torch.randint(0, 257, (2, 40))
+    views = []
+    real_output = scratch.mask_output
+
+    def counting_output(shape, device="cpu"):
+        out = real_output(shape, device)
+        views.append(out._base is not None)
+        return out
+
+    monkeypatch.setattr(scratch, "mask_output", counting_output)
+    for module in ("fireviz.encodings.base", "fireviz.encodings.fire"):
+        monkeypatch.setattr(f"{module}.mask_output", counting_output)
+    with torch.no_grad():
+        expected, reused = one(idx), blocked(idx)
+        monkeypatch.setattr(model_module, "reuse_mask_memory", lambda *a, **k: contextlib.nullcontext())
+        fresh = blocked(idx)
+    assert any(views), "no mask went into the reused buffer"
+    assert torch.allclose(expected, reused, atol=1e-5)
+    assert torch.equal(reused, fresh)
+
+
+def test_mask_output_reuses_only_without_autograd_and_per_thread():
+    import threading
+
+    from fireviz import scratch
+
+    assert scratch.mask_output((2, 3)).shape == (2, 3)  # no buffer: a new tensor
+    with scratch.reuse_mask_memory(12):
+        with torch.no_grad():
+            a = scratch.mask_output((2, 3))
+            b = scratch.mask_output((3, 4))
+            assert a._base is not None and a.data_ptr() == b.data_ptr()  # the same memory
+            assert scratch.mask_output((13,))._base is None  # too large: its own
+        assert scratch.mask_output((2, 3))._base is None  # autograd on: never shared
+        seen = []
+
+        def other_thread():
+            with torch.no_grad():
+                seen.append(scratch.mask_output((2, 3))._base)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert seen == [None]  # another thread has no buffer
+    with torch.no_grad():
+        assert scratch.mask_output((2, 3))._base is None  # the block ended

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..arg_checks import is_int
+from ..scratch import mask_output
 
 #: Query rows computed at once by the default blocked ``bias``; keeps peak memory near
 #: the size of the output even for encodings with per-pair intermediates (FIRE's MLP).
@@ -158,15 +159,20 @@ class PositionEncoding(nn.Module):
         return {}
 
 
-def _toeplitz_rows(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+def _toeplitz_rows(table: torch.Tensor, q_len: int, k_len: int, reuse: bool = False) -> torch.Tensor:
     """``out[h, i, j] = table[h, i − j + k_len − 1]``: float ``[H, q_len, k_len]``, row-major,
     from a per-distance table ``[H, q_len + k_len − 1]`` (index 0: distance −(k_len − 1)
-    relative to the first query)."""
+    relative to the first query). ``reuse``: no graph keeps the result, which may then go into
+    the blocked forward's reused mask memory (``fireviz.scratch``)."""
     rows = table.flip(-1).unfold(-1, k_len, 1)  # row r: the last query's row minus r
     # Gather the rows in query order, which writes a row-major mask. (rows.flip(1) gives the
     # same values but, for q_len ≠ k_len, in the view's transposed layout, and SDPA reads
     # such a mask ~4× slower: benchmarks/README.md, eval at 8192.)
-    return rows[:, torch.arange(q_len - 1, -1, -1, device=rows.device)]
+    order = torch.arange(q_len - 1, -1, -1, device=rows.device)
+    if not reuse or table.dtype != torch.float32:
+        return rows[:, order]
+    out = mask_output((rows.shape[0], q_len, k_len), rows.device)
+    return torch.index_select(rows, 1, order, out=out)
 
 
 class _ToeplitzRows(torch.autograd.Function):
@@ -251,7 +257,7 @@ class ToeplitzBias(PositionEncoding):
         table = self.bias_by_distance(d).float().masked_fill(d < 0, float("-inf"))  # [H, D]
         if table.requires_grad:
             return _ToeplitzRows.apply(table, q_len, k_len)
-        return _toeplitz_rows(table, q_len, k_len)
+        return _toeplitz_rows(table, q_len, k_len, reuse=not torch.is_grad_enabled())
 
     @property
     def device(self) -> torch.device:

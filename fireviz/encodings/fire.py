@@ -33,6 +33,7 @@ from torch import nn
 
 from ..arg_checks import is_int
 from ..kernels import LazyKernel, numba_kernel_call
+from ..scratch import mask_output
 from .base import BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions, relative_distance
 
 
@@ -205,11 +206,14 @@ class _FusedRows(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, psi_d, norm, slope, intercept, bps, shape):
+    def forward(ctx, psi_d, norm, slope, intercept, bps, shape, reuse=False):
         q_len, k_len, q_offset, causal = shape
         forward_kernel = _row_kernel()[0]
         arrays = [t.detach().float().contiguous() for t in (psi_d, norm, bps, slope, intercept)]
-        out = torch.empty(slope.shape[0], q_len, k_len)
+        # (under no_grad here: a view of the blocked forward's reused mask memory when the caller
+        # keeps no graph — FIRE._fused says so — else a tensor of its own)
+        shape_out = (slope.shape[0], q_len, k_len)
+        out = mask_output(shape_out) if reuse else torch.empty(shape_out)
         with numba_kernel_call():
             forward_kernel(out.numpy(), *(a.numpy() for a in arrays), int(q_offset), bool(causal))
         ctx.save_for_backward(*arrays[:4])
@@ -237,7 +241,7 @@ class _FusedRows(torch.autograd.Function):
         # any thread count: exact resume depends on it.
         d_psi, d_slope, d_icpt = (torch.from_numpy(a).sum(0).float() for a in (p_psi, p_slope, p_icpt))
         d_norm = torch.from_numpy(d_norm).float()
-        return d_psi, d_norm, d_slope, d_icpt, None, None
+        return d_psi, d_norm, d_slope, d_icpt, None, None, None
 
 
 class FIRE(PositionEncoding):
@@ -440,7 +444,8 @@ class FIRE(PositionEncoding):
         else:
             norm = torch.ones(q_len)
         bps, slope, intercept = self.piecewise_linear()
-        return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal))
+        reuse = not torch.is_grad_enabled()  # no graph keeps the output: mask_output may reuse memory
+        return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal), reuse)
 
     def masked_bias(
         self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
