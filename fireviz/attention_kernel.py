@@ -18,17 +18,14 @@ import importlib.util
 import os
 import platform
 import sys
-import threading
 import warnings
 
 import torch
 
+from .kernels import LazyKernel
+
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "biased_attention.cpp")
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
-
-_lock = threading.Lock()
-_state: dict = {}  # "module": the loaded extension, or None once a build failed
-
 
 #: /proc/cpuinfo fields that say what ``-march=native`` compiles for (x86 and ARM spellings)
 CPU_FIELDS = (
@@ -113,7 +110,8 @@ def _build():
     """
     from torch.utils.cpp_extension import load
 
-    name, directory = build_name(), build_directory()
+    directory = build_directory()
+    name = os.path.basename(directory)
     os.makedirs(directory, exist_ok=True)
     library = os.path.join(directory, name + ".so")
     with _build_lock(directory):
@@ -132,29 +130,23 @@ def _build():
             os.environ["PATH"] = path
 
 
-def backward_kernel():
-    """The compiled extension, or None (off, or it could not be built: warned once).
+def _warn_unavailable(err: BaseException) -> None:
+    reason = next((ln for ln in reversed(str(err).strip().splitlines()) if ln.strip()), "")
+    warnings.warn(
+        f"fireviz: could not build or load the compiled biased-attention backward "
+        f"({type(err).__name__}: {reason[:300]}); CPU training uses the exact torch backward "
+        "instead (its training step ~1.2× slower). Install a C++ compiler (g++) and ninja "
+        "(pip install ninja), make the build cache writable (TORCH_EXTENSIONS_DIR, default "
+        "~/.cache/torch_extensions), or set FIREVIZ_NO_CPP_KERNEL=1 to silence this.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
-    Returns: the module whose ``biased_attention_backward(q, k, v, mask, out, lse, dout,
-    mask_grad, chunk, underflow)`` returns ``[dq, dk, dv, dmask]`` (see the C++ source).
-    """
-    if os.environ.get("FIREVIZ_NO_CPP_KERNEL", "") not in ("", "0"):
-        return None
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                try:
-                    _state["module"] = _build()
-                except Exception as err:  # no compiler, no ninja, a failed compile or link, no cache folder
-                    _state["module"] = None
-                    reason = next((ln for ln in reversed(str(err).strip().splitlines()) if ln.strip()), "")
-                    warnings.warn(
-                        f"fireviz: could not build or load the compiled biased-attention backward "
-                        f"({type(err).__name__}: {reason[:300]}); CPU training uses the exact torch backward "
-                        "instead (its training step ~1.2× slower). Install a C++ compiler (g++) and ninja "
-                        "(pip install ninja), make the build cache writable (TORCH_EXTENSIONS_DIR, default "
-                        "~/.cache/torch_extensions), or set FIREVIZ_NO_CPP_KERNEL=1 to silence this.",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-    return _state["module"]
+
+#: ``backward_kernel()``: the compiled extension, or None (off, or it could not be built: warned
+#: once). Its ``biased_attention_backward(q, k, v, mask, out, lse, dout, mask_grad, chunk,
+#: underflow)`` returns ``[dq, dk, dv, dmask]`` (see the C++ source). Any build error (no
+#: compiler, no ninja, a failed compile or link, no cache folder) means unavailable.
+backward_kernel = LazyKernel(
+    _build, off_switch="FIREVIZ_NO_CPP_KERNEL", unavailable=(Exception,), on_unavailable=_warn_unavailable
+)

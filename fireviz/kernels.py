@@ -1,8 +1,10 @@
-"""Optional numba kernels: compiled on first use, calls serialised, torch's thread count kept.
+"""Optional compiled kernels: built on first use (``LazyKernel``); numba calls serialised with
+torch's thread count kept.
 
 FIRE's row kernels (:mod:`fireviz.encodings.fire`) are compiled with numba when it is
-installed. They have exact torch fallbacks (tests compare them to 1e-5); ``FIRE_NO_NUMBA=1``
-forces the fallbacks.
+installed, the biased-attention backward (:mod:`fireviz.attention_kernel`) with the machine's
+C++ compiler. They have exact torch fallbacks (tests compare them to 1e-5); ``FIRE_NO_NUMBA=1``
+and ``FIREVIZ_NO_CPP_KERNEL=1`` force the fallbacks.
 """
 
 from __future__ import annotations
@@ -20,25 +22,41 @@ KERNEL_LOCK = threading.Lock()
 
 
 class LazyKernel:
-    """A numba kernel built on first call (numba caches the compiled code on disk).
+    """A compiled kernel built on first call (its build caches the compiled code on disk).
 
-    ``LazyKernel(build)()`` returns what ``build()`` returns, or None when numba is not
-    installed (``build`` raises ImportError) or ``FIRE_NO_NUMBA`` is set to anything but 0;
-    callers then take their torch path. ``build`` runs at most once per process.
+    ``LazyKernel(build)()`` returns what ``build()`` returns, or None — callers then take their
+    torch path — while the environment variable ``off_switch`` is set to anything but 0 (read
+    at every call), or for good once ``build`` raised one of ``unavailable`` (``on_unavailable``
+    is then called with the error, e.g. to warn). ``build`` runs at most once per process, under
+    a lock. Defaults: numba kernels (``FIRE_NO_NUMBA``; ImportError when numba is not installed).
     """
 
-    def __init__(self, build: Callable[[], object]):
+    def __init__(
+        self,
+        build: Callable[[], object],
+        off_switch: str = "FIRE_NO_NUMBA",
+        unavailable: tuple[type[BaseException], ...] = (ImportError,),
+        on_unavailable: Callable[[BaseException], None] | None = None,
+    ):
         self._build = build
+        self._off_switch = off_switch
+        self._unavailable = unavailable
+        self._on_unavailable = on_unavailable
         self._kernel = None  # None: not tried yet; False: unavailable
+        self._lock = threading.Lock()
 
     def __call__(self):
+        if os.environ.get(self._off_switch, "") not in ("", "0"):
+            return None
         if self._kernel is None:
-            self._kernel = False
-            if os.environ.get("FIRE_NO_NUMBA", "") in ("", "0"):
-                try:
-                    self._kernel = self._build()
-                except ImportError:
-                    pass
+            with self._lock:
+                if self._kernel is None:
+                    self._kernel = False
+                    try:
+                        self._kernel = self._build()
+                    except self._unavailable as err:
+                        if self._on_unavailable is not None:
+                            self._on_unavailable(err)
         return self._kernel or None
 
 

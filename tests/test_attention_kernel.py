@@ -32,7 +32,7 @@ def test_the_kernel_is_built_where_a_compiler_is():
         assert attention_kernel.backward_kernel() is not None, "g++ is on the PATH but the kernel did not build"
     else:
         with pytest.warns(RuntimeWarning, match="C\\+\\+ compiler"):
-            attention_kernel._state.clear()
+            attention_kernel.backward_kernel._kernel = None
             assert attention_kernel.backward_kernel() is None
 
 
@@ -59,6 +59,26 @@ def _grads(fn, q, k, v, mask, dout, learned, dtype):
     return [out.detach().double()] + [g.double() for g in torch.autograd.grad(out, wrt, dout.to(dtype))]
 
 
+def _math_path(q, k, v, m):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+
+def _assert_matches_float64_math_path(got, q, k, v, mask, dout, learned=True):
+    """``got`` (from ``_grads``) against autograd through SDPA's math path in float64."""
+    exact = _grads(_math_path, q, k, v, mask, dout, learned, torch.float64)
+    assert len(got) == len(exact) == (5 if learned else 4)
+    for c, e in zip(got, exact):
+        e = torch.nan_to_num(e, neginf=0.0)
+        assert torch.allclose(c, e, atol=2e-5, rtol=1e-4), (c - e).abs().max()
+
+
+def _compiled_kernel():
+    kernel = attention_kernel.backward_kernel()
+    if kernel is None:
+        pytest.fail("the compiled backward is not available (see test_the_kernel_is_built_where_a_compiler_is)")
+    return kernel
+
+
 @pytest.mark.parametrize("learned", [True, False])
 @pytest.mark.parametrize(
     "B,H,Tq,Tk,D,chunk,threads,strided",
@@ -73,9 +93,7 @@ def _grads(fn, q, k, v, mask, dout, learned, dtype):
 def test_kernel_backward_equals_the_torch_backward_and_the_math_path(
     B, H, Tq, Tk, D, chunk, threads, strided, learned, monkeypatch
 ):
-    kernel = attention_kernel.backward_kernel()
-    if kernel is None:
-        pytest.fail("the compiled backward is not available (see test_the_kernel_is_built_where_a_compiler_is)")
+    _compiled_kernel()
     monkeypatch.setattr(attention_module, "BACKWARD_CHUNK", chunk)
     monkeypatch.setattr(attention_module, "FORWARD_CHUNK", chunk)
     q, k, v, mask, dout = _inputs(B, H, Tq, Tk, D, learned, strided)
@@ -87,47 +105,26 @@ def test_kernel_backward_equals_the_torch_backward_and_the_math_path(
         plain = _grads(attention_module.BiasedAttention.apply, q, k, v, mask, dout, learned, torch.float32)
     finally:
         torch.set_num_threads(threads_before)
-
-    def math_path(q, k, v, m):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-
-    exact = _grads(math_path, q, k, v, mask, dout, learned, torch.float64)
-    assert len(compiled) == len(exact) == (5 if learned else 4)
-    for c, p, e in zip(compiled, plain, exact):
-        e = torch.nan_to_num(e, neginf=0.0)
-        assert torch.allclose(c, e, atol=2e-5, rtol=1e-4), (c - e).abs().max()
+    _assert_matches_float64_math_path(compiled, q, k, v, mask, dout, learned)
+    for c, p in zip(compiled, plain, strict=True):
         assert torch.allclose(c, p, atol=2e-5, rtol=1e-4), (c - p).abs().max()
 
 
 def test_kernel_with_underflowing_probabilities():
     """ALiBi-like far keys (log-probabilities far below −60) give exactly zero there and the
     same gradients as the math path."""
-    if attention_kernel.backward_kernel() is None:
-        pytest.fail("the compiled backward is not available")
+    _compiled_kernel()
     B, H, T, D = 2, 2, 64, 16
     q, k, v, _, dout = _inputs(B, H, T, T, D, True, False, seed=1)
     dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).double()
     mask = (-torch.tensor([4.0, 30.0], dtype=torch.float64)[:, None, None] * dist).masked_fill(dist < 0, float("-inf"))
     compiled = _grads(attention_module.BiasedAttention.apply, q, k, v, mask, dout, True, torch.float32)
-    exact = _grads(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-        q,
-        k,
-        v,
-        mask,
-        dout,
-        True,
-        torch.float64,
-    )
-    for c, e in zip(compiled, exact):
-        assert torch.allclose(c, torch.nan_to_num(e, neginf=0.0), atol=2e-5, rtol=1e-4)
+    _assert_matches_float64_math_path(compiled, q, k, v, mask, dout)
     assert (compiled[-1][1][dist[None, 0].expand(T, T) > 3] == 0).all()  # far keys of the steep head: P = 0
 
 
 def test_kernel_refuses_bad_inputs_with_an_error():
-    kernel = attention_kernel.backward_kernel()
-    if kernel is None:
-        pytest.fail("the compiled backward is not available")
+    kernel = _compiled_kernel()
     q = torch.randn(1, 2, 4, 8)
     mask = torch.zeros(2, 4, 4)
     lse = torch.zeros(1, 2, 4)
@@ -143,8 +140,8 @@ def test_a_failed_build_warns_once_and_the_torch_backward_takes_over(monkeypatch
     def no_compiler():
         raise RuntimeError("Error building extension: c++: not found")
 
-    monkeypatch.setattr(attention_kernel, "_state", {})
-    monkeypatch.setattr(attention_kernel, "_build", no_compiler)
+    monkeypatch.setattr(attention_kernel.backward_kernel, "_kernel", None)
+    monkeypatch.setattr(attention_kernel.backward_kernel, "_build", no_compiler)
     monkeypatch.delenv("FIREVIZ_NO_CPP_KERNEL", raising=False)
     with pytest.warns(RuntimeWarning, match="c\\+\\+: not found.*exact torch backward.*g\\+\\+"):
         assert attention_kernel.backward_kernel() is None
@@ -153,18 +150,7 @@ def test_a_failed_build_warns_once_and_the_torch_backward_takes_over(monkeypatch
         assert attention_kernel.backward_kernel() is None  # no second warning
     q, k, v, mask, dout = _inputs(2, 2, 9, 9, 4, True, False)
     got = _grads(attention_module.BiasedAttention.apply, q, k, v, mask, dout, True, torch.float32)
-    exact = _grads(
-        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-        q,
-        k,
-        v,
-        mask,
-        dout,
-        True,
-        torch.float64,
-    )
-    for c, e in zip(got, exact):
-        assert torch.allclose(c, torch.nan_to_num(e, neginf=0.0), atol=2e-5, rtol=1e-4)
+    _assert_matches_float64_math_path(got, q, k, v, mask, dout)
 
 
 def test_the_off_switch(monkeypatch):
@@ -193,8 +179,7 @@ def test_a_built_library_is_imported_without_ninja(monkeypatch):
     no rebuild from another checkout's path or another ninja's records, no compiler needed."""
     import torch.utils.cpp_extension as cpp_extension
 
-    if attention_kernel.backward_kernel() is None:
-        pytest.fail("the compiled backward is not available")
+    _compiled_kernel()
 
     def no_build(**kwargs):
         raise AssertionError("rebuilt although the library exists")
@@ -209,8 +194,7 @@ def test_kernel_edge_inputs():
     """Operands BLAS cannot read in place (a row stride below D: dout of a sum over time, keys
     expanded along time, one query as a transposed view) are copied, not misread; an empty batch
     gives a zero mask gradient."""
-    if attention_kernel.backward_kernel() is None:
-        pytest.fail("the compiled backward is not available")
+    _compiled_kernel()
     B, H, T, D = 2, 2, 6, 4
     q, k, v, mask, _ = _inputs(B, H, T, T, D, True, False, seed=3)
     biased, sdpa = attention_module.BiasedAttention.apply, F.scaled_dot_product_attention
