@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import shutil
 import sys
 import warnings
 
@@ -120,6 +121,9 @@ def _build():
                 return _import(name, library)
             except ImportError:  # a library cut short (a killed link): built again below
                 pass
+        compiler = os.environ.get("CXX", "c++")  # what torch's build runs
+        if shutil.which(compiler) is None:
+            raise RuntimeError(f"no C++ compiler: {compiler!r} is not on the PATH")
         print("fireviz: compiling the biased-attention backward (once per machine, ~30 s)…", file=sys.stderr)
         path = os.environ.get("PATH", "")
         bin_dir = os.path.dirname(sys.executable)  # this environment's ninja (requirements.txt) first
