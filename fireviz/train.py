@@ -206,7 +206,7 @@ class _Run:
             t0 = time.perf_counter()
             lr = lr_at(step, tc)
             for g in self.opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g.get("lr_scale", 1.0)
             torch.manual_seed(derive_seed(tc.seed, "dropout", step, d.rank))
             loss_mean, grad_norm = training_step(
                 self.model,

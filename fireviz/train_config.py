@@ -86,6 +86,14 @@ class TrainConfig:
         were, up to rounding. All windows of one micro-batch
         share the offset (one bias per attention call); with grad_accum > 1 a step draws
         several. Needs a relative encoding (no absolute position embedding).
+      position_lr_multiplier: the position encoding's own parameters (every parameter under
+        ``encodings.``: FIRE's c, L and f_θ, T5's bucket table, ALiBi/Kerple/Sandwich scalars)
+        train in their own AdamW group at ``position_lr_multiplier × lr`` (following the same
+        warmup and cosine), never weight-decayed. 1.0 (the default) keeps one no-decay group as
+        before. Adam moves a scalar by about its learning rate per step, so with the tiny recipe
+        (Σ lr ≈ 2.0 over 3,700 steps) FIRE's L multiplier cannot move more than ~2 from its init
+        and T5's logits no more than ~±2; a multiplier of 10 lifts that to ~20. In
+        (0, ``MAX_LR`` / lr].
     Every number must be finite (TOML's nan and inf are refused) and every integer at most
     ``MAX_INT_SETTING``.
     """
@@ -109,6 +117,7 @@ class TrainConfig:
     dtype: str = "auto"
     compile: bool = False
     random_position_offset: int = 0
+    position_lr_multiplier: float = 1.0
 
     def validate(self) -> "TrainConfig":
         """Check every field; returns self. Raises TrainingError naming the field and the fix."""
@@ -139,6 +148,11 @@ class TrainConfig:
             raise TrainingError(
                 f"train.lr must be > 0 and at most {MAX_LR} (got {self.lr}); AdamW moves each weight by "
                 "about lr per step (e.g. --set train.lr=1e-3)"
+            )
+        if not 0 < self.position_lr_multiplier * self.lr <= MAX_LR:
+            raise TrainingError(
+                f"train.position_lr_multiplier must be > 0 with position_lr_multiplier × lr at most {MAX_LR} "
+                f"(got {self.position_lr_multiplier} × {self.lr}); e.g. --set train.position_lr_multiplier=10"
             )
         if self.min_lr is not None and not 0 <= self.min_lr <= self.lr:
             raise TrainingError(f"train.min_lr must lie in [0, lr={self.lr}] (got {self.min_lr})")
@@ -328,4 +342,6 @@ def config_hash(model_config: GPTConfig, train_config: TrainConfig) -> str:
     s["train"] = {k: v for k, v in s["train"].items() if k not in _FREE_ON_RESUME}
     if not s["train"].get("random_position_offset"):  # off: the hash of runs made before the option existed
         s["train"].pop("random_position_offset", None)
+    if s["train"].get("position_lr_multiplier") == 1.0:  # the default: the hash of runs made before the option
+        s["train"].pop("position_lr_multiplier", None)
     return hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()

@@ -22,18 +22,29 @@ from .train_config import TrainConfig
 
 def _param_groups(model: GPT, tc: TrainConfig) -> tuple[list[dict], list[str]]:
     """AdamW groups: decay 2-D transformer weights; no decay for biases, LayerNorm and
-    position-encoding parameters (their scale is the encoding's meaning). Returns the groups
-    and the parameter names in optimizer order."""
-    decay, no_decay = [], []
+    position-encoding parameters (their scale is the encoding's meaning). With
+    ``tc.position_lr_multiplier != 1`` the position-encoding parameters (names under
+    ``encodings.``) form a third group whose ``lr_scale`` multiplies the scheduled learning
+    rate. Returns the groups and the parameter names in optimizer order."""
+    split = tc.position_lr_multiplier != 1.0
+    decay, no_decay, position = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.dim() >= 2 and not name.startswith("encodings.") else no_decay).append((name, p))
+        is_position = name.startswith("encodings.")
+        if split and is_position:
+            position.append((name, p))
+        else:
+            (decay if p.dim() >= 2 and not is_position else no_decay).append((name, p))
     groups = [
-        {"params": [p for _, p in decay], "weight_decay": tc.weight_decay},
-        {"params": [p for _, p in no_decay], "weight_decay": 0.0},
+        {"params": [p for _, p in decay], "weight_decay": tc.weight_decay, "lr_scale": 1.0},
+        {"params": [p for _, p in no_decay], "weight_decay": 0.0, "lr_scale": 1.0},
     ]
-    names = [n for n, _ in decay] + [n for n, _ in no_decay]
+    if position:
+        groups.append(
+            {"params": [p for _, p in position], "weight_decay": 0.0, "lr_scale": tc.position_lr_multiplier}
+        )
+    names = [n for n, _ in decay] + [n for n, _ in no_decay] + [n for n, _ in position]
     return groups, names
 
 
@@ -41,7 +52,9 @@ def build_optimizer(model: GPT, tc: TrainConfig, device: torch.device) -> tuple[
     """AdamW (Loshchilov & Hutter 2019) over ``model``'s parameters, betas (beta1, beta2).
 
     Decoupled weight decay ``tc.weight_decay`` on 2-D transformer matrices (embedding,
-    attention, MLP); none on biases, LayerNorm gains and position-encoding parameters.
+    attention, MLP); none on biases, LayerNorm gains and position-encoding parameters, which
+    get their own group at ``lr × tc.position_lr_multiplier`` when that is not 1 (each group's
+    ``lr_scale``; the caller sets ``group["lr"] = lr_at(step) × group["lr_scale"]``).
     Fused kernels on CUDA. The learning rate is set per step by the caller (``lr_at``).
     Returns: ``(optimizer, parameter names in optimizer order)`` — the names key the
     optimizer moments in ``trainer_state.safetensors``.

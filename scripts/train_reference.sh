@@ -8,7 +8,7 @@
 #   scripts/train_reference.sh [OUT_ROOT] [more `fireviz train` options, e.g. --stop-at-step 2500]
 #
 # OUT_ROOT defaults to runs/reference (not checkpoints/, so the shipped folders stay as they are);
-# RUNS="fire fire_seed1" trains only those folders (names: <encoding>[_offset|_offset_nopi][_seed<N>]).
+# RUNS="fire fire_seed1" trains only those folders (names: <encoding>[_offset|_offset_nopi|_L512_plr10|_plr10][_seed<N>]).
 # Re-running continues each unfinished run exactly (--resume; a run stopped before its first
 # checkpoint at step 100 starts again) and finished runs are a no-op, so the script can be stopped
 # at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
@@ -34,7 +34,8 @@ else PY=$(command -v python3 || command -v python) ||
 fi
 runs=(${RUNS:-nope rope t5 alibi kerple_log kerple_power sandwich fire fire_s
        fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2
-       fire_offset fire_offset_seed1 fire_s_offset fire_offset_nopi})
+       fire_offset fire_offset_seed1 fire_s_offset fire_offset_nopi
+       fire_L512_plr10 t5_plr10 alibi_seed1 alibi_seed2})
 for name in "${runs[@]}"; do
   out="$root/$name"
   base=${name%_seed*} variant=()
@@ -42,6 +43,11 @@ for name in "${runs[@]}"; do
     *_offset_nopi) base=${base%_offset_nopi}
       variant=(--set train.random_position_offset=7680 --set model.encoding_options.progressive_interpolation=false) ;;
     *_offset) base=${base%_offset} variant=(--set train.random_position_offset=7680) ;;
+    # position parameters that can reach their values (issue #35): their own AdamW group at 10 × lr,
+    # and FIRE's threshold L starting at the training length
+    *_L512_plr10) base=${base%_L512_plr10}
+      variant=(--set train.position_lr_multiplier=10 --set model.encoding_options.init_L=512) ;;
+    *_plr10) base=${base%_plr10} variant=(--set train.position_lr_multiplier=10) ;;
   esac
   args=(--config configs/tiny.toml --set "model.position_encoding=$base" "${variant[@]}"
         --set train.checkpoint_interval=100)

@@ -23,8 +23,13 @@ class _Kerple(ToeplitzBias):
     """Shared parameters of the two KERPLE variants (Chi et al. 2022, NeurIPS, §4.2).
 
     Args: ``init_r1``, ``init_r2``: a number (every head) or ``num_heads`` numbers; None
-    draws the reference init r1 ~ U(0, 2), r2 ~ U(0, 1) per head from torch's global RNG
-    (the model's seed). Raises: ValueError for a given value <= 0 or a list whose length
+    draws the reference init per head from torch's global RNG (the model's seed): r1 ~ U(0,
+    ``init_r1_max``), r2 ~ U(0, ``init_r2_max``) — KerpleLog r1 ~ U(0, 2), r2 ~ U(0, 1);
+    KerplePower r1 (the scale) ~ U(0, 1), r2 (the exponent) ~ U(0, 2). In the reference
+    code (chijames/KERPLE) ``bias_p`` ~ U(0, 2) is the log variant's multiplier and the power
+    variant's exponent, ``bias_a`` ~ U(0, 1) the log variant's inner scale and the power
+    variant's multiplier. (fireviz 0.1's KerplePower drew them the other way round: r1 ~ U(0, 2),
+    r2 ~ U(0, 1); the kerple_power checkpoints trained before 2026-12-04 were initialised so.) Raises: ValueError for a given value <= 0 or a list whose length
     is not ``num_heads``.
     """
 
@@ -38,12 +43,12 @@ class _Kerple(ToeplitzBias):
                     f"Kerple {name} needs one number or {num_heads} (one per head); got {torch.as_tensor(v).numel()}"
                 )
         r1 = (
-            torch.rand(num_heads) * 2
+            torch.rand(num_heads) * self.init_r1_max
             if init_r1 is None
             else torch.as_tensor(init_r1, dtype=torch.float32).expand(num_heads).clone()
         )
         r2 = (
-            torch.rand(num_heads)
+            torch.rand(num_heads) * self.init_r2_max
             if init_r2 is None
             else torch.as_tensor(init_r2, dtype=torch.float32).expand(num_heads).clone()
         )
@@ -59,6 +64,9 @@ class _Kerple(ToeplitzBias):
 
     #: upper bound of r2 (None: unbounded); the power variant sets 2.
     r2_max: float | None = None
+    #: the reference init's ranges: r1 ~ U(0, init_r1_max), r2 ~ U(0, init_r2_max)
+    init_r1_max: float = 2.0
+    init_r2_max: float = 1.0
 
     def constrained(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(r1, r2)`` after the reference constraints, float32 ``[num_heads]`` each.
@@ -122,6 +130,8 @@ class KerplePower(_Kerple):
     """
 
     r2_max = KERPLE_POWER_MAX
+    init_r1_max = 1.0  # the scale (the reference's bias_a ~ U(0, 1))
+    init_r2_max = 2.0  # the exponent (the reference's bias_p ~ U(0, 2))
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
         """``[num_heads, *d.shape]`` float32 logits for distances ``d = i − j`` (tokens)."""

@@ -59,7 +59,9 @@ class T5RelativeBias(ToeplitzBias):
     """T5's bucketed bias: ``b_h(i, j) = table[relative_position_bucket(j − i), h]``.
 
     Parameters: ``relative_attention_bias`` float32 ``[num_buckets, num_heads]`` (logits),
-    initialised N(0, 0.02²) — one table per layer in fireviz's GPT (T5 shares it across
+    initialised N(0, 0.02²) — fireviz's choice, the std of GPT-2 / nanoGPT's other weights;
+    Hugging Face's T5 draws it with std ``initializer_factor · d_model^−0.5`` (0.088 at
+    d_model = 128), ``T5PreTrainedModel._init_weights`` — one table per layer in fireviz's GPT (T5 shares it across
     layers; per-layer tables are the FIRE paper's baseline setup).
     Args: ``num_buckets`` (32), ``max_distance`` (128 tokens: distances beyond it share the
       last bucket), ``bidirectional`` (False: causal LM bucketing, future keys in bucket 0),
@@ -79,12 +81,18 @@ class T5RelativeBias(ToeplitzBias):
     ):
         super().__init__(num_heads)
         if not (math.isfinite(init_std) and init_std >= 0):
-            raise ValueError(f"T5 init_std must be a finite number >= 0 (got {init_std}); the reference uses 0.02")
+            raise ValueError(f"T5 init_std must be a finite number >= 0 (got {init_std}); fireviz's default is 0.02")
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.bidirectional = bidirectional
         relative_position_bucket(torch.zeros(1), bidirectional, num_buckets, max_distance)  # validate
         self.relative_attention_bias = nn.Parameter(torch.randn(num_buckets, num_heads) * init_std)
+
+    def position_parameters(self) -> dict[str, list[float]]:
+        """``{"bias_min": [...], "bias_max": [...]}``: per head, the smallest and largest
+        logit in the learned bucket table (how far the table has moved from its init)."""
+        table = self.relative_attention_bias.detach().float().cpu()
+        return {"bias_min": table.min(0).values.tolist(), "bias_max": table.max(0).values.tolist()}
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
         """``[num_heads, *d.shape]`` logits for distances ``d = i − j`` (tokens)."""
