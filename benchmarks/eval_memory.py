@@ -1,4 +1,4 @@
-"""Time and peak memory of ``fireviz.evaluate`` at long evaluation lengths, per encoding.
+"""Time and peak memory of ``fireviz.eval.evaluate`` at long evaluation lengths, per encoding.
 
 Usage::
 
@@ -49,8 +49,8 @@ def child(encoding: str, length: int, windows: int, device: str) -> None:
 
     import torch
 
-    from fireviz.evaluate import evaluate_checkpoint
-    from fireviz.model import GPT, GPTConfig
+    from fireviz.eval.evaluate import evaluate_checkpoint
+    from fireviz.model.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=512, position_encoding=encoding))

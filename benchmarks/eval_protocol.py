@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python benchmarks/eval_protocol.py [--checkpoints checkpoints/fire,checkpoints/alibi]
         [--data prose] [--lengths 128,256,512,1024,2048,4096,8192] [--documents 0] [--device cpu]
 
-The published protocol is ``fireviz.evaluate``'s default ``mode="same_text"``: every
+The published protocol is ``fireviz.eval.evaluate``'s default ``mode="same_text"``: every
 validation document that holds the largest length M, its first M tokens scored at every
 length (no token budget). This script runs exactly that through ``evaluate_many`` with the
 cache off (``use_cache=False``, so nothing is read from a cache or a shipped results.json)
@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fireviz import evaluate  # noqa: E402
-from fireviz.eval_cli import format_table  # noqa: E402
+from fireviz.eval import evaluate  # noqa: E402
+from fireviz.cli.eval import format_table  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total {total:.1f} s ({total / 60:.1f} min) for this checkpoint, loading and planning included")
     print(f"\nall checkpoints: {grand:.1f} s ({grand / 60:.1f} min)")
     if args.out:
-        from fireviz.files import write_json_atomic
+        from fireviz.core.files import write_json_atomic
 
         everything = evaluate.with_paired_differences(everything, 0)
         write_json_atomic(args.out, everything)

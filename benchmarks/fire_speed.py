@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import interleaved_medians
 from eval_protocol import cpu_model
 
-from fireviz.attention_kernel import backward_kernel
-from fireviz.model import GPT, GPTConfig
+from fireviz.model.attention_kernel import backward_kernel
+from fireviz.model.gpt import GPT, GPTConfig
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 
@@ -100,7 +100,7 @@ def attention_layer_times(repeats=7):
     """One layer's attention [16, 4, 512, 32] forward + backward with a learned (FIRE-like)
     bias, in ms (interleaved medians): SDPA's causal kernel without a bias (NoPE's), and
     ``BiasedAttention`` with its compiled backward and with the torch-ops one."""
-    import fireviz.attention as attention
+    import fireviz.model.attention as attention
 
     torch.manual_seed(0)
     B, H, T, D = 16, 4, 512, 32
@@ -152,7 +152,7 @@ def main():
     compiled = backward_kernel() is not None  # built before the timing (first use compiles it)
     print(
         "biased-attention backward: "
-        + ("compiled (fireviz/csrc/biased_attention.cpp)" if compiled else "torch ops (the compiled one is off)")
+        + ("compiled (fireviz/model/csrc/biased_attention.cpp)" if compiled else "torch ops (the compiled one is off)")
     )
     print("\nTraining step, length 512, batch 16, d=128, 4 layers, 4 heads (interleaved medians)")
     for n, r in train_steps(names, repeats=args.repeats).items():

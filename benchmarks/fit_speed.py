@@ -1,4 +1,4 @@
-"""Time and error of ``fireviz.fit.fit_fire`` per target (issue 5's bars), CPU.
+"""Time and error of ``fireviz.fit.fitting.fit_fire`` per target (issue 5's bars), CPU.
 
     .venv/bin/python benchmarks/fit_speed.py [--max-len 512] [--heads 8] [--repeat 3] [--json out.json]
 
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from fireviz.fit import fit_fire, make_target
+from fireviz.fit.fitting import fit_fire, make_target
 
 # (label, target, params, width, bar on relative RMSE, bar on seconds or None)
 CASES = [

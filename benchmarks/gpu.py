@@ -5,7 +5,7 @@
    FLOPs utilization (MFU = 6·N·tokens/s + attention FLOPs, over the GPU's dense bf16 peak).
 2. FIRE evaluation memory at 8192 and 32768 (batch 1, one attention layer's worth): a
    materialized bias (fireviz's SDPA path) against the bias computed inside the kernel
-   (``fireviz.flex``: FlexAttention with a ``score_mod`` evaluating FIRE's MLP).
+   (``fireviz.model.flex``: FlexAttention with a ``score_mod`` evaluating FIRE's MLP).
 3. The whole model's evaluation forward at 8k and 32k, ``set_attention_backend("sdpa")`` vs
    ``"flex"`` (seconds, peak GPU memory), for FIRE and ALiBi.
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 
 def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: int = 8, seq: int = 2048):
-    from fireviz.model import GPT, GPTConfig
+    from fireviz.model.gpt import GPT, GPTConfig
 
     cfg = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=seq, position_encoding=name, attn_query_block=seq)
     model = GPT(cfg).cuda()
@@ -75,7 +75,7 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
     torch.cuda.synchronize()
     out["materialized"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
     # (b) bias inside the kernel: fireviz.flex (FlexAttention with FIRE's score_mod)
-    from fireviz import flex
+    from fireviz.model import flex
 
     if not flex.flex_available():
         out["flex_attention"] = None
@@ -95,7 +95,7 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
 
 def model_eval(n: int, backend: str, name: str = "fire"):
     """One forward of the base-shape GPT (12L, 12H, d=768) at length n, bf16 autocast: (s, peak MiB)."""
-    from fireviz.model import GPT, GPTConfig
+    from fireviz.model.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, position_encoding=name)).cuda().eval()
     model.set_attention_backend(backend)

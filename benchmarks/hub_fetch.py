@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         vocab = max(1000, int(args.mb * 2**20 / 4 / d_model / 3))  # embeddings dominate the file
         repo = t5_folder(tmp / "repo", d_model=d_model, vocab=vocab, layers=6, dec_layers=6, heads=8)
         size = (repo / "model.safetensors").stat().st_size
-        from fireviz import hub
+        from fireviz.checkpoints import hub
         from huggingface_hub import hf_hub_download
 
         with HubServer({"bench/t5-style": repo}) as server:

@@ -2,7 +2,7 @@
 
 Each length runs in a fresh Python process: load the prose corpus, note the resident memory
 (rss0), evaluate one checkpoint at that length on two batches of random windows (cache off),
-then read the process's peak RSS. The estimate is rss0 + ``fireviz.memory.forward_bytes``
+then read the process's peak RSS. The estimate is rss0 + ``fireviz.core.memory.forward_bytes``
 (what evaluation checks against the available memory before it starts).
 
     .venv/bin/python benchmarks/memory_estimate.py [--checkpoint checkpoints/fire] [--lengths 512,...]

@@ -4,7 +4,7 @@
         [--repeats 5] [--batch-size 16] [--threads N] [--encodings nope,fire,...] [--json out.json]
 
 One training step = forward + backward + AdamW update of ``batch_size`` windows of
-``seq_len`` tokens (``fireviz.train_step.training_step``, the loop's own step). The machine is
+``seq_len`` tokens (``fireviz.train.step.training_step``, the loop's own step). The machine is
 shared, so the encodings are *interleaved*: each repeat runs every encoding once, in a
 rotated order, for ``--steps`` timed steps after one untimed warm-up step; the reported
 figure is the median over repeats of tokens/s, and the ratio is median(enc) / median(nope).
@@ -24,12 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fireviz.data import TokenStream, load_documents, split_documents
+from fireviz.data.corpus import TokenStream, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
-from fireviz.model import GPT
-from fireviz.schedule import window_starts
-from fireviz.train_step import build_optimizer, training_step
-from fireviz.train_config import apply_overrides, configs_from_tables
+from fireviz.model.gpt import GPT
+from fireviz.train.schedule import window_starts
+from fireviz.train.step import build_optimizer, training_step
+from fireviz.train.config import apply_overrides, configs_from_tables
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,20 @@
 """Learned biases: what each head of a checkpoint learned, at several query positions.
 
-Thin over ``fireviz.analysis.run_bias_report`` (curves, heatmap matrix, locality; one
+Thin over ``fireviz.analysis.biases.run_bias_report`` (curves, heatmap matrix, locality; one
 ``analysis.BiasSettings`` built from the sidebar is the call, the cache key and the caption) and
-``fireviz.plots`` (figures); the dilution panel runs ``fireviz.jobs.submit_dilution`` in the
+``fireviz.plots`` (figures); the dilution panel runs ``fireviz.ui.jobs.submit_dilution`` in the
 background (cached on disk by ``text_attention.cached_attention_dilution``). State in the URL: ckpt,
 view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 """
 
 import streamlit as st
 
-from fireviz import analysis, jobs, plots, text_attention, ui
-from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz import ui
+from fireviz.analysis import biases as analysis
+from fireviz.ui import jobs
+from fireviz import plots
+from fireviz.analysis import text_attention
+from fireviz.data.corpus import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 
 P = "biases"

@@ -1,7 +1,7 @@
 """Fit FIRE: Theorem 3.1 made numerical — FIRE imitating T5, ALiBi, Kerple, Sandwich or a checkpoint.
 
-Thin over ``fireviz.fit`` (the sidebar is the arguments of ``fit.FitSettings.make``; the fit
-runs through ``fireviz.jobs.submit_fit``) and ``fireviz.plots.fit_figure``. State in the URL:
+Thin over ``fireviz.fit.fitting`` (the sidebar is the arguments of ``fit.FitSettings.make``; the fit
+runs through ``fireviz.ui.jobs.submit_fit``) and ``fireviz.plots.fit_figure``. State in the URL:
 target, heads, width, max_len, steps, seed and the target's parameters.
 """
 
@@ -12,9 +12,12 @@ from pathlib import Path
 
 import streamlit as st
 
-from fireviz import fit, jobs, plots, ui
+from fireviz import ui
+from fireviz.fit import fitting as fit
+from fireviz.ui import jobs
+from fireviz import plots
 from fireviz.encodings import encoding_spec
-from fireviz import fit_targets
+from fireviz.fit import targets as fit_targets
 
 P = "fit"
 ui.setup_page("Fit FIRE")
@@ -301,6 +304,6 @@ with right:
         P, stem, plots.figure_to_csv(fig_out), d, extra={f"{stem}.safetensors": (weights, "application/octet-stream")}
     )
     st.caption(
-        f"{stem}.safetensors loads with `fireviz.fit_result.load_fitted_fire(path)`; the JSON holds every number "
+        f"{stem}.safetensors loads with `fireviz.fit.result.load_fitted_fire(path)`; the JSON holds every number "
         "(metrics per head, loss curve, both curves); the CSV the curves of the 'beyond' plot."
     )

@@ -1,9 +1,9 @@
 """Length generalization: perplexity of checkpoints at evaluation lengths beyond training.
 
-Thin over ``fireviz.evaluate.evaluate_many``, run in the background by
-``fireviz.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
+Thin over ``fireviz.eval.evaluate.evaluate_many``, run in the background by
+``fireviz.ui.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate; what is already cached shows
-without a run, ``fireviz.evaluate.cached_results``), and ``fireviz.plots`` (perplexity vs
+without a run, ``fireviz.eval.evaluate.cached_results``), and ``fireviz.plots`` (perplexity vs
 length, loss by position).
 State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, seed, scaling, cap, ref, pool, device
 (with a GPU).
@@ -11,9 +11,12 @@ State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, se
 
 import streamlit as st
 
-from fireviz import evaluate, plots, synthetic, ui
-from fireviz.checkpoints import default_device, seed_base, seed_groups
-from fireviz.data import DOMAINS, DataError
+from fireviz import ui
+from fireviz.eval import evaluate
+from fireviz import plots
+from fireviz.data import synthetic
+from fireviz.checkpoints.catalog import default_device, seed_base, seed_groups
+from fireviz.data.corpus import DOMAINS, DataError
 
 P = "lengen"
 ui.setup_page("Length generalization")

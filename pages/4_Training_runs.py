@@ -1,13 +1,15 @@
 """Training runs: the curves of each checkpoint's train_log.jsonl.
 
-Thin over ``fireviz.checkpoints.read_train_log``/``training_summary_row`` and ``fireviz.plots.training_curves_figure``.
+Thin over ``fireviz.checkpoints.catalog.read_train_log``/``training_summary_row`` and ``fireviz.plots.training_curves_figure``.
 State in the URL: ckpt, smooth.
 """
 
 import streamlit as st
 
-from fireviz import checkpoints, plots, ui
-from fireviz import run_records
+from fireviz import ui
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz import plots
+from fireviz.checkpoints import records as run_records
 
 P = "train"
 ui.setup_page("Training runs")

@@ -1,14 +1,18 @@
 """Attention on a text, per head: where each head looks, and how much of it is position.
 
-Thin over ``fireviz.text_attention.attention_pattern`` (one layer's probabilities per head and
+Thin over ``fireviz.analysis.text_attention.attention_pattern`` (one layer's probabilities per head and
 the bias's share of its logits, run in this process: one forward pass) and
-``fireviz.attention_plots``. State in the URL: group, ckpt, atext, adoc, astart, alen, aseed, layer, cap.
+``fireviz.plots.attention``. State in the URL: group, ckpt, atext, adoc, astart, alen, aseed, layer, cap.
 """
 
 import streamlit as st
 
-from fireviz import attention_plots, plots, synthetic, text_attention, ui
-from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz import ui
+from fireviz.plots import attention as attention_plots
+from fireviz import plots
+from fireviz.data import synthetic
+from fireviz.analysis import text_attention
+from fireviz.data.corpus import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 
 P = "attention"
 ui.setup_page("Attention on a text")

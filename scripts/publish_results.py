@@ -1,6 +1,6 @@
 """Evaluate every checkpoint in checkpoints/ the same way and publish the results.
 
-For each domain: ``fireviz.evaluate.evaluate_many`` over all checkpoints (paired windows) with
+For each domain: ``fireviz.eval.evaluate.evaluate_many`` over all checkpoints (paired windows) with
 the published protocol — ``mode="same_text"``: every validation document that holds the
 largest length, its first 8192 tokens scored at every length, no token budget — so every
 column scores the same text. The RoPE checkpoint is also evaluated as RoPE-PI and YaRN, and
@@ -29,13 +29,14 @@ import json
 import sys
 from pathlib import Path
 
-from fireviz import evaluate, plots
-from fireviz.eval_cli import format_table
-from fireviz.checkpoints import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
-from fireviz.run_records import validation_rows
+from fireviz.eval import evaluate
+from fireviz import plots
+from fireviz.cli.eval import format_table
+from fireviz.checkpoints.catalog import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
+from fireviz.checkpoints.records import validation_rows
 from fireviz.encodings import has_normalizer
-from fireviz.model_config import GPTConfig
-from fireviz.files import atomic_write, atomic_write_text, write_json_atomic
+from fireviz.model.config import GPTConfig
+from fireviz.core.files import atomic_write, atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"

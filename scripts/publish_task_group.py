@@ -1,14 +1,14 @@
 """Evaluate a group of synthetic-task checkpoints (e.g. checkpoints/copy) and publish its results.
 
 A task group is a sub-folder of checkpoints/ whose checkpoints were all trained on one
-synthetic task (``fireviz.synthetic``, e.g. ``configs/copy.toml``). It is published apart from
+synthetic task (``fireviz.data.synthetic``, e.g. ``configs/copy.toml``). It is published apart from
 the prose models: its own tables, never mixed into theirs.
 
-For every checkpoint in the group: ``fireviz.evaluate.evaluate_many`` on the task (fresh
+For every checkpoint in the group: ``fireviz.eval.evaluate.evaluate_many`` on the task (fresh
 sequences of each length, the same for every checkpoint; only the answer positions scored)
 at 16…1024 tokens (¼× to 16× the training length; length n: the model reads n tokens, as in
 training at seq_len n), paired against ``--reference``; and
-``fireviz.analysis.bias_report`` with the per-head locality at the training length.
+``fireviz.analysis.biases.bias_report`` with the per-head locality at the training length.
 
 Writes per checkpoint ``results.json`` (one evaluate result: bits per byte and answer
 accuracy by length with 95 % intervals) and a card ``README.md``; in the group folder
@@ -30,11 +30,14 @@ from pathlib import Path
 
 from publish_results import ROOT, bpb_cell, paired_cell, render_png, replace_generated
 
-from fireviz import analysis, evaluate, plots, synthetic
-from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints
-from fireviz.run_records import validation_rows
-from fireviz.model import CheckpointError
-from fireviz.files import atomic_write_text, write_json_atomic
+from fireviz.analysis import biases as analysis
+from fireviz.eval import evaluate
+from fireviz import plots
+from fireviz.data import synthetic
+from fireviz.checkpoints.catalog import checkpoint_groups, load_model, read_train_log, scan_checkpoints
+from fireviz.checkpoints.records import validation_rows
+from fireviz.model.gpt import CheckpointError
+from fireviz.core.files import atomic_write_text, write_json_atomic
 
 CKPTS = ROOT / "checkpoints"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fireviz.model import GPT, GPTConfig
+from fireviz.model.gpt import GPT, GPTConfig
 
 #: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
 TINY_ENCODINGS = ("fire", "alibi", "rope")
@@ -113,6 +113,6 @@ def small_corpora_get_intervals(monkeypatch):
     """The test corpora hold 3–7 documents; the product gives no interval below
     ``stats.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
     floor to 2; ``test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
-    import fireviz.stats as stats
+    import fireviz.eval.stats as stats
 
     monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 2)

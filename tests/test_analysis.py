@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-import fireviz.model as model_mod
-from fireviz import analysis as A
-from fireviz import biases_cli
-from fireviz.bias_primitives import fire_input_vs_query
-from fireviz import text_attention as TA
+import fireviz.model.gpt as model_mod
+from fireviz.analysis import biases as A
+from fireviz.cli import biases as biases_cli
+from fireviz.analysis.primitives import fire_input_vs_query
+from fireviz.analysis import text_attention as TA
 from fireviz.cli import main as cli_main
-from fireviz.model import GPT, GPTConfig
-from fireviz import locality
+from fireviz.model.gpt import GPT, GPTConfig
+from fireviz.analysis import locality
 
 SEQ = 32  # training length of the tiny models (tokens)
 
@@ -503,7 +503,8 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
 
 
 def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoint, tmp_path, capsys):
-    from fireviz import __version__, cli
+    from fireviz import __version__
+    from fireviz import cli
 
     text = tmp_path / "t.txt"
     text.write_text("the river stone of the delta " * 40)
@@ -639,7 +640,7 @@ def _peak_bytes(f) -> int:
 
 
 def test_report_sizes_are_refused_before_anything_is_built(fire_model, monkeypatch):
-    from fireviz import memory
+    from fireviz.core import memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 200 << 20)
     # a 10⁶-point window (a 36 MB list of positions if it were built) is refused by arithmetic alone
@@ -660,7 +661,7 @@ def test_report_sizes_are_refused_before_anything_is_built(fire_model, monkeypat
 
 
 def test_dilution_settings_validate_resolve_and_describe():
-    from fireviz.dilution_settings import DilutionSettings
+    from fireviz.analysis.dilution_settings import DilutionSettings
 
     s = DilutionSettings.make([127, 31, 31], near=np.int64(4))
     assert s.query_positions == (31, 127) and s.near == 4 and type(s.near) is int and s.rows == 8
@@ -700,7 +701,7 @@ def test_biases_cli_prints_the_librarys_message_and_checks_before_loading(checkp
     assert len(err) == 1 and "config.json" in err[0]
     assert not (tmp_path / "x.json").exists()
     # output paths too, before the (missing) checkpoint: a figure format write_figure lacks, a folder
-    from fireviz.figure_export import figure_path_problem
+    from fireviz.plots.export import figure_path_problem
 
     assert biases_cli.main([str(tmp_path / "missing"), "--figure", str(tmp_path / "grid.jpg")]) == 2
     assert capsys.readouterr().err.strip() == f"fireviz biases: error: {figure_path_problem(tmp_path / 'grid.jpg')}"

@@ -17,9 +17,14 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from fireviz import analysis, checkpoints, evaluate, jobs, text_attention, ui
-from fireviz.model import GPT, CheckpointError
-from fireviz import run_records
+from fireviz import ui
+from fireviz.analysis import biases as analysis
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.eval import evaluate
+from fireviz.ui import jobs
+from fireviz.analysis import text_attention
+from fireviz.model.gpt import GPT, CheckpointError
+from fireviz.checkpoints import records as run_records
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
@@ -755,7 +760,7 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     at.button(key="biases_dilution_run").click()
     run_until(at, lambda a: any("nearest 4 keys" in f["layout"]["title"]["text"] for f in figures(a)), timeout=120)
     dil = next(f for f in figures(at) if "nearest 4 keys" in f["layout"]["title"]["text"])
-    from fireviz.data import document_tokens, load_documents, split_documents
+    from fireviz.data.corpus import document_tokens, load_documents, split_documents
 
     doc = next(d for d in split_documents(load_documents("prose"), "validation") if d.num_tokens >= 16 * 32)
     direct = text_attention.attention_dilution(model, document_tokens(doc), near=4)
@@ -799,7 +804,7 @@ def test_fit_shared_url_opens_on_the_finished_fit(app_env):
 
 @pytest.mark.slow
 def test_fit_stop_during_the_closed_form_start(app_env):
-    from fireviz import jobs
+    from fireviz.ui import jobs
 
     job = jobs.submit_fit("alibi", {}, 512, 256, 32, 50, seed=11)
     deadline = time.time() + 60
@@ -816,7 +821,7 @@ def test_fit_stop_during_the_closed_form_start(app_env):
 
 
 def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env):
-    from fireviz import jobs
+    from fireviz.ui import jobs
 
     fire = str(app_env / "fire")
     settings = {

@@ -1,4 +1,4 @@
-"""The compiled biased-attention backward (fireviz/csrc/biased_attention.cpp) and its loader.
+"""The compiled biased-attention backward (fireviz/model/csrc/biased_attention.cpp) and its loader.
 
 The kernel's gradients against the torch backward it replaces and against autograd through
 SDPA's math path in float64; the work split by head and batch group at several thread counts;
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import fireviz.attention as attention_module
-from fireviz import attention_kernel
+import fireviz.model.attention as attention_module
+from fireviz.model import attention_kernel
 
 
 def _compiler_available() -> bool:

@@ -20,11 +20,15 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from conftest import make_tiny_checkpoint
-from fireviz import checkpoints, data, eval_cli, evaluate, train_cli
-from fireviz.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
-from fireviz.model import GPT, CheckpointError
-from fireviz.model_state import config_from_dict
-from fireviz import fit_targets
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.data import corpus as data
+from fireviz.cli import eval as eval_cli
+from fireviz.eval import evaluate
+from fireviz.cli import train as train_cli
+from fireviz.core.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
+from fireviz.model.gpt import GPT, CheckpointError
+from fireviz.model.state import config_from_dict
+from fireviz.fit import targets as fit_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -397,7 +401,7 @@ def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path)
 
 # -- memory before work ---------------------------------------------------------------------------
 def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_path, monkeypatch):
-    from fireviz import memory
+    from fireviz.core import memory
 
     cfg = GPT.from_pretrained(str(root / "good")).config
     need_16 = memory.forward_bytes(cfg, 1, 16)
@@ -420,8 +424,8 @@ def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_pat
 
 
 def test_forward_bytes_grows_with_length_and_batch():
-    from fireviz import memory
-    from fireviz.model import GPTConfig
+    from fireviz.core import memory
+    from fireviz.model.gpt import GPTConfig
 
     for enc in ("fire", "rope"):
         cfg = GPTConfig(position_encoding=enc)
@@ -431,7 +435,8 @@ def test_forward_bytes_grows_with_length_and_batch():
 
 # -- progress for every long call -------------------------------------------------------------------
 def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
-    from fireviz import fit, fit_cli
+    from fireviz.fit import fitting as fit
+    from fireviz.cli import fit as fit_cli
 
     rc = fit_cli.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
     err = capsys.readouterr().err
@@ -486,7 +491,9 @@ def test_train_takes_a_lone_surrogate(tmp_path):
 
 
 def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
-    from fireviz import analysis, fit, memory
+    from fireviz.analysis import biases as analysis
+    from fireviz.fit import fitting as fit
+    from fireviz.core import memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
     with pytest.raises(ValueError, match="needs about .* more than the 10 MiB available"):
@@ -506,8 +513,8 @@ def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypat
 
 
 def test_the_estimates_let_normal_work_through():
-    from fireviz import memory
-    from fireviz.model import GPTConfig
+    from fireviz.core import memory
+    from fireviz.model.gpt import GPTConfig
 
     cfg = GPTConfig(position_encoding="fire")
     assert memory.train_step_bytes(cfg, 16, 512, 900_000) < 4 << 30  # the shipped recipe: well under 24 GB
@@ -545,7 +552,7 @@ def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, root):
     """One 24 MB single-line text file: peak RSS does not grow with it (windows read where they
-    lie, fireviz.data.FileBytes), not the 18 bytes per byte of int64 tokens plus copies."""
+    lie, fireviz.data.corpus.FileBytes), not the 18 bytes per byte of int64 tokens plus copies."""
     import subprocess
     import sys
 
@@ -579,7 +586,7 @@ def test_documents_on_disk_read_the_same_tokens_as_in_memory(tmp_path, monkeypat
     import gzip
     import json as _json
 
-    from fireviz import data
+    from fireviz.data import corpus as data
 
     monkeypatch.setattr(data, "SPOOL_BYTES", 1000)  # spool anything over 1000 bytes
     text = "Grüße, ✓ straße " * 400 + "\udcff end"  # non-ASCII, and one raw byte (0xff, surrogateescape'd)
@@ -674,7 +681,7 @@ def test_a_nan_in_the_tied_matrix_is_named_not_called_a_disagreement(root):
     t[0, 0] = float("nan")
     state["wte.weight"], state["lm_head.weight"] = t, t.clone()
     save_file(state, str(w))
-    from fireviz.model_state import nonfinite_parameters
+    from fireviz.model.state import nonfinite_parameters
 
     assert "wte.weight" in nonfinite_parameters(GPT.from_pretrained(str(root / "victim")))
 

@@ -31,7 +31,7 @@ from fireviz.encodings import (
 )
 
 import fireviz.encodings.fire as fire_module
-from fireviz.model import GPT, GPTConfig
+from fireviz.model.gpt import GPT, GPTConfig
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
 
@@ -618,7 +618,7 @@ def test_model_position_offset():
     m = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=16, position_encoding="fire")).eval()
     with pytest.raises(ValueError, match="position_offset"):
         m(x, position_offset=-3)
-    from fireviz.model import KVCache
+    from fireviz.model.gpt import KVCache
 
     with pytest.raises(ValueError, match="KV cache"):
         m(x, cache=KVCache(1), position_offset=4)

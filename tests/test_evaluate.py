@@ -15,12 +15,17 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fireviz.evaluate as ev
-from fireviz import checkpoints, eval_cli, eval_device, eval_settings, stats, windows
-from fireviz.data import DataError, document_tokens, is_validation, load_documents
-from fireviz.model import BOS_ID, GPT, CheckpointError, GPTConfig
-from fireviz.model_state import load_state_checked
-from fireviz import eval_cache
+import fireviz.eval.evaluate as ev
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.cli import eval as eval_cli
+from fireviz.eval import device as eval_device
+from fireviz.eval import settings as eval_settings
+from fireviz.eval import stats
+from fireviz.eval import windows
+from fireviz.data.corpus import DataError, document_tokens, is_validation, load_documents
+from fireviz.model.gpt import BOS_ID, GPT, CheckpointError, GPTConfig
+from fireviz.model.state import load_state_checked
+from fireviz.eval import cache as eval_cache
 
 # the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
@@ -507,7 +512,7 @@ def test_cached_results_compute_nothing_and_return_what_evaluate_cached(ckpts, c
     runs, nothing is written); after an evaluation it returns exactly what evaluate_many
     returns from the cache, paired differences included; a length that cannot be evaluated
     keeps its reason; capped FIRE is looked up under the capped key."""
-    from fireviz import eval_plan
+    from fireviz.eval import plan as eval_plan
 
     def no_forward(*a, **k):
         raise AssertionError("cached_results must not score anything")
@@ -570,7 +575,7 @@ def test_cached_results_give_no_number_for_nan_weights(ckpts, corpus, tmp_path, 
 
 
 def test_evaluation_documents_are_read_again_when_the_file_changes(tmp_path):
-    from fireviz import eval_plan
+    from fireviz.eval import plan as eval_plan
 
     path = _write_jsonl(tmp_path / "d.jsonl", [20, 30])
     docs, split, fp = eval_plan.load_eval_documents(path, "all")
@@ -1199,7 +1204,7 @@ def test_nonoverlapping_plan_is_the_same_draw_as_the_list_of_every_candidate(siz
 def test_split_none_is_the_validation_split_under_one_cache_key():
     """split=None (the library's default) and "validation" (the CLI's) are one text, so one key:
     a number computed from the command line is found by the app and the publishing script."""
-    from fireviz.eval_settings import EvalSettings
+    from fireviz.eval.settings import EvalSettings
 
     a, b = EvalSettings.make("prose", [128]), EvalSettings.make("prose", [128], split="validation")
     assert a.split == b.split == "validation"
@@ -1214,7 +1219,7 @@ def test_split_none_is_the_validation_split_under_one_cache_key():
 # ---------------------------------------------------------------------------------------------
 def test_cache_keys_of_canonical_settings_never_change():
     """The on-disk cache outlives fireviz versions: these keys are what earlier runs wrote."""
-    from fireviz.eval_settings import EvalSettings
+    from fireviz.eval.settings import EvalSettings
 
     def key(data, lengths, args, **kw):
         return eval_cache.cache_key("0" * 64, "f" * 64, EvalSettings.make(data, lengths, **kw).length_settings(*args))
@@ -1268,7 +1273,7 @@ def test_cache_keys_of_canonical_settings_never_change():
 )
 def test_every_setting_is_an_integer_or_one_clear_error(kw, match):
     """Never rounded, never a raw TypeError/ValueError from deep inside: EvaluationError naming it."""
-    from fireviz.eval_settings import EvalSettings
+    from fireviz.eval.settings import EvalSettings
 
     data, lengths = kw.pop("data", "prose"), kw.pop("lengths", [128])
     with pytest.raises(ev.EvaluationError, match=match):
@@ -1290,8 +1295,8 @@ def test_a_single_checkpoint_string_is_refused_not_read_letter_by_letter(ckpts, 
 
 
 def test_describe_is_one_key_per_computation():
-    from fireviz import jobs
-    from fireviz.eval_settings import EvalSettings
+    from fireviz.ui import jobs
+    from fireviz.eval.settings import EvalSettings
 
     a = EvalSettings.make("prose", [256, 128], device="cpu", token_budget="auto", batch_tokens=1024)
     b = EvalSettings.make("prose", [128, 256, 128], device="cpu", token_budget=None, split="validation")
@@ -1317,7 +1322,7 @@ def test_describe_is_one_key_per_computation():
 
 
 def test_bad_settings_are_refused_before_a_job_is_queued(ckpts, corpus):
-    from fireviz import jobs
+    from fireviz.ui import jobs
 
     q = jobs.JobQueue(name="review")
     for asked, match in (
@@ -1340,7 +1345,7 @@ def test_identity_and_weights_come_from_one_read(ckpts, corpus, tmp_path, cache,
     import hashlib
     import shutil
 
-    from fireviz import checkpoints as ckpt_door
+    from fireviz.checkpoints import catalog as ckpt_door
 
     a = tmp_path / "a"
     shutil.copytree(ckpts["alibi"], a)

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from fireviz import fit
+from fireviz.fit import fitting as fit
 from fireviz.encodings import FIRE, alibi_slopes
 from fireviz.encodings.specs import t5_bucket_values
-from fireviz.fit import BEYOND_FACTOR, FitResult, fit_fire, make_target
-from fireviz.fit_result import FIRE_OPTIONS_KEY, load_fitted_fire
-from fireviz.fit_targets import target_from_checkpoint, target_names
-from fireviz.fit_cli import main
-from fireviz.model import GPT, GPTConfig
+from fireviz.fit.fitting import BEYOND_FACTOR, FitResult, fit_fire, make_target
+from fireviz.fit.result import FIRE_OPTIONS_KEY, load_fitted_fire
+from fireviz.fit.targets import target_from_checkpoint, target_names
+from fireviz.cli.fit import main
+from fireviz.model.gpt import GPT, GPTConfig
 
 HEADS = 4
 
@@ -434,7 +434,7 @@ def test_python_dash_m_fireviz_fit(tmp_path):
 
 
 def test_cli_output_paths(tmp_path, capsys):
-    from fireviz.fit_cli import main as fit_main
+    from fireviz.cli.fit import main as fit_main
 
     args = ["--target", "alibi", "--max-len", "16", "--heads", "2", "--steps", "1", "--quiet"]
     assert fit_main(args + ["--out", str(tmp_path)]) == 2  # a folder is refused before fitting
@@ -447,7 +447,7 @@ def test_cli_output_paths(tmp_path, capsys):
 def test_fit_adam_equals_torch_optim_adam():
     """fit.py's written-out Adam (kept to avoid torch.optim's import cost) takes the same steps
     as torch.optim.Adam with the same settings, float64, on a non-quadratic objective."""
-    from fireviz.fit import _Adam
+    from fireviz.fit.fitting import _Adam
 
     torch.manual_seed(0)
     start = [torch.randn(3, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)]
@@ -468,7 +468,7 @@ def test_fit_adam_equals_torch_optim_adam():
 def test_overlapping_fits_restore_the_thread_count_once_both_end():
     """Two fits in app worker threads overlap as A-enter, B-enter, A-exit, B-exit; the count
     torch had before A is back only after B ends (not left at 1 by B's save/restore)."""
-    from fireviz.fit import one_torch_thread
+    from fireviz.fit.fitting import one_torch_thread
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -564,7 +564,7 @@ def test_fit_settings_name_the_bad_argument(args, kwargs, match):
 
 
 def test_checkpoint_layer_must_be_an_integer_and_cheap_checks_come_first(tmp_path, monkeypatch):
-    from fireviz import fit_targets
+    from fireviz.fit import targets as fit_targets
 
     folder, _ = _checkpoint(tmp_path, "alibi")
     for layer in (1.7, True, "1"):
@@ -608,7 +608,7 @@ def test_direct_construction_is_validated_and_a_non_finite_target_is_refused():
 
 
 def test_result_records_every_setting_and_the_checkpoint_identity(tmp_path):
-    from fireviz.checkpoints import checkpoint_sha256
+    from fireviz.checkpoints.catalog import checkpoint_sha256
     from safetensors import safe_open
 
     s = fit.FitSettings.make("alibi", 16, 2, mlp_width=4, steps=2, seed=5, lr=0.01)

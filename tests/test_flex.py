@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fireviz import flex
-from fireviz.model import GPT, GPTConfig
+from fireviz.model import flex
+from fireviz.model.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.slow  # each shape compiles once (tens of seconds on 2 shared cores)
 

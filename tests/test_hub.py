@@ -13,7 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from fireviz import analysis, biases_cli, hub, hub_families, hub_rope
+from fireviz.analysis import biases as analysis
+from fireviz.cli import biases as biases_cli
+from fireviz.checkpoints import hub
+from fireviz.checkpoints import hub_families
+from fireviz.checkpoints import hub_rope
 from fireviz.encodings import alibi_slopes
 
 from hub_server import COMMIT, HubServer
@@ -467,7 +471,8 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
 
 
 def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
-    from fireviz import fit, fit_cli
+    from fireviz.fit import fitting as fit
+    from fireviz.cli import fit as fit_cli
 
     folder = t5_folder(tmp_path / "m", model_type="umt5", heads=2)
     out = tmp_path / "fit.json"

@@ -10,9 +10,9 @@ import torch
 from conftest import run_interleaved
 import torch.nn.functional as F
 
-import fireviz.attention as attention_module
+import fireviz.model.attention as attention_module
 from fireviz.encodings import ENCODING_NAMES
-from fireviz.model import GPT, BOS_ID, CheckpointError, GPTConfig, KVCache
+from fireviz.model.gpt import GPT, BOS_ID, CheckpointError, GPTConfig, KVCache
 
 
 def tiny(name, seq_len=16, block=1024, **kw):
@@ -650,8 +650,8 @@ def test_blocked_inference_reuses_one_mask_buffer_with_the_same_output(name, mon
     (fireviz.scratch): the output is that of one block, bit for bit that of fresh masks."""
     import contextlib
 
-    import fireviz.model as model_module
-    from fireviz import scratch
+    import fireviz.model.gpt as model_module
+    from fireviz.core import scratch
 
     one, blocked = tiny(name, block=1024), tiny(name, block=6)
     blocked.load_state_dict(one.state_dict())
@@ -679,7 +679,7 @@ def test_blocked_inference_reuses_one_mask_buffer_with_the_same_output(name, mon
 def test_mask_output_reuses_only_without_autograd_and_per_thread():
     import threading
 
-    from fireviz import scratch
+    from fireviz.core import scratch
 
     assert scratch.mask_output((2, 3)).shape == (2, 3)  # no buffer: a new tensor
     with scratch.reuse_mask_memory(12):

@@ -12,10 +12,10 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from fireviz import analysis as A
-from fireviz import text_attention as TA
+from fireviz.analysis import biases as A
+from fireviz.analysis import text_attention as TA
 from fireviz import plots as P
-from fireviz.model import GPT, GPTConfig
+from fireviz.model.gpt import GPT, GPTConfig
 from plotly_data import decode, shapes, traces
 
 SEQ = 16
@@ -460,7 +460,7 @@ def test_csv_and_json_export(fire_report):
 def _doc_result(name, group, nats_by_doc, tokens, length=16):
     docs = [f"d{i}" for i in range(len(tokens))]
     mean = sum(nats_by_doc) / sum(tokens)
-    from fireviz.stats import bootstrap_ci95
+    from fireviz.eval.stats import bootstrap_ci95
 
     entry = {
         "length": length,
@@ -565,8 +565,8 @@ def test_position_parameters_figure():
 
 def test_head_bias_log_distance_and_fire_input_figures():
     import torch
-    from fireviz import analysis
-    from fireviz.model import GPT, GPTConfig
+    from fireviz.analysis import biases as analysis
+    from fireviz.model.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, seq_len=32, position_encoding="fire")).eval()
@@ -640,8 +640,9 @@ def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_tr
 
     from pypdf import PdfReader
 
-    from fireviz import analysis, plots
-    from fireviz.model import GPT, GPTConfig
+    from fireviz.analysis import biases as analysis
+    from fireviz import plots
+    from fireviz.model.gpt import GPT, GPTConfig
 
     def result(name, bpb):
         per = [

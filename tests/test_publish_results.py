@@ -141,7 +141,7 @@ def test_merge_results_keeps_other_domains_only_when_made_on_the_same_weights_an
 
 
 def test_validation_rows_keep_only_numeric_evaluations():
-    from fireviz.run_records import validation_rows
+    from fireviz.checkpoints.records import validation_rows
 
     log = [
         {"step": 0, "val_loss": 5.5, "val_loss_4x": 5.6},

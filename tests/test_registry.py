@@ -10,7 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from fireviz import analysis, evaluate, fit, fit_cli, train_cli
+from fireviz.analysis import biases as analysis
+from fireviz.eval import evaluate
+from fireviz.fit import fitting as fit
+from fireviz.cli import fit as fit_cli
+from fireviz.cli import train as train_cli
 from fireviz.encodings import (
     ENCODING_NAMES,
     EncodingSpec,
@@ -21,8 +25,8 @@ from fireviz.encodings import (
     register_encoding,
     unregister_encoding,
 )
-from fireviz.model import GPT, GPTConfig
-from fireviz import fit_targets
+from fireviz.model.gpt import GPT, GPTConfig
+from fireviz.fit import targets as fit_targets
 
 
 class ToyLinear(ToeplitzBias):

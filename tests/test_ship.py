@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from conftest import make_tiny_checkpoint
-from fireviz import checkpoints, evaluate
-from fireviz.files import read_safetensors
-from fireviz.model import GPT
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.eval import evaluate
+from fireviz.core.files import read_safetensors
+from fireviz.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("ship_checkpoint", ROOT / "scripts" / "ship_checkpoint.py")

@@ -1,10 +1,10 @@
 """The shape of the code base: one door for checkpoints.
 
-Checkpoint resolution and loading live in ``fireviz/checkpoints.py`` only: every other module
+Checkpoint resolution and loading live in ``fireviz/checkpoints/catalog.py`` only: every other module
 of the product (the library, the pages, the scripts and benchmarks) receives a loaded model
 from ``checkpoints.load_model`` / ``resolve_checkpoint``. ``GPT.from_pretrained`` is the
-model's own file format (fireviz/model.py) and is called from the door alone; downloads of
-fireviz checkpoints happen there too (``fireviz/hub.py`` reads published transformers models,
+model's own file format (fireviz/model/gpt.py) and is called from the door alone; downloads of
+fireviz checkpoints happen there too (``fireviz/checkpoints/hub.py`` reads published transformers models,
 a different thing: their config and bias tables only).
 """
 
@@ -38,18 +38,18 @@ def _calls(path: Path, names: set[str]) -> list[str]:
 
 
 def test_checkpoints_are_loaded_through_one_door():
-    door = {"fireviz/checkpoints.py"}
+    door = {"fireviz/checkpoints/catalog.py"}
     found = [
         c
         for p in PRODUCT
-        if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py"}
+        if str(p.relative_to(ROOT)) not in door | {"fireviz/model/gpt.py"}
         for c in _calls(p, {"from_pretrained"})
     ]
-    assert not found, f"load checkpoints with fireviz.checkpoints.load_model, not GPT.from_pretrained: {found}"
+    assert not found, f"load checkpoints with fireviz.checkpoints.catalog.load_model, not GPT.from_pretrained: {found}"
     fetch = [
         c
         for p in PRODUCT
-        if str(p.relative_to(ROOT)) not in door | {"fireviz/model.py", "fireviz/hub.py"}
+        if str(p.relative_to(ROOT)) not in door | {"fireviz/model/gpt.py", "fireviz/checkpoints/hub.py"}
         and not str(p.relative_to(ROOT)).startswith("benchmarks/hub_fetch")  # measures the download itself
         for c in _calls(p, {"hf_hub_download", "snapshot_download"})
     ]
@@ -69,9 +69,9 @@ def test_no_second_loader_or_identity_is_defined():
                 defined.setdefault(node.name, []).append(str(p.relative_to(ROOT)))
     # ui.load_model is the app's per-process cache (st.cache_resource) of checkpoints' loader
     # (load_model_with_identity: the model and the identity of the bytes it was loaded from)
-    assert defined.pop("load_model") == ["fireviz/checkpoints.py", "fireviz/ui/picker.py"]
+    assert defined.pop("load_model") == ["fireviz/checkpoints/catalog.py", "fireviz/ui/picker.py"]
     assert "ck.load_model_with_identity(" in (ROOT / "fireviz/ui/picker.py").read_text()
-    assert {k: v for k, v in defined.items() if v != ["fireviz/checkpoints.py"]} == {}, defined
+    assert {k: v for k, v in defined.items() if v != ["fireviz/checkpoints/catalog.py"]} == {}, defined
 
 
 #: compiled kernels (numba) are written as one loop nest on purpose

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fireviz import eval_cli
-from fireviz import evaluate as ev
-from fireviz import synthetic as S
-from fireviz.data import DataError
-from fireviz.model import BOS_ID, GPT, GPTConfig
-from fireviz.train import train
-from fireviz.train_config import apply_overrides, configs_from_tables
+from fireviz.cli import eval as eval_cli
+from fireviz.eval import evaluate as ev
+from fireviz.data import synthetic as S
+from fireviz.data.corpus import DataError
+from fireviz.model.gpt import BOS_ID, GPT, GPTConfig
+from fireviz.train.loop import train
+from fireviz.train.config import apply_overrides, configs_from_tables
 
 
 @pytest.mark.parametrize("length", [4, 5, 64, 65, 513])
@@ -128,7 +128,7 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
 
 
 def test_the_copy_config_loads():
-    from fireviz.train_config import load_config
+    from fireviz.train.config import load_config
     from pathlib import Path
 
     mc, tc = load_config(Path(__file__).resolve().parent.parent / "configs" / "copy.toml")
@@ -138,7 +138,7 @@ def test_the_copy_config_loads():
 def test_eval_cli_default_lengths_follow_a_synthetic_tasks_training_length(tmp_path, monkeypatch):
     """Without --lengths, a synthetic task is evaluated at L/4 … 16·L of the checkpoint's training
     length L (the task groups' published range), not prose's 128…8192."""
-    from fireviz.eval_settings import DEFAULT_LENGTHS
+    from fireviz.eval.settings import DEFAULT_LENGTHS
 
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(0)

@@ -15,7 +15,11 @@ import pytest
 from conftest import make_tiny_checkpoint
 from streamlit.testing.v1 import AppTest
 
-from fireviz import analysis, checkpoints, evaluate, plots, synthetic
+from fireviz.analysis import biases as analysis
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.eval import evaluate
+from fireviz import plots
+from fireviz.data import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
 COPY = ROOT / "checkpoints" / "copy"

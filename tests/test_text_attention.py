@@ -1,4 +1,4 @@
-"""Attention patterns on a text (fireviz.text_attention.attention_pattern) and their page.
+"""Attention patterns on a text (fireviz.analysis.text_attention.attention_pattern) and their page.
 
 The probabilities are checked against the model's own attention output (probabilities · V
 through the output projection equals what the attention module returns), the bias share
@@ -16,9 +16,9 @@ import torch
 from conftest import run_interleaved
 from streamlit.testing.v1 import AppTest
 
-from fireviz import attention_plots as AP
-from fireviz import text_attention as TA
-from fireviz.model import GPT, GPTConfig
+from fireviz.plots import attention as AP
+from fireviz.analysis import text_attention as TA
+from fireviz.model.gpt import GPT, GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,7 +120,8 @@ def test_attention_page_draws_the_pattern_and_the_capped_shares(tmp_path, monkey
     assert not at.exception, [e.value for e in at.exception]
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     assert figs[0]["layout"]["title"]["text"] == "fire: attention on the text, layer 1"
-    from fireviz import checkpoints, data
+    from fireviz.checkpoints import catalog as checkpoints
+    from fireviz.data import corpus as data
 
     doc = data.split_documents(data.load_documents("prose"), "validation")[0]
     want = TA.attention_pattern(checkpoints.load_model(ROOT / "checkpoints/fire"), data.document_tokens(doc)[:400], 1)
@@ -166,7 +167,7 @@ def test_two_sessions_draw_patterns_from_one_shared_model_at_once():
 
 
 def test_dilution_arguments_and_a_missing_checkpoint_are_clear_errors(tmp_path):
-    from fireviz.model import CheckpointError
+    from fireviz.model.gpt import CheckpointError
 
     model = tiny("alibi")
     toks = _tokens(40)

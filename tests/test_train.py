@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fireviz.data import DataError, load_documents, split_documents
+from fireviz.data.corpus import DataError, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
-from fireviz.model import BOS_ID, GPT, CheckpointError
-from fireviz.schedule import lr_at, validation_windows, window_starts
-from fireviz.train import train
-from fireviz.train_config import TrainConfig, TrainingError, apply_overrides, configs_from_tables, load_config
-from fireviz.train_state import read_trainer_state
-from fireviz.train_step import evaluate_windows
-from fireviz.train_cli import main
+from fireviz.model.gpt import BOS_ID, GPT, CheckpointError
+from fireviz.train.schedule import lr_at, validation_windows, window_starts
+from fireviz.train.loop import train
+from fireviz.train.config import TrainConfig, TrainingError, apply_overrides, configs_from_tables, load_config
+from fireviz.train.state import read_trainer_state
+from fireviz.train.step import evaluate_windows
+from fireviz.cli.train import main
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = (
@@ -389,7 +389,7 @@ def test_documents_too_short_for_validation_length(tmp_path, capsys):
 
 
 def test_training_data_shorter_than_one_window(tmp_path, capsys):
-    from fireviz.data import is_validation
+    from fireviz.data.corpus import is_validation
 
     ids = [f"d{i}" for i in range(200)]
     val = [i for i in ids if is_validation(i)][:2]
@@ -678,7 +678,7 @@ def test_position_parameters_are_logged_at_every_validation(encoding, names, cor
             assert all(len(v) == (mc.n_head if encoding.startswith("kerple") else 1) for v in values.values())
     # the logged values are those of the saved model at the last step
     model = GPT.from_pretrained(str(tmp_path / "run"))
-    from fireviz.train_step import position_parameters
+    from fireviz.train.step import position_parameters
 
     assert position_parameters(model) == validated[-1]["position_parameters"]
     if encoding.startswith("kerple"):
@@ -706,7 +706,7 @@ def test_kerple_parameters_below_the_bound_are_projected_and_keep_training(corpu
 # Randomized absolute positions (train.random_position_offset)
 # ------------------------------------------------------------------------------------------
 def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(corpus, tmp_path):
-    from fireviz.train_config import config_hash
+    from fireviz.train.config import config_hash
 
     mc, tc = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), []))
     mc0, tc0 = configs_from_tables(apply_overrides(_tables(corpus, max_steps=12), ["train.random_position_offset=0"]))
@@ -720,7 +720,7 @@ def test_random_position_offset_zero_is_bit_identical_and_keeps_the_config_hash(
 
 @pytest.mark.parametrize("encoding", ["fire", "alibi", "rope", "fire_nopi"])
 def test_random_position_offset_trains_and_moves_only_position_dependent_encodings(encoding, corpus, tmp_path):
-    from fireviz.schedule import position_offsets
+    from fireviz.train.schedule import position_offsets
 
     over = [f"model.position_encoding={encoding}"]
     if encoding == "fire_nopi":  # FIRE without progressive interpolation: f(psi(i - j)), i - j only
@@ -759,7 +759,7 @@ def test_random_position_offset_refuses_absolute_embeddings(corpus):
 
 def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_path):
     """From Python too (not only through a config file): the pair is refused before the first write."""
-    from fireviz.model import GPTConfig
+    from fireviz.model.gpt import GPTConfig
 
     mc = GPTConfig(
         n_layer=1, n_head=2, d_model=32, seq_len=8, position_encoding="nope", absolute_position_embedding=True
@@ -773,9 +773,9 @@ def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_p
 
 
 def test_training_also_logs_validation_on_random_windows(tmp_path):
-    from fireviz import train_cli as T
-    from fireviz.checkpoints import read_train_log, read_checkpoint
-    from fireviz.run_records import training_summary_row
+    from fireviz.cli import train as T
+    from fireviz.checkpoints.catalog import read_train_log, read_checkpoint
+    from fireviz.checkpoints.records import training_summary_row
 
     p = tmp_path / "d.jsonl"
     p.write_text(
@@ -793,10 +793,10 @@ def test_training_also_logs_validation_on_random_windows(tmp_path):
     assert evals and all(math.isfinite(r["val_loss_random"]) for r in evals)
     row = training_summary_row(read_checkpoint(tmp_path / "run"), log)
     assert row["last val loss (random windows)"] == evals[-1]["val_loss_random"]
-    from fireviz.data import load_documents, split_documents
+    from fireviz.data.corpus import load_documents, split_documents
 
     docs = split_documents(load_documents(p), "validation")
-    from fireviz.schedule import random_validation_windows
+    from fireviz.train.schedule import random_validation_windows
 
     w1 = random_validation_windows(docs, 32, 4)
     assert torch.equal(w1, random_validation_windows(docs, 32, 4)) and w1.shape[1] == 33
@@ -850,7 +850,7 @@ def test_non_finite_and_overflowing_settings_are_one_line_before_anything_is_wri
 def test_a_run_whose_numbers_overflow_names_the_settings_and_writes_no_checkpoint(where, corpus, tmp_path, monkeypatch):
     """Finite settings can still overflow (a large lr × weight_decay): a non-finite loss, or weights
     that became non-finite in the last step's update, are refused before that step's checkpoint."""
-    import fireviz.train as T
+    import fireviz.train.loop as T
 
     real = T.training_step
 
@@ -873,7 +873,7 @@ def test_a_run_whose_numbers_overflow_names_the_settings_and_writes_no_checkpoin
 def test_a_gpu_index_past_the_machines_gpus_is_a_training_error(monkeypatch):
     from types import SimpleNamespace
 
-    from fireviz.train_setup import _resolve_device
+    from fireviz.train.setup import _resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -7,16 +7,16 @@
 
 from __future__ import annotations
 
-from .alibi import ALiBi, alibi_slopes
-from .base import BIAS_QUERY_BLOCK, PositionEncoding, ToeplitzBias, relative_distance
-from .fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_cap, fire_modules
-from .kerple import KerpleLog, KerplePower
-from .nope import NoPE
-from .rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
-from .sandwich import Sandwich, sandwich_kernel
-from .t5 import T5RelativeBias, relative_position_bucket
+from fireviz.encodings.alibi import ALiBi, alibi_slopes
+from fireviz.encodings.base import BIAS_QUERY_BLOCK, PositionEncoding, ToeplitzBias, relative_distance
+from fireviz.encodings.fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_cap, fire_modules
+from fireviz.encodings.kerple import KerpleLog, KerplePower
+from fireviz.encodings.nope import NoPE
+from fireviz.encodings.rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
+from fireviz.encodings.sandwich import Sandwich, sandwich_kernel
+from fireviz.encodings.t5 import T5RelativeBias, relative_position_bucket
 
-from .registry import (
+from fireviz.encodings.registry import (
     EncodingSpec,
     encoding_names,
     encoding_spec,
@@ -25,7 +25,7 @@ from .registry import (
     register_encoding,
     unregister_encoding,
 )
-from .specs import BUILTIN_SPECS
+from fireviz.encodings.specs import BUILTIN_SPECS
 
 #: The built-in encodings (``encoding_names()`` lists these plus any registered later).
 ENCODING_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN_SPECS)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .base import ToeplitzBias
+from fireviz.encodings.base import ToeplitzBias
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:

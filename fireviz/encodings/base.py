@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..arg_checks import is_int
-from ..scratch import mask_output
+from fireviz.core.arg_checks import is_int
+from fireviz.core.scratch import mask_output
 
 #: Query rows computed at once by the default blocked ``bias``; keeps peak memory near
 #: the size of the output even for encodings with per-pair intermediates (FIRE's MLP).
@@ -163,7 +163,7 @@ def _toeplitz_rows(table: torch.Tensor, q_len: int, k_len: int, reuse: bool = Fa
     """``out[h, i, j] = table[h, i − j + k_len − 1]``: float ``[H, q_len, k_len]``, row-major,
     from a per-distance table ``[H, q_len + k_len − 1]`` (index 0: distance −(k_len − 1)
     relative to the first query). ``reuse``: no graph keeps the result, which may then go into
-    the blocked forward's reused mask memory (``fireviz.scratch``)."""
+    the blocked forward's reused mask memory (``fireviz.core.scratch``)."""
     rows = table.flip(-1).unfold(-1, k_len, 1)  # row r: the last query's row minus r
     # Gather the rows in query order, which writes a row-major mask. (rows.flip(1) gives the
     # same values but, for q_len ≠ k_len, in the view's transposed layout, and SDPA reads

@@ -31,10 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..arg_checks import is_int
-from ..kernels import LazyKernel, numba_kernel_call
-from ..scratch import mask_output
-from .base import BIAS_QUERY_BLOCK, PositionEncoding, check_position_offset, query_positions, relative_distance
+from fireviz.core.arg_checks import is_int
+from fireviz.core.kernels import LazyKernel, numba_kernel_call
+from fireviz.core.scratch import mask_output
+from fireviz.encodings.base import (
+    BIAS_QUERY_BLOCK,
+    PositionEncoding,
+    check_position_offset,
+    query_positions,
+    relative_distance,
+)
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -340,7 +346,7 @@ class FIRE(PositionEncoding):
     def bias_at(self, q_positions, k_positions) -> torch.Tensor:
         """See :meth:`PositionEncoding.bias_at`: f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4)
         on the grid's pairs only, ≤ ~2^22 MLP activations at a time."""
-        from .base import _grid_positions
+        from fireviz.encodings.base import _grid_positions
 
         qs, ks = _grid_positions(q_positions, k_positions)
         out = torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import ToeplitzBias
+from fireviz.encodings.base import ToeplitzBias
 
 KERPLE_MIN = 0.01
 KERPLE_POWER_MAX = 2.0

@@ -4,7 +4,7 @@ Generalization in Transformers"; Haviv et al. 2022."""
 
 from __future__ import annotations
 
-from .base import PositionEncoding
+from fireviz.encodings.base import PositionEncoding
 
 
 class NoPE(PositionEncoding):

@@ -4,7 +4,7 @@ An :class:`EncodingSpec` names the encoding and declares how to build it, the op
 takes, whether one module serves every layer (``static``: no parameters; ``shared``: learned
 but shared, FIRE-S) or each layer has its own (``per_layer``), the options it derives from the
 model's training length, whether it has FIRE's normalizer, and — for a bias that depends on
-``i − j`` only — how to build it as a target for ``fireviz.fit`` (Theorem 3.1) with which
+``i − j`` only — how to build it as a target for ``fireviz.fit.fitting`` (Theorem 3.1) with which
 parameters. The model, the trainer, evaluation, the bias report, the fit and the app read
 these specs; nothing falls through to a default encoding. ``register_encoding`` adds one:
 a new encoding is its class plus one spec.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .base import PositionEncoding
+from fireviz.encodings.base import PositionEncoding
 
 SHARING = ("static", "shared", "per_layer")
 
@@ -35,7 +35,7 @@ class EncodingSpec:
       normalizer: True for FIRE-like encodings with a normalizer cap (``normalizer_cap``).
       fit_params: parameters of this encoding as a fit target, or None if it cannot be one.
       fit_target: ``f(num_heads, **params) -> (encoding module, params as used)``: the target
-        with its parameters resolved (seeded draws, defaults), for ``fireviz.fit.make_target``.
+        with its parameters resolved (seeded draws, defaults), for ``fireviz.fit.fitting.make_target``.
       summary: one line for help texts.
       defaults: the value of each option when a config does not set it (None: derived, e.g.
         from the training length). A saved config.json (``config_format`` 2) names every option

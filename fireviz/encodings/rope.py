@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .base import PositionEncoding
+from fireviz.encodings.base import PositionEncoding
 
 
 def rope_inv_freq(head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:

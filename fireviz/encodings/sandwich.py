@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ToeplitzBias
+from fireviz.encodings.base import ToeplitzBias
 
 
 def sandwich_kernel(d: torch.Tensor, dbar: int = 128) -> torch.Tensor:

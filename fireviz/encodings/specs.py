@@ -2,7 +2,7 @@
 
 Each entry is the whole story of an encoding for the rest of fireviz: how it is built, its
 options, its layer sharing, what it takes from the training length, and (for biases of
-``i − j`` only) how it becomes a target of ``fireviz.fit`` — with the target builders here,
+``i − j`` only) how it becomes a target of ``fireviz.fit.fitting`` — with the target builders here,
 next to the spec they belong to.
 """
 
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from .alibi import ALiBi
-from .fire import FIRE
-from .kerple import KERPLE_MIN, KERPLE_POWER_MAX, KerpleLog, KerplePower
-from .nope import NoPE
-from .registry import EncodingSpec, register_encoding
-from .rope import RotaryEmbedding
-from .sandwich import Sandwich
-from .t5 import T5RelativeBias
+from fireviz.encodings.alibi import ALiBi
+from fireviz.encodings.fire import FIRE
+from fireviz.encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX, KerpleLog, KerplePower
+from fireviz.encodings.nope import NoPE
+from fireviz.encodings.registry import EncodingSpec, register_encoding
+from fireviz.encodings.rope import RotaryEmbedding
+from fireviz.encodings.sandwich import Sandwich
+from fireviz.encodings.t5 import T5RelativeBias
 
 
 # -- builders --------------------------------------------------------------------------------------

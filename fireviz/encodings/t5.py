@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .base import ToeplitzBias
+from fireviz.encodings.base import ToeplitzBias
 
 
 def relative_position_bucket(

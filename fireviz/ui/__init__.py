@@ -14,9 +14,9 @@ app keeps running.
 
 from __future__ import annotations
 
-from .. import checkpoints as ck
-from ..model import CheckpointError
-from ..presentation import (
+from fireviz.checkpoints import catalog as ck
+from fireviz.model.gpt import CheckpointError
+from fireviz.plots.presentation import (
     fit_file_stem,
     format_params,
     human_count,
@@ -32,8 +32,8 @@ from ..presentation import (
     split_errors,
     to_json,
 )
-from ..uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
-from .figures import (
+from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
+from fireviz.ui.figures import (
     MAX_QUERY_POSITION,
     attention_pattern,
     bias_report,
@@ -42,8 +42,8 @@ from .figures import (
     normalizer_cap_input,
     show_figure,
 )
-from .background import eval_caption, evaluation_jobs, job_panel
-from .picker import (
+from fireviz.ui.background import eval_caption, evaluation_jobs, job_panel
+from fireviz.ui.picker import (
     HOME_DETAIL_COLUMNS,
     checkpoint_caption,
     checkpoint_groups,
@@ -60,4 +60,4 @@ from .picker import (
     no_checkpoints_message,
     resolve,
 )
-from .state import EXTRA_KEY, GROUP_KEY, error, key, setup_page, sync_url, table_height, url_state
+from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, error, key, setup_page, sync_url, table_height, url_state

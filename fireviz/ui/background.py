@@ -7,10 +7,10 @@ from typing import Sequence
 
 import streamlit as st
 
-from ..model import CheckpointError
-from ..windows import EvaluationError
-from ..presentation import job_error_text
-from .state import error, key
+from fireviz.model.gpt import CheckpointError
+from fireviz.eval.windows import EvaluationError
+from fireviz.plots.presentation import job_error_text
+from fireviz.ui.state import error, key
 
 
 def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop", poll_s: float = 0.5) -> None:
@@ -21,7 +21,7 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     running; when it finishes it reruns the whole page, which then draws the result. Call
     it only for an unfinished job.
     """
-    from .. import jobs
+    from fireviz.ui import jobs
 
     q = jobs.default_queue(queue_name)
 
@@ -51,7 +51,7 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
 def _cached(paths: list[str], data: str, lengths: Sequence[int], settings: dict, suffix: str):
     """``(labelled results, None)`` of ``evaluate.cached_results`` — what is already in the cache,
     nothing computed — or ``([], error text)`` as a failed job would have it."""
-    from .. import evaluate
+    from fireviz.eval import evaluate
 
     try:
         results = evaluate.cached_results(paths, data, lengths, **settings)
@@ -84,7 +84,7 @@ def evaluation_jobs(
     is queued) are said once and their spec skipped. Returns ``(results of finished jobs and cache
     lookups, unfinished jobs)``; stops the page (``st.stop``) when a checkpoint cannot be read.
     """
-    from .. import jobs
+    from fireviz.ui import jobs
 
     results, pending = [], []
     for spec in specs:
@@ -156,7 +156,7 @@ def eval_caption(results: Sequence[dict]) -> str:
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]
-    from ..eval_cache import PUBLISHED_RESULTS
+    from fireviz.eval.cache import PUBLISHED_RESULTS
 
     published = sum(1 for e in entries if e.get("cached") and e.get("source") == PUBLISHED_RESULTS)
     cached = sum(1 for e in entries if e.get("cached")) - published

@@ -7,10 +7,10 @@ from typing import Callable, Sequence
 
 import streamlit as st
 
-from .. import checkpoints as ck
-from ..model import CheckpointError
-from ..presentation import human_count
-from .state import EXTRA_KEY, GROUP_KEY, key, url_state
+from fireviz.checkpoints import catalog as ck
+from fireviz.model.gpt import CheckpointError
+from fireviz.plots.presentation import human_count
+from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, url_state
 
 
 @st.cache_resource(ttl=5, show_spinner=False)
@@ -142,7 +142,7 @@ def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
     Raises CheckpointError for a bad folder.
     """
     if isinstance(info_or_path, ck.CheckpointInfo) and info_or_path.is_published:
-        return info_or_path.published  # position encodings only (fireviz.hub.PublishedModel)
+        return info_or_path.published  # position encodings only (fireviz.checkpoints.hub.PublishedModel)
     path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
     return _load_model(path, checkpoint_identity(path), device)
 

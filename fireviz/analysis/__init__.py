@@ -1,0 +1,1 @@
+"""Analysis of learned biases and of attention on text: curves, locality, dilution."""

@@ -1,0 +1,607 @@
+"""Find, describe and load checkpoints: one place for the app, the CLI and scripts.
+
+A checkpoint is a folder holding ``config.json`` (a ``GPTConfig``, with the trainer's
+``training`` provenance dict) and ``model.safetensors``, optionally ``train_log.jsonl``
+(one JSON object per logged step: step, tokens, loss [nats/token], lr, tokens_per_s, and
+val_loss / val_loss_4x on evaluation steps), results JSON files and a README.md model card.
+
+Where checkpoints come from:
+  * the checkpoints root: ``$FIREVIZ_CHECKPOINTS_DIR`` if set, else ``<repo>/checkpoints``;
+    every sub-folder with config.json + model.safetensors is one checkpoint;
+  * any local folder with those two files;
+  * a Hugging Face Hub repo id (``owner/name``), downloaded into the Hub cache.
+
+A checkpoint's identity is :func:`checkpoint_sha256` (its weights and config bytes);
+:func:`load_model_with_identity` gives the model and the identity of one read of the files,
+:func:`checked_config` the config with the weights' header checked against it (no tensor read).
+Nothing here imports Streamlit; nothing here unpickles (weights are safetensors only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+import re
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+from fireviz.checkpoints.records import (
+    CONFIG_FILE,
+    LOG_FILE,
+    LOG_FILE_GZ,
+    WEIGHTS_FILE,
+    CheckpointInfo,
+    _describe_data,
+    _is_number,
+    _read_json,
+    headline_numbers,
+    read_results,
+    read_train_log,
+)
+
+# the naming of extra-seed runs (``fire_seed1``), which the pages and scripts import from here
+from fireviz.checkpoints.records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_run  # noqa: F401
+from fireviz.core.files import (
+    MAX_JSON_BYTES,
+    FileFormatError,
+    check_safetensors_header,
+    parse_json,
+    read_json,
+    sha256_files,
+)
+from fireviz.model.gpt import GPT, CheckpointError, GPTConfig
+from fireviz.model.state import config_from_dict, load_state_checked
+
+# one rule for a Hub repo id and one Hub download for the app, the CLI and the library
+from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """No checkpoint at a path: it does not exist, or lacks config.json / model.safetensors.
+    The app shows one message for all of these, so it does not reveal which server paths exist."""
+
+
+#: Environment variable naming the folder whose sub-folders are the checkpoints.
+CHECKPOINTS_ENV = "FIREVIZ_CHECKPOINTS_DIR"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Files fetched from a Hub repo (never pickles: no *.bin, *.pt).
+HUB_PATTERNS = [CONFIG_FILE, WEIGHTS_FILE, LOG_FILE, LOG_FILE_GZ, "*.json", "README.md"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: Command that creates a checkpoint, shown when none is found.
+TRAIN_HINT = (
+    "python -m fireviz train --config configs/tiny.toml --set model.position_encoding=<encoding> "
+    "--out checkpoints/my_run"
+)
+
+
+def checkpoints_root() -> Path:
+    """The folder whose sub-folders are the checkpoints: ``$FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``."""
+    env = os.environ.get(CHECKPOINTS_ENV)
+    if not env:
+        return REPO_ROOT / "checkpoints"
+    try:
+        return Path(env).expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the path as given (scanning it finds nothing)
+        return Path(env).expanduser()
+
+
+def is_checkpoint_dir(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a folder holding config.json and model.safetensors."""
+    p = Path(path)
+    return p.is_dir() and (p / CONFIG_FILE).is_file() and (p / WEIGHTS_FILE).is_file()
+
+
+def checkpoint_groups(root: str | os.PathLike | None = None) -> dict[str, Path]:
+    """The groups of checkpoints under ``root`` (default :func:`checkpoints_root`), by name.
+
+    ``""`` is the root itself (its direct checkpoint folders: the bundled prose models); every
+    other group is a sub-folder that is not itself a checkpoint but holds checkpoint folders
+    directly (e.g. ``checkpoints/copy``, the synthetic copy-task models). A group has its own
+    tables and defaults: its models are never listed or compared with another group's.
+    Returns: ``{name: folder}``, the root first, then sub-folders by name; ``{"": root}`` when
+    there are no sub-groups (also when root does not exist).
+    """
+    root = Path(root) if root is not None else checkpoints_root()
+    groups = {"": root}
+    try:
+        subs = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    except OSError:
+        return groups  # an unreadable root: no groups (the scan reports it)
+    for sub in subs:
+        try:
+            if group_members(sub):
+                groups[sub.name] = sub
+        except OSError:
+            continue  # an unreadable folder is not a group
+    return groups
+
+
+def group_members(folder: Path) -> list[str]:
+    """The names of the checkpoint folders directly inside ``folder``, sorted, when ``folder`` is
+    a checkpoint group (a folder that is not itself a checkpoint, e.g. ``checkpoints/copy``); []
+    otherwise. Raises: OSError for a folder that cannot be listed."""
+    if not folder.is_dir() or is_checkpoint_dir(folder):
+        return []
+    return sorted(c.name for c in folder.iterdir() if is_checkpoint_dir(c))
+
+
+def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointInfo]:
+    """Every checkpoint folder directly under ``root`` (default :func:`checkpoints_root`), by name.
+
+    Folders that look like checkpoints but cannot be read are skipped (:func:`scan_checkpoints`
+    lists them with the reason). Returns [] if ``root`` does not exist.
+    """
+    infos, _ = scan_checkpoints(root)
+    return infos
+
+
+def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[CheckpointInfo], dict[str, str]]:
+    """Like :func:`list_checkpoints`, also returning ``{folder: problem}`` for unreadable ones."""
+    root = Path(root) if root is not None else checkpoints_root()
+    infos, problems = [], {}
+    try:
+        if not root.is_dir():
+            return infos, problems
+        subs = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError as e:
+        return infos, {str(root): f"cannot read the folder ({e.strerror or e}); check its permissions"}
+    for sub in subs:
+        try:
+            if not (sub / CONFIG_FILE).exists() and not (sub / WEIGHTS_FILE).exists():
+                continue  # not meant to be a checkpoint (e.g. a cache folder, a group)
+            infos.append(read_checkpoint(sub))
+        except CheckpointError as e:
+            problems[str(sub)] = str(e)
+        except OSError as e:  # e.g. a folder this user may not read: skipped, said once
+            problems[str(sub)] = f"cannot read the folder ({e.strerror or e}); check its permissions"
+    return infos, problems
+
+
+def _safetensors_entries(f: BinaryIO, size: int, source: str) -> dict[str, dict]:
+    """The checked header entries of the safetensors file open as ``f`` (``size`` bytes long), read
+    from its header alone. Raises: CheckpointError if the header is unreadable or the file is
+    shorter than the header says (a truncated copy or download)."""
+    fix = "copy, download or train the checkpoint again"
+    try:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > 100_000_000:
+            raise ValueError(f"header length {n} is implausible")
+        header = parse_json(f.read(n).decode("utf-8"), f"the header of {source}")
+        return check_safetensors_header(header, size - 8 - n, source)
+    except FileFormatError as e:
+        raise CheckpointError(
+            f"{e}; {fix}" if "truncated" in str(e) else f"{source} is not a readable safetensors file ({e}); {fix}"
+        ) from e
+    except (OSError, struct.error, ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{source} is not a readable safetensors file ({e}); {fix}") from e
+
+
+def _weights_header(weights: Path) -> dict[str, dict]:
+    """:func:`_safetensors_entries` of the file ``weights``. Raises: CheckpointError."""
+    try:
+        with open(weights, "rb") as f:
+            return _safetensors_entries(f, os.fstat(f.fileno()).st_size, str(weights))
+    except OSError as e:
+        raise CheckpointError(
+            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
+        ) from e
+
+
+def count_parameters(weights: str | os.PathLike) -> int:
+    """Parameters stored in a safetensors file, from its header alone (no tensor is read).
+
+    Tied weights are stored once in safetensors, so they are counted once.
+    Raises: CheckpointError if the header is unreadable or the file is shorter than the
+      header says (a truncated copy or download).
+    """
+    entries = _weights_header(Path(weights))
+    return int(sum(math.prod(v["shape"]) for v in entries.values()))
+
+
+def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: str | None = None) -> CheckpointInfo:
+    """Describe the checkpoint folder ``path`` from its files (weights are not loaded).
+
+    Returns: a :class:`CheckpointInfo`.
+    Raises: CheckpointError if config.json or model.safetensors is missing or unreadable,
+      naming the file and what to do.
+    """
+    p = _local_path(path)
+    _folder_files(p, path)
+    p = p.resolve()
+    config = _read_json(p / CONFIG_FILE)
+    config_from_dict(config, str(p / CONFIG_FILE))  # every field that changes the numbers, well typed
+    training = config.get("training") if isinstance(config.get("training"), dict) else {}
+    problems: dict[str, str] = {}
+    try:
+        log = read_train_log(p)
+    except CheckpointError as e:  # a broken log costs the log, not the checkpoint
+        log, problems[LOG_FILE] = [], str(e)
+    results = read_results(p, problems)
+    tokens = None
+    for k in ("tokens", "tokens_seen", "training_tokens", "total_tokens"):
+        v = training.get(k)
+        if _is_number(v) and 0 <= v < 1e15:  # a token count (1e15 is far beyond any run)
+            tokens = int(v)
+            break
+    if tokens is None:
+        logged = [r["tokens"] for r in log if _is_number(r.get("tokens")) and 0 <= r["tokens"] < 1e15]
+        tokens = int(logged[-1]) if logged else None
+    seq_len = int(config.get("seq_len", 0))
+    return CheckpointInfo(
+        name=name or p.name,
+        path=str(p),
+        source="hub" if repo_id else "local",
+        config=config,
+        position_encoding=str(config["position_encoding"]),
+        num_parameters=count_parameters(p / WEIGHTS_FILE),
+        seq_len=seq_len,
+        training=training,
+        training_tokens=tokens,
+        data=_describe_data(training),
+        results=results,
+        headline=headline_numbers(seq_len, results, log),
+        repo_id=repo_id,
+        problems=problems,
+    )
+
+
+def resolve_checkpoint(
+    ref: str, root: str | os.PathLike | None = None, local_files_only: bool = False
+) -> CheckpointInfo:
+    """Find a checkpoint by name under the root, local folder path, or Hub repo id.
+
+    Order: an existing local path (as every other door takes a reference), then a folder name
+    under ``root`` (default :func:`checkpoints_root`; ``group/name`` for a checkpoint group's
+    folder such as ``copy/fire``), then a Hub repo id (downloads config.json, model.safetensors, train_log.jsonl[.gz],
+    results JSON and README.md into the Hub cache; never pickles).
+    Returns: the :class:`CheckpointInfo` of the local folder.
+    Raises: CheckpointError with the reason and the fix: not found, not a checkpoint folder,
+      or the Hub could not be reached (offline) / has no such repo.
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise CheckpointError(
+            "no checkpoint given; pick one from the list, or type a folder path or a Hugging Face repo id (owner/name)"
+        )
+    root = Path(root) if root is not None else checkpoints_root()
+    local = Path(ref).expanduser()
+    if local.is_dir() and _is_transformers_folder(local):
+        return published_info(str(local))
+    if local.exists():  # an existing path first, as every other door takes it (_local_path)
+        return read_checkpoint(local)
+    if "/" not in ref and not _spelled_as_path(ref) and (root / ref).is_dir():
+        return read_checkpoint(root / ref)
+    grouped = _group_folder(ref, root)
+    if grouped is not None:
+        return read_checkpoint(grouped)
+    if looks_like_hub_id(ref) and not local_files_only:
+        from fireviz.checkpoints import hub
+
+        try:
+            return published_info(ref)
+        except hub.NotPublishedModelError:
+            pass  # a fireviz checkpoint on the Hub: fetched below
+        # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
+    if not looks_like_hub_id(ref):
+        raise _not_found(ref, root)
+    folder = download_checkpoint(ref, HUB_PATTERNS, local_files_only=local_files_only)
+    return read_checkpoint(folder, name=ref, repo_id=ref)
+
+
+def _is_transformers_folder(folder: Path) -> bool:
+    from fireviz.checkpoints import hub
+
+    try:
+        return (
+            hub.is_transformers_config(read_json(folder / CONFIG_FILE)) if (folder / CONFIG_FILE).is_file() else False
+        )
+    except FileFormatError:
+        return False
+
+
+def published_info(ref: str, stack: str = "decoder", revision: str | None = None) -> CheckpointInfo:
+    """A :class:`CheckpointInfo` for a published model (a transformers folder or a Hub id), read
+    through ``fireviz.checkpoints.hub.load_published`` (config.json, and for T5-family models the bias
+    tables only). Raises: ``fireviz.checkpoints.hub.HubModelError`` (a CheckpointError) naming the problem."""
+    from fireviz.checkpoints import hub
+
+    model = hub.load_published(ref, stack=stack, revision=revision)
+    c = model.config
+    return CheckpointInfo(
+        name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
+        path=str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().is_dir() else ref,
+        source="published",
+        config={
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "seq_len": c.seq_len,
+            "position_encoding": c.position_encoding,
+            "family": c.family,
+            "model_type": c.model_type,
+            "revision": c.revision,
+            "stack": c.stack,
+        },
+        position_encoding=c.position_encoding,
+        num_parameters=0,
+        seq_len=c.seq_len,
+        data="(published model)",
+        repo_id=ref if hub.looks_like_hub_id(ref) else None,
+        published=model,
+    )
+
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def _local_path(checkpoint: str | os.PathLike) -> Path:
+    """The local path a checkpoint reference names: the path itself (``~`` expanded) when it
+    exists, else for a bare name (``fire``) that folder under :func:`checkpoints_root`, as
+    :func:`resolve_checkpoint` takes it, or for ``group/name`` (``copy/fire``) a checkpoint
+    group's folder there, else the path as given (which does not exist).
+    Raises: CheckpointError for a reference that is not a path or a string."""
+    if not isinstance(checkpoint, (str, os.PathLike)) or not str(checkpoint).strip() or "\0" in str(checkpoint):
+        raise CheckpointError(
+            f"a checkpoint is a folder path, a checkpoint name or a Hugging Face repo id (owner/name), "
+            f"not {checkpoint!r}"
+        )
+    path = Path(checkpoint).expanduser()
+    if not path.exists() and len(path.parts) == 1 and not _spelled_as_path(checkpoint):
+        named = checkpoints_root() / path.name
+        if named.is_dir():
+            return named
+    grouped = None if path.exists() else _group_folder(checkpoint, checkpoints_root())
+    return grouped if grouped is not None else path
+
+
+def _group_folder(ref: str | os.PathLike, root: Path) -> Path | None:
+    """``root/group/name`` for a reference ``group/name`` (``copy/fire``) naming a checkpoint
+    group's folder under ``root`` (one holding config.json), else None. Never leaves ``root``.
+    Callers look for a local path ``ref`` first.
+    Raises: CheckpointNotFoundError for a name the group lacks (``copy/fier``): answered here,
+    naming the group's checkpoints, not sent to the Hub."""
+    rel = Path(ref)
+    if len(rel.parts) != 2 or ".." in rel.parts or _spelled_as_path(ref):
+        return None
+    folder = root / rel
+    if (folder / CONFIG_FILE).is_file():
+        return folder
+    if members := group_members(root / rel.parts[0]):
+        raise CheckpointNotFoundError(
+            f"checkpoint {str(ref)!r} not found: the checkpoint group {rel.parts[0]!r} under {root} has no "
+            f"{rel.parts[1]!r}; it holds {', '.join(members)} (check the spelling)"
+        )
+
+
+def _spelled_as_path(ref: str | os.PathLike) -> bool:
+    """``ref`` is written as a path (``./fire``, ``../x``, ``/abs``, ``~/x``): it names that path
+    only, never a checkpoint name or group under the root (``Path`` would drop a leading ``./``)."""
+    return str(ref).startswith((".", "/", "~", os.sep))
+
+
+def _not_found(ref, root: Path | None = None) -> CheckpointNotFoundError:
+    """The one error for a checkpoint reference that names nothing (every door says it so)."""
+    return CheckpointNotFoundError(
+        f"checkpoint {str(ref)!r} not found: it is neither a checkpoint name under "
+        f"{root if root is not None else checkpoints_root()}, an existing folder, nor a Hugging Face "
+        "repo id (owner/name); check the spelling or the path"
+    )
+
+
+def _folder_files(path: Path, ref) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of the local checkpoint folder ``path`` (``ref`` as given).
+    Raises: CheckpointNotFoundError, one message per problem: nothing there, a file, or a folder
+    without one of the two files."""
+    if not path.is_dir():
+        if path.exists():
+            raise CheckpointNotFoundError(
+                f"checkpoint {path} is a file, not a checkpoint folder; give the folder holding "
+                f"{CONFIG_FILE} and {WEIGHTS_FILE}"
+            )
+        raise _not_found(ref)
+    files = path / CONFIG_FILE, path / WEIGHTS_FILE
+    missing = [f.name for f in files if not f.is_file()]
+    if missing and (members := group_members(path)):  # a group of checkpoints (checkpoints/copy), not one
+        raise CheckpointNotFoundError(
+            f"{path} is a group of checkpoints, not one; name one of them: "
+            + ", ".join(f"{ref if isinstance(ref, str) else path}/{m}" for m in members)
+        )
+    if missing:
+        raise CheckpointNotFoundError(
+            f"{path} has no {' or '.join(missing)}: not a fireviz checkpoint folder (create one with {TRAIN_HINT})"
+        )
+    return files
+
+
+def checkpoint_folder(checkpoint: str | os.PathLike) -> Path | None:
+    """The local folder a checkpoint reference names (a path, ``~`` expanded, or a name under
+    :func:`checkpoints_root`, as :func:`checkpoint_files` takes it); None when there is none here
+    (a Hub repo id, or nothing). Nothing is downloaded. Raises: CheckpointError for a reference
+    that is not a path or a string."""
+    path = _local_path(checkpoint)
+    return path if path.is_dir() else None
+
+
+def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
+    """``(config.json, model.safetensors)`` of a checkpoint folder (``~`` expanded), a checkpoint
+    name under :func:`checkpoints_root` (``fire``, as :func:`resolve_checkpoint` takes it; an
+    existing local path of that name comes first), or a fireviz checkpoint on the Hugging Face
+    Hub (``owner/name``, :func:`looks_like_hub_id`; fetched into the huggingface_hub cache).
+
+    Raises: CheckpointNotFoundError (a CheckpointError) if there is no such folder or repo, it
+      is a file, or a file is missing; CheckpointError if the Hub files cannot be fetched.
+    """
+    path = _local_path(checkpoint)
+    name = str(checkpoint)
+    if path.exists() or not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is local
+        return _folder_files(path, checkpoint)
+    return _folder_files(download_checkpoint(name, [CONFIG_FILE, WEIGHTS_FILE]), checkpoint)
+
+
+def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
+    """The identity of a checkpoint: sha256 (hex) of ``model.safetensors`` followed by
+    ``config.json`` bytes (the evaluation and dilution caches' key, the jobs' key, results'
+    ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as :func:`checkpoint_files`."""
+    config, weights = checkpoint_files(checkpoint)
+    try:  # memoized per (file, modification time, size) of both: asking again is free
+        memo = tuple((str(f.resolve()), st.st_mtime_ns, st.st_size) for f in (weights, config) for st in (f.stat(),))
+        if memo not in _FINGERPRINTS:
+            _FINGERPRINTS[memo] = sha256_files(weights, config)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {weights} or {config}: {e}") from e
+    return _FINGERPRINTS[memo]
+
+
+def _weights_match(entries: dict[str, dict], config: GPTConfig, source: str) -> None:
+    """Raises: CheckpointError unless the tensors a safetensors header names are those of the model
+    of ``config`` — names and shapes, as ``load_state_checked`` requires — without reading any."""
+    import torch
+
+    with torch.device("meta"):  # the structure alone: nothing is allocated
+        own = {k: tuple(t.shape) for k, t in GPT(config).state_dict().items()}
+    stored = {k: tuple(e["shape"]) for k, e in entries.items()}
+    for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
+        if a not in stored and b in stored:  # safetensors keeps one name of a tied pair
+            stored[a] = stored[b]
+    missing, unexpected = sorted(set(own) - set(stored)), sorted(set(stored) - set(own))
+    mismatched = [f"{k}: file {stored[k]} vs config {own[k]}" for k in own if k in stored and stored[k] != own[k]]
+    parts = [
+        f"{what} {names[:5]}"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
+        if names
+    ]
+    if parts:
+        raise CheckpointError(f"{source} does not match its config.json: " + "; ".join(parts))
+
+
+def checked_config(checkpoint: str | os.PathLike) -> GPTConfig:
+    """A checkpoint's validated config, its weights checked against it from the safetensors header
+    alone (a complete file holding exactly the model's tensors, by name and shape); no tensor is
+    read. What :func:`load_model` would refuse for the files, but NaN/inf values and a tied pair
+    stored twice with different values (those need the weights).
+    Raises: CheckpointError as :func:`load_model`."""
+    config_path, weights_path = checkpoint_files(checkpoint)
+    try:
+        config = config_from_dict(read_json(config_path), str(config_path))
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+    _weights_match(_weights_header(weights_path), config, str(weights_path))
+    return config
+
+
+def _read_bytes(path: Path, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes of ``path`` and the state of the file they were read from (one open)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if limit is not None and st.st_size > limit:
+                raise CheckpointError(
+                    f"{path} is {st.st_size:,} bytes, more than the {limit:,} read for a JSON file; "
+                    "it is not a file fireviz wrote — restore it or train the checkpoint again"
+                )
+            return f.read(), st
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+
+
+def load_model_with_identity(checkpoint: str | os.PathLike, device: str = "cpu") -> tuple[GPT, str]:
+    """``(model, identity)`` of a checkpoint from ONE read of its files: the model as
+    :func:`load_model` loads it (strict, safetensors only, eval mode, on ``device``) and the
+    sha256 of exactly those bytes — :func:`checkpoint_sha256`'s value for them — so a weights
+    file replaced while it is read (a training run writing an interim checkpoint) can never give
+    numbers of one file under the identity of another.
+    Raises: CheckpointError as :func:`load_model`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    config_path, weights_path = checkpoint_files(checkpoint)
+    weights, w_st = _read_bytes(weights_path)
+    config_bytes, c_st = _read_bytes(config_path, MAX_JSON_BYTES)
+    h = hashlib.sha256(weights)
+    h.update(config_bytes)  # weights then config, as checkpoint_sha256 hashes them
+    memo = tuple(
+        (str(f.resolve()), st.st_mtime_ns, st.st_size) for f, st in ((weights_path, w_st), (config_path, c_st))
+    )
+    _FINGERPRINTS[memo] = sha = h.hexdigest()
+    try:
+        config = config_from_dict(parse_json(config_bytes.decode("utf-8"), str(config_path)), str(config_path))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"cannot read {config_path}: {e}") from e
+    except FileFormatError as e:
+        raise CheckpointError(str(e)) from e
+    try:
+        model = GPT(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json of {checkpoint} is invalid: {e}") from e
+    except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
+        raise CheckpointError(
+            f"the model of {checkpoint} does not fit in memory ({str(e).splitlines()[0][:200]})"
+        ) from e
+    _safetensors_entries(io.BytesIO(weights), len(weights), str(weights_path))  # as load_model says it
+    try:
+        state = load(weights)
+    except (SafetensorError, ValueError) as e:
+        raise CheckpointError(
+            f"{weights_path} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
+        ) from e
+    load_state_checked(model, state, source=str(weights_path))
+    return model.to(device).eval(), sha
+
+
+def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
+    """Load the GPT of a checkpoint folder (or a fireviz checkpoint's Hub id) through
+    safetensors only (never pickle, strict), on ``device``, in eval mode. The one loader:
+    evaluation, analysis, fitting and the app all call it.
+
+    Raises: CheckpointError (CheckpointNotFoundError when there is nothing there) for a
+      missing, corrupt or inconsistent checkpoint; never another exception type for bad files.
+    """
+    config, weights = checkpoint_files(path)
+    _weights_header(weights)  # a junk or truncated file: the message read_checkpoint gives
+    try:
+        model = GPT.from_pretrained(str(config.parent), map_location=device)
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not load: {type(e).__name__}: {e}") from e
+    return model.to(device).eval()
+
+
+def load_model_or_published(ref: str, stack: str = "decoder", revision: str | None = None, with_identity: bool = False):
+    """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
+    a folder whose config.json names ``model_type`` or a repo id not on disk is read through
+    ``fireviz.checkpoints.hub``; everything else is a fireviz checkpoint (:func:`load_model`).
+    ``with_identity``: return ``(model, sha)`` instead — a fireviz checkpoint's identity of exactly
+    the bytes loaded (:func:`load_model_with_identity`), None for a published model.
+    Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
+    from fireviz.checkpoints import hub
+
+    def fireviz(r):
+        return load_model_with_identity(r) if with_identity else load_model(r)
+
+    def published(model):
+        return (model, None) if with_identity else model
+
+    folder = _local_path(ref)
+    cfg = folder / "config.json"
+    if folder.is_dir() and cfg.is_file():
+        try:
+            is_published = hub.is_transformers_config(read_json(cfg))
+        except ValueError:
+            is_published = False  # let the checkpoint loader name the problem
+        return published(hub.load_published(str(folder), stack=stack)) if is_published else fireviz(folder)
+    if hub.looks_like_hub_id(str(ref)):
+        try:
+            return published(hub.load_published(ref, stack=stack, revision=revision))
+        except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
+            pass
+    return fireviz(ref)
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is visible to torch, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,441 @@
+"""``python -m fireviz eval``: perplexity / bits per byte vs evaluation length, as a table.
+
+A thin layer over ``fireviz.eval.evaluate.evaluate_many``: parses the arguments into its settings,
+prints progress and the tables (``format_table``), writes ``--out`` / ``--figure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Sequence
+
+from fireviz.eval import stats
+from fireviz.data.corpus import DOMAINS, DataError
+from fireviz.eval.settings import DEFAULT_LENGTHS, SPLITS, SYNTHETIC_SEQUENCES
+from fireviz.eval.variants import ROPE_SCALINGS
+from fireviz.eval.evaluate import evaluate_many
+from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
+from fireviz.core.files import write_json_atomic
+from fireviz.model.gpt import CheckpointError
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+def _ci_text(ci, signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f" [{ci[0]:{f}}, {ci[1]:{f}}]" if isinstance(ci, list) and len(ci) == 2 else ""
+
+
+def _render(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned text rows: the first three columns left-aligned, the numbers right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
+    """The text line (data, split, protocol) and the table of documents / windows / tokens per length."""
+    s0 = results[0]["settings"] if results else {}
+    text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
+    if s0.get("mode") == "same_text":
+        d = s0.get("documents_scored")
+        text += (
+            f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
+            f"every length ({s0.get('documents_skipped')} shorter documents skipped)"
+        )
+    task = s0.get("mode") == "synthetic"
+    if task:
+        text = (
+            f"task: {s0.get('data')}, {s0.get('token_budget')} fresh sequences of each length "
+            + ("(the published set; " if not s0.get("seed") else f"(drawn with seed {s0.get('seed')}; ")
+            + "the same for every checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
+            "positions are scored"
+        )
+    first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
+    for r in results:
+        for e in r["per_length"]:
+            if "error" not in e:
+                first.setdefault(e["length"], e)
+    shown_rows = [
+        ("sequences" if task else "documents", "documents"),
+        ("windows", "windows"),
+        ("answer tokens scored" if task else "tokens scored", "tokens_scored"),
+    ]
+    if s0.get("mode") in ("nonoverlapping", "sliding"):
+        shown_rows.insert(1, ("documents too short", "documents_skipped"))
+    rows = [
+        [label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths]
+        for label, key in shown_rows
+    ]
+    return [text] + _render(["length", "", ""] + [str(n) for n in lengths], rows)
+
+
+def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cell, keep=lambda e: True) -> list[str]:
+    """A titled table: one row per result (name, encoding, training length), ``cell(entry)`` per length."""
+    names = [r["checkpoint"] for r in results]
+    rows = []
+    for r in results:
+        # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
+        name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
+        cap = r.get("normalizer_cap")
+        enc = (
+            r["position_encoding"]
+            + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling") else "")
+            + (f" cap {cap}" if cap else "")
+        )
+        cells = {e["length"]: cell(e) for e in r["per_length"] if keep(e)}
+        rows.append([name, enc, str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
+    return ["", title] + _render(["checkpoint", "enc", "train"] + [str(n) for n in lengths], rows)
+
+
+def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
+    out = []
+    few = sorted(
+        {
+            e["length"]
+            for r in results
+            for e in r["per_length"]
+            if "error" not in e and "per_document" in e and e.get("ci95") is None
+        }
+    )
+    if few:
+        out += [
+            f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
+            "(sequences) scored; a bootstrap over so few would look far more certain than it is)"
+        ]
+    caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
+    if caps:
+        short = [n for n in lengths if n <= min(caps)]
+        out += [
+            f"(the normalizer cap changes FIRE only at query positions beyond {min(caps)} tokens"
+            + (f": at {', '.join(map(str, short))} the capped numbers equal the plain ones)" if short else ")")
+        ]
+    return out
+
+
+def format_table(results: Sequence[dict]) -> str:
+    """A plain-text report: what was scored per length (documents, windows, tokens), then one
+    row per checkpoint with "bpb [95 % CI]" cells (answer accuracy too for a task), then the
+    paired differences against the reference checkpoint with their 95 % intervals, then errors."""
+    lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
+    task = bool(results) and results[0]["settings"].get("mode") == "synthetic"
+    out = _what_was_scored(results, lengths)
+    out += _per_checkpoint(
+        results,
+        lengths,
+        (
+            "bits per answer token [95 % bootstrap interval over sequences]"
+            if task
+            else "bits per byte [95 % bootstrap interval over documents]"
+        )
+        + " by evaluation length in tokens",
+        lambda e: "error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")),
+    )
+    if any("accuracy" in e for r in results for e in r["per_length"]):
+        out += _per_checkpoint(
+            results,
+            lengths,
+            "answer accuracy [95 % interval over sequences] / share of sequences copied without error",
+            lambda e: f"{e['accuracy']:.3f}" + _ci_text(e.get("accuracy_ci95")) + f" / {e['sequence_accuracy']:.2f}",
+            keep=lambda e: "accuracy" in e,
+        )
+    out += _notes(results, lengths)
+    paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
+    if paired:
+        ref = next(e["paired_reference"] for e in paired[0]["per_length"] if e.get("paired_reference"))
+        ref_cap = next((r.get("normalizer_cap") for r in results if r["checkpoint"] == ref), None)
+        ref += f" (normalizer cap {ref_cap})" if ref_cap else ""  # the reference as it was evaluated
+        out += _per_checkpoint(
+            paired,
+            lengths,
+            f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same "
+            "windows [95 % interval]; negative = better than the reference",
+            lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
+            keep=lambda e: "paired_delta_bpb" in e,
+        )
+    errors = [
+        f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"] if "error" in e
+    ]
+    if errors:
+        out += ["errors:"] + list(dict.fromkeys(errors))
+    return "\n".join(out)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})")
+    if not lengths:
+        raise argparse.ArgumentTypeError("give at least one length")
+    return lengths
+
+
+def _parse_budget(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"token budget must be an integer, 0 (every window) or auto (got {text!r})")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"token budget must be >= 0 (got {value})")
+    return value or None
+
+
+def _add_text_arguments(p: argparse.ArgumentParser) -> None:
+    """What is scored: the data, lengths, protocol, budget, seed and split."""
+    p.add_argument(
+        "--data",
+        default="prose",
+        help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
+        f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
+        "%(default)s, the "
+        "bundled checkpoints' training domain)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_parse_lengths,
+        default=None,
+        help=f"comma-separated window lengths in tokens (default {','.join(map(str, DEFAULT_LENGTHS))}; on a "
+        "synthetic task the first checkpoint's training length L times 1/4, 1/2, 1, 2, 4, 8, 16)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="same_text (default): the first M tokens of every document holding the largest length M, "
+        "at every length; nonoverlapping: random windows per length; sliding: with --stride",
+    )
+    p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
+    p.add_argument(
+        "--token-budget",
+        type=_parse_budget,
+        default="auto",
+        help=f"target tokens per length; default: every qualifying document for same_text, "
+        f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the documents or windows drawn (with --token-budget), or of a synthetic task's sequences (0: the published set)",
+    )
+    p.add_argument(
+        "--prefix-tokens",
+        type=int,
+        default=None,
+        metavar="M",
+        help="same_text: score the first M tokens of each document holding them at every length (default: "
+        "the largest length); e.g. --lengths 128 --prefix-tokens 8192 is the 128 column of a 128…8192 run",
+    )
+    p.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="validation",
+        help="documents to evaluate on (default %(default)s; 'all' for a small file of your own)",
+    )
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """How the checkpoints run: cap, reference, RoPE scaling, buckets, device, batch size."""
+    p.add_argument(
+        "--normalizer-cap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="FIRE/FIRE-S: evaluate with the normalizer ψ(min(max(L, i), N)), N in tokens "
+        "(e.g. the training length); other checkpoints are unaffected",
+    )
+    p.add_argument(
+        "--reference",
+        default=None,
+        metavar="CKPT",
+        help="checkpoint the others are paired against (default: the first given)",
+    )
+    p.add_argument(
+        "--rope-scaling",
+        choices=ROPE_SCALINGS,
+        default=None,
+        help="zero-shot RoPE extension (factor = length / training length)",
+    )
+    p.add_argument(
+        "--position-buckets",
+        type=int,
+        default=DEFAULT_POSITION_BUCKETS,
+        help="equal-width buckets of the loss-by-position curve (default %(default)s)",
+    )
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="tokens per forward batch (default 8192 on CPU, 16384 on CUDA; not part of the cache key)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m fireviz eval`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
+    )
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoints: folder paths, bundled names (fire, copy/fire) or Hugging Face repo ids; the first is the paired reference unless --reference says otherwise",
+    )
+    _add_text_arguments(p)
+    _add_model_arguments(p)
+    p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
+    p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
+    p.add_argument(
+        "--figure",
+        default=None,
+        metavar="FILE",
+        help="also write the perplexity-vs-length figure: .svg, .pdf or .png (for a paper: 6.9 in "
+        "wide, serif 8 pt) or .html (interactive)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+class _ProgressBar:
+    """``progress(done, total, message)`` for evaluate_many as a tqdm bar on stderr (tokens, not
+    windows: a 16k-token window is 128× a 128-token one; the message carries the ETA). Created
+    on the first report, so an early error prints one line only; nothing with ``quiet``."""
+
+    #: seconds between plain progress lines when stderr is not a terminal (a log, nohup, a pipe)
+    LINE_EVERY = 30.0
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.bar = quiet, None
+        self.plain = not sys.stderr.isatty()
+        self.last_line = None
+
+    def __call__(self, done: int, total: int, message: str) -> None:
+        if self.quiet or (self.bar is None and total == 0):
+            return
+        if self.plain:  # tqdm draws nothing here: a line now and then, so a long run does not look hung
+            now = time.monotonic()
+            if self.last_line is None or now - self.last_line >= self.LINE_EVERY or done >= total:
+                self.last_line = now
+                print(f"fireviz eval: {done:,}/{total:,} tokens · {message[:100]}", file=sys.stderr, flush=True)
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            # no rate or ETA: a cached length jumps ahead at once and would make both meaningless
+            self.bar = tqdm(
+                total=total,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                disable=None,  # None: off when not a terminal
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} tokens [{elapsed}]",
+            )
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_description_str(message[:100], refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _write_figure(results: list[dict], path: str) -> bool:
+    """Write the perplexity-vs-length figure of the evaluated lengths to ``path``; False (and
+    one stderr line) if that fails."""
+    from fireviz import plots  # the CLI layer draws; the library above only computes
+
+    try:
+        shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
+        print(f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), path)}")
+    except (ValueError, plots.FigureExportError, OSError) as e:
+        print(f"fireviz eval: error: --figure {path}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _default_lengths(checkpoints: list[str], data: str) -> list[int]:
+    """The lengths evaluated without ``--lengths``: DEFAULT_LENGTHS (128…8192), or on a synthetic
+    task (``synthetic:copy``, whose models train on short sequences) L/4 … 16·L around the first
+    checkpoint's training length L, as the task groups are published (16…1024 for L = 64).
+    Raises: CheckpointError when that checkpoint's config cannot be read (evaluate_many's message)."""
+    from fireviz.data import synthetic
+    from fireviz.checkpoints.catalog import checked_config
+
+    if not synthetic.is_synthetic(str(data)) or not checkpoints:
+        return list(DEFAULT_LENGTHS)
+    seq_len = checked_config(checkpoints[0]).seq_len
+    # a task sequence needs a few tokens (the copy task at least 4): shorter defaults are left out
+    return sorted({n for n in (seq_len * k // 4 for k in (1, 2, 4, 8, 16, 32, 64)) if n >= 4} | {seq_len})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
+    or when no length of any checkpoint could be evaluated, 130 when interrupted."""
+    args = build_parser().parse_intermixed_args(argv)
+    from fireviz.plots.export import figure_path_problem
+    from fireviz.core.files import output_path_problem
+
+    problem = output_path_problem(args.out) if args.out is not None else None  # bad output paths before the evaluation
+    if problem is None and args.figure is not None:
+        problem = figure_path_problem(args.figure)
+    if problem:
+        print(f"fireviz eval: error: {problem}", file=sys.stderr)
+        return 2
+    bar = _ProgressBar(args.quiet)
+    try:
+        results = evaluate_many(
+            args.checkpoints,
+            args.data,
+            args.lengths or _default_lengths(args.checkpoints, args.data),
+            mode=args.mode,
+            stride=args.stride,
+            token_budget=args.token_budget,
+            seed=args.seed,
+            rope_scaling=args.rope_scaling,
+            split=args.split,
+            position_buckets=args.position_buckets,
+            device=args.device,
+            batch_tokens=args.batch_tokens,
+            progress=bar,
+            cache_dir=args.cache_dir,
+            use_cache=not args.no_cache,
+            normalizer_cap=args.normalizer_cap,
+            prefix_tokens=args.prefix_tokens,
+            reference=0 if args.reference is None else args.reference,
+        )
+    except (CheckpointError, DataError, EvaluationError) as e:
+        bar.close()
+        print(f"fireviz eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        bar.close()
+        print("fireviz eval: interrupted; finished lengths are cached", file=sys.stderr)
+        return 130
+    bar.close()
+    print(format_table(results))
+    if args.out:
+        try:
+            write_json_atomic(args.out, results)
+        except OSError as e:  # a place that takes no file (/proc, a full disk); the numbers stay cached
+            print(f"fireviz eval: error: cannot write {args.out}: {e}; the results are cached", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out}")
+    evaluated = any("error" not in e for r in results for e in r["per_length"])
+    if args.figure and evaluated and not _write_figure(results, args.figure):
+        return 2
+    if not evaluated:
+        first = next(e["error"] for r in results for e in r["per_length"])
+        print(f"fireviz eval: error: no length could be evaluated: {first}", file=sys.stderr)
+        return 2
+    return 0

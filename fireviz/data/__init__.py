@@ -1,0 +1,1 @@
+"""Text in, tokens out: bundled corpora, the train/validation split, training windows, synthetic tasks."""

@@ -1,0 +1,1 @@
+"""Evaluation: perplexity / bits per byte versus length, windows, scoring, intervals, the cache."""

@@ -1,0 +1,191 @@
+"""The evaluation cache: where a finished length is kept, and the shipped results read like it.
+
+A result is stored under ``<cache>/<key>.json`` (``default_cache_dir``: ``$FIREVIZ_CACHE_DIR``
+or ``~/.cache/fireviz/eval``), the key the sha256 of the checkpoint's identity
+(``checkpoints.checkpoint_sha256``), the data fingerprint and every setting that decides the
+numbers (``eval_settings.EvalSettings.length_settings``). A checkpoint folder's own
+``results.json`` (the shipped numbers) is read as a read-only cache under the same key. An
+entry that is not what fireviz writes (wrong types, non-finite numbers, missing fields) is
+ignored, never shown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+from fireviz.eval import stats
+from fireviz.core.files import FileFormatError, read_json
+
+_PER_LENGTH_FIELDS = (
+    "length",
+    "nats_per_token",
+    "perplexity",
+    "bits_per_byte",
+    "tokens_scored",
+    "windows",
+    "loss_by_position",
+)
+#: fields added after the first round of results: checked when present, required in same_text
+_PER_DOCUMENT_FIELDS = ("doc", "nats", "tokens")
+
+
+def default_cache_dir() -> Path:
+    """``$FIREVIZ_CACHE_DIR`` if set, else ``~/.cache/fireviz/eval``."""
+    env = os.environ.get("FIREVIZ_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "fireviz" / "eval"
+
+
+def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> str:
+    """sha256 (hex) of the checkpoint hash, data fingerprint and canonical settings JSON."""
+    blob = json.dumps(
+        {"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint, "settings": length_settings},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _valid_entry(entry: object, length: int) -> bool:
+    # what summarize() writes, checked deep enough that a damaged cache entry or results.json
+    # is recomputed (or ignored) rather than shown or crashing a figure
+    if not isinstance(entry, dict) or any(k not in entry for k in _PER_LENGTH_FIELDS) or entry["length"] != length:
+        return False
+    nats, ppl, bpb = (entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte"))
+    if not (_number(nats) and _number(ppl) and _number(bpb) and nats >= 0):
+        return False
+    if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, nats / math.log(2), rel_tol=1e-6)):
+        return False
+    if not all(
+        isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
+        for k in ("tokens_scored", "windows")
+    ):
+        return False
+    if "seconds" in entry and not _number(entry["seconds"]):
+        return False
+    if ("per_document" in entry or "ci95" in entry) and not _valid_per_document(entry):
+        return False
+    lbp = entry["loss_by_position"]
+    if not (
+        isinstance(lbp, dict)
+        and all(isinstance(lbp.get(k), list) for k in ("bucket_starts", "bucket_ends", "nats", "tokens"))
+    ):
+        return False
+    return all(v is None or _number(v) for v in lbp["nats"]) and all(
+        _number(v) for k in ("bucket_starts", "bucket_ends", "tokens") for v in lbp[k]
+    )
+
+
+def _valid_per_document(entry: dict) -> bool:
+    # the per-document losses add up to the entry's own numbers (the mean is theirs, to rounding),
+    # and its interval holds its value: a hand-edited number is not served
+    pd, ci = entry.get("per_document"), entry.get("ci95")
+    if not (
+        isinstance(pd, dict)
+        and all(isinstance(pd.get(k), list) for k in _PER_DOCUMENT_FIELDS)
+        and len({len(pd[k]) for k in _PER_DOCUMENT_FIELDS}) == 1
+        and pd["doc"]
+        and all(isinstance(v, str) for v in pd["doc"])
+        and all(_number(v) for v in pd["nats"])
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
+        and sum(pd["tokens"]) == entry["tokens_scored"]
+        and entry.get("documents") == len(pd["doc"])
+    ):
+        return False
+    mean = math.fsum(pd["nats"]) / sum(pd["tokens"])
+    if not (math.isfinite(mean) and math.isclose(entry["nats_per_token"], mean, rel_tol=1e-6, abs_tol=1e-12)):
+        return False
+    if ci is None and len(pd["doc"]) < stats.MIN_INTERVAL_DOCUMENTS:
+        return True  # too few documents: no interval
+    if not (isinstance(ci, list) and len(ci) == 2 and all(_number(v) for v in ci) and ci[0] <= ci[1]):
+        return False
+    bpb = entry["bits_per_byte"]
+    slack = 1e-6 * abs(bpb) + 1e-12  # the interval's percentiles and the mean are summed in other orders
+    return ci[0] - slack <= bpb <= ci[1] + slack
+
+
+#: A checkpoint folder's published evaluations (scripts/publish_results.py writes them).
+PUBLISHED_RESULTS = "results.json"
+
+
+def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, fingerprint: str) -> list[dict]:
+    """The results in ``<checkpoint>/results.json`` computed on exactly these weights and data.
+
+    Args: ``checkpoint_hash`` = ``checkpoint_sha256(checkpoint)``, ``fingerprint`` = the data
+      fingerprint. Returns: the matching result dicts (as ``evaluate_many`` returns them); []
+      when the file is missing, unreadable or made from other weights/data. A shipped
+      checkpoint's numbers thus show without recomputing on a fresh machine, and a stale
+      results.json (weights retrained, corpus changed) is never used. Raises nothing.
+    """
+    try:
+        obj = read_json(Path(checkpoint) / PUBLISHED_RESULTS, expect=(dict, list))
+    except FileFormatError:
+        return []
+    items = obj if isinstance(obj, list) else [obj]
+    return [
+        r
+        for r in items
+        if isinstance(r, dict)
+        and r.get("checkpoint_sha256") == checkpoint_hash
+        and r.get("data_fingerprint") == fingerprint
+        and isinstance(r.get("settings"), dict)
+        and isinstance(r.get("per_length"), list)
+    ]
+
+
+def _published_read(published: list[dict], length_settings: dict, length: int) -> dict | None:
+    # every setting that is part of the cache key must match, the format version included
+    for r in published:
+        s = r["settings"]
+        if any(s.get(k) != v for k, v in length_settings.items() if k not in ("length", "normalizer_cap")):
+            continue
+        # the cap in effect for this checkpoint (None for a plain FIRE row and for every non-FIRE one)
+        if r.get("normalizer_cap") != length_settings.get("normalizer_cap"):
+            continue
+        for e in r["per_length"]:
+            if isinstance(e, dict) and e.get("length") == length and _valid_entry(e, length):
+                return {k: v for k, v in e.items() if k not in ("cached", "source")}
+    return None
+
+
+def _cache_read(path: Path, key: str, length: int) -> dict | None:
+    try:
+        obj = read_json(path, expect=dict)
+    except FileFormatError:
+        return None
+    if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
+        return None
+    return obj["result"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def _lookup(
+    entry_path: Path,
+    key: str,
+    n: int,
+    length_settings: dict,
+    published: list[dict],
+    use_cache: bool,
+    require_intervals: bool,
+) -> dict | None:
+    """A finished result for these settings: the cache first, then the checkpoint's results.json."""
+    cached = _cache_read(entry_path, key, n) if use_cache else None
+    source = "cache"
+    if cached is None and published:
+        # read from results.json every time, never copied into the cache: a corrected
+        # results.json takes effect at once, and a read-only cache does not matter
+        cached, source = _published_read(published, length_settings, n), PUBLISHED_RESULTS
+    if cached is not None and require_intervals and "per_document" not in cached:
+        return None  # made before per-document losses were kept: no interval, no pairing
+    return None if cached is None else {**cached, "cached": True, "source": source}

@@ -1,0 +1,578 @@
+"""Perplexity versus evaluation length: the length-generalization curve of a checkpoint.
+
+An evaluation is fully described by its settings (``fireviz.eval.settings.EvalSettings``:
+data + split, lengths, mode, stride, token budget, seed, RoPE scaling, BOS convention,
+loss-by-position buckets, numeric precision, FIRE's normalizer cap). Every result carries
+them, and results are cached on disk under a key made of the checkpoint's sha256, the data
+fingerprint and those settings (``fireviz.eval.cache``). A checkpoint folder's own
+``results.json`` (the shipped numbers) serves as a read-only cache under the same key.
+``evaluate_many`` computes what is missing; ``cached_results`` only looks (nothing computed,
+no weights scored: what a page shows without a click).
+
+The pieces: the text and its windows per length (``fireviz.eval.plan`` over
+``fireviz.eval.windows``: the same-text, non-overlapping and sliding protocols), the device,
+attention path and memory checks (``fireviz.eval.device``), progress and cancellation
+(``fireviz.eval.progress``), the scoring (``fireviz.eval.scoring``), intervals and paired
+differences (``fireviz.eval.stats``), zero-shot RoPE scaling and the cap (``fireviz.eval.variants``);
+the command line (``python -m fireviz eval``) is ``fireviz.cli.eval``. The names a caller of
+the evaluation needs (its defaults, modes, errors) can be imported from here; the rest from
+the modules that define them. Units: tokens = bytes, loss in nats per token, bits per byte =
+nats / ln 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from fireviz import __version__
+from fireviz.checkpoints.catalog import checkpoint_folder, checkpoint_sha256, checked_config, load_model_with_identity
+from fireviz.encodings import fire_modules
+from fireviz.eval.cache import _lookup, cache_key, default_cache_dir, published_results
+from fireviz.eval.device import device_name, memory_refusals, use_flex
+from fireviz.eval.plan import Plan, plan_text, run_settings, targets
+from fireviz.eval.progress import Progress, ProgressFn, StopFn
+from fireviz.eval.settings import DEFAULT_LENGTHS, EvalSettings, check_setting_names, checkpoint_list
+from fireviz.eval.variants import apply_normalizer_cap, rope_scaled_model
+from fireviz.core.files import write_json_atomic
+from fireviz.model.gpt import GPT, CheckpointError, GPTConfig
+from fireviz.model.state import nonfinite_parameters
+from fireviz.eval.scoring import score_windows, summarize
+from fireviz.eval.stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
+from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, EvaluationError, Window
+
+# what a caller of the evaluation needs besides the above, importable from here (pages, scripts)
+from fireviz.eval.progress import EvaluationCancelled  # noqa: F401
+from fireviz.eval.settings import SYNTHETIC_SEQUENCES  # noqa: F401
+from fireviz.eval.variants import ROPE_SCALINGS  # noqa: F401
+from fireviz.eval.windows import MODES  # noqa: F401
+
+#: ``error`` of a length ``cached_results`` found no result for (the entry also has ``not_computed``)
+NOT_COMPUTED = "not computed yet"
+
+
+class NonFiniteLossError(EvaluationError):
+    """A checkpoint's loss is NaN/inf: reported (naming the non-finite weights, if any), never
+    cached or shown as a number; the CLI exits non-zero."""
+
+
+@dataclass
+class _Loaded:
+    """A checkpoint as evaluated: its path, identity (sha256), config, the normalizer cap in
+    effect (FIRE only) and, when it is scored, the model (None for a cache lookup)."""
+
+    path: str | os.PathLike
+    sha: str
+    config: GPTConfig
+    cap: int | None
+    model: GPT | None = None
+    folder: str | os.PathLike | None = None  # the local folder (a name resolved), for its results.json
+
+    @property
+    def name(self) -> str:
+        return Path(str(self.path)).name or str(self.path)
+
+
+#: per checkpoint identity (sha256 of its weights and config, which fixes both): the names of
+#: its non-finite weights, and whether its model has FIRE modules (the cap applies)
+_NONFINITE: dict[str, list[str]] = {}
+_HAS_FIRE: dict[str, bool] = {}
+_MEMO_LOCK = threading.Lock()
+
+
+def _refuse_nonfinite(ckpt, bad: list[str]) -> None:
+    """Raises: NonFiniteLossError naming the first non-finite weights, if ``bad`` names any."""
+    if bad:  # no number for such weights, not even a cached or published one
+        raise NonFiniteLossError(
+            f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "
+            f"{', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every loss is NaN; "
+            "restore or retrain the checkpoint (nothing was evaluated or cached)"
+        )
+
+
+def _check_scaling(ckpt, config: GPTConfig, s: EvalSettings) -> None:
+    """Raises: EvaluationError for RoPE scaling asked of a checkpoint that is not RoPE."""
+    if s.rope_scaling is not None and config.position_encoding != "rope":
+        raise EvaluationError(
+            f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
+            f"position_encoding={config.position_encoding!r}: evaluate only RoPE checkpoints with "
+            "--rope-scaling (scripts/publish_results.py pairs the scaled rows with a reference of "
+            "another encoding on the same text)"
+        )
+
+
+def _reference(loaded: list[_Loaded], reference) -> int:
+    """The index of the ``reference`` checkpoint (index, name or path) among ``loaded``, checked
+    before any scoring. Raises: EvaluationError."""
+    if isinstance(reference, np.integer):
+        reference = int(reference)
+    if isinstance(reference, bool) or not isinstance(reference, (int, str)):
+        raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
+    return _reference_index([{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded], reference)
+
+
+def _load_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
+    """Every checkpoint loaded and checked before any scoring (a bad one fails at once); its
+    identity is that of the very bytes its weights were loaded from (one read)."""
+    loaded = []
+    for ckpt in checkpoint_list(checkpoints):
+        model, sha = load_model_with_identity(ckpt)
+        bad = nonfinite_parameters(model)
+        with _MEMO_LOCK:
+            _NONFINITE[sha] = bad
+        _refuse_nonfinite(ckpt, bad)
+        _check_scaling(ckpt, model.config, s)
+        cap = apply_normalizer_cap(model, s.normalizer_cap)
+        loaded.append(_Loaded(ckpt, sha, model.config, cap, model, checkpoint_folder(ckpt) or ckpt))
+    return loaded
+
+
+#: per checkpoint identity: its config, checked against its weights' header (``checked_config``)
+_CONFIGS: dict[str, GPTConfig] = {}
+
+
+def _describe_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
+    """Every checkpoint's identity and config, read without its weights (for a cache lookup).
+    Raises: CheckpointError for a checkpoint that evaluate_many would refuse before scoring, but
+    for NaN/inf weights: not there, a config.json that does not read, a weights file that is
+    junk, truncated or does not match the config (from its header)."""
+    described = []
+    for ckpt in checkpoint_list(checkpoints):
+        sha = checkpoint_sha256(ckpt)
+        with _MEMO_LOCK:
+            config = _CONFIGS.get(sha)
+        if config is None:
+            config = checked_config(ckpt)  # the identity covers both files: checked once per identity
+            with _MEMO_LOCK:
+                _CONFIGS[sha] = config
+        _check_scaling(ckpt, config, s)
+        cap = None
+        if s.normalizer_cap is not None:  # the cap counts where the model has FIRE modules (apply_normalizer_cap)
+            with _MEMO_LOCK:
+                has_fire = _HAS_FIRE.get(sha)
+            if has_fire is None:
+                with torch.device("meta"):  # the structure only: nothing is allocated, no weights are read
+                    has_fire = bool(fire_modules(GPT(config)))
+                with _MEMO_LOCK:
+                    _HAS_FIRE[sha] = has_fire
+            cap = s.normalizer_cap if has_fire else None
+        described.append(_Loaded(ckpt, sha, config, cap, folder=checkpoint_folder(ckpt) or ckpt))
+    return described
+
+
+def _weights_are_finite(c: _Loaded) -> None:
+    """Raises: NonFiniteLossError if ``c``'s weights hold NaN/inf (read once per checkpoint identity)."""
+    with _MEMO_LOCK:
+        bad = _NONFINITE.get(c.sha)
+    if bad is None:
+        model, sha = load_model_with_identity(c.path)
+        bad = nonfinite_parameters(model)
+        with _MEMO_LOCK:
+            _NONFINITE[sha] = bad
+        if sha != c.sha:  # replaced since its identity was read: these are not the weights the number is for
+            raise CheckpointError(
+                f"{c.name} changed while it was read (is a training run writing it?); try again when it is written"
+            )
+    _refuse_nonfinite(c.path, bad)
+
+
+def _cache_root(cache_dir: str | os.PathLike | None, use_cache: bool, write: bool = True) -> Path:
+    """The cache folder (default ``default_cache_dir()``), checked before any work.
+    Raises: EvaluationError if it is a file or lies under one, or (``write``) if it cannot be
+    written or created: a result is never computed only to fail when it is stored."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if not use_cache:
+        return root
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        why = "is a file" if existing == root else f"lies under {existing}, which is a file"
+    elif write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
+    else:
+        return root
+    raise EvaluationError(f"the cache folder {root} {why}; give a folder you can write (--cache-dir) or --no-cache")
+
+
+def _unscorable(c: _Loaded, n: int, windows: list[Window] | str) -> str | None:
+    """Why length ``n`` cannot be evaluated for ``c`` (no windows, beyond absolute position embeddings), or None."""
+    if isinstance(windows, str):
+        return windows
+    if c.config.absolute_position_embedding and n > c.config.seq_len:
+        return f"absolute position embeddings cover {c.config.seq_len} tokens; length {n} cannot be evaluated"
+    return None
+
+
+def _length_key(c: _Loaded, s: EvalSettings, plan: Plan, n: int, report) -> tuple[dict, str, bool]:
+    """``(length settings, cache key, FlexAttention used)`` of checkpoint ``c`` at length ``n``."""
+    flex = use_flex(s.device, n, report)
+    length_settings = s.length_settings(n, plan.prefix_tokens(), c.cap, flex)
+    return length_settings, cache_key(c.sha, plan.fingerprint, length_settings), flex
+
+
+def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[dict], seconds: float) -> dict:
+    """One checkpoint's result dict (see ``evaluate_checkpoint``), paired differences not yet added."""
+    return {
+        "checkpoint": c.name,
+        "checkpoint_path": str(c.path),
+        "checkpoint_sha256": c.sha,
+        "position_encoding": c.config.position_encoding,
+        "train_seq_len": c.config.seq_len,
+        "settings": run_settings(s, plan),
+        "data_fingerprint": plan.fingerprint,
+        "fireviz_version": __version__,
+        "device": device_name(s.device),
+        "seconds": seconds,
+        "normalizer_cap": c.cap,
+        "per_length": per_length,
+    }
+
+
+def _score_length(
+    c: _Loaded, model: GPT, n: int, windows: list[Window], plan: Plan, s: EvalSettings, prog: Progress
+) -> dict:
+    """Score one length of one checkpoint: its per-length entry (loss, intervals, accuracy for a task).
+    Raises: NonFiniteLossError for a NaN/inf loss; EvaluationCancelled."""
+    w = plan.window_tokens(n)
+    done_before, finished, n_tokens = prog.done, 0, targets(windows, w)
+
+    def on_batch(k: int) -> None:
+        nonlocal finished
+        finished += k
+        prog.done = done_before + targets(windows[:finished], w)
+        prog.report(f"{c.name} L={n}: {finished}/{len(windows)} windows{prog.eta()}")
+        prog.check_stop()
+
+    prog.report(f"{c.name} L={n}: 0/{len(windows)} windows ({n_tokens:,} tokens){prog.eta()}")
+    nats, counts, doc_nats, doc_scored, doc_correct = score_windows(
+        model,
+        plan.doc_tokens,
+        windows,
+        w,
+        device=s.device,
+        batch_tokens=s.batch_tokens,
+        on_batch=on_batch,
+        with_accuracy=True,
+    )
+    prog.done = done_before + n_tokens
+    mean = float(nats.sum() / max(int(counts.sum()), 1))
+    if not (math.isfinite(mean) and mean < 700):  # NaN/inf, or a perplexity beyond float range
+        bad = nonfinite_parameters(model)
+        why = (
+            f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
+            "restore or retrain the checkpoint"
+            if bad
+            else "the weights are finite, so the logits overflow on this text at this length"
+        )
+        raise NonFiniteLossError(f"{c.name}: loss is {mean:.6g} at length {n}: {why} (nothing was cached)")
+    order = sorted(doc_nats, key=lambda i: (plan.ids[i], i))
+    per_document = {
+        "doc": [plan.ids[i] for i in order],
+        "nats": [doc_nats[i] for i in order],
+        "tokens": [doc_scored[i] for i in order],
+    }
+    entry = summarize(w, nats, counts, len(windows), s.position_buckets, per_document=per_document)
+    if s.mode == "synthetic":  # answer accuracy: next-token argmax right, and whole answers right
+        entry["length"], entry["sequence_tokens"] = n, w  # the model reads n tokens, as in training at n
+        correct = np.array([doc_correct[i] for i in order], dtype=np.float64)
+        toks = np.array(per_document["tokens"], dtype=np.float64)
+        entry["accuracy"] = float(correct.sum() / toks.sum())
+        entry["sequence_accuracy"] = float((correct == toks).mean())
+        entry["accuracy_ci95"] = bootstrap_ratio_ci95(correct, toks)
+        entry["first_answer_position"] = windows[0].first_target
+    if plan.same_text is not None:
+        entry["prefix_tokens"] = plan.same_text.prefix_tokens
+        entry["documents_skipped"] = plan.same_text.documents_skipped
+    elif s.mode != "synthetic":  # documents shorter than the window hold none: counted, not dropped silently
+        entry["documents_skipped"] = sum(1 for t in plan.sizes if t < n)
+    if c.cap is not None:
+        entry["normalizer_cap"] = c.cap
+    return entry
+
+
+def _evaluate_one(
+    c: _Loaded,
+    s: EvalSettings,
+    plan: Plan,
+    prog: Progress,
+    cache_root: Path,
+    *,
+    use_cache: bool,
+    use_published: bool,
+    require_intervals: bool,
+) -> list[dict]:
+    """One checkpoint at every length: cached where it can be, else scored (and cached)."""
+    on_device, per_length = None, []
+    published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
+    for n in s.lengths:
+        windows = plan.windows[n]
+        why = _unscorable(c, n, windows)
+        if why is not None:
+            per_length.append({"length": n, "error": why})
+            if not isinstance(windows, str):  # its windows count as done
+                prog.done += targets(windows, plan.window_tokens(n))
+                prog.report(f"{c.name} L={n}: skipped")
+            continue
+        length_settings, key, flex = _length_key(c, s, plan, n, prog.report)
+        entry_path = cache_root / f"{key}.json"
+        found = _lookup(entry_path, key, n, length_settings, published, use_cache, require_intervals)
+        if found is not None:
+            per_length.append(found)
+            prog.done += targets(windows, plan.window_tokens(n))
+            prog.report(f"{c.name} L={n}: cached")
+            continue
+        prog.check_stop()
+        t0 = time.perf_counter()
+        prog.start_scoring()
+        if on_device is None:
+            on_device = c.model.to(s.device)
+        scored, extra = (
+            rope_scaled_model(on_device, s.rope_scaling, n) if s.rope_scaling is not None else (on_device, {})
+        )
+        scored.set_attention_backend("flex" if flex else "sdpa")
+        entry = _score_length(c, scored, n, windows, plan, s, prog)
+        entry.update(extra)
+        entry["seconds"] = time.perf_counter() - t0
+        if use_cache:
+            write_json_atomic(
+                entry_path,
+                {
+                    "key": key,
+                    "checkpoint_sha256": c.sha,
+                    "data_fingerprint": plan.fingerprint,
+                    "settings": length_settings,
+                    "fireviz_version": __version__,
+                    "result": entry,
+                },
+            )
+        per_length.append({**entry, "cached": False, "source": "computed"})
+    if on_device is not None and s.device.type == "cuda":
+        c.model.to("cpu")
+        torch.cuda.empty_cache()
+    return per_length
+
+
+def evaluate_many(
+    checkpoints: Sequence[str | os.PathLike],
+    data: str | os.PathLike,
+    lengths: Iterable[int] = DEFAULT_LENGTHS,
+    *,
+    mode: str = DEFAULT_MODE,
+    stride: int | None = None,
+    token_budget: int | None | str = "auto",
+    seed: int = 0,
+    rope_scaling: str | None = None,
+    split: str | None = None,
+    position_buckets: int = DEFAULT_POSITION_BUCKETS,
+    device: str | torch.device = "auto",
+    batch_tokens: int | None = None,
+    progress: ProgressFn | None = None,
+    should_stop: StopFn | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    use_published: bool = True,
+    normalizer_cap: int | None = None,
+    reference: int | str = 0,
+    require_intervals: bool = True,
+    prefix_tokens: int | None = None,
+) -> list[dict]:
+    """Evaluate several checkpoints on the same windows (paired comparison); one result each.
+
+    See ``evaluate_checkpoint`` for the arguments and the result; the settings are validated
+    once (:class:`EvalSettings`), the data is loaded and the windows are planned once.
+    ``progress(done, total, message)`` counts target tokens over all checkpoints and lengths
+    (cached lengths count as done at once). Every result but the ``reference`` one (index or
+    checkpoint name; default the first) carries, per length, ``paired_delta_bpb`` and
+    ``paired_ci95`` against it (``with_paired_differences``).
+    ``checkpoints`` is a list (one path or string alone is refused: use ``evaluate_checkpoint``).
+    Each checkpoint's identity (``checkpoint_sha256``) is that of the very bytes its weights
+    are loaded from (``checkpoints.load_model_with_identity``: one read).
+    Raises: as ``evaluate_checkpoint``; a checkpoint that does not load raises
+      CheckpointError before any scoring, a cache folder that cannot be written
+      EvaluationError before anything is read.
+    """
+    t_start = time.perf_counter()
+    s = EvalSettings.make(
+        data,
+        lengths,
+        mode=mode,
+        stride=stride,
+        token_budget=token_budget,
+        seed=seed,
+        rope_scaling=rope_scaling,
+        split=split,
+        position_buckets=position_buckets,
+        device=device,
+        batch_tokens=batch_tokens,
+        normalizer_cap=normalizer_cap,
+        prefix_tokens=prefix_tokens,
+    )
+    cache_root = _cache_root(cache_dir, use_cache)  # a cache that cannot be written: before any work
+    loaded = _load_checkpoints(checkpoints, s)  # a bad checkpoint is an error before minutes of work
+    reference = _reference(loaded, reference)
+    plan = plan_text(s)
+    plan.windows.update(memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens))
+    setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
+    per_checkpoint = sum(targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list))
+    prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
+    results = []
+    for c in loaded:
+        t_ckpt = time.perf_counter()
+        per_length = _evaluate_one(
+            c,
+            s,
+            plan,
+            prog,
+            cache_root,
+            use_cache=use_cache,
+            use_published=use_published,
+            require_intervals=require_intervals,
+        )
+        results.append(_result(c, s, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
+    results = with_paired_differences(results, reference)
+    prog.report("done")
+    return results
+
+
+def cached_results(
+    checkpoints: Sequence[str | os.PathLike],
+    data: str | os.PathLike,
+    lengths: Iterable[int] = DEFAULT_LENGTHS,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    use_published: bool = True,
+    require_intervals: bool = False,
+    reference: int | str = 0,
+    **settings,
+) -> list[dict]:
+    """What ``evaluate_many`` would return for these arguments, from the cache alone: nothing is
+    computed, no model runs (what a page shows at once, e.g. the lengths a cancelled run finished).
+
+    Args: ``checkpoints``, ``data``, ``lengths``, ``cache_dir``, ``use_published``, ``reference``
+      as ``evaluate_many``; ``settings`` its settings keywords (``mode``, ``stride``,
+      ``token_budget``, ``seed``, ``rope_scaling``, ``split``, ``position_buckets``, ``device``,
+      ``batch_tokens``, ``normalizer_cap``; see ``evaluate_checkpoint``), which decide the cache
+      keys exactly as there. ``require_intervals``: False (default) shows an entry made before
+      fireviz kept per-document losses as it is (no interval); True counts it as not computed.
+    Returns: one result per checkpoint, shaped as ``evaluate_many``'s (paired differences
+      included where both entries have per-document losses): a length found in the cache or
+      the checkpoint's ``results.json`` is its entry (``"cached": True``, ``source``); a length
+      not found is ``{"length", "error": NOT_COMPUTED, "not_computed": True}`` — or, when it
+      could not be computed anyway, ``{"length", "error"}`` with the reason (no windows,
+      beyond absolute position embeddings, more memory than there is now).
+      ``seconds`` is this lookup's wall time.
+    Cost: a ``stat`` per data file and checkpoint file and a cache file read per length; a
+      config read and a weights-header check once per checkpoint identity and process; the data
+      is read and hashed once per file state (``eval_plan.load_eval_documents``), a checkpoint's
+      weights once per process (to refuse NaN/inf weights, as ``evaluate_many`` does) and only
+      when a number is found; the windows are planned each call.
+    Raises: as ``evaluate_many`` before its scoring: CheckpointError (a checkpoint that is not
+      there, a config.json that does not read, weights that are junk, truncated or do not
+      match the config — from the safetensors header, no weights loaded), DataError,
+      EvaluationError (bad or unknown settings, a cache folder that is a file),
+      NonFiniteLossError (a number was found for weights holding NaN/inf). Never
+      EvaluationCancelled.
+    """
+    t_start = time.perf_counter()
+    check_setting_names(settings)
+    s = EvalSettings.make(data, lengths, **settings)
+    cache_root = _cache_root(cache_dir, True, write=False)
+    described = _describe_checkpoints(checkpoints, s)
+    reference = _reference(described, reference)
+    plan = plan_text(s)
+    refusals: dict[int, str] | None = None  # memory, checked only for a length not found
+    results = []
+    for c in described:
+        published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_published else []
+        per_length = []
+        for n in s.lengths:
+            why = _unscorable(c, n, plan.windows[n])
+            if why is None:
+                length_settings, key, _ = _length_key(c, s, plan, n, lambda message: None)
+                found = _lookup(cache_root / f"{key}.json", key, n, length_settings, published, True, require_intervals)
+                if found is not None:
+                    _weights_are_finite(c)
+                    per_length.append(found)
+                    continue
+                if refusals is None:
+                    refusals = memory_refusals(plan.windows, [d.config for d in described], s.device, s.batch_tokens)
+                why = refusals.get(n)
+            per_length.append({"length": n, "error": why} if why else {"length": n, **_NOT_FOUND})
+        results.append(_result(c, s, plan, per_length, time.perf_counter() - t_start))
+    return with_paired_differences(results, reference)
+
+
+_NOT_FOUND = {"error": NOT_COMPUTED, "not_computed": True}
+
+
+def evaluate_checkpoint(
+    checkpoint: str | os.PathLike, data: str | os.PathLike, lengths: Iterable[int] = DEFAULT_LENGTHS, **kwargs
+) -> dict:
+    """Perplexity of one checkpoint at each evaluation length.
+
+    Args:
+      checkpoint: a checkpoint folder (config.json + model.safetensors), a checkpoint name
+        under the checkpoints root (``fire``) or a Hub repo id.
+      data: ``"prose" | "latex" | "code"`` or a path accepted by ``fireviz.data.corpus.load_documents``.
+      lengths: window lengths ``n`` in tokens (bytes), each >= 2.
+      mode: ``"same_text"`` (default: the same documents' first M tokens at every length),
+        ``"nonoverlapping"`` (random windows per length) or ``"sliding"`` with ``stride``
+        tokens (1..n); see the module docstring.
+      token_budget: ``"auto"`` (default: every qualifying document for same_text, 65536
+        targets per length otherwise), an int (targets) or None (every eligible window).
+      normalizer_cap: FIRE/FIRE-S only: evaluate with ψ(min(max(L, i), cap)), cap in tokens
+        (e.g. the training length); part of the cache key and saved with the numbers
+        (``normalizer_cap``); other checkpoints are evaluated as they are.
+      prefix_tokens: same_text only: score the first ``prefix_tokens`` tokens of every document
+        that holds them at each length (default: the largest length). One column of a
+        128 … 8192 evaluation alone, on exactly its text: ``lengths=[128], prefix_tokens=8192``
+        (the same cache entry as that column).
+      reference: index, path or name of the checkpoint the others are paired against (a
+        name shared by two of them is an error: give the path).
+      require_intervals: True (default): a cached or published entry made before fireviz
+        kept per-document losses (no ``ci95``, cannot be paired) is recomputed; False
+        accepts it as it is (``cached_results``, the app's lookup, shows such numbers at once).
+      seed: window-selection seed; the selection never depends on the checkpoint.
+      rope_scaling: None, ``"pi"`` or ``"yarn"`` — zero-shot extension of a RoPE checkpoint
+        with factor ``max(1, n / seq_len)`` (see ``rope_scaled_model``).
+      split: ``"validation"`` (default), ``"train"`` or ``"all"`` (for a small file of your own).
+      position_buckets: buckets of ``loss_by_position`` (equal width over positions 1..n−1).
+      device: ``"auto"`` (CUDA with bf16 autocast when present, else CPU float32), ``"cpu"``, ``"cuda"``.
+      batch_tokens: tokens per forward batch (default 8192 CPU, 16384 CUDA); windows per
+        batch = max(1, batch_tokens // n), so a long window runs alone. Not part of the cache key.
+      progress: ``progress(done_windows, total_windows, message)``; should_stop: ``() -> bool``,
+        checked between batches.
+      cache_dir: folder of cached per-length results (default ``default_cache_dir()``);
+        use_cache: False to neither read nor write it. A length missing from the cache is
+        also looked up in the checkpoint's own ``results.json`` (``published_results``: same
+        weights sha256, data fingerprint and every cache-key setting, format version
+        included; read each time, never copied into the cache) — how a shipped checkpoint
+        shows its numbers at once on a fresh machine. ``use_published=False`` skips that
+        (scripts/publish_results.py, which rewrites those files, must not read them).
+    Returns: ``{"checkpoint", "checkpoint_path", "checkpoint_sha256", "position_encoding",
+      "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
+      "normalizer_cap", "paired_reference", "per_length": [summarize(...) + {"documents",
+      "per_document", "ci95", "seconds", "cached", "source"} (+ "prefix_tokens",
+      "documents_skipped" for same_text; "paired_delta_bpb", "paired_ci95",
+      "paired_reference" but for the reference) or {"length", "error"}]}`` with ``source``
+      ``"computed"``, ``"cache"`` or ``"results.json"``;
+      ``settings`` holds ``format`` (``EVAL_FORMAT_VERSION``) and the arguments above.
+      ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data
+      and planning windows included); a per-length ``seconds`` is the scoring time when it
+      was computed (also for a cached entry). With ``rope_scaling`` each per-length entry
+      adds ``position_encoding`` (``rope_pi``/``yarn``) and the ``encoding_options`` used.
+      All numbers are finite floats or ints (JSON without NaN).
+    Raises: CheckpointError (does not load), DataError (unknown domain, no text, empty
+      split), EvaluationError (bad settings — an integer setting given as a float, bool or
+      string included —, non-RoPE checkpoint with rope_scaling, CUDA unavailable, a cache
+      folder that cannot be written), EvaluationCancelled. A length that cannot be evaluated (longer than every
+      document, stride larger than it) is an ``{"length", "error"}`` entry, not an exception.
+    """
+    return evaluate_many([checkpoint], data, lengths, **kwargs)[0]

@@ -1,0 +1,218 @@
+"""The text of an evaluation: the documents (or task sequences) and, per length, the windows scored.
+
+``plan_text(settings)`` loads the data once per evaluation and plans every length's windows
+(``fireviz.eval.windows``: the same-text, non-overlapping and sliding protocols; a synthetic task's
+fresh sequences) — a function of the data and the settings only, never of a checkpoint, so
+every checkpoint is scored on the same windows. Loaded documents are kept per file state
+(``load_eval_documents``) and planned windows per data fingerprint and settings: asking again
+for an unchanged file costs a ``stat``, not a read, a hash or a plan. Units: tokens = bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fireviz.data import synthetic
+from fireviz.data.corpus import DATA_DIR, DOMAINS, DataError, Document, DocumentTokens, data_fingerprint, load_documents
+from fireviz.data.corpus import split_documents
+from fireviz.eval.settings import BOS_CONVENTION, EVAL_FORMAT_VERSION, SPLITS, EvalSettings
+from fireviz.eval.windows import EvaluationError, SameTextPlan, Window, plan_same_text, plan_windows
+
+
+@dataclass
+class Plan:
+    """The text of an evaluation: per length its windows (or why none), document ids and sizes,
+    the data fingerprint, the same-text plan, and the documents' tokens on demand."""
+
+    windows: dict[int, list[Window] | str]
+    ids: list[str]
+    sizes: list[int]
+    fingerprint: str
+    split: str
+    documents: int
+    same_text: SameTextPlan | None = None
+    docs: list = field(default_factory=list)
+    tokens: dict = field(default_factory=dict)
+
+    def window_tokens(self, n: int) -> int:
+        """Tokens in a window of evaluation length ``n``: ``n`` for text; ``n + 1`` for a task, whose
+        sequences are built exactly as in training at seq_len = n (a window of seq_len + 1 tokens:
+        the model reads n of them and every prediction is scored; the last token is a target only)."""
+        return n + 1 if self.split == "synthetic" else n
+
+    def doc_tokens(self, i: int):
+        """Document (or task sequence) ``i`` as ``[BOS]+bytes`` tokens, sliceable (``DocumentTokens``)."""
+        if i not in self.tokens:  # [BOS]+bytes at one byte per token; windows are copied out of it
+            self.tokens[i] = DocumentTokens(self.docs[i])
+        return self.tokens[i]
+
+    def prefix_tokens(self) -> int | None:
+        """The same-text prefix M (tokens) every length scores, or None for the other protocols."""
+        return self.same_text.prefix_tokens if self.same_text is not None else None
+
+
+def targets(windows: list[Window], n: int) -> int:
+    """Target tokens the ``windows`` of ``n`` tokens each score."""
+    return sum(n - w.first_target for w in windows)
+
+
+#: loaded evaluation documents per (source, split, file state); a few sources at a time
+_DOCUMENTS: OrderedDict[tuple, tuple[list[Document], str, str]] = OrderedDict()
+_DOCUMENTS_KEPT = 4
+_DOCUMENTS_LOCK = threading.Lock()  # also guards _PLANS
+
+
+def _file_state(data: str | os.PathLike) -> tuple | None:
+    """What identifies the content of a data source without reading it: (path, size, mtime,
+    inode) of the file — of every file under a folder — or None when it cannot be stat'ed
+    (then the source is loaded, and fails, as usual)."""
+    path = DATA_DIR / f"{data}.jsonl.xz" if isinstance(data, str) and data in DOMAINS else Path(data)
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        return tuple((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino) for p in files for st in (p.stat(),))
+    except OSError:
+        return None
+
+
+def load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[list[Document], str, str]:
+    """The documents of ``data`` in ``split`` (default ``"validation"``; ``"all"`` keeps every
+    one), the split's name and their data fingerprint (``data.data_fingerprint``).
+
+    Memoized per file state (path, size, modification time, inode of each file): a changed
+    file is read again, an unchanged one is not (nor hashed). The documents are shared:
+    callers must not change them.
+    Raises: EvaluationError for an unknown split; DataError as ``data.load_documents``, or an
+      empty split (with a hint to use split 'all' for a file of one's own).
+    """
+    split = split or "validation"
+    if split not in SPLITS:
+        raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+    state = _file_state(data)
+    memo = (str(data), split, state)
+    with _DOCUMENTS_LOCK:
+        if state is not None and memo in _DOCUMENTS:
+            _DOCUMENTS.move_to_end(memo)
+            return _DOCUMENTS[memo]
+    docs = load_documents(data)
+    if split != "all":
+        try:
+            docs = split_documents(docs, split)
+        except DataError as e:
+            hint = (
+                ""
+                if isinstance(data, str) and data in DOMAINS
+                else " — for a small file of your own use split='all' (--split all)"
+            )
+            raise DataError(f"{e}{hint}") from e
+    out = docs, split, data_fingerprint(docs)
+    if state is not None and state == _file_state(data):  # unchanged while it was read: keep it
+        with _DOCUMENTS_LOCK:
+            _DOCUMENTS[memo] = out
+            while len(_DOCUMENTS) > _DOCUMENTS_KEPT:
+                _DOCUMENTS.popitem(last=False)
+    return out
+
+
+def _plan_task(s: EvalSettings) -> Plan:
+    task = synthetic.load_task(s.data)
+    count = s.token_budget
+    windows: dict[int, list[Window] | str] = {}
+    ids, tokens = [], {}
+    for n in s.lengths:
+        try:
+            first = task.split(n + 1)  # the training format at seq_len = n (see Plan.window_tokens)
+        except DataError as e:
+            windows[n] = str(e)
+            continue
+        seqs = task.sequences(n + 1, count, synthetic.evaluation_seed(n, s.seed))
+        start = len(ids)
+        for k in range(count):
+            tokens[start + k] = seqs[k]
+            ids.append(f"{task.name}/{n}/{k:05d}")
+        windows[n] = [Window(start + k, 0, first) for k in range(count)]
+    return Plan(windows, ids, [], task.fingerprint(), "synthetic", count, tokens=tokens)
+
+
+#: planned windows per (data fingerprint, settings that choose them); a few plans at a time
+_PLANS: OrderedDict[tuple, tuple[dict, SameTextPlan | None]] = OrderedDict()
+_PLANS_KEPT = 8
+
+
+def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint: str):
+    """``(windows per length, same-text plan or None)`` for these documents: a pure function of
+    their ids and sizes (fixed by ``fingerprint``) and the settings, so it is planned once."""
+    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens)
+    with _DOCUMENTS_LOCK:
+        if memo in _PLANS:
+            _PLANS.move_to_end(memo)
+            return _PLANS[memo]
+    same_text, windows = None, {}
+    if s.mode == "same_text":
+        same_text = plan_same_text(
+            ids, sizes, list(s.lengths), token_budget=s.token_budget, seed=s.seed, prefix_tokens=s.prefix_tokens
+        )
+        windows = dict(same_text.windows)
+    else:
+        for n in s.lengths:
+            try:
+                windows[n] = plan_windows(
+                    ids, sizes, n, mode=s.mode, stride=s.stride, token_budget=s.token_budget, seed=s.seed
+                )
+            except EvaluationError as e:
+                windows[n] = str(e)
+    with _DOCUMENTS_LOCK:
+        _PLANS[memo] = windows, same_text
+        while len(_PLANS) > _PLANS_KEPT:
+            _PLANS.popitem(last=False)
+    return windows, same_text
+
+
+def plan_text(s: EvalSettings) -> Plan:
+    """The data of ``s`` loaded (or a task's sequences built) and every length's windows planned;
+    a length that has none (longer than every document, a stride larger than it) holds the
+    reason (a str) instead. The plan's ``windows`` dict is the caller's to change; the window
+    lists in it are shared with later plans of the same data and settings (never change them).
+    Raises: DataError, EvaluationError as :func:`load_eval_documents` (and ``plan_same_text``
+    when no length can be evaluated)."""
+    if s.mode == "synthetic":
+        return _plan_task(s)
+    docs, split, fingerprint = load_eval_documents(s.data, s.split)
+    ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
+    windows, same_text = _plan_windows(s, ids, sizes, fingerprint)
+    return Plan(dict(windows), ids, sizes, fingerprint, split, len(docs), same_text=same_text, docs=docs)
+
+
+def run_settings(s: EvalSettings, plan: Plan) -> dict:
+    """The ``settings`` every result carries: ``format`` (``EVAL_FORMAT_VERSION``), the settings
+    of ``s``, the split and number of documents (for same_text also ``prefix_tokens``,
+    ``documents_scored``, ``documents_skipped``)."""
+    out = {
+        "format": EVAL_FORMAT_VERSION,
+        "data": s.data,
+        "split": plan.split,
+        "lengths": list(s.lengths),
+        "mode": s.mode,
+        "stride": s.stride,
+        "token_budget": s.token_budget,
+        "seed": s.seed,
+        "rope_scaling": s.rope_scaling,
+        "position_buckets": s.position_buckets,
+        "precision": s.precision,
+        "batch_tokens": s.batch_tokens,
+        "bos": BOS_CONVENTION,
+        "documents": plan.documents,
+        "normalizer_cap": s.normalizer_cap,
+    }
+    if plan.same_text is not None:
+        out.update(
+            prefix_tokens=plan.same_text.prefix_tokens,
+            documents_scored=len(plan.same_text.documents),
+            documents_skipped=plan.same_text.documents_skipped,
+        )
+    if s.mode == "synthetic":
+        out["task_format"] = s.task_format()  # as in length_settings: results.json rows match the cache key
+    return out

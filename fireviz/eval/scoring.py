@@ -1,0 +1,157 @@
+"""Scoring windows: summed next-token loss by window position, and one length's summary.
+
+``score_windows`` runs a model over planned windows (``fireviz.eval.windows``) under
+``torch.inference_mode()``; ``summarize`` turns the sums into the per-length entry every
+result carries (nats per token, perplexity, bits per byte, loss by position, per-document
+sums and the 95 % bootstrap interval of ``fireviz.eval.stats``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fireviz.model.gpt import GPT
+from fireviz.eval.stats import bootstrap_ci95
+from fireviz.eval.windows import DEFAULT_POSITION_BUCKETS, EvaluationError, Window, position_buckets
+
+
+def _as_long(tokens) -> torch.Tensor:
+    """A window's token ids (torch tensor or numpy array of any integer type) as int64."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.long()
+    return torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64))  # a numpy window
+
+
+def score_windows(
+    model: GPT,
+    doc_tokens: Callable[[int], torch.Tensor],
+    windows: Sequence[Window],
+    length: int,
+    *,
+    device: torch.device | str = "cpu",
+    batch_tokens: int = 8192,
+    on_batch: Callable[[int], None] | None = None,
+    with_accuracy: bool = False,
+) -> tuple:
+    """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
+
+    Runs the model on batches of ``max(1, batch_tokens // length)`` windows under
+    ``torch.inference_mode()`` (bf16 autocast on CUDA; float32 on CPU); the loss is
+    ``F.cross_entropy`` in float32 of the prediction at window position ``p − 1`` for the
+    token at position ``p``, kept only for ``p >= window.first_target``.
+
+    Args:
+      model: a GPT in eval mode on ``device``.
+      doc_tokens: document index → its ``[BOS] + bytes`` token ids ``[num_tokens]`` (a torch
+        tensor or a numpy integer array; each window is copied out as int64).
+      windows: from ``plan_windows``; all of ``length`` tokens.
+      on_batch: called with the number of windows finished after each batch (may raise
+        ``EvaluationCancelled`` to stop).
+    Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
+      tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
+      never a target); the last two map each document index to its summed nats (float)
+      and scored tokens (int). With ``with_accuracy`` a fifth: document index → targets
+      whose argmax prediction is right (int).
+    Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
+    """
+    device = torch.device(device)
+    nats = torch.zeros(length, dtype=torch.float64)
+    counts = torch.zeros(length, dtype=torch.int64)
+    per_batch = max(1, int(batch_tokens) // length)
+    pos = torch.arange(1, length)  # target positions
+    doc_nats: dict[int, float] = {}
+    doc_tokens_scored: dict[int, int] = {}
+    doc_correct: dict[int, int] = {}
+    use_autocast = device.type == "cuda"
+    with torch.inference_mode():
+        for b in range(0, len(windows), per_batch):
+            batch = windows[b : b + per_batch]
+            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
+            first = torch.tensor([w.first_target for w in batch])
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
+                logits = model(x)
+            nll = (
+                F.cross_entropy(
+                    logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+                )
+                .view(len(batch), length - 1)
+                .double()
+                .cpu()
+            )
+            keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
+            kept = nll * keep
+            nats[1:] += kept.sum(0)
+            counts[1:] += keep.sum(0)
+            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist()):
+                doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
+                doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
+            if with_accuracy:
+                hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
+                for w, h in zip(batch, hit):
+                    doc_correct[w.doc] = doc_correct.get(w.doc, 0) + int(h)
+            del logits, nll
+            if on_batch is not None:
+                on_batch(len(batch))
+    if with_accuracy:
+        return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored, doc_correct
+    return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
+
+
+def summarize(
+    length: int,
+    nats_by_pos: np.ndarray,
+    counts_by_pos: np.ndarray,
+    windows: int,
+    buckets: int = DEFAULT_POSITION_BUCKETS,
+    per_document: dict | None = None,
+) -> dict:
+    """The per-length numbers from per-position sums (see ``score_windows``).
+
+    Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
+      it), "bits_per_byte" (nats / ln 2; one token is one byte), "tokens_scored", "windows",
+      "loss_by_position": {"bucket_starts", "bucket_ends" (exclusive, window positions in
+      tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``; with
+      ``per_document`` (``{"doc": [ids], "nats": [summed nats], "tokens": [scored]}``) also
+      that, ``documents`` and ``ci95`` (:func:`bootstrap_ci95`, bits per byte).
+    Raises: EvaluationError if nothing was scored.
+    """
+    total = int(counts_by_pos.sum())
+    if total == 0:
+        raise EvaluationError(f"no tokens were scored at length {length}")
+    mean = float(nats_by_pos.sum() / total)
+    if not (math.isfinite(mean) and mean < 700):
+        raise EvaluationError(
+            f"the mean loss at length {length} is {mean} nats/token (perplexity beyond float range): "
+            "the checkpoint's weights or this text produce NaN, inf or exploding logits; check "
+            "model.safetensors — nothing was cached"
+        )
+    starts, ends = position_buckets(length, buckets)
+    b_nats, b_tok = [], []
+    for s, e in zip(starts, ends):
+        c = int(counts_by_pos[s:e].sum())
+        b_tok.append(c)
+        b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)
+    out = {
+        "length": int(length),
+        "nats_per_token": mean,
+        "perplexity": math.exp(mean),
+        "bits_per_byte": mean / math.log(2),
+        "tokens_scored": total,
+        "windows": int(windows),
+        "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok},
+    }
+    if per_document is not None:
+        out["documents"] = len(per_document["doc"])
+        out["per_document"] = per_document
+        out["ci95"] = bootstrap_ci95(per_document["nats"], per_document["tokens"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints, devices, cache
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,315 @@
+"""What decides an evaluation's numbers: the settings, validated once (``EvalSettings.make``).
+
+An evaluation is fully described by its settings (lm-evaluation-harness and YaRN's perplexity
+script taught that): data + split, lengths, mode, stride, token budget, seed, RoPE scaling,
+BOS convention, loss-by-position buckets, numeric precision, FIRE's normalizer cap.
+:meth:`EvalSettings.length_settings` is the per-length part of the cache key
+(``fireviz.eval.cache.cache_key``); ``EVAL_FORMAT_VERSION`` is bumped whenever the numbers a
+given setting produces would change. Units: tokens = bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from fireviz.data import synthetic
+from fireviz.core.arg_checks import is_int
+from fireviz.data.corpus import DOMAINS
+from fireviz.encodings import check_normalizer_cap
+from fireviz.eval.device import resolve_device
+from fireviz.eval.variants import ROPE_SCALINGS
+from fireviz.eval.windows import (
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    DEFAULT_TOKEN_BUDGET,
+    EvaluationError,
+    _check_length,
+    _check_mode,
+    check_prefix_tokens,
+)
+
+DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
+#: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
+SYNTHETIC_SEQUENCES = 256
+SPLITS = ("validation", "train", "all")
+#: bumped whenever the numbers a given setting produces would change; part of the cache key
+EVAL_FORMAT_VERSION = 1
+BOS_CONVENTION = (
+    "each document starts with BOS (id 256) as in training; windows are taken from a "
+    "document's [BOS]+bytes sequence and never cross documents; the first token of a "
+    "window is context only, so BOS is never a target"
+)
+
+
+def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> int | None:
+    """The token budget a mode uses: ``"auto"`` → None (every qualifying document) for
+    ``same_text``, ``DEFAULT_TOKEN_BUDGET`` for the random-window modes; an int >= 1 or
+    None as given. Raises: EvaluationError for anything else."""
+    if isinstance(token_budget, str) and token_budget == "auto":
+        return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
+    if token_budget is not None and (not is_int(token_budget) or token_budget < 1):
+        raise EvaluationError(
+            f"token_budget must be an integer >= 1, None (every window) or 'auto' (got {token_budget!r})"
+        )
+    return None if token_budget is None else int(token_budget)
+
+
+#: the keyword arguments of :meth:`EvalSettings.make` (the settings of ``evaluate_many``)
+SETTING_NAMES = (
+    "mode",
+    "stride",
+    "token_budget",
+    "seed",
+    "rope_scaling",
+    "split",
+    "position_buckets",
+    "device",
+    "batch_tokens",
+    "normalizer_cap",
+    "prefix_tokens",
+)
+
+
+def _check_seed_draws(data: str, mode: str, token_budget: int | None, seed: int) -> None:
+    """Raises: EvaluationError for a seed that draws nothing — mode ``same_text`` without a token
+    budget scores every qualifying document, so another seed would only change the cache key."""
+    if mode == "same_text" and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
+        raise EvaluationError(
+            f"seed={seed} changes nothing in mode='same_text' without a token budget: every qualifying "
+            "document is scored, none is drawn; drop --seed, or add --token-budget N to draw documents "
+            "with it"
+        )
+
+
+#: the seeds ``torch.Generator().manual_seed`` takes (the windows are drawn with it)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_setting_names(settings: dict, also: tuple[str, ...] = ()) -> None:
+    """Raises: EvaluationError naming any key of ``settings`` that is neither an evaluation
+    setting (``SETTING_NAMES``) nor one of ``also``."""
+    unknown = sorted(str(k) for k in settings if k not in SETTING_NAMES and k not in also)
+    if unknown:
+        raise EvaluationError(
+            f"unknown evaluation setting(s) {', '.join(unknown)}; the settings are "
+            f"{', '.join(SETTING_NAMES + tuple(also))}"
+        )
+
+
+def _integer(name: str, value, lo: int, hi: int | None = None, fix: str = "", span: str = "") -> int:
+    """``value`` as an int (a numpy integer too) in ``lo`` … ``hi``. Raises: EvaluationError
+    naming ``name`` (``span`` says the range, ``fix`` the remedy) for anything else: a bool,
+    a float (2.0 included), a string, NaN."""
+    if not is_int(value) or value < lo or (hi is not None and value > hi):
+        span = span or (f">= {lo}" if hi is None else f"in {lo}..{hi}")
+        raise EvaluationError(f"{name} must be an integer {span} (got {value!r}){fix}")
+    return int(value)
+
+
+def check_lengths(lengths) -> tuple[int, ...]:
+    """The evaluation lengths as ints (tokens), in the order given, duplicates once.
+    Raises: EvaluationError for no lengths, a single number or string instead of a list,
+    or a length that is not an integer >= 2."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise EvaluationError(f"lengths must be a list of integers >= 2 tokens, e.g. [128, 256] (got {lengths!r})")
+    lengths = [_check_length(n) for n in lengths]
+    if not lengths:
+        raise EvaluationError("no evaluation lengths given")
+    return tuple(dict.fromkeys(lengths))
+
+
+def checkpoint_list(checkpoints) -> list:
+    """``checkpoints`` as a list. Raises: EvaluationError for none, or for one path or string given
+    where a list belongs (iterating it would read its characters as checkpoints)."""
+    if isinstance(checkpoints, (str, bytes, os.PathLike)):
+        raise EvaluationError(
+            f"checkpoints must be a list of checkpoint folders or names, e.g. [{str(checkpoints)!r}] "
+            f"(got the single {type(checkpoints).__name__} {str(checkpoints)!r}); use evaluate_checkpoint for one"
+        )
+    if not isinstance(checkpoints, Iterable):
+        raise EvaluationError(f"checkpoints must be a list of checkpoint folders or names (got {checkpoints!r})")
+    out = list(checkpoints)
+    if not out:
+        raise EvaluationError("no checkpoints given")
+    return out
+
+
+def _check_data(data) -> str:
+    if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
+        raise EvaluationError(
+            f"data must be a domain ({', '.join(DOMAINS)}), a file or folder path, or "
+            f"{synthetic.PREFIX}<task> (got {data!r})"
+        )
+    return str(data)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Everything that decides an evaluation's numbers, validated once (``EvalSettings.make``).
+
+    Fields (units: tokens): ``data`` (a domain, path or ``synthetic:<task>``), ``lengths``
+    (user order, duplicates once), ``mode`` (``windows.MODES``, or ``"synthetic"`` for a task),
+    ``stride``, ``token_budget`` (resolved: None = every qualifying document/window; for a task
+    the sequences per length), ``seed``, ``rope_scaling``, ``split`` (resolved: None is
+    ``"validation"``), ``position_buckets``,
+    ``normalizer_cap``, ``device`` (resolved), ``precision``, ``batch_tokens`` (resolved; not
+    part of any cache key), ``prefix_tokens`` (same_text only: the prefix ``M`` every length
+    scores, None = the largest length; see ``windows.plan_same_text``). The per-length cache
+    key is :meth:`length_settings`.
+    """
+
+    data: str
+    lengths: tuple[int, ...]
+    mode: str
+    stride: int | None
+    token_budget: int | None
+    seed: int
+    rope_scaling: str | None
+    split: str | None
+    position_buckets: int
+    normalizer_cap: int | None
+    device: torch.device
+    precision: str
+    batch_tokens: int
+    prefix_tokens: int | None = None
+
+    @classmethod
+    def make(
+        cls,
+        data,
+        lengths,
+        *,
+        mode=DEFAULT_MODE,
+        stride=None,
+        token_budget="auto",
+        seed=0,
+        rope_scaling=None,
+        split=None,
+        position_buckets=DEFAULT_POSITION_BUCKETS,
+        device="auto",
+        batch_tokens=None,
+        normalizer_cap=None,
+        prefix_tokens=None,
+    ) -> "EvalSettings":
+        """Validated settings (the arguments of :func:`evaluate_many`), every field normalized: integers
+        are ints (numpy integers too; a float, bool or string is refused, never rounded), so equal
+        settings are one cache key. Raises: EvaluationError naming the bad one and the fix."""
+        data = _check_data(data)
+        lengths = check_lengths(lengths)
+        if stride is not None:
+            stride = _integer("stride", stride, 1, fix="; give a whole number of tokens, e.g. --stride 256")
+        mode = _check_mode(mode, stride)
+        if prefix_tokens is not None:
+            if mode != "same_text" or synthetic.is_synthetic(data):
+                raise EvaluationError(
+                    f"prefix_tokens applies to mode='same_text' on text (got mode={mode!r}, data {data!r}); "
+                    "drop --prefix-tokens"
+                )
+            prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
+        token_budget = resolve_token_budget(mode, token_budget)
+        seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
+        _check_seed_draws(data, mode, token_budget, seed)
+        if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
+            raise EvaluationError(
+                f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
+            )
+        position_buckets = _integer("position_buckets", position_buckets, 1, fix=f"; e.g. {DEFAULT_POSITION_BUCKETS}")
+        if batch_tokens is not None:
+            batch_tokens = _integer(
+                "batch_tokens", batch_tokens, 1, fix="; omit it for the default (8192 on CPU, 16384 on CUDA)"
+            )
+        try:  # before any checkpoint is read
+            normalizer_cap = check_normalizer_cap(normalizer_cap)
+        except ValueError as e:
+            raise EvaluationError(str(e)) from None
+        dev = resolve_device(device)
+        if synthetic.is_synthetic(data):
+            # every length gets its own task sequences of exactly that length (the same for every
+            # checkpoint); only the answer positions are scored
+            if mode != DEFAULT_MODE or stride is not None:
+                raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
+            if split not in (None, "validation"):
+                raise EvaluationError(f"{data} draws fresh task sequences, it has no {split!r} split; drop --split")
+            mode, split = "synthetic", "synthetic"
+            token_budget = SYNTHETIC_SEQUENCES if token_budget is None else token_budget
+        else:  # resolved here, so split=None and split="validation" are one cache key, as they are one text
+            split = "validation" if split is None else split
+            if split not in SPLITS:
+                raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+        return cls(
+            data=data,
+            lengths=lengths,
+            mode=mode,
+            stride=stride,
+            token_budget=token_budget,
+            seed=seed,
+            rope_scaling=rope_scaling,
+            split=split,
+            position_buckets=position_buckets,
+            normalizer_cap=normalizer_cap,
+            device=dev,
+            precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
+            batch_tokens=batch_tokens or (16384 if dev.type == "cuda" else 8192),
+            prefix_tokens=prefix_tokens,
+        )
+
+    def describe(self) -> dict:
+        """What decides this evaluation's numbers, canonical and JSON-able (an evaluation job's key,
+        ``fireviz.ui.jobs``): equal for every spelling of one computation (``device="auto"`` or
+        ``"cpu"`` on a CPU machine, ``token_budget="auto"`` or its resolved value, ``split=None`` or
+        ``"validation"``, lengths in any order). ``format`` (``EVAL_FORMAT_VERSION``), ``data``,
+        ``split``, ``lengths`` (sorted), ``mode``, ``stride``, ``token_budget``, ``seed``,
+        ``rope_scaling``, ``position_buckets``, ``normalizer_cap``, ``prefix_tokens``, ``precision``:
+        the device counts through the precision it decides; ``batch_tokens`` changes no number
+        and is left out."""
+        return {
+            "format": EVAL_FORMAT_VERSION,
+            "data": self.data,
+            "split": self.split,
+            "lengths": sorted(self.lengths),
+            "mode": self.mode,
+            "stride": self.stride,
+            "token_budget": self.token_budget,
+            "seed": self.seed,
+            "rope_scaling": self.rope_scaling,
+            "position_buckets": self.position_buckets,
+            "normalizer_cap": self.normalizer_cap,
+            "prefix_tokens": self.prefix_tokens,
+            "precision": self.precision,
+        }
+
+    def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:
+        """The settings that decide the numbers at length ``n``: the cache key's settings."""
+        out = {
+            "format": EVAL_FORMAT_VERSION,
+            "length": n,
+            "mode": self.mode,
+            "stride": self.stride,
+            "token_budget": self.token_budget,
+            "seed": self.seed,
+            "rope_scaling": self.rope_scaling,
+            "split": self.split,
+            "position_buckets": self.position_buckets,
+            "precision": self.precision,
+            "bos": BOS_CONVENTION,
+        }
+        if flex:  # bf16 numbers differ slightly between the two paths: part of the key (GPU only)
+            out["attention"] = "flex"
+        if prefix_tokens is not None:  # same_text: the windows at n depend on the prefix M
+            out["prefix_tokens"] = prefix_tokens
+        if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
+            out["normalizer_cap"] = cap
+        if self.mode == "synthetic":
+            out["task_format"] = self.task_format()
+        return out
+
+    def task_format(self) -> int:
+        """The synthetic evaluation's format, part of its cache key: 2 = sequences of n + 1 tokens
+        (the training format at seq_len n) drawn from seed 0's set; 3 = the same from another
+        ``seed`` (``synthetic.evaluation_seed``; format 2 entries made before seeds drew anything
+        are never read back for one)."""
+        return 2 if self.seed == 0 else 3

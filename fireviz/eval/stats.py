@@ -1,0 +1,182 @@
+"""Uncertainty of evaluation numbers: bootstrap intervals over documents and paired differences.
+
+Uncertainty. Each length keeps its per-document sums (``per_document``: document ids,
+summed nats, scored tokens). ``ci95`` is a 95 % percentile bootstrap interval of the
+token-weighted bits per byte, resampling documents with replacement (``BOOTSTRAP_SAMPLES``
+resamples, generator seeded with ``BOOTSTRAP_SEED``): documents, not tokens, are the
+independent units. For every checkpoint but the reference (the first given unless told),
+``paired_delta_bpb`` = its bits per byte minus the reference's on the same windows, with
+``paired_ci95`` from the same document resampling applied to both at once (Koehn 2004,
+paired bootstrap resampling) — far narrower than either interval, since the text's own
+difficulty cancels.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from fireviz.eval.windows import EvaluationError
+
+#: document resamples of the bootstrap intervals, and the seed of their generator
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 0
+#: fewer documents than this get no interval (``ci95``/``paired_ci95`` None), not a falsely narrow one
+MIN_INTERVAL_DOCUMENTS = 10
+
+
+def bootstrap_indices(num_documents: int, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Document resamples with replacement, int64 ``[samples, num_documents]``.
+
+    Deterministic (numpy ``default_rng(seed)``); the same matrix for every checkpoint with
+    the same number of documents, which is what makes the paired bootstrap paired. Drawn once
+    per arguments and shared: the array is read-only.
+    Raises: EvaluationError for ``num_documents < 1`` or ``samples < 1``.
+    """
+    if num_documents < 1 or samples < 1:
+        raise EvaluationError(f"a bootstrap needs >= 1 document and >= 1 sample (got {num_documents}, {samples})")
+    return _drawn_indices(int(num_documents), int(samples), int(seed))
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn_indices(num_documents: int, samples: int, seed: int) -> np.ndarray:
+    idx = np.random.default_rng(seed).integers(0, num_documents, size=(samples, num_documents))
+    idx.flags.writeable = False
+    return idx
+
+
+def bootstrap_ci95(
+    nats: Sequence[float], tokens: Sequence[int], *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> list[float] | None:
+    """95 % percentile bootstrap interval of the token-weighted bits per byte over documents.
+
+    Args: per document, summed nats (float) and scored tokens (int, > 0 in total).
+    Returns: ``[low, high]`` in bits per byte (2.5th and 97.5th percentiles of
+      ``Σ nats / Σ tokens / ln 2`` over ``samples`` document resamples); None for fewer than
+      ``MIN_INTERVAL_DOCUMENTS`` documents (with 2 or 3 the bootstrap has a handful of distinct
+      resamples and its interval looks far more certain than it is).
+    Raises: EvaluationError for mismatched lengths or no scored token.
+    """
+    nats, tokens = np.asarray(nats, dtype=np.float64), np.asarray(tokens, dtype=np.float64)
+    if nats.shape != tokens.shape or nats.ndim != 1 or tokens.sum() <= 0:
+        raise EvaluationError("bootstrap needs one summed loss and one positive token count per document")
+    if len(nats) < MIN_INTERVAL_DOCUMENTS:
+        return None  # too few documents: a bootstrap over them would look far more certain than it is
+    idx = bootstrap_indices(len(nats), samples, seed)
+    stats = nats[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def bootstrap_ratio_ci95(
+    numerators, denominators, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> list[float] | None:
+    """95 % percentile bootstrap interval of Σ numerators / Σ denominators over units
+    resampled with replacement (e.g. correct answers / answer tokens over sequences); None
+    for fewer than ``MIN_INTERVAL_DOCUMENTS`` units.
+    Raises: EvaluationError for mismatched lengths or a zero denominator sum."""
+    num, den = np.asarray(numerators, dtype=np.float64), np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape or num.ndim != 1 or den.sum() <= 0:
+        raise EvaluationError("a ratio bootstrap needs one numerator and one positive denominator per unit")
+    if len(num) < MIN_INTERVAL_DOCUMENTS:
+        return None
+    idx = bootstrap_indices(len(num), samples, seed)
+    lo, hi = np.percentile(num[idx].sum(1) / den[idx].sum(1), [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def paired_difference(
+    candidate: dict, reference: dict, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> dict | None:
+    """Paired bits-per-byte difference of two per-length entries scored on the same windows.
+
+    Args: two ``summarize`` entries (with ``per_document``) of the same length.
+    Returns: ``{"paired_delta_bpb": candidate − reference (bits per byte), "paired_ci95":
+      [low, high]}`` — the interval from resampling documents jointly (paired bootstrap,
+      Koehn 2004; None for fewer than ``MIN_INTERVAL_DOCUMENTS`` documents); None when the entries did not score the same documents and tokens
+      (different windows cannot be paired). Raises nothing.
+    """
+    a, b = candidate.get("per_document"), reference.get("per_document")
+    if (
+        not (isinstance(a, dict) and isinstance(b, dict))
+        or a.get("doc") != b.get("doc")
+        or a.get("tokens") != b.get("tokens")
+        or not a.get("doc")
+    ):
+        return None
+    tokens = np.asarray(a["tokens"], dtype=np.float64)
+    diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
+    if tokens.sum() <= 0:
+        return None
+    delta = float(diff.sum() / tokens.sum() / math.log(2))
+    if len(tokens) < MIN_INTERVAL_DOCUMENTS:
+        return {"paired_delta_bpb": delta, "paired_ci95": None}  # too few documents for an interval
+    idx = bootstrap_indices(len(tokens), samples, seed)
+    stats = diff[idx].sum(1) / tokens[idx].sum(1) / math.log(2)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return {"paired_delta_bpb": delta, "paired_ci95": [float(lo), float(hi)]}
+
+
+_PAIRED_KEYS = ("paired_delta_bpb", "paired_ci95", "paired_reference")
+
+
+def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -> list[dict]:
+    """Copies of ``results`` whose per-length entries, for every result but the reference,
+    carry ``paired_delta_bpb``, ``paired_ci95`` and ``paired_reference`` against the
+    reference's entry of the same length (see :func:`paired_difference`); lengths that
+    cannot be paired (other windows, an error) get none. The inputs are not modified.
+
+    Args: ``reference``: an index into ``results``, a checkpoint name or path, or a label.
+    Returns: the new list; each result also gets ``paired_reference`` (the reference's label
+      or checkpoint name).
+    Raises: EvaluationError for a reference that is not among the results.
+    """
+    if not results:
+        return []
+    ref = _reference_index(results, reference)
+    ref_name = results[ref].get("label") or results[ref]["checkpoint"]
+    if not results[ref].get("label") and [r.get("checkpoint") for r in results].count(ref_name) > 1:
+        ref_name = results[ref].get("checkpoint_path") or ref_name  # runs/x vs checkpoints/x: say which
+    ref_entries = {e["length"]: e for e in results[ref]["per_length"] if "error" not in e}
+    out = []
+    for k, r in enumerate(results):
+        entries = []
+        for e in r["per_length"]:
+            e = {key: v for key, v in e.items() if key not in _PAIRED_KEYS}
+            if k != ref and "error" not in e and e["length"] in ref_entries:
+                diff = paired_difference(e, ref_entries[e["length"]])
+                if diff is not None:
+                    e.update(diff, paired_reference=ref_name)
+            entries.append(e)
+        out.append({**r, "paired_reference": ref_name, "per_length": entries})
+    return out
+
+
+def _reference_index(results: Sequence[dict], reference: int | str) -> int:
+    if isinstance(reference, int) and not isinstance(reference, bool):
+        if 0 <= reference < len(results):
+            return reference
+        raise EvaluationError(f"reference index {reference} is out of range for {len(results)} checkpoint(s)")
+    ref = str(reference)
+    for key in ("checkpoint_path", "label"):  # an exact path (or label) first
+        hits = [k for k, r in enumerate(results) if r.get(key) is not None and str(r.get(key)) == ref]
+        if hits:
+            return hits[0]
+    hits = [k for k, r in enumerate(results) if r.get("checkpoint") in (ref, Path(ref).name)]
+    if len(hits) > 1:
+        paths = ", ".join(str(results[k].get("checkpoint_path")) for k in hits)
+        raise EvaluationError(
+            f"reference {ref!r} names {len(hits)} of the checkpoints ({paths}); give the path of "
+            "the one to pair against"
+        )
+    if hits:
+        return hits[0]
+    given = ", ".join(r.get("checkpoint", "?") for r in results)
+    raise EvaluationError(
+        f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
+        "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT")
+    )

@@ -1,0 +1,345 @@
+"""Fit targets: the biases FIRE is fitted to (Theorem 3.1 of the FIRE paper, Li et al. 2024).
+
+Every registered encoding whose spec has a ``fit_target`` (T5's buckets, ALiBi, Kerple,
+Sandwich, or one registered by a user: ``fireviz.encodings.register_encoding``) is a target
+built from its parameters (``make_target``), and so is the learned bias of one layer of a
+trained or published model (``target_from_checkpoint``). A target is Toeplitz: a function of
+the distance d = i − j only.
+
+The parameters of the built-in targets are checked here, in one place per target
+(``PARAM_CHECKS``): types, finiteness and ranges, each refused with one ValueError naming the
+parameter — before a checkpoint is read. The encodings then check their own domains (e.g.
+T5's ``max_distance`` against its buckets, a slope > 0, Kerple's r1, r2 >= 0.01, an even dbar).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fireviz.core.arg_checks import as_float, as_int, as_seed
+from fireviz.encodings import encoding_spec, fit_target_names
+from fireviz.encodings.base import ToeplitzBias
+from fireviz.encodings.specs import BUILTIN_SPECS
+
+#: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
+#: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.
+MAX_FIT_HEADS = 1024
+#: Parameters of the ``checkpoint`` target (the others' come from their ``EncodingSpec.fit_params``).
+CHECKPOINT_PARAMS = frozenset({"path", "layer", "stack"})
+#: Largest ALiBi slope and Kerple r1 / r2 a target takes: a bias falling 10⁴ logits per token
+#: (or per log-token) is one-hot attention long before; beyond float32 it would not even be finite.
+MAX_TARGET_SCALE = 10_000
+#: Most T5 buckets and largest T5 max_distance / Sandwich dbar a target takes (the app offers
+#: up to 256 buckets and dbar 4096; Sandwich's kernel costs dbar/2 cosines per distance).
+MAX_T5_BUCKETS = 1 << 14
+MAX_T5_DISTANCE = 1 << 40
+MAX_DBAR = 4096
+
+
+def target_names() -> tuple[str, ...]:
+    """Every fit target: each registered encoding with a ``fit_target`` spec, then ``checkpoint``."""
+    return fit_target_names() + ("checkpoint",)
+
+
+def fittable_encodings() -> tuple[str, ...]:
+    """Registered encodings whose checkpoints can be fit targets (their spec has a fit target)."""
+    return fit_target_names()
+
+
+def target_params(name: str) -> frozenset[str]:
+    """Keyword parameters target ``name`` takes (see ``make_target``). Raises ValueError for an unknown target."""
+    if name == "checkpoint":
+        return CHECKPOINT_PARAMS
+    if name not in fit_target_names():
+        raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(target_names())}")
+    return frozenset(encoding_spec(name).fit_params)
+
+
+def check_num_heads(num_heads) -> int:
+    """``num_heads`` as an int in 1 … ``MAX_FIT_HEADS``. Raises: ValueError naming it."""
+    return as_int(
+        num_heads,
+        "num_heads",
+        1,
+        MAX_FIT_HEADS,
+        "published models have at most 128 heads per layer; fit fewer heads, e.g. --heads 8",
+    )
+
+
+# -- the built-in targets' parameters, one checker each ----------------------------------------
+def _plain(value):
+    """A numpy array (or tensor) as nested lists, so its items are checked one by one; else ``value``."""
+    return value.tolist() if isinstance(value, (np.ndarray, torch.Tensor)) else value
+
+
+def _scale(what: str, target: str) -> Callable:
+    """A per-head scale: None (the default draw), a number or a list of numbers, each finite and at
+    most ``MAX_TARGET_SCALE`` (the encoding's builder checks its own range, e.g. Kerple's > 0.01)."""
+
+    def check(value):
+        if value is None:
+            return None
+        value = _plain(value)
+        hint = f"{target} takes one number for every head or one per head"
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError(f"{what} is an empty list; {hint}")
+            return [as_float(v, what, hi=MAX_TARGET_SCALE, hint=hint) for v in value]
+        return as_float(value, what, hi=MAX_TARGET_SCALE, hint=hint)
+
+    return check
+
+
+def _t5_values(value):
+    """T5 bucket values: "random" | "decay" | a list of finite numbers (per bucket) or of such lists (per bucket and head)."""
+    value = _plain(value)
+    if isinstance(value, str):
+        return value  # the profile names are checked by t5_bucket_values
+    hint = "give 'random', 'decay', one number per bucket, or per bucket a list of one per head"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"values must be 'random', 'decay' or a non-empty list of numbers (got {value!r}); {hint}")
+    return [
+        _t5_values_row(v, hint) if isinstance(v, (list, tuple)) else as_float(v, "T5 value", hint=hint) for v in value
+    ]
+
+
+def _t5_values_row(row, hint: str) -> list[float]:
+    return [as_float(v, "T5 value", hint=hint) for v in row]
+
+
+def _path(value):
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"path must be a checkpoint folder or a Hugging Face repo id (got {value!r}); e.g. checkpoints/alibi"
+        )
+    return value
+
+
+def _stack(value):
+    if value is not None and value not in ("decoder", "encoder"):
+        raise ValueError(f"stack must be 'decoder' or 'encoder' (got {value!r}); it applies to encoder–decoder models")
+    return value
+
+
+def _int_param(what: str, lo: int, hi: int | None = None, hint: str = "") -> Callable:
+    return lambda v: as_int(v, what, lo, hi, hint)
+
+
+def _alibi_slope(value):
+    hint = "omit it for the standard per-head slopes alibi_slopes(num_heads)"
+    return None if value is None else as_float(value, "slope", hi=MAX_TARGET_SCALE, hint=hint)
+
+
+def _kerple(name: str) -> dict[str, Callable]:
+    return {"r1": _scale("r1", name), "r2": _scale("r2", name), "seed": as_seed}
+
+
+#: Per built-in target, a checker per parameter: returns the value to use (the same value, as a
+#: plain int / float / list) or raises ValueError naming the parameter.
+PARAM_CHECKS: dict[str, dict[str, Callable]] = {
+    "t5": {
+        "num_buckets": _int_param("num_buckets", 2, MAX_T5_BUCKETS),
+        "max_distance": _int_param(
+            "max_distance", 2, MAX_T5_DISTANCE, "tokens; distances beyond share the last bucket"
+        ),
+        "values": _t5_values,
+        "seed": as_seed,
+    },
+    "alibi": {"slope": _alibi_slope},
+    "kerple_log": _kerple("kerple_log"),
+    "kerple_power": _kerple("kerple_power"),
+    "sandwich": {"dbar": _int_param("dbar", 2, MAX_DBAR, "an even number, e.g. 128")},
+    "checkpoint": {
+        "path": _path,
+        "layer": _int_param("layer", 0, hint="layers count from 0"),
+        "stack": _stack,
+    },
+}
+_BUILTIN_TARGETS = {spec.name: spec.fit_target for spec in BUILTIN_SPECS if spec.fit_target is not None}
+
+
+def _checked_params(name: str, params: dict) -> dict:
+    """``params`` through the checkers of target ``name`` (a built-in one, unless re-registered)."""
+    if name != "checkpoint" and _BUILTIN_TARGETS.get(name) is not encoding_spec(name).fit_target:
+        return params  # a registered encoding's own builder checks its parameters
+    checks = PARAM_CHECKS.get(name, {})
+    return {k: checks[k](v) if k in checks else v for k, v in params.items()}
+
+
+def parse_numbers(text: str, what: str) -> list[float] | float:
+    """``"0.5"`` → 0.5, ``"0.5, 1,2"`` → [0.5, 1.0, 2.0]: a per-head parameter as typed on the
+    command line or in the app (Kerple r1/r2, T5 bucket values).
+
+    Raises: ValueError naming ``what`` for text that is empty or not comma-separated numbers.
+    """
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(
+            f"{what} must be a number or comma-separated numbers (got {text!r}); example: 0.5 or 0.5,1,1.5,2"
+        ) from None
+    if not vals:
+        raise ValueError(f"{what} is empty; give a number or comma-separated numbers")
+    return vals[0] if len(vals) == 1 else vals
+
+
+# --------------------------------------------------------------------------------------------
+# Targets
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FitTarget:
+    """A Toeplitz bias to fit: ``g_h(d)`` logits for distances ``d = i − j`` (tokens).
+
+    Attributes:
+      name: one of ``target_names()``.
+      encoding: the fireviz encoding that defines the bias (T5RelativeBias, ALiBi, KerpleLog,
+        KerplePower or Sandwich), evaluated through its own ``bias_by_distance``; so the
+        target's extrapolation beyond the fitted range is that encoding's own formula.
+      params: JSON-able description of the parameters (what the CLI and ``to_dict`` show).
+    """
+
+    name: str
+    encoding: ToeplitzBias
+    params: dict = field(default_factory=dict)
+
+    @property
+    def num_heads(self) -> int:
+        """Number of attention heads of the target bias (its first output dimension)."""
+        return self.encoding.num_heads
+
+    @torch.no_grad()
+    def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
+        """Target logits, float32 ``[num_heads, *d.shape]`` for int distances ``d`` (tokens)."""
+        return self.encoding.bias_by_distance(d.to(self.encoding.device)).float().cpu()
+
+
+def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
+    """Build a fit target by name, with its parameters.
+
+    Args:
+      name: one of ``target_names()``.
+      num_heads: heads (1 … ``MAX_FIT_HEADS``); not needed for ``checkpoint`` (taken from the
+        checkpoint; when given it must match).
+      params by target:
+        * ``t5``: ``num_buckets`` (32), ``max_distance`` (128 tokens), ``values``
+          ("random" (default) | "decay" | numbers, see ``t5_bucket_values``), ``seed`` (0).
+          Causal bucketing (``relative_position_bucket``, Raffel et al. 2020 §2.1).
+        * ``alibi``: ``slope`` (None → ``alibi_slopes(num_heads)``, Press et al. 2022 §3;
+          a number → that slope for every head). Bias ``−m_h·d``.
+        * ``kerple_log`` / ``kerple_power``: ``r1``, ``r2`` (a number or ``num_heads``
+          numbers; None → a seeded draw r1 ~ U(0, 2), r2 ~ U(0, 1) for both variants,
+          clamped to >= 0.01: the log variant's reference init; for the power variant the
+          training init now follows the reference, r1 ~ U(0, 1), r2 ~ U(0, 2), while this
+          fit target keeps its draw so published fits stay as they are), ``seed`` (0). Bias ``−r1·log(1 + r2·d)`` resp. ``−r1·d^r2``
+          (Chi et al. 2022, §4.2).
+        * ``sandwich``: ``dbar`` (128, even). Bias ``(S(d) − dbar/2)/r_h``, ``r_h = 8h/H``
+          (Chi et al. 2023, §5).
+        * ``checkpoint``: ``path`` (a checkpoint folder or Hub id), ``layer`` (0), ``stack``;
+          see ``target_from_checkpoint``.
+      Numbers are ints / floats (numpy's too), never bools or strings: ``PARAM_CHECKS``.
+    Returns: a ``FitTarget``.
+    Raises: ValueError naming the parameter for an unknown target or parameter, num_heads not an
+      integer in 1 … MAX_FIT_HEADS, an ALiBi slope or Kerple r1/r2 that is not a finite number
+      <= MAX_TARGET_SCALE (then the encoding's own range: a slope > 0, Kerple's >= 0.01 and
+      r2 <= 2 for the power variant), bad T5 bucketing/values, a dbar that is not an even
+      integer in 2 … MAX_DBAR, a seed outside 0 … 2⁶⁴ − 1, a checkpoint path/layer/stack of the
+      wrong type (all before anything is read) or a checkpoint whose heads differ from
+      ``num_heads``; CheckpointError/ValueError from ``target_from_checkpoint``.
+    """
+    allowed = target_params(name)  # raises for an unknown target
+    unknown = set(params) - allowed
+    if unknown:
+        raise ValueError(
+            f"target {name!r} does not take parameter(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(sorted(allowed)) or 'none'}"
+        )
+    params = _checked_params(name, params)
+    if name == "checkpoint":
+        if "path" not in params:
+            raise ValueError("target 'checkpoint' needs path=<checkpoint folder> (CLI: --checkpoint PATH)")
+        heads = None if num_heads is None else check_num_heads(num_heads)
+        target = target_from_checkpoint(params["path"], params.get("layer", 0), params.get("stack"))
+        if heads is not None and heads != target.num_heads:
+            raise ValueError(
+                f"checkpoint {params['path']} has {target.num_heads} heads, not {heads}; "
+                "omit num_heads (CLI: --heads) to use the checkpoint's"
+            )
+        return target
+    heads = check_num_heads(num_heads)
+    enc, shown = encoding_spec(name).fit_target(heads, **params)  # the encoding's own spec builds it
+    return FitTarget(name, enc, shown)
+
+
+def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) -> FitTarget:
+    """The learned (or fixed) bias of one layer of a trained fireviz GPT checkpoint, or of a
+    published model (a transformers folder or Hub id read through ``fireviz.checkpoints.hub``: T5-family
+    tables of ``stack`` — decoder by default; for the bidirectional encoder its keys before
+    the query, i.e. d = i − j >= 0 — or ALiBi slopes).
+
+    Loads through ``fireviz.checkpoints.catalog.load_model_or_published(path)`` (safetensors only) and
+    takes ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
+    ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
+    Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path`` (as given), ``layer``,
+      ``encoding`` (the checkpoint's encoding name), ``seq_len`` (its training length) and its
+      identity: ``checkpoint_sha256`` (``fireviz.checkpoints.catalog.checkpoint_sha256`` of exactly the
+      bytes loaded, one read) for a fireviz checkpoint; ``published``, ``revision``, ``stack`` and ``bias_sha256``
+      (of the layer's bias tensors) for a published model.
+    Raises: ValueError for a path that is not a non-empty string, a layer that is not an integer
+      >= 0 or a stack not decoder/encoder (before anything is read); CheckpointError
+      (CheckpointNotFoundError for a path with nothing there; not a checkpoint folder, corrupt
+      files); ValueError if the layer is out of range or the encoding is not one of
+      ``fittable_encodings()``.
+    """
+    from fireviz.checkpoints import hub
+    from fireviz.checkpoints.catalog import CheckpointNotFoundError, load_model_or_published
+
+    checks = PARAM_CHECKS["checkpoint"]
+    path, layer, stack = checks["path"](path), checks["layer"](layer), checks["stack"](stack)
+    local = Path(path).expanduser()
+    if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
+        raise CheckpointNotFoundError(
+            f"checkpoint {path} not found: give a folder holding config.json and "
+            "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id"
+        )
+    model, sha = load_model_or_published(
+        str(local) if local.is_dir() else str(path), stack=stack or "decoder", with_identity=True
+    )
+    if stack is not None and not isinstance(model, hub.PublishedModel):
+        raise ValueError("stack applies to published encoder–decoder models only; drop it for a fireviz checkpoint")
+    cfg = model.config
+    if not layer < cfg.n_layer:
+        raise ValueError(f"layer {layer} is out of range: checkpoint {path} has layers 0..{cfg.n_layer - 1}")
+    allowed = fittable_encodings()
+    enc = model.encoding(layer)
+    if cfg.position_encoding not in allowed or not isinstance(enc, ToeplitzBias):
+        raise ValueError(
+            f"checkpoint {path} uses position encoding {cfg.position_encoding!r}; fitting FIRE "
+            f"needs a Toeplitz bias: one of {', '.join(allowed)}"
+        )
+    enc.requires_grad_(False)
+    params = {"path": path, "layer": layer, "encoding": cfg.position_encoding, "seq_len": cfg.seq_len}
+    if isinstance(model, hub.PublishedModel):
+        params.update(published=model.config.family, revision=model.config.revision, stack=model.config.stack)
+        params["bias_sha256"] = tensors_sha256(enc)
+    else:
+        params["checkpoint_sha256"] = sha  # of exactly the bytes loaded
+    return FitTarget("checkpoint", enc, params)
+
+
+def tensors_sha256(module: torch.nn.Module) -> str:
+    """sha256 (hex) of a module's parameters and buffers (names, dtypes, shapes and bytes, by name):
+    the identity of a published model's bias, whose weights file is never read whole."""
+    h = hashlib.sha256()
+    for name, t in sorted([*module.named_parameters(), *module.named_buffers()], key=lambda item: item[0]):
+        t = t.detach().cpu().contiguous().flatten()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode() + t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

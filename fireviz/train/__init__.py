@@ -1,0 +1,1 @@
+"""Training: settings, the loop, its step, schedule and resumable state."""

@@ -1,0 +1,263 @@
+"""Everything a training run decides before its first step (``fireviz.train.loop`` runs the loop).
+
+The checks come first and write nothing (``check_settings``: the settings, the output folder,
+the resumed trainer state, the device, the batch split over processes), then the data
+(``load_run_data``: the training stream and the fixed validation sets, of a corpus or a
+synthetic task), the step's memory (``check_step_memory``), the model and its AdamW, from a
+seeded init or the trainer state (``build_model``), its compiled / DDP / autocast wrapping
+(``wrap_model``), what config.json records about the run (``provenance``) and the train log
+(``open_log``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fireviz import __version__
+from fireviz.data import synthetic
+from fireviz.data.corpus import TokenStream, data_fingerprint, load_documents, split_documents
+from fireviz.core.distributed import _Dist
+from fireviz.model.gpt import GPT
+from fireviz.model.config import GPTConfig
+from fireviz.model.state import CheckpointError, load_state_checked
+from fireviz.train.schedule import random_validation_windows, validation_windows
+from fireviz.train.config import _FREE_ON_RESUME, TrainConfig, TrainingError, _check_pair, config_hash, settings_dict
+from fireviz.train.state import _load_optimizer, _truncate_log, has_checkpoint, read_trainer_state
+from fireviz.train.step import build_optimizer
+
+EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
+
+
+def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
+    """The device ``train.device`` names (``auto``: CUDA if available; this process's GPU under
+    torchrun). Raises: TrainingError for CUDA asked for but not available, or a GPU index past
+    the ones there are."""
+    if tc.device == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        name = tc.device
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise TrainingError("train.device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
+        index = d.local_rank if d.world > 1 else (torch.device(name).index or 0)
+        if index >= torch.cuda.device_count():
+            raise TrainingError(
+                f"train.device={name!r}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0; "
+                "use device='cuda' or a smaller index"
+            )
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _command_line() -> str:
+    """This process's command line, shell-quoted (recorded in config.json)."""
+    return shlex.join(sys.argv)
+
+
+def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, TrainConfig, dict, dict]:
+    """The run to continue from ``out``'s trainer state: ``(mc, tc, state, tensors)``; given
+    settings must equal the saved ones outside ``_FREE_ON_RESUME``. Raises: TrainingError, CheckpointError."""
+    if not has_checkpoint(out):
+        raise TrainingError(f"--resume: {out} holds no checkpoint to resume")
+    state, tensors = read_trainer_state(out)
+    try:
+        saved_mc = GPTConfig(**state["settings"]["model"])
+        saved_tc = TrainConfig(**state["settings"]["train"])
+    except (KeyError, TypeError) as e:
+        raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
+    model_config, train_config = model_config or saved_mc, train_config or saved_tc
+    if config_hash(model_config, train_config) != state["config_hash"]:
+        now, then = settings_dict(model_config, train_config), state["settings"]
+        diff = [
+            f"{s}.{k}: checkpoint {then[s].get(k)!r} vs now {now[s][k]!r}"
+            for s in ("model", "train")
+            for k in now[s]
+            if now[s][k] != then[s].get(k) and not (s == "train" and k in _FREE_ON_RESUME)
+        ]
+        raise TrainingError(
+            f"--resume with settings that differ from the checkpoint in {out}: "
+            + "; ".join(diff)
+            + ". Resume with the original settings or train into a new folder"
+        )
+    return model_config, train_config, state, tensors
+
+
+def _check_new_out(out: Path) -> None:
+    """A fresh run never overwrites a checkpoint. Raises: TrainingError naming the way out."""
+    if has_checkpoint(out):
+        if not (out / "trainer_state.safetensors").exists():
+            raise TrainingError(
+                f"{out} holds files of a run that stopped before its first checkpoint (no "
+                "trainer_state.safetensors), so it cannot be resumed either; delete the folder "
+                "or choose another --out (nothing was overwritten)"
+            )
+        raise TrainingError(
+            f"{out} already holds a checkpoint; pass --resume to continue it or choose "
+            "another --out (nothing was overwritten)"
+        )
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"--out {out} exists and is not a folder")
+
+
+@dataclass
+class RunData:
+    """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
+
+    stream: object  # TokenStream or synthetic.SyntheticStream: num_tokens, batch(starts, length)
+    fingerprint: str
+    val_fingerprint: str
+    val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)
+    val_random: torch.Tensor | None  # windows drawn like the evaluation's (text only)
+    answers_from: Callable[[int], int]  # window length → first scored target (1 for text: every target counts)
+
+
+def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int]) -> RunData:
+    """The run's data: ``train.data``'s training split as a token stream and
+    ``eval_batches × batch_size`` validation windows per length in ``eval_lengths`` (tokens), or a
+    synthetic task's fresh sequences and fixed validation sequences. Raises: DataError."""
+    n_val = tc.eval_batches * tc.batch_size
+    if synthetic.is_synthetic(tc.data):  # a task generated on the fly: fresh sequences, fixed validation
+        task = synthetic.load_task(tc.data)
+        # the loss counts its answers only (the rest is random); sequences already fresh: no random windows
+        return RunData(
+            synthetic.SyntheticStream(task),
+            task.fingerprint(),
+            task.fingerprint(),
+            {L: synthetic.validation_sequences(task, L + 1, n_val) for L in eval_lengths},
+            None,
+            task.split,
+        )
+    docs = load_documents(tc.data)
+    train_docs, val_docs = split_documents(docs, "train"), split_documents(docs, "validation")
+    # also windows drawn like the evaluation's (logged as val_loss_random): document starts read high
+    # (least context), which looks like overfitting and is not
+    return RunData(
+        TokenStream(train_docs, min_tokens=mc.seq_len + 1),
+        data_fingerprint(train_docs),
+        data_fingerprint(val_docs),
+        {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
+        random_validation_windows(val_docs, mc.seq_len, n_val),
+        lambda length: 1,
+    )
+
+
+def check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
+    """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
+    from fireviz.core.memory import InsufficientMemoryError, check_fits, train_step_bytes
+
+    n_params = 12 * mc.n_layer * mc.d_model**2 + mc.vocab_size * mc.d_model  # before the model exists
+    try:
+        check_fits(
+            train_step_bytes(mc, micro, mc.seq_len, n_params),
+            str(device),
+            f"a training step (micro-batch {micro} × seq_len {mc.seq_len})",
+            "lower train.batch_size (or raise train.grad_accum) or model.seq_len",
+        )
+    except InsufficientMemoryError as e:
+        raise TrainingError(str(e)) from None
+
+
+def check_settings(model_config, train_config, out: Path, resume: bool, d: _Dist, stop_at_step):
+    """Every check before anything is written: ``(mc, tc, state, tensors, device, micro, end_step)``."""
+    state = tensors = None
+    if resume:
+        model_config, train_config, state, tensors = _resume_settings(out, model_config, train_config)
+    else:
+        if model_config is None or train_config is None:
+            raise TrainingError("model_config and train_config are required unless resuming")
+        _check_new_out(out)
+    mc, tc = model_config, train_config.validate()
+    try:
+        mc.validate()
+    except ValueError as e:
+        raise TrainingError(f"[model] {e}") from e
+    _check_pair(mc, tc)
+    device = _resolve_device(tc, d)
+    if device.type == "cuda":
+        d.comm_device = device
+    if tc.batch_size % (d.world * tc.grad_accum):
+        raise TrainingError(
+            f"train.batch_size={tc.batch_size} is not divisible by world_size × grad_accum = "
+            f"{d.world} × {tc.grad_accum}"
+        )
+    if stop_at_step is not None and not (isinstance(stop_at_step, int) and 1 <= stop_at_step <= tc.max_steps):
+        raise TrainingError(
+            f"--stop-at-step must be an integer in 1..train.max_steps={tc.max_steps} (got {stop_at_step!r})"
+        )
+    micro = tc.batch_size // (d.world * tc.grad_accum)
+    return mc, tc, state, tensors, device, micro, tc.max_steps if stop_at_step is None else stop_at_step
+
+
+def build_model(mc: GPTConfig, tc: TrainConfig, device: torch.device, out: Path, tensors) -> tuple:
+    """The GPT (seeded init, or the trainer state's weights) and its AdamW: ``(model, opt, names)``."""
+    torch.manual_seed(tc.seed)
+    model = GPT(dataclasses.replace(mc, training={}))
+    if tensors is not None:
+        load_state_checked(
+            model,
+            {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")},
+            source=str(out / "trainer_state.safetensors"),
+        )
+    model.to(device)
+    opt, names = build_optimizer(model, tc, device)
+    if tensors is not None:
+        _load_optimizer(opt, names, tensors, str(out / "trainer_state.safetensors"))
+    return model, opt, names
+
+
+def wrap_model(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
+    """``(model to step: compiled and/or DDP-wrapped, autocast context factory)``."""
+    use_bf16 = tc.dtype == "bfloat16" or (tc.dtype == "auto" and device.type == "cuda")
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+        torch.backends.cudnn.allow_tf32 = True
+    if tc.compile:
+        model = torch.compile(model)
+    if d.world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, autocast
+
+
+def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: _Dist, model: GPT, command) -> dict:
+    """What config.json['training'] records about the run."""
+    return {
+        "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
+        "data": tc.data,
+        "data_split": "train",
+        "data_fingerprint": data.fingerprint,
+        "train_tokens_available": data.stream.num_tokens,
+        "validation_fingerprint": data.val_fingerprint,
+        "validation_lengths": list(eval_lengths),
+        "validation_windows": {str(L): int(v.shape[0]) for L, v in data.val_sets.items()},
+        "validation_random_windows": None if data.val_random is None else int(data.val_random.shape[0]),
+        "world_size": d.world,
+        "num_parameters": model.num_parameters(),
+        "config_hash": config_hash(mc, tc),
+        "fireviz_version": __version__,
+        "torch_version": torch.__version__,
+        "command": command or _command_line(),
+    }
+
+
+def open_log(out: Path, d: _Dist, resume: bool, start_step: int):
+    """The train log, appended to by rank 0 (a resumed one first cut back to the resumed step)."""
+    log_path = out / "train_log.jsonl"
+    if not d.master:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp-*"):
+        stray.unlink()  # temp files of an interrupted write (ours; never a checkpoint file)
+    if resume:
+        _truncate_log(log_path, start_step)
+    return open(log_path, "a", encoding="utf-8")

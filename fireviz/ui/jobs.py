@@ -1,0 +1,486 @@
+"""Background jobs: one worker thread per process, a FIFO queue, each job computed once.
+
+Long evaluations must outlive the web page that started them: a page reload or a second
+browser tab asks the same process for the job and finds it queued, running or finished.
+
+  * A job is keyed by a hash of its description (``job_key``: checkpoints' weight
+    fingerprints + settings); submitting the same key again returns the existing job,
+    so a result is never computed twice. A job that failed or was cancelled is run again
+    on resubmission.
+  * One worker thread per queue (module singletons, ``default_queue(name)``: "evaluate"
+    and "fit") runs that queue's jobs one at a time, in submission order.
+  * Each job has ``status`` (queued | running | done | error | cancelled), ``progress``
+    (done, total, message), ``result``, ``error``; ``cancel`` stops a queued job at once
+    and a running one at its next ``should_stop()`` check.
+  * Evaluation jobs (``submit_evaluation``) write their results into fireviz.evaluate's
+    on-disk cache, so a restarted server finds them there too.
+
+No Streamlit here; pages poll ``Job.snapshot()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
+FINISHED = (DONE, ERROR, CANCELLED)
+
+#: ``work(progress, should_stop) -> result``; ``progress(done, total, message)``.
+Work = Callable[[Callable[[int, int, str], None], Callable[[], bool]], Any]
+
+
+class JobCancelled(Exception):
+    """Raised inside a job's work to end it early after ``cancel``."""
+
+
+def job_key(description: Any) -> str:
+    """A stable hash (hex, 16 digits) of a JSON-serialisable job description.
+
+    Keys are sorted, so dict order does not matter. Raises TypeError for non-JSON values.
+    """
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=_no_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _no_default(obj):
+    raise TypeError(f"job descriptions must be JSON-serialisable; got {type(obj).__name__}")
+
+
+@dataclass
+class Job:
+    """One unit of background work. Read it through :meth:`snapshot` (thread-safe copy).
+
+    Attributes: key, label (for people), description (what was asked), status, done/total
+    (progress units of the work, e.g. windows evaluated), message, result, error (text),
+    submitted/started/finished (Unix seconds), device.
+    """
+
+    key: str
+    label: str
+    description: Any
+    work: Work = field(repr=False)
+    status: str = QUEUED
+    done: int = 0
+    total: int = 0
+    message: str = "waiting in the queue"
+    result: Any = None
+    error: str | None = None
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    device: str | None = None
+    traceback_text: str | None = field(default=None, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def fraction(self) -> float:
+        """Progress in [0, 1] (0 while the total is unknown)."""
+        return min(1.0, self.done / self.total) if self.total else (1.0 if self.status == DONE else 0.0)
+
+    def snapshot(self) -> dict:
+        """A plain dict of the job's state: key, label, status, done, total, fraction, message,
+        result, error, submitted, started, finished, device, elapsed_s."""
+        end = self.finished or time.time()
+        return {
+            "key": self.key,
+            "label": self.label,
+            "status": self.status,
+            "done": self.done,
+            "total": self.total,
+            "fraction": self.fraction,
+            "message": self.message,
+            "result": self.result,
+            "error": self.error,
+            "submitted": self.submitted,
+            "started": self.started,
+            "finished": self.finished,
+            "device": self.device,
+            "elapsed_s": (end - self.started) if self.started else 0.0,
+        }
+
+
+class JobQueue:
+    """A FIFO of jobs run one at a time by one daemon worker thread (started lazily)."""
+
+    def __init__(self, name: str = "fireviz-jobs"):
+        self._name = name
+        self._lock = threading.RLock()
+        self._jobs: dict[str, Job] = {}
+        self._queue: "queue.Queue[str]" = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, description: Any, work: Work, label: str = "", device: str | None = None) -> Job:
+        """Queue ``work`` under ``job_key(description)``, or return the job already under that key.
+
+        A queued, running or finished-successfully job is returned as is (never run twice);
+        one that errored or was cancelled is replaced by a fresh run.
+        Returns: the :class:`Job`.
+        """
+        key = job_key(description)
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and job.status not in (ERROR, CANCELLED):
+                return job
+            job = Job(key=key, label=label or key, description=description, work=work, device=device)
+            self._jobs[key] = job
+            self._queue.put(key)
+            self._ensure_worker()
+            return job
+
+    def get(self, key: str) -> Job | None:
+        """The job submitted under ``key`` (queued, running or finished), or None if there is none."""
+        with self._lock:
+            return self._jobs.get(key)
+
+    def find(self, description: Any) -> Job | None:
+        """The job for ``description`` (same key as ``submit``), or None."""
+        return self.get(job_key(description))
+
+    def jobs(self) -> list[Job]:
+        """All jobs this process has seen, oldest first."""
+        with self._lock:
+            return sorted(self._jobs.values(), key=lambda j: j.submitted)
+
+    def position(self, key: str) -> int:
+        """How many queued or running jobs are ahead of ``key`` (0 = it is next or running)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.status != QUEUED:
+                return 0
+            return sum(1 for j in self._jobs.values() if j.status in (QUEUED, RUNNING) and j.submitted < job.submitted)
+
+    def cancel(self, key: str) -> bool:
+        """Ask the job to stop. A queued job is cancelled at once; a running one at its next
+        ``should_stop()`` check. Returns False if there is no such unfinished job."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.status in FINISHED:
+                return False
+            job._cancel.set()
+            if job.status == QUEUED:
+                job.status, job.message, job.finished = CANCELLED, "cancelled before it started", time.time()
+            return True
+
+    def wait(self, key: str, timeout: float | None = None) -> Job | None:
+        """Block until the job finishes or ``timeout`` seconds pass; returns the job."""
+        end = None if timeout is None else time.time() + timeout
+        while True:
+            job = self.get(key)
+            if job is None or job.status in FINISHED or (end is not None and time.time() >= end):
+                return job
+            time.sleep(0.05)
+
+    # -- worker --------------------------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run_forever, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _run_forever(self) -> None:
+        while True:
+            key = self._queue.get()
+            with self._lock:
+                job = self._jobs.get(key)
+                if job is None or job.status != QUEUED:
+                    continue
+                job.status, job.started, job.message = RUNNING, time.time(), "starting"
+            self._run(job)
+
+    def _run(self, job: Job) -> None:
+        def progress(done: int, total: int, message: str = "") -> None:
+            job.done, job.total = int(done), int(total)
+            if message:
+                job.message = str(message)
+
+        def should_stop() -> bool:
+            return job._cancel.is_set()
+
+        try:
+            result = job.work(progress, should_stop)
+        except JobCancelled:
+            job.status, job.message = CANCELLED, "cancelled"
+        except Exception as e:  # the job failed; the worker lives on
+            job.error = f"{type(e).__name__}: {e}"
+            job.message = "failed"
+            job.status = ERROR
+            job.traceback_text = traceback.format_exc()
+        else:
+            job.result = result
+            if job._cancel.is_set():
+                job.status, job.message = CANCELLED, "cancelled (partial result kept)"
+            else:
+                job.status, job.message = DONE, "finished"
+        job.finished = time.time()
+
+
+_QUEUES: dict[str, JobQueue] = {}
+_QUEUES_LOCK = threading.Lock()
+
+
+def default_queue(name: str = "evaluate") -> JobQueue:
+    """The process-wide job queue called ``name`` (created on first use): every page and tab
+    shares it. ``"evaluate"`` runs evaluations; ``"fit"`` runs FIRE fits, so a quick fit
+    does not wait behind a long evaluation. Each queue has its own single worker thread."""
+    with _QUEUES_LOCK:
+        if name not in _QUEUES:
+            _QUEUES[name] = JobQueue(name=f"fireviz-{name}")
+        return _QUEUES[name]
+
+
+# -- evaluations ---------------------------------------------------------------------------------
+#: keyword arguments of ``evaluate_many`` an evaluation job passes on besides its settings, with
+#: their defaults (they decide what comes back, e.g. the paired reference, not how a number is made)
+_RUN_OPTIONS = {"reference": 0, "require_intervals": True, "use_published": True, "use_cache": True, "cache_dir": None}
+
+
+def _settings_description(data: str, lengths, settings: dict):
+    """``(EvalSettings, options)`` of an evaluation job's arguments, validated: the settings through
+    ``EvalSettings.make``, the options (``_RUN_OPTIONS``) kept where they differ from the default.
+    Raises: EvaluationError for a bad or unknown setting."""
+    from fireviz.eval.settings import EvalSettings, check_setting_names
+    from fireviz.eval.windows import EvaluationError
+
+    check_setting_names(settings, also=tuple(_RUN_OPTIONS))
+    s = EvalSettings.make(data, lengths, **{k: v for k, v in settings.items() if k not in _RUN_OPTIONS})
+    options = {k: settings[k] for k, default in _RUN_OPTIONS.items() if k in settings and settings[k] != default}
+    if options.get("cache_dir") is not None:
+        options["cache_dir"] = str(options["cache_dir"])
+    try:
+        json.dumps(options, allow_nan=False)
+    except (TypeError, ValueError):
+        raise EvaluationError(
+            f"the options {', '.join(sorted(options))} of an evaluation must be plain values (got {options!r})"
+        ) from None
+    return s, options
+
+
+def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int], settings: dict) -> dict:
+    """The description (hence the key) of an evaluation job.
+
+    Args: ``checkpoints`` as ``[{"path": folder, "fingerprint": weights hash}]`` (the hash makes a
+      retrained checkpoint a new job); ``data`` a domain name or file path (an uploaded file's
+      path contains its content hash); ``lengths`` in tokens; ``settings`` the other keyword
+      arguments of ``fireviz.eval.evaluate.evaluate_many``: its settings (mode, stride, token_budget,
+      seed, rope_scaling, split, position_buckets, device, batch_tokens, normalizer_cap,
+      prefix_tokens) and options (reference, require_intervals, use_published, use_cache, cache_dir).
+    Returns: ``{"kind": "evaluate", "checkpoints", "settings": EvalSettings.make(data, lengths,
+      ...).describe()}`` (+ ``"options"`` that differ from their defaults): JSON-able, and equal for
+      every spelling of one computation — ``device="auto"`` or ``"cpu"`` on a CPU machine,
+      ``token_budget="auto"`` or its value, lengths in any order, ``batch_tokens`` or not.
+    Raises: EvaluationError for a bad or unknown setting.
+    """
+    s, options = _settings_description(data, lengths, settings)
+    return _described(checkpoints, s, options)
+
+
+def _described(checkpoints: list[dict], s, options: dict) -> dict:
+    out = {"kind": "evaluate", "checkpoints": checkpoints, "settings": s.describe()}
+    return {**out, "options": options} if options else out
+
+
+def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict):
+    """``(EvalSettings, job description)``; the settings are checked before any checkpoint is read."""
+    from fireviz.checkpoints.catalog import checkpoint_sha256
+    from fireviz.eval.settings import checkpoint_list
+
+    s, options = _settings_description(data, lengths, settings)
+    paths = checkpoint_list(checkpoint_paths)
+    ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in paths]
+    return s, _described(ckpts, s, options)
+
+
+def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> Job | None:
+    """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
+
+    Raises: as ``submit_evaluation``.
+    """
+    return default_queue("evaluate").find(_evaluation(checkpoint_paths, data, lengths, settings)[1])
+
+
+def submit_evaluation(
+    checkpoint_paths: list[str],
+    data: str,
+    lengths: list[int],
+    settings: dict,
+    label_suffix: str = "",
+    queue_: JobQueue | None = None,
+) -> Job:
+    """Run ``fireviz.eval.evaluate.evaluate_many`` in the background (or return the job already doing it).
+
+    Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
+      ``evaluation_description`` (settings are passed to evaluate_many as keywords);
+      ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
+      " + yarn". (What is already cached, without computing: ``fireviz.eval.evaluate.cached_results``,
+      a direct call.) One computation is one job, however its settings are spelled
+      (``EvalSettings.describe``).
+    Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
+      checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
+      finished length into its cache, so after a cancel or a server restart those lengths
+      are not computed again.
+    Raises: EvaluationError for bad settings (an unknown one, a bad value), CheckpointError if
+      a checkpoint's weights cannot be read — both at once, before anything is queued.
+    """
+    s, description = _evaluation(checkpoint_paths, data, lengths, settings)
+
+    def work(progress, should_stop):
+        from fireviz.eval import evaluate
+
+        try:
+            results = evaluate.evaluate_many(
+                checkpoint_paths,
+                data,
+                description["settings"]["lengths"],
+                progress=progress,
+                should_stop=should_stop,
+                **settings,
+            )
+        except evaluate.EvaluationCancelled:
+            raise JobCancelled() from None
+        for r in results:
+            r["label"] = f"{r['checkpoint']}{label_suffix}"
+        return results
+
+    return (queue_ or default_queue("evaluate")).submit(
+        description, work, label="evaluation" + label_suffix, device=str(s.device)
+    )
+
+
+# -- attention dilution ---------------------------------------------------------------------------
+def dilution_description(
+    checkpoint_paths: list[str],
+    source: str,
+    query_positions: list[int],
+    near: int,
+    rows: int = 8,
+    normalizer_cap: int | None = None,
+) -> dict:
+    """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
+    make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
+    positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
+    from fireviz.checkpoints.catalog import checkpoint_sha256
+    from fireviz.analysis.dilution_settings import DilutionSettings
+
+    settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
+    return {
+        "kind": "dilution",
+        "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths],
+        "source": str(source),
+        **settings.describe(),
+    }
+
+
+def submit_dilution(
+    checkpoint_paths: list[str],
+    tokens,
+    source: str,
+    query_positions: list[int],
+    near: int,
+    rows: int = 8,
+    normalizer_cap: int | None = None,
+    queue_: JobQueue | None = None,
+) -> Job:
+    """Measure ``fireviz.analysis.text_attention.attention_dilution`` for each checkpoint in the background
+    (the "evaluate" queue), plain and — for FIRE checkpoints when ``normalizer_cap`` is set —
+    with the normalizer capped; each result is cached on disk
+    (``text_attention.cached_attention_dilution``), so a finished measurement is never repeated.
+
+    Args: checkpoint folders; ``tokens`` LongTensor ``[T]`` of the text; ``source`` a name of
+      the text for the job's key (e.g. ``"prose:validation:<doc id>"`` or an upload's content
+      hash); ``query_positions`` (tokens); ``near`` keys counted as near.
+    Returns: the :class:`Job`; its result is a list of ``DilutionResult.to_dict()``.
+    Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
+    """
+    description = dilution_description(checkpoint_paths, source, query_positions, near, rows, normalizer_cap)
+
+    def work(progress, should_stop):
+        from fireviz.analysis import text_attention
+        from fireviz.checkpoints.catalog import read_checkpoint
+        from fireviz.encodings import has_normalizer
+
+        out = []
+        plan = [(p, None) for p in checkpoint_paths]
+        if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
+            plan += [
+                (p, int(normalizer_cap))
+                for p in checkpoint_paths
+                if has_normalizer(read_checkpoint(p).position_encoding)
+            ]
+        for k, (path, cap) in enumerate(plan):
+            if should_stop():
+                raise JobCancelled()
+            progress(k, len(plan), f"{Path(path).name}" + (f" (cap {cap})" if cap else ""))
+            out.append(
+                text_attention.cached_attention_dilution(
+                    path, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
+                )
+            )
+        progress(len(plan), len(plan), "done")
+        return out
+
+    return (queue_ or default_queue("evaluate")).submit(description, work, label="attention dilution")
+
+
+# -- FIRE fits ----------------------------------------------------------------------------------
+def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
+    """(validated ``fit.FitSettings``, job description): the settings' own description is the key
+    (a checkpoint target's parameters carry its identity, a published model's its bias's hash,
+    so a retrained checkpoint is a new fit)."""
+    from fireviz.fit import fitting as fit
+
+    settings = fit.FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, target_params=target_params)
+    return settings, {"kind": "fit", **settings.describe()}
+
+
+def find_fit(
+    target: str, target_params: dict, max_len: int, num_heads: int | None, mlp_width: int, steps: int, seed: int = 0
+) -> Job | None:
+    """The job ``submit_fit`` would return for these arguments, if this server has it; never submits
+    (a shared link opens on its finished fit). Raises: as ``submit_fit``."""
+    _, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
+    return default_queue("fit").find(description)
+
+
+def submit_fit(
+    target: str,
+    target_params: dict,
+    max_len: int,
+    num_heads: int | None,
+    mlp_width: int,
+    steps: int,
+    seed: int = 0,
+    queue_: JobQueue | None = None,
+) -> Job:
+    """Run ``fireviz.fit.fitting.fit_fire`` in the background on the "fit" queue (or return the job
+    already fitting exactly this).
+
+    Args: ``target`` in ``fireviz.fit.targets.target_names()`` with ``target_params`` for
+      ``make_target`` (for ``checkpoint``: ``path`` and ``layer``; num_heads is then None);
+      ``max_len`` fitted range (tokens); ``mlp_width``, ``steps``, ``seed`` as ``fit_fire``.
+    Returns: the :class:`Job`. Progress counts optimisation steps; the message carries the
+      loss. Cancelling ends the fit early with the best parameters so far: the job then ends
+      ``cancelled`` and still holds a complete ``FitResult`` (``stopped=True``).
+    Raises: ValueError from ``fit.FitSettings.make`` for bad parameters (before queueing, so the
+      page can show it at once); CheckpointError for a bad checkpoint target.
+    """
+    from fireviz.fit import fitting as fit
+
+    settings, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
+
+    def work(progress, should_stop):
+        def on_step(step: int, total: int, loss: float) -> None:
+            progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
+
+        def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
+            progress(0, settings.steps, f"closed-form start: candidate c {done}/{total}")
+
+        return fit.run_fit(settings, progress=on_step, should_stop=should_stop, start_progress=on_start)
+
+    return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")
