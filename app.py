@@ -89,7 +89,7 @@ def home() -> None:
         "Dividing by the query position *interpolates*: every distance a long input produces maps into the "
         "[0, 1] range seen in training — the paper's reason FIRE generalizes to longer inputs. (At the "
         "bundled models' small scale it did not beat ALiBi or Kerple beyond the training length: see the "
-        "Length generalization page and the README.)\n\n"
+        "Length generalization page and docs/findings.md.)\n\n"
         "The same form can represent T5's buckets, ALiBi, Kerple and Sandwich (Theorem 3.1), and the paper "
         "finds trained heads that are local and others that are anti-local. In the bundled prose models every "
         "head is local (its bias falls with distance; one T5 head is mixed); the Learned biases page shows why their FIRE loses "

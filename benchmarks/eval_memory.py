@@ -49,8 +49,8 @@ def child(encoding: str, length: int, windows: int, device: str) -> None:
 
     import torch
 
-    from fireviz.eval.evaluate import evaluate_checkpoint
-    from fireviz.model.gpt import GPT, GPTConfig
+    from fireviz.eval import evaluate_checkpoint
+    from fireviz.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=4, n_head=4, d_model=128, seq_len=512, position_encoding=encoding))

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total {total:.1f} s ({total / 60:.1f} min) for this checkpoint, loading and planning included")
     print(f"\nall checkpoints: {grand:.1f} s ({grand / 60:.1f} min)")
     if args.out:
-        from fireviz.core.files import write_json_atomic
+        from fireviz.core import write_json_atomic
 
         everything = evaluate.with_paired_differences(everything, 0)
         write_json_atomic(args.out, everything)

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from fireviz.fit.fitting import fit_fire, make_target
+from fireviz.fit import fit_fire, make_target
 
 # (label, target, params, width, bar on relative RMSE, bar on seconds or None)
 CASES = [

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 
 def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: int = 8, seq: int = 2048):
-    from fireviz.model.gpt import GPT, GPTConfig
+    from fireviz.model import GPT, GPTConfig
 
     cfg = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=seq, position_encoding=name, attn_query_block=seq)
     model = GPT(cfg).cuda()
@@ -95,7 +95,7 @@ def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
 
 def model_eval(n: int, backend: str, name: str = "fire"):
     """One forward of the base-shape GPT (12L, 12H, d=768) at length n, bf16 autocast: (s, peak MiB)."""
-    from fireviz.model.gpt import GPT, GPTConfig
+    from fireviz.model import GPT, GPTConfig
 
     model = GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, position_encoding=name)).cuda().eval()
     model.set_attention_backend(backend)

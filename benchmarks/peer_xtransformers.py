@@ -24,7 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(__file__))
 from _timing import interleaved_medians
 
-from fireviz.model.gpt import GPT, GPTConfig
+from fireviz.model import GPT, GPTConfig
 
 VOCAB, SEQ, BATCH, DIM, DEPTH, HEADS = 257, 512, 16, 128, 4, 4
 

@@ -24,12 +24,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fireviz.data.corpus import TokenStream, load_documents, split_documents
+from fireviz.data import TokenStream, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
-from fireviz.model.gpt import GPT
-from fireviz.train.schedule import window_starts
-from fireviz.train.step import build_optimizer, training_step
-from fireviz.train.config import apply_overrides, configs_from_tables
+from fireviz.model import GPT
+from fireviz.train import window_starts
+from fireviz.train import build_optimizer, training_step
+from fireviz.train import apply_overrides, configs_from_tables
 
 
 def main(argv: list[str] | None = None) -> int:

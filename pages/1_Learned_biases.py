@@ -14,7 +14,7 @@ from fireviz.analysis import biases as analysis
 from fireviz.ui import jobs
 from fireviz import plots
 from fireviz.analysis import text_attention
-from fireviz.data.corpus import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 
 P = "biases"

@@ -15,8 +15,8 @@ from fireviz import ui
 from fireviz.eval import evaluate
 from fireviz import plots
 from fireviz.data import synthetic
-from fireviz.checkpoints.catalog import default_device, seed_base, seed_groups
-from fireviz.data.corpus import DOMAINS, DataError
+from fireviz.checkpoints import default_device, seed_base, seed_groups
+from fireviz.data import DOMAINS, DataError
 
 P = "lengen"
 ui.setup_page("Length generalization")

@@ -12,7 +12,7 @@ from fireviz.plots import attention as attention_plots
 from fireviz import plots
 from fireviz.data import synthetic
 from fireviz.analysis import text_attention
-from fireviz.data.corpus import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 
 P = "attention"
 ui.setup_page("Attention on a text")

@@ -13,9 +13,9 @@ its interval (``paired_delta_bpb``, ``paired_ci95``).
 Writes per checkpoint ``results.json`` (a list of evaluate results) and a model card
 ``README.md``; writes ``checkpoints/RESULTS.md`` (bits per byte by length and domain) and
 ``checkpoints/results_<domain>.html`` (+ PNG when Chromium is there) and ``results_<domain>.json.gz``
-(every row of the domain), the validation curves of all
-runs (``checkpoints/validation_curves.{html,png}``), and rewrites the generated tables in the
-repository README between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``.
+(every row of the domain) and the validation curves of all
+runs (``checkpoints/validation_curves.{html,png}``). The README and docs/findings.md link to
+``checkpoints/RESULTS.md`` instead of copying its tables (issue 34).
 
     python scripts/publish_results.py [--domains prose,latex,code] [--reference alibi]
         [--mode nonoverlapping --token-budget 16384]   # the earlier random-window protocol
@@ -32,11 +32,11 @@ from pathlib import Path
 from fireviz.eval import evaluate
 from fireviz import plots
 from fireviz.cli.eval import format_table
-from fireviz.checkpoints.catalog import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
-from fireviz.checkpoints.records import validation_rows
+from fireviz.checkpoints import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
+from fireviz.checkpoints import validation_rows
 from fireviz.encodings import has_normalizer
-from fireviz.model.config import GPTConfig
-from fireviz.core.files import atomic_write, atomic_write_text, write_json_atomic
+from fireviz.model import GPTConfig
+from fireviz.core import atomic_write, atomic_write_text, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"
@@ -282,7 +282,7 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
         )
         docs = max((e.get("documents", 0) for e in r["per_length"]), default=0)
         lines.append(f"| {name} | {docs} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
-    lines += ["", "Reproduce: `python scripts/publish_results.py` (see the repository README)."]
+    lines += ["", "Reproduce: `python scripts/publish_results.py` (see docs/protocol.md in the repository)."]
     return "\n".join(lines) + "\n"
 
 
@@ -418,21 +418,12 @@ def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) 
     return evaluate.with_paired_differences(runs, reference)
 
 
-def write_readme_tables(readme: Path, markers: list[str], table: dict, logs: dict, seq_len: int) -> None:
-    """The validation-curves figure and the generated tables of the repository README."""
+def write_validation_figure(logs: dict, seq_len: int) -> None:
+    """The validation-curves figure of every checkpoint (``checkpoints/validation_curves.{html,png}``)."""
     vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
     vfig.update_layout(width=1000, height=600)
     vfig.write_html(CKPTS / "validation_curves.html", include_plotlyjs="cdn")
     render_png(vfig, CKPTS / "validation_curves.png")
-    text = readme.read_text(encoding="utf-8")
-    if "prose" in table:
-        text = replace_generated(text, "results-prose", fmt_bpb_table(table["prose"]))
-        if "paired-prose" in markers:
-            text = replace_generated(text, "paired-prose", fmt_paired_table(table["prose"]))
-        if "seeds" in markers:
-            text = replace_generated(text, "seeds", fmt_seed_table(table["prose"]))
-    text = replace_generated(text, "validation", fmt_validation_table(logs, seq_len))
-    atomic_write_text(readme, text)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -527,14 +518,6 @@ def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], 
 def main() -> int:
     args = _parse_args()
     folders = _folders(args)
-    readme = ROOT / "README.md"
-    markers = (
-        ["results-prose", "validation"]
-        + (["seeds"] if seed_groups([f.name for f in folders]) else [])
-        + (["paired-prose"] if args.mode == "same_text" else [])
-    )
-    for name in markers:  # fail before an hour of evaluation, not after
-        replace_generated(readme.read_text(encoding="utf-8"), name, [])
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
     reference = [f.name for f in folders].index(args.reference)
@@ -553,8 +536,8 @@ def main() -> int:
     _write_folders(folders, by_ckpt)
     logs = {f.name: read_train_log(f) for f in folders}
     seq_len = read_checkpoint(folders[0]).seq_len
-    if not args.only:  # the README's figure and tables show every checkpoint; a partial run leaves them alone
-        write_readme_tables(readme, markers, table, logs, seq_len)
+    if not args.only:  # the figure shows every checkpoint; a partial run leaves it alone
+        write_validation_figure(logs, seq_len)
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0

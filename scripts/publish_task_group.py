@@ -14,8 +14,8 @@ Writes per checkpoint ``results.json`` (one evaluate result: bits per byte and a
 accuracy by length with 95 % intervals) and a card ``README.md``; in the group folder
 ``RESULTS.md`` (accuracy, bits per byte, paired differences, heads' locality),
 ``results.json`` (every row), ``accuracy.png`` and ``bias_grid_<name>.png`` for every
-checkpoint with an additive bias (Chromium via Playwright; skipped without it); and the
-repository README's generated block ``<!-- generated:task-<group> -->``.
+checkpoint with an additive bias (Chromium via Playwright; skipped without it). The README and
+docs/findings.md link to the group's RESULTS.md instead of copying it (issue 34).
 
     python scripts/publish_task_group.py [--group copy] [--lengths 32,64,128,256,512]
         [--sequences 256] [--reference alibi]   (lengths default 16…1024: ¼× to 16× the training length)
@@ -28,16 +28,16 @@ import json
 import sys
 from pathlib import Path
 
-from publish_results import ROOT, bpb_cell, paired_cell, render_png, replace_generated
+from publish_results import ROOT, bpb_cell, paired_cell, render_png
 
 from fireviz.analysis import biases as analysis
 from fireviz.eval import evaluate
 from fireviz import plots
 from fireviz.data import synthetic
-from fireviz.checkpoints.catalog import checkpoint_groups, load_model, read_train_log, scan_checkpoints
-from fireviz.checkpoints.records import validation_rows
-from fireviz.model.gpt import CheckpointError
-from fireviz.core.files import atomic_write_text, write_json_atomic
+from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints
+from fireviz.checkpoints import validation_rows
+from fireviz.model import CheckpointError
+from fireviz.core import atomic_write_text, write_json_atomic
 
 CKPTS = ROOT / "checkpoints"
 
@@ -127,7 +127,7 @@ def card(folder: Path, result: dict, summary: dict, lengths: list[int], group: s
             f"(`python -m fireviz biases checkpoints/{group}/{folder.name}`).",
             "",
         ]
-    lines += ["Reproduce: `python scripts/publish_task_group.py` (see the repository README)."]
+    lines += ["Reproduce: `python scripts/publish_task_group.py` (see docs/findings.md in the repository)."]
     return "\n".join(lines) + "\n"
 
 
@@ -219,9 +219,6 @@ def main() -> int:
     args = _parse_args()
     gdir, folders, task, lengths = _group(args)
     names = [f.name for f in folders]
-    readme = ROOT / "README.md"
-    marker = f"task-{args.group}"
-    replace_generated(readme.read_text(encoding="utf-8"), marker, [])  # fail before evaluating, not after
     try:
         runs = evaluate.evaluate_many(
             [str(f) for f in folders],
@@ -259,7 +256,6 @@ def main() -> int:
     ]
     md += [f"![{n} biases](bias_grid_{n}.png)" for n, s in zip(names, summaries) if s["heads"]] + [""]
     atomic_write_text(gdir / "RESULTS.md", "\n".join(md))
-    atomic_write_text(readme, replace_generated(readme.read_text(encoding="utf-8"), marker, body))
     print("\n".join(md))
     return 0
 

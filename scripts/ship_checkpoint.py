@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from fireviz.checkpoints.catalog import LOG_FILE, LOG_FILE_GZ  # noqa: E402
-from fireviz.core.files import atomic_write, read_safetensors, sha256_files  # noqa: E402
+from fireviz.checkpoints import LOG_FILE, LOG_FILE_GZ  # noqa: E402
+from fireviz.core import atomic_write, read_safetensors, sha256_files  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

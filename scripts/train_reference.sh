@@ -12,7 +12,7 @@
 # Re-running continues each unfinished run exactly (--resume; a run stopped before its first
 # checkpoint at step 100 starts again) and finished runs are a no-op, so the script can be stopped
 # at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
-# ≈ 1,000 steps in 20–45 min. Then evaluate as the README says (scripts/publish_results.py).
+# ≈ 1,000 steps in 20–45 min. Then evaluate as docs/protocol.md says (scripts/publish_results.py).
 set -euo pipefail
 repo=$(CDPATH= cd -- "$(dirname "$0")/.." && pwd)
 root=${1:-$repo/runs/reference}

@@ -158,15 +158,22 @@ def test_loads_with_from_pretrained_and_results_match_the_weights(name):
         assert caps == {None}, name
 
 
-def readme_table(marker: str) -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    body = text.split(f"<!-- generated:{marker} -->", 1)[1].split(f"<!-- /generated:{marker} -->", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in body.strip().splitlines()]
+def results_table(section: str, after: str = "") -> dict[str, list[str]]:
+    """The first table of ``## section`` in checkpoints/RESULTS.md (after the text ``after``), by row name."""
+    text = (CKPTS / "RESULTS.md").read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    lines = body.split(after, 1)[1].splitlines() if after else body.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return {r[0]: r[1:] for r in rows[2:]}
 
 
-def test_readme_table_is_the_results():
-    table = readme_table("results-prose")
+def test_results_table_is_the_results():
+    table = results_table("prose")
     published = {r["label"]: r for p in shipped() for r in results(p) if r["settings"]["data"] == "prose"}
     assert set(table) == set(published)
     for label, cells in table.items():
@@ -176,8 +183,8 @@ def test_readme_table_is_the_results():
         ], label
 
 
-def test_readme_seed_table_is_the_seed_runs():
-    """Where extra seeds are shipped, the README's seed-noise table is their mean ± sample sd."""
+def test_results_seed_table_is_the_seed_runs():
+    """Where extra seeds are shipped, RESULTS.md's prose seed-noise table is their mean ± sample sd."""
     names = [p.name for p in shipped()]
     groups: dict[str, list[str]] = {}
     for name in names:
@@ -185,9 +192,9 @@ def test_readme_seed_table_is_the_seed_runs():
             base = name.rsplit("_seed", 1)[0]
             groups.setdefault(base, [base]).append(name)
     if not groups:
-        assert "<!-- generated:seeds -->" not in (ROOT / "README.md").read_text(encoding="utf-8")
+        assert "Seed noise (prose)" not in (CKPTS / "RESULTS.md").read_text(encoding="utf-8")
         return
-    table = readme_table("seeds")
+    table = results_table("prose", after="Seed noise (prose)")
     assert set(table) == set(groups)
     for enc, members in groups.items():
         rows = [
@@ -202,8 +209,8 @@ def test_readme_seed_table_is_the_seed_runs():
             assert table[enc][1 + k] == f"{statistics.mean(vals):.3f} ± {statistics.stdev(vals):.3f}", (enc, n)
 
 
-def test_readme_validation_table_is_the_logs():
-    table = readme_table("validation")
+def test_results_validation_table_is_the_logs():
+    table = results_table("Validation during training")
     assert set(table) == {p.name for p in shipped()}
     for folder in shipped():
         last = [r for r in read_train_log(folder) if "val_loss" in r][-1]
@@ -215,7 +222,7 @@ def test_readme_validation_table_is_the_logs():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fire", "rope"])
 def test_evaluation_reproduces_the_published_row(name, tmp_path):
-    """The README's eval command, without the cache, gives the shipped numbers to 3 significant digits
+    """docs/protocol.md's eval command, without the cache, gives the shipped numbers to 3 significant digits
     (two of the seven columns, each on exactly the text of the published 128…8192 evaluation)."""
     folder = CKPTS / name
     lengths = [128, 1024]  # one column each of the published 128…8192 evaluation: --prefix-tokens 8192

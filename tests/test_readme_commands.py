@@ -1,8 +1,11 @@
-"""Every command of the README's "Bundled checkpoints" and "Command line" sections runs as
-written on a copy of the repository (issue 23), shortened only by flags those sections name
-(training steps, sequence length, token budget), and none of them but the publish script —
-whose purpose that is — touches ``checkpoints/``. The published-model commands run against
-the tests' loopback Hub server (no internet here), serving repos with the real layout."""
+"""Every documented command runs as written on a copy of the repository (issues 23, 34): the
+commands of the README's "Command line" section and every ```bash block of docs/*.md and
+CHANGELOG.md, shortened only by flags the docs name (training steps, sequence length, token
+budget), and none of them but the publish script — whose purpose that is — touches
+``checkpoints/``. The published-model commands run against the tests' loopback Hub server (no
+internet here), serving repos with the real layout. Commands that are only shown (the make
+targets of the README's quick start) are listed in ``SHOWN_ONLY``; any other command outside
+the sections that run fails ``test_every_documented_command_is_run_or_shown_only``."""
 
 from __future__ import annotations
 
@@ -38,23 +41,51 @@ SHORT_TRAIN = [
 ]
 #: Token budget that shortens an evaluation (same text: the documents it needs; otherwise targets).
 SHORT_BUDGET = ["--token-budget", "3000"]
-SECTIONS = ("## Bundled checkpoints and results", "## Command line")
+#: The README's sections whose commands run; docs/*.md and CHANGELOG.md run whole (``doc_sources``).
+SECTIONS = ("## Command line",)
+#: Commands the docs show but this test does not run: they install .venv, start the app or run
+#: every test (``make test`` runs this file).
+SHOWN_ONLY = frozenset({"make app", "make test", "bash .ci/run", "source .venv/bin/activate"})
+
+
+def doc_sources() -> list[tuple[Path, tuple[str, ...] | None]]:
+    """Each documentation file with the sections whose commands run (None: the whole file), in
+    the order their commands run: the README, then docs/*.md by name, then CHANGELOG.md."""
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    return [(ROOT / "README.md", SECTIONS), *((d, None) for d in docs), (ROOT / "CHANGELOG.md", None)]
+
+
+def bash_commands(text: str) -> list[str]:
+    """The shell commands of ``text``'s ```bash blocks, continuation lines joined, comments dropped."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+            if line:
+                out.append(line)
+    return out
+
+
+def section_text(text: str, title: str) -> str:
+    """The section of ``text`` that starts at the heading ``title``, up to the next ``## `` heading."""
+    start = text.index(title)
+    nxt = text.find("\n## ", start + len(title))
+    return text[start : nxt if nxt >= 0 else len(text)]
 
 
 def readme_commands() -> list[str]:
-    """The shell commands of the README's sections above, continuation lines joined, comments dropped."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The commands that run: those of ``doc_sources`` in order, each once, ``SHOWN_ONLY`` left out."""
     out = []
-    for title in SECTIONS:
-        start = text.index(title)
-        nxt = text.find("\n## ", start + len(title))
-        body = text[start : nxt if nxt >= 0 else len(text)]
-        for block in re.findall(r"```bash\n(.*?)```", body, flags=re.S):
-            joined = re.sub(r"\\\n\s*", " ", block)
-            for line in joined.splitlines():
-                line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
-                if line:
-                    out.append(line)
+    for path, sections in doc_sources():
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        bodies = [text] if sections is None else [section_text(text, title) for title in sections]
+        for body in bodies:
+            for c in bash_commands(body):
+                if c not in out and c not in SHOWN_ONLY:
+                    out.append(c)
     return out
 
 
@@ -101,6 +132,19 @@ def test_readme_commands_parse():
         assert argv[0] in (sys.executable, "scripts/train_reference.sh"), c
 
 
+def test_every_documented_command_is_run_or_shown_only():
+    """No ```bash command in the README, docs/*.md or CHANGELOG.md escapes the run below: each is
+    run, or one of ``SHOWN_ONLY`` (the README's make targets); and docs/ does hold commands."""
+    runs = set(readme_commands())
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "CHANGELOG.md"]
+    for path in files:
+        if path.exists():
+            for c in bash_commands(path.read_text(encoding="utf-8")):
+                assert c in runs or c in SHOWN_ONLY, f"{path.relative_to(ROOT)}: {c!r} is neither run nor shown-only"
+    assert {"make app", "make test"} <= set(bash_commands((ROOT / "README.md").read_text(encoding="utf-8")))
+    assert bash_commands("".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))))
+
+
 @pytest.mark.slow
 def test_every_readme_command_runs_and_leaves_checkpoints_alone(tmp_path):
     from hub_server import HubServer
@@ -145,7 +189,7 @@ def test_every_readme_command_runs_and_leaves_checkpoints_alone(tmp_path):
             argv, extra = shortened(cmd)
             r = subprocess.run(argv, cwd=repo, env={**env, **extra}, capture_output=True, text=True, timeout=600)
             assert r.returncode == 0, f"{cmd}\n→ {argv}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    assert tree_digest(repo / "checkpoints") == before, "a README command changed checkpoints/"
+    assert tree_digest(repo / "checkpoints") == before, "a documented command changed checkpoints/"
     assert (repo / "runs" / "alibi" / "model.safetensors").exists() and (repo / "r.json").exists()
     for cmd in publish:
         argv, extra = shortened(cmd)

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from fireviz.core.arg_checks import as_int, is_int
+from fireviz.core import as_int, is_int
 from fireviz.analysis.primitives import (
     FIRE_INPUT_DISTANCES,
     bias_curve,
@@ -46,7 +46,7 @@ from fireviz.analysis.primitives import (
 )
 from fireviz.encodings import ToeplitzBias, check_normalizer_cap, fire_modules
 from fireviz.analysis.locality import LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality
-from fireviz.model.gpt import GPT
+from fireviz.model import GPT
 
 #: Multiples of the training length used for the default bias query positions.
 DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
@@ -445,7 +445,7 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
 
 def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     """The report for resolved settings ``s``: memory checked first, then every layer."""
-    from fireviz.core.memory import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
+    from fireviz.core import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
 
     cfg = model.config
     positions = list(s.query_positions)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from fireviz.analysis.biases import DEFAULT_DILUTION_MULTIPLES, _check_positions, default_query_positions
-from fireviz.core.arg_checks import as_int
+from fireviz.core import as_int
 from fireviz.encodings import check_normalizer_cap
 
 #: Keys counted as near by default (the app's and the CLI's ``--near``).

@@ -44,16 +44,9 @@ from fireviz.checkpoints.records import (
 
 # the naming of extra-seed runs (``fire_seed1``), which the pages and scripts import from here
 from fireviz.checkpoints.records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_run  # noqa: F401
-from fireviz.core.files import (
-    MAX_JSON_BYTES,
-    FileFormatError,
-    check_safetensors_header,
-    parse_json,
-    read_json,
-    sha256_files,
-)
-from fireviz.model.gpt import GPT, CheckpointError, GPTConfig
-from fireviz.model.state import config_from_dict, load_state_checked
+from fireviz.core import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
+from fireviz.model import GPT, CheckpointError, GPTConfig
+from fireviz.model import config_from_dict, load_state_checked
 
 # one rule for a Hub repo id and one Hub download for the app, the CLI and the library
 from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from fireviz.core.files import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
+from fireviz.core import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
 from fireviz.checkpoints.hub_families import STACKS, HubModelError, PublishedModel, build_published
-from fireviz.model.state import CheckpointError
+from fireviz.model import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: Largest safetensors header read (bytes); real headers are well under 1 MB.

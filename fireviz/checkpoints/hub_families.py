@@ -37,7 +37,7 @@ from torch import nn
 
 from fireviz.encodings import ALiBi, T5RelativeBias
 from fireviz.encodings.rope import RotaryEmbedding
-from fireviz.model.state import CheckpointError
+from fireviz.model import CheckpointError
 
 STACKS = ("decoder", "encoder")
 T5_TYPES = ("t5", "mt5", "longt5", "umt5")

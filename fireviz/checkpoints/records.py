@@ -14,8 +14,8 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
-from fireviz.core.files import FileFormatError, read_json, read_jsonl
-from fireviz.model.gpt import CheckpointError
+from fireviz.core import FileFormatError, read_json, read_jsonl
+from fireviz.model import CheckpointError
 
 CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
 #: The compressed train log of a shipped checkpoint (scripts/ship_checkpoint.py writes it).

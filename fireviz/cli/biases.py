@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-from fireviz.analysis.biases import BiasSettings, locality_table, parse_positions, run_bias_report
-from fireviz.checkpoints.catalog import load_model_or_published
-from fireviz.analysis.dilution_settings import DEFAULT_NEAR, DilutionSettings
-from fireviz.model.gpt import GPT, CheckpointError
+from fireviz.analysis import BiasSettings, locality_table, parse_positions, run_bias_report
+from fireviz.checkpoints import load_model_or_published
+from fireviz.analysis import DEFAULT_NEAR, DilutionSettings
+from fireviz.model import GPT, CheckpointError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,7 +153,7 @@ def _print_report(out: dict, args) -> None:
 def _text_tokens(args, model):
     """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
     error message (``attention_dilution`` checks that they are enough)."""
-    from fireviz.analysis.text_attention import text_tokens  # it builds on fireviz.analysis
+    from fireviz.analysis import text_tokens  # it builds on fireviz.analysis
 
     if not isinstance(model, GPT):
         return None, (
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         return _fail(str(e))
     from fireviz.plots.export import figure_path_problem
-    from fireviz.core.files import atomic_write_text, output_path_problem
+    from fireviz.core import atomic_write_text, output_path_problem
 
     name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
     given = args.out if args.out is not None else f"biases_{name.replace('/', '--')}.json"
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         measured = None
         if tokens is not None:  # first: a text too short is refused before the report's work
-            from fireviz.analysis.text_attention import attention_dilution
+            from fireviz.analysis import attention_dilution
 
             d = dilution.resolve(model.config.seq_len)
             measured = attention_dilution(

@@ -12,13 +12,13 @@ import time
 from typing import Sequence
 
 from fireviz.eval import stats
-from fireviz.data.corpus import DOMAINS, DataError
-from fireviz.eval.settings import DEFAULT_LENGTHS, SPLITS, SYNTHETIC_SEQUENCES
-from fireviz.eval.variants import ROPE_SCALINGS
-from fireviz.eval.evaluate import evaluate_many
-from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
-from fireviz.core.files import write_json_atomic
-from fireviz.model.gpt import CheckpointError
+from fireviz.data import DOMAINS, DataError
+from fireviz.eval import DEFAULT_LENGTHS, SPLITS, SYNTHETIC_SEQUENCES
+from fireviz.eval import ROPE_SCALINGS
+from fireviz.eval import evaluate_many
+from fireviz.eval import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
+from fireviz.core import write_json_atomic
+from fireviz.model import CheckpointError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ def _default_lengths(checkpoints: list[str], data: str) -> list[int]:
     checkpoint's training length L, as the task groups are published (16…1024 for L = 64).
     Raises: CheckpointError when that checkpoint's config cannot be read (evaluate_many's message)."""
     from fireviz.data import synthetic
-    from fireviz.checkpoints.catalog import checked_config
+    from fireviz.checkpoints import checked_config
 
     if not synthetic.is_synthetic(str(data)) or not checkpoints:
         return list(DEFAULT_LENGTHS)
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     or when no length of any checkpoint could be evaluated, 130 when interrupted."""
     args = build_parser().parse_intermixed_args(argv)
     from fireviz.plots.export import figure_path_problem
-    from fireviz.core.files import output_path_problem
+    from fireviz.core import output_path_problem
 
     problem = output_path_problem(args.out) if args.out is not None else None  # bad output paths before the evaluation
     if problem is None and args.figure is not None:

@@ -9,11 +9,11 @@ import sys
 import time
 from pathlib import Path
 
-from fireviz.core.files import FileFormatError, output_path_problem, read_json, write_json_atomic
-from fireviz.fit.fitting import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
+from fireviz.core import FileFormatError, output_path_problem, read_json, write_json_atomic
+from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
 from fireviz.fit.result import _json_safe
-from fireviz.fit.targets import parse_numbers, target_names
-from fireviz.model.gpt import CheckpointError
+from fireviz.fit import parse_numbers, target_names
+from fireviz.model import CheckpointError
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
 def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
     """``(target name, heads, target parameters)`` from the flags; nothing is read or built here."""
     from fireviz.checkpoints import hub
-    from fireviz.checkpoints.catalog import checkpoint_folder
+    from fireviz.checkpoints import checkpoint_folder
 
     # --target <model>: a folder, a bundled name (fire, copy/fire; a misspelt group member raises here) or a Hub id
     if a.target not in target_names() and (checkpoint_folder(a.target) is not None or hub.looks_like_hub_id(a.target)):

@@ -7,10 +7,10 @@ import os
 import shlex
 import sys
 
-from fireviz.data.corpus import DataError
-from fireviz.model.gpt import CheckpointError
-from fireviz.train.loop import train
-from fireviz.train.config import TrainingError, load_config
+from fireviz.data import DataError
+from fireviz.model import CheckpointError
+from fireviz.train import train
+from fireviz.train import TrainingError, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fireviz.core.arg_checks import is_int
-from fireviz.core.kernels import LazyKernel, numba_kernel_call
-from fireviz.core.scratch import mask_output
+from fireviz.core import is_int
+from fireviz.core import LazyKernel, numba_kernel_call
+from fireviz.core import mask_output
 from fireviz.encodings.base import (
     BIAS_QUERY_BLOCK,
     PositionEncoding,

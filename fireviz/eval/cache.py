@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from fireviz.eval import stats
-from fireviz.core.files import FileFormatError, read_json
+from fireviz.core import FileFormatError, read_json
 
 _PER_LENGTH_FIELDS = (
     "length",

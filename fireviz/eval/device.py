@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fireviz.core.memory import memory_problem
+from fireviz.core import memory_problem
 from fireviz.eval.windows import EvaluationError, Window
 
 #: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.model.flex``)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from fireviz import __version__
-from fireviz.checkpoints.catalog import checkpoint_folder, checkpoint_sha256, checked_config, load_model_with_identity
+from fireviz.checkpoints import checkpoint_folder, checkpoint_sha256, checked_config, load_model_with_identity
 from fireviz.encodings import fire_modules
 from fireviz.eval.cache import _lookup, cache_key, default_cache_dir, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
@@ -42,9 +42,9 @@ from fireviz.eval.plan import Plan, plan_text, run_settings, targets
 from fireviz.eval.progress import Progress, ProgressFn, StopFn
 from fireviz.eval.settings import DEFAULT_LENGTHS, EvalSettings, check_setting_names, checkpoint_list
 from fireviz.eval.variants import apply_normalizer_cap, rope_scaled_model
-from fireviz.core.files import write_json_atomic
-from fireviz.model.gpt import GPT, CheckpointError, GPTConfig
-from fireviz.model.state import nonfinite_parameters
+from fireviz.core import write_json_atomic
+from fireviz.model import GPT, CheckpointError, GPTConfig
+from fireviz.model import nonfinite_parameters
 from fireviz.eval.scoring import score_windows, summarize
 from fireviz.eval.stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
 from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, EvaluationError, Window

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fireviz.data import synthetic
-from fireviz.data.corpus import DATA_DIR, DOMAINS, DataError, Document, DocumentTokens, data_fingerprint, load_documents
-from fireviz.data.corpus import split_documents
+from fireviz.data import DATA_DIR, DOMAINS, DataError, Document, DocumentTokens, data_fingerprint, load_documents
+from fireviz.data import split_documents
 from fireviz.eval.settings import BOS_CONVENTION, EVAL_FORMAT_VERSION, SPLITS, EvalSettings
 from fireviz.eval.windows import EvaluationError, SameTextPlan, Window, plan_same_text, plan_windows
 

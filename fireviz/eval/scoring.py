@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fireviz.model.gpt import GPT
+from fireviz.model import GPT
 from fireviz.eval.stats import bootstrap_ci95
 from fireviz.eval.windows import DEFAULT_POSITION_BUCKETS, EvaluationError, Window, position_buckets
 

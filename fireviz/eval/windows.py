@@ -50,7 +50,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from fireviz.core.arg_checks import is_int
+from fireviz.core import is_int
 
 #: targets (tokens) scored per length unless told otherwise
 DEFAULT_TOKEN_BUDGET = 65536

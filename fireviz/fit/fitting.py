@@ -51,7 +51,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from fireviz.core.arg_checks import as_float, as_int, as_seed
+from fireviz.core import as_float, as_int, as_seed
 from fireviz.encodings import FIRE
 from fireviz.fit.measure import BEYOND_CHUNK, measure_fit
 from fireviz.fit.result import BEYOND_FACTOR, FitResult, _json_safe
@@ -299,7 +299,7 @@ class FitSettings:
 def _check_fit_fits(target: FitTarget, max_len: int, mlp_width: int) -> None:
     """Refuse a fit that would not fit in memory, then one whose target is not finite on the
     distances the fit uses and measures (0 … BEYOND_FACTOR·max_len − 1). Raises: ValueError."""
-    from fireviz.core.memory import check_fits, fit_bytes
+    from fireviz.core import check_fits, fit_bytes
 
     check_fits(
         fit_bytes(target.num_heads, max_len, mlp_width, BEYOND_FACTOR, BEYOND_CHUNK),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fireviz.encodings import FIRE
-from fireviz.core.files import atomic_write, read_safetensors
+from fireviz.core import atomic_write, read_safetensors
 from fireviz.fit.targets import FitTarget
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fireviz.core.arg_checks import as_float, as_int, as_seed
+from fireviz.core import as_float, as_int, as_seed
 from fireviz.encodings import encoding_spec, fit_target_names
 from fireviz.encodings.base import ToeplitzBias
 from fireviz.encodings.specs import BUILTIN_SPECS
@@ -300,7 +300,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
       ``fittable_encodings()``.
     """
     from fireviz.checkpoints import hub
-    from fireviz.checkpoints.catalog import CheckpointNotFoundError, load_model_or_published
+    from fireviz.checkpoints import CheckpointNotFoundError, load_model_or_published
 
     checks = PARAM_CHECKS["checkpoint"]
     path, layer, stack = checks["path"](path), checks["layer"](layer), checks["stack"](stack)

@@ -1,1 +1,17 @@
 """The GPT decoder and its attention: config, the model, attention paths (SDPA, compiled backward, FlexAttention), captured attention, the checked safetensors state."""
+
+from fireviz.model.attention_kernel import backward_kernel
+from fireviz.model.config import GPTConfig
+from fireviz.model.gpt import BOS_ID, GPT
+from fireviz.model.state import CheckpointError, config_from_dict, load_state_checked, nonfinite_parameters
+
+__all__ = [
+    "BOS_ID",
+    "CheckpointError",
+    "GPT",
+    "GPTConfig",
+    "backward_kernel",
+    "config_from_dict",
+    "load_state_checked",
+    "nonfinite_parameters",
+]

@@ -23,7 +23,7 @@ import warnings
 
 import torch
 
-from fireviz.core.kernels import LazyKernel
+from fireviz.core import LazyKernel
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "biased_attention.cpp")
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]

@@ -39,7 +39,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from fireviz.core.arg_checks import is_int
+from fireviz.core import is_int
 from fireviz.model.attention import causal_attention_mask
 
 #: largest query position a capture takes (tokens): int64's maximum

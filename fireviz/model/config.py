@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from fireviz.data.corpus import BOS_ID, BYTE_VOCAB_SIZE  # noqa: F401  (BOS_ID re-exported for fireviz.model)
+from fireviz.data import BOS_ID, BYTE_VOCAB_SIZE  # noqa: F401  (BOS_ID re-exported for fireviz.model)
 from fireviz.encodings import build_encoding, encoding_names, encoding_options, encoding_spec
 
 

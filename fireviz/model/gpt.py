@@ -26,12 +26,12 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from fireviz.core.arg_checks import is_int
+from fireviz.core import is_int
 from fireviz.model.attention import attention, causal_attention_mask
 from fireviz.model.capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
 from fireviz.encodings import PositionEncoding, build_encoding, encoding_spec
 from fireviz.encodings.base import check_position_offset
-from fireviz.core.scratch import reuse_mask_memory
+from fireviz.core import reuse_mask_memory
 from fireviz.model.state import check_checkpoint_ref, check_load_options, folder_weights, load_checked
 
 # The model's public names, defined with what they belong to and importable from here too:

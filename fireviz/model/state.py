@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fireviz.encodings import encoding_names, encoding_spec
-from fireviz.core.files import FileFormatError, read_json
+from fireviz.core import FileFormatError, read_json
 from fireviz.model.config import CONFIG_FORMAT, GPTConfig
 
 

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from fireviz.eval.stats import bootstrap_ci95, paired_difference
+from fireviz.eval import bootstrap_ci95, paired_difference
 from fireviz.plots.base import _arr, _as_dict, _color, _DASHES, _mark_length
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from fireviz.checkpoints import catalog as ck
-from fireviz.model.gpt import CheckpointError
+from fireviz.model import CheckpointError
 
 
 def fit_file_stem(target: str, params: dict, max_len: int) -> str:

@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from fireviz.model.gpt import GPTConfig
+from fireviz.model import GPTConfig
 
 #: largest train.random_position_offset (tokens)
 MAX_POSITION_OFFSET = 1 << 30

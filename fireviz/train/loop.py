@@ -52,8 +52,8 @@ from typing import Callable
 import torch
 
 from fireviz.core.distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed
-from fireviz.model.gpt import GPT
-from fireviz.model.config import GPTConfig
+from fireviz.model import GPT
+from fireviz.model import GPTConfig
 from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
 from fireviz.train.config import TrainConfig, TrainingError
 from fireviz.train.setup import (

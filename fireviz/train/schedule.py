@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from fireviz.data.corpus import DataError, Document, document_tokens
+from fireviz.data import DataError, Document, document_tokens
 from fireviz.train.config import TrainConfig, TrainingError
 
 

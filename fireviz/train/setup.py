@@ -23,11 +23,11 @@ import torch
 
 from fireviz import __version__
 from fireviz.data import synthetic
-from fireviz.data.corpus import TokenStream, data_fingerprint, load_documents, split_documents
+from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents
 from fireviz.core.distributed import _Dist
-from fireviz.model.gpt import GPT
-from fireviz.model.config import GPTConfig
-from fireviz.model.state import CheckpointError, load_state_checked
+from fireviz.model import GPT
+from fireviz.model import GPTConfig
+from fireviz.model import CheckpointError, load_state_checked
 from fireviz.train.schedule import random_validation_windows, validation_windows
 from fireviz.train.config import _FREE_ON_RESUME, TrainConfig, TrainingError, _check_pair, config_hash, settings_dict
 from fireviz.train.state import _load_optimizer, _truncate_log, has_checkpoint, read_trainer_state
@@ -151,7 +151,7 @@ def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int])
 
 def check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
     """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
-    from fireviz.core.memory import InsufficientMemoryError, check_fits, train_step_bytes
+    from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 
     n_params = 12 * mc.n_layer * mc.d_model**2 + mc.vocab_size * mc.d_model  # before the model exists
     try:

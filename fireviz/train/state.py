@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fireviz import __version__
-from fireviz.core.files import (
+from fireviz.core import (
     FileFormatError,
     atomic_write,
     atomic_write_text,
@@ -26,7 +26,7 @@ from fireviz.core.files import (
     read_safetensors,
     sha256_files,
 )
-from fireviz.model.gpt import GPT, CheckpointError, GPTConfig
+from fireviz.model import GPT, CheckpointError, GPTConfig
 from fireviz.train.config import TrainConfig, config_hash, settings_dict
 
 STATE_FORMAT = "fireviz-trainer-state/1"

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fireviz.core.distributed import _all_reduce_sum, _Dist
 from fireviz.encodings import PositionEncoding
-from fireviz.model.gpt import GPT
+from fireviz.model import GPT
 from fireviz.train.config import TrainConfig
 
 

@@ -15,7 +15,7 @@ app keeps running.
 from __future__ import annotations
 
 from fireviz.checkpoints import catalog as ck
-from fireviz.model.gpt import CheckpointError
+from fireviz.model import CheckpointError
 from fireviz.plots.presentation import (
     fit_file_stem,
     format_params,
@@ -32,7 +32,7 @@ from fireviz.plots.presentation import (
     split_errors,
     to_json,
 )
-from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
+from fireviz.eval import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.ui.figures import (
     MAX_QUERY_POSITION,
     attention_pattern,

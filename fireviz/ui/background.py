@@ -7,8 +7,8 @@ from typing import Sequence
 
 import streamlit as st
 
-from fireviz.model.gpt import CheckpointError
-from fireviz.eval.windows import EvaluationError
+from fireviz.model import CheckpointError
+from fireviz.eval import EvaluationError
 from fireviz.plots.presentation import job_error_text
 from fireviz.ui.state import error, key
 
@@ -156,7 +156,7 @@ def eval_caption(results: Sequence[dict]) -> str:
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]
-    from fireviz.eval.cache import PUBLISHED_RESULTS
+    from fireviz.eval import PUBLISHED_RESULTS
 
     published = sum(1 for e in entries if e.get("cached") and e.get("source") == PUBLISHED_RESULTS)
     cached = sum(1 for e in entries if e.get("cached")) - published

@@ -245,8 +245,8 @@ def _settings_description(data: str, lengths, settings: dict):
     """``(EvalSettings, options)`` of an evaluation job's arguments, validated: the settings through
     ``EvalSettings.make``, the options (``_RUN_OPTIONS``) kept where they differ from the default.
     Raises: EvaluationError for a bad or unknown setting."""
-    from fireviz.eval.settings import EvalSettings, check_setting_names
-    from fireviz.eval.windows import EvaluationError
+    from fireviz.eval import EvalSettings, check_setting_names
+    from fireviz.eval import EvaluationError
 
     check_setting_names(settings, also=tuple(_RUN_OPTIONS))
     s = EvalSettings.make(data, lengths, **{k: v for k, v in settings.items() if k not in _RUN_OPTIONS})
@@ -288,8 +288,8 @@ def _described(checkpoints: list[dict], s, options: dict) -> dict:
 
 def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict):
     """``(EvalSettings, job description)``; the settings are checked before any checkpoint is read."""
-    from fireviz.checkpoints.catalog import checkpoint_sha256
-    from fireviz.eval.settings import checkpoint_list
+    from fireviz.checkpoints import checkpoint_sha256
+    from fireviz.eval import checkpoint_list
 
     s, options = _settings_description(data, lengths, settings)
     paths = checkpoint_list(checkpoint_paths)
@@ -365,8 +365,8 @@ def dilution_description(
     """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
     make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
     positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
-    from fireviz.checkpoints.catalog import checkpoint_sha256
-    from fireviz.analysis.dilution_settings import DilutionSettings
+    from fireviz.checkpoints import checkpoint_sha256
+    from fireviz.analysis import DilutionSettings
 
     settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
     return {
@@ -402,7 +402,7 @@ def submit_dilution(
 
     def work(progress, should_stop):
         from fireviz.analysis import text_attention
-        from fireviz.checkpoints.catalog import read_checkpoint
+        from fireviz.checkpoints import read_checkpoint
         from fireviz.encodings import has_normalizer
 
         out = []

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import streamlit as st
 
 from fireviz.checkpoints import catalog as ck
-from fireviz.model.gpt import CheckpointError
+from fireviz.model import CheckpointError
 from fireviz.plots.presentation import human_count
 from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, url_state
 
