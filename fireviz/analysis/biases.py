@@ -47,6 +47,7 @@ from fireviz.analysis.primitives import (
 from fireviz.encodings import ToeplitzBias, check_normalizer_cap, fire_modules
 from fireviz.analysis.locality import LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality
 from fireviz.model import GPT
+from fireviz.core import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
 
 #: Multiples of the training length used for the default bias query positions.
 DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
@@ -445,7 +446,6 @@ def _capped_copy(model: GPT, cap: int | None) -> GPT:
 
 def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     """The report for resolved settings ``s``: memory checked first, then every layer."""
-    from fireviz.core import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
 
     cfg = model.config
     positions = list(s.query_positions)

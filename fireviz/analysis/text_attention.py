@@ -36,6 +36,9 @@ from fireviz.analysis.biases import (
 from fireviz.checkpoints import checkpoint_sha256, load_model
 from fireviz.encodings import check_normalizer_cap, fire_modules
 from fireviz.model import BOS_ID, GPT
+from fireviz.eval import default_cache_dir
+from fireviz.core import read_json, write_json_atomic
+from fireviz.data import text_bytes
 
 
 # -- attention dilution ------------------------------------------------------------------------
@@ -184,7 +187,6 @@ def dilution_cache_path(
     settings. ``cache_dir`` defaults to ``fireviz.eval.evaluate.default_cache_dir()``.
     Raises: CheckpointError (``fireviz.checkpoints.catalog.checkpoint_sha256``) if the checkpoint's
     config.json or model.safetensors is missing or cannot be read."""
-    from fireviz.eval import default_cache_dir
 
     folder = Path(checkpoint)
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
@@ -227,7 +229,6 @@ def cached_attention_dilution(
       (``dilution_cache_path``, ``fireviz.checkpoints.catalog.load_model``); OSError if the result
       cannot be written to the cache folder.
     """
-    from fireviz.core import read_json, write_json_atomic
 
     positions = _check_positions(query_positions)
     path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
@@ -257,7 +258,6 @@ def cached_attention_dilution(
 def text_tokens(text: str) -> torch.Tensor:
     """``[BOS] + UTF-8 bytes`` of ``text`` as LongTensor ``[1 + bytes]`` (BOS id 256), the
     document encoding fireviz trains on (byte-level vocabulary)."""
-    from fireviz.data import text_bytes
 
     return torch.tensor([BOS_ID] + list(text_bytes(text)), dtype=torch.long)
 

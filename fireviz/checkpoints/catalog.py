@@ -50,6 +50,7 @@ from fireviz.model import config_from_dict, load_state_checked
 
 # one rule for a Hub repo id and one Hub download for the app, the CLI and the library
 from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
+from fireviz.checkpoints import hub
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -271,8 +272,6 @@ def resolve_checkpoint(
     if grouped is not None:
         return read_checkpoint(grouped)
     if looks_like_hub_id(ref) and not local_files_only:
-        from fireviz.checkpoints import hub
-
         try:
             return published_info(ref)
         except hub.NotPublishedModelError:
@@ -285,7 +284,6 @@ def resolve_checkpoint(
 
 
 def _is_transformers_folder(folder: Path) -> bool:
-    from fireviz.checkpoints import hub
 
     try:
         return (
@@ -299,7 +297,6 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
     """A :class:`CheckpointInfo` for a published model (a transformers folder or a Hub id), read
     through ``fireviz.checkpoints.hub.load_published`` (config.json, and for T5-family models the bias
     tables only). Raises: ``fireviz.checkpoints.hub.HubModelError`` (a CheckpointError) naming the problem."""
-    from fireviz.checkpoints import hub
 
     model = hub.load_published(ref, stack=stack, revision=revision)
     c = model.config
@@ -569,7 +566,6 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
     ``with_identity``: return ``(model, sha)`` instead — a fireviz checkpoint's identity of exactly
     the bytes loaded (:func:`load_model_with_identity`), None for a published model.
     Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
-    from fireviz.checkpoints import hub
 
     def fireviz(r):
         return load_model_with_identity(r) if with_identity else load_model(r)

@@ -37,7 +37,9 @@ from torch import nn
 
 from fireviz.encodings import ALiBi, T5RelativeBias
 from fireviz.encodings.rope import RotaryEmbedding
-from fireviz.model import CheckpointError
+from fireviz.checkpoints.hub_config import MAX_HEADS, MAX_LAYERS, HubModelError, config_int, config_number
+from fireviz.checkpoints.hub_rope import rope_frequencies
+from fireviz.encodings import alibi_slopes
 
 STACKS = ("decoder", "encoder")
 T5_TYPES = ("t5", "mt5", "longt5", "umt5")
@@ -84,11 +86,6 @@ ABSOLUTE_TYPES = (
 MAX_VIEW_SEQ_LEN = 16384
 
 
-class HubModelError(CheckpointError):
-    """A published model cannot be read: not found, offline without a cache, gated, an unknown
-    or unsupported architecture, a missing tensor, or pickled weights only."""
-
-
 @dataclass
 class PublishedConfig:
     """What the analysis needs of a published model (the ``GPTConfig`` fields it reads).
@@ -133,41 +130,6 @@ class PublishedModel(nn.Module):
         return f"{self.config.source}{rev} ({self.config.family}{stack})"
 
 
-#: Bounds on the sizes read from a published config.json (beyond every published model).
-MAX_LAYERS, MAX_HEADS, MAX_SIZE = 1024, 1024, 1 << 24
-
-
-def _int(cfg: dict, *keys, default=None, lo: int = 1, hi: int = MAX_SIZE):
-    """The first of ``keys`` that config.json names, as an integer in [lo, hi]."""
-    for k in keys:
-        if k in cfg and cfg[k] is not None:
-            v = cfg[k]
-            if not (isinstance(v, int) and not isinstance(v, bool)):
-                raise HubModelError(f"config.json field {k} = {str(v)[:40]!r} is not an integer")
-            if not lo <= v <= hi:
-                raise HubModelError(
-                    f"config.json field {k} = {v} is outside {lo}..{hi:,}; the config is not a working model's"
-                )
-            return v
-    if default is None:
-        raise HubModelError(f"config.json names none of {', '.join(keys)}; is it a complete transformers config?")
-    return default
-
-
-def _num(d: dict, key: str, default: float, lo: float = 0.0, strict: bool = True, where: str = "config.json") -> float:
-    """``d[key]`` (or ``default`` when absent/null) as a finite float > lo (>= lo if not strict)."""
-    v = d.get(key)
-    if v is None:
-        return float(default)
-    if not (
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > lo if strict else v >= lo)
-    ):
-        raise HubModelError(
-            f"{where} field {key} = {str(v)[:40]!r} must be a finite number {'>' if strict else '>='} {lo:g}"
-        )
-    return float(v)
-
-
 def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tensor:
     """MPT's ALiBi slopes (``gen_slopes`` of mosaicml llm-foundry / HF ``modeling_mpt``):
     with H' = 2^⌈log2 H⌉, m = 1/2^(k·max/H') for k = 1..H'; for H' ≠ H the odd-indexed then
@@ -185,14 +147,14 @@ def mpt_alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> torch.Tenso
 def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
     if stack not in STACKS:
         raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
-    heads = _int(cfg, "num_heads", hi=MAX_HEADS)
+    heads = config_int(cfg, "num_heads", hi=MAX_HEADS)
     layers = (
-        _int(cfg, "num_decoder_layers", "num_layers", hi=MAX_LAYERS)
+        config_int(cfg, "num_decoder_layers", "num_layers", hi=MAX_LAYERS)
         if stack == "decoder"
-        else _int(cfg, "num_layers", hi=MAX_LAYERS)
+        else config_int(cfg, "num_layers", hi=MAX_LAYERS)
     )
-    buckets = _int(cfg, "relative_attention_num_buckets", default=32, lo=2, hi=1 << 16)
-    max_distance = _int(cfg, "relative_attention_max_distance", default=128, lo=2)
+    buckets = config_int(cfg, "relative_attention_num_buckets", default=32, lo=2, hi=1 << 16)
+    max_distance = config_int(cfg, "relative_attention_max_distance", default=128, lo=2)
     per_layer = model_type == "umt5"
     attn = "SelfAttention"
     if model_type == "longt5" and stack == "encoder":
@@ -221,13 +183,13 @@ def _t5(cfg: dict, src, read, stack: str, model_type: str) -> PublishedModel:
     family = {"t5": "T5", "mt5": "mT5", "longt5": "LongT5", "umt5": "UMT5"}[model_type]
     family += " (one table per layer)" if per_layer else " (one table shared by all layers)"
     if model_type == "longt5" and stack == "encoder":  # its encoder attends within a local window only
-        radius = _int(cfg, "local_radius", default=127)
+        radius = config_int(cfg, "local_radius", default=127)
         family += (
             f"; encoder attention is local (keys within ±{radius} tokens"
             + (", plus transient global tokens" if attn.startswith("Transient") else "")
             + "): the bias beyond that distance is never used"
         )
-    seq = min(_int(cfg, "n_positions", default=512), MAX_VIEW_SEQ_LEN)
+    seq = min(config_int(cfg, "n_positions", default=512), MAX_VIEW_SEQ_LEN)
     return PublishedModel(
         PublishedConfig(layers, heads, seq, "t5", family, model_type, src.source, src.revision, stack), encs
     )
@@ -252,11 +214,10 @@ def _alibi(cfg: dict, src, family: str, slopes: torch.Tensor, layers: int, seq: 
 
 
 def _rope(cfg: dict, src, family: str) -> PublishedModel:
-    from fireviz.checkpoints.hub_rope import rope_frequencies  # it reads config fields with this module's helpers
 
     inv, att, settings = rope_frequencies(cfg)
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", hi=MAX_LAYERS)
+    heads = config_int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
+    layers = config_int(cfg, "num_hidden_layers", "n_layer", "num_layers", hi=MAX_LAYERS)
     e = RotaryEmbedding(heads, settings["rotary_dim"])
     e.inv_freq = inv
     e.attention_factor = att
@@ -285,16 +246,14 @@ def build_published(cfg: dict, src, read, stack: str) -> PublishedModel:
         if k in cfg and not isinstance(cfg[k], bool):
             raise HubModelError(f"config.json field alibi must be true or false (got {str(cfg[k])[:20]!r})")
     if mt == "bloom":
-        from fireviz.encodings import alibi_slopes
-
-        h = _int(cfg, "n_head", "num_attention_heads", hi=MAX_HEADS)
+        h = config_int(cfg, "n_head", "num_attention_heads", hi=MAX_HEADS)
         return _alibi(
             cfg,
             src,
             "BLOOM",
             alibi_slopes(h),
-            _int(cfg, "n_layer", "num_hidden_layers", hi=MAX_LAYERS),
-            _int(cfg, "seq_length", "max_position_embeddings", default=2048),
+            config_int(cfg, "n_layer", "num_hidden_layers", hi=MAX_LAYERS),
+            config_int(cfg, "seq_length", "max_position_embeddings", default=2048),
         )
     if mt == "mpt":
         ac = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
@@ -305,26 +264,24 @@ def build_published(cfg: dict, src, read, stack: str) -> PublishedModel:
                 f"{src.source}: this MPT model has attn_config.alibi false (learned absolute "
                 "positions): no relative position bias to show"
             )
-        h = _int(cfg, "n_heads", "num_attention_heads", hi=MAX_HEADS)
+        h = config_int(cfg, "n_heads", "num_attention_heads", hi=MAX_HEADS)
         return _alibi(
             cfg,
             src,
             "MPT",
-            mpt_alibi_slopes(h, _num(ac, "alibi_bias_max", 8.0, where="attn_config")),
-            _int(cfg, "n_layers", "num_hidden_layers", hi=MAX_LAYERS),
-            _int(cfg, "max_seq_len", default=2048),
+            mpt_alibi_slopes(h, config_number(ac, "alibi_bias_max", 8.0, where="attn_config")),
+            config_int(cfg, "n_layers", "num_hidden_layers", hi=MAX_LAYERS),
+            config_int(cfg, "max_seq_len", default=2048),
         )
     if mt in ("falcon", "refinedweb", "refinedwebmodel") and cfg.get("alibi"):
-        from fireviz.encodings import alibi_slopes
-
-        h = _int(cfg, "num_attention_heads", "n_head", hi=MAX_HEADS)
+        h = config_int(cfg, "num_attention_heads", "n_head", hi=MAX_HEADS)
         return _alibi(
             cfg,
             src,
             "Falcon (ALiBi)",
             alibi_slopes(h),
-            _int(cfg, "num_hidden_layers", "n_layer", hi=MAX_LAYERS),
-            _int(cfg, "max_position_embeddings", default=2048),
+            config_int(cfg, "num_hidden_layers", "n_layer", hi=MAX_LAYERS),
+            config_int(cfg, "max_position_embeddings", default=2048),
         )
     if mt in ABSOLUTE_TYPES:
         raise HubModelError(

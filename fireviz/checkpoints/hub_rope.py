@@ -14,23 +14,25 @@ import math
 import torch
 
 from fireviz.encodings.rope import rope_inv_freq, yarn_inv_freq
-from fireviz.checkpoints.hub_families import MAX_HEADS, HubModelError, _int, _num
+from fireviz.checkpoints.hub_config import MAX_HEADS, HubModelError, config_int, config_number
 
 
 def _rotary_shape(cfg: dict, scaling: dict) -> tuple[float, int, int]:
     """``(rope_theta, rotary_dim, head_dim)`` of a config. Raises: HubModelError."""
     base_cfg = {**cfg, **{k: scaling[k] for k in ("rope_theta",) if k in scaling}}
-    theta = _num(
+    theta = config_number(
         base_cfg, "rope_theta" if base_cfg.get("rope_theta") is not None else "rotary_emb_base", 10000.0, lo=1.0
     )
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
-    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = _int(cfg, "head_dim", hi=1 << 16) if cfg.get("head_dim") is not None else hidden // heads
+    heads = config_int(cfg, "num_attention_heads", "n_head", "num_heads", hi=MAX_HEADS)
+    hidden = config_int(cfg, "hidden_size", "n_embd", "d_model")
+    head_dim = config_int(cfg, "head_dim", hi=1 << 16) if cfg.get("head_dim") is not None else hidden // heads
     pkey = "partial_rotary_factor" if scaling.get("partial_rotary_factor") is not None else None
     partial = (
-        _num(scaling, "partial_rotary_factor", 1.0, where="rope_scaling")
+        config_number(scaling, "partial_rotary_factor", 1.0, where="rope_scaling")
         if pkey
-        else _num(cfg, "partial_rotary_factor" if cfg.get("partial_rotary_factor") is not None else "rotary_pct", 1.0)
+        else config_number(
+            cfg, "partial_rotary_factor" if cfg.get("partial_rotary_factor") is not None else "rotary_pct", 1.0
+        )
     )
     if partial > 1:
         raise HubModelError(f"partial_rotary_factor {partial} must be in (0, 1]")
@@ -44,8 +46,8 @@ def _rotary_shape(cfg: dict, scaling: dict) -> tuple[float, int, int]:
 
 
 def _llama3(inv: torch.Tensor, scaling: dict, factor: float, orig: int) -> torch.Tensor:
-    low = _num(scaling, "low_freq_factor", 1.0, where="rope_scaling")
-    high = _num(scaling, "high_freq_factor", 4.0, where="rope_scaling")
+    low = config_number(scaling, "low_freq_factor", 1.0, where="rope_scaling")
+    high = config_number(scaling, "high_freq_factor", 4.0, where="rope_scaling")
     if not high > low:
         raise HubModelError(f"llama3 rope_scaling needs high_freq_factor > low_freq_factor (got {high}, {low})")
     wavelen = 2 * math.pi / inv
@@ -67,7 +69,7 @@ def _longrope(inv: torch.Tensor, scaling: dict, dim: int, max_pos: int, orig: in
         raise HubModelError(f"longrope rope_scaling needs long_factor: {dim // 2} finite numbers > 0")
     f = max_pos / orig
     if scaling.get("attention_factor") is not None:
-        att = _num(scaling, "attention_factor", 1.0, where="rope_scaling")
+        att = config_number(scaling, "attention_factor", 1.0, where="rope_scaling")
     else:
         att = math.sqrt(1 + math.log(f) / math.log(orig)) if f > 1 and orig > 1 else 1.0
     return inv / torch.tensor(ext, dtype=torch.float64), att
@@ -92,14 +94,14 @@ def _scaled(
                 theta,
                 factor,
                 orig,
-                _num(scaling, "beta_fast", 32, where="rope_scaling"),
-                _num(scaling, "beta_slow", 1, where="rope_scaling"),
+                config_number(scaling, "beta_fast", 32, where="rope_scaling"),
+                config_number(scaling, "beta_slow", 1, where="rope_scaling"),
                 torch.float64,
             )
         except ValueError as e:
             raise HubModelError(f"yarn rope_scaling: {e}") from None
         if scaling.get("attention_factor") is not None:
-            att = _num(scaling, "attention_factor", 1.0, where="rope_scaling")
+            att = config_number(scaling, "attention_factor", 1.0, where="rope_scaling")
         return inv, att
     if kind == "llama3":
         return _llama3(inv, scaling, factor, orig), 1.0
@@ -125,14 +127,14 @@ def rope_frequencies(cfg: dict) -> tuple[torch.Tensor, float, dict]:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if not isinstance(kind, str):
         raise HubModelError(f"rope_type must be a name (got {str(kind)[:40]!r})")
-    max_pos = _int(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
-    factor = _num(scaling, "factor", 1.0, where="rope_scaling")
+    max_pos = config_int(cfg, "max_position_embeddings", "n_positions", "max_seq_len", default=2048)
+    factor = config_number(scaling, "factor", 1.0, where="rope_scaling")
     if kind not in ("default", "longrope") and factor < 1:
         raise HubModelError(f"rope_scaling factor {factor} must be >= 1 for {kind} scaling (it stretches the context)")
     if scaling.get("original_max_position_embeddings") is not None:
-        orig = _int(scaling, "original_max_position_embeddings")
+        orig = config_int(scaling, "original_max_position_embeddings")
     else:
-        orig = _int(cfg, "original_max_position_embeddings", default=max_pos)
+        orig = config_int(cfg, "original_max_position_embeddings", default=max_pos)
     inv, att = _scaled(kind, rope_inv_freq(dim, theta, torch.float64), scaling, theta, dim, factor, orig, max_pos)
     if not (torch.isfinite(inv).all() and (inv > 0).all() and math.isfinite(att) and att > 0):
         raise HubModelError(f"the {kind} RoPE settings give non-finite or non-positive frequencies; check rope_scaling")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from fireviz import __version__
 
 COMMANDS = {
     "train": ("fireviz.cli.train", "train a GPT with one position encoding (TOML config)"),
@@ -21,8 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch to a command's ``main``. Returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:
-        from fireviz import __version__
-
         print(f"fireviz {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):

@@ -20,6 +20,11 @@ from fireviz.analysis import BiasSettings, locality_table, parse_positions, run_
 from fireviz.checkpoints import load_model_or_published
 from fireviz.analysis import DEFAULT_NEAR, DilutionSettings
 from fireviz.model import GPT, CheckpointError
+from fireviz.analysis import text_tokens
+from fireviz.plots.export import figure_path_problem
+from fireviz.core import atomic_write_text, output_path_problem
+from fireviz.analysis import attention_dilution
+from fireviz import plots
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,7 +158,6 @@ def _print_report(out: dict, args) -> None:
 def _text_tokens(args, model):
     """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
     error message (``attention_dilution`` checks that they are enough)."""
-    from fireviz.analysis import text_tokens  # it builds on fireviz.analysis
 
     if not isinstance(model, GPT):
         return None, (
@@ -186,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         settings, dilution = settings_from_args(args), dilution_settings_from_args(args)
     except ValueError as e:
         return _fail(str(e))
-    from fireviz.plots.export import figure_path_problem
-    from fireviz.core import atomic_write_text, output_path_problem
 
     name = Path(args.checkpoint).resolve().name if Path(args.checkpoint).exists() else args.checkpoint
     given = args.out if args.out is not None else f"biases_{name.replace('/', '--')}.json"
@@ -208,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         measured = None
         if tokens is not None:  # first: a text too short is refused before the report's work
-            from fireviz.analysis import attention_dilution
-
             d = dilution.resolve(model.config.seq_len)
             measured = attention_dilution(
                 model,
@@ -232,8 +232,6 @@ def main(argv: list[str] | None = None) -> int:
     _print_report(out, args)
     print(f"wrote {out_path}")
     if args.figure:
-        from fireviz import plots  # the CLI layer draws; analysis itself only computes
-
         try:
             print(f"wrote {plots.write_figure(plots.bias_grid_figure(out), args.figure)}")
         except (ValueError, plots.FigureExportError, OSError) as e:

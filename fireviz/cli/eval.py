@@ -19,6 +19,11 @@ from fireviz.eval import evaluate_many
 from fireviz.eval import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
 from fireviz.core import write_json_atomic
 from fireviz.model import CheckpointError
+from fireviz import plots
+from fireviz.data import synthetic
+from fireviz.checkpoints import checked_config
+from fireviz.plots.export import figure_path_problem
+from fireviz.core import output_path_problem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +358,6 @@ class _ProgressBar:
 def _write_figure(results: list[dict], path: str) -> bool:
     """Write the perplexity-vs-length figure of the evaluated lengths to ``path``; False (and
     one stderr line) if that fails."""
-    from fireviz import plots  # the CLI layer draws; the library above only computes
 
     try:
         shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
@@ -369,8 +373,6 @@ def _default_lengths(checkpoints: list[str], data: str) -> list[int]:
     task (``synthetic:copy``, whose models train on short sequences) L/4 … 16·L around the first
     checkpoint's training length L, as the task groups are published (16…1024 for L = 64).
     Raises: CheckpointError when that checkpoint's config cannot be read (evaluate_many's message)."""
-    from fireviz.data import synthetic
-    from fireviz.checkpoints import checked_config
 
     if not synthetic.is_synthetic(str(data)) or not checkpoints:
         return list(DEFAULT_LENGTHS)
@@ -383,8 +385,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m fireviz eval``. Returns 0 on success, 2 for bad input (one stderr line),
     or when no length of any checkpoint could be evaluated, 130 when interrupted."""
     args = build_parser().parse_intermixed_args(argv)
-    from fireviz.plots.export import figure_path_problem
-    from fireviz.core import output_path_problem
 
     problem = output_path_problem(args.out) if args.out is not None else None  # bad output paths before the evaluation
     if problem is None and args.figure is not None:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from fireviz.core import FileFormatError, output_path_problem, read_json, write_json_atomic
 from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
-from fireviz.fit.result import _json_safe
+from fireviz.fit.result import json_safe
 from fireviz.fit import parse_numbers, target_names
 from fireviz.model import CheckpointError
+from fireviz.checkpoints import hub
+from fireviz.checkpoints import checkpoint_folder
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,8 +110,6 @@ _CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
 
 def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
     """``(target name, heads, target parameters)`` from the flags; nothing is read or built here."""
-    from fireviz.checkpoints import hub
-    from fireviz.checkpoints import checkpoint_folder
 
     # --target <model>: a folder, a bundled name (fire, copy/fire; a misspelt group member raises here) or a Hub id
     if a.target not in target_names() and (checkpoint_folder(a.target) is not None or hub.looks_like_hub_id(a.target)):
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # atomic writes create missing parent folders; nothing half-written is left behind
         if a.out:
-            write_json_atomic(a.out, _json_safe(result.to_dict(curves=not a.no_curves)))
+            write_json_atomic(a.out, json_safe(result.to_dict(curves=not a.no_curves)))
         if a.save_module:
             result.save(a.save_module)
     except (OSError, SafetensorError) as e:  # a place that takes no file (/proc, a full disk)

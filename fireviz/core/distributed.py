@@ -10,7 +10,7 @@ import torch
 
 
 @dataclass
-class _Dist:
+class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -22,10 +22,10 @@ class _Dist:
         return self.rank == 0
 
 
-def _init_distributed(device_setting: str) -> _Dist:
+def init_distributed(device_setting: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return _Dist()
+        return Dist()
     import torch.distributed as dist
 
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -36,17 +36,17 @@ def _init_distributed(device_setting: str) -> _Dist:
             torch.cuda.set_device(local)
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
         owns = True
-    return _Dist(rank=rank, world=world, local_rank=local, owns_group=owns)
+    return Dist(rank=rank, world=world, local_rank=local, owns_group=owns)
 
 
-def _barrier(d: _Dist) -> None:
+def barrier(d: Dist) -> None:
     if d.world > 1:
         import torch.distributed as dist
 
         dist.barrier()
 
 
-def _all_reduce_sum(t: torch.Tensor, d: _Dist) -> torch.Tensor:
+def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     if d.world > 1:
         import torch.distributed as dist
 

@@ -41,6 +41,7 @@ from fireviz.encodings.base import (
     query_positions,
     relative_distance,
 )
+from fireviz.encodings.base import _grid_positions
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -346,7 +347,6 @@ class FIRE(PositionEncoding):
     def bias_at(self, q_positions, k_positions) -> torch.Tensor:
         """See :meth:`PositionEncoding.bias_at`: f_θ(ψ(i − j)/ψ(max(L, i))) (Li et al. 2024 eq. 3–4)
         on the grid's pairs only, ≤ ~2^22 MLP activations at a time."""
-        from fireviz.encodings.base import _grid_positions
 
         qs, ks = _grid_positions(q_positions, k_positions)
         out = torch.full((self.num_heads, qs.numel(), ks.numel()), float("nan"))

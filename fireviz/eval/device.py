@@ -14,6 +14,7 @@ import torch
 
 from fireviz.core import memory_problem
 from fireviz.eval.windows import EvaluationError, Window
+from fireviz.model import flex
 
 #: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.model.flex``)
 #: instead of materialising [heads, block, keys] per query block. CPU always uses the SDPA path.
@@ -54,7 +55,6 @@ def use_flex(dev: torch.device, length: int, report: Callable[[str], None]) -> b
     the SDPA path is used). Part of the cache key (bf16 numbers differ slightly between paths)."""
     if dev.type != "cuda" or length < FLEX_MIN_LENGTH:
         return False
-    from fireviz.model import flex
 
     if flex.flex_available():
         return True

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from fireviz.eval import evaluate
+from fireviz.data import DataError, RawBytesWarning, load_documents
+from fireviz.core import atomic_write
 
 #: File types the app's uploaders take.
 UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
@@ -25,9 +28,6 @@ def save_upload(name: str, data: bytes) -> Path:
 
     import warnings
 
-    from fireviz.eval import evaluate
-    from fireviz.data import DataError, RawBytesWarning, load_documents
-
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"
     if not data:
         raise DataError(
@@ -38,7 +38,6 @@ def save_upload(name: str, data: bytes) -> Path:
             f"{name} is {len(data) / 2**20:.1f} MB, more than the {MAX_UPLOAD_MB} MB an upload may be; "
             "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)"
         )
-    from fireviz.core import atomic_write
 
     folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
     path = folder / safe

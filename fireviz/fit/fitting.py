@@ -54,8 +54,9 @@ import torch
 from fireviz.core import as_float, as_int, as_seed
 from fireviz.encodings import FIRE
 from fireviz.fit.measure import BEYOND_CHUNK, measure_fit
-from fireviz.fit.result import BEYOND_FACTOR, FitResult, _json_safe
+from fireviz.fit.result import BEYOND_FACTOR, FitResult, json_safe
 from fireviz.fit.targets import FitTarget, check_num_heads, make_target, target_names
+from fireviz.core import check_fits, fit_bytes
 
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
@@ -274,7 +275,7 @@ class FitSettings:
         ``target_params`` (the target's own description: e.g. ALiBi's slopes, a checkpoint's
         path, layer, encoding, training length and ``checkpoint_sha256``), ``num_heads``, ``max_len`` (tokens),
         ``mlp_width``, ``steps``, ``seed``, ``lr``. Non-finite numbers become null."""
-        return _json_safe(
+        return json_safe(
             {
                 "target": self.target.name,
                 "target_params": self.target.params,
@@ -299,7 +300,6 @@ class FitSettings:
 def _check_fit_fits(target: FitTarget, max_len: int, mlp_width: int) -> None:
     """Refuse a fit that would not fit in memory, then one whose target is not finite on the
     distances the fit uses and measures (0 … BEYOND_FACTOR·max_len − 1). Raises: ValueError."""
-    from fireviz.core import check_fits, fit_bytes
 
     check_fits(
         fit_bytes(target.num_heads, max_len, mlp_width, BEYOND_FACTOR, BEYOND_CHUNK),

@@ -166,16 +166,16 @@ class FitResult:
                 "fitted": self.beyond_fitted.tolist(),
                 "residual": self.beyond_residuals.tolist(),
             }
-        return _json_safe(out)
+        return json_safe(out)
 
 
-def _json_safe(obj):
+def json_safe(obj):
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 
@@ -207,7 +207,7 @@ def save_fitted_fire(module: FIRE, path: str | Path, extra: dict | None = None) 
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     meta = {FIRE_OPTIONS_KEY: json.dumps(fire_options(module))}
     if extra:
-        meta["fireviz.fit"] = json.dumps(_json_safe(extra))
+        meta["fireviz.fit"] = json.dumps(json_safe(extra))
     atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
     return path
 

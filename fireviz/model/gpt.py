@@ -37,6 +37,7 @@ from fireviz.model.state import check_checkpoint_ref, check_load_options, folder
 # The model's public names, defined with what they belong to and importable from here too:
 from fireviz.model.config import BOS_ID, BYTE_VOCAB_SIZE, GPTConfig  # noqa: F401
 from fireviz.model.state import CheckpointError  # noqa: F401  (public here: fireviz.model.gpt.CheckpointError)
+from fireviz.model.flex import causal_flex
 
 
 class KVCache:
@@ -120,8 +121,6 @@ class CausalSelfAttention(nn.Module):
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
         if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
-            from fireviz.model.flex import causal_flex  # no [heads, q, k] bias: computed inside the attention kernel
-
             y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
             return self.proj(y.transpose(1, 2).reshape(B, T, -1))
         if T <= self.query_block:

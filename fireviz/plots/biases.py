@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fireviz.plots.base import TRAIN_MARK, _arr, _as_dict, _color, _mark_length, _panel_refs, _subsample
+from fireviz.encodings import has_normalizer
 
 
 # -- biases ------------------------------------------------------------------------------------
@@ -421,7 +422,6 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
 def _heatmap_note(encoding) -> str:
     # FIRE divides by ψ(max(L, i)), so its bias changes along a diagonal; the fixed-form biases
     # (T5 buckets, ALiBi, Kerple, Sandwich) are functions of i − j alone.
-    from fireviz.encodings import has_normalizer
 
     if has_normalizer(encoding):
         return "FIRE depends on the query position i, not only on i − j"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+from fireviz.core import output_path_problem
+from fireviz.core import atomic_write
 
 
 # -- export ------------------------------------------------------------------------------------
@@ -180,7 +182,6 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
 def figure_path_problem(path: str | os.PathLike, flag: str = "--figure") -> str | None:
     """Why a figure cannot be written to ``path`` — a format ``write_figure`` does not write
     (.svg, .pdf, .png or .html), a folder, a path under a file — or None. Checked before any work."""
-    from fireviz.core import output_path_problem
 
     formats = (*EXPORT_FORMATS, "html")
     if problem := output_path_problem(path, flag, "figure.png"):
@@ -194,7 +195,6 @@ def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None
     """Write ``fig`` to ``path`` as ``fmt`` (default: the file's suffix: .svg, .pdf, .png, or
     .html for the interactive figure), atomically. Returns the path. Raises: ValueError for an
     unknown format; FigureExportError (see ``export_figure``)."""
-    from fireviz.core import atomic_write
 
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()

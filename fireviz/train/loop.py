@@ -51,7 +51,7 @@ from typing import Callable
 
 import torch
 
-from fireviz.core.distributed import _all_reduce_sum, _barrier, _Dist, _init_distributed
+from fireviz.core.distributed import all_reduce_sum, barrier, Dist, init_distributed
 from fireviz.model import GPT
 from fireviz.model import GPTConfig
 from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
@@ -109,7 +109,7 @@ def train(
     from tqdm import tqdm
 
     out = Path(out_dir)
-    d = _init_distributed(train_config.device if train_config else "auto")
+    d = init_distributed(train_config.device if train_config else "auto")
     try:
         return _train(model_config, train_config, out, resume, command, progress, d, tqdm, stop_at_step)
     finally:
@@ -126,7 +126,7 @@ def _train(
     resume: bool,
     command,
     progress,
-    d: _Dist,
+    d: Dist,
     tqdm,
     stop_at_step: int | None = None,
 ) -> dict:
@@ -146,7 +146,7 @@ def _train(
     raw_model, opt, names = build_model(mc, tc, device, out, tensors)
     del tensors
     start_step = state["step"] if resume else 0
-    _barrier(d)  # every rank passed its checks before rank 0 writes anything
+    barrier(d)  # every rank passed its checks before rank 0 writes anything
     model, autocast = wrap_model(raw_model, tc, d, device)
     record = provenance(mc, tc, data, eval_lengths, d, raw_model, command)
     log = open_log(out, d, resume, start_step)
@@ -184,7 +184,7 @@ class _Run:
     device: torch.device
     micro: int  # windows per micro-batch on this process
     autocast: Callable
-    d: _Dist
+    d: Dist
     out: Path
     provenance: dict  # config.json['training']
     log: object  # the open train log (rank 0), else None
@@ -219,7 +219,7 @@ class _Run:
                 position_offsets=position_offsets(step, tc, d.rank),
                 first_target=self.data.answers_from(self.mc.seq_len + 1),
             )
-            loss = float(_all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
+            loss = float(all_reduce_sum(loss_mean.reshape(1).to(d.comm_device), d) / d.world)
             if not math.isfinite(loss):
                 raise TrainingError(
                     f"loss became {loss} at step {step + 1}: the weights or gradients are no longer finite; "
@@ -308,4 +308,4 @@ class _Run:
                 self.data.fingerprint,
                 self.log,
             )
-        _barrier(self.d)
+        barrier(self.d)

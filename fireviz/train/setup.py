@@ -24,7 +24,7 @@ import torch
 from fireviz import __version__
 from fireviz.data import synthetic
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents
-from fireviz.core.distributed import _Dist
+from fireviz.core.distributed import Dist
 from fireviz.model import GPT
 from fireviz.model import GPTConfig
 from fireviz.model import CheckpointError, load_state_checked
@@ -32,11 +32,12 @@ from fireviz.train.schedule import random_validation_windows, validation_windows
 from fireviz.train.config import _FREE_ON_RESUME, TrainConfig, TrainingError, _check_pair, config_hash, settings_dict
 from fireviz.train.state import _load_optimizer, _truncate_log, has_checkpoint, read_trainer_state
 from fireviz.train.step import build_optimizer
+from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 
 
-def _resolve_device(tc: TrainConfig, d: _Dist) -> torch.device:
+def _resolve_device(tc: TrainConfig, d: Dist) -> torch.device:
     """The device ``train.device`` names (``auto``: CUDA if available; this process's GPU under
     torchrun). Raises: TrainingError for CUDA asked for but not available, or a GPU index past
     the ones there are."""
@@ -151,7 +152,6 @@ def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int])
 
 def check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
     """Memory before work: refuse a training step that cannot fit. Raises: TrainingError."""
-    from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 
     n_params = 12 * mc.n_layer * mc.d_model**2 + mc.vocab_size * mc.d_model  # before the model exists
     try:
@@ -165,7 +165,7 @@ def check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
         raise TrainingError(str(e)) from None
 
 
-def check_settings(model_config, train_config, out: Path, resume: bool, d: _Dist, stop_at_step):
+def check_settings(model_config, train_config, out: Path, resume: bool, d: Dist, stop_at_step):
     """Every check before anything is written: ``(mc, tc, state, tensors, device, micro, end_step)``."""
     state = tensors = None
     if resume:
@@ -213,7 +213,7 @@ def build_model(mc: GPTConfig, tc: TrainConfig, device: torch.device, out: Path,
     return model, opt, names
 
 
-def wrap_model(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
+def wrap_model(model: GPT, tc: TrainConfig, d: Dist, device: torch.device):
     """``(model to step: compiled and/or DDP-wrapped, autocast context factory)``."""
     use_bf16 = tc.dtype == "bfloat16" or (tc.dtype == "auto" and device.type == "cuda")
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else nullcontext
@@ -229,7 +229,7 @@ def wrap_model(model: GPT, tc: TrainConfig, d: _Dist, device: torch.device):
     return model, autocast
 
 
-def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: _Dist, model: GPT, command) -> dict:
+def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: Dist, model: GPT, command) -> dict:
     """What config.json['training'] records about the run."""
     return {
         "settings": settings_dict(mc, tc)["train"] | {"min_lr": tc.final_lr},
@@ -250,7 +250,7 @@ def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: _
     }
 
 
-def open_log(out: Path, d: _Dist, resume: bool, start_step: int):
+def open_log(out: Path, d: Dist, resume: bool, start_step: int):
     """The train log, appended to by rank 0 (a resumed one first cut back to the resumed step)."""
     log_path = out / "train_log.jsonl"
     if not d.master:

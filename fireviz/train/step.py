@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from fireviz.core.distributed import _all_reduce_sum, _Dist
+from fireviz.core.distributed import all_reduce_sum, Dist
 from fireviz.encodings import PositionEncoding
 from fireviz.model import GPT
 from fireviz.train.config import TrainConfig
@@ -148,7 +148,7 @@ def evaluate_windows(
     micro: int,
     device: torch.device,
     autocast,
-    d: _Dist | None = None,
+    d: Dist | None = None,
     first_target: int = 1,
 ) -> float:
     """Mean next-token loss in nats/token over ``windows`` int64 ``[n, length + 1]``.
@@ -158,7 +158,7 @@ def evaluate_windows(
     target that counts (1 = all; a synthetic task's answers). Returns NaN when there are
     no windows at all.
     """
-    d = d or _Dist()
+    d = d or Dist()
     was_training = model.training
     model.eval()
     mine = windows[d.rank :: d.world]
@@ -172,5 +172,5 @@ def evaluate_windows(
         nats = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), y.reshape(-1), reduction="sum")
         total += torch.tensor([float(nats), y.numel()], dtype=torch.float64)
     model.train(was_training)
-    total = _all_reduce_sum(total.to(d.comm_device), d).cpu()
+    total = all_reduce_sum(total.to(d.comm_device), d).cpu()
     return float(total[0] / total[1])

@@ -11,6 +11,9 @@ from fireviz.model import CheckpointError
 from fireviz.eval import EvaluationError
 from fireviz.plots.presentation import job_error_text
 from fireviz.ui.state import error, key
+from fireviz.eval import evaluate
+from fireviz.ui import jobs
+from fireviz.eval import PUBLISHED_RESULTS
 
 
 def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop", poll_s: float = 0.5) -> None:
@@ -21,7 +24,6 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     running; when it finishes it reruns the whole page, which then draws the result. Call
     it only for an unfinished job.
     """
-    from fireviz.ui import jobs
 
     q = jobs.default_queue(queue_name)
 
@@ -51,7 +53,6 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
 def _cached(paths: list[str], data: str, lengths: Sequence[int], settings: dict, suffix: str):
     """``(labelled results, None)`` of ``evaluate.cached_results`` — what is already in the cache,
     nothing computed — or ``([], error text)`` as a failed job would have it."""
-    from fireviz.eval import evaluate
 
     try:
         results = evaluate.cached_results(paths, data, lengths, **settings)
@@ -84,7 +85,6 @@ def evaluation_jobs(
     is queued) are said once and their spec skipped. Returns ``(results of finished jobs and cache
     lookups, unfinished jobs)``; stops the page (``st.stop``) when a checkpoint cannot be read.
     """
-    from fireviz.ui import jobs
 
     results, pending = [], []
     for spec in specs:
@@ -156,7 +156,6 @@ def eval_caption(results: Sequence[dict]) -> str:
     devices = sorted({str(r.get("device")) for r in results})
     parts.append("device " + ", ".join(devices))
     entries = [e for r in results for e in r.get("per_length", [])]
-    from fireviz.eval import PUBLISHED_RESULTS
 
     published = sum(1 for e in entries if e.get("cached") and e.get("source") == PUBLISHED_RESULTS)
     cached = sum(1 for e in entries if e.get("cached")) - published

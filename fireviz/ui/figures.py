@@ -11,6 +11,11 @@ from fireviz.checkpoints import catalog as ck
 from fireviz.plots.presentation import to_json
 from fireviz.ui.picker import _load_model, checkpoint_identity
 from fireviz.ui.state import key, url_state
+from fireviz import plots
+from fireviz.encodings import has_normalizer
+from fireviz.analysis import text_attention
+from fireviz.checkpoints import hub
+from fireviz.analysis import biases as analysis
 
 
 def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
@@ -28,7 +33,6 @@ def figure_downloads(fig, page: str, name: str) -> None:
     (``plots.paper_figure``: 6.9 in wide, serif 8 pt). Each file is drawn only when its
     button is clicked (kaleido + Chromium take a few seconds); if that fails, the file holds
     the reason instead."""
-    from fireviz import plots
 
     def render(fmt: str):
         def make() -> bytes:
@@ -93,7 +97,6 @@ def normalizer_cap_input(
 ) -> tuple[list[ck.CheckpointInfo], int]:
     """The sidebar's FIRE normalizer cap (tokens; 0 = off, URL ``cap``), shown only when a
     FIRE / FIRE-S checkpoint is chosen. Returns: ``(the chosen FIRE checkpoints, cap)``."""
-    from fireviz.encodings import has_normalizer
 
     fires = [i for i in chosen if has_normalizer(i.position_encoding)]
     if not fires:
@@ -110,7 +113,6 @@ MAX_QUERY_POSITION = 1 << 17
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
 def _bias_report(path: str, identity: str, settings_key: str, name: str, _settings) -> dict:
     # cached by settings_key (the settings' JSON); _settings (not hashed) is the same settings
-    from fireviz.analysis import biases as analysis
 
     model = _load_model(path, identity, "cpu")
     return analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
@@ -121,8 +123,6 @@ def _attention_pattern(
     path: str, identity: str, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
 ) -> dict:
     import torch
-
-    from fireviz.analysis import text_attention
 
     model = _load_model(path, identity, "cpu")  # shared with other sessions: attention_probs is thread-safe
     return text_attention.attention_pattern(
@@ -146,8 +146,6 @@ def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_ca
 
 @st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")
 def _published_bias_report(ref: str, revision: str | None, stack: str, settings_key: str, name: str, _settings) -> dict:
-    from fireviz.analysis import biases as analysis
-    from fireviz.checkpoints import hub
 
     model = hub.load_published(ref, stack=stack, revision=revision)
     out = analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
@@ -178,7 +176,6 @@ def bias_report(
     decoder), cached by source, revision, stack and settings.
     Raises: ValueError for bad/too large positions; CheckpointError for a bad folder.
     """
-    from fireviz.analysis import biases as analysis
 
     if not isinstance(settings, analysis.BiasSettings):
         settings = analysis.BiasSettings.make(settings, normalizer_cap=normalizer_cap)

@@ -29,6 +29,16 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from fireviz.eval import EvalSettings, check_setting_names
+from fireviz.eval import EvaluationError
+from fireviz.eval import checkpoint_list
+from fireviz.eval import evaluate
+from fireviz.checkpoints import checkpoint_sha256
+from fireviz.analysis import DilutionSettings
+from fireviz.analysis import text_attention
+from fireviz.checkpoints import read_checkpoint
+from fireviz.encodings import has_normalizer
+from fireviz.fit import fitting as fit
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
 FINISHED = (DONE, ERROR, CANCELLED)
@@ -245,8 +255,6 @@ def _settings_description(data: str, lengths, settings: dict):
     """``(EvalSettings, options)`` of an evaluation job's arguments, validated: the settings through
     ``EvalSettings.make``, the options (``_RUN_OPTIONS``) kept where they differ from the default.
     Raises: EvaluationError for a bad or unknown setting."""
-    from fireviz.eval import EvalSettings, check_setting_names
-    from fireviz.eval import EvaluationError
 
     check_setting_names(settings, also=tuple(_RUN_OPTIONS))
     s = EvalSettings.make(data, lengths, **{k: v for k, v in settings.items() if k not in _RUN_OPTIONS})
@@ -288,8 +296,6 @@ def _described(checkpoints: list[dict], s, options: dict) -> dict:
 
 def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict):
     """``(EvalSettings, job description)``; the settings are checked before any checkpoint is read."""
-    from fireviz.checkpoints import checkpoint_sha256
-    from fireviz.eval import checkpoint_list
 
     s, options = _settings_description(data, lengths, settings)
     paths = checkpoint_list(checkpoint_paths)
@@ -331,7 +337,6 @@ def submit_evaluation(
     s, description = _evaluation(checkpoint_paths, data, lengths, settings)
 
     def work(progress, should_stop):
-        from fireviz.eval import evaluate
 
         try:
             results = evaluate.evaluate_many(
@@ -365,8 +370,6 @@ def dilution_description(
     """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
     make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
     positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
-    from fireviz.checkpoints import checkpoint_sha256
-    from fireviz.analysis import DilutionSettings
 
     settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
     return {
@@ -401,9 +404,6 @@ def submit_dilution(
     description = dilution_description(checkpoint_paths, source, query_positions, near, rows, normalizer_cap)
 
     def work(progress, should_stop):
-        from fireviz.analysis import text_attention
-        from fireviz.checkpoints import read_checkpoint
-        from fireviz.encodings import has_normalizer
 
         out = []
         plan = [(p, None) for p in checkpoint_paths]
@@ -433,7 +433,6 @@ def _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed):
     """(validated ``fit.FitSettings``, job description): the settings' own description is the key
     (a checkpoint target's parameters carry its identity, a published model's its bias's hash,
     so a retrained checkpoint is a new fit)."""
-    from fireviz.fit import fitting as fit
 
     settings = fit.FitSettings.make(target, max_len, num_heads, mlp_width, steps, seed, target_params=target_params)
     return settings, {"kind": "fit", **settings.describe()}
@@ -470,7 +469,6 @@ def submit_fit(
     Raises: ValueError from ``fit.FitSettings.make`` for bad parameters (before queueing, so the
       page can show it at once); CheckpointError for a bad checkpoint target.
     """
-    from fireviz.fit import fitting as fit
 
     settings, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
 
