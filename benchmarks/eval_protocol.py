@@ -28,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fireviz.eval import evaluate  # noqa: E402
 from fireviz.cli.eval import format_table  # noqa: E402
+from fireviz.eval import evaluate  # noqa: E402
 
 
 def cpu_model() -> str:

@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import interleaved_medians
 from eval_protocol import cpu_model
 
-from fireviz.model import backward_kernel
-from fireviz.model import GPT, GPTConfig
+from fireviz.model import GPT, GPTConfig, backward_kernel
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 

@@ -33,18 +33,18 @@ def main(argv=None) -> int:
         os.environ["HF_HOME"] = str(tmp / "hf")
         os.environ["HF_HUB_CACHE"] = str(tmp / "hf" / "hub")
         os.environ["FIREVIZ_CACHE_DIR"] = str(tmp / "fireviz")
-        from test_hub import t5_folder  # the tests' fixture: the layout transformers writes
-        from hub_server import HubServer
-
         import huggingface_hub.constants as hc
+        from hub_server import HubServer
+        from test_hub import t5_folder  # the tests' fixture: the layout transformers writes
 
         hc.HF_HUB_CACHE = str(tmp / "hf" / "hub")
         d_model = 512
         vocab = max(1000, int(args.mb * 2**20 / 4 / d_model / 3))  # embeddings dominate the file
         repo = t5_folder(tmp / "repo", d_model=d_model, vocab=vocab, layers=6, dec_layers=6, heads=8)
         size = (repo / "model.safetensors").stat().st_size
-        from fireviz.checkpoints import hub
         from huggingface_hub import hf_hub_download
+
+        from fireviz.checkpoints import hub
 
         with HubServer({"bench/t5-style": repo}) as server:
             os.environ["HF_ENDPOINT"] = server.url

@@ -27,9 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fireviz.data import TokenStream, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
 from fireviz.model import GPT
-from fireviz.train import window_starts
-from fireviz.train import build_optimizer, training_step
-from fireviz.train import apply_overrides, configs_from_tables
+from fireviz.train import apply_overrides, build_optimizer, configs_from_tables, training_step, window_starts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             model, opt, mc = runs[name]
 
-            def one_step():
+            def one_step(model=model, opt=opt, mc=mc):
                 nonlocal step
                 starts = window_starts(step, tc, stream.num_tokens, mc.seq_len)
                 step += 1

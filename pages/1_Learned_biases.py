@@ -9,13 +9,12 @@ view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
 
 import streamlit as st
 
-from fireviz import ui
+from fireviz import plots, ui
 from fireviz.analysis import biases as analysis
-from fireviz.ui import jobs
-from fireviz import plots
 from fireviz.analysis import text_attention
 from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
 from fireviz.encodings import has_normalizer
+from fireviz.ui import jobs
 
 P = "biases"
 ui.setup_page("Learned biases")
@@ -116,7 +115,7 @@ if text:
 reports = []
 # one-head plots side by side; layer × head grids need the full width, so they are stacked
 cols = st.columns(len(chosen)) if view == "head" else [st.container() for _ in chosen]
-for col, info in zip(cols, chosen):
+for col, info in zip(cols, chosen, strict=True):
     with col:
         st.markdown(ui.checkpoint_caption(info))
         try:

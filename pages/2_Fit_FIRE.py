@@ -12,12 +12,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from fireviz import ui
-from fireviz.fit import fitting as fit
-from fireviz.ui import jobs
-from fireviz import plots
+from fireviz import plots, ui
 from fireviz.encodings import encoding_spec
+from fireviz.fit import fitting as fit
 from fireviz.fit import targets as fit_targets
+from fireviz.ui import jobs
 
 P = "fit"
 ui.setup_page("Fit FIRE")

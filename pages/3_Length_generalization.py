@@ -11,12 +11,10 @@ State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, se
 
 import streamlit as st
 
-from fireviz import ui
-from fireviz.eval import evaluate
-from fireviz import plots
-from fireviz.data import synthetic
+from fireviz import plots, ui
 from fireviz.checkpoints import default_device, seed_base, seed_groups
-from fireviz.data import DOMAINS, DataError
+from fireviz.data import DOMAINS, DataError, synthetic
+from fireviz.eval import evaluate
 
 P = "lengen"
 ui.setup_page("Length generalization")
@@ -436,7 +434,7 @@ done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})
 pick = st.multiselect("Lengths to draw", done_lens, default=done_lens[-1:], key=ui.key(P, "lbp_len"))
 if pick:
     # pooled: each run in its encoding's colour from the figure above
-    same = {r.get("label") or r["checkpoint"]: p["label"] for r, p in zip(clean, shown)} if pool else None
+    same = {r.get("label") or r["checkpoint"]: p["label"] for r, p in zip(clean, shown, strict=True)} if pool else None
     lbp = plots.loss_by_position_figure(clean, lengths=pick, color_groups=same)
     ui.show_figure(
         lbp,

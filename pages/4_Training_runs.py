@@ -6,9 +6,8 @@ State in the URL: ckpt, smooth.
 
 import streamlit as st
 
-from fireviz import ui
+from fireviz import plots, ui
 from fireviz.checkpoints import catalog as checkpoints
-from fireviz import plots
 from fireviz.checkpoints import records as run_records
 
 P = "train"

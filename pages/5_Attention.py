@@ -7,12 +7,10 @@ the bias's share of its logits, run in this process: one forward pass) and
 
 import streamlit as st
 
-from fireviz import ui
-from fireviz.plots import attention as attention_plots
-from fireviz import plots
-from fireviz.data import synthetic
+from fireviz import plots, ui
 from fireviz.analysis import text_attention
-from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents, synthetic
+from fireviz.plots import attention as attention_plots
 
 P = "attention"
 ui.setup_page("Attention on a text")

@@ -29,14 +29,18 @@ import json
 import sys
 from pathlib import Path
 
-from fireviz.eval import evaluate
 from fireviz import plots
+from fireviz.checkpoints import (  # config.json through the one door
+    read_checkpoint,
+    read_train_log,
+    seed_groups,
+    validation_rows,
+)
 from fireviz.cli.eval import format_table
-from fireviz.checkpoints import read_checkpoint, read_train_log, seed_groups  # config.json through the one door
-from fireviz.checkpoints import validation_rows
-from fireviz.encodings import has_normalizer
-from fireviz.model import GPTConfig
 from fireviz.core import atomic_write, atomic_write_text, write_json_atomic
+from fireviz.encodings import has_normalizer
+from fireviz.eval import evaluate
+from fireviz.model import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"

@@ -30,14 +30,13 @@ from pathlib import Path
 
 from publish_results import ROOT, bpb_cell, paired_cell, render_png
 
-from fireviz.analysis import biases as analysis
-from fireviz.eval import evaluate
 from fireviz import plots
-from fireviz.data import synthetic
-from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints
-from fireviz.checkpoints import validation_rows
-from fireviz.model import CheckpointError
+from fireviz.analysis import biases as analysis
+from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints, validation_rows
 from fireviz.core import atomic_write_text, write_json_atomic
+from fireviz.data import synthetic
+from fireviz.eval import evaluate
+from fireviz.model import CheckpointError
 
 CKPTS = ROOT / "checkpoints"
 
@@ -179,7 +178,7 @@ def _write_checkpoints(args, gdir: Path, folders: list[Path], runs: list[dict], 
     reports = {f.name: analysis.bias_report(load_model(f), checkpoint=f.name).to_dict() for f in folders}
     summaries = analysis.locality_summary(list(reports.values()))
     tables = {name: analysis.locality_table([rep]) for name, rep in reports.items()}
-    for f, r, s in zip(folders, runs, summaries):
+    for f, r, s in zip(folders, runs, summaries, strict=True):
         r["checkpoint_path"] = f"{CKPTS.name}/{args.group}/{f.name}"
         write_json_atomic(f / "results.json", [r])
         atomic_write_text(f / "README.md", card(f, r, s, lengths, args.group))
@@ -254,7 +253,7 @@ def main() -> int:
         "![answer accuracy vs length](accuracy.png)",
         "",
     ]
-    md += [f"![{n} biases](bias_grid_{n}.png)" for n, s in zip(names, summaries) if s["heads"]] + [""]
+    md += [f"![{n} biases](bias_grid_{n}.png)" for n, s in zip(names, summaries, strict=True) if s["heads"]] + [""]
     atomic_write_text(gdir / "RESULTS.md", "\n".join(md))
     print("\n".join(md))
     return 0

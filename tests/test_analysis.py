@@ -11,12 +11,12 @@ import torch
 
 import fireviz.model.gpt as model_mod
 from fireviz.analysis import biases as A
-from fireviz.cli import biases as biases_cli
-from fireviz.analysis.primitives import fire_input_vs_query
+from fireviz.analysis import locality
 from fireviz.analysis import text_attention as TA
+from fireviz.analysis.primitives import fire_input_vs_query
+from fireviz.cli import biases as biases_cli
 from fireviz.cli import main as cli_main
 from fireviz.model.gpt import GPT, GPTConfig
-from fireviz.analysis import locality
 
 SEQ = 32  # training length of the tiny models (tokens)
 
@@ -87,7 +87,7 @@ def test_fire_curves_match_formula_and_stretch(fire_model):
     # progressive interpolation stretches the curve: the same distance gets a smaller input
     d = 20
     xs = [rep.layers[0].normalized_input[i][d] for i in rep.query_positions]
-    assert all(a > b for a, b in zip(xs, xs[1:]))
+    assert all(a > b for a, b in zip(xs, xs[1:], strict=False))
     # the f_θ grid is f itself
     f = rep.layers[0].fire
     np.testing.assert_allclose(f["mlp_bias"][0], -SLOPE * f["mlp_x"], atol=1e-6)
@@ -326,7 +326,7 @@ def test_fire_interpolation_dilutes_a_local_head(fire_model):
     res = TA.attention_dilution(fire_model, torch.zeros(16 * SEQ, dtype=torch.long), near=8, rows=1)
     assert res.query_positions == positions
     local = res.share[0, 0]
-    assert all(a > b for a, b in zip(local, local[1:]))  # stretched bias spreads attention thin
+    assert all(a > b for a, b in zip(local, local[1:], strict=False))  # stretched bias spreads attention thin
     for c, i in enumerate(positions):
         w = np.exp(-20.0 * fire_x(np.arange(i + 1), i))
         assert local[c] == pytest.approx(w[:8].sum() / w.sum(), rel=1e-4)
@@ -430,7 +430,7 @@ def test_bias_report_with_a_normalizer_cap_leaves_the_model_alone():
     assert capped["normalizer_cap"] == 32 and plain["normalizer_cap"] is None
     assert all(m.normalizer_cap is None for m in model.encodings)  # computed on a copy
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    for lp, lc in zip(plain["layers"], capped["layers"]):
+    for lp, lc in zip(plain["layers"], capped["layers"], strict=True):
         c32, c200 = (next(c for c in lc["curves"] if c["query_position"] == i) for i in (32, 200))
         p32 = next(c for c in lp["curves"] if c["query_position"] == 32)
         assert c32["bias"] == p32["bias"]  # at the cap nothing changes
@@ -447,8 +447,8 @@ def test_fire_input_vs_query_is_psi_over_the_normalizer():
     assert out["distances"] == [1, 64] and out["query_positions"] == [0, 10, 64, 1000]
     assert out["input"][1][:2] == [None, None]  # no key 64 tokens back from query 10
     L = float(enc.threshold().detach())
-    for d, row in zip(out["distances"], out["input"]):
-        for i, v in zip(out["query_positions"], row):
+    for d, row in zip(out["distances"], out["input"], strict=True):
+        for i, v in zip(out["query_positions"], row, strict=True):
             if d <= i:
                 c = float(enc.c.detach())
                 assert v == pytest.approx(math.log1p(c * d) / (math.log1p(c * max(L, i)) + enc.eps), rel=1e-5)
@@ -503,8 +503,7 @@ def test_biases_cli_normalizer_cap(tmp_path, capsys):
 
 
 def test_cli_prints_the_dilution_it_measured_and_fireviz_has_a_version(checkpoint, tmp_path, capsys):
-    from fireviz import __version__
-    from fireviz import cli
+    from fireviz import __version__, cli
 
     text = tmp_path / "t.txt"
     text.write_text("the river stone of the delta " * 40)

@@ -19,12 +19,12 @@ from streamlit.testing.v1 import AppTest
 
 from fireviz import ui
 from fireviz.analysis import biases as analysis
-from fireviz.checkpoints import catalog as checkpoints
-from fireviz.eval import evaluate
-from fireviz.ui import jobs
 from fireviz.analysis import text_attention
-from fireviz.model.gpt import GPT, CheckpointError
+from fireviz.checkpoints import catalog as checkpoints
 from fireviz.checkpoints import records as run_records
+from fireviz.eval import evaluate
+from fireviz.model.gpt import GPT, CheckpointError
+from fireviz.ui import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared

@@ -67,7 +67,7 @@ def _assert_matches_float64_math_path(got, q, k, v, mask, dout, learned=True):
     """``got`` (from ``_grads``) against autograd through SDPA's math path in float64."""
     exact = _grads(_math_path, q, k, v, mask, dout, learned, torch.float64)
     assert len(got) == len(exact) == (5 if learned else 4)
-    for c, e in zip(got, exact):
+    for c, e in zip(got, exact, strict=True):
         e = torch.nan_to_num(e, neginf=0.0)
         assert torch.allclose(c, e, atol=2e-5, rtol=1e-4), (c - e).abs().max()
 
@@ -214,14 +214,14 @@ def test_kernel_edge_inputs():
         dout = torch.randn(B, H, rows, D, dtype=torch.float64)
         got = _grads(fast, q, k, v, mask, dout, True, torch.float32)
         ref = _grads(reference, q, k, v, mask, dout, True, torch.float64)
-        for c, e in zip(got, ref):
+        for c, e in zip(got, ref, strict=True):
             assert torch.allclose(c, torch.nan_to_num(e, neginf=0.0), atol=2e-5, rtol=1e-4)
     q1 = torch.randn(B, H, D, 1).transpose(2, 3).requires_grad_(True)  # one query, row stride 1 < D
     k1, v1 = torch.randn(B, H, 3, D, requires_grad=True), torch.randn(B, H, 3, D, requires_grad=True)
     m1 = torch.randn(H, 1, 3, requires_grad=True)
     got = torch.autograd.grad(attention_module.BiasedAttention.apply(q1, k1, v1, m1).sum(), (q1, k1, v1, m1))
     ref = torch.autograd.grad(F.scaled_dot_product_attention(q1, k1, v1, attn_mask=m1).sum(), (q1, k1, v1, m1))
-    for c, e in zip(got, ref):
+    for c, e in zip(got, ref, strict=True):
         assert torch.allclose(c, e, atol=1e-5, rtol=1e-4)
     empty = torch.randn(0, H, T, D, requires_grad=True)
     m0 = mask.float().requires_grad_(True)

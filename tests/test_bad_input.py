@@ -15,20 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_tiny_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from conftest import make_tiny_checkpoint
 from fireviz.checkpoints import catalog as checkpoints
-from fireviz.data import corpus as data
 from fireviz.cli import eval as eval_cli
-from fireviz.eval import evaluate
 from fireviz.cli import train as train_cli
 from fireviz.core.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
+from fireviz.data import corpus as data
+from fireviz.eval import evaluate
+from fireviz.fit import targets as fit_targets
 from fireviz.model.gpt import GPT, CheckpointError
 from fireviz.model.state import config_from_dict
-from fireviz.fit import targets as fit_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 NESTED = "[" * 100_000 + "]" * 100_000
@@ -435,8 +435,8 @@ def test_forward_bytes_grows_with_length_and_batch():
 
 # -- progress for every long call -------------------------------------------------------------------
 def test_fit_refuses_absurd_head_counts_and_reports_its_start(capsys):
-    from fireviz.fit import fitting as fit
     from fireviz.cli import fit as fit_cli
+    from fireviz.fit import fitting as fit
 
     rc = fit_cli.main(["--target", "alibi", "--max-len", "64", "--heads", "100000"])
     err = capsys.readouterr().err
@@ -492,8 +492,8 @@ def test_train_takes_a_lone_surrogate(tmp_path):
 
 def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
     from fireviz.analysis import biases as analysis
-    from fireviz.fit import fitting as fit
     from fireviz.core import memory
+    from fireviz.fit import fitting as fit
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
     with pytest.raises(ValueError, match="needs about .* more than the 10 MiB available"):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from fireviz.eval import evaluate
 from fireviz.checkpoints.catalog import read_train_log
 from fireviz.encodings import has_normalizer
-from fireviz.model.gpt import GPT
+from fireviz.eval import evaluate
 from fireviz.model.config import GPTConfig
+from fireviz.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"

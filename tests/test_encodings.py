@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fireviz.encodings.fire as fire_module
 from fireviz.encodings import (
     ENCODING_NAMES,
     FIRE,
@@ -29,8 +30,6 @@ from fireviz.encodings import (
     sandwich_kernel,
     yarn_inv_freq,
 )
-
-import fireviz.encodings.fire as fire_module
 from fireviz.model.gpt import GPT, GPTConfig
 
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
@@ -376,7 +375,7 @@ def test_fire_fast_path_gradients_equal_formula(fire_path, masked, kw, q_len, k_
             g = g.masked_fill(future, 0.0)
         (b * g).sum().backward()
         grads.append([None if p.grad is None else p.grad.clone() for p in fire.parameters()])
-    for a, b in zip(*grads):  # sums over thousands of pairs: compare relative to the gradient's size
+    for a, b in zip(*grads, strict=True):  # sums over thousands of pairs: compare relative to the gradient's size
         if a is None or b is None:  # a parameter the configuration leaves unused (L without interpolation)
             assert a is None or not a.any()
             assert b is None or not b.any()
@@ -398,7 +397,7 @@ def test_masked_bias_is_bias_with_future_masked(name):
             w = torch.randn(expect.shape).masked_fill(future, 0.0)
             g_expect = torch.autograd.grad((expect.masked_fill(future, 0.0) * w).sum(), params, allow_unused=True)
             g_got = torch.autograd.grad((got.masked_fill(future, 0.0) * w).sum(), params, allow_unused=True)
-            for a, b in zip(g_got, g_expect):
+            for a, b in zip(g_got, g_expect, strict=True):
                 assert (a is None and b is None) or torch.allclose(a, b, atol=1e-6)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 import fireviz.eval.evaluate as ev
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.cli import eval as eval_cli
+from fireviz.data.corpus import DataError, document_tokens, is_validation, load_documents
+from fireviz.eval import cache as eval_cache
 from fireviz.eval import device as eval_device
 from fireviz.eval import settings as eval_settings
-from fireviz.eval import stats
-from fireviz.eval import windows
-from fireviz.data.corpus import DataError, document_tokens, is_validation, load_documents
+from fireviz.eval import stats, windows
 from fireviz.model.gpt import BOS_ID, GPT, CheckpointError, GPTConfig
 from fireviz.model.state import load_state_checked
-from fireviz.eval import cache as eval_cache
 
 # the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
 REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
@@ -157,7 +156,7 @@ def test_plan_token_budget_and_coverage(sizes, length, stride, budget, seed):
     for w in plan:
         assert w.doc in eligible and w.start + length <= sizes[w.doc]
         by_doc.setdefault(w.doc, []).extend(w.start + p for p in range(w.first_target, length))
-    for d, targets in by_doc.items():
+    for targets in by_doc.values():
         if stride < length:
             assert sorted(targets) == list(range(1, max(targets) + 1))
         assert len(targets) == len(set(targets))
@@ -233,7 +232,7 @@ def test_nonoverlapping_equals_hand_computation(ckpts, corpus, cache, enc):
         assert e["tokens_scored"] == sum(len(v) for v in nll) == len(nll) * (length - 1)
         assert e["windows"] == len(nll)
         lbp = e["loss_by_position"]
-        for s, t, nats, count in zip(lbp["bucket_starts"], lbp["bucket_ends"], lbp["nats"], lbp["tokens"]):
+        for s, t, nats, count in zip(lbp["bucket_starts"], lbp["bucket_ends"], lbp["nats"], lbp["tokens"], strict=True):
             vals = [v for p in range(s, t) for v in by_pos[p]]
             assert count == len(vals) and nats == pytest.approx(sum(vals) / len(vals), rel=1e-6)
 
@@ -536,7 +535,7 @@ def test_cached_results_compute_nothing_and_return_what_evaluate_cached(ckpts, c
     monkeypatch.setattr(ev, "score_windows", no_forward)
     monkeypatch.setattr(GPT, "forward", no_forward)
     looked = ev.cached_results(paths, corpus, [8, 16], **kw)
-    for r, a in zip(looked, again):
+    for r, a in zip(looked, again, strict=True):
         assert {k: v for k, v in r.items() if k != "seconds"} == {k: v for k, v in a.items() if k != "seconds"}
         assert all(e["cached"] and e["source"] == "cache" for e in r["per_length"])
     assert looked[1]["per_length"][0]["paired_delta_bpb"] == computed[1]["per_length"][0]["paired_delta_bpb"]
@@ -883,7 +882,7 @@ def test_same_text_is_the_default_and_scores_the_same_text(ckpts, corpus, cache)
             assert lo <= e["bits_per_byte"] <= hi
     # paired against the first checkpoint; the reference itself has none
     assert all("paired_delta_bpb" not in e for e in r[0]["per_length"])
-    for a, b in zip(r[0]["per_length"], r[1]["per_length"]):
+    for a, b in zip(r[0]["per_length"], r[1]["per_length"], strict=True):
         assert b["paired_reference"] == "alibi"
         assert b["paired_delta_bpb"] == pytest.approx(b["bits_per_byte"] - a["bits_per_byte"], abs=1e-9)
         lo, hi = b["paired_ci95"]
@@ -953,7 +952,7 @@ def test_bootstrap_interval_and_paired_difference_properties():
     assert stats.bootstrap_ci95(nats, tokens) == [lo, hi]  # deterministic
     assert stats.bootstrap_ci95([5.0], [10]) is None  # one document: no interval (a zero width would look certain)
     a = {"per_document": {"doc": [str(i) for i in range(30)], "nats": nats, "tokens": tokens}}
-    shifted = {"per_document": {**a["per_document"], "nats": [x + 0.1 * t for x, t in zip(nats, tokens)]}}
+    shifted = {"per_document": {**a["per_document"], "nats": [x + 0.1 * t for x, t in zip(nats, tokens, strict=True)]}}
     d = stats.paired_difference(shifted, a)  # a constant per-token shift: no spread at all
     assert d["paired_delta_bpb"] == pytest.approx(0.1 / math.log(2))
     assert d["paired_ci95"] == [pytest.approx(0.1 / math.log(2))] * 2
@@ -1295,8 +1294,8 @@ def test_a_single_checkpoint_string_is_refused_not_read_letter_by_letter(ckpts, 
 
 
 def test_describe_is_one_key_per_computation():
-    from fireviz.ui import jobs
     from fireviz.eval.settings import EvalSettings
+    from fireviz.ui import jobs
 
     a = EvalSettings.make("prose", [256, 128], device="cpu", token_budget="auto", batch_tokens=1024)
     b = EvalSettings.make("prose", [128, 256, 128], device="cpu", token_budget=None, split="validation")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from fireviz.fit import fitting as fit
+from fireviz.cli.fit import main
 from fireviz.encodings import FIRE, alibi_slopes
 from fireviz.encodings.specs import t5_bucket_values
+from fireviz.fit import fitting as fit
 from fireviz.fit.fitting import BEYOND_FACTOR, FitResult, fit_fire, make_target
 from fireviz.fit.result import FIRE_OPTIONS_KEY, load_fitted_fire
 from fireviz.fit.targets import target_from_checkpoint, target_names
-from fireviz.cli.fit import main
 from fireviz.model.gpt import GPT, GPTConfig
 
 HEADS = 4
@@ -125,7 +125,7 @@ def test_fit_is_deterministic_and_leaves_global_rng_alone():
     assert torch.equal(torch.rand(3), expected_draw)
     b = fit_fire(target, 48, mlp_width=8, steps=5, seed=1)
     assert a.loss_curve == b.loss_curve
-    for (name, p), q in zip(a.module.state_dict().items(), b.module.state_dict().values()):
+    for (name, p), q in zip(a.module.state_dict().items(), b.module.state_dict().values(), strict=True):
         assert torch.equal(p, q), name
 
 
@@ -461,7 +461,7 @@ def test_fit_adam_equals_torch_optim_adam():
             loss.backward()
             opt.step()
         runs.append([p.detach() for p in ps])
-    for a, b in zip(*runs):
+    for a, b in zip(*runs, strict=True):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -608,8 +608,9 @@ def test_direct_construction_is_validated_and_a_non_finite_target_is_refused():
 
 
 def test_result_records_every_setting_and_the_checkpoint_identity(tmp_path):
-    from fireviz.checkpoints.catalog import checkpoint_sha256
     from safetensors import safe_open
+
+    from fireviz.checkpoints.catalog import checkpoint_sha256
 
     s = fit.FitSettings.make("alibi", 16, 2, mlp_width=4, steps=2, seed=5, lr=0.01)
     result = fit.run_fit(s)

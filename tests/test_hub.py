@@ -11,16 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hub_server import COMMIT, HubServer
 from safetensors.torch import save_file
 
 from fireviz.analysis import biases as analysis
+from fireviz.checkpoints import hub, hub_families, hub_rope
 from fireviz.cli import biases as biases_cli
-from fireviz.checkpoints import hub
-from fireviz.checkpoints import hub_families
-from fireviz.checkpoints import hub_rope
 from fireviz.encodings import alibi_slopes
-
-from hub_server import COMMIT, HubServer
 
 REF = json.loads((Path(__file__).parent / "reference" / "encodings.json").read_text())
 
@@ -471,8 +468,8 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
 
 
 def test_fit_fire_to_a_published_t5_decoder_layer(tmp_path, capsys):
-    from fireviz.fit import fitting as fit
     from fireviz.cli import fit as fit_cli
+    from fireviz.fit import fitting as fit
 
     folder = t5_folder(tmp_path / "m", model_type="umt5", heads=2)
     out = tmp_path / "fit.json"

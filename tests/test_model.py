@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from conftest import run_interleaved
 import torch.nn.functional as F
+from conftest import run_interleaved
 
 import fireviz.model.attention as attention_module
 from fireviz.encodings import ENCODING_NAMES
-from fireviz.model.gpt import GPT, BOS_ID, CheckpointError, GPTConfig, KVCache
+from fireviz.model.gpt import BOS_ID, GPT, CheckpointError, GPTConfig, KVCache
 
 
 def tiny(name, seq_len=16, block=1024, **kw):
@@ -126,7 +126,7 @@ def test_biased_attention_backward_equals_math_path(learned, Tq, Tk, chunk, monk
         out.backward(g)
         results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask) if t.requires_grad])
     assert len(results[0]) == (5 if learned else 4)
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
@@ -164,7 +164,7 @@ def test_attention_routes_masks_it_cannot_chunk_to_sdpa(Tq, Tk, pattern):
         grads = torch.autograd.grad(out, (q, k, v, mask), g)
         ref_grads = torch.autograd.grad(ref, (q, k, v, mask), g.double())
         assert torch.allclose(out.double(), ref, atol=1e-5)
-        for a, b in zip(grads, ref_grads):
+        for a, b in zip(grads, ref_grads, strict=True):
             assert torch.allclose(a.double(), b.double(), atol=1e-4), (pattern, causal)
 
 

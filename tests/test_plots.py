@@ -11,12 +11,12 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 import torch
+from plotly_data import decode, shapes, traces
 
+from fireviz import plots as P
 from fireviz.analysis import biases as A
 from fireviz.analysis import text_attention as TA
-from fireviz import plots as P
 from fireviz.model.gpt import GPT, GPTConfig
-from plotly_data import decode, shapes, traces
 
 SEQ = 16
 
@@ -223,7 +223,7 @@ def ppl_result(ckpt, label, ppls, train=SEQ, stride=8):
                 "windows": 3,
                 "loss_by_position": {"bucket_starts": [0, n // 2], "nats": [math.log(p) + 0.1, math.log(p) - 0.1]},
             }
-            for n, p in zip((16, 64, 256), ppls)
+            for n, p in zip((16, 64, 256), ppls, strict=True)
         ],
     }
 
@@ -486,9 +486,12 @@ def test_intervals_and_paired_differences_of_single_and_pooled_runs():
     tokens = [100, 120, 80, 150, 90, 110]
     base = [t * (1.0 + 0.1 * k) for k, t in enumerate(tokens)]
     a = _doc_result("alibi", "alibi", base, tokens)
-    f0 = _doc_result("fire", "fire", [x + 0.05 * t for x, t in zip(base, tokens)], tokens)
+    f0 = _doc_result("fire", "fire", [x + 0.05 * t for x, t in zip(base, tokens, strict=True)], tokens)
     f1 = _doc_result(
-        "fire_seed1", "fire", [x + 0.15 * t + (k % 2) for k, (x, t) in enumerate(zip(base, tokens))], tokens
+        "fire_seed1",
+        "fire",
+        [x + 0.15 * t + (k % 2) for k, (x, t) in enumerate(zip(base, tokens, strict=True))],
+        tokens,
     )
     rows = {r["group"]: r for r in P.group_perplexity([a, f0, f1])}
     assert (rows["alibi"]["ci95_low"], rows["alibi"]["ci95_high"]) == tuple(a["per_length"][0]["ci95"])
@@ -499,7 +502,9 @@ def test_intervals_and_paired_differences_of_single_and_pooled_runs():
     assert [(r["group"], r["length"], r["n"]) for r in paired] == [("fire", 16, 2)]
     pooled = [
         (x0 + x1) / 2
-        for x0, x1 in zip(f0["per_length"][0]["per_document"]["nats"], f1["per_length"][0]["per_document"]["nats"])
+        for x0, x1 in zip(
+            f0["per_length"][0]["per_document"]["nats"], f1["per_length"][0]["per_document"]["nats"], strict=True
+        )
     ]
     expected = (sum(pooled) - sum(base)) / sum(tokens) / math.log(2)
     assert paired[0]["paired_delta_bpb"] == pytest.approx(expected)
@@ -565,6 +570,7 @@ def test_position_parameters_figure():
 
 def test_head_bias_log_distance_and_fire_input_figures():
     import torch
+
     from fireviz.analysis import biases as analysis
     from fireviz.model.gpt import GPT, GPTConfig
 
@@ -617,7 +623,7 @@ def test_perplexity_figure_marks_chance_only_near_it():
                 "tokens_scored": 100,
                 "windows": 2,
             }
-            for n, b in zip((128, 256), bpb)
+            for n, b in zip((128, 256), bpb, strict=True)
         ]
         return {
             "checkpoint": "x",
@@ -640,8 +646,8 @@ def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_tr
 
     from pypdf import PdfReader
 
-    from fireviz.analysis import biases as analysis
     from fireviz import plots
+    from fireviz.analysis import biases as analysis
     from fireviz.model.gpt import GPT, GPTConfig
 
     def result(name, bpb):
@@ -654,7 +660,7 @@ def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_tr
                 "tokens_scored": 100,
                 "windows": 2,
             }
-            for n, b in zip((128, 256, 512), bpb)
+            for n, b in zip((128, 256, 512), bpb, strict=True)
         ]
         return {
             "checkpoint": name,

@@ -27,7 +27,7 @@ def run(label: str, bpb: list[float], rope_scaling=None) -> dict:
         "settings": {"rope_scaling": rope_scaling},
         "per_length": [
             {"length": n, "bits_per_byte": b, "perplexity": 2.0**b}
-            for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb)
+            for n, b in zip([128, 256, 512, 1024, 2048, 4096, 8192], bpb, strict=True)
         ],
     }
 

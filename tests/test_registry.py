@@ -11,8 +11,6 @@ import torch
 from torch import nn
 
 from fireviz.analysis import biases as analysis
-from fireviz.eval import evaluate
-from fireviz.fit import fitting as fit
 from fireviz.cli import fit as fit_cli
 from fireviz.cli import train as train_cli
 from fireviz.encodings import (
@@ -25,8 +23,10 @@ from fireviz.encodings import (
     register_encoding,
     unregister_encoding,
 )
-from fireviz.model.gpt import GPT, GPTConfig
+from fireviz.eval import evaluate
+from fireviz.fit import fitting as fit
 from fireviz.fit import targets as fit_targets
+from fireviz.model.gpt import GPT, GPTConfig
 
 
 class ToyLinear(ToeplitzBias):

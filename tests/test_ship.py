@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import make_tiny_checkpoint
+
 from fireviz.checkpoints import catalog as checkpoints
-from fireviz.eval import evaluate
 from fireviz.core.files import read_safetensors
+from fireviz.eval import evaluate
 from fireviz.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -197,7 +197,7 @@ def test_no_import_cycle_between_modules():
     graph = {}
     for p in FIREVIZ:
         edges = set()
-        for _, module, names, top in _imports(p, top_level_only=True):
+        for _, module, names, _top in _imports(p, top_level_only=True):
             for n in names:  # `from fireviz.pkg import module` imports that module
                 if (ROOT / module.replace(".", "/") / f"{n}.py").exists():
                     edges.add(f"{module}.{n}")

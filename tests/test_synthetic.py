@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from fireviz.cli import eval as eval_cli
-from fireviz.eval import evaluate as ev
 from fireviz.data import synthetic as S
 from fireviz.data.corpus import DataError
+from fireviz.eval import evaluate as ev
 from fireviz.model.gpt import BOS_ID, GPT, GPTConfig
-from fireviz.train.loop import train
 from fireviz.train.config import apply_overrides, configs_from_tables
+from fireviz.train.loop import train
 
 
 @pytest.mark.parametrize("length", [4, 5, 64, 65, 513])
@@ -128,8 +128,9 @@ def test_evaluating_on_the_copy_task(tmp_path, monkeypatch):
 
 
 def test_the_copy_config_loads():
-    from fireviz.train.config import load_config
     from pathlib import Path
+
+    from fireviz.train.config import load_config
 
     mc, tc = load_config(Path(__file__).resolve().parent.parent / "configs" / "copy.toml")
     assert tc.data == "synthetic:copy" and mc.seq_len == 64

@@ -15,11 +15,11 @@ import pytest
 from conftest import make_tiny_checkpoint
 from streamlit.testing.v1 import AppTest
 
+from fireviz import plots
 from fireviz.analysis import biases as analysis
 from fireviz.checkpoints import catalog as checkpoints
-from fireviz.eval import evaluate
-from fireviz import plots
 from fireviz.data import synthetic
+from fireviz.eval import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 COPY = ROOT / "checkpoints" / "copy"
@@ -100,7 +100,7 @@ def test_accuracy_figure_draws_the_results_numbers():
     runs = json.loads((COPY / "results.json").read_text())
     fig = plots.accuracy_figure(runs, chance=synthetic.load_task("synthetic:copy").chance_accuracy)
     assert [t.name for t in fig.data] == [r["checkpoint"] for r in runs]
-    for t, r in zip(fig.data, runs):
+    for t, r in zip(fig.data, runs, strict=True):
         np.testing.assert_allclose(np.asarray(t.y), [e["accuracy"] for e in r["per_length"]])
         lo = np.asarray([e["accuracy_ci95"][0] for e in r["per_length"]])
         np.testing.assert_allclose(np.asarray(t.y) - np.asarray(t.error_y.arrayminus), lo)

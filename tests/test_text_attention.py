@@ -16,9 +16,9 @@ import torch
 from conftest import run_interleaved
 from streamlit.testing.v1 import AppTest
 
-from fireviz.plots import attention as AP
 from fireviz.analysis import text_attention as TA
 from fireviz.model.gpt import GPT, GPTConfig
+from fireviz.plots import attention as AP
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from fireviz.cli.train import main
 from fireviz.data.corpus import DataError, load_documents, split_documents
 from fireviz.encodings import ENCODING_NAMES
 from fireviz.model.gpt import BOS_ID, GPT, CheckpointError
-from fireviz.train.schedule import lr_at, validation_windows, window_starts
-from fireviz.train.loop import train
 from fireviz.train.config import TrainConfig, TrainingError, apply_overrides, configs_from_tables, load_config
+from fireviz.train.loop import train
+from fireviz.train.schedule import lr_at, validation_windows, window_starts
 from fireviz.train.state import read_trainer_state
 from fireviz.train.step import evaluate_windows
-from fireviz.cli.train import main
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = (
@@ -124,8 +124,8 @@ def test_lr_schedule_warmup_then_cosine_to_min_lr():
     tc = TrainConfig(max_steps=100, lr=1e-3, min_lr=5e-5, warmup_steps=10).validate()
     lrs = [lr_at(s, tc) for s in range(100)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
-    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))  # linear warmup
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decay
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10], strict=True))  # linear warmup
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))  # cosine decay
     assert lr_at(100, tc) == pytest.approx(5e-5) and min(lrs) > 5e-5
     assert lr_at(55, tc) == pytest.approx(5e-5 + 0.5 * 9.5e-4)  # halfway down the cosine
     assert TrainConfig(lr=2e-3).final_lr == pytest.approx(2e-4)  # default min_lr = lr / 10
@@ -236,7 +236,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(corpus, tmp_path):
     assert reference.returncode == 0, err.decode()
     a, b = _log(killed), _log(full)
     assert [r["step"] for r in a] == list(range(61)), "duplicate or missing steps after resume"
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key in ("loss", "val_loss", "val_loss_4x"):
             assert (key in ra) == (key in rb)
             if key in ra:
@@ -264,7 +264,7 @@ def test_stop_at_step_then_resume_equals_uninterrupted_run(corpus, tmp_path, cap
     train(mc, tc, full, progress=False)
     a, b = _log(part), _log(full)
     assert [r["step"] for r in a] == list(range(21))
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         for key in ("loss", "val_loss", "val_loss_4x"):
             assert (key in ra) == (key in rb) and abs(ra.get(key, 0.0) - rb.get(key, 0.0)) <= 1e-6, (ra["step"], key)
     for bad in ("0", "21"):
@@ -318,14 +318,16 @@ def test_torchrun_two_processes_match_one_process(corpus, tmp_path):
     train(mc, tc, single, progress=False)
     a, b = _log(ddp), _log(single)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(13))
-    diffs = [abs(ra[k] - rb[k]) for ra, rb in zip(a, b) for k in ("loss", "val_loss", "val_loss_4x") if k in ra]
+    diffs = [
+        abs(ra[k] - rb[k]) for ra, rb in zip(a, b, strict=True) for k in ("loss", "val_loss", "val_loss_4x") if k in ra
+    ]
     assert max(diffs) <= TORCHRUN_LOSS_TOL, max(diffs)
     assert GPT.from_pretrained(str(ddp)).config.training["world_size"] == 2
     # The tolerance is meaningful: another seed's data gives clearly different losses.
     mc2, tc2 = load_config(cfg, ["train.seed=1"])
     other = tmp_path / "other"
     train(mc2, tc2, other, progress=False)
-    assert max(abs(ra["loss"] - rc["loss"]) for ra, rc in zip(a[1:], _log(other)[1:])) > 1e-2
+    assert max(abs(ra["loss"] - rc["loss"]) for ra, rc in zip(a[1:], _log(other)[1:], strict=False)) > 1e-2
 
 
 # ------------------------------------------------------------------------------------------
@@ -773,9 +775,9 @@ def test_random_position_offset_checked_before_anything_is_written(corpus, tmp_p
 
 
 def test_training_also_logs_validation_on_random_windows(tmp_path):
-    from fireviz.cli import train as T
-    from fireviz.checkpoints.catalog import read_train_log, read_checkpoint
+    from fireviz.checkpoints.catalog import read_checkpoint, read_train_log
     from fireviz.checkpoints.records import training_summary_row
+    from fireviz.cli import train as T
 
     p = tmp_path / "d.jsonl"
     p.write_text(

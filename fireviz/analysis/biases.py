@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from fireviz.core import as_int, is_int
+from fireviz.analysis.locality import LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality
 from fireviz.analysis.primitives import (
     FIRE_INPUT_DISTANCES,
     bias_curve,
@@ -44,10 +44,9 @@ from fireviz.analysis.primitives import (
     fire_normalized_input,
     rotary_kernel_curve,
 )
+from fireviz.core import as_int, bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes, is_int
 from fireviz.encodings import ToeplitzBias, check_normalizer_cap, fire_modules
-from fireviz.analysis.locality import LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality
 from fireviz.model import GPT
-from fireviz.core import bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
 
 #: Multiples of the training length used for the default bias query positions.
 DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)

@@ -25,7 +25,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from fireviz.core import is_int
 from fireviz.analysis.biases import (
     DEFAULT_DILUTION_MULTIPLES,
     _capped_copy,
@@ -34,11 +33,11 @@ from fireviz.analysis.biases import (
     default_query_positions,
 )
 from fireviz.checkpoints import checkpoint_sha256, load_model
-from fireviz.encodings import check_normalizer_cap, fire_modules
-from fireviz.model import BOS_ID, GPT
-from fireviz.eval import default_cache_dir
-from fireviz.core import read_json, write_json_atomic
+from fireviz.core import is_int, read_json, write_json_atomic
 from fireviz.data import text_bytes
+from fireviz.encodings import check_normalizer_cap, fire_modules
+from fireviz.eval import default_cache_dir
+from fireviz.model import BOS_ID, GPT
 
 
 # -- attention dilution ------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Checkpoints: find, describe and load fireviz checkpoints (local, bundled, Hub) and read published models' position encodings."""
 
 from fireviz.checkpoints.catalog import (
-    CheckpointNotFoundError,
     LOG_FILE,
+    CheckpointNotFoundError,
     checked_config,
     checkpoint_folder,
     checkpoint_groups,

@@ -28,10 +28,17 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
-from fireviz.checkpoints.records import (
+from fireviz.checkpoints import hub
+
+# one rule for a Hub repo id and one Hub download for the app, the CLI and the library
+from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
+
+# the naming of extra-seed runs (``fire_seed1``), which the pages and scripts import from here
+from fireviz.checkpoints.records import (  # noqa: F401
     CONFIG_FILE,
     LOG_FILE,
     LOG_FILE_GZ,
+    SEED_FOLDER,
     WEIGHTS_FILE,
     CheckpointInfo,
     _describe_data,
@@ -40,17 +47,13 @@ from fireviz.checkpoints.records import (
     headline_numbers,
     read_results,
     read_train_log,
+    seed0_first,
+    seed_base,
+    seed_groups,
+    seed_run,
 )
-
-# the naming of extra-seed runs (``fire_seed1``), which the pages and scripts import from here
-from fireviz.checkpoints.records import SEED_FOLDER, seed0_first, seed_base, seed_groups, seed_run  # noqa: F401
 from fireviz.core import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
-from fireviz.model import GPT, CheckpointError, GPTConfig
-from fireviz.model import config_from_dict, load_state_checked
-
-# one rule for a Hub repo id and one Hub download for the app, the CLI and the library
-from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
-from fireviz.checkpoints import hub
+from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict, load_state_checked
 
 
 class CheckpointNotFoundError(CheckpointError):

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fireviz.core import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
 from fireviz.checkpoints.hub_families import STACKS, HubModelError, PublishedModel, build_published
+from fireviz.core import FileFormatError, atomic_write, check_safetensors_header, parse_json, read_json
 from fireviz.model import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

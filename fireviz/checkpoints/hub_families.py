@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from fireviz.encodings import ALiBi, T5RelativeBias
-from fireviz.encodings.rope import RotaryEmbedding
 from fireviz.checkpoints.hub_config import MAX_HEADS, MAX_LAYERS, HubModelError, config_int, config_number
 from fireviz.checkpoints.hub_rope import rope_frequencies
-from fireviz.encodings import alibi_slopes
+from fireviz.encodings import ALiBi, T5RelativeBias, alibi_slopes
+from fireviz.encodings.rope import RotaryEmbedding
 
 STACKS = ("decoder", "encoder")
 T5_TYPES = ("t5", "mt5", "longt5", "umt5")

@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from fireviz.encodings.rope import rope_inv_freq, yarn_inv_freq
 from fireviz.checkpoints.hub_config import MAX_HEADS, HubModelError, config_int, config_number
+from fireviz.encodings.rope import rope_inv_freq, yarn_inv_freq
 
 
 def _rotary_shape(cfg: dict, scaling: dict) -> tuple[float, int, int]:

@@ -10,8 +10,8 @@ import math
 import os
 import re
 import statistics
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fireviz.core import FileFormatError, read_json, read_jsonl

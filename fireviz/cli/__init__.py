@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+
 from fireviz import __version__
 
 COMMANDS = {

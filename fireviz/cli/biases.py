@@ -16,15 +16,21 @@ import json
 import sys
 from pathlib import Path
 
-from fireviz.analysis import BiasSettings, locality_table, parse_positions, run_bias_report
-from fireviz.checkpoints import load_model_or_published
-from fireviz.analysis import DEFAULT_NEAR, DilutionSettings
-from fireviz.model import GPT, CheckpointError
-from fireviz.analysis import text_tokens
-from fireviz.plots.export import figure_path_problem
-from fireviz.core import atomic_write_text, output_path_problem
-from fireviz.analysis import attention_dilution
 from fireviz import plots
+from fireviz.analysis import (
+    DEFAULT_NEAR,
+    BiasSettings,
+    DilutionSettings,
+    attention_dilution,
+    locality_table,
+    parse_positions,
+    run_bias_report,
+    text_tokens,
+)
+from fireviz.checkpoints import load_model_or_published
+from fireviz.core import atomic_write_text, output_path_problem
+from fireviz.model import GPT, CheckpointError
+from fireviz.plots.export import figure_path_problem
 
 
 class _Parser(argparse.ArgumentParser):

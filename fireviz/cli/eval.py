@@ -11,19 +11,25 @@ import sys
 import time
 from typing import Sequence
 
-from fireviz.eval import stats
-from fireviz.data import DOMAINS, DataError
-from fireviz.eval import DEFAULT_LENGTHS, SPLITS, SYNTHETIC_SEQUENCES
-from fireviz.eval import ROPE_SCALINGS
-from fireviz.eval import evaluate_many
-from fireviz.eval import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
-from fireviz.core import write_json_atomic
-from fireviz.model import CheckpointError
 from fireviz import plots
-from fireviz.data import synthetic
 from fireviz.checkpoints import checked_config
+from fireviz.core import output_path_problem, write_json_atomic
+from fireviz.data import DOMAINS, DataError, synthetic
+from fireviz.eval import (
+    DEFAULT_LENGTHS,
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    DEFAULT_TOKEN_BUDGET,
+    MODES,
+    ROPE_SCALINGS,
+    SPLITS,
+    SYNTHETIC_SEQUENCES,
+    EvaluationError,
+    evaluate_many,
+    stats,
+)
+from fireviz.model import CheckpointError
 from fireviz.plots.export import figure_path_problem
-from fireviz.core import output_path_problem
 
 
 # ---------------------------------------------------------------------------------------------
@@ -36,10 +42,12 @@ def _ci_text(ci, signed: bool = False) -> str:
 
 def _render(head: list[str], rows: list[list[str]]) -> list[str]:
     """Aligned text rows: the first three columns left-aligned, the numbers right-aligned."""
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
 
     def line(cells):
-        return "  ".join(c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.rjust(w) if i >= 3 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
@@ -176,7 +184,7 @@ def _parse_lengths(text: str) -> list[int]:
     try:
         lengths = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})")
+        raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})") from None
     if not lengths:
         raise argparse.ArgumentTypeError("give at least one length")
     return lengths
@@ -188,7 +196,9 @@ def _parse_budget(text: str):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"token budget must be an integer, 0 (every window) or auto (got {text!r})")
+        raise argparse.ArgumentTypeError(
+            f"token budget must be an integer, 0 (every window) or auto (got {text!r})"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"token budget must be >= 0 (got {value})")
     return value or None

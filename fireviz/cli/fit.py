@@ -9,13 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+from fireviz.checkpoints import checkpoint_folder, hub
 from fireviz.core import FileFormatError, output_path_problem, read_json, write_json_atomic
-from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit
+from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, parse_numbers, run_fit, target_names
 from fireviz.fit.result import json_safe
-from fireviz.fit import parse_numbers, target_names
 from fireviz.model import CheckpointError
-from fireviz.checkpoints import hub
-from fireviz.checkpoints import checkpoint_folder
 
 
 # --------------------------------------------------------------------------------------------

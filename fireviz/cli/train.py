@@ -9,8 +9,7 @@ import sys
 
 from fireviz.data import DataError
 from fireviz.model import CheckpointError
-from fireviz.train import train
-from fireviz.train import TrainingError, load_config
+from fireviz.train import TrainingError, load_config, train
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,8 +2,8 @@
 
 from fireviz.core.arg_checks import as_float, as_int, as_seed, is_int
 from fireviz.core.files import (
-    FileFormatError,
     MAX_JSON_BYTES,
+    FileFormatError,
     atomic_write,
     atomic_write_text,
     check_safetensors_header,

@@ -8,8 +8,8 @@ folder. A crash or SIGKILL leaves either the old or the new file, never a torn o
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -323,7 +323,7 @@ def check_safetensors_header(header: object, data_len: int | None, source: str) 
     spans = []
     for name, e in entries.items():
 
-        def bad(why: str):
+        def bad(why: str, name: str = name):
             raise FileFormatError(f"{source}: tensor {name!r} has {why}; the file is corrupt")
 
         if not isinstance(e, dict):

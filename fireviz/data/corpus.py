@@ -30,15 +30,14 @@ import hashlib
 import json
 import lzma
 import os
-import stat
 import re
+import stat
 import warnings
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
-
 
 DOMAINS = ("prose", "latex", "code")
 #: the byte-level vocabulary: ids 0..255 are bytes, ``BOS_ID`` = 256 marks the start of a document

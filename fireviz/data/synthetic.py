@@ -32,8 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fireviz.data.corpus import DataError
-from fireviz.data.corpus import BOS_ID
+from fireviz.data.corpus import BOS_ID, DataError
 
 #: ``train.data`` / ``--data`` values that name a synthetic task start with this
 PREFIX = "synthetic:"

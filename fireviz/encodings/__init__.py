@@ -12,10 +12,6 @@ from fireviz.encodings.base import BIAS_QUERY_BLOCK, PositionEncoding, ToeplitzB
 from fireviz.encodings.fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_cap, fire_modules
 from fireviz.encodings.kerple import KerpleLog, KerplePower
 from fireviz.encodings.nope import NoPE
-from fireviz.encodings.rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
-from fireviz.encodings.sandwich import Sandwich, sandwich_kernel
-from fireviz.encodings.t5 import T5RelativeBias, relative_position_bucket
-
 from fireviz.encodings.registry import (
     EncodingSpec,
     encoding_names,
@@ -25,7 +21,10 @@ from fireviz.encodings.registry import (
     register_encoding,
     unregister_encoding,
 )
+from fireviz.encodings.rope import RotaryEmbedding, rope_inv_freq, yarn_attention_factor, yarn_inv_freq
+from fireviz.encodings.sandwich import Sandwich, sandwich_kernel
 from fireviz.encodings.specs import BUILTIN_SPECS
+from fireviz.encodings.t5 import T5RelativeBias, relative_position_bucket
 
 #: The built-in encodings (``encoding_names()`` lists these plus any registered later).
 ENCODING_NAMES: tuple[str, ...] = tuple(s.name for s in BUILTIN_SPECS)

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fireviz.core import is_int
-from fireviz.core import mask_output
+from fireviz.core import is_int, mask_output
 
 #: Query rows computed at once by the default blocked ``bias``; keeps peak memory near
 #: the size of the output even for encodings with per-pair intermediates (FIRE's MLP).

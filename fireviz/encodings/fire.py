@@ -31,17 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fireviz.core import is_int
-from fireviz.core import LazyKernel, numba_kernel_call
-from fireviz.core import mask_output
+from fireviz.core import LazyKernel, is_int, mask_output, numba_kernel_call
 from fireviz.encodings.base import (
     BIAS_QUERY_BLOCK,
     PositionEncoding,
+    _grid_positions,
     check_position_offset,
     query_positions,
     relative_distance,
 )
-from fireviz.encodings.base import _grid_positions
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:

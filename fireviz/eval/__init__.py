@@ -4,16 +4,16 @@ from fireviz.eval.cache import PUBLISHED_RESULTS, default_cache_dir
 from fireviz.eval.evaluate import evaluate_checkpoint, evaluate_many
 from fireviz.eval.settings import (
     DEFAULT_LENGTHS,
-    EvalSettings,
     SPLITS,
     SYNTHETIC_SEQUENCES,
+    EvalSettings,
     check_setting_names,
     checkpoint_list,
 )
 from fireviz.eval.stats import bootstrap_ci95, paired_difference
 from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.eval.variants import ROPE_SCALINGS
-from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, EvaluationError, MODES
+from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
 
 __all__ = [
     "DEFAULT_LENGTHS",

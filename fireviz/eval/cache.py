@@ -17,8 +17,8 @@ import math
 import os
 from pathlib import Path
 
-from fireviz.eval import stats
 from fireviz.core import FileFormatError, read_json
+from fireviz.eval import stats
 
 _PER_LENGTH_FIELDS = (
     "length",

@@ -34,26 +34,42 @@ import numpy as np
 import torch
 
 from fireviz import __version__
-from fireviz.checkpoints import checkpoint_folder, checkpoint_sha256, checked_config, load_model_with_identity
+from fireviz.checkpoints import checked_config, checkpoint_folder, checkpoint_sha256, load_model_with_identity
+from fireviz.core import write_json_atomic
 from fireviz.encodings import fire_modules
 from fireviz.eval.cache import _lookup, cache_key, default_cache_dir, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
 from fireviz.eval.plan import Plan, plan_text, run_settings, targets
-from fireviz.eval.progress import Progress, ProgressFn, StopFn
-from fireviz.eval.settings import DEFAULT_LENGTHS, EvalSettings, check_setting_names, checkpoint_list
-from fireviz.eval.variants import apply_normalizer_cap, rope_scaled_model
-from fireviz.core import write_json_atomic
-from fireviz.model import GPT, CheckpointError, GPTConfig
-from fireviz.model import nonfinite_parameters
-from fireviz.eval.scoring import score_windows, summarize
-from fireviz.eval.stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
-from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, EvaluationError, Window
 
 # what a caller of the evaluation needs besides the above, importable from here (pages, scripts)
-from fireviz.eval.progress import EvaluationCancelled  # noqa: F401
-from fireviz.eval.settings import SYNTHETIC_SEQUENCES  # noqa: F401
-from fireviz.eval.variants import ROPE_SCALINGS  # noqa: F401
-from fireviz.eval.windows import MODES  # noqa: F401
+from fireviz.eval.progress import (
+    EvaluationCancelled,  # noqa: F401
+    Progress,
+    ProgressFn,
+    StopFn,
+)
+from fireviz.eval.scoring import score_windows, summarize
+from fireviz.eval.settings import (
+    DEFAULT_LENGTHS,
+    SYNTHETIC_SEQUENCES,  # noqa: F401
+    EvalSettings,
+    check_setting_names,
+    checkpoint_list,
+)
+from fireviz.eval.stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
+from fireviz.eval.variants import (
+    ROPE_SCALINGS,  # noqa: F401
+    apply_normalizer_cap,
+    rope_scaled_model,
+)
+from fireviz.eval.windows import (
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    MODES,  # noqa: F401
+    EvaluationError,
+    Window,
+)
+from fireviz.model import GPT, CheckpointError, GPTConfig, nonfinite_parameters
 
 #: ``error`` of a length ``cached_results`` found no result for (the entry also has ``not_computed``)
 NOT_COMPUTED = "not computed yet"

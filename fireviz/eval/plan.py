@@ -16,9 +16,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fireviz.data import synthetic
-from fireviz.data import DATA_DIR, DOMAINS, DataError, Document, DocumentTokens, data_fingerprint, load_documents
-from fireviz.data import split_documents
+from fireviz.data import (
+    DATA_DIR,
+    DOMAINS,
+    DataError,
+    Document,
+    DocumentTokens,
+    data_fingerprint,
+    load_documents,
+    split_documents,
+    synthetic,
+)
 from fireviz.eval.settings import BOS_CONVENTION, EVAL_FORMAT_VERSION, SPLITS, EvalSettings
 from fireviz.eval.windows import EvaluationError, SameTextPlan, Window, plan_same_text, plan_windows
 

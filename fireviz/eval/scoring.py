@@ -15,9 +15,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fireviz.model import GPT
 from fireviz.eval.stats import bootstrap_ci95
 from fireviz.eval.windows import DEFAULT_POSITION_BUCKETS, EvaluationError, Window, position_buckets
+from fireviz.model import GPT
 
 
 def _as_long(tokens) -> torch.Tensor:
@@ -87,12 +87,12 @@ def score_windows(
             kept = nll * keep
             nats[1:] += kept.sum(0)
             counts[1:] += keep.sum(0)
-            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist()):
+            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist(), strict=True):
                 doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
                 doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
             if with_accuracy:
                 hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
-                for w, h in zip(batch, hit):
+                for w, h in zip(batch, hit, strict=True):
                     doc_correct[w.doc] = doc_correct.get(w.doc, 0) + int(h)
             del logits, nll
             if on_batch is not None:
@@ -132,7 +132,7 @@ def summarize(
         )
     starts, ends = position_buckets(length, buckets)
     b_nats, b_tok = [], []
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         c = int(counts_by_pos[s:e].sum())
         b_tok.append(c)
         b_nats.append(float(nats_by_pos[s:e].sum() / c) if c else None)

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fireviz.data import synthetic
 from fireviz.core import is_int
-from fireviz.data import DOMAINS
+from fireviz.data import DOMAINS, synthetic
 from fireviz.encodings import check_normalizer_cap
 from fireviz.eval.device import resolve_device
 from fireviz.eval.variants import ROPE_SCALINGS

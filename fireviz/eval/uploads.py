@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from fireviz.eval import evaluate
-from fireviz.data import DataError, RawBytesWarning, load_documents
+
 from fireviz.core import atomic_write
+from fireviz.data import DataError, RawBytesWarning, load_documents
+from fireviz.eval import evaluate
 
 #: File types the app's uploaders take.
 UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
@@ -25,7 +26,6 @@ def save_upload(name: str, data: bytes) -> Path:
     Raises: fireviz.data.corpus.DataError naming the problem.
     """
     import hashlib
-
     import warnings
 
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"

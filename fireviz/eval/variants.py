@@ -8,9 +8,8 @@ et al. 2023) with the factor length / training length, on the same weights;
 from __future__ import annotations
 
 from fireviz.encodings import check_normalizer_cap, fire_modules
-from fireviz.model import GPT, GPTConfig
-from fireviz.model import load_state_checked
 from fireviz.eval.windows import EvaluationError
+from fireviz.model import GPT, GPTConfig, load_state_checked
 
 #: zero-shot RoPE extensions evaluate can apply
 ROPE_SCALINGS = ("pi", "yarn")

@@ -51,13 +51,11 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from fireviz.core import as_float, as_int, as_seed
+from fireviz.core import as_float, as_int, as_seed, check_fits, fit_bytes
 from fireviz.encodings import FIRE
 from fireviz.fit.measure import BEYOND_CHUNK, measure_fit
 from fireviz.fit.result import BEYOND_FACTOR, FitResult, json_safe
 from fireviz.fit.targets import FitTarget, check_num_heads, make_target, target_names
-from fireviz.core import check_fits, fit_bytes
-
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
 DEFAULT_STEPS = 300
@@ -154,7 +152,7 @@ class _Adam:
     def step(self) -> None:
         self.t += 1
         b1, b2 = self.betas
-        for p, m, v in zip(self.params, self.m, self.v):
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
             if p.grad is None:
                 continue
             m.mul_(b1).add_(p.grad, alpha=1 - b1)
@@ -261,7 +259,7 @@ class FitSettings:
         if not isinstance(self.target, FitTarget):
             raise ValueError(f"target must be a FitTarget (got {self.target!r}); FitSettings.make builds one by name")
         names = ("max_len", "mlp_width", "steps", "seed", "lr")
-        for name, value in zip(names, _check_numbers(*(getattr(self, n) for n in names))):
+        for name, value in zip(names, _check_numbers(*(getattr(self, n) for n in names)), strict=True):
             object.__setattr__(self, name, value)  # frozen: the checked values replace what was given
         _check_fit_fits(self.target, self.max_len, self.mlp_width)
 

@@ -68,7 +68,7 @@ def _measure_inside(module: FIRE, target: FitTarget, n: int):
     rmse = math.sqrt(float(sse_h.sum()) / (npairs * H))
     errors = _Errors(
         relative_rmse=_ratio(rmse, math.sqrt(var_all)),
-        per_head=[_ratio(math.sqrt(float(e) / npairs), math.sqrt(float(v))) for e, v in zip(sse_h, var_h)],
+        per_head=[_ratio(math.sqrt(float(e) / npairs), math.sqrt(float(v))) for e, v in zip(sse_h, var_h, strict=True)],
         max_abs=float(r.abs().max()),
         rmse=rmse,
     )
@@ -127,7 +127,7 @@ def _measure_beyond(module: FIRE, target: FitTarget, n: int):
     rmse_b = math.sqrt(float(sse_b.sum()) / (count * H))
     errors = _Errors(
         relative_rmse=_ratio(rmse_b, math.sqrt(var_b)),
-        per_head=[_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh)],
+        per_head=[_ratio(math.sqrt(float(e) / count), math.sqrt(float(v))) for e, v in zip(sse_b, var_bh, strict=True)],
         max_abs=max_b,
         rmse=rmse_b,
     )

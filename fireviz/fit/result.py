@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fireviz.encodings import FIRE
 from fireviz.core import atomic_write, read_safetensors
+from fireviz.encodings import FIRE
 from fireviz.fit.targets import FitTarget
 
 if TYPE_CHECKING:

@@ -23,12 +23,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fireviz.checkpoints import CheckpointNotFoundError, hub, load_model_or_published
 from fireviz.core import as_float, as_int, as_seed
 from fireviz.encodings import encoding_spec, fit_target_names
 from fireviz.encodings.base import ToeplitzBias
 from fireviz.encodings.specs import BUILTIN_SPECS
-from fireviz.checkpoints import hub
-from fireviz.checkpoints import CheckpointNotFoundError, load_model_or_published
 
 #: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
 #: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.

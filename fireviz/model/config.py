@@ -15,7 +15,6 @@ import torch
 from fireviz.data import BOS_ID, BYTE_VOCAB_SIZE  # noqa: F401  (BOS_ID re-exported for fireviz.model)
 from fireviz.encodings import build_encoding, encoding_names, encoding_options, encoding_spec
 
-
 #: Format of the config.json fireviz writes: 2 = ``encoding_options`` complete (every option of
 #: the encoding named, defaults included); files without the field are format 1.
 CONFIG_FORMAT = 2

@@ -26,18 +26,22 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from fireviz.core import is_int
-from fireviz.model.attention import attention, causal_attention_mask
-from fireviz.model.capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
+from fireviz.core import is_int, reuse_mask_memory
 from fireviz.encodings import PositionEncoding, build_encoding, encoding_spec
 from fireviz.encodings.base import check_position_offset
-from fireviz.core import reuse_mask_memory
-from fireviz.model.state import check_checkpoint_ref, check_load_options, folder_weights, load_checked
+from fireviz.model.attention import attention, causal_attention_mask
+from fireviz.model.capture import CAPTURES, AttentionCapture, check_layers, check_logits, check_queries
 
 # The model's public names, defined with what they belong to and importable from here too:
 from fireviz.model.config import BOS_ID, BYTE_VOCAB_SIZE, GPTConfig  # noqa: F401
-from fireviz.model.state import CheckpointError  # noqa: F401  (public here: fireviz.model.gpt.CheckpointError)
 from fireviz.model.flex import causal_flex
+from fireviz.model.state import (
+    CheckpointError,  # noqa: F401  (public here: fireviz.model.gpt.CheckpointError)
+    check_checkpoint_ref,
+    check_load_options,
+    folder_weights,
+    load_checked,
+)
 
 
 class KVCache:

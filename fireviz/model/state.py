@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fireviz.encodings import encoding_names, encoding_spec
 from fireviz.core import FileFormatError, read_json
+from fireviz.encodings import encoding_names, encoding_spec
 from fireviz.model.config import CONFIG_FORMAT, GPTConfig
 
 

@@ -19,6 +19,8 @@ The builders live by subject (``bias_plots``, ``eval_plots``, ``run_plots``, the
 
 from __future__ import annotations
 
+from fireviz.plots.base import *  # noqa: F403
+from fireviz.plots.base import FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _mark_length
 from fireviz.plots.biases import *  # noqa: F403
 from fireviz.plots.biases import X_AXES, _heatmap_note, _kernel_figure, _layer
 from fireviz.plots.evaluation import *  # noqa: F403
@@ -31,8 +33,6 @@ from fireviz.plots.evaluation import (
     _pooled_documents,
     _settings_caption,
 )
-from fireviz.plots.base import *  # noqa: F403
-from fireviz.plots.base import FIT_RANGE_MARK, TRAIN_MARK, _arr, _as_dict, _color, _mark_length
 from fireviz.plots.export import *  # noqa: F403
 from fireviz.plots.export import EXPORT_FORMATS, PAPER_FONT, PAPER_WIDTHS, FigureExportError, _plain
 from fireviz.plots.runs import *  # noqa: F403

@@ -11,8 +11,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fireviz.plots.base import TRAIN_MARK, _arr, _as_dict, _color, _mark_length, _panel_refs, _subsample
 from fireviz.encodings import has_normalizer
+from fireviz.plots.base import TRAIN_MARK, _arr, _as_dict, _color, _mark_length, _panel_refs, _subsample
 
 
 # -- biases ------------------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def fire_input_figure(report, layer: int, capped=None) -> go.Figure:
         if not fire:
             raise ValueError(f"{rep.get('encoding')} layer {layer} has no FIRE input data (not a FIRE report)")
         q = np.asarray(fire["query_positions"], dtype=np.int64)
-        for k, (d, row) in enumerate(zip(fire["distances"], fire["input"])):
+        for k, (d, row) in enumerate(zip(fire["distances"], fire["input"], strict=True)):
             y = np.array([np.nan if v is None else v for v in row], dtype=np.float64)
             fig.add_trace(
                 go.Scatter(
@@ -521,7 +521,7 @@ def dilution_figure(result, layer: int | None = None) -> go.Figure:
         raise ValueError(f"layer {layer} out of range 0..{share.shape[0] - 1}")
     x = np.asarray(r["query_positions"], dtype=np.int64)
     fig = go.Figure()
-    for k, ly in enumerate(layers):
+    for ly in layers:
         for h in range(share.shape[1]):
             fig.add_trace(
                 go.Scatter(

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from fireviz.eval import bootstrap_ci95, paired_difference
-from fireviz.plots.base import _arr, _as_dict, _color, _DASHES, _mark_length
+from fireviz.plots.base import _DASHES, _arr, _as_dict, _color, _mark_length
 
 
 # -- perplexity --------------------------------------------------------------------------------
@@ -54,7 +54,7 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
             members = g["lengths"][length]
             vals = np.array([m[:3] for m in members])
             n = len(vals)
-            std = lambda c: float(vals[:, c].std(ddof=1)) if n > 1 else None  # noqa: E731
+            std = lambda c, vals=vals, n=n: float(vals[:, c].std(ddof=1)) if n > 1 else None  # noqa: E731
             pooled = _pooled_documents([m[3] for m in members])
             ci = None
             if n == 1 and isinstance(members[0][3].get("ci95"), list):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
-from fireviz.core import output_path_problem
-from fireviz.core import atomic_write
+
+from fireviz.core import atomic_write, output_path_problem
 
 
 # -- export ------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def figure_to_csv(fig: go.Figure) -> str:
             continue
         xs, ys = t.get("x") or [], t.get("y") or []
         errs = t.get("error_y") or [None] * len(xs)
-        for x, y, e in zip(xs, ys, errs):
+        for x, y, e in zip(xs, ys, errs, strict=True):
             w.writerow([*head, blank(x), blank(y), *([""] if has_z else []), *([blank(e)] if has_err else [])])
     return buf.getvalue()
 

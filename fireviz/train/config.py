@@ -15,9 +15,10 @@ import json
 import math
 import os
 import re
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+import tomllib
 
 from fireviz.model import GPTConfig
 

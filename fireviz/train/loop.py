@@ -51,11 +51,10 @@ from typing import Callable
 
 import torch
 
-from fireviz.core.distributed import all_reduce_sum, barrier, Dist, init_distributed
-from fireviz.model import GPT
-from fireviz.model import GPTConfig
-from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
+from fireviz.core.distributed import Dist, all_reduce_sum, barrier, init_distributed
+from fireviz.model import GPT, GPTConfig
 from fireviz.train.config import TrainConfig, TrainingError
+from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
 from fireviz.train.setup import (
     EVAL_LENGTH_FACTOR,
     RunData,
@@ -258,7 +257,7 @@ class _Run:
     def validate(self, step: int, rec: dict) -> None:
         """Validation losses (and FIRE's / Kerple's position parameters) into ``rec``, then logged."""
         res = {}
-        for L, key in zip(self.eval_lengths, ("val_loss", "val_loss_4x")):
+        for L, key in zip(self.eval_lengths, ("val_loss", "val_loss_4x"), strict=True):
             eval_micro = max(1, self.micro * self.mc.seq_len // L)
             res[key] = evaluate_windows(
                 self.raw,

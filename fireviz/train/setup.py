@@ -22,17 +22,14 @@ from typing import Callable
 import torch
 
 from fireviz import __version__
-from fireviz.data import synthetic
-from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents
+from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 from fireviz.core.distributed import Dist
-from fireviz.model import GPT
-from fireviz.model import GPTConfig
-from fireviz.model import CheckpointError, load_state_checked
-from fireviz.train.schedule import random_validation_windows, validation_windows
+from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
+from fireviz.model import GPT, CheckpointError, GPTConfig, load_state_checked
 from fireviz.train.config import _FREE_ON_RESUME, TrainConfig, TrainingError, _check_pair, config_hash, settings_dict
+from fireviz.train.schedule import random_validation_windows, validation_windows
 from fireviz.train.state import _load_optimizer, _truncate_log, has_checkpoint, read_trainer_state
 from fireviz.train.step import build_optimizer
-from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 
 EVAL_LENGTH_FACTOR = 4  # validation at the training length and at 4× it
 

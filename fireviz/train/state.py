@@ -114,7 +114,7 @@ def read_trainer_state(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torc
 def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
     params = [p for g in opt.param_groups for p in g["params"]]
     out = {}
-    for name, p in zip(names, params):
+    for name, p in zip(names, params, strict=True):
         st = opt.state.get(p, {})
         for key, value in st.items():
             t = value if torch.is_tensor(value) else torch.tensor(float(value))
@@ -128,7 +128,7 @@ def _load_optimizer(
     params = [p for g in opt.param_groups for p in g["params"]]
     sd = opt.state_dict()
     state = {}
-    for i, (name, p) in enumerate(zip(names, params)):
+    for i, (name, p) in enumerate(zip(names, params, strict=True)):
         keys = {
             k[len(f"optim.{name}.") :]: v
             for k, v in tensors.items()

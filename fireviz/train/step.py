@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from fireviz.core.distributed import all_reduce_sum, Dist
+from fireviz.core.distributed import Dist, all_reduce_sum
 from fireviz.encodings import PositionEncoding
 from fireviz.model import GPT
 from fireviz.train.config import TrainConfig

@@ -15,6 +15,7 @@ app keeps running.
 from __future__ import annotations
 
 from fireviz.checkpoints import catalog as ck
+from fireviz.eval import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import (
     fit_file_stem,
@@ -32,7 +33,7 @@ from fireviz.plots.presentation import (
     split_errors,
     to_json,
 )
-from fireviz.eval import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
+from fireviz.ui.background import eval_caption, evaluation_jobs, job_panel
 from fireviz.ui.figures import (
     MAX_QUERY_POSITION,
     attention_pattern,
@@ -42,7 +43,6 @@ from fireviz.ui.figures import (
     normalizer_cap_input,
     show_figure,
 )
-from fireviz.ui.background import eval_caption, evaluation_jobs, job_panel
 from fireviz.ui.picker import (
     HOME_DETAIL_COLUMNS,
     checkpoint_caption,

@@ -7,13 +7,11 @@ from typing import Sequence
 
 import streamlit as st
 
+from fireviz.eval import PUBLISHED_RESULTS, EvaluationError, evaluate
 from fireviz.model import CheckpointError
-from fireviz.eval import EvaluationError
 from fireviz.plots.presentation import job_error_text
-from fireviz.ui.state import error, key
-from fireviz.eval import evaluate
 from fireviz.ui import jobs
-from fireviz.eval import PUBLISHED_RESULTS
+from fireviz.ui.state import error, key
 
 
 def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop", poll_s: float = 0.5) -> None:

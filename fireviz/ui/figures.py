@@ -7,15 +7,15 @@ from typing import Any, Sequence
 
 import streamlit as st
 
+from fireviz import plots
+from fireviz.analysis import biases as analysis
+from fireviz.analysis import text_attention
 from fireviz.checkpoints import catalog as ck
+from fireviz.checkpoints import hub
+from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
 from fireviz.ui.picker import _load_model, checkpoint_identity
 from fireviz.ui.state import key, url_state
-from fireviz import plots
-from fireviz.encodings import has_normalizer
-from fireviz.analysis import text_attention
-from fireviz.checkpoints import hub
-from fireviz.analysis import biases as analysis
 
 
 def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
@@ -45,7 +45,7 @@ def figure_downloads(fig, page: str, name: str) -> None:
 
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     with st.popover("⬇ Figure for a paper", help="SVG, PDF or PNG, a two-column page wide (6.9 in), serif 8 pt"):
-        for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png")):
+        for fmt, mime in zip(plots.EXPORT_FORMATS, ("image/svg+xml", "application/pdf", "image/png"), strict=True):
             st.download_button(
                 f"{fmt.upper()}",
                 render(fmt),
@@ -78,7 +78,7 @@ def downloads(
     if not items:
         return
     cols = where.columns(max(len(items), 4))  # short labels (the file name is the tooltip): they fit at 1024 px
-    for col, (fname, data, mime) in zip(cols, items):
+    for col, (fname, data, mime) in zip(cols, items, strict=True):
         kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
         kind = {"SAFETENSORS": "weights"}.get(kind, kind)
         col.download_button(

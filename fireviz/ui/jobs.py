@@ -29,15 +29,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-from fireviz.eval import EvalSettings, check_setting_names
-from fireviz.eval import EvaluationError
-from fireviz.eval import checkpoint_list
-from fireviz.eval import evaluate
-from fireviz.checkpoints import checkpoint_sha256
-from fireviz.analysis import DilutionSettings
-from fireviz.analysis import text_attention
-from fireviz.checkpoints import read_checkpoint
+
+from fireviz.analysis import DilutionSettings, text_attention
+from fireviz.checkpoints import checkpoint_sha256, read_checkpoint
 from fireviz.encodings import has_normalizer
+from fireviz.eval import EvalSettings, EvaluationError, check_setting_names, checkpoint_list, evaluate
 from fireviz.fit import fitting as fit
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"

@@ -7,7 +7,6 @@ from typing import Any, Iterable, Sequence
 
 import streamlit as st
 
-
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
 EXTRA_KEY = "fireviz_extra_checkpoints"
 
