@@ -30,7 +30,7 @@ from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in e
 
 CHILD = """
 import resource, sys
-from fireviz.eval_cli import main
+from fireviz.cli.eval import main
 rc = main(sys.argv[1:])
 print("MAXRSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 sys.exit(rc)

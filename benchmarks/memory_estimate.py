@@ -2,7 +2,7 @@
 
 Each length runs in a fresh Python process: load the prose corpus, note the resident memory
 (rss0), evaluate one checkpoint at that length on two batches of random windows (cache off),
-then read the process's peak RSS. The estimate is rss0 + ``fireviz.core.memory.forward_bytes``
+then read the process's peak RSS. The estimate is rss0 + ``fireviz.model.memory.forward_bytes``
 (what evaluation checks against the available memory before it starts).
 
     .venv/bin/python benchmarks/memory_estimate.py [--checkpoint checkpoints/fire] [--lengths 512,...]
@@ -23,7 +23,8 @@ from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in e
 CHILD = r"""
 import json, resource, sys
 sys.path.insert(0, {root!r})
-from fireviz import evaluate, memory
+from fireviz.eval import evaluate
+from fireviz.model import memory
 from fireviz.data import load_documents
 from fireviz.checkpoints import load_model
 ckpt, n, batch_tokens = {ckpt!r}, {n}, {batch_tokens}

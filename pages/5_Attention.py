@@ -10,6 +10,7 @@ import streamlit as st
 from fireviz import plots, ui
 from fireviz.analysis import text_attention
 from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents, synthetic
+from fireviz.encodings import encoding_spec
 from fireviz.plots import attention as attention_plots
 
 P = "attention"
@@ -141,7 +142,7 @@ if plain.get("bias_share") is None:
         f"{info.position_encoding} has no additive bias: its position information enters through "
         + (
             "rotated queries and keys (RoPE), so there is no bias share to show."
-            if info.position_encoding.startswith(("rope", "yarn"))
+            if encoding_spec(info.position_encoding).kind == "rotary"
             else "the causal mask alone (NoPE)."
         )
     )

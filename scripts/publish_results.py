@@ -234,21 +234,8 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
         + "` (run in several sessions, each resumed with `--resume`, which continues exactly; "
         "the resumable trainer state is not shipped)",
     ]
-    if st.get("random_position_offset"):
-        lines.append(
-            f"- positions: every training batch starts at a random absolute position in "
-            f"[0, {st['random_position_offset']}] (`train.random_position_offset`; one draw per micro-batch, "
-            "shared by its windows), so query positions up to "
-            f"{trained_query_positions(cfg)} were seen in training while windows stayed {cfg['seq_len']} tokens long"
-            + (
-                "; without progressive interpolation this FIRE depends on i − j only, so the offset changes "
-                "nothing (the same run as with offset 0) and its threshold L is unused"
-                if has_normalizer(cfg["position_encoding"])
-                and (cfg.get("encoding_options") or {}).get("progressive_interpolation") is False
-                else ""
-            )
-            + "; the validation below is scored from position 0"
-        )
+    lines += offset_lines(cfg)
+    lines += position_parameter_lines(cfg, log)
     lines.append("")
     if interim:
         lines += [
@@ -389,15 +376,74 @@ def trained_query_positions(cfg: dict) -> int:
     return cfg["seq_len"] + int(settings.get("random_position_offset") or 0)
 
 
+def offset_lines(cfg: dict) -> list[str]:
+    """The card line on random absolute training positions (``train.random_position_offset``), or []."""
+    st = cfg.get("training", {}).get("settings", {})
+    if not st.get("random_position_offset"):
+        return []
+    return [
+        (
+            f"- positions: every training batch starts at a random absolute position in "
+            f"[0, {st['random_position_offset']}] (`train.random_position_offset`; one draw per micro-batch, "
+            "shared by its windows), so query positions up to "
+            f"{trained_query_positions(cfg)} were seen in training while windows stayed {cfg['seq_len']} tokens long"
+            + (
+                "; without progressive interpolation this FIRE depends on i − j only, so the offset changes "
+                "nothing (the same run as with offset 0) and its threshold L is unused"
+                if has_normalizer(cfg["position_encoding"])
+                and (cfg.get("encoding_options") or {}).get("progressive_interpolation") is False
+                else ""
+            )
+            + "; the validation below is scored from position 0"
+        )
+    ]
+
+
+def position_parameter_lines(cfg: dict, log: list[dict]) -> list[str]:
+    """Card lines on how the position parameters were trained and where they ended: the learning
+    rate of their AdamW group (``train.position_lr_multiplier``), Kerple-power's init, and the
+    last logged values (FIRE's c and L, T5's table range, Kerple's r1 and r2) from the train log."""
+    st = cfg.get("training", {}).get("settings", {})
+    enc = cfg["position_encoding"]
+    out = []
+    multiplier = st.get("position_lr_multiplier", 1)
+    if multiplier != 1:
+        out.append(
+            f"- position parameters: their own AdamW group at {multiplier:g} × lr (no weight decay; "
+            f"`train.position_lr_multiplier={multiplier:g}`), so FIRE's c and L, T5's bucket table and "
+            "Kerple's r1, r2 can move further than the recipe's Σ lr ≈ 2 allows"
+        )
+    if enc == "kerple_power":
+        # a config.json written before the option existed does not name it: those runs drew the old way
+        reference = (cfg.get("encoding_options") or {}).get("reference_init") is True
+        out.append(
+            "- init: r1 (scale) ~ U(0, 1), r2 (exponent) ~ U(0, 2), as in the KERPLE reference code"
+            if reference
+            else "- init: r1 (scale) ~ U(0, 2), r2 (exponent) ~ U(0, 1) — fireviz 0.1's init, the reverse of the "
+            "KERPLE reference code (bias_p ~ U(0, 2) is the exponent there); runs trained from 2026-12-04 use the reference"
+        )
+    last = next((r["position_parameters"] for r in reversed(log) if r.get("position_parameters")), None)
+    if last:
+        parts = []
+        for name, layers in last.items():
+            values = [v for per_head in layers.values() for v in per_head]
+            parts.append(f"{name} {min(values):.3g} … {max(values):.3g}")
+        out.append("- position parameters at the end (over layers and heads): " + "; ".join(parts))
+    return out
+
+
 def recipe_overrides(cfg: dict) -> list[str]:
     """The ``--set`` arguments beyond the shared recipe, encoding and seed that made a checkpoint:
-    ``train.random_position_offset`` when on, and every encoding option whose stored value differs
+    ``train.random_position_offset`` when on, ``train.position_lr_multiplier`` when not 1, and every encoding option whose stored value differs
     from its default at the checkpoint's training length (e.g. FIRE's
     ``progressive_interpolation = false``). [] for a run of the shared recipe."""
     out = []
     offset = cfg.get("training", {}).get("settings", {}).get("random_position_offset")
     if offset:
         out.append(f"--set train.random_position_offset={offset}")
+    multiplier = cfg.get("training", {}).get("settings", {}).get("position_lr_multiplier", 1)
+    if multiplier != 1:
+        out.append(f"--set train.position_lr_multiplier={multiplier:g}")
     defaults = GPTConfig(position_encoding=cfg["position_encoding"], seq_len=cfg["seq_len"]).complete_encoding_options()
     for key, value in sorted((cfg.get("encoding_options") or {}).items()):
         if key in defaults and value != defaults[key]:

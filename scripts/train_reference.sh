@@ -3,7 +3,9 @@
 # corpus, one folder per encoding at seed 0, and fire and kerple_power also at seeds 1 and 2; and
 # the randomized-position runs (issue #18): fire_offset (seeds 0 and 1), fire_s_offset and
 # fire_offset_nopi, trained with train.random_position_offset=7680 (the last also without FIRE's
-# progressive interpolation).
+# progressive interpolation); and the position-parameter runs (issue #35): fire_L512_plr10 and
+# t5_plr10 (the encoding's parameters in their own AdamW group at 10 × lr; FIRE's L starting at
+# 512), and alibi at seeds 1 and 2 (the paired rows' reference needs its own seed spread).
 #
 #   scripts/train_reference.sh [OUT_ROOT] [more `fireviz train` options, e.g. --stop-at-step 2500]
 #

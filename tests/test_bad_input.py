@@ -557,7 +557,7 @@ def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, r
     import sys
 
     code = (
-        "import resource, sys; from fireviz import evaluate; "
+        "import resource, sys; from fireviz.eval import evaluate; "
         "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
         "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )

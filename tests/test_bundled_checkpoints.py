@@ -31,10 +31,13 @@ DOMAINS = {"prose", "latex", "code"}
 VARIANTS = {
     "offset": ({"random_position_offset": 7680}, {}),
     "offset_nopi": ({"random_position_offset": 7680}, {"progressive_interpolation": False}),
+    # issue #35: position parameters in their own AdamW group at 10 × lr; FIRE's L starting at 512
+    "L512_plr10": ({"position_lr_multiplier": 10}, {"init_L": 512}),
+    "plr10": ({"position_lr_multiplier": 10}, {}),
 }
 #: <encoding>[_<variant>][_seed<N>]: checkpoints/fire_seed1 is encoding fire trained with train.seed=1,
 #: checkpoints/fire_offset_seed1 the offset variant with seed 1.
-FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi))?(?:_seed(?P<seed>[1-9][0-9]*))?$")
+FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi|L512_plr10|plr10))?(?:_seed(?P<seed>[1-9][0-9]*))?$")
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
 SHARED_SETTINGS = (
     "batch_size",
@@ -100,6 +103,7 @@ def check_variant(name: str, cfg: dict, settings: dict, options: dict) -> None:
     options, and its card's command names each of them."""
     tr = cfg["training"]["settings"]
     assert tr.get("random_position_offset", 0) == settings.get("random_position_offset", 0), name
+    assert tr.get("position_lr_multiplier", 1) == settings.get("position_lr_multiplier", 1), name
     defaults = GPTConfig(position_encoding=cfg["position_encoding"], seq_len=cfg["seq_len"]).complete_encoding_options()
     assert {**defaults, **cfg["encoding_options"]} == {**defaults, **options}, name
     made_by = next(

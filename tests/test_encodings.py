@@ -661,3 +661,25 @@ def test_toeplitz_rows_backward_equals_autograd_through_the_gather(q_len, k_len)
     i, j = torch.arange(q_len)[:, None], torch.arange(k_len)[None, :]
     expected = torch.zeros_like(table).index_add_(1, (i - j + k_len - 1).flatten(), grad.flatten(1))
     assert torch.allclose(g_direct, expected, atol=1e-5)
+
+
+def test_kerple_power_init_follows_the_reference_code_and_can_reproduce_the_old_draw():
+    """KERPLE's reference code draws bias_p ~ U(0, 2) (the power variant's exponent r2) and
+    bias_a ~ U(0, 1) (its scale r1); fireviz 0.1 drew them the other way round, which
+    ``reference_init=False`` reproduces for the checkpoints trained before the fix."""
+    from fireviz.encodings import KerpleLog, KerplePower
+
+    torch.manual_seed(0)
+    u1, u2 = torch.rand(64), torch.rand(64)
+    torch.manual_seed(0)
+    new = KerplePower(64)
+    assert torch.equal(new.r1.detach(), u1 * 1.0) and torch.equal(new.r2.detach(), u2 * 2.0)
+    assert new.r1.max() < 1 and new.r2.max() > 1.5  # scale in (0, 1), exponent in (0, 2)
+    torch.manual_seed(0)
+    old = KerplePower(64, reference_init=False)
+    assert torch.equal(old.r1.detach(), u1 * 2.0) and torch.equal(old.r2.detach(), u2 * 1.0)
+    torch.manual_seed(0)
+    log = KerpleLog(64)  # the log variant: multiplier r1 ~ U(0, 2), inner scale r2 ~ U(0, 1), as before
+    assert torch.equal(log.r1.detach(), u1 * 2.0) and torch.equal(log.r2.detach(), u2 * 1.0)
+    with pytest.raises(ValueError, match="reference_init"):
+        KerplePower(4, reference_init="yes")

@@ -135,3 +135,38 @@ def test_the_fit_page_offers_a_registered_target_by_its_summary(toy):
     assert not at.exception, [e.value for e in at.exception]
     box = at.selectbox[0]
     assert box.value == "toy_linear" and "toy: learned linear bias" in box.options
+
+
+def test_the_spec_says_how_position_enters_attention_and_memory_follows_it():
+    """kind comes from the spec, never from the name: a registered rotary encoding is costed
+    without a [heads, n, n] bias, a registered additive one with it."""
+    from fireviz.encodings import KINDS, encoding_spec
+    from fireviz.model import memory
+
+    kinds = {name: encoding_spec(name).kind for name in ("nope", "rope", "rope_pi", "yarn", "t5", "alibi", "fire")}
+    assert kinds == {
+        "nope": "none",
+        "rope": "rotary",
+        "rope_pi": "rotary",
+        "yarn": "rotary",
+        "t5": "additive",
+        "alibi": "additive",
+        "fire": "additive",
+    }
+    with pytest.raises(ValueError, match="kind must be one of"):
+        EncodingSpec("bad_kind", TOY.build, kind="multiplicative")
+    rotary = EncodingSpec(
+        "toy_rotary", encoding_spec("rope").build, encoding_spec("rope").options, "static", kind="rotary"
+    )
+    register_encoding(rotary)
+    register_encoding(TOY)
+    try:
+        cfg = dict(n_layer=2, n_head=4, d_model=32, seq_len=64)
+        as_rotary = memory.forward_bytes(GPTConfig(position_encoding="toy_rotary", **cfg), 1, 4096)
+        as_rope = memory.forward_bytes(GPTConfig(position_encoding="rope", **cfg), 1, 4096)
+        as_additive = memory.forward_bytes(GPTConfig(position_encoding="toy_linear", **cfg), 1, 4096)
+        assert as_rotary == as_rope < as_additive
+        assert set(KINDS) == {"additive", "rotary", "none"}
+    finally:
+        unregister_encoding("toy_rotary")
+        unregister_encoding("toy_linear")

@@ -30,7 +30,7 @@ import dataclasses
 import math
 from copy import deepcopy
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -44,9 +44,14 @@ from fireviz.analysis.primitives import (
     fire_normalized_input,
     rotary_kernel_curve,
 )
-from fireviz.core import as_int, bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes, is_int
+from fireviz.core import as_int, is_int
 from fireviz.encodings import ToeplitzBias, check_normalizer_cap, fire_modules
-from fireviz.model import GPT
+from fireviz.model import GPT, bias_matrix_bytes, bias_report_bytes, check_fits, fire_curve_bytes
+
+if TYPE_CHECKING:
+    from fireviz.checkpoints.hub_families import PublishedModel
+
+_Model = TypeVar("_Model", bound=torch.nn.Module)  # a GPT or a published model's encodings
 
 #: Multiples of the training length used for the default bias query positions.
 DEFAULT_BIAS_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8)
@@ -168,7 +173,8 @@ class BiasSettings:
           1``, a normalizer cap outside 1 … MAX_NORMALIZER_CAP, or ``mlp_grid_points`` not an integer
           in 2 … ``MAX_MLP_GRID_POINTS``. What would not fit in memory ``run_bias_report`` refuses.
         """
-        return cls(query_positions, classify_at, matrix_window, normalizer_cap, mlp_grid_points)
+        # __post_init__ validates the positions and turns them into a sorted tuple
+        return cls(query_positions, classify_at, matrix_window, normalizer_cap, mlp_grid_points)  # type: ignore[arg-type]
 
     def __post_init__(self):
         positions = None if self.query_positions is None else tuple(_check_positions(self.query_positions))
@@ -236,7 +242,7 @@ def _rl(a: np.ndarray, digits: int = 6):
     """Nested lists of rounded floats (NaN → None) from an array."""
     a = np.asarray(a, dtype=np.float64)
     if a.ndim == 0:
-        return _r(a, digits)
+        return _r(float(a), digits)
     return [_rl(x, digits) for x in a] if a.ndim > 1 else [_r(x, digits) for x in a]
 
 
@@ -271,7 +277,7 @@ class LayerBiases:
 
     def to_dict(self) -> dict:
         """JSON-ready dict (see ``BiasReport.to_dict`` for the layout)."""
-        out = {"layer": self.layer, "curves": []}
+        out: dict[str, Any] = {"layer": self.layer, "curves": []}
         for i, arr in self.curves.items():
             dist = self.curve_distances.get(i)
             c = {
@@ -413,7 +419,7 @@ def bias_report(
 
 
 @torch.no_grad()
-def run_bias_report(model: GPT, settings: BiasSettings, checkpoint: str | None = None) -> BiasReport:
+def run_bias_report(model: GPT | PublishedModel, settings: BiasSettings, checkpoint: str | None = None) -> BiasReport:
     """The bias report of ``model`` (a ``GPT`` or a published model's encodings) as ``settings`` say.
 
     ``checkpoint`` is the name stored in the report. Returns: ``BiasReport`` (query positions and
@@ -432,11 +438,12 @@ def run_bias_report(model: GPT, settings: BiasSettings, checkpoint: str | None =
     return report
 
 
-def _capped_copy(model: GPT, cap: int | None) -> GPT:
+def _capped_copy(model: _Model, cap: int | None) -> _Model:
     # A copy, never the caller's model: the app shares one loaded model between sessions.
     if cap is None or not fire_modules(model):
         return model
     cap = check_normalizer_cap(cap)
+    assert cap is not None  # it was not None before the check
     copy = deepcopy(model)
     for m in fire_modules(copy):
         m.normalizer_cap = float(cap)
@@ -447,6 +454,7 @@ def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     """The report for resolved settings ``s``: memory checked first, then every layer."""
 
     cfg = model.config
+    assert s.query_positions is not None and s.classify_at is not None  # resolved settings
     positions = list(s.query_positions)
     all_positions = sorted(set(positions) | {s.classify_at})
     check_fits(  # memory before work: one bias row [heads, i + 1] per query position
@@ -470,7 +478,7 @@ def _bias_report(model, s: BiasSettings, checkpoint) -> BiasReport:
     )
     if kind != "additive":
         return _without_bias(report, enc0)
-    grid = _matrix_grid(positions[-1], s.matrix_window)
+    grid: Sequence[int] = _matrix_grid(positions[-1], s.matrix_window)
     n = len(grid)  # arithmetic: nothing is built before the check
     hint = "give a coarser --matrix START:STOP:STRIDE"
     check_fits(bias_matrix_bytes(cfg.n_head, n), "cpu", f"a {n:,} × {n:,} bias matrix", hint)

@@ -53,7 +53,8 @@ class DilutionSettings:
         """Validated settings. Raises: ValueError naming the argument for query positions that are
         not a non-empty list of integers >= 0, ``near`` or ``rows`` not an integer >= 1, or a
         normalizer cap outside 1 … MAX_NORMALIZER_CAP."""
-        return cls(query_positions, near, rows, normalizer_cap)
+        # __post_init__ validates the positions and turns them into a sorted tuple
+        return cls(query_positions, near, rows, normalizer_cap)  # type: ignore[arg-type]
 
     def __post_init__(self):
         positions = self.query_positions
@@ -78,7 +79,9 @@ class DilutionSettings:
     def tokens_needed(self, seq_len: int) -> int:
         """Tokens a text must hold for these settings on a model of training length ``seq_len``:
         the largest query position + 1."""
-        return self.resolve(seq_len).query_positions[-1] + 1
+        positions = self.resolve(seq_len).query_positions
+        assert positions is not None  # resolved
+        return positions[-1] + 1
 
     def describe(self) -> dict:
         """The settings as JSON: ``query_positions`` (a sorted list or null), ``near``, ``rows``,

@@ -340,6 +340,7 @@ def attention_pattern(
     model = _capped_copy(model, normalizer_cap)
     device = next(model.parameters()).device
     rec = model.attention_probs(tokens.long()[None].to(device), layers=int(layer), logits=True)[int(layer)]
+    assert rec.content is not None  # logits=True
     probs, content = rec.probs[0].cpu(), rec.content[0].cpu()  # [H, T, T]
     bias = None if rec.bias is None else rec.bias.cpu()  # [H, T, T], −inf above the diagonal
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
@@ -365,5 +366,5 @@ def attention_pattern(
         train_seq_len=int(cfg.seq_len),
         checkpoint=checkpoint,
         encoding=cfg.position_encoding,
-        normalizer_cap=int(normalizer_cap) if capped else None,
+        normalizer_cap=int(normalizer_cap) if capped and normalizer_cap is not None else None,
     )

@@ -138,7 +138,8 @@ def list_checkpoints(root: str | os.PathLike | None = None) -> list[CheckpointIn
 def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[CheckpointInfo], dict[str, str]]:
     """Like :func:`list_checkpoints`, also returning ``{folder: problem}`` for unreadable ones."""
     root = Path(root) if root is not None else checkpoints_root()
-    infos, problems = [], {}
+    infos: list[CheckpointInfo] = []
+    problems: dict[str, str] = {}
     try:
         if not root.is_dir():
             return infos, problems
@@ -366,6 +367,7 @@ def _group_folder(ref: str | os.PathLike, root: Path) -> Path | None:
             f"checkpoint {str(ref)!r} not found: the checkpoint group {rel.parts[0]!r} under {root} has no "
             f"{rel.parts[1]!r}; it holds {', '.join(members)} (check the spelling)"
         )
+    return None
 
 
 def _spelled_as_path(ref: str | os.PathLike) -> bool:

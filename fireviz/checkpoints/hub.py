@@ -359,6 +359,7 @@ def load_published(
     if stack not in STACKS:
         raise HubModelError(f"stack must be one of {', '.join(STACKS)} (got {stack!r})")
     local = Path(ref).expanduser()
+    src: _Folder | _Hub
     if local.is_dir():
         src = _Folder(local.resolve())
     elif looks_like_hub_id(ref):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -112,7 +113,9 @@ class PublishedModel(nn.Module):
     """A published model's position encodings, with the interface fireviz's analysis reads:
     ``config`` (a :class:`PublishedConfig`) and ``encoding(layer)``. No other weights."""
 
-    def __init__(self, config: PublishedConfig, encodings: list[nn.Module]):
+    bytes_read: int  # weight-file bytes read to build it (set by ``hub.load_published``)
+
+    def __init__(self, config: PublishedConfig, encodings: Sequence[nn.Module]):
         super().__init__()
         self.config = config
         self.encodings = nn.ModuleList(encodings)
@@ -255,7 +258,7 @@ def build_published(cfg: dict, src, read, stack: str) -> PublishedModel:
             config_int(cfg, "seq_length", "max_position_embeddings", default=2048),
         )
     if mt == "mpt":
-        ac = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+        ac = cfg["attn_config"] if isinstance(cfg.get("attn_config"), dict) else {}
         if "alibi" in ac and not isinstance(ac["alibi"], bool):
             raise HubModelError("config.json field attn_config.alibi must be true or false")
         if not ac.get("alibi"):

@@ -12,7 +12,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fireviz.core import FileFormatError, read_json, read_jsonl
 from fireviz.model import CheckpointError
@@ -87,7 +87,7 @@ LOG_NUMBER_FIELDS = (
 SUMMARY_STEPS = 50
 
 
-def _is_number(v: object) -> bool:
+def _is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -240,7 +240,7 @@ class CheckpointInfo:
     @property
     def training_seed(self) -> int | None:
         """``train.seed`` the checkpoint was trained with (from ``training.settings``), or None."""
-        settings = self.training.get("settings") if isinstance(self.training.get("settings"), dict) else {}
+        settings = self.training["settings"] if isinstance(self.training.get("settings"), dict) else {}
         seed = settings.get("seed")
         return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
@@ -275,7 +275,7 @@ def training_progress(training: dict) -> str:
     ``settings.max_steps``), with ``" (interim)"`` when N < max_steps; ``"step N"`` when the
     planned total is unknown; "" when neither is recorded."""
     steps = training.get("steps")
-    settings = training.get("settings") if isinstance(training.get("settings"), dict) else {}
+    settings = training["settings"] if isinstance(training.get("settings"), dict) else {}
     total = settings.get("max_steps", training.get("max_steps"))
     if not isinstance(steps, (int, float)):
         return ""

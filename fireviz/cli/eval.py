@@ -1,7 +1,8 @@
 """``python -m fireviz eval``: perplexity / bits per byte vs evaluation length, as a table.
 
 A thin layer over ``fireviz.eval.evaluate.evaluate_many``: parses the arguments into its settings,
-prints progress and the tables (``format_table``), writes ``--out`` / ``--figure``.
+prints progress and the tables (``format_table``; mode ``context``: one row per checkpoint and
+context length, ``_context_table``), writes ``--out`` / ``--figure``.
 """
 
 from __future__ import annotations
@@ -9,17 +10,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from fireviz import plots
 from fireviz.checkpoints import checked_config
 from fireviz.core import output_path_problem, write_json_atomic
 from fireviz.data import DOMAINS, DataError, synthetic
 from fireviz.eval import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_CONTEXT_PREFIX,
+    DEFAULT_CONTEXT_STRIDE,
+    DEFAULT_CONTEXT_TARGETS,
     DEFAULT_LENGTHS,
     DEFAULT_MODE,
     DEFAULT_POSITION_BUCKETS,
     DEFAULT_TOKEN_BUDGET,
+    FULL_CONTEXT,
     MODES,
     ROPE_SCALINGS,
     SPLITS,
@@ -52,10 +58,36 @@ def _render(head: list[str], rows: list[list[str]]) -> list[str]:
     return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
+def _length_head(settings: dict, n: int) -> str:
+    """A length's column head: the length, and "(full)" at mode context's full context M − K."""
+    return (
+        f"{n} ({FULL_CONTEXT})" if settings.get("mode") == "context" and n == settings.get("full_context") else str(n)
+    )
+
+
+def _context_text(s: dict) -> str:
+    """What mode context scored, in words (``s``: a result's settings)."""
+    M, K, full, d = s.get("prefix_tokens"), s.get("context_targets"), s.get("full_context"), s.get("documents_scored")
+    stride = s.get("stride") or 0
+    targets = (
+        f" (the same {d * K:,} targets at every context length c)" if isinstance(d, int) and isinstance(K, int) else ""
+    )
+    return (
+        f": context use, fixed targets — positions M − K … M − 1 = {full} … {M - 1 if isinstance(M, int) else '?'}, the "
+        f"last K = {K} of the first M = {M} tokens, of each of {d} document{'s' if d != 1 else ''} "
+        f"({s.get('documents_skipped')} shorter documents skipped{'; drawn with seed ' + str(s.get('seed')) if s.get('token_budget') else ''})"
+        f"{targets}; each target scored with c … c + {stride - 1} tokens before it (windows of c + {stride} tokens "
+        f"scoring their last {stride}); c = {full} ({FULL_CONTEXT}): one window of the first M tokens, every target "
+        "with its whole prefix"
+    )
+
+
 def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
     """The text line (data, split, protocol) and the table of documents / windows / tokens per length."""
     s0 = results[0]["settings"] if results else {}
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
+    if s0.get("mode") == "context":
+        text += _context_text(s0)
     if s0.get("mode") == "same_text":
         d = s0.get("documents_scored")
         text += (
@@ -82,11 +114,69 @@ def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
     ]
     if s0.get("mode") in ("nonoverlapping", "sliding"):
         shown_rows.insert(1, ("documents too short", "documents_skipped"))
+    if s0.get("mode") == "context":
+        shown_rows.insert(2, ("tokens per window", "window_tokens"))
     rows = [
         [label, "", ""] + [f"{first[n][key]:,}" if key in first.get(n, {}) else "" for n in lengths]
         for label, key in shown_rows
     ]
-    return [text] + _render(["length", "", ""] + [str(n) for n in lengths], rows)
+    head = "context c" if s0.get("mode") == "context" else "length"
+    return [text] + _render([head, "", ""] + [_length_head(s0, n) for n in lengths], rows)
+
+
+def _name_and_encoding(r: dict, names: list[str]) -> tuple[str, str]:
+    """A result's row name (its path when two share a folder name) and encoding (+ scaling, cap)."""
+    # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
+    name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
+    cap = r.get("normalizer_cap")
+    enc = (
+        r["position_encoding"]
+        + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling") else "")
+        + (f" cap {cap}" if cap else "")
+    )
+    return name, enc
+
+
+def _context_table(results: Sequence[dict], lengths: list[int]) -> list[str]:
+    """Mode context: one row per checkpoint and context length — bits per byte [95 %], minus the
+    same checkpoint at full context [95 % paired], minus the reference checkpoint [95 % paired]."""
+    s0 = results[0]["settings"]
+    ref = next((e["paired_reference"] for r in results for e in r["per_length"] if e.get("paired_reference")), None)
+    names = [r["checkpoint"] for r in results]
+    rows = []
+    for r in results:
+        name, enc = _name_and_encoding(r, names)
+        entries = {e["length"]: e for e in r["per_length"]}
+        for n in lengths:
+            e = entries.get(n)
+            if e is None:
+                continue
+            cells = ["error", "", ""]
+            if "error" not in e:
+                cells = [
+                    f"{e['bits_per_byte']:.4f}" + _ci_text(e.get("ci95")),
+                    ""
+                    if "full_delta_bpb" not in e
+                    else f"{e['full_delta_bpb']:+.4f}" + _ci_text(e.get("full_ci95"), True),
+                    ""
+                    if "paired_delta_bpb" not in e
+                    else f"{e['paired_delta_bpb']:+.4f}" + _ci_text(e.get("paired_ci95"), True),
+                ]
+            rows.append([name, enc, str(r["train_seq_len"]), _length_head(s0, n)] + cells[: 3 if ref else 2])
+    head = ["checkpoint", "enc", "train", "context c", "bits per byte [95 %]", f"− {FULL_CONTEXT} [95 %]"]
+    title = (
+        "bits per byte of the same targets by context length c (tokens) [95 % bootstrap interval over documents]; "
+        f"− {FULL_CONTEXT}: minus the same checkpoint at full context on the same targets [95 % paired interval] "
+        "(above 0: the context beyond c helps)"
+    )
+    if ref:
+        head.append(f"− {ref} [95 %]")
+        title += (
+            f"; − {ref}: minus the reference checkpoint {ref} at the same c [95 % paired interval] (below 0: better)"
+        )
+    if not any("full_delta_bpb" in e for r in results for e in r["per_length"]):
+        title += f" (no − {FULL_CONTEXT} values: add {FULL_CONTEXT} to --lengths)"
+    return ["", title] + _render(head, rows)
 
 
 def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cell, keep=lambda e: True) -> list[str]:
@@ -94,14 +184,7 @@ def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cel
     names = [r["checkpoint"] for r in results]
     rows = []
     for r in results:
-        # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
-        name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
-        cap = r.get("normalizer_cap")
-        enc = (
-            r["position_encoding"]
-            + (f"+{r['settings']['rope_scaling']}" if r["settings"].get("rope_scaling") else "")
-            + (f" cap {cap}" if cap else "")
-        )
+        name, enc = _name_and_encoding(r, names)
         cells = {e["length"]: cell(e) for e in r["per_length"] if keep(e)}
         rows.append([name, enc, str(r["train_seq_len"])] + [cells.get(n, "") for n in lengths])
     return ["", title] + _render(["checkpoint", "enc", "train"] + [str(n) for n in lengths], rows)
@@ -135,10 +218,13 @@ def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
 def format_table(results: Sequence[dict]) -> str:
     """A plain-text report: what was scored per length (documents, windows, tokens), then one
     row per checkpoint with "bpb [95 % CI]" cells (answer accuracy too for a task), then the
-    paired differences against the reference checkpoint with their 95 % intervals, then errors."""
+    paired differences against the reference checkpoint with their 95 % intervals, then errors.
+    Mode context: one row per checkpoint and context length instead (``_context_table``)."""
     lengths = list(dict.fromkeys(e["length"] for r in results for e in r["per_length"]))
     task = bool(results) and results[0]["settings"].get("mode") == "synthetic"
     out = _what_was_scored(results, lengths)
+    if results and results[0]["settings"].get("mode") == "context":
+        return "\n".join(out + _context_table(results, lengths) + _notes(results, lengths) + _errors(results))
     out += _per_checkpoint(
         results,
         lengths,
@@ -172,17 +258,19 @@ def format_table(results: Sequence[dict]) -> str:
             lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
             keep=lambda e: "paired_delta_bpb" in e,
         )
+    return "\n".join(out + _errors(results))
+
+
+def _errors(results: Sequence[dict]) -> list[str]:
     errors = [
         f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"] if "error" in e
     ]
-    if errors:
-        out += ["errors:"] + list(dict.fromkeys(errors))
-    return "\n".join(out)
+    return ["errors:"] + list(dict.fromkeys(errors)) if errors else []
 
 
-def _parse_lengths(text: str) -> list[int]:
-    try:
-        lengths = [int(x) for x in text.split(",") if x.strip()]
+def _parse_lengths(text: str) -> list[int | str]:
+    try:  # "full" (mode context: the context length M − K) is resolved by the settings
+        lengths = [x.strip() if x.strip() == FULL_CONTEXT else int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"lengths must be comma-separated integers (got {text!r})") from None
     if not lengths:
@@ -219,16 +307,34 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
         type=_parse_lengths,
         default=None,
         help=f"comma-separated window lengths in tokens (default {','.join(map(str, DEFAULT_LENGTHS))}; on a "
-        "synthetic task the first checkpoint's training length L times 1/4, 1/2, 1, 2, 4, 8, 16)",
+        "synthetic task the first checkpoint's training length L times 1/4, 1/2, 1, 2, 4, 8, 16); --mode context: "
+        f"context lengths c, '{FULL_CONTEXT}' = M − K (default "
+        f"{','.join(map(str, DEFAULT_CONTEXT_LENGTHS))},{FULL_CONTEXT})",
     )
     p.add_argument(
         "--mode",
         choices=MODES,
         default=DEFAULT_MODE,
         help="same_text (default): the first M tokens of every document holding the largest length M, "
-        "at every length; nonoverlapping: random windows per length; sliding: with --stride",
+        "at every length; nonoverlapping: random windows per length; sliding: with --stride; context: "
+        "context use, the same targets (the last K tokens of each document's first M) scored with c tokens "
+        "of context at every context length c (see below)",
     )
-    p.add_argument("--stride", type=int, default=None, help="sliding-window stride in tokens (--mode sliding)")
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="sliding-window stride in tokens (--mode sliding); --mode context: s, the targets each window "
+        f"scores (its last s positions; default {DEFAULT_CONTEXT_STRIDE})",
+    )
+    p.add_argument(
+        "--context-targets",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"--mode context: the targets per document, its last K of the first M tokens (default "
+        f"{DEFAULT_CONTEXT_TARGETS})",
+    )
     p.add_argument(
         "--token-budget",
         type=_parse_budget,
@@ -248,7 +354,8 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="M",
         help="same_text: score the first M tokens of each document holding them at every length (default: "
-        "the largest length); e.g. --lengths 128 --prefix-tokens 8192 is the 128 column of a 128…8192 run",
+        "the largest length); e.g. --lengths 128 --prefix-tokens 8192 is the 128 column of a 128…8192 run; "
+        f"--mode context: the prefix whose last K tokens are the targets (default {DEFAULT_CONTEXT_PREFIX})",
     )
     p.add_argument(
         "--split",
@@ -298,7 +405,20 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m fireviz eval`` argument parser."""
     p = argparse.ArgumentParser(
-        prog="python -m fireviz eval", description="Perplexity / bits per byte vs evaluation length for checkpoints."
+        prog="python -m fireviz eval",
+        description="Perplexity / bits per byte vs evaluation length for checkpoints.",
+        epilog="Protocols. same_text answers how the score of a text changes when it is cut into windows of n "
+        "tokens (more context, but also fewer targets near a window start). context answers only whether "
+        "more context helps: every document holding M tokens (--prefix-tokens, default "
+        f"{DEFAULT_CONTEXT_PREFIX}) gives its last K (--context-targets, default {DEFAULT_CONTEXT_TARGETS}) "
+        "of them as targets, the same at every context length c; each block of s targets (--stride, default "
+        f"{DEFAULT_CONTEXT_STRIDE}) is scored by a window of c + s tokens that scores only its last s, so "
+        f"every target has at least c and fewer than c + s tokens before it; c = {FULL_CONTEXT} = M − K is one "
+        "window of the M tokens, every target with its whole prefix. The table gives per checkpoint and c "
+        "the bits per byte, minus the same checkpoint at full context, and minus the reference checkpoint, "
+        "each with a 95 % bootstrap interval over documents; a c with c + s > M (or beyond M − K) is "
+        "refused. E.g.: python -m fireviz eval checkpoints/alibi checkpoints/kerple_power --mode context "
+        "--data prose",
     )
     p.add_argument(
         "checkpoints",
@@ -329,6 +449,8 @@ class _ProgressBar:
 
     #: seconds between plain progress lines when stderr is not a terminal (a log, nohup, a pipe)
     LINE_EVERY = 30.0
+    bar: Any  # the tqdm bar, once drawn
+    last_line: float | None  # time.monotonic() of the last plain line
 
     def __init__(self, quiet: bool):
         self.quiet, self.bar = quiet, None
@@ -371,7 +493,10 @@ def _write_figure(results: list[dict], path: str) -> bool:
 
     try:
         shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
-        print(f"wrote {plots.write_figure(plots.perplexity_figure([r for r in shown if r['per_length']]), path)}")
+        shown = [r for r in shown if r["per_length"]]
+        context = shown[0]["settings"].get("mode") == "context"
+        fig = plots.context_use_figure(shown) if context else plots.perplexity_figure(shown)
+        print(f"wrote {plots.write_figure(fig, path)}")
     except (ValueError, plots.FigureExportError, OSError) as e:
         print(f"fireviz eval: error: --figure {path}: {e}", file=sys.stderr)
         return False
@@ -407,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate_many(
             args.checkpoints,
             args.data,
-            args.lengths or _default_lengths(args.checkpoints, args.data),
+            # mode context: None, the settings' default context lengths (128 … 4096 and full)
+            args.lengths or (None if args.mode == "context" else _default_lengths(args.checkpoints, args.data)),
             mode=args.mode,
             stride=args.stride,
             token_budget=args.token_budget,
@@ -422,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             use_cache=not args.no_cache,
             normalizer_cap=args.normalizer_cap,
             prefix_tokens=args.prefix_tokens,
+            context_targets=args.context_targets,
             reference=0 if args.reference is None else args.reference,
         )
     except (CheckpointError, DataError, EvaluationError) as e:

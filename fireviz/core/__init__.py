@@ -1,4 +1,4 @@
-"""Shared foundations below every stage: argument checks, atomic files and hashing, compiled-kernel loading, reused scratch memory, memory estimates, torch.distributed plumbing."""
+"""Shared foundations below every stage: argument checks, atomic files and hashing, compiled-kernel loading, reused scratch memory, torch.distributed plumbing."""
 
 from fireviz.core.arg_checks import as_float, as_int, as_seed, is_int
 from fireviz.core.files import (
@@ -16,21 +16,10 @@ from fireviz.core.files import (
     write_json_atomic,
 )
 from fireviz.core.kernels import LazyKernel, numba_kernel_call
-from fireviz.core.memory import (
-    InsufficientMemoryError,
-    bias_matrix_bytes,
-    bias_report_bytes,
-    check_fits,
-    fire_curve_bytes,
-    fit_bytes,
-    memory_problem,
-    train_step_bytes,
-)
 from fireviz.core.scratch import mask_output, reuse_mask_memory
 
 __all__ = [
     "FileFormatError",
-    "InsufficientMemoryError",
     "LazyKernel",
     "MAX_JSON_BYTES",
     "as_float",
@@ -38,15 +27,9 @@ __all__ = [
     "as_seed",
     "atomic_write",
     "atomic_write_text",
-    "bias_matrix_bytes",
-    "bias_report_bytes",
-    "check_fits",
     "check_safetensors_header",
-    "fire_curve_bytes",
-    "fit_bytes",
     "is_int",
     "mask_output",
-    "memory_problem",
     "numba_kernel_call",
     "output_path_problem",
     "parse_json",
@@ -55,6 +38,5 @@ __all__ = [
     "read_safetensors",
     "reuse_mask_memory",
     "sha256_files",
-    "train_step_bytes",
     "write_json_atomic",
 ]

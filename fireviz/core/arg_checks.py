@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TypeGuard
 
 #: largest seed accepted (torch.Generator.manual_seed takes 0 … 2⁶⁴ − 1)
 MAX_SEED = 2**64 - 1
@@ -34,8 +35,8 @@ def _fail(what: str, kind: str, value, lo, hi, hint: str, lo_open: bool = False)
     )
 
 
-def is_int(value) -> bool:
-    """``value`` is an integer that is not a bool (``int`` or a numpy integer)."""
+def is_int(value) -> TypeGuard[int]:
+    """``value`` is an integer that is not a bool (``int`` or a numpy integer, which types as ``int``)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

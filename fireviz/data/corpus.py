@@ -129,6 +129,7 @@ class Document:
         """The document as a str (decoded from disk with ``surrogateescape`` for a mapped one)."""
         if self._text is not None:
             return self._text
+        assert self._raw is not None  # a Document holds text or raw
         return self._raw[:].tobytes().decode("utf-8", errors="surrogateescape")
 
     @property
@@ -142,6 +143,7 @@ class Document:
         ``[n_bytes]`` array of the encoded text."""
         if self._raw is not None:
             return self._raw
+        assert self._text is not None  # a Document holds text or raw
         return np.frombuffer(text_bytes(self._text), dtype=np.uint8)
 
     @property
@@ -149,6 +151,7 @@ class Document:
         """Tokens of ``document_tokens(self)``: UTF-8 bytes + 1 (BOS)."""
         if self._raw is not None:
             return len(self._raw) + 1
+        assert self._text is not None  # a Document holds text or raw
         if self._text.isascii():  # one byte per character: no copy of a long text
             return len(self._text) + 1
         return len(text_bytes(self._text)) + 1
@@ -205,6 +208,7 @@ class FileBytes:
             f"{self.path} changed, moved or was deleted while in use (it was {self.size:,} bytes when read); "
             "read the data again"
         )
+        assert self.path is not None  # FileBytes has a path or a fileobj
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -269,7 +273,7 @@ def _text_document(doc_id: str, text: str, spool: _Spool, **meta) -> Document:
     return Document(doc_id, text, **meta)
 
 
-def _raw_is_utf8(raw: np.ndarray) -> bool:
+def _raw_is_utf8(raw: np.ndarray | FileBytes) -> bool:
     """Whether the bytes are valid UTF-8, checked in 1 MiB chunks (no full decode in memory)."""
     dec = codecs.getincrementaldecoder("utf-8")("strict")
     try:
@@ -336,7 +340,7 @@ def _is_jsonl(path: Path) -> bool:
     return any(name.endswith(s) for s in (".jsonl", ".jsonl.gz", ".jsonl.xz", ".json.gz", ".json.xz"))
 
 
-def load_documents(source: str | Path) -> list[Document]:
+def load_documents(source: str | os.PathLike) -> list[Document]:
     """Read documents from a bundled domain or a path.
 
     Args:
@@ -392,10 +396,10 @@ def load_documents(source: str | Path) -> list[Document]:
     docs = [d for d in docs if len(d)]
     if not docs:
         raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
-    raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
-    if raw:
+    n_raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
+    if n_raw:
         warnings.warn(
-            f"{raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
+            f"{n_raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
             "as the raw bytes they hold (byte-level tokenizer)",
             RawBytesWarning,
             stacklevel=2,
@@ -468,7 +472,7 @@ def data_fingerprint(docs: list[Document]) -> str:
     for d in docs:
         raw, inner = d.raw_bytes(), hashlib.sha256()
         for a in range(0, len(raw), _CHUNK):  # the same digest as of the whole bytes, in chunks
-            inner.update(raw[a : a + _CHUNK])
+            inner.update(raw[a : a + _CHUNK])  # type: ignore[arg-type]  # an ndarray is a buffer
         h.update(text_bytes(d.id) + b"\0" + inner.digest())
     return h.hexdigest()
 

@@ -13,6 +13,7 @@ from fireviz.encodings.fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_ca
 from fireviz.encodings.kerple import KerpleLog, KerplePower
 from fireviz.encodings.nope import NoPE
 from fireviz.encodings.registry import (
+    KINDS,
     EncodingSpec,
     encoding_names,
     encoding_spec,
@@ -65,6 +66,7 @@ def build_encoding(name: str, num_heads: int, head_dim: int, **options) -> Posit
 
 
 __all__ = [
+    "KINDS",
     "ENCODING_NAMES",
     "SHARED_ACROSS_LAYERS",
     "EncodingSpec",

@@ -44,6 +44,8 @@ class ALiBi(ToeplitzBias):
     or negative slope is no recency bias at all).
     """
 
+    slopes: torch.Tensor  # [num_heads] buffer
+
     def __init__(self, num_heads: int, slope: float | None = None):
         super().__init__(num_heads)
         if slope is not None and not (math.isfinite(float(slope)) and float(slope) > 0):

@@ -25,6 +25,7 @@ plain formula (``bias_reference``) to float32 rounding (tests assert 1e-5).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import torch
@@ -397,7 +398,7 @@ class FIRE(PositionEncoding):
                 f"piecewise_linear needs mlp_depth=1 (this FIRE has mlp_depth={self.mlp_depth}); "
                 "use mlp_forward for deeper MLPs"
             )
-        lin1, lin2 = self.mlp[0], self.mlp[2]
+        lin1, lin2 = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])  # mlp_depth 1: Linear, ReLU, Linear
         w, b = lin1.weight[:, 0], lin1.bias  # [W]
         W2, b2 = lin2.weight, lin2.bias  # [H, W], [H]
         nonzero = w != 0
@@ -513,6 +514,7 @@ class FIRE(PositionEncoding):
 
         def emit(row_start: int, block: torch.Tensor) -> None:
             if direct:
+                assert out is not None
                 out[:, row_start : row_start + block.shape[1]] = block
             else:
                 pieces.append(block)
@@ -534,6 +536,7 @@ class FIRE(PositionEncoding):
             table = self._rows_general((psi_d[mid_end:] / norm)[None, :])[:, 0]
             emit(mid_end, toeplitz_from_table(table, n_high, k_len))
         if direct:
+            assert out is not None
             return out
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 

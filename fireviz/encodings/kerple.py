@@ -130,8 +130,25 @@ class KerplePower(_Kerple):
     """
 
     r2_max = KERPLE_POWER_MAX
-    init_r1_max = 1.0  # the scale (the reference's bias_a ~ U(0, 1))
-    init_r2_max = 2.0  # the exponent (the reference's bias_p ~ U(0, 2))
+
+    def __init__(
+        self,
+        num_heads: int,
+        init_r1: float | list[float] | None = None,
+        init_r2: float | list[float] | None = None,
+        reference_init: bool = True,
+    ):
+        """``reference_init``: draw the scale r1 ~ U(0, 1) and the exponent r2 ~ U(0, 2) as the
+        KERPLE reference code does (True, the default); False draws r1 ~ U(0, 2), r2 ~ U(0, 1),
+        fireviz 0.1's init, to reproduce the kerple_power checkpoints trained before 2026-12-04
+        (their config.json does not name this option). Only the draw of an unset init_r1 /
+        init_r2 depends on it. Raises: ValueError as ``_Kerple``, or for a non-bool."""
+        if not isinstance(reference_init, bool):
+            raise ValueError(f"Kerple-power reference_init must be true or false (got {reference_init!r})")
+        self.reference_init = reference_init
+        # the scale (the reference's bias_a ~ U(0, 1)), the exponent (its bias_p ~ U(0, 2))
+        self.init_r1_max, self.init_r2_max = (1.0, 2.0) if reference_init else (2.0, 1.0)
+        super().__init__(num_heads, init_r1, init_r2)
 
     def bias_by_distance(self, d: torch.Tensor) -> torch.Tensor:
         """``[num_heads, *d.shape]`` float32 logits for distances ``d = i − j`` (tokens)."""

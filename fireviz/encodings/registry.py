@@ -18,6 +18,10 @@ from typing import Callable
 from fireviz.encodings.base import PositionEncoding
 
 SHARING = ("static", "shared", "per_layer")
+#: how an encoding's position information enters attention: an additive bias on the logits
+#: (T5, ALiBi, Kerple, Sandwich, FIRE), rotated queries and keys (RoPE and its scalings), or
+#: nothing but the causal mask (NoPE)
+KINDS = ("additive", "rotary", "none")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class EncodingSpec:
       fit_params: parameters of this encoding as a fit target, or None if it cannot be one.
       fit_target: ``f(num_heads, **params) -> (encoding module, params as used)``: the target
         with its parameters resolved (seeded draws, defaults), for ``fireviz.fit.fitting.make_target``.
+      kind: ``"additive"`` (a bias added to the attention logits; the default), ``"rotary"``
+        (queries and keys rotated by position; no bias) or ``"none"`` (the causal mask only).
+        Memory estimates, the Attention page and the bias views read it, never the name.
       summary: one line for help texts.
       defaults: the value of each option when a config does not set it (None: derived, e.g.
         from the training length). A saved config.json (``config_format`` 2) names every option
@@ -52,6 +59,7 @@ class EncodingSpec:
     fit_target: Callable[..., tuple] | None = None
     summary: str = ""
     defaults: dict = field(default_factory=dict)
+    kind: str = "additive"
 
     def __post_init__(self):
         if self.sharing not in SHARING:
@@ -61,8 +69,15 @@ class EncodingSpec:
                 f"EncodingSpec {self.name!r}: defaults for options it does not take: "
                 f"{sorted(set(self.defaults) - set(self.options))}"
             )
+        if self.kind not in KINDS:
+            raise ValueError(f"EncodingSpec {self.name!r}: kind must be one of {KINDS} (got {self.kind!r})")
         if (self.fit_params is None) != (self.fit_target is None):
             raise ValueError(f"EncodingSpec {self.name!r}: give fit_params and fit_target together, or neither")
+
+    @property
+    def additive(self) -> bool:
+        """True when the encoding adds a bias to the attention logits (``kind == "additive"``)."""
+        return self.kind == "additive"
 
     @property
     def one_module(self) -> bool:

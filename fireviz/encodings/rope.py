@@ -71,7 +71,7 @@ def yarn_inv_freq(
         )
     theta = rope_inv_freq(head_dim, base, torch.float64)
     low = max(math.floor(_yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)), 0)
-    high = min(
+    high: float = min(
         math.ceil(_yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)), head_dim - 1
     )
     if low == high:

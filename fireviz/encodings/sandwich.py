@@ -35,6 +35,8 @@ class Sandwich(ToeplitzBias):
     Raises: ValueError for num_heads < 1 or an odd dbar or one below 2.
     """
 
+    compression: torch.Tensor  # [num_heads] buffer
+
     def __init__(self, num_heads: int, dbar: int = 128):
         super().__init__(num_heads)
         self.dbar = dbar

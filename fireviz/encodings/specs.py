@@ -168,13 +168,16 @@ _FIRE_OPTIONS = frozenset(
 )
 
 BUILTIN_SPECS = (
-    EncodingSpec("nope", _heads_only(NoPE), sharing="static", summary="no position encoding (causal mask only)"),
+    EncodingSpec(
+        "nope", _heads_only(NoPE), sharing="static", summary="no position encoding (causal mask only)", kind="none"
+    ),
     EncodingSpec(
         "rope",
         _rope_builder(None),
         frozenset({"rope_theta"}),
         "static",
         summary="rotary (RoFormer)",
+        kind="rotary",
         defaults=dict(_ROPE_DEFAULTS),
     ),
     EncodingSpec(
@@ -183,6 +186,7 @@ BUILTIN_SPECS = (
         frozenset({"rope_theta", "rope_scaling_factor"}),
         "static",
         summary="rotary with position interpolation",
+        kind="rotary",
         defaults={**_ROPE_DEFAULTS, "rope_scaling_factor": 1.0},
     ),
     EncodingSpec(
@@ -192,6 +196,7 @@ BUILTIN_SPECS = (
         "static",
         defaults_from_seq_len=lambda L: {"original_max_position_embeddings": L},
         summary="rotary with YaRN",
+        kind="rotary",
         defaults={
             **_ROPE_DEFAULTS,
             "rope_scaling_factor": 1.0,
@@ -231,7 +236,7 @@ BUILTIN_SPECS = (
     EncodingSpec(
         "kerple_power",
         _heads_only(KerplePower),
-        frozenset({"init_r1", "init_r2"}),
+        frozenset({"init_r1", "init_r2", "reference_init"}),
         fit_params=frozenset({"r1", "r2", "seed"}),
         fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
         summary="Kerple power",

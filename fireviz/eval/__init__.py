@@ -13,15 +13,31 @@ from fireviz.eval.settings import (
 from fireviz.eval.stats import bootstrap_ci95, paired_difference
 from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.eval.variants import ROPE_SCALINGS
-from fireviz.eval.windows import DEFAULT_MODE, DEFAULT_POSITION_BUCKETS, DEFAULT_TOKEN_BUDGET, MODES, EvaluationError
+from fireviz.eval.windows import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_CONTEXT_PREFIX,
+    DEFAULT_CONTEXT_STRIDE,
+    DEFAULT_CONTEXT_TARGETS,
+    DEFAULT_MODE,
+    DEFAULT_POSITION_BUCKETS,
+    DEFAULT_TOKEN_BUDGET,
+    FULL_CONTEXT,
+    MODES,
+    EvaluationError,
+)
 
 __all__ = [
+    "DEFAULT_CONTEXT_LENGTHS",
+    "DEFAULT_CONTEXT_PREFIX",
+    "DEFAULT_CONTEXT_STRIDE",
+    "DEFAULT_CONTEXT_TARGETS",
     "DEFAULT_LENGTHS",
     "DEFAULT_MODE",
     "DEFAULT_POSITION_BUCKETS",
     "DEFAULT_TOKEN_BUDGET",
     "EvalSettings",
     "EvaluationError",
+    "FULL_CONTEXT",
     "MAX_UPLOAD_MB",
     "MODES",
     "PUBLISHED_RESULTS",

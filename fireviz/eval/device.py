@@ -12,9 +12,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from fireviz.core import memory_problem
 from fireviz.eval.windows import EvaluationError, Window
-from fireviz.model import flex
+from fireviz.model import flex, memory_problem
 
 #: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.model.flex``)
 #: instead of materialising [heads, block, keys] per query block. CPU always uses the SDPA path.
@@ -63,16 +62,23 @@ def use_flex(dev: torch.device, length: int, report: Callable[[str], None]) -> b
 
 
 def memory_refusals(
-    windows: dict[int, list[Window] | str], configs: Sequence, dev: torch.device, batch_tokens: int
+    windows: dict[int, list[Window] | str],
+    configs: Sequence,
+    dev: torch.device,
+    batch_tokens: int,
+    window_tokens: Callable[[int], int] | None = None,
 ) -> dict[int, str]:
     """Memory before work: per length (tokens) whose forward pass on its first batch
     (``min(max(1, batch_tokens // n), windows)`` windows) is estimated to exceed the memory
     available on ``dev`` now, for the largest of ``configs`` (GPTConfig), the reason (naming
-    both figures and the largest length that fits). Lengths without windows are not checked."""
+    both figures and the largest length that fits). Lengths without windows are not checked.
+    ``window_tokens``: length → tokens per window where they differ (a context length's windows,
+    ``Plan.read_tokens``); default the length itself."""
     out = {}
     for n, ws in windows.items():
         if isinstance(ws, list) and ws:
-            problem = memory_problem(list(configs), n, min(max(1, batch_tokens // n), len(ws)), dev, batch_tokens)
+            t = window_tokens(n) if window_tokens is not None else n
+            problem = memory_problem(list(configs), t, min(max(1, batch_tokens // t), len(ws)), dev, batch_tokens)
             if problem:
                 out[n] = problem
     return out

@@ -10,7 +10,7 @@ fingerprint and those settings (``fireviz.eval.cache``). A checkpoint folder's o
 no weights scored: what a page shows without a click).
 
 The pieces: the text and its windows per length (``fireviz.eval.plan`` over
-``fireviz.eval.windows``: the same-text, non-overlapping and sliding protocols), the device,
+``fireviz.eval.windows``: the same-text, context-use, non-overlapping and sliding protocols), the device,
 attention path and memory checks (``fireviz.eval.device``), progress and cancellation
 (``fireviz.eval.progress``), the scoring (``fireviz.eval.scoring``), intervals and paired
 differences (``fireviz.eval.stats``), zero-shot RoPE scaling and the cap (``fireviz.eval.variants``);
@@ -50,13 +50,18 @@ from fireviz.eval.progress import (
 )
 from fireviz.eval.scoring import score_windows, summarize
 from fireviz.eval.settings import (
-    DEFAULT_LENGTHS,
+    DEFAULT_LENGTHS,  # noqa: F401
     SYNTHETIC_SEQUENCES,  # noqa: F401
     EvalSettings,
     check_setting_names,
     checkpoint_list,
 )
-from fireviz.eval.stats import _reference_index, bootstrap_ratio_ci95, with_paired_differences
+from fireviz.eval.stats import (
+    _reference_index,
+    bootstrap_ratio_ci95,
+    with_full_context_differences,
+    with_paired_differences,
+)
 from fireviz.eval.variants import (
     ROPE_SCALINGS,  # noqa: F401
     apply_normalizer_cap,
@@ -217,18 +222,21 @@ def _cache_root(cache_dir: str | os.PathLike | None, use_cache: bool, write: boo
     raise EvaluationError(f"the cache folder {root} {why}; give a folder you can write (--cache-dir) or --no-cache")
 
 
-def _unscorable(c: _Loaded, n: int, windows: list[Window] | str) -> str | None:
-    """Why length ``n`` cannot be evaluated for ``c`` (no windows, beyond absolute position embeddings), or None."""
+def _unscorable(c: _Loaded, n: int, windows: list[Window] | str, tokens: int | None = None) -> str | None:
+    """Why length ``n`` cannot be evaluated for ``c`` (no windows, beyond absolute position embeddings), or None.
+    ``tokens``: what the model reads at once there (``Plan.read_tokens``; default ``n``)."""
     if isinstance(windows, str):
         return windows
-    if c.config.absolute_position_embedding and n > c.config.seq_len:
-        return f"absolute position embeddings cover {c.config.seq_len} tokens; length {n} cannot be evaluated"
+    tokens = n if tokens is None else tokens
+    if c.config.absolute_position_embedding and tokens > c.config.seq_len:
+        what = f"length {n}" if tokens == n else f"context length {n} (windows of {tokens} tokens)"
+        return f"absolute position embeddings cover {c.config.seq_len} tokens; {what} cannot be evaluated"
     return None
 
 
 def _length_key(c: _Loaded, s: EvalSettings, plan: Plan, n: int, report) -> tuple[dict, str, bool]:
     """``(length settings, cache key, FlexAttention used)`` of checkpoint ``c`` at length ``n``."""
-    flex = use_flex(s.device, n, report)
+    flex = use_flex(s.device, plan.read_tokens(n), report)
     length_settings = s.length_settings(n, plan.prefix_tokens(), c.cap, flex)
     return length_settings, cache_key(c.sha, plan.fingerprint, length_settings), flex
 
@@ -303,7 +311,12 @@ def _score_length(
         entry["sequence_accuracy"] = float((correct == toks).mean())
         entry["accuracy_ci95"] = bootstrap_ratio_ci95(correct, toks)
         entry["first_answer_position"] = windows[0].first_target
-    if plan.same_text is not None:
+    if plan.context is not None:  # context length n: the same K targets per document at every n
+        entry["length"], entry["window_tokens"] = n, w
+        entry["prefix_tokens"], entry["context_targets"] = plan.context.prefix_tokens, plan.context.targets
+        entry["full_context"] = plan.context.full
+        entry["documents_skipped"] = plan.context.documents_skipped
+    elif plan.same_text is not None:
         entry["prefix_tokens"] = plan.same_text.prefix_tokens
         entry["documents_skipped"] = plan.same_text.documents_skipped
     elif s.mode != "synthetic":  # documents shorter than the window hold none: counted, not dropped silently
@@ -329,13 +342,14 @@ def _evaluate_one(
     published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
     for n in s.lengths:
         windows = plan.windows[n]
-        why = _unscorable(c, n, windows)
+        why = _unscorable(c, n, windows, None if isinstance(windows, str) else plan.read_tokens(n))
         if why is not None:
             per_length.append({"length": n, "error": why})
             if not isinstance(windows, str):  # its windows count as done
                 prog.done += targets(windows, plan.window_tokens(n))
                 prog.report(f"{c.name} L={n}: skipped")
             continue
+        assert not isinstance(windows, str)  # _unscorable gave why
         length_settings, key, flex = _length_key(c, s, plan, n, prog.report)
         entry_path = cache_root / f"{key}.json"
         found = _lookup(entry_path, key, n, length_settings, published, use_cache, require_intervals)
@@ -348,9 +362,12 @@ def _evaluate_one(
         t0 = time.perf_counter()
         prog.start_scoring()
         if on_device is None:
+            assert c.model is not None  # loaded: it is scored
             on_device = c.model.to(s.device)
         scored, extra = (
-            rope_scaled_model(on_device, s.rope_scaling, n) if s.rope_scaling is not None else (on_device, {})
+            rope_scaled_model(on_device, s.rope_scaling, plan.read_tokens(n))
+            if s.rope_scaling is not None
+            else (on_device, {})
         )
         scored.set_attention_backend("flex" if flex else "sdpa")
         entry = _score_length(c, scored, n, windows, plan, s, prog)
@@ -369,7 +386,7 @@ def _evaluate_one(
                 },
             )
         per_length.append({**entry, "cached": False, "source": "computed"})
-    if on_device is not None and s.device.type == "cuda":
+    if on_device is not None and c.model is not None and s.device.type == "cuda":
         c.model.to("cpu")
         torch.cuda.empty_cache()
     return per_length
@@ -378,7 +395,7 @@ def _evaluate_one(
 def evaluate_many(
     checkpoints: Sequence[str | os.PathLike],
     data: str | os.PathLike,
-    lengths: Iterable[int] = DEFAULT_LENGTHS,
+    lengths: Iterable[int | str] | None = None,
     *,
     mode: str = DEFAULT_MODE,
     stride: int | None = None,
@@ -398,6 +415,7 @@ def evaluate_many(
     reference: int | str = 0,
     require_intervals: bool = True,
     prefix_tokens: int | None = None,
+    context_targets: int | None = None,
 ) -> list[dict]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
@@ -406,7 +424,9 @@ def evaluate_many(
     ``progress(done, total, message)`` counts target tokens over all checkpoints and lengths
     (cached lengths count as done at once). Every result but the ``reference`` one (index or
     checkpoint name; default the first) carries, per length, ``paired_delta_bpb`` and
-    ``paired_ci95`` against it (``with_paired_differences``).
+    ``paired_ci95`` against it (``with_paired_differences``); in mode ``context`` every entry but
+    full also its difference against the same checkpoint's full context (``full_delta_bpb``,
+    ``full_ci95``, ``full_context``: ``stats.FullContextDifference``).
     ``checkpoints`` is a list (one path or string alone is refused: use ``evaluate_checkpoint``).
     Each checkpoint's identity (``checkpoint_sha256``) is that of the very bytes its weights
     are loaded from (``checkpoints.load_model_with_identity``: one read).
@@ -429,12 +449,15 @@ def evaluate_many(
         batch_tokens=batch_tokens,
         normalizer_cap=normalizer_cap,
         prefix_tokens=prefix_tokens,
+        context_targets=context_targets,
     )
     cache_root = _cache_root(cache_dir, use_cache)  # a cache that cannot be written: before any work
     loaded = _load_checkpoints(checkpoints, s)  # a bad checkpoint is an error before minutes of work
     reference = _reference(loaded, reference)
     plan = plan_text(s)
-    plan.windows.update(memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens))
+    plan.windows.update(
+        memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens, plan.read_tokens)
+    )
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
     per_checkpoint = sum(targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list))
     prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
@@ -452,7 +475,7 @@ def evaluate_many(
             require_intervals=require_intervals,
         )
         results.append(_result(c, s, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
-    results = with_paired_differences(results, reference)
+    results = with_paired_differences(with_full_context_differences(results), reference)
     prog.report("done")
     return results
 
@@ -460,7 +483,7 @@ def evaluate_many(
 def cached_results(
     checkpoints: Sequence[str | os.PathLike],
     data: str | os.PathLike,
-    lengths: Iterable[int] = DEFAULT_LENGTHS,
+    lengths: Iterable[int | str] | None = None,
     *,
     cache_dir: str | os.PathLike | None = None,
     use_published: bool = True,
@@ -509,7 +532,8 @@ def cached_results(
         published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_published else []
         per_length = []
         for n in s.lengths:
-            why = _unscorable(c, n, plan.windows[n])
+            windows = plan.windows[n]
+            why = _unscorable(c, n, windows, None if isinstance(windows, str) else plan.read_tokens(n))
             if why is None:
                 length_settings, key, _ = _length_key(c, s, plan, n, lambda message: None)
                 found = _lookup(cache_root / f"{key}.json", key, n, length_settings, published, True, require_intervals)
@@ -518,18 +542,20 @@ def cached_results(
                     per_length.append(found)
                     continue
                 if refusals is None:
-                    refusals = memory_refusals(plan.windows, [d.config for d in described], s.device, s.batch_tokens)
+                    refusals = memory_refusals(
+                        plan.windows, [d.config for d in described], s.device, s.batch_tokens, plan.read_tokens
+                    )
                 why = refusals.get(n)
             per_length.append({"length": n, "error": why} if why else {"length": n, **_NOT_FOUND})
         results.append(_result(c, s, plan, per_length, time.perf_counter() - t_start))
-    return with_paired_differences(results, reference)
+    return with_paired_differences(with_full_context_differences(results), reference)
 
 
 _NOT_FOUND = {"error": NOT_COMPUTED, "not_computed": True}
 
 
 def evaluate_checkpoint(
-    checkpoint: str | os.PathLike, data: str | os.PathLike, lengths: Iterable[int] = DEFAULT_LENGTHS, **kwargs
+    checkpoint: str | os.PathLike, data: str | os.PathLike, lengths: Iterable[int | str] | None = None, **kwargs
 ) -> dict:
     """Perplexity of one checkpoint at each evaluation length.
 
@@ -537,17 +563,24 @@ def evaluate_checkpoint(
       checkpoint: a checkpoint folder (config.json + model.safetensors), a checkpoint name
         under the checkpoints root (``fire``) or a Hub repo id.
       data: ``"prose" | "latex" | "code"`` or a path accepted by ``fireviz.data.corpus.load_documents``.
-      lengths: window lengths ``n`` in tokens (bytes), each >= 2.
+      lengths: window lengths ``n`` in tokens (bytes), each >= 2; None: ``DEFAULT_LENGTHS``
+        (128 … 8192). Mode ``context``: context lengths ``c`` (tokens; ``"full"`` = M − K; None:
+        128 … 4096 and full).
       mode: ``"same_text"`` (default: the same documents' first M tokens at every length),
-        ``"nonoverlapping"`` (random windows per length) or ``"sliding"`` with ``stride``
-        tokens (1..n); see the module docstring.
+        ``"nonoverlapping"`` (random windows per length), ``"sliding"`` with ``stride``
+        tokens (1..n), or ``"context"`` (context use: the last ``context_targets`` K of each
+        document's first ``prefix_tokens`` M tokens, scored with ``c`` … ``c + s − 1`` tokens
+        before them by windows of ``c + s`` tokens scoring their last ``s`` = ``stride``
+        (default 64); full, ``c = M − K``: one window of M, every target with its whole
+        prefix); see ``fireviz.eval.windows``.
+      context_targets: mode ``context`` only: K, the targets per document (default 256).
       token_budget: ``"auto"`` (default: every qualifying document for same_text, 65536
         targets per length otherwise), an int (targets) or None (every eligible window).
       normalizer_cap: FIRE/FIRE-S only: evaluate with ψ(min(max(L, i), cap)), cap in tokens
         (e.g. the training length); part of the cache key and saved with the numbers
         (``normalizer_cap``); other checkpoints are evaluated as they are.
-      prefix_tokens: same_text only: score the first ``prefix_tokens`` tokens of every document
-        that holds them at each length (default: the largest length). One column of a
+      prefix_tokens: same_text: score the first ``prefix_tokens`` tokens of every document
+        that holds them at each length (default: the largest length); context: M (default 8192). One column of a
         128 … 8192 evaluation alone, on exactly its text: ``lengths=[128], prefix_tokens=8192``
         (the same cache entry as that column).
       reference: index, path or name of the checkpoint the others are paired against (a
@@ -576,8 +609,11 @@ def evaluate_checkpoint(
       "train_seq_len", "settings", "data_fingerprint", "fireviz_version", "device", "seconds",
       "normalizer_cap", "paired_reference", "per_length": [summarize(...) + {"documents",
       "per_document", "ci95", "seconds", "cached", "source"} (+ "prefix_tokens",
-      "documents_skipped" for same_text; "paired_delta_bpb", "paired_ci95",
-      "paired_reference" but for the reference) or {"length", "error"}]}`` with ``source``
+      "documents_skipped" for same_text; for context also "window_tokens", "context_targets",
+      "full_context" and, but at full, "full_delta_bpb", "full_ci95" (``stats.FullContextDifference``:
+      bits per byte at this context length minus at full, paired over documents);
+      "paired_delta_bpb", "paired_ci95", "paired_reference" but for the reference) or
+      {"length", "error"}]}`` with ``source``
       ``"computed"``, ``"cache"`` or ``"results.json"``;
       ``settings`` holds ``format`` (``EVAL_FORMAT_VERSION``) and the arguments above.
       ``seconds``: wall time of this call for this checkpoint (loading checkpoints and data

@@ -1,7 +1,7 @@
 """The text of an evaluation: the documents (or task sequences) and, per length, the windows scored.
 
 ``plan_text(settings)`` loads the data once per evaluation and plans every length's windows
-(``fireviz.eval.windows``: the same-text, non-overlapping and sliding protocols; a synthetic task's
+(``fireviz.eval.windows``: the same-text, context-use, non-overlapping and sliding protocols; a synthetic task's
 fresh sequences) — a function of the data and the settings only, never of a checkpoint, so
 every checkpoint is scored on the same windows. Loaded documents are kept per file state
 (``load_eval_documents``) and planned windows per data fingerprint and settings: asking again
@@ -28,13 +28,21 @@ from fireviz.data import (
     synthetic,
 )
 from fireviz.eval.settings import BOS_CONVENTION, EVAL_FORMAT_VERSION, SPLITS, EvalSettings
-from fireviz.eval.windows import EvaluationError, SameTextPlan, Window, plan_same_text, plan_windows
+from fireviz.eval.windows import (
+    ContextPlan,
+    EvaluationError,
+    SameTextPlan,
+    Window,
+    plan_context,
+    plan_same_text,
+    plan_windows,
+)
 
 
 @dataclass
 class Plan:
     """The text of an evaluation: per length its windows (or why none), document ids and sizes,
-    the data fingerprint, the same-text plan, and the documents' tokens on demand."""
+    the data fingerprint, the same-text or context-use plan, and the documents' tokens on demand."""
 
     windows: dict[int, list[Window] | str]
     ids: list[str]
@@ -44,13 +52,23 @@ class Plan:
     documents: int
     same_text: SameTextPlan | None = None
     docs: list = field(default_factory=list)
+    context: ContextPlan | None = None
     tokens: dict = field(default_factory=dict)
 
     def window_tokens(self, n: int) -> int:
         """Tokens in a window of evaluation length ``n``: ``n`` for text; ``n + 1`` for a task, whose
         sequences are built exactly as in training at seq_len = n (a window of seq_len + 1 tokens:
-        the model reads n of them and every prediction is scored; the last token is a target only)."""
+        the model reads n of them and every prediction is scored; the last token is a target only);
+        for context length n (mode ``context``) its windows' ``n + s``, or ``M`` for full."""
+        if self.context is not None:
+            return self.context.window_tokens[n]
         return n + 1 if self.split == "synthetic" else n
+
+    def read_tokens(self, n: int) -> int:
+        """Tokens the model reads at once at evaluation length ``n`` (for the memory check, the
+        attention path, RoPE scaling and absolute position embeddings): the window of a context
+        length (mode ``context``), else ``n``."""
+        return self.context.window_tokens[n] if self.context is not None else n
 
     def doc_tokens(self, i: int):
         """Document (or task sequence) ``i`` as ``[BOS]+bytes`` tokens, sliceable (``DocumentTokens``)."""
@@ -59,7 +77,9 @@ class Plan:
         return self.tokens[i]
 
     def prefix_tokens(self) -> int | None:
-        """The same-text prefix M (tokens) every length scores, or None for the other protocols."""
+        """The prefix M (tokens) of the same-text or context-use protocol, or None for the others."""
+        if self.context is not None:
+            return self.context.prefix_tokens
         return self.same_text.prefix_tokens if self.same_text is not None else None
 
 
@@ -128,8 +148,10 @@ def load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[lis
 def _plan_task(s: EvalSettings) -> Plan:
     task = synthetic.load_task(s.data)
     count = s.token_budget
+    assert count is not None  # a task's budget is its sequence count (EvalSettings)
     windows: dict[int, list[Window] | str] = {}
-    ids, tokens = [], {}
+    ids: list[str] = []
+    tokens: dict = {}
     for n in s.lengths:
         try:
             first = task.split(n + 1)  # the training format at seq_len = n (see Plan.window_tokens)
@@ -146,20 +168,33 @@ def _plan_task(s: EvalSettings) -> Plan:
 
 
 #: planned windows per (data fingerprint, settings that choose them); a few plans at a time
-_PLANS: OrderedDict[tuple, tuple[dict, SameTextPlan | None]] = OrderedDict()
+_PLANS: OrderedDict[tuple, tuple[dict, SameTextPlan | None, ContextPlan | None]] = OrderedDict()
 _PLANS_KEPT = 8
 
 
 def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint: str):
-    """``(windows per length, same-text plan or None)`` for these documents: a pure function of
-    their ids and sizes (fixed by ``fingerprint``) and the settings, so it is planned once."""
-    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens)
+    """``(windows per length, same-text plan or None, context plan or None)`` for these documents:
+    a pure function of their ids and sizes (fixed by ``fingerprint``) and the settings, so it is
+    planned once."""
+    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens, s.context_targets)
     with _DOCUMENTS_LOCK:
         if memo in _PLANS:
             _PLANS.move_to_end(memo)
             return _PLANS[memo]
-    same_text, windows = None, {}
-    if s.mode == "same_text":
+    same_text, context, windows = None, None, {}
+    if s.mode == "context":
+        context = plan_context(
+            ids,
+            sizes,
+            list(s.lengths),
+            prefix_tokens=s.prefix_tokens,
+            targets=s.context_targets,
+            stride=s.stride,
+            token_budget=s.token_budget,
+            seed=s.seed,
+        )
+        windows = dict(context.windows)
+    elif s.mode == "same_text":
         same_text = plan_same_text(
             ids, sizes, list(s.lengths), token_budget=s.token_budget, seed=s.seed, prefix_tokens=s.prefix_tokens
         )
@@ -173,10 +208,10 @@ def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint
             except EvaluationError as e:
                 windows[n] = str(e)
     with _DOCUMENTS_LOCK:
-        _PLANS[memo] = windows, same_text
+        _PLANS[memo] = windows, same_text, context
         while len(_PLANS) > _PLANS_KEPT:
             _PLANS.popitem(last=False)
-    return windows, same_text
+    return windows, same_text, context
 
 
 def plan_text(s: EvalSettings) -> Plan:
@@ -190,14 +225,17 @@ def plan_text(s: EvalSettings) -> Plan:
         return _plan_task(s)
     docs, split, fingerprint = load_eval_documents(s.data, s.split)
     ids, sizes = [d.id for d in docs], [d.num_tokens for d in docs]
-    windows, same_text = _plan_windows(s, ids, sizes, fingerprint)
-    return Plan(dict(windows), ids, sizes, fingerprint, split, len(docs), same_text=same_text, docs=docs)
+    windows, same_text, context = _plan_windows(s, ids, sizes, fingerprint)
+    return Plan(
+        dict(windows), ids, sizes, fingerprint, split, len(docs), same_text=same_text, docs=docs, context=context
+    )
 
 
 def run_settings(s: EvalSettings, plan: Plan) -> dict:
     """The ``settings`` every result carries: ``format`` (``EVAL_FORMAT_VERSION``), the settings
     of ``s``, the split and number of documents (for same_text also ``prefix_tokens``,
-    ``documents_scored``, ``documents_skipped``)."""
+    ``documents_scored``, ``documents_skipped``; for context those and ``context_targets`` K and
+    ``full_context`` M − K)."""
     out = {
         "format": EVAL_FORMAT_VERSION,
         "data": s.data,
@@ -220,6 +258,14 @@ def run_settings(s: EvalSettings, plan: Plan) -> dict:
             prefix_tokens=plan.same_text.prefix_tokens,
             documents_scored=len(plan.same_text.documents),
             documents_skipped=plan.same_text.documents_skipped,
+        )
+    if plan.context is not None:
+        out.update(
+            prefix_tokens=plan.context.prefix_tokens,
+            context_targets=plan.context.targets,
+            full_context=plan.context.full,
+            documents_scored=len(plan.context.documents),
+            documents_skipped=plan.context.documents_skipped,
         )
     if s.mode == "synthetic":
         out["task_format"] = s.task_format()  # as in length_settings: results.json rows match the cache key

@@ -22,12 +22,18 @@ from fireviz.encodings import check_normalizer_cap
 from fireviz.eval.device import resolve_device
 from fireviz.eval.variants import ROPE_SCALINGS
 from fireviz.eval.windows import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_CONTEXT_PREFIX,
+    DEFAULT_CONTEXT_STRIDE,
+    DEFAULT_CONTEXT_TARGETS,
     DEFAULT_MODE,
     DEFAULT_POSITION_BUCKETS,
     DEFAULT_TOKEN_BUDGET,
+    FULL_CONTEXT,
     EvaluationError,
     _check_length,
     _check_mode,
+    check_context,
     check_prefix_tokens,
 )
 
@@ -46,10 +52,10 @@ BOS_CONVENTION = (
 
 def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> int | None:
     """The token budget a mode uses: ``"auto"`` → None (every qualifying document) for
-    ``same_text``, ``DEFAULT_TOKEN_BUDGET`` for the random-window modes; an int >= 1 or
-    None as given. Raises: EvaluationError for anything else."""
+    ``same_text`` and ``context``, ``DEFAULT_TOKEN_BUDGET`` for the random-window modes; an int >= 1
+    or None as given. Raises: EvaluationError for anything else."""
     if isinstance(token_budget, str) and token_budget == "auto":
-        return None if mode == "same_text" else DEFAULT_TOKEN_BUDGET
+        return None if mode in ("same_text", "context") else DEFAULT_TOKEN_BUDGET
     if token_budget is not None and (not is_int(token_budget) or token_budget < 1):
         raise EvaluationError(
             f"token_budget must be an integer >= 1, None (every window) or 'auto' (got {token_budget!r})"
@@ -70,15 +76,17 @@ SETTING_NAMES = (
     "batch_tokens",
     "normalizer_cap",
     "prefix_tokens",
+    "context_targets",
 )
 
 
 def _check_seed_draws(data: str, mode: str, token_budget: int | None, seed: int) -> None:
-    """Raises: EvaluationError for a seed that draws nothing — mode ``same_text`` without a token
-    budget scores every qualifying document, so another seed would only change the cache key."""
-    if mode == "same_text" and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
+    """Raises: EvaluationError for a seed that draws nothing — mode ``same_text`` (or ``context``)
+    without a token budget scores every qualifying document, so another seed would only change the
+    cache key."""
+    if mode in ("same_text", "context") and token_budget is None and seed != 0 and not synthetic.is_synthetic(data):
         raise EvaluationError(
-            f"seed={seed} changes nothing in mode='same_text' without a token budget: every qualifying "
+            f"seed={seed} changes nothing in mode={mode!r} without a token budget: every qualifying "
             "document is scored, none is drawn; drop --seed, or add --token-budget N to draw documents "
             "with it"
         )
@@ -137,6 +145,37 @@ def checkpoint_list(checkpoints) -> list:
     return out
 
 
+def _names_full(lengths) -> bool:
+    """Whether ``lengths`` (any value) is a list naming the context length ``"full"``."""
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        return False
+    return any(isinstance(n, str) and n == FULL_CONTEXT for n in lengths)
+
+
+def _context_settings(lengths, stride, prefix_tokens, context_targets) -> tuple[tuple[int, ...], int, int, int]:
+    """mode ``context``: ``(context lengths, s, M, K)`` resolved and checked — defaults
+    ``DEFAULT_CONTEXT_LENGTHS`` + full, s = 64, M = 8192, K = 256; ``"full"`` is ``M − K``.
+    Raises: EvaluationError naming the setting and the fix (``windows.check_context``)."""
+    stride = DEFAULT_CONTEXT_STRIDE if stride is None else stride
+    M = DEFAULT_CONTEXT_PREFIX if prefix_tokens is None else prefix_tokens
+    if not is_int(M) or M < 3:
+        raise EvaluationError(f"prefix_tokens (--prefix-tokens) must be an integer >= 3 tokens (got {M!r})")
+    K = _integer(
+        "context_targets (--context-targets)",
+        DEFAULT_CONTEXT_TARGETS if context_targets is None else context_targets,
+        1,
+    )
+    M = int(M)
+    check_context([], M, K, stride)  # K fits M before "full" (M − K) means anything
+    if lengths is None:
+        lengths = (*DEFAULT_CONTEXT_LENGTHS, FULL_CONTEXT)
+    if not isinstance(lengths, (str, bytes)) and isinstance(lengths, Iterable):
+        lengths = [M - K if isinstance(n, str) and n == FULL_CONTEXT else n for n in lengths]
+    lengths = check_lengths(lengths)
+    check_context(lengths, M, K, stride)
+    return lengths, stride, M, K
+
+
 def _check_data(data) -> str:
     if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
         raise EvaluationError(
@@ -156,9 +195,12 @@ class EvalSettings:
     the sequences per length), ``seed``, ``rope_scaling``, ``split`` (resolved: None is
     ``"validation"``), ``position_buckets``,
     ``normalizer_cap``, ``device`` (resolved), ``precision``, ``batch_tokens`` (resolved; not
-    part of any cache key), ``prefix_tokens`` (same_text only: the prefix ``M`` every length
-    scores, None = the largest length; see ``windows.plan_same_text``). The per-length cache
-    key is :meth:`length_settings`.
+    part of any cache key), ``prefix_tokens`` (same_text: the prefix ``M`` every length
+    scores, None = the largest length, see ``windows.plan_same_text``; context: ``M``, resolved),
+    ``context_targets`` (context only: ``K``, the targets per document; None in the other modes).
+    In mode ``context`` the ``lengths`` are context lengths ``c`` (``"full"`` resolved to
+    ``M − K``) and ``stride`` is ``s``, the targets a window scores (resolved, default 64); see
+    ``windows.plan_context``. The per-length cache key is :meth:`length_settings`.
     """
 
     data: str
@@ -175,6 +217,7 @@ class EvalSettings:
     precision: str
     batch_tokens: int
     prefix_tokens: int | None = None
+    context_targets: int | None = None
 
     @classmethod
     def make(
@@ -193,20 +236,38 @@ class EvalSettings:
         batch_tokens=None,
         normalizer_cap=None,
         prefix_tokens=None,
+        context_targets=None,
     ) -> "EvalSettings":
         """Validated settings (the arguments of :func:`evaluate_many`), every field normalized: integers
         are ints (numpy integers too; a float, bool or string is refused, never rounded), so equal
-        settings are one cache key. Raises: EvaluationError naming the bad one and the fix."""
+        settings are one cache key. ``lengths`` None: ``DEFAULT_LENGTHS`` (mode ``context``: 128 …
+        4096 and full). Raises: EvaluationError naming the bad one and the fix."""
         data = _check_data(data)
-        lengths = check_lengths(lengths)
+        context = mode == "context" and not synthetic.is_synthetic(data)
+        if _names_full(lengths) and not context:
+            raise EvaluationError(
+                f"the length {FULL_CONTEXT!r} (the whole prefix M − K) is a context length of mode='context'; "
+                "give lengths in tokens, or add --mode context"
+            )
+        if not context:
+            lengths = check_lengths(DEFAULT_LENGTHS if lengths is None else lengths)
         if stride is not None:
             stride = _integer("stride", stride, 1, fix="; give a whole number of tokens, e.g. --stride 256")
         mode = _check_mode(mode, stride)
-        if prefix_tokens is not None:
+        if context:  # the lengths are context lengths; M, K and s resolved and checked together
+            lengths, stride, prefix_tokens, context_targets = _context_settings(
+                lengths, stride, prefix_tokens, context_targets
+            )
+        elif context_targets is not None:
+            raise EvaluationError(
+                f"context_targets applies to mode='context' on text (got mode={mode!r}, data {data!r}); "
+                "drop --context-targets or add --mode context"
+            )
+        elif prefix_tokens is not None:
             if mode != "same_text" or synthetic.is_synthetic(data):
                 raise EvaluationError(
-                    f"prefix_tokens applies to mode='same_text' on text (got mode={mode!r}, data {data!r}); "
-                    "drop --prefix-tokens"
+                    f"prefix_tokens applies to mode='same_text' or mode='context' on text (got mode={mode!r}, "
+                    f"data {data!r}); drop --prefix-tokens"
                 )
             prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
         token_budget = resolve_token_budget(mode, token_budget)
@@ -254,6 +315,7 @@ class EvalSettings:
             precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
             batch_tokens=batch_tokens or (16384 if dev.type == "cuda" else 8192),
             prefix_tokens=prefix_tokens,
+            context_targets=context_targets,
         )
 
     def describe(self) -> dict:
@@ -262,10 +324,10 @@ class EvalSettings:
         ``"cpu"`` on a CPU machine, ``token_budget="auto"`` or its resolved value, ``split=None`` or
         ``"validation"``, lengths in any order). ``format`` (``EVAL_FORMAT_VERSION``), ``data``,
         ``split``, ``lengths`` (sorted), ``mode``, ``stride``, ``token_budget``, ``seed``,
-        ``rope_scaling``, ``position_buckets``, ``normalizer_cap``, ``prefix_tokens``, ``precision``:
-        the device counts through the precision it decides; ``batch_tokens`` changes no number
-        and is left out."""
-        return {
+        ``rope_scaling``, ``position_buckets``, ``normalizer_cap``, ``prefix_tokens``, ``precision``
+        (+ ``context_targets`` in mode ``context``): the device counts through the precision it
+        decides; ``batch_tokens`` changes no number and is left out."""
+        out = {
             "format": EVAL_FORMAT_VERSION,
             "data": self.data,
             "split": self.split,
@@ -280,9 +342,14 @@ class EvalSettings:
             "prefix_tokens": self.prefix_tokens,
             "precision": self.precision,
         }
+        if self.context_targets is not None:  # mode context only: the other modes' descriptions are unchanged
+            out["context_targets"] = self.context_targets
+        return out
 
     def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:
-        """The settings that decide the numbers at length ``n``: the cache key's settings."""
+        """The settings that decide the numbers at length ``n``: the cache key's settings. Mode
+        ``context`` adds ``context_targets`` (K; with ``prefix_tokens`` M, ``stride`` s and the context
+        length ``n`` they fix its windows); the other modes' keys are unchanged by it."""
         out = {
             "format": EVAL_FORMAT_VERSION,
             "length": n,
@@ -298,8 +365,10 @@ class EvalSettings:
         }
         if flex:  # bf16 numbers differ slightly between the two paths: part of the key (GPU only)
             out["attention"] = "flex"
-        if prefix_tokens is not None:  # same_text: the windows at n depend on the prefix M
+        if prefix_tokens is not None:  # same_text, context: the windows at n depend on the prefix M
             out["prefix_tokens"] = prefix_tokens
+        if self.context_targets is not None:  # context: and on the targets K
+            out["context_targets"] = self.context_targets
         if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
             out["normalizer_cap"] = cap
         if self.mode == "synthetic":

@@ -9,6 +9,11 @@ independent units. For every checkpoint but the reference (the first given unles
 ``paired_ci95`` from the same document resampling applied to both at once (Koehn 2004,
 paired bootstrap resampling) — far narrower than either interval, since the text's own
 difficulty cancels.
+
+Context use (mode ``context``): every context length scores the same targets, so each entry at a
+context length ``c`` also carries its paired difference against the same checkpoint's entry at
+the full context ``M − K`` (``full_delta_bpb``, ``full_ci95``: :class:`FullContextDifference`,
+added by :func:`with_full_context_differences`) — the value of the context beyond ``c``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, TypedDict
 
 import numpy as np
 
@@ -153,6 +158,56 @@ def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -
                     e.update(diff, paired_reference=ref_name)
             entries.append(e)
         out.append({**r, "paired_reference": ref_name, "per_length": entries})
+    return out
+
+
+class FullContextDifference(TypedDict):
+    """Fields of a per-length entry at context length ``c`` (mode ``context``, ``c`` not full),
+    against the same checkpoint's entry at the full context ``M − K`` on the same targets.
+
+    ``full_delta_bpb``: bits per byte at ``c`` minus bits per byte at full (per document
+    differences, token-weighted; above 0: the context beyond ``c`` helps). ``full_ci95``: its 95 %
+    paired bootstrap interval over documents (``[low, high]``, bits per byte; None for fewer than
+    ``MIN_INTERVAL_DOCUMENTS`` documents). ``full_context``: the full context length ``M − K`` (tokens).
+    """
+
+    full_delta_bpb: float
+    full_ci95: list[float] | None
+    full_context: int
+
+
+_FULL_KEYS = tuple(FullContextDifference.__annotations__)
+
+
+def full_context_difference(entry: dict, full: dict, full_context: int) -> FullContextDifference | None:
+    """``entry`` (context length ``c``) against ``full`` (the same checkpoint at ``M − K``), paired
+    over documents (:func:`paired_difference`); None when they did not score the same documents
+    and tokens. Raises nothing."""
+    diff = paired_difference(entry, full)
+    if diff is None:
+        return None
+    return {"full_delta_bpb": diff["paired_delta_bpb"], "full_ci95": diff["paired_ci95"], "full_context": full_context}
+
+
+def with_full_context_differences(results: Sequence[dict]) -> list[dict]:
+    """Copies of ``results`` whose entries at every context length but full carry the
+    :class:`FullContextDifference` fields against the same result's full-context entry (a result
+    whose ``settings`` hold ``full_context``: mode ``context``); other results, entries without
+    per-document losses and results without a full-context entry get none. The inputs are not
+    modified."""
+    out = []
+    for r in results:
+        full_context = (r.get("settings") or {}).get("full_context")
+        full = next((e for e in r["per_length"] if e.get("length") == full_context and "error" not in e), None)
+        entries = []
+        for e in r["per_length"]:
+            e = {k: v for k, v in e.items() if k not in _FULL_KEYS}
+            if full is not None and "error" not in e and e["length"] != full_context:
+                diff = full_context_difference(e, full, full_context)
+                if diff is not None:
+                    e.update(diff)
+            entries.append(e)
+        out.append({**r, "per_length": entries})
     return out
 
 

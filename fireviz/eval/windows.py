@@ -36,6 +36,20 @@ Conventions (units: tokens = bytes, loss in nats per token, bits per byte = nats
   ``s = n`` the windows are the non-overlapping ones (plus a tail window that scores the
   remainder) — the same numbers as ``mode="nonoverlapping"`` when ``N`` is a multiple of
   ``n``. ``s > n`` is an error.
+* ``mode="context"`` (context use): fixed targets, more or less context before them. Every
+  document with at least ``M`` tokens (``prefix_tokens``, default 8192) qualifies; its targets
+  are the last ``K`` (``context_targets``, default 256) of its first ``M`` tokens, positions
+  ``M − K … M − 1``. The lengths are context lengths ``c``: the targets are cut into blocks of
+  ``s`` (``stride``, default 64), and each block is scored by one window of ``c + s`` tokens
+  that ends at the block's end and scores only the block (its last ``s`` positions; a last
+  partial block of ``r < s`` targets, its last ``r``), so every target has at least ``c`` and
+  fewer than ``c + s`` tokens before it, and is scored exactly once per ``c``. ``c = M − K`` is
+  *full*: one window of the ``M`` tokens scoring its last ``K``, so every target sees its
+  whole document prefix. ``c`` must be ``M − K`` or leave room for its windows
+  (``c + max(s, K) <= M``); ``token_budget`` takes whole documents in seeded random order
+  until ``documents · K`` reaches it. The same targets at every ``c``: a change along a row is
+  the value of more context alone (``same_text`` mixes that with how many targets sit near a
+  window start).
 
 The selection depends only on the data, the length and the settings, never on the
 checkpoint, so every checkpoint at a given length sees the same windows (paired comparison).
@@ -55,8 +69,16 @@ from fireviz.core import is_int
 #: targets (tokens) scored per length unless told otherwise
 DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_POSITION_BUCKETS = 16
-MODES = ("same_text", "nonoverlapping", "sliding")
+MODES = ("same_text", "nonoverlapping", "sliding", "context")
 DEFAULT_MODE = "same_text"
+#: mode="context": the prefix M, the targets K per document and the stride s (tokens) by default
+DEFAULT_CONTEXT_PREFIX = 8192
+DEFAULT_CONTEXT_TARGETS = 256
+DEFAULT_CONTEXT_STRIDE = 64
+#: mode="context": the context lengths c (tokens) by default, besides ``FULL_CONTEXT`` (M − K)
+DEFAULT_CONTEXT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+#: the name of the context length M − K (every target with its whole document prefix)
+FULL_CONTEXT = "full"
 
 
 class EvaluationError(ValueError):
@@ -153,9 +175,9 @@ def plan_windows(
     """
     _check_length(length)
     mode = _check_mode(mode, stride)
-    if mode == "same_text":
-        raise EvaluationError("mode='same_text' plans every length at once: use plan_same_text")
-    if mode == "sliding" and stride > length:
+    if mode in ("same_text", "context"):
+        raise EvaluationError(f"mode={mode!r} plans every length at once: use plan_{mode}")
+    if mode == "sliding" and stride is not None and stride > length:  # _check_mode: sliding has a stride
         raise EvaluationError(f"stride {stride} is larger than the window ({length} tokens)")
     if token_budget is not None and token_budget < 1:
         raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
@@ -185,6 +207,7 @@ def plan_windows(
             if scored >= budget:
                 break
     else:
+        assert stride is not None  # sliding (_check_mode)
         scored = 0
         for k in torch.randperm(len(eligible), generator=gen).tolist():
             if scored >= budget:
@@ -269,17 +292,26 @@ def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
     return int(prefix_tokens)
 
 
-def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed: int, M: int) -> SameTextPlan:
-    longest = max(doc_num_tokens, default=0)
+def _prefix_documents(doc_ids, doc_num_tokens, M: int, token_budget, seed: int, per_document: int) -> list[int]:
+    """The documents holding ``M`` tokens, sorted by id; with ``token_budget``, whole documents in
+    seeded random order until ``documents · per_document`` targets reach it.
+    Raises: EvaluationError when no document holds ``M`` tokens."""
     eligible = sorted((i for i, n in enumerate(doc_num_tokens) if n >= M), key=lambda i: (doc_ids[i], i))
     if not eligible:
         raise EvaluationError(
-            f"no document has {M} tokens (the longest has {longest}); lower prefix_tokens or leave it out"
+            f"no document has {M} tokens (the longest has {max(doc_num_tokens, default=0)}); lower "
+            "prefix_tokens or leave it out"
         )
     if token_budget is not None:
         order = torch.randperm(len(eligible), generator=torch.Generator().manual_seed(int(seed))).tolist()
-        take = min(len(eligible), max(1, math.ceil(token_budget / (M - 1))))
+        take = min(len(eligible), max(1, math.ceil(token_budget / per_document)))
         eligible = sorted((eligible[k] for k in order[:take]), key=lambda i: (doc_ids[i], i))
+    return eligible
+
+
+def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed: int, M: int) -> SameTextPlan:
+    longest = max(doc_num_tokens, default=0)
+    eligible = _prefix_documents(doc_ids, doc_num_tokens, M, token_budget, seed, M - 1)
     windows: dict = {}
     for n in dict.fromkeys(lengths):
         if n > M:
@@ -292,6 +324,124 @@ def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed
         windows[n] = [Window(d, start, first) for d in eligible for start, first in per_doc]
     skipped = sum(1 for n in doc_num_tokens if n < M)
     return SameTextPlan(M, tuple(eligible), skipped, windows)
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """The fixed targets of a ``context`` evaluation (see the module docstring).
+
+    Attributes (tokens):
+      prefix_tokens: ``M``; targets: ``K`` per document (positions ``M − K … M − 1``);
+      stride: ``s``, the targets one window scores (its last ``s`` positions).
+      documents: indices (into the evaluated list) of the documents scored, sorted by id.
+      documents_skipped: documents shorter than ``M`` (not scored at any context length).
+      windows: context length ``c`` → the windows scoring every target once with ``c`` …
+        ``c + s − 1`` tokens before it (full, ``c = M − K``: one window of ``M`` per document).
+      window_tokens: ``c`` → tokens per window: ``c + s``, or ``M`` for full.
+    """
+
+    prefix_tokens: int
+    targets: int
+    stride: int
+    documents: tuple[int, ...]
+    documents_skipped: int
+    windows: dict
+    window_tokens: dict
+
+    @property
+    def full(self) -> int:
+        """The full context length ``M − K`` (tokens): every target sees its whole document prefix."""
+        return self.prefix_tokens - self.targets
+
+
+def check_context(contexts: Sequence[int], prefix_tokens: int, targets: int, stride: int) -> None:
+    """Raises: EvaluationError, naming the setting and the fix, unless ``targets`` K fits the prefix
+    ``M`` (``1 <= K <= M − 2``: every target has a token before it and ``c >= 2``) and every context
+    length ``c`` is full (``M − K``) or leaves room for its windows of ``c + s`` tokens
+    (``c + max(s, K) <= M``: the first targets, at position ``M − K``, have at most ``M − K`` tokens
+    before them; a window longer than ``M`` does not fit)."""
+    M, K, s = prefix_tokens, targets, stride
+    if not 1 <= K <= M - 2:
+        raise EvaluationError(
+            f"context_targets (--context-targets) K = {K} does not fit the prefix M = {M} tokens: the "
+            f"targets are the last K of the first M tokens and need at least 2 tokens before them; give "
+            f"1 <= K <= {M - 2} (or a longer --prefix-tokens)"
+        )
+    for c in contexts:
+        if c == M - K:
+            continue
+        if c + s > M:
+            raise EvaluationError(
+                f"context length {c} does not fit: its windows of c + s = {c + s} tokens ({c} of context "
+                f"+ the stride s = {s} scored) are longer than the prefix M = {M}; the longest context "
+                f"is full = M − K = {M - K} (--lengths ...,full), or give a longer --prefix-tokens"
+            )
+        if c + max(s, K) > M:
+            below = f"; below it, c <= {M - max(s, K)} (windows of c + s within M)" if s > K else ""
+            raise EvaluationError(
+                f"context length {c} does not fit: the first targets, at position M − K = {M - K}, have "
+                f"only {M - K} tokens before them; the longest context is full = M − K = {M - K} (every "
+                f"target with its whole prefix){below}, or give a longer --prefix-tokens"
+            )
+
+
+def context_windows(prefix_tokens: int, targets: int, stride: int, context: int) -> tuple[int, list[tuple[int, int]]]:
+    """The windows of one document at context length ``c`` (see ``check_context`` for what fits).
+
+    Returns: ``(window tokens, [(start, first_target)])``: for ``c = M − K`` (full) one window
+      ``[0, M)`` scoring its last ``K``; else per block of ``s`` targets ``[t0, t1)`` (the last
+      one may hold fewer) the window ``[t1 − c − s, t1)``, scoring window positions
+      ``t0 − start … c + s − 1``: each target ``M − K … M − 1`` once, with ``c … c + s − 1``
+      tokens before it.
+    Raises: EvaluationError as ``check_context``.
+    """
+    M, K, s, c = prefix_tokens, targets, stride, context
+    check_context([c], M, K, s)
+    if c == M - K:
+        return M, [(0, M - K)]
+    out = []
+    for t0 in range(M - K, M, s):
+        start = min(t0 + s, M) - c - s
+        out.append((start, t0 - start))
+    return c + s, out
+
+
+def plan_context(
+    doc_ids: Sequence[str],
+    doc_num_tokens: Sequence[int],
+    contexts: Sequence[int],
+    *,
+    prefix_tokens: int = DEFAULT_CONTEXT_PREFIX,
+    targets: int = DEFAULT_CONTEXT_TARGETS,
+    stride: int = DEFAULT_CONTEXT_STRIDE,
+    token_budget: int | None = None,
+    seed: int = 0,
+) -> ContextPlan:
+    """The windows of a ``context`` evaluation: the same targets at every context length.
+
+    Args: ``doc_ids``, ``doc_num_tokens`` per document (incl. BOS); ``contexts`` the context
+      lengths ``c`` (tokens, >= 2); ``prefix_tokens`` M, ``targets`` K, ``stride`` s (tokens);
+      ``token_budget`` None (every document holding M tokens) or targets: whole documents in
+      seeded random order (``torch.Generator().manual_seed(seed)``) until ``documents · K`` reaches it.
+    Returns: a :class:`ContextPlan`.
+    Raises: EvaluationError for settings that do not fit (``check_context``), or no document of M tokens.
+    """
+    contexts = list(dict.fromkeys(_check_length(c) for c in contexts))
+    if not all(is_int(v) and v >= 1 for v in (prefix_tokens, targets, stride)):
+        raise EvaluationError(
+            f"prefix_tokens, targets and stride must be integers >= 1 (got {prefix_tokens}, {targets}, {stride})"
+        )
+    if token_budget is not None and token_budget < 1:
+        raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
+    M, K, s = int(prefix_tokens), int(targets), int(stride)
+    check_context(contexts, M, K, s)
+    docs = _prefix_documents(doc_ids, doc_num_tokens, M, token_budget, seed, K)
+    windows, sizes = {}, {}
+    for c in contexts:
+        sizes[c], per_doc = context_windows(M, K, s, c)
+        windows[c] = [Window(d, start, first) for d in docs for start, first in per_doc]
+    skipped = sum(1 for n in doc_num_tokens if n < M)
+    return ContextPlan(M, K, s, tuple(docs), skipped, windows, sizes)
 
 
 def _check_length(length) -> int:
@@ -310,10 +460,13 @@ def _check_mode(mode: str | None, stride: int | None) -> str:
             raise EvaluationError("sliding mode needs a stride (tokens), e.g. --stride 256")
         if not is_int(stride) or stride < 1:
             raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
+    elif mode == "context":  # the targets one window scores (default DEFAULT_CONTEXT_STRIDE)
+        if stride is not None and (not is_int(stride) or stride < 1):
+            raise EvaluationError(f"stride must be an integer >= 1 token (got {stride!r})")
     elif stride is not None:
         raise EvaluationError(
-            f"a stride applies only to mode='sliding' ({mode} windows do not overlap and have "
-            "none); drop --stride or add --mode sliding"
+            f"a stride applies only to mode='sliding' and mode='context' ({mode} windows do not overlap "
+            "and have none); drop --stride or add --mode sliding"
         )
     return mode
 

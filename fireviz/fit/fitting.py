@@ -46,16 +46,17 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, cast
 
 import numpy as np
 import torch
 
-from fireviz.core import as_float, as_int, as_seed, check_fits, fit_bytes
+from fireviz.core import as_float, as_int, as_seed
 from fireviz.encodings import FIRE
 from fireviz.fit.measure import BEYOND_CHUNK, measure_fit
 from fireviz.fit.result import BEYOND_FACTOR, FitResult, json_safe
 from fireviz.fit.targets import FitTarget, check_num_heads, make_target, target_names
+from fireviz.model import check_fits, fit_bytes
 
 #: Default optimisation steps of ``fit_fire`` (after the closed-form initialisation).
 DEFAULT_STEPS = 300
@@ -451,6 +452,7 @@ def _closed_form_start(fd: _FitData, L: float, eps: float, K: int, max_len: int,
         if should_stop is not None and should_stop():
             stopped = True
             break
+    assert best is not None  # try_c ran at least once
     coarse = best[3]
     for k, factor in enumerate((10**-0.5, 10**0.5) if not stopped else (), len(_CL_GRID) + 1):
         try_c(coarse * factor)
@@ -529,7 +531,7 @@ def _write_module(module: FIRE, fd: _FitData, L: float, eps: float, best_state, 
     x = _x_of_d(fd.d, c_best, L, eps)
     beta, _ = _solve_output(fd.s[:, None] * _hidden(x, knots_best), fd.Ys)
     beta = beta * fd.scale[None, :]  # [K + 2, H]
-    lin1, lin2 = module.mlp[0], module.mlp[2]
+    lin1, lin2 = cast(torch.nn.Linear, module.mlp[0]), cast(torch.nn.Linear, module.mlp[2])
     module.c.fill_(float(c_best))
     lin1.weight.fill_(1.0)
     lin1.bias.zero_()

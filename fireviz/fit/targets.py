@@ -60,7 +60,9 @@ def target_params(name: str) -> frozenset[str]:
         return CHECKPOINT_PARAMS
     if name not in fit_target_names():
         raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(target_names())}")
-    return frozenset(encoding_spec(name).fit_params)
+    fit_params = encoding_spec(name).fit_params
+    assert fit_params is not None  # a fit target
+    return frozenset(fit_params)
 
 
 def check_num_heads(num_heads) -> int:
@@ -276,7 +278,9 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
             )
         return target
     heads = check_num_heads(num_heads)
-    enc, shown = encoding_spec(name).fit_target(heads, **params)  # the encoding's own spec builds it
+    fit_target = encoding_spec(name).fit_target
+    assert fit_target is not None  # target_params refused names that are not fit targets
+    enc, shown = fit_target(heads, **params)  # the encoding's own spec builds it
     return FitTarget(name, enc, shown)
 
 

@@ -3,9 +3,27 @@
 from fireviz.model.attention_kernel import backward_kernel
 from fireviz.model.config import GPTConfig
 from fireviz.model.gpt import BOS_ID, GPT
+from fireviz.model.memory import (
+    InsufficientMemoryError,
+    bias_matrix_bytes,
+    bias_report_bytes,
+    check_fits,
+    fire_curve_bytes,
+    fit_bytes,
+    memory_problem,
+    train_step_bytes,
+)
 from fireviz.model.state import CheckpointError, config_from_dict, load_state_checked, nonfinite_parameters
 
 __all__ = [
+    "InsufficientMemoryError",
+    "bias_matrix_bytes",
+    "bias_report_bytes",
+    "check_fits",
+    "fire_curve_bytes",
+    "fit_bytes",
+    "memory_problem",
+    "train_step_bytes",
     "BOS_ID",
     "CheckpointError",
     "GPT",

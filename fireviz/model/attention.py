@@ -124,7 +124,7 @@ def _torch_backward(q, k, v, mask, out, lse, dout, mask_grad: bool):
         P = torch.bmm(qs[:, s:e], kk.transpose(1, 2))
         P.view(B, H, e - s, keys).add_(mask[:, s:e, :keys])
         # the probabilities (exp(−inf) = 0 above the diagonal; see UNDERFLOW)
-        F.threshold_(P.sub_(lse3[:, s:e]), UNDERFLOW, float("-inf")).exp_()
+        F.threshold_(P.sub_(lse3[:, s:e]), UNDERFLOW, float("-inf")).exp_()  # type: ignore[attr-defined]
         dS = torch.bmm(do3[:, s:e], vv.transpose(1, 2)).sub_(delta[:, s:e]).mul_(P)  # P ⊙ (dP − δ)
         if dmask is not None:
             torch.sum(dS.view(B, H, e - s, keys), 0, out=dmask[:, s:e, :keys])

@@ -97,6 +97,7 @@ def _build_lock(directory: str):
 
 def _import(name: str, path: str):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .so path always has a spec and a loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

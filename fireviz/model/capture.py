@@ -34,7 +34,7 @@ import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 import numpy as np
 import torch
@@ -93,7 +93,7 @@ def _integers(value, name: str, what: str) -> list[int]:
             integer = not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
         if value.ndim > 1 or not integer:
             raise ValueError(f"{forms} (got a {value.ndim}-D {value.dtype} {type(value).__name__})")
-        items = value.tolist()
+        items: Any = value.tolist()
         return [items] if value.ndim == 0 else items
     if is_int(value):
         return [int(value)]
@@ -243,7 +243,8 @@ class AttentionCapture:
             queries=torch.tensor(rows, dtype=torch.long),
             probs=torch.cat(probs, dim=2),
             content=torch.cat(content, dim=2) if self.logits else None,
-            bias=torch.cat(bias, dim=1) if self.logits and bias[0] is not None else None,
+            # one mask dtype per call: every b is a tensor when the first is
+            bias=torch.cat(cast(list[torch.Tensor], bias), dim=1) if self.logits and bias[0] is not None else None,
             dropout=float(dropout),
         )
 

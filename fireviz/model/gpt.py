@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager, nullcontext
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, cast
 
 import torch
 import torch.nn.functional as F
@@ -60,9 +60,11 @@ class KVCache:
         """Append new keys/values ``[batch, heads, new, head_dim]`` of ``layer`` to the cache;
         returns all of that layer's keys and values so far ``[batch, heads, length + new, head_dim]``.
         (``length`` itself is advanced by the model after the last layer.)"""
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
+        prev_k, prev_v = self.keys[layer], self.values[layer]
+        if prev_k is not None:
+            assert prev_v is not None  # keys and values are stored together
+            k = torch.cat([prev_k, k], dim=2)
+            v = torch.cat([prev_v, v], dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
@@ -262,12 +264,12 @@ class GPT(
         if backend not in ("sdpa", "flex"):
             raise ValueError(f"attention backend must be 'sdpa' or 'flex' (got {backend!r})")
         for block in self.blocks:
-            block.attn.backend = backend
+            cast(Block, block).attn.backend = backend
         return self
 
     def encoding(self, layer: int) -> PositionEncoding:
         """The position-encoding module used by ``layer`` (shared modules repeat)."""
-        return self.encodings[layer if len(self.encodings) > 1 else 0]
+        return cast(PositionEncoding, self.encodings[layer if len(self.encodings) > 1 else 0])
 
     def num_parameters(self, include_embeddings: bool = True) -> int:
         """Parameter count (tied embeddings counted once)."""
@@ -484,7 +486,8 @@ class GPT(
           such as ``n_layer=…`` or a ``map_location`` that is not a usable device.
         """
         check_checkpoint_ref(pretrained_model_name_or_path)
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        # huggingface_hub takes str | Path but str()s it: any PathLike works
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def _from_pretrained(

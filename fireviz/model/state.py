@@ -224,12 +224,12 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
         and all(k in own for k in tied)
         and own[tied[0]].data_ptr() == own[tied[1]].data_ptr()
     ):
-        a, b = state[tied[0]], state[tied[1]]
+        ta, tb = state[tied[0]], state[tied[1]]
         same = (
-            a.shape == b.shape
-            and a.dtype == b.dtype
+            ta.shape == tb.shape
+            and ta.dtype == tb.dtype
             and torch.equal(  # bit for bit: NaN equals itself
-                a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+                ta.contiguous().view(torch.uint8), tb.contiguous().view(torch.uint8)
             )
         )
         if not same:

@@ -383,6 +383,7 @@ def dilution_compare_figure(results: Sequence) -> go.Figure:
     for r in rs:
         share = _arr(r["share"])
         name = r.get("checkpoint") or r.get("encoding")
+        assert name is not None  # a dilution result names its encoding
         cap = r.get("normalizer_cap")
         for ly in range(share.shape[0]):
             fig.add_trace(

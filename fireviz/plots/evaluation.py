@@ -106,7 +106,7 @@ def _grouped_rows(results: Sequence[Mapping], group_key: str | None) -> "Ordered
 def _pooled_documents(entries: Sequence[Mapping]) -> dict | None:
     """Per-document nats averaged over members scored on the same documents and tokens
     (``{"doc", "nats", "tokens"}``), or None when any member lacks them or they differ."""
-    docs = [e.get("per_document") for e in entries]
+    docs: list = [e.get("per_document") for e in entries]
     if not docs or not all(isinstance(d, Mapping) and d.get("doc") for d in docs):
         return None
     if any(d["doc"] != docs[0]["doc"] or d["tokens"] != docs[0]["tokens"] for d in docs):
@@ -453,7 +453,7 @@ def loss_by_position_figure(
     Raises: ValueError if no result has loss-by-position data for the chosen lengths.
     """
     if isinstance(results, Mapping) or hasattr(results, "to_dict"):
-        results = [results]
+        results = [results]  # type: ignore[list-item]  # a result object (to_dict) as well as a dict
     fig = go.Figure()
     trains = set()
     color_index: dict[str, int] = {}
@@ -497,5 +497,68 @@ def loss_by_position_figure(
         xaxis_title="position in window (tokens, bucket start)",
         yaxis_title="loss (nats/token)",
         meta={"train_seq_len": sorted(trains)},
+    )
+    return fig
+
+
+def context_use_figure(results: Sequence[Mapping], log_x: bool = True) -> go.Figure:
+    """Context use (``fireviz.eval`` mode ``context``): bits per byte of fixed targets vs context length.
+
+    Args: evaluate results of mode ``context`` (``per_length[*]``: ``length`` = context length c,
+      ``bits_per_byte``, ``ci95``, optionally ``full_delta_bpb``; ``settings.full_context`` = M − K);
+      names as in ``group_perplexity`` (no pooling). Every c scores the same targets, so a change
+      along a line is the value of more context alone.
+    Returns: Figure; x = context length c (tokens; the full context M − K labelled ``full``), y = bits
+      per byte, error bars = the 95 % bootstrap interval over documents (``error_y.array`` above,
+      ``arrayminus`` below), dashed training length(s); trace meta ``{"group", "full_context"}``.
+    Raises: ValueError when no result has a scored context length.
+    """
+    fig = go.Figure()
+    trains, fulls, xs = set(), set(), set()
+    for k, res in enumerate(_as_dict(r) for r in results):
+        rows = sorted((e for e in res.get("per_length", []) if "error" not in e), key=lambda e: int(e["length"]))
+        if not rows:
+            continue
+        full = (res.get("settings") or {}).get("full_context")
+        fulls.add(full)
+        if res.get("train_seq_len"):
+            trains.add(int(res["train_seq_len"]))
+        y = np.array([float(e["bits_per_byte"]) for e in rows])
+        ci = [e.get("ci95") or [None, None] for e in rows]
+        hi = np.array([np.nan if c[1] is None else c[1] for c in ci], dtype=np.float64)
+        lo = np.array([np.nan if c[0] is None else c[0] for c in ci], dtype=np.float64)
+        xs.update(int(e["length"]) for e in rows)
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([int(e["length"]) for e in rows]),
+                y=y,
+                mode="lines+markers",
+                name=_group_name(res, None),
+                line=dict(color=_color(k)),
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=np.nan_to_num(hi - y),
+                    arrayminus=np.nan_to_num(y - lo),
+                    visible=True,
+                ),
+                meta={"group": _group_name(res, None), "full_context": full},
+            )
+        )
+    if not fig.data:
+        raise ValueError("no context-use results to plot (evaluate with mode='context')")
+    for t in sorted(trains):
+        _mark_length(fig, t, text=f"train {t}")
+    if log_x:
+        ticks = sorted(xs)
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"full ({n})" if n in fulls else str(n) for n in ticks])
+    fig.update_layout(
+        title=dict(
+            text="Context use: bits per byte of the same targets vs context length",
+            subtitle=dict(text=_settings_caption(results)),
+        ),
+        xaxis_title="context length c (tokens before each target: c … c + s − 1; full = the whole prefix)",
+        yaxis_title="bits per byte (same targets at every c)",
+        meta={"train_seq_len": sorted(trains), "settings_caption": _settings_caption(results)},
     )
     return fig

@@ -148,7 +148,10 @@ class _LossZoom:
     value stays in view, and so does every validation point past 10% of ``x_end`` (the last x)."""
 
     def __init__(self, x_end: float):
-        self.x_end, self.train_losses, self.last_values, self.late_val = x_end, [], [], []
+        self.x_end = x_end
+        self.train_losses: list[float] = []
+        self.last_values: list[float] = []
+        self.late_val: list[float] = []
         self.lowest = math.inf
 
     def add(self, key: str, x: np.ndarray, y: np.ndarray) -> None:

@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Sequence
 
 import tomllib
 
@@ -312,7 +313,7 @@ def _check_pair(mc: GPTConfig, tc: TrainConfig) -> None:
         )
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> tuple[GPTConfig, TrainConfig]:
+def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> tuple[GPTConfig, TrainConfig]:
     """Read a TOML config (``[model]`` and ``[train]`` tables) and apply ``--set`` overrides.
 
     ``path`` None starts from the defaults. Raises: TrainingError if the file is missing or

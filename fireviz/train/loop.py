@@ -47,7 +47,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TextIO
 
 import torch
 
@@ -186,7 +186,7 @@ class _Run:
     d: Dist
     out: Path
     provenance: dict  # config.json['training']
-    log: object  # the open train log (rank 0), else None
+    log: TextIO | None  # the open train log (rank 0), else None
     last: dict = field(
         default_factory=lambda: dict.fromkeys(("loss", "val_loss", "val_loss_4x", "val_loss_random", "val_step"))
     )

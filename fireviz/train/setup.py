@@ -17,15 +17,22 @@ import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TextIO
 
 import torch
 
 from fireviz import __version__
-from fireviz.core import InsufficientMemoryError, check_fits, train_step_bytes
 from fireviz.core.distributed import Dist
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
-from fireviz.model import GPT, CheckpointError, GPTConfig, load_state_checked
+from fireviz.model import (
+    GPT,
+    CheckpointError,
+    GPTConfig,
+    InsufficientMemoryError,
+    check_fits,
+    load_state_checked,
+    train_step_bytes,
+)
 from fireviz.train.config import _FREE_ON_RESUME, TrainConfig, TrainingError, _check_pair, config_hash, settings_dict
 from fireviz.train.schedule import random_validation_windows, validation_windows
 from fireviz.train.state import _load_optimizer, _truncate_log, has_checkpoint, read_trainer_state
@@ -109,7 +116,7 @@ def _check_new_out(out: Path) -> None:
 class RunData:
     """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
 
-    stream: object  # TokenStream or synthetic.SyntheticStream: num_tokens, batch(starts, length)
+    stream: TokenStream | synthetic.SyntheticStream  # num_tokens, batch(starts, length)
     fingerprint: str
     val_fingerprint: str
     val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)
@@ -217,13 +224,14 @@ def wrap_model(model: GPT, tc: TrainConfig, d: Dist, device: torch.device):
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls
         torch.backends.cudnn.allow_tf32 = True
+    stepped: Any = model
     if tc.compile:
-        model = torch.compile(model)
+        stepped = torch.compile(stepped)
     if d.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return model, autocast
+        stepped = DDP(stepped, device_ids=[device.index] if device.type == "cuda" else None)
+    return stepped, autocast
 
 
 def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: Dist, model: GPT, command) -> dict:
@@ -247,7 +255,7 @@ def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: D
     }
 
 
-def open_log(out: Path, d: Dist, resume: bool, start_step: int):
+def open_log(out: Path, d: Dist, resume: bool, start_step: int) -> TextIO | None:
     """The train log, appended to by rank 0 (a resumed one first cut back to the resumed step)."""
     log_path = out / "train_log.jsonl"
     if not d.master:

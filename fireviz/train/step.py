@@ -10,6 +10,7 @@ AdamW (Loshchilov & Hutter 2019) with decoupled weight decay on matrices only
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ def _param_groups(model: GPT, tc: TrainConfig) -> tuple[list[dict], list[str]]:
     ``encodings.``) form a third group whose ``lr_scale`` multiplies the scheduled learning
     rate. Returns the groups and the parameter names in optimizer order."""
     split = tc.position_lr_multiplier != 1.0
-    decay, no_decay, position = [], [], []
+    decay: list[tuple[str, torch.nn.Parameter]] = []
+    no_decay: list[tuple[str, torch.nn.Parameter]] = []
+    position: list[tuple[str, torch.nn.Parameter]] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -94,7 +97,7 @@ def training_step(
     n = len(micro_batches)
     for m, batch in enumerate(micro_batches):
         batch = batch.to(device, non_blocking=True)
-        ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()
+        ctx = model.no_sync() if ddp and m < n - 1 else nullcontext()  # type: ignore[operator]  # DDP's
         with ctx:
             loss = _forward_loss(
                 model,
@@ -125,7 +128,7 @@ def position_parameters(model: GPT) -> dict[str, dict[str, list[float]]]:
     """
     out: dict[str, dict[str, list[float]]] = {}
     for layer, enc in enumerate(model.encodings):
-        for name, values in enc.position_parameters().items():
+        for name, values in cast(PositionEncoding, enc).position_parameters().items():
             out.setdefault(name, {})[str(layer)] = [float(v) for v in values]
     return out
 

@@ -68,7 +68,7 @@ def _show_failure(error_text: str) -> None:
 
 
 def evaluation_jobs(
-    page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: Sequence[int], run: bool
+    page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: list[int], run: bool
 ) -> tuple[list[dict], list]:
     """The background evaluations behind the Length generalization page, one per spec.
 
@@ -148,7 +148,7 @@ def eval_caption(results: Sequence[dict]) -> str:
                 for n, e in sorted(first.items())
             )
         )
-    caps = sorted({r.get("normalizer_cap") for r in results if r.get("normalizer_cap")})
+    caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
     if caps:
         parts.append("FIRE normalizer capped at " + ", ".join(str(c) for c in caps) + " tokens where labelled")
     devices = sorted({str(r.get("device")) for r in results})

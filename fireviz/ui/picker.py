@@ -248,7 +248,7 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     (for a published model: source, family, revision, stack and what was read)."""
     c = info.config
     if info.is_published:
-        rev = f" @ `{c.get('revision')[:12]}`" if c.get("revision") else ""
+        rev = f" @ `{c['revision'][:12]}`" if c.get("revision") else ""
         stack = f", {c.get('stack')} stack" if c.get("stack") else ""
         return (
             f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import streamlit as st
 
@@ -73,7 +73,7 @@ def url_state(
                     cand = [c for c in cand if c in options]
                 value = cand if cand else default
             else:
-                cand = _cast(raw, kind)
+                cand = _cast(cast(str, raw), kind)  # one value: not multi
                 ok = (options is None or cand in options) and (lo is None or cand >= lo) and (hi is None or cand <= hi)
                 value = cand if ok else default
         except (TypeError, ValueError, OverflowError):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from fireviz.encodings import encoding_spec
+
 FLOAT32 = 4
 #: floats per token held at once inside a block (residual, LayerNorm out, qkv and its permuted
 #: copy, attention out, projection, MLP hidden and GELU out): ≈ 16·d_model
@@ -45,7 +47,7 @@ def forward_bytes(config, batch: int, length: int) -> int:
     block = min(length, config.attn_query_block)
     act = ACTIVATION_FLOATS_PER_CHANNEL * config.d_model * tokens * FLOAT32
     logits = LOGIT_COPIES * config.vocab_size * tokens * FLOAT32
-    additive = config.position_encoding not in ("nope", "rope", "rope_pi", "yarn")
+    additive = encoding_spec(config.position_encoding).additive
     if additive:
         attn = BIAS_COPIES * config.n_head * block * length * FLOAT32
     else:  # a bool mask [block, keys] (one byte each) when blocked; none for one causal block
@@ -113,7 +115,7 @@ def train_step_bytes(config, micro_batch: int, seq_len: int, num_parameters: int
     estimate, so that nothing that fits is refused."""
     tokens = micro_batch * seq_len
     act = config.n_layer * 20 * config.d_model * tokens * FLOAT32 + 3 * config.vocab_size * tokens * FLOAT32
-    additive = config.position_encoding not in ("nope", "rope", "rope_pi", "yarn")
+    additive = encoding_spec(config.position_encoding).additive
     bias = config.n_layer * 2 * config.n_head * seq_len * seq_len * FLOAT32 if additive else 0
     return int(16 * num_parameters + act + bias)
 
@@ -149,7 +151,7 @@ def fire_curve_bytes(n_head: int, mlp_width: int, points: int, mlp_depth: int = 
 def memory_problem(configs, length: int, batch: int, device, batch_tokens: int) -> str | None:
     """Why ``length`` cannot be evaluated in this machine's memory, or None if it fits.
 
-    The estimate (``fireviz.core.memory.forward_bytes`` of the largest of ``configs`` on ``batch``
+    The estimate (``fireviz.model.memory.forward_bytes`` of the largest of ``configs`` on ``batch``
     windows) is compared with the memory available now. The message gives both figures and the
     largest length that fits with ``batch_tokens``.
     """
