@@ -25,6 +25,7 @@ app: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check --output-format concise .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy fireviz
 	$(PY) -m pytest -q
 
 clean:

@@ -8,6 +8,7 @@ shipped copy-task numbers are re-derived here from exactly the stored weights.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,18 @@ def test_bundled_copy_group_is_listed_apart_from_the_prose_models():
     assert {i.data for i in found} == {"synthetic:copy"} and {i.seq_len for i in found} == {64}
 
 
+#: float32's unit roundoff (2^-24)
+U32 = 2.0**-24
+
+
+def float32_tolerance_bpb(bits_per_byte: float, targets: int, vocab_size: int = 257) -> float:
+    """How far a float32 evaluation's bits per byte may move between machines (AMD and Intel sum
+    in different orders): the targets' losses are summed in float32 (a sum of N terms moves by at
+    most N·u of its value), and each target's log-softmax by a few u times the logits' scale,
+    bounded here by 4·u·ln(vocab) nats. In bits per byte (1 byte per token, ÷ ln 2)."""
+    return targets * U32 * bits_per_byte + 4 * U32 * math.log(vocab_size) / math.log(2)
+
+
 def test_shipped_copy_results_are_reproduced_from_the_stored_weights(tmp_path):
     shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
     assert set(shipped) == set(COPY_NAMES)
@@ -66,7 +79,8 @@ def test_shipped_copy_results_are_reproduced_from_the_stored_weights(tmp_path):
         old = {e["length"]: e for e in shipped[r["checkpoint"]]["per_length"]}
         for e in r["per_length"]:
             assert e["accuracy"] == pytest.approx(old[e["length"]]["accuracy"], abs=1e-12)
-            assert e["bits_per_byte"] == pytest.approx(old[e["length"]]["bits_per_byte"], rel=1e-6)
+            tolerance = float32_tolerance_bpb(old[e["length"]]["bits_per_byte"], e["tokens_scored"])
+            assert e["bits_per_byte"] == pytest.approx(old[e["length"]]["bits_per_byte"], abs=tolerance)
     acc = {n: {e["length"]: e["accuracy"] for e in shipped[n]["per_length"]} for n in COPY_NAMES}
     # what the README says: every encoding copies at the training length (four of them without an error)
     assert min(acc[n][64] for n in COPY_NAMES) > 0.9

@@ -41,8 +41,8 @@ from fireviz.plots.export import figure_path_problem
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
-def _ci_text(ci, signed: bool = False) -> str:
-    f = "+.3f" if signed else ".3f"
+def _ci_text(ci, signed: bool = False, digits: int = 3) -> str:
+    f = f"{'+' if signed else ''}.{digits}f"
     return f" [{ci[0]:{f}}, {ci[1]:{f}}]" if isinstance(ci, list) and len(ci) == 2 else ""
 
 
@@ -68,17 +68,16 @@ def _length_head(settings: dict, n: int) -> str:
 def _context_text(s: dict) -> str:
     """What mode context scored, in words (``s``: a result's settings)."""
     M, K, full, d = s.get("prefix_tokens"), s.get("context_targets"), s.get("full_context"), s.get("documents_scored")
-    stride = s.get("stride") or 0
-    targets = (
-        f" (the same {d * K:,} targets at every context length c)" if isinstance(d, int) and isinstance(K, int) else ""
-    )
+    stride, skipped = s.get("stride") or 0, s.get("documents_skipped")
+    targets = f"{d * K:,} targets" if isinstance(d, int) and isinstance(K, int) else "targets"
+    drawn = f", drawn with seed {s.get('seed')}" if s.get("token_budget") else ""
     return (
-        f": context use, fixed targets — positions M − K … M − 1 = {full} … {M - 1 if isinstance(M, int) else '?'}, the "
-        f"last K = {K} of the first M = {M} tokens, of each of {d} document{'s' if d != 1 else ''} "
-        f"({s.get('documents_skipped')} shorter documents skipped{'; drawn with seed ' + str(s.get('seed')) if s.get('token_budget') else ''})"
-        f"{targets}; each target scored with c … c + {stride - 1} tokens before it (windows of c + {stride} tokens "
-        f"scoring their last {stride}); c = {full} ({FULL_CONTEXT}): one window of the first M tokens, every target "
-        "with its whole prefix"
+        f": context use — the last K = {K} of the first M = {M} tokens (positions {full} … "
+        f"{M - 1 if isinstance(M, int) else '?'}) of each of {d} document{'s' if d != 1 else ''}{drawn} "
+        f"({skipped} shorter one{'s' if skipped != 1 else ''} skipped): {targets}, the same at every context "
+        f"length c; each scored with c … c + {stride - 1} tokens before it (windows of c + {stride} tokens "
+        f"scoring their last {stride}); c = {full} = M − K ({FULL_CONTEXT}): one window of the first M tokens, "
+        "every target with its whole prefix"
     )
 
 
@@ -154,13 +153,13 @@ def _context_table(results: Sequence[dict], lengths: list[int]) -> list[str]:
             cells = ["error", "", ""]
             if "error" not in e:
                 cells = [
-                    f"{e['bits_per_byte']:.4f}" + _ci_text(e.get("ci95")),
+                    f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")),
                     ""
                     if "full_delta_bpb" not in e
-                    else f"{e['full_delta_bpb']:+.4f}" + _ci_text(e.get("full_ci95"), True),
+                    else f"{e['full_delta_bpb']:+.4f}" + _ci_text(e.get("full_ci95"), True, 4),
                     ""
                     if "paired_delta_bpb" not in e
-                    else f"{e['paired_delta_bpb']:+.4f}" + _ci_text(e.get("paired_ci95"), True),
+                    else f"{e['paired_delta_bpb']:+.4f}" + _ci_text(e.get("paired_ci95"), True, 4),
                 ]
             rows.append([name, enc, str(r["train_seq_len"]), _length_head(s0, n)] + cells[: 3 if ref else 2])
     head = ["checkpoint", "enc", "train", "context c", "bits per byte [95 %]", f"− {FULL_CONTEXT} [95 %]"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import csv
 import io
 import json
 import os
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +153,47 @@ def paper_figure(fig: go.Figure, width: str = "page") -> go.Figure:
     return out
 
 
+#: tries of one export (each after starting a fresh browser): a loaded 2-core machine sometimes
+#: loses a browser start
+EXPORT_ATTEMPTS = 3
+#: seconds kaleido waits for one image (its default is 90; a loaded machine needs more)
+EXPORT_TIMEOUT_S = 300
+_BROWSER_LOCK = threading.Lock()
+_browser_started = False
+
+
+def _warm_browser(restart: bool = False) -> None:
+    """Start kaleido's browser once per process and keep it for every later export (plotly's
+    ``to_image`` uses a running kaleido server), so a batch of exports pays one browser start.
+    MathJax is off: it would be fetched from a CDN, and figures here use no LaTeX. ``restart``
+    replaces a browser that failed. No-op where kaleido is missing (``to_image`` says so)."""
+    global _browser_started
+    try:
+        import kaleido  # optional dependency: only figure export needs it
+    except ImportError:
+        return
+    with _BROWSER_LOCK:
+        if _browser_started and not restart:
+            return
+        if _browser_started:
+            with contextlib.suppress(Exception):
+                kaleido.stop_sync_server(silence_warnings=True)
+            _browser_started = False
+        kaleido.start_sync_server(n=1, timeout=EXPORT_TIMEOUT_S, mathjax=False, silence_warnings=True)
+        if not _browser_started:
+            atexit.register(_stop_browser)
+        _browser_started = True
+
+
+def _stop_browser() -> None:
+    global _browser_started
+    with contextlib.suppress(Exception):
+        import kaleido  # optional dependency
+
+        kaleido.stop_sync_server(silence_warnings=True)
+    _browser_started = False
+
+
 def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes:
     """The figure as SVG, PDF or PNG bytes (kaleido, drawing with a headless Chromium).
 
@@ -165,12 +210,18 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
         os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
     f = paper_figure(fig, paper) if paper else fig
     try:
-        try:
-            return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
-        except ImportError:
-            raise
-        except Exception:  # a cold browser start sometimes loses kaleido's page script: once more
-            return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
+        for attempt in range(EXPORT_ATTEMPTS):
+            try:
+                _warm_browser(restart=attempt > 0)
+                with warnings.catch_warnings():  # plotly's per-call browser options: the warm browser has ours
+                    warnings.filterwarnings("ignore", message="The kopts argument is ignored")
+                    return f.to_image(format=fmt, scale=3 if fmt == "png" else 1)
+            except ImportError:
+                raise
+            except Exception:  # a browser start lost under load: start a fresh one and try again
+                if attempt == EXPORT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
     except Exception as e:  # kaleido missing, no browser, a browser that failed to start
         raise FigureExportError(
             f"cannot write the figure as {fmt.upper()} ({type(e).__name__}: "
