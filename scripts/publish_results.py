@@ -354,6 +354,36 @@ def fmt_seed_table(runs: list[dict]) -> list[str]:
     return out
 
 
+def fmt_paired_seed_table(runs: list[dict]) -> list[str]:
+    """Markdown rows: per encoding with extra seeds, its paired difference against the reference
+    pooled over its seeds — mean ± sample standard deviation over seeds — beside the mean
+    half-width of one seed's 95 % paired interval over documents (text noise), so a claim can
+    be sized against both. ``runs`` as ``fmt_seed_table``; [] when no encoding has extra seeds
+    or no row is paired. The reference itself is one seed (its own seed spread is its row here
+    when it has seeds)."""
+    plain = {r["label"]: r for r in runs if not r["settings"].get("rope_scaling")}
+    groups = seed_groups(list(plain))
+    out = [
+        "| encoding | seeds | " + " | ".join(map(str, LENGTHS)) + " |",
+        "|---" * (len(LENGTHS) + 2) + "|",
+    ]
+    for enc, names in groups.items():
+        cells = []
+        for n in LENGTHS:
+            rows = [next((e for e in plain[m]["per_length"] if e["length"] == n), {}) for m in names]
+            deltas = [e["paired_delta_bpb"] for e in rows if e.get("paired_delta_bpb") is not None]
+            halves = [(e["paired_ci95"][1] - e["paired_ci95"][0]) / 2 for e in rows if e.get("paired_ci95")]
+            if len(deltas) < 2 or len(deltas) != len(names):
+                cells.append("—")
+                continue
+            mean = sum(deltas) / len(deltas)
+            std = (sum((d - mean) ** 2 for d in deltas) / (len(deltas) - 1)) ** 0.5
+            text = f" (text ±{sum(halves) / len(halves):.3f})" if len(halves) == len(names) else ""
+            cells.append(f"{mean:+.3f} ± {std:.3f}{text}")
+        out.append(f"| {enc} | {len(names)} | " + " | ".join(cells) + " |")
+    return out if len(out) > 2 else []
+
+
 def replace_generated(text: str, name: str, body: list[str]) -> str:
     """Replace the lines between ``<!-- generated:name -->`` and ``<!-- /generated:name -->``.
 
@@ -560,6 +590,17 @@ def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], 
             ]
         if seeds := fmt_seed_table(runs):
             md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
+        if paired_seeds := fmt_paired_seed_table(runs):
+            ref = next(r["paired_reference"] for r in runs if r.get("paired_reference"))
+            md += [
+                f"Paired difference against {ref} pooled over training seeds ({domain}): mean ± sample "
+                "standard deviation over seeds, and in parentheses the mean half-width of one seed's 95 % "
+                "interval over documents. A difference smaller than the seed spread is not a property of "
+                "the encoding.",
+                "",
+                *paired_seeds,
+                "",
+            ]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
     md += fmt_validation_table(logs, seq_len) + [""]
     return "\n".join(md)
