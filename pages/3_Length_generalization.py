@@ -4,9 +4,10 @@ Thin over ``fireviz.eval.evaluate.evaluate_many``, run in the background by
 ``fireviz.ui.jobs.submit_evaluation`` through ``ui.evaluation_jobs`` (one job at a time, FIFO,
 never the same job twice; results cached on disk by evaluate; what is already cached shows
 without a run, ``fireviz.eval.evaluate.cached_results``), and ``fireviz.plots`` (perplexity vs
-length, loss by position).
+length, loss by position). Protocol "context use" (mode ``context``) draws bits per byte of fixed
+targets against the context length c beside the same-text curve (``context_use_view``).
 State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, seed, scaling, cap, ref, pool, device
-(with a GPU).
+(with a GPU); in context use also ctx (context lengths), ctxm (M), ctxk (K), cstride (s).
 """
 
 import streamlit as st
@@ -14,9 +15,195 @@ import streamlit as st
 from fireviz import plots, ui
 from fireviz.checkpoints import default_device, seed_base, seed_groups
 from fireviz.data import DOMAINS, DataError, synthetic
-from fireviz.eval import evaluate
+from fireviz.eval import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_CONTEXT_PREFIX,
+    DEFAULT_CONTEXT_STRIDE,
+    DEFAULT_CONTEXT_TARGETS,
+    FULL_CONTEXT,
+    evaluate,
+)
 
 P = "lengen"
+#: what each protocol answers: one sentence under its curve
+SAME_TEXT_ANSWERS = "Same text: how the score of a text changes when it is cut into windows of n tokens."
+CONTEXT_ANSWERS = "Context use: how the score of fixed targets changes with c tokens of context before them."
+
+
+def context_inputs() -> tuple[dict, list]:
+    """The sidebar's context-use settings (URL ctxm, ctxk, cstride, ctx): ``(evaluate settings of mode
+    context, context lengths c)``, ``"full"`` standing for M − K. Lengths that do not fit M are
+    refused by the settings with their reason (shown by ``ui.evaluation_jobs``)."""
+    sb = st.sidebar
+    big = 1 << 20
+    M = sb.number_input(
+        "Prefix M (tokens): the targets are the last K of each document's first M",
+        3,
+        big,
+        key=ui.url_state(P, "ctxm", DEFAULT_CONTEXT_PREFIX, int, lo=3, hi=big),
+        help="Only documents holding M tokens are scored; full context = M − K.",
+    )
+    K = sb.number_input(
+        "Targets per document K", 1, big, key=ui.url_state(P, "ctxk", DEFAULT_CONTEXT_TARGETS, int, lo=1, hi=big)
+    )
+    s = sb.number_input(
+        "Targets per window s",
+        1,
+        1 << 16,
+        key=ui.url_state(P, "cstride", DEFAULT_CONTEXT_STRIDE, int, lo=1, hi=1 << 16),
+        help="Each window of c + s tokens scores only its last s positions: every target sees c … c + s − 1 "
+        "tokens before it.",
+    )
+    options = [str(2**k) for k in range(2, 21)] + [FULL_CONTEXT]
+    default = [str(n) for n in DEFAULT_CONTEXT_LENGTHS] + [FULL_CONTEXT]
+    picked = sb.multiselect(
+        "Context lengths c (tokens before each target; full = M − K, the whole prefix)",
+        options,
+        key=ui.url_state(P, "ctx", default, options=options, multi=True),
+    )
+    settings = {"mode": "context", "stride": int(s), "prefix_tokens": int(M), "context_targets": int(K)}
+    return settings, [x if x == FULL_CONTEXT else int(x) for x in picked]
+
+
+def context_window(settings: dict, c) -> int:
+    """Tokens per window at context length ``c`` (M for full, else c + s): what FIRE's cap sees."""
+    M, K, s = settings["prefix_tokens"], settings["context_targets"], settings["stride"]
+    return M if c in (FULL_CONTEXT, M - K) else c + s
+
+
+def context_rows(ctx: list[dict]) -> list[dict]:
+    """The context-use table: per checkpoint and context length, bits per byte, minus full context and
+    minus the reference checkpoint, each with its 95 % interval over documents."""
+    rows = []
+    for r in ctx:
+        full = r["settings"].get("full_context")
+        for e in r["per_length"]:
+            ci, fci, pci = (e.get(k) or [None, None] for k in ("ci95", "full_ci95", "paired_ci95"))
+            rows.append(
+                {
+                    "checkpoint": r.get("label") or r["checkpoint"],
+                    "context": f"{FULL_CONTEXT} ({full})" if e["length"] == full else str(e["length"]),
+                    "bits_per_byte": e["bits_per_byte"],
+                    "ci95_low": ci[0],
+                    "ci95_high": ci[1],
+                    "minus_full": e.get("full_delta_bpb"),
+                    "minus_full_low": fci[0],
+                    "minus_full_high": fci[1],
+                    "minus_reference": e.get("paired_delta_bpb"),
+                    "minus_reference_low": pci[0],
+                    "minus_reference_high": pci[1],
+                    "documents": e.get("documents"),
+                    "tokens_scored": e.get("tokens_scored"),
+                }
+            )
+    return rows
+
+
+def context_table(ctx: list[dict]) -> None:
+    """The context-use table with its downloads."""
+    rows = context_rows(ctx)
+    ref = next((e["paired_reference"] for r in ctx for e in r["per_length"] if e.get("paired_reference")), "reference")
+    bpb = {"format": "%.4f"}
+    delta = {"format": "%+.4f"}
+    st.dataframe(
+        rows,
+        hide_index=True,
+        key=ui.key(P, "context_table"),
+        height=ui.table_height(len(rows)),
+        column_config={
+            "context": st.column_config.TextColumn("context c (tokens)"),
+            "bits_per_byte": st.column_config.NumberColumn("bits per byte", **bpb),
+            "ci95_low": st.column_config.NumberColumn("95 % low", **bpb),
+            "ci95_high": st.column_config.NumberColumn("95 % high", **bpb),
+            "minus_full": st.column_config.NumberColumn(
+                "− full",
+                help="bits per byte at c minus at full context, same targets (above 0: more context helps)",
+                **delta,
+            ),
+            "minus_full_low": st.column_config.NumberColumn("− full 95 % low", **delta),
+            "minus_full_high": st.column_config.NumberColumn("− full 95 % high", **delta),
+            "minus_reference": st.column_config.NumberColumn(f"− {ref}", help="paired, same targets", **delta),
+            "minus_reference_low": st.column_config.NumberColumn(f"− {ref} 95 % low", **delta),
+            "minus_reference_high": st.column_config.NumberColumn(f"− {ref} 95 % high", **delta),
+            "tokens_scored": st.column_config.NumberColumn("targets scored"),
+        },
+    )
+    ui.downloads(P, "context_use", ui.rows_to_csv(rows), rows)
+
+
+def curve_or_note(results: list[dict], figure, sentence: str, name: str) -> None:
+    """One protocol's curve with the one sentence saying what it answers, or a note to press Run."""
+    if results:
+        ui.show_figure(figure(results), sentence, P, name)
+    else:
+        st.info(f"{sentence} Not computed yet for these settings: press **Run**.")
+
+
+def paired_section(shown: list[dict], caption: str) -> None:
+    """Paired differences against a chosen reference (URL ref) on the same windows: figure and table."""
+    st.subheader("Paired differences (every checkpoint on the same windows)")
+    labels = list(dict.fromkeys(r.get("label") or r["checkpoint"] for r in shown))
+    if len(labels) < 2:
+        st.caption("Choose two or more checkpoints to compare them on the same documents.")
+    else:
+        ref = st.selectbox(
+            "Reference",
+            labels,
+            key=ui.url_state(P, "ref", labels[0], options=labels),
+            help="Every other checkpoint's bits per byte minus this one's, on the same documents.",
+        )
+        ui.sync_url(P, ["ref"])  # after its widget: the first sync would drop a ?ref= it cannot see yet
+        paired = plots.paired_difference_rows(shown, reference=ref)
+        if not paired:
+            st.caption(
+                "These results carry no per-document losses (computed by an older fireviz, or on other "
+                "windows): press Run to compute them."
+            )
+        else:
+            pfig = plots.paired_difference_figure(shown, reference=ref)
+            ui.show_figure(
+                pfig,
+                caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
+                "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
+                "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
+                P,
+                "paired",
+            )
+            ui.downloads(P, "paired_differences", plots.figure_to_csv(pfig), paired)
+            st.dataframe(
+                paired,
+                hide_index=True,
+                key=ui.key(P, "paired_table"),
+                height=ui.table_height(len(paired)),
+                column_config={
+                    "group": "checkpoint",
+                    "length": st.column_config.NumberColumn("length (tokens)"),
+                    "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
+                    "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
+                    "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f"),
+                },
+            )
+
+
+def context_use_view(clean: list[dict]) -> None:
+    """Protocol "context use": its curve beside the same-text curve (one sentence under each), the
+    settings of both, the context-use table and the paired differences on the context-use targets."""
+    same = [r for r in clean if r["settings"].get("mode") == "same_text"]
+    ctx = [r for r in clean if r["settings"].get("mode") == "context"]
+    left, right = st.columns(2)
+    with left:
+        curve_or_note(same, plots.perplexity_figure, SAME_TEXT_ANSWERS, "ppl")
+    with right:
+        curve_or_note(ctx, plots.context_use_figure, CONTEXT_ANSWERS, "context")
+    for group in (same, ctx):
+        if group:
+            st.caption(ui.eval_caption(group))
+    if ctx:
+        st.subheader("Context use: the same targets at every context length")
+        context_table(ctx)
+        paired_section(ctx, ui.eval_caption(ctx))
+
+
 ui.setup_page("Length generalization")
 st.markdown(
     "Perplexity at evaluation lengths up to many times the training length. By default every length scores "
@@ -107,6 +294,7 @@ MODE_NAMES = {
     "same_text": "same text at every length",
     "nonoverlapping": "random windows per length",
     "sliding": "sliding window",
+    "context": "context use (fixed targets, more context)",
 }
 mode = (
     evaluate.DEFAULT_MODE
@@ -118,10 +306,13 @@ mode = (
         key=ui.url_state(P, "mode", evaluate.DEFAULT_MODE, options=list(evaluate.MODES)),
         help="Same text: one fixed set of tokens (each qualifying document's first M tokens) at every "
         "length — the published protocol. Random windows: each length draws its own windows under a "
-        "token budget, so columns score different text. Sliding: overlapping windows with a stride.",
+        "token budget, so columns score different text. Sliding: overlapping windows with a stride. "
+        "Context use: fixed targets (the last K of each document's first M tokens) scored with c tokens "
+        "of context at every context length c, drawn beside the same-text curve.",
     )
 )
 stride = None
+context_settings, context_lengths = context_inputs() if mode == "context" else ({}, [])
 if mode == "sliding":
     # default: half the training length, but never more than the smallest chosen length
     stride = int(
@@ -142,7 +333,7 @@ if is_task:  # fresh task sequences of each length, the same for every checkpoin
             help=f"{evaluate.SYNTHETIC_SEQUENCES} reproduces the published numbers of the task's checkpoint group.",
         )
     )
-elif mode == "same_text":
+elif mode in ("same_text", "context"):
     docs_limit = int(
         sb.number_input(
             "Documents (0 = every document holding the largest length)",
@@ -176,7 +367,7 @@ seed = (
         )
     )
 )
-if mode == "same_text" and budget is None:
+if mode in ("same_text", "context") and budget is None:
     seed = 0  # every qualifying document is scored: nothing is drawn (the library refuses another seed)
 rope = [i for i in chosen if i.position_encoding == "rope"]
 scalings = []
@@ -222,15 +413,41 @@ if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gi
         "CPU to see them without running anything. Precision is part of every cached result.",
     )
 ui.sync_url(
-    P, ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seqs", "seed", "scaling", "cap", "pool", "device"]
+    P,
+    ["ckpt", "domain", "len", "mode", "stride", "budget", "docs", "seqs", "seed", "scaling", "cap", "pool", "device"]
+    + ["ctx", "ctxm", "ctxk", "cstride"],
 )
 if not lengths:
     st.info("Pick at least one evaluation length in the sidebar.")
     st.stop()
 
+
+def protocol_specs(settings: dict, lens: list, window=lambda n: n) -> list[tuple]:
+    """The evaluations of one protocol: the chosen checkpoints, the RoPE ones per zero-shot scaling, and
+    the FIRE ones capped at the lengths whose windows (``window(n)`` tokens) pass the cap (at or below
+    it FIRE is the plain FIRE, and identical rows would hide the plain ones)."""
+    out = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "", lens)]
+    out += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}", lens) for s in scalings]
+    capped = [n for n in lens if window(n) > cap]
+    if cap and capped:
+        out.append(
+            ([i.path for i in fires], {**settings, "rope_scaling": None, "normalizer_cap": cap}, f" cap {cap}", capped)
+        )
+    return out
+
+
 settings = {"mode": mode, "stride": stride, "token_budget": budget, "seed": seed, "split": split, "device": device}
-specs = [([i.path for i in chosen], {**settings, "rope_scaling": None}, "")]
-specs += [([i.path for i in rope], {**settings, "rope_scaling": s}, f" + {s}") for s in scalings]
+if mode == "context":  # the context-use curve, and beside it the same text at the lengths chosen above
+    per_doc = context_settings["context_targets"]
+    context_budget = None if budget is None else docs_limit * per_doc  # that many documents here too
+    specs = protocol_specs({**settings, "mode": "same_text"}, lengths)
+    specs += protocol_specs(
+        {**settings, **context_settings, "token_budget": context_budget},
+        context_lengths,
+        lambda c: context_window(context_settings, c),
+    )
+else:
+    specs = protocol_specs(settings, lengths)
 capped_lengths = [n for n in lengths if n > cap]  # at or below the cap FIRE is the plain FIRE
 if cap and not capped_lengths:
     sb.caption(f"The cap changes FIRE only at lengths beyond {cap} tokens: choose a longer length to see capped rows.")
@@ -241,18 +458,10 @@ c2.caption(
     f"{len(chosen)} checkpoint(s) × {len(lengths)} length(s) on {device}"
     + (f", plus {len(rope)} RoPE checkpoint(s) × {', '.join(scalings)}" if scalings else "")
     + (f", plus {len(fires)} FIRE checkpoint(s) with the normalizer capped at {cap}" if cap else "")
+    + (f"; context use at {len(context_lengths)} context length(s)" if mode == "context" else "")
     + ". Finished lengths are cached on disk and reused."
 )
 
-if cap and capped_lengths:  # its own lengths: identical rows at or below the cap would hide the plain ones
-    specs.append(
-        (
-            [i.path for i in fires],
-            {**settings, "rope_scaling": None, "normalizer_cap": cap},
-            f" cap {cap}",
-            capped_lengths,
-        )
-    )
 results, pending = ui.evaluation_jobs(P, specs, data, lengths, run)
 missing = sorted({e["length"] for r in results for e in r.get("per_length", []) if e.get("not_computed")})
 if missing and not pending and any("error" not in e for r in results for e in r.get("per_length", [])):
@@ -287,6 +496,9 @@ for msg in errors:
 if not clean:
     st.stop()
 caption = ui.eval_caption(clean)
+if mode == "context":  # its curve beside the same-text curve, its table, its paired differences
+    context_use_view(clean)
+    st.stop()
 if is_task:  # a task: answer accuracy, and bits per answer token (perplexity of a 64-symbol task says little)
     afig = plots.accuracy_figure(clean, chance=synthetic.load_task(domain).chance_accuracy)
     ui.show_figure(
@@ -335,7 +547,8 @@ shown = ui.pool_seeds(clean) if pool else clean
 fig = plots.perplexity_figure(shown)
 ui.show_figure(
     fig,
-    caption
+    (SAME_TEXT_ANSWERS + "\n\n" if mode == "same_text" else "")
+    + caption
     + (
         " Seeds pooled: mean ± sample standard deviation over each encoding's training "
         "seeds (n and std in the table; the error bars are often smaller than the markers); "
@@ -386,48 +599,7 @@ st.dataframe(
     },
 )
 
-st.subheader("Paired differences (every checkpoint on the same windows)")
-labels = list(dict.fromkeys(r.get("label") or r["checkpoint"] for r in shown))
-if len(labels) < 2:
-    st.caption("Choose two or more checkpoints to compare them on the same documents.")
-else:
-    ref = st.selectbox(
-        "Reference",
-        labels,
-        key=ui.url_state(P, "ref", labels[0], options=labels),
-        help="Every other checkpoint's bits per byte minus this one's, on the same documents.",
-    )
-    ui.sync_url(P, ["ref"])  # after its widget: the first sync would drop a ?ref= it cannot see yet
-    paired = plots.paired_difference_rows(shown, reference=ref)
-    if not paired:
-        st.caption(
-            "These results carry no per-document losses (computed by an older fireviz, or on other "
-            "windows): press Run to compute them."
-        )
-    else:
-        pfig = plots.paired_difference_figure(shown, reference=ref)
-        ui.show_figure(
-            pfig,
-            caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
-            "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
-            "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
-            P,
-            "paired",
-        )
-        ui.downloads(P, "paired_differences", plots.figure_to_csv(pfig), paired)
-        st.dataframe(
-            paired,
-            hide_index=True,
-            key=ui.key(P, "paired_table"),
-            height=ui.table_height(len(paired)),
-            column_config={
-                "group": "checkpoint",
-                "length": st.column_config.NumberColumn("length (tokens)"),
-                "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
-                "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
-                "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f"),
-            },
-        )
+paired_section(shown, caption)
 
 st.subheader("Loss by position in the window")
 done_lens = sorted({e["length"] for r in clean for e in r["per_length"]})

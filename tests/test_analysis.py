@@ -639,7 +639,7 @@ def _peak_bytes(f) -> int:
 
 
 def test_report_sizes_are_refused_before_anything_is_built(fire_model, monkeypatch):
-    from fireviz.core import memory
+    from fireviz.model import memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 200 << 20)
     # a 10⁶-point window (a 36 MB list of positions if it were built) is refused by arithmetic alone

@@ -401,7 +401,7 @@ def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path)
 
 # -- memory before work ---------------------------------------------------------------------------
 def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_path, monkeypatch):
-    from fireviz.core import memory
+    from fireviz.model import memory
 
     cfg = GPT.from_pretrained(str(root / "good")).config
     need_16 = memory.forward_bytes(cfg, 1, 16)
@@ -424,7 +424,7 @@ def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_pat
 
 
 def test_forward_bytes_grows_with_length_and_batch():
-    from fireviz.core import memory
+    from fireviz.model import memory
     from fireviz.model.gpt import GPTConfig
 
     for enc in ("fire", "rope"):
@@ -492,7 +492,7 @@ def test_train_takes_a_lone_surrogate(tmp_path):
 
 def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
     from fireviz.analysis import biases as analysis
-    from fireviz.core import memory
+    from fireviz.model import memory
     from fireviz.fit import fitting as fit
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
@@ -513,7 +513,7 @@ def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypat
 
 
 def test_the_estimates_let_normal_work_through():
-    from fireviz.core import memory
+    from fireviz.model import memory
     from fireviz.model.gpt import GPTConfig
 
     cfg = GPTConfig(position_encoding="fire")

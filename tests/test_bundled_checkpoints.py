@@ -37,7 +37,9 @@ VARIANTS = {
 }
 #: <encoding>[_<variant>][_seed<N>]: checkpoints/fire_seed1 is encoding fire trained with train.seed=1,
 #: checkpoints/fire_offset_seed1 the offset variant with seed 1.
-FOLDER = re.compile(r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi|L512_plr10|plr10))?(?:_seed(?P<seed>[1-9][0-9]*))?$")
+FOLDER = re.compile(
+    r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi|L512_plr10|plr10))?(?:_seed(?P<seed>[1-9][0-9]*))?$"
+)
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
 SHARED_SETTINGS = (
     "batch_size",

@@ -163,7 +163,10 @@ def test_context_settings_defaults_and_cache_key():
     [
         (dict(lengths=[8192]), "context length 8192 does not fit: its windows of c + s = 8256 tokens"),
         (dict(lengths=[8000]), "context length 8000 does not fit: the first targets, at position M − K = 7936"),
-        (dict(lengths=[16], prefix_tokens=64, context_targets=8, stride=64), "context length 16 does not fit: its windows of c + s = 80"),
+        (
+            dict(lengths=[16], prefix_tokens=64, context_targets=8, stride=64),
+            "context length 16 does not fit: its windows of c + s = 80",
+        ),
         (dict(context_targets=8191), "context_targets (--context-targets) K = 8191 does not fit the prefix M = 8192"),
         (dict(context_targets=0), "context_targets (--context-targets) must be an integer >= 1"),
         (dict(context_targets=2.5), "context_targets (--context-targets) must be an integer >= 1"),
@@ -186,9 +189,7 @@ def test_bad_context_settings_are_refused_before_any_work(ckpts, corpus, cache):
         ev.evaluate_many([ckpts["alibi"]], corpus, [4, 40], cache_dir=cache, **_context_kw())
     assert not cache.exists()
     with pytest.raises(ev.EvaluationError, match="no document has 100 tokens"):
-        ev.evaluate_many(
-            [ckpts["alibi"]], corpus, [4], cache_dir=cache, **{**_context_kw(), "prefix_tokens": 100}
-        )
+        ev.evaluate_many([ckpts["alibi"]], corpus, [4], cache_dir=cache, **{**_context_kw(), "prefix_tokens": 100})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +273,12 @@ def test_context_end_to_end_equals_a_direct_computation(ckpts, corpus, cache, mo
 def test_context_progress_counts_every_target_and_cancel_stops(ckpts, corpus, cache):
     seen = []
     ev.evaluate_many(
-        [ckpts["alibi"]], corpus, [4, "full"], cache_dir=cache, progress=lambda d, t, m: seen.append((d, t)), **_context_kw()
+        [ckpts["alibi"]],
+        corpus,
+        [4, "full"],
+        cache_dir=cache,
+        progress=lambda d, t, m: seen.append((d, t)),
+        **_context_kw(),
     )
     assert seen[-1][0] == seen[-1][1]  # done: every target counted
     with pytest.raises(ev.EvaluationCancelled):
@@ -298,3 +304,64 @@ def test_cli_context_table(ckpts, corpus, tmp_path, cache, capsys):
     assert "context length 40 does not fit" in capsys.readouterr().err
     help_text = eval_cli.build_parser().format_help()
     assert "--context-targets" in help_text and "context answers only whether more context helps" in help_text
+
+
+# ---------------------------------------------------------------------------------------------
+# the Length generalization page: the context-use curve beside the same-text curve
+# ---------------------------------------------------------------------------------------------
+def test_page_draws_context_use_beside_same_text(app_env):
+    import time
+
+    from streamlit.testing.v1 import AppTest
+
+    docs = [{"id": f"d{k}", "text": _text(40 + 3 * k, seed=k)} for k in range(5)]
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/3_Length_generalization.py"))
+    at.default_timeout = 60
+    query = dict(domain="upload", ckpt=["alibi", "fire"], len=["8", "16", "32"], mode="context")
+    query.update(ctx=["4", "8", "full"], ctxm="32", ctxk="8", cstride="4")
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    at.sidebar.file_uploader(key="lengen_upload").upload(
+        "ctx.jsonl", "".join(json.dumps(d) + "\n" for d in docs).encode()
+    ).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.sidebar.radio(key="lengen_mode").value == "context"
+    at.button(key="lengen_run").click()
+    end = time.time() + 120
+    at.run()
+    while not (len(at.get("plotly_chart")) >= 3 and at.dataframe) and time.time() < end:
+        assert not at.exception, [e.value for e in at.exception]
+        time.sleep(0.25)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    titles = [f["layout"]["title"]["text"] for f in figs]
+    assert titles[0].startswith("Perplexity vs evaluation length") and titles[1].startswith("Context use")
+    xs = sorted({int(x) for tr in figs[1]["data"] for x in tr["x"]})
+    assert xs == [4, 8, 24]
+    captions = [c.value for c in at.caption]
+    assert CONTEXT_SENTENCE in captions and SAME_TEXT_SENTENCE in captions  # one sentence under each curve
+    table = at.dataframe[0].value
+    assert set(table["context"]) == {"4", "8", "full (24)"}
+    assert table[table["context"] == "full (24)"]["minus_full"].isna().all()
+    upload = next(Path(p) for p in (Path(ev.default_cache_dir()) / "uploads").rglob("ctx.jsonl"))
+    direct = ev.evaluate_many(
+        [str(app_env / "alibi"), str(app_env / "fire")],
+        str(upload),
+        [4, 8, "full"],
+        mode="context",
+        prefix_tokens=32,
+        context_targets=8,
+        stride=4,
+        split="all",
+        device="cpu",
+    )
+    assert all(e["cached"] for r in direct for e in r["per_length"])  # what the page's job computed
+    fire = table[table["checkpoint"] == "fire"]
+    assert list(fire["bits_per_byte"]) == pytest.approx([e["bits_per_byte"] for e in direct[1]["per_length"]])
+    assert fire["minus_full"].iloc[0] == pytest.approx(direct[1]["per_length"][0]["full_delta_bpb"])
+
+
+SAME_TEXT_SENTENCE = "Same text: how the score of a text changes when it is cut into windows of n tokens."
+CONTEXT_SENTENCE = "Context use: how the score of fixed targets changes with c tokens of context before them."

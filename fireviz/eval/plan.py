@@ -183,6 +183,7 @@ def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint
             return _PLANS[memo]
     same_text, context, windows = None, None, {}
     if s.mode == "context":
+        assert s.prefix_tokens is not None and s.context_targets is not None and s.stride is not None  # by make
         context = plan_context(
             ids,
             sizes,

@@ -202,7 +202,7 @@ def with_full_context_differences(results: Sequence[dict]) -> list[dict]:
         entries = []
         for e in r["per_length"]:
             e = {k: v for k, v in e.items() if k not in _FULL_KEYS}
-            if full is not None and "error" not in e and e["length"] != full_context:
+            if full is not None and full_context is not None and "error" not in e and e["length"] != full_context:
                 diff = full_context_difference(e, full, full_context)
                 if diff is not None:
                     e.update(diff)

@@ -514,7 +514,8 @@ def context_use_figure(results: Sequence[Mapping], log_x: bool = True) -> go.Fig
     Raises: ValueError when no result has a scored context length.
     """
     fig = go.Figure()
-    trains, fulls, xs = set(), set(), set()
+    trains, fulls = set(), set()
+    xs: set[int] = set()
     for k, res in enumerate(_as_dict(r) for r in results):
         rows = sorted((e for e in res.get("per_length", []) if "error" not in e), key=lambda e: int(e["length"]))
         if not rows:

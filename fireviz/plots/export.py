@@ -89,7 +89,7 @@ def figure_to_csv(fig: go.Figure) -> str:
             continue
         xs, ys = t.get("x") or [], t.get("y") or []
         errs = t.get("error_y") or [None] * len(xs)
-        for x, y, e in zip(xs, ys, errs, strict=True):
+        for x, y, e in zip(xs, ys, errs, strict=False):
             w.writerow([*head, blank(x), blank(y), *([""] if has_z else []), *([blank(e)] if has_err else [])])
     return buf.getvalue()
 

@@ -132,6 +132,14 @@ def eval_caption(results: Sequence[dict]) -> str:
             + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "")
             + ")"
         )
+    elif s.get("mode") == "context":
+        parts.append(
+            f"context use: the last {s.get('context_targets')} of the first {s.get('prefix_tokens')} tokens of "
+            f"{s.get('documents_scored')} documents ({s.get('documents_skipped')} shorter ones skipped"
+            + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "")
+            + f"), the same targets at every context length c, each with c … c + {(s.get('stride') or 1) - 1} "
+            f"tokens before it; full = {s.get('full_context')}: the whole prefix"
+        )
     else:
         parts += [
             f"mode {s.get('mode')}" + (f", stride {s.get('stride')}" if s.get("stride") else ""),

@@ -78,7 +78,7 @@ def downloads(
     if not items:
         return
     cols = where.columns(max(len(items), 4))  # short labels (the file name is the tooltip): they fit at 1024 px
-    for col, (fname, data, mime) in zip(cols, items, strict=True):
+    for col, (fname, data, mime) in zip(cols, items, strict=False):
         kind = fname.rsplit(".", 1)[-1].upper() if "." in fname else fname
         kind = {"SAFETENSORS": "weights"}.get(kind, kind)
         col.download_button(
