@@ -492,8 +492,8 @@ def test_train_takes_a_lone_surrogate(tmp_path):
 
 def test_training_fit_and_bias_report_refuse_what_cannot_fit(tmp_path, monkeypatch, capsys):
     from fireviz.analysis import biases as analysis
-    from fireviz.model import memory
     from fireviz.fit import fitting as fit
+    from fireviz.model import memory
 
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 10 << 20)
     with pytest.raises(ValueError, match="needs about .* more than the 10 MiB available"):
