@@ -19,6 +19,12 @@ runs (``checkpoints/validation_curves.{html,png}``). The README and docs/finding
 
     python scripts/publish_results.py [--domains prose,latex,code] [--reference alibi]
         [--mode nonoverlapping --token-budget 16384]   # the earlier random-window protocol
+        [--recompute]                                  # score everything again
+
+A length whose number a folder's results.json already holds for exactly these weights (sha256),
+data and settings is reused, as the app does (``fireviz.eval.cache.published_results``); only
+new checkpoints, changed weights or new settings are scored. ``--recompute`` scores everything.
+Progress (target tokens, rate, ETA) goes to stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import gzip
 import json
 import sys
+import time
 from pathlib import Path
 
 from fireviz import plots
@@ -498,6 +505,22 @@ def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) 
     return evaluate.with_paired_differences(runs, reference)
 
 
+def progress_printer(every_s: float = 10.0):
+    """A ``progress(done, total, message)`` callback for ``evaluate_many`` that prints to stderr at
+    most every ``every_s`` seconds (and at the end of each call): tokens done of all, and the
+    evaluation's own message (which carries the rate and ETA once scoring runs)."""
+    last = [0.0]
+
+    def progress(done: int, total: int, message: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s or done >= total:
+            last[0] = now
+            pct = 100.0 * done / total if total else 100.0
+            print(f"  {pct:5.1f} % ({done:,} of {total:,} target tokens) {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def write_validation_figure(logs: dict, seq_len: int) -> None:
     """The validation-curves figure of every checkpoint (``checkpoints/validation_curves.{html,png}``)."""
     vfig = plots.validation_curves_figure(logs, seq_len=seq_len)
@@ -519,6 +542,11 @@ def _parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
+    ap.add_argument(
+        "--recompute",
+        action="store_true",
+        help="score every length again instead of reusing the numbers a results.json holds for the same weights",
+    )
     args = ap.parse_args()
     if args.token_budget is None and args.mode == "nonoverlapping":
         args.token_budget = 16384
@@ -612,9 +640,16 @@ def main() -> int:
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
     reference = [f.name for f in folders].index(args.reference)
+    # reuse what each results.json holds for exactly these weights, data and settings (issue #40):
+    # the identity check makes a stale file harmless; --recompute scores everything again
     kw = dict(
-        mode=args.mode, token_budget=args.token_budget, seed=args.seed, device="auto", use_published=False
-    )  # never read back the results.json files this script rewrites
+        mode=args.mode,
+        token_budget=args.token_budget,
+        seed=args.seed,
+        device="auto",
+        use_published=not args.recompute,
+        progress=progress_printer(),
+    )
     for domain in sorted(args.domains.split(","), key=lambda d: DOMAIN_ORDER.get(d, 99)):
         runs = evaluate_domain(folders, domain, reference, kw)
         for r in runs:

@@ -312,6 +312,7 @@ def test_cli_context_table(ckpts, corpus, tmp_path, cache, capsys):
 def test_page_draws_context_use_beside_same_text(app_env):
     import time
 
+    from plotly_data import decode
     from streamlit.testing.v1 import AppTest
 
     docs = [{"id": f"d{k}", "text": _text(40 + 3 * k, seed=k)} for k in range(5)]
@@ -338,7 +339,7 @@ def test_page_draws_context_use_beside_same_text(app_env):
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     titles = [f["layout"]["title"]["text"] for f in figs]
     assert titles[0].startswith("Perplexity vs evaluation length") and titles[1].startswith("Context use")
-    xs = sorted({int(x) for tr in figs[1]["data"] for x in tr["x"]})
+    xs = sorted({int(x) for tr in figs[1]["data"] for x in decode(tr["x"])})
     assert xs == [4, 8, 24]
     captions = [c.value for c in at.caption]
     assert CONTEXT_SENTENCE in captions and SAME_TEXT_SENTENCE in captions  # one sentence under each curve
