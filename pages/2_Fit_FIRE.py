@@ -28,19 +28,13 @@ st.markdown(
 )
 
 TARGETS = list(fit_targets.target_names())
-LABELS = {
-    "t5": "T5 buckets",
-    "alibi": "ALiBi",
-    "kerple_log": "Kerple (log)",
-    "kerple_power": "Kerple (power)",
-    "sandwich": "Sandwich",
-    "checkpoint": "a checkpoint's own bias",
-}
+#: the URL keys of every target's parameters (each spec's FitParam.key), kept in step with the widgets
+PARAM_KEYS = list(dict.fromkeys(p.key for t in TARGETS if t != "checkpoint" for p in fit_targets.target_fit_params(t)))
 
 
 def label(name: str) -> str:
-    """A target's name in words (a registered encoding's by its spec's summary)."""
-    return LABELS.get(name) or encoding_spec(name).summary or name
+    """A target's name in words: its spec's summary (the checkpoint target is no encoding)."""
+    return "a checkpoint's own bias" if name == "checkpoint" else encoding_spec(name).summary or name
 
 
 left, right = st.columns([1, 2])
@@ -55,50 +49,10 @@ with left:
     num_heads = None
     if target != "checkpoint":
         num_heads = st.number_input("Heads", 1, 16, key=ui.url_state(P, "heads", 4, int, lo=1, hi=16))
-    if target == "t5":
-        params["num_buckets"] = st.number_input(
-            "Buckets", 2, 256, key=ui.url_state(P, "buckets", 32, int, lo=2, hi=256)
-        )
-        params["max_distance"] = st.number_input(
-            "Max distance (tokens)", 2, 1 << 16, key=ui.url_state(P, "max_distance", 128, int, lo=2, hi=1 << 16)
-        )
-        params["values"] = st.selectbox(
-            "Bucket values", ["random", "decay"], key=ui.url_state(P, "values", "random", options=["random", "decay"])
-        )
-    elif target == "alibi":
-        slope = st.number_input(
-            "Slope (0 = the standard per-head slopes 2^(−8h/H))",
-            0.0,
-            10.0,
-            step=0.01,
-            format="%.4f",
-            key=ui.url_state(P, "slope", 0.0, float, lo=0.0, hi=10.0),
-        )
-        params["slope"] = slope or None
-    elif target in ("kerple_log", "kerple_power"):
-        for name, what in (("r1", "r1 (scale)"), ("r2", "r2 (exponent)" if target == "kerple_power" else "r2")):
-            txt = st.text_input(
-                f"{what}: one number, one per head, or empty for a seeded draw", key=ui.url_state(P, name, "")
-            )
-            if txt.strip():
-                try:
-                    params[name] = fit_targets.parse_numbers(txt, name)
-                except ValueError as e:
-                    ui.error(str(e), "Example: 0.5 or 0.5,1,1.5,2")
-                    st.stop()
-    elif target == "sandwich":
-        params["dbar"] = st.number_input(
-            "d̄ (even)", 2, 4096, step=2, key=ui.url_state(P, "dbar", 128, int, lo=2, hi=4096)
-        )
-    elif target != "checkpoint":  # a registered encoding: one box per fit parameter (JSON values, empty = default)
-        for name in sorted(fit_targets.target_params(target)):
-            txt = st.text_input(f"{name} (a number or list; empty = its default)", key=ui.url_state(P, f"p_{name}", ""))
-            if txt.strip():
-                try:
-                    params[name] = json.loads(txt)
-                except ValueError:
-                    ui.error(f"{name}: {txt!r} is not a number or list", "Example: 0.5 or [0.5, 1.0]")
-                    st.stop()
+        for param in fit_targets.target_fit_params(target):  # one widget per parameter of the target's spec
+            value = ui.fit_param_input(P, param)
+            if value is not None:
+                params[param.name] = value
     else:
         found, _ = ui.list_checkpoints()
         toeplitz = [i for i in found if i.position_encoding in fit_targets.fittable_encodings()]
@@ -146,8 +100,6 @@ with left:
                 key=ui.url_state(P, "stack", "decoder", options=["decoder", "encoder"]),
                 help="The encoder's bias is bidirectional: FIRE is fitted to its keys before the query.",
             )
-    if target in ("t5", "kerple_log", "kerple_power"):
-        params["seed"] = int(st.number_input("Target seed", 0, 10**6, key=ui.url_state(P, "tseed", 0, int, lo=0)))
     width = st.number_input("FIRE MLP width", 2, 256, key=ui.url_state(P, "width", 32, int, lo=2, hi=256))
     max_len = st.number_input(
         "Fitted range max_len (tokens)", 2, 4096, key=ui.url_state(P, "max_len", 128, int, lo=2, hi=4096)
@@ -159,18 +111,11 @@ with left:
         [
             "target",
             "heads",
-            "buckets",
-            "max_distance",
-            "values",
-            "slope",
-            "r1",
-            "r2",
-            "dbar",
+            *PARAM_KEYS,
             "ckpt",
             "pub",
             "stack",
             "layer",
-            "tseed",
             "width",
             "max_len",
             "steps",

@@ -13,7 +13,7 @@ State in the URL: group, ckpt, domain, len, mode, stride, budget, docs, seqs, se
 import streamlit as st
 
 from fireviz import plots, ui
-from fireviz.checkpoints import default_device, seed_base, seed_groups
+from fireviz.checkpoints import catalog, seed_base, seed_groups
 from fireviz.data import DOMAINS, DataError, synthetic
 from fireviz.eval import (
     DEFAULT_CONTEXT_LENGTHS,
@@ -208,7 +208,8 @@ ui.setup_page("Length generalization")
 st.markdown(
     "Perplexity at evaluation lengths up to many times the training length. By default every length scores "
     "**the same text** — the first M tokens (M = the largest length) of every document that long, cut into "
-    "windows of each length — so a change along a line is the effect of context alone. Every checkpoint "
+    "windows of each length — so a change along a line is the effect of the window length alone (more "
+    "context, but also fewer targets near a window start; Protocol → *context use* separates the two). Every checkpoint "
     "sees the same windows, so differences between checkpoints are paired (with their own, much narrower "
     "intervals below). Runs go on in the background: reload the page or open a second tab and you find "
     "the run there, never started twice."
@@ -400,7 +401,7 @@ elif extra := seed_groups(i.name for i in ui.list_checkpoints()[0]):
         + "; ".join(", ".join(g) for g in extra.values())
         + ". Choose two or more runs of one encoding to pool them (mean ± std)."
     )
-devices = ["cuda", "cpu"] if default_device() == "cuda" else ["cpu"]
+devices = ["cuda", "cpu"] if catalog.default_device() == "cuda" else ["cpu"]  # looked up now (tests patch it)
 device = devices[0]
 if len(devices) > 1:  # the bundled numbers are float32 on CPU; bf16 on a GPU gives (slightly) other ones
     device = sb.radio(

@@ -7,12 +7,13 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 from fireviz.checkpoints import checkpoint_folder, hub
-from fireviz.core import FileFormatError, output_path_problem, read_json, write_json_atomic
-from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, parse_numbers, run_fit, target_names
+from fireviz.core import output_path_problem, write_json_atomic
+from fireviz.encodings import FitParam
+from fireviz.fit import BEYOND_FACTOR, DEFAULT_LR, DEFAULT_STEPS, FitSettings, run_fit, target_names
 from fireviz.fit.result import json_safe
+from fireviz.fit.targets import target_fit_params
 from fireviz.model import CheckpointError
 
 
@@ -23,26 +24,46 @@ class _CLIError(Exception):
     pass
 
 
-def _numbers(text: str, what: str) -> list[float] | float:
-    try:
-        return parse_numbers(text, what)
-    except ValueError as e:
-        raise _CLIError(str(e)) from None
+#: the options of the fit itself; a target parameter's flag never takes one (it becomes --target-<flag>)
+_FIT_FLAGS = frozenset("h help target max-len heads width steps seed lr out save-module no-curves quiet param".split())
 
 
-def _t5_values(text: str):
-    if text in ("random", "decay"):
-        return text
-    p = Path(text)
-    if text.endswith(".json"):
-        try:
-            return read_json(p)
-        except FileFormatError as e:
-            raise _CLIError(
-                f"--t5-values: cannot read {text} ({e}); give random, decay, numbers, or a JSON file"
-            ) from None
-    vals = _numbers(text, "--t5-values")
-    return [vals] if isinstance(vals, float) else vals
+def param_flags() -> dict[str, dict[str, FitParam]]:
+    """Each target-parameter flag (without ``--``) → ``{target: its FitParam}``, from the specs'
+    ``fit_params`` (and the checkpoint target's), in target order: one flag per parameter name
+    (or per ``FitParam.cli_flag``), shared by the targets that take it."""
+    flags: dict[str, dict[str, FitParam]] = {}
+    for target in target_names():
+        for param in target_fit_params(target):
+            flag = param.flag if param.flag not in _FIT_FLAGS else f"target-{param.flag}"
+            flags.setdefault(flag, {})[target] = param
+    return flags
+
+
+def _flag_help(by_target: dict[str, FitParam]) -> str:
+    """``"kerple_log, kerple_power: r1, one number or one per head; …"``: each distinct help with its targets."""
+    helps: dict[str, list[str]] = {}
+    for target, param in by_target.items():
+        text = param.help or (f"{param.name} (a JSON value)" if param.kind == "any" else param.name)
+        if param.default is not None:
+            text += f" (default {param.default})"
+        helps.setdefault(text, []).append(target)
+    return "; ".join(f"{', '.join(targets)}: {text}" for text, targets in helps.items()).replace("%", "%%")
+
+
+def _add_param_flag(group, flag: str, by_target: dict[str, FitParam]) -> None:
+    """``--flag``: typed by argparse where every target reads it alike (int, float, a choice),
+    else text read by the target's ``FitParam.from_text`` (``_target_from_args``)."""
+    params = list(by_target.values())
+    kinds = {p.kind if p.kind != "seed" else "int" for p in params}
+    kw: dict = {}
+    if len(kinds) == 1 and all(p.parse is None for p in params):
+        kind = kinds.pop()
+        if kind in ("int", "float"):
+            kw["type"] = int if kind == "int" else float
+        elif kind == "choice" and len({p.choices for p in params}) == 1:
+            kw["choices"] = params[0].choices
+    group.add_argument(f"--{flag}", help=_flag_help(by_target), **kw)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,44 +87,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--save-module", default=None, help="write the fitted FIRE here (safetensors)")
     p.add_argument("--no-curves", action="store_true", help="leave per-distance curves out of the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    g = p.add_argument_group("target parameters")
-    g.add_argument("--num-buckets", type=int, help="t5: buckets (32)")
-    g.add_argument("--max-distance", type=int, help="t5: max distance in tokens (128)")
-    g.add_argument("--t5-values", help="t5: random (default) | decay | comma list per bucket | file.json")
-    g.add_argument("--slope", type=float, help="alibi: one slope for every head (default: standard slopes)")
-    g.add_argument("--r1", help="kerple_*: r1, one number or one per head (default: seeded draw)")
-    g.add_argument("--r2", help="kerple_*: r2, one number or one per head (default: seeded draw)")
-    g.add_argument("--dbar", type=int, help="sandwich: dbar (128)")
-    g.add_argument("--target-seed", type=int, help="t5 random values / Kerple draws: seed (0)")
-    g.add_argument("--checkpoint", help="checkpoint: folder or Hub id")
-    g.add_argument("--layer", type=int, help="checkpoint: layer (0)")
+    g = p.add_argument_group("target parameters", "each from the target's spec (EncodingSpec.fit_params)")
+    for flag, by_target in param_flags().items():
+        _add_param_flag(g, flag, by_target)
     g.add_argument(
         "--param",
         action="append",
         metavar="NAME=VALUE",
         help="any target's parameter as JSON (repeatable), e.g. --param r2=0.5 (see make_target)",
     )
-    g.add_argument(
-        "--stack",
-        choices=("decoder", "encoder"),
-        help="checkpoint: a published encoder-decoder model's stack (default decoder)",
-    )
     return p
-
-
-_CLI_PARAM = {  # CLI flag → (target parameter, targets that take it)
-    "num_buckets": ("num_buckets", ("t5",)),
-    "max_distance": ("max_distance", ("t5",)),
-    "t5_values": ("values", ("t5",)),
-    "slope": ("slope", ("alibi",)),
-    "r1": ("r1", ("kerple_log", "kerple_power")),
-    "r2": ("r2", ("kerple_log", "kerple_power")),
-    "dbar": ("dbar", ("sandwich",)),
-    "target_seed": ("seed", ("t5", "kerple_log", "kerple_power")),
-    "checkpoint": ("path", ("checkpoint",)),
-    "layer": ("layer", ("checkpoint",)),
-    "stack": ("stack", ("checkpoint",)),
-}
 
 
 def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
@@ -131,17 +124,19 @@ def _target_from_args(a: argparse.Namespace) -> tuple[str, int | None, dict]:
             params[name.strip()] = json.loads(value)
         except ValueError:
             params[name.strip()] = value  # a bare word, e.g. values=decay
-    for flag, (name, targets) in _CLI_PARAM.items():
-        value = getattr(a, flag)
+    for flag, by_target in param_flags().items():  # --<flag> VALUE: a parameter of the targets that take it
+        value = getattr(a, flag.replace("-", "_"), None)
         if value is None:
             continue
-        if a.target not in targets:
-            raise _CLIError(f"--{flag.replace('_', '-')} applies to {'/'.join(targets)}, not --target {a.target}")
-        if flag in ("r1", "r2"):
-            value = _numbers(value, f"--{flag}")
-        elif flag == "t5_values":
-            value = _t5_values(value)
-        params[name] = value
+        param = by_target.get(a.target)
+        if param is None:
+            raise _CLIError(f"--{flag} applies to {'/'.join(by_target)}, not --target {a.target}")
+        if isinstance(value, str):
+            try:
+                value = param.from_text(value, f"--{flag}")
+            except ValueError as e:
+                raise _CLIError(str(e)) from None
+        params[param.name] = value
     if a.target == "checkpoint" and "path" not in params:
         raise _CLIError("--target checkpoint needs --checkpoint PATH (a checkpoint folder)")
     heads = a.heads if a.heads is not None or a.target == "checkpoint" else 8

@@ -13,12 +13,15 @@ from fireviz.encodings.fire import FIRE, MAX_NORMALIZER_CAP, check_normalizer_ca
 from fireviz.encodings.kerple import KerpleLog, KerplePower
 from fireviz.encodings.nope import NoPE
 from fireviz.encodings.registry import (
+    FIT_PARAM_KINDS,
     KINDS,
     EncodingSpec,
+    FitParam,
     encoding_names,
     encoding_spec,
     fit_target_names,
     has_normalizer,
+    parse_numbers,
     register_encoding,
     unregister_encoding,
 )
@@ -70,6 +73,9 @@ __all__ = [
     "ENCODING_NAMES",
     "SHARED_ACROSS_LAYERS",
     "EncodingSpec",
+    "FitParam",
+    "FIT_PARAM_KINDS",
+    "parse_numbers",
     "encoding_names",
     "encoding_spec",
     "fit_target_names",

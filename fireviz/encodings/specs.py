@@ -8,13 +8,16 @@ next to the spec they belong to.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from fireviz.core import FileFormatError, as_float, read_json
 from fireviz.encodings.alibi import ALiBi
 from fireviz.encodings.fire import FIRE
 from fireviz.encodings.kerple import KERPLE_MIN, KERPLE_POWER_MAX, KerpleLog, KerplePower
 from fireviz.encodings.nope import NoPE
-from fireviz.encodings.registry import EncodingSpec, register_encoding
+from fireviz.encodings.registry import EncodingSpec, FitParam, _plain, parse_numbers, register_encoding
 from fireviz.encodings.rope import RotaryEmbedding
 from fireviz.encodings.sandwich import Sandwich
 from fireviz.encodings.t5 import T5RelativeBias
@@ -153,6 +156,115 @@ def _sandwich_target(num_heads: int, dbar=128):
     return enc, {"dbar": int(dbar), "compression": enc.compression.tolist()}
 
 
+# -- the fit targets' parameters (checked by fireviz.fit.targets.make_target, offered as `fit` flags
+# and Fit FIRE widgets; the encodings then check their own domains: T5's max_distance against its
+# buckets, a slope > 0, Kerple's r1, r2 >= 0.01, an even dbar) ------------------------------------
+#: Largest ALiBi slope and Kerple r1 / r2 a target takes: a bias falling 10⁴ logits per token
+#: (or per log-token) is one-hot attention long before; beyond float32 it would not even be finite.
+MAX_TARGET_SCALE = 10_000
+#: Most T5 buckets and largest T5 max_distance / Sandwich dbar a target takes (Sandwich's kernel
+#: costs dbar/2 cosines per distance).
+MAX_T5_BUCKETS = 1 << 14
+MAX_T5_DISTANCE = 1 << 40
+MAX_DBAR = 4096
+
+
+def _t5_values(value):
+    """T5 bucket values: "random" | "decay" | a list of finite numbers (per bucket) or of such lists (per bucket and head)."""
+    value = _plain(value)
+    if isinstance(value, str):
+        return value  # the profile names are checked by t5_bucket_values
+    hint = "give 'random', 'decay', one number per bucket, or per bucket a list of one per head"
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"values must be 'random', 'decay' or a non-empty list of numbers (got {value!r}); {hint}")
+    return [
+        [as_float(x, "T5 value", hint=hint) for x in v]
+        if isinstance(v, (list, tuple))
+        else as_float(v, "T5 value", hint=hint)
+        for v in value
+    ]
+
+
+def _t5_values_text(text: str, what: str):
+    """T5 bucket values as typed: random | decay | comma-separated numbers (one per bucket) | file.json."""
+    if text in ("random", "decay"):
+        return text
+    if text.endswith(".json"):
+        try:
+            return read_json(Path(text))
+        except FileFormatError as e:
+            raise ValueError(f"{what}: cannot read {text} ({e}); give random, decay, numbers, or a JSON file") from None
+    vals = parse_numbers(text, what)
+    return [vals] if isinstance(vals, float) else vals
+
+
+_T5_FIT = (
+    FitParam("num_buckets", "number of buckets", "int", 32, lo=2, hi=MAX_T5_BUCKETS, url_key="buckets"),
+    FitParam(
+        "max_distance",
+        "max distance in tokens, beyond which distances share the last bucket",
+        "int",
+        128,
+        lo=2,
+        hi=MAX_T5_DISTANCE,
+        hint="tokens; distances beyond share the last bucket",
+        url_key="max_distance",
+    ),
+    FitParam(
+        "values",
+        "bucket values in logits: random (seeded N(0, 1)), decay, numbers per bucket or file.json",
+        "choice",
+        "random",
+        choices=("random", "decay"),
+        cli_flag="t5-values",
+        url_key="values",
+        validate=_t5_values,
+        parse=_t5_values_text,
+    ),
+    FitParam("seed", "seed of the random bucket values", "seed", 0, cli_flag="target-seed", url_key="tseed"),
+)
+_ALIBI_FIT = (
+    FitParam(
+        "slope",
+        "slope in logits per token, one for every head (default: the standard per-head slopes 2^(−8h/H))",
+        "float",
+        None,
+        hi=MAX_TARGET_SCALE,
+        hint="omit it for the standard per-head slopes alibi_slopes(num_heads)",
+        url_key="slope",
+        step=0.01,
+        unset=0.0,
+    ),
+)
+
+
+def _kerple_fit(name: str, r2_help: str) -> tuple[FitParam, ...]:
+    hint = f"{name} takes one number for every head or one per head"
+
+    def scale(what: str, help: str) -> FitParam:
+        return FitParam(what, help, "numbers", None, hi=MAX_TARGET_SCALE, hint=hint, url_key=what)
+
+    return (
+        scale("r1", "r1, one number or one per head (default: a seeded draw)"),
+        scale("r2", r2_help),
+        FitParam("seed", "seed of the r1, r2 draws", "seed", 0, cli_flag="target-seed", url_key="tseed"),
+    )
+
+
+_SANDWICH_FIT = (
+    FitParam(
+        "dbar",
+        "d̄, dimension of the sinusoids (even)",
+        "int",
+        128,
+        lo=2,
+        hi=MAX_DBAR,
+        hint="an even number, e.g. 128",
+        url_key="dbar",
+        step=2,
+    ),
+)
+
 _FIRE_OPTIONS = frozenset(
     {
         "mlp_width",
@@ -209,7 +321,7 @@ BUILTIN_SPECS = (
         "t5",
         _heads_only(T5RelativeBias),
         frozenset({"num_buckets", "max_distance", "bidirectional", "init_std"}),
-        fit_params=frozenset({"num_buckets", "max_distance", "values", "seed"}),
+        fit_params=_T5_FIT,
         fit_target=_t5_target,
         summary="T5 learned bucketed bias",
         defaults=_defaults(T5RelativeBias),
@@ -219,7 +331,7 @@ BUILTIN_SPECS = (
         _heads_only(ALiBi),
         frozenset({"slope"}),
         "static",
-        fit_params=frozenset({"slope"}),
+        fit_params=_ALIBI_FIT,
         fit_target=_alibi_target,
         summary="ALiBi linear bias",
         defaults=_defaults(ALiBi),
@@ -228,7 +340,7 @@ BUILTIN_SPECS = (
         "kerple_log",
         _heads_only(KerpleLog),
         frozenset({"init_r1", "init_r2"}),
-        fit_params=frozenset({"r1", "r2", "seed"}),
+        fit_params=_kerple_fit("kerple_log", "r2, one number or one per head (default: a seeded draw)"),
         fit_target=_kerple_target(KerpleLog, None),
         summary="Kerple logarithmic",
         defaults=_defaults(KerpleLog),
@@ -237,7 +349,10 @@ BUILTIN_SPECS = (
         "kerple_power",
         _heads_only(KerplePower),
         frozenset({"init_r1", "init_r2", "reference_init"}),
-        fit_params=frozenset({"r1", "r2", "seed"}),
+        fit_params=_kerple_fit(
+            "kerple_power",
+            f"r2 (exponent, at most {KERPLE_POWER_MAX:g}), one number or one per head (default: a seeded draw)",
+        ),
         fit_target=_kerple_target(KerplePower, KERPLE_POWER_MAX),
         summary="Kerple power",
         defaults=_defaults(KerplePower),
@@ -247,7 +362,7 @@ BUILTIN_SPECS = (
         _heads_only(Sandwich),
         frozenset({"dbar"}),
         "static",
-        fit_params=frozenset({"dbar"}),
+        fit_params=_SANDWICH_FIT,
         fit_target=_sandwich_target,
         summary="Sandwich",
         defaults=_defaults(Sandwich),

@@ -265,16 +265,16 @@ def _score_length(
     """Score one length of one checkpoint: its per-length entry (loss, intervals, accuracy for a task).
     Raises: NonFiniteLossError for a NaN/inf loss; EvaluationCancelled."""
     w = plan.window_tokens(n)
-    done_before, finished, n_tokens = prog.done, 0, targets(windows, w)
+    done_before, finished, n_tokens = prog.done, 0, plan.work(n, windows)
 
     def on_batch(k: int) -> None:
         nonlocal finished
         finished += k
-        prog.done = done_before + targets(windows[:finished], w)
+        prog.done = done_before + plan.work(n, windows[:finished])
         prog.report(f"{c.name} L={n}: {finished}/{len(windows)} windows{prog.eta()}")
         prog.check_stop()
 
-    prog.report(f"{c.name} L={n}: 0/{len(windows)} windows ({n_tokens:,} tokens){prog.eta()}")
+    prog.report(f"{c.name} L={n}: 0/{len(windows)} windows ({targets(windows, w):,} tokens){prog.eta()}")
     nats, counts, doc_nats, doc_scored, doc_correct = score_windows(
         model,
         plan.doc_tokens,
@@ -346,7 +346,7 @@ def _evaluate_one(
         if why is not None:
             per_length.append({"length": n, "error": why})
             if not isinstance(windows, str):  # its windows count as done
-                prog.done += targets(windows, plan.window_tokens(n))
+                prog.done += plan.work(n, windows)
                 prog.report(f"{c.name} L={n}: skipped")
             continue
         assert not isinstance(windows, str)  # _unscorable gave why
@@ -355,7 +355,7 @@ def _evaluate_one(
         found = _lookup(entry_path, key, n, length_settings, published, use_cache, require_intervals)
         if found is not None:
             per_length.append(found)
-            prog.done += targets(windows, plan.window_tokens(n))
+            prog.done += plan.work(n, windows)
             prog.report(f"{c.name} L={n}: cached")
             continue
         prog.check_stop()
@@ -421,8 +421,8 @@ def evaluate_many(
 
     See ``evaluate_checkpoint`` for the arguments and the result; the settings are validated
     once (:class:`EvalSettings`), the data is loaded and the windows are planned once.
-    ``progress(done, total, message)`` counts target tokens over all checkpoints and lengths
-    (cached lengths count as done at once). Every result but the ``reference`` one (index or
+    ``progress(done, total, message)`` counts target tokens (mode context: tokens read, ``Plan.work``)
+    over all checkpoints and lengths (cached lengths count as done at once). Every result but the ``reference`` one (index or
     checkpoint name; default the first) carries, per length, ``paired_delta_bpb`` and
     ``paired_ci95`` against it (``with_paired_differences``); in mode ``context`` every entry but
     full also its difference against the same checkpoint's full context (``full_delta_bpb``,
@@ -459,21 +459,13 @@ def evaluate_many(
         memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens, plan.read_tokens)
     )
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
-    per_checkpoint = sum(targets(w, plan.window_tokens(n)) for n, w in plan.windows.items() if isinstance(w, list))
+    per_checkpoint = sum(plan.work(n, w) for n, w in plan.windows.items() if isinstance(w, list))
     prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
     results = []
+    options = dict(use_cache=use_cache, use_published=use_published, require_intervals=require_intervals)
     for c in loaded:
         t_ckpt = time.perf_counter()
-        per_length = _evaluate_one(
-            c,
-            s,
-            plan,
-            prog,
-            cache_root,
-            use_cache=use_cache,
-            use_published=use_published,
-            require_intervals=require_intervals,
-        )
+        per_length = _evaluate_one(c, s, plan, prog, cache_root, **options)
         results.append(_result(c, s, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
     results = with_paired_differences(with_full_context_differences(results), reference)
     prog.report("done")
@@ -497,7 +489,8 @@ def cached_results(
     Args: ``checkpoints``, ``data``, ``lengths``, ``cache_dir``, ``use_published``, ``reference``
       as ``evaluate_many``; ``settings`` its settings keywords (``mode``, ``stride``,
       ``token_budget``, ``seed``, ``rope_scaling``, ``split``, ``position_buckets``, ``device``,
-      ``batch_tokens``, ``normalizer_cap``; see ``evaluate_checkpoint``), which decide the cache
+      ``batch_tokens``, ``normalizer_cap``, ``prefix_tokens``, ``context_targets``; see
+      ``evaluate_checkpoint``), which decide the cache
       keys exactly as there. ``require_intervals``: False (default) shows an entry made before
       fireviz kept per-document losses as it is (no interval); True counts it as not computed.
     Returns: one result per checkpoint, shaped as ``evaluate_many``'s (paired differences

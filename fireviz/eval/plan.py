@@ -64,6 +64,12 @@ class Plan:
             return self.context.window_tokens[n]
         return n + 1 if self.split == "synthetic" else n
 
+    def work(self, n: int, windows: list[Window]) -> int:
+        """Progress units (tokens) of ``windows`` at length ``n``: the targets they score; in mode
+        context the tokens they read (its cost grows with c while its targets stay K per document)."""
+        w = self.window_tokens(n)
+        return len(windows) * w if self.context is not None else targets(windows, w)
+
     def read_tokens(self, n: int) -> int:
         """Tokens the model reads at once at evaluation length ``n`` (for the memory check, the
         attention path, RoPE scaling and absolute position embeddings): the window of a context

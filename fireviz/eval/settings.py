@@ -176,6 +176,40 @@ def _context_settings(lengths, stride, prefix_tokens, context_targets) -> tuple[
     return lengths, stride, M, K
 
 
+def _windows_settings(data: str, mode, lengths, stride, prefix_tokens, context_targets):
+    """``(lengths, mode, stride, prefix_tokens, context_targets)`` checked and resolved: what picks
+    the windows (mode ``context``: context lengths, s, M and K, see ``_context_settings``).
+    Raises: EvaluationError naming the bad setting and the fix."""
+    context = mode == "context" and not synthetic.is_synthetic(data)
+    if _names_full(lengths) and not context:
+        raise EvaluationError(
+            f"the length {FULL_CONTEXT!r} (the whole prefix M − K) is a context length of mode='context'; "
+            "give lengths in tokens, or add --mode context"
+        )
+    if not context:
+        lengths = check_lengths(DEFAULT_LENGTHS if lengths is None else lengths)
+    if stride is not None:
+        stride = _integer("stride", stride, 1, fix="; give a whole number of tokens, e.g. --stride 256")
+    mode = _check_mode(mode, stride)
+    if context:  # the lengths are context lengths; M, K and s resolved and checked together
+        lengths, stride, prefix_tokens, context_targets = _context_settings(
+            lengths, stride, prefix_tokens, context_targets
+        )
+    elif context_targets is not None:
+        raise EvaluationError(
+            f"context_targets applies to mode='context' on text (got mode={mode!r}, data {data!r}); "
+            "drop --context-targets or add --mode context"
+        )
+    elif prefix_tokens is not None:
+        if mode != "same_text" or synthetic.is_synthetic(data):
+            raise EvaluationError(
+                f"prefix_tokens applies to mode='same_text' or mode='context' on text (got mode={mode!r}, "
+                f"data {data!r}); drop --prefix-tokens"
+            )
+        prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
+    return lengths, mode, stride, prefix_tokens, context_targets
+
+
 def _check_data(data) -> str:
     if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
         raise EvaluationError(
@@ -243,33 +277,9 @@ class EvalSettings:
         settings are one cache key. ``lengths`` None: ``DEFAULT_LENGTHS`` (mode ``context``: 128 …
         4096 and full). Raises: EvaluationError naming the bad one and the fix."""
         data = _check_data(data)
-        context = mode == "context" and not synthetic.is_synthetic(data)
-        if _names_full(lengths) and not context:
-            raise EvaluationError(
-                f"the length {FULL_CONTEXT!r} (the whole prefix M − K) is a context length of mode='context'; "
-                "give lengths in tokens, or add --mode context"
-            )
-        if not context:
-            lengths = check_lengths(DEFAULT_LENGTHS if lengths is None else lengths)
-        if stride is not None:
-            stride = _integer("stride", stride, 1, fix="; give a whole number of tokens, e.g. --stride 256")
-        mode = _check_mode(mode, stride)
-        if context:  # the lengths are context lengths; M, K and s resolved and checked together
-            lengths, stride, prefix_tokens, context_targets = _context_settings(
-                lengths, stride, prefix_tokens, context_targets
-            )
-        elif context_targets is not None:
-            raise EvaluationError(
-                f"context_targets applies to mode='context' on text (got mode={mode!r}, data {data!r}); "
-                "drop --context-targets or add --mode context"
-            )
-        elif prefix_tokens is not None:
-            if mode != "same_text" or synthetic.is_synthetic(data):
-                raise EvaluationError(
-                    f"prefix_tokens applies to mode='same_text' or mode='context' on text (got mode={mode!r}, "
-                    f"data {data!r}); drop --prefix-tokens"
-                )
-            prefix_tokens = check_prefix_tokens(prefix_tokens, lengths)
+        lengths, mode, stride, prefix_tokens, context_targets = _windows_settings(
+            data, mode, lengths, stride, prefix_tokens, context_targets
+        )
         token_budget = resolve_token_budget(mode, token_budget)
         seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
         _check_seed_draws(data, mode, token_budget, seed)

@@ -6,10 +6,11 @@ built from its parameters (``make_target``), and so is the learned bias of one l
 trained or published model (``target_from_checkpoint``). A target is Toeplitz: a function of
 the distance d = i − j only.
 
-The parameters of the built-in targets are checked here, in one place per target
-(``PARAM_CHECKS``): types, finiteness and ranges, each refused with one ValueError naming the
-parameter — before a checkpoint is read. The encodings then check their own domains (e.g.
-T5's ``max_distance`` against its buckets, a slope > 0, Kerple's r1, r2 >= 0.01, an even dbar).
+A target's parameters are checked by its spec's ``FitParam``s (``EncodingSpec.fit_params``;
+the ``checkpoint`` target's are ``CHECKPOINT_FIT_PARAMS``, here): types, finiteness and ranges,
+each refused with one ValueError naming the parameter — before a checkpoint is read. The
+encodings then check their own domains (e.g. T5's ``max_distance`` against its buckets, a
+slope > 0, Kerple's r1, r2 >= 0.01, an even dbar).
 """
 
 from __future__ import annotations
@@ -18,30 +19,50 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 
 from fireviz.checkpoints import CheckpointNotFoundError, hub, load_model_or_published
-from fireviz.core import as_float, as_int, as_seed
-from fireviz.encodings import encoding_spec, fit_target_names
+from fireviz.core import as_int
+from fireviz.encodings import FitParam, encoding_spec, fit_target_names
+from fireviz.encodings import parse_numbers as parse_numbers  # re-exported: fireviz.fit.parse_numbers
 from fireviz.encodings.base import ToeplitzBias
-from fireviz.encodings.specs import BUILTIN_SPECS
+
+# the bounds of the built-in targets' parameters, with their specs; re-exported for callers of this module
+from fireviz.encodings.specs import MAX_DBAR as MAX_DBAR
+from fireviz.encodings.specs import MAX_T5_BUCKETS as MAX_T5_BUCKETS
+from fireviz.encodings.specs import MAX_T5_DISTANCE as MAX_T5_DISTANCE
+from fireviz.encodings.specs import MAX_TARGET_SCALE as MAX_TARGET_SCALE
 
 #: Most heads one fit takes: the closed-form start costs ~0.07 s per head at max_len 512 (one
 #: core), so 1024 heads is a ~1-minute start; published models have at most 128 heads a layer.
 MAX_FIT_HEADS = 1024
-#: Parameters of the ``checkpoint`` target (the others' come from their ``EncodingSpec.fit_params``).
-CHECKPOINT_PARAMS = frozenset({"path", "layer", "stack"})
-#: Largest ALiBi slope and Kerple r1 / r2 a target takes: a bias falling 10⁴ logits per token
-#: (or per log-token) is one-hot attention long before; beyond float32 it would not even be finite.
-MAX_TARGET_SCALE = 10_000
-#: Most T5 buckets and largest T5 max_distance / Sandwich dbar a target takes (the app offers
-#: up to 256 buckets and dbar 4096; Sandwich's kernel costs dbar/2 cosines per distance).
-MAX_T5_BUCKETS = 1 << 14
-MAX_T5_DISTANCE = 1 << 40
-MAX_DBAR = 4096
+
+
+def _path(value):
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"path must be a checkpoint folder or a Hugging Face repo id (got {value!r}); e.g. checkpoints/alibi"
+        )
+    return value
+
+
+#: Parameters of the ``checkpoint`` target (the others' are their ``EncodingSpec.fit_params``).
+CHECKPOINT_FIT_PARAMS = (
+    FitParam("path", "a checkpoint folder or Hub id", "text", cli_flag="checkpoint", validate=_path),
+    FitParam("layer", "layer, counted from 0", "int", 0, lo=0, hint="layers count from 0"),
+    FitParam(
+        "stack",
+        "a published encoder-decoder model's stack (default: decoder)",
+        "choice",
+        choices=("decoder", "encoder"),
+        hint="it applies to encoder–decoder models",
+    ),
+)
+CHECKPOINT_PARAMS = frozenset(p.name for p in CHECKPOINT_FIT_PARAMS)
+_CHECKPOINT = {p.name: p for p in CHECKPOINT_FIT_PARAMS}
 
 
 def target_names() -> tuple[str, ...]:
@@ -54,15 +75,21 @@ def fittable_encodings() -> tuple[str, ...]:
     return fit_target_names()
 
 
-def target_params(name: str) -> frozenset[str]:
-    """Keyword parameters target ``name`` takes (see ``make_target``). Raises ValueError for an unknown target."""
+def target_fit_params(name: str) -> tuple[FitParam, ...]:
+    """The parameters of target ``name``, each a ``FitParam`` (its spec's ``fit_params``; for
+    ``checkpoint`` ``CHECKPOINT_FIT_PARAMS``). Raises ValueError for an unknown target."""
     if name == "checkpoint":
-        return CHECKPOINT_PARAMS
+        return CHECKPOINT_FIT_PARAMS
     if name not in fit_target_names():
         raise ValueError(f"unknown fit target {name!r}; choose one of {', '.join(target_names())}")
     fit_params = encoding_spec(name).fit_params
-    assert fit_params is not None  # a fit target
-    return frozenset(fit_params)
+    assert isinstance(fit_params, tuple)  # a fit target; EncodingSpec made it a tuple of FitParam
+    return fit_params
+
+
+def target_params(name: str) -> frozenset[str]:
+    """Keyword parameters target ``name`` takes (see ``make_target``). Raises ValueError for an unknown target."""
+    return frozenset(p.name for p in target_fit_params(name))
 
 
 def check_num_heads(num_heads) -> int:
@@ -76,123 +103,10 @@ def check_num_heads(num_heads) -> int:
     )
 
 
-# -- the built-in targets' parameters, one checker each ----------------------------------------
-def _plain(value):
-    """A numpy array (or tensor) as nested lists, so its items are checked one by one; else ``value``."""
-    return value.tolist() if isinstance(value, (np.ndarray, torch.Tensor)) else value
-
-
-def _scale(what: str, target: str) -> Callable:
-    """A per-head scale: None (the default draw), a number or a list of numbers, each finite and at
-    most ``MAX_TARGET_SCALE`` (the encoding's builder checks its own range, e.g. Kerple's > 0.01)."""
-
-    def check(value):
-        if value is None:
-            return None
-        value = _plain(value)
-        hint = f"{target} takes one number for every head or one per head"
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise ValueError(f"{what} is an empty list; {hint}")
-            return [as_float(v, what, hi=MAX_TARGET_SCALE, hint=hint) for v in value]
-        return as_float(value, what, hi=MAX_TARGET_SCALE, hint=hint)
-
-    return check
-
-
-def _t5_values(value):
-    """T5 bucket values: "random" | "decay" | a list of finite numbers (per bucket) or of such lists (per bucket and head)."""
-    value = _plain(value)
-    if isinstance(value, str):
-        return value  # the profile names are checked by t5_bucket_values
-    hint = "give 'random', 'decay', one number per bucket, or per bucket a list of one per head"
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"values must be 'random', 'decay' or a non-empty list of numbers (got {value!r}); {hint}")
-    return [
-        _t5_values_row(v, hint) if isinstance(v, (list, tuple)) else as_float(v, "T5 value", hint=hint) for v in value
-    ]
-
-
-def _t5_values_row(row, hint: str) -> list[float]:
-    return [as_float(v, "T5 value", hint=hint) for v in row]
-
-
-def _path(value):
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(
-            f"path must be a checkpoint folder or a Hugging Face repo id (got {value!r}); e.g. checkpoints/alibi"
-        )
-    return value
-
-
-def _stack(value):
-    if value is not None and value not in ("decoder", "encoder"):
-        raise ValueError(f"stack must be 'decoder' or 'encoder' (got {value!r}); it applies to encoder–decoder models")
-    return value
-
-
-def _int_param(what: str, lo: int, hi: int | None = None, hint: str = "") -> Callable:
-    return lambda v: as_int(v, what, lo, hi, hint)
-
-
-def _alibi_slope(value):
-    hint = "omit it for the standard per-head slopes alibi_slopes(num_heads)"
-    return None if value is None else as_float(value, "slope", hi=MAX_TARGET_SCALE, hint=hint)
-
-
-def _kerple(name: str) -> dict[str, Callable]:
-    return {"r1": _scale("r1", name), "r2": _scale("r2", name), "seed": as_seed}
-
-
-#: Per built-in target, a checker per parameter: returns the value to use (the same value, as a
-#: plain int / float / list) or raises ValueError naming the parameter.
-PARAM_CHECKS: dict[str, dict[str, Callable]] = {
-    "t5": {
-        "num_buckets": _int_param("num_buckets", 2, MAX_T5_BUCKETS),
-        "max_distance": _int_param(
-            "max_distance", 2, MAX_T5_DISTANCE, "tokens; distances beyond share the last bucket"
-        ),
-        "values": _t5_values,
-        "seed": as_seed,
-    },
-    "alibi": {"slope": _alibi_slope},
-    "kerple_log": _kerple("kerple_log"),
-    "kerple_power": _kerple("kerple_power"),
-    "sandwich": {"dbar": _int_param("dbar", 2, MAX_DBAR, "an even number, e.g. 128")},
-    "checkpoint": {
-        "path": _path,
-        "layer": _int_param("layer", 0, hint="layers count from 0"),
-        "stack": _stack,
-    },
-}
-_BUILTIN_TARGETS = {spec.name: spec.fit_target for spec in BUILTIN_SPECS if spec.fit_target is not None}
-
-
 def _checked_params(name: str, params: dict) -> dict:
-    """``params`` through the checkers of target ``name`` (a built-in one, unless re-registered)."""
-    if name != "checkpoint" and _BUILTIN_TARGETS.get(name) is not encoding_spec(name).fit_target:
-        return params  # a registered encoding's own builder checks its parameters
-    checks = PARAM_CHECKS.get(name, {})
-    return {k: checks[k](v) if k in checks else v for k, v in params.items()}
-
-
-def parse_numbers(text: str, what: str) -> list[float] | float:
-    """``"0.5"`` → 0.5, ``"0.5, 1,2"`` → [0.5, 1.0, 2.0]: a per-head parameter as typed on the
-    command line or in the app (Kerple r1/r2, T5 bucket values).
-
-    Raises: ValueError naming ``what`` for text that is empty or not comma-separated numbers.
-    """
-    try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(
-            f"{what} must be a number or comma-separated numbers (got {text!r}); example: 0.5 or 0.5,1,1.5,2"
-        ) from None
-    if not vals:
-        raise ValueError(f"{what} is empty; give a number or comma-separated numbers")
-    return vals[0] if len(vals) == 1 else vals
+    """``params`` through the checks of target ``name``'s ``FitParam``s (untyped ones pass as given)."""
+    checks = {p.name: p for p in target_fit_params(name)}
+    return {k: checks[k].check(v) if k in checks else v for k, v in params.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +162,7 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
           (Chi et al. 2023, §5).
         * ``checkpoint``: ``path`` (a checkpoint folder or Hub id), ``layer`` (0), ``stack``;
           see ``target_from_checkpoint``.
-      Numbers are ints / floats (numpy's too), never bools or strings: ``PARAM_CHECKS``.
+      Numbers are ints / floats (numpy's too), never bools or strings: the specs' ``FitParam.check``.
     Returns: a ``FitTarget``.
     Raises: ValueError naming the parameter for an unknown target or parameter, num_heads not an
       integer in 1 … MAX_FIT_HEADS, an ALiBi slope or Kerple r1/r2 that is not a finite number
@@ -305,8 +219,11 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
       ``fittable_encodings()``.
     """
 
-    checks = PARAM_CHECKS["checkpoint"]
-    path, layer, stack = checks["path"](path), checks["layer"](layer), checks["stack"](stack)
+    path, layer, stack = (
+        _CHECKPOINT["path"].check(path),
+        _CHECKPOINT["layer"].check(layer),
+        _CHECKPOINT["stack"].check(stack),
+    )
     local = Path(path).expanduser()
     if (local.is_absolute() or str(path).startswith((".", "~")) or local.exists()) and not local.is_dir():
         raise CheckpointNotFoundError(

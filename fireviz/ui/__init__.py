@@ -4,6 +4,7 @@ What lives here (and nothing that computes a bias or a loss):
   * page setup and per-page widget keys (``key(page, name)`` → ``"<page>_<name>"``);
   * page state in the URL: ``url_state`` seeds a widget from ``st.query_params`` once per
     session and ``sync_url`` writes the widgets' values back, so a view is a shareable link;
+    ``fit_param_input`` makes such a widget of a fit target's ``FitParam``;
   * checkpoints: the cached list under the checkpoints root (``FIREVIZ_CHECKPOINTS_DIR``),
     a picker that also takes a local folder or a Hugging Face repo id, and cached models
     (``st.cache_resource``, keyed by the checkpoint's identity, ``picker.checkpoint_identity``);
@@ -60,4 +61,14 @@ from fireviz.ui.picker import (
     no_checkpoints_message,
     resolve,
 )
-from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, error, key, setup_page, sync_url, table_height, url_state
+from fireviz.ui.state import (
+    EXTRA_KEY,
+    GROUP_KEY,
+    error,
+    fit_param_input,
+    key,
+    setup_page,
+    sync_url,
+    table_height,
+    url_state,
+)

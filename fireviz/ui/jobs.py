@@ -274,7 +274,7 @@ def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int
       path contains its content hash); ``lengths`` in tokens; ``settings`` the other keyword
       arguments of ``fireviz.eval.evaluate.evaluate_many``: its settings (mode, stride, token_budget,
       seed, rope_scaling, split, position_buckets, device, batch_tokens, normalizer_cap,
-      prefix_tokens) and options (reference, require_intervals, use_published, use_cache, cache_dir).
+      prefix_tokens, context_targets) and options (reference, require_intervals, use_published, use_cache, cache_dir).
     Returns: ``{"kind": "evaluate", "checkpoints", "settings": EvalSettings.make(data, lengths,
       ...).describe()}`` (+ ``"options"`` that differ from their defaults): JSON-able, and equal for
       every spelling of one computation — ``device="auto"`` or ``"cpu"`` on a CPU machine,

@@ -7,6 +7,8 @@ from typing import Any, Iterable, Sequence, cast
 
 import streamlit as st
 
+from fireviz.encodings import FitParam
+
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
 EXTRA_KEY = "fireviz_extra_checkpoints"
 
@@ -110,6 +112,61 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
     return str(v)
+
+
+#: the largest integer a Streamlit number box holds (JavaScript's Number.MAX_SAFE_INTEGER)
+_MAX_WIDGET_INT = 2**53 - 1
+
+
+def fit_param_input(page: str, param: FitParam) -> Any:
+    """The widget of one fit-target parameter (``fireviz.encodings.FitParam``), labelled with its
+    help, its value in the URL under ``param.key``: a select box for a choice, a number box for an
+    int, a seed or a float (``param.unset`` or an empty box: not given), else a text box (numbers:
+    one or one per head, comma-separated; untyped: JSON; empty: not given).
+
+    Returns: the value for ``make_target`` (not yet checked: the fit reports bad values), or None
+      for "not given" (the target's default). Text that does not parse is shown as an error and
+      stops the page."""
+    label = param.help or param.name
+    if param.kind == "choice":
+        options = list(param.choices)
+        first = param.default if param.default in options else options[0]
+        return st.selectbox(label, options, key=url_state(page, param.key, first, type(first), options=options))
+    if param.kind in ("int", "seed", "float"):
+        return _number_input(page, param, label)
+    empty = "empty: the default" + ("" if param.default is None else f", {param.default}")
+    txt = st.text_input(label, key=url_state(page, param.key, ""), placeholder=empty)
+    if not txt.strip():
+        return None
+    try:
+        return param.from_text(txt)
+    except ValueError as e:
+        error(str(e), "Example: 0.5 or 0.5,1,1.5,2" if param.kind == "numbers" else "")
+        st.stop()
+
+
+def _number_input(page: str, param: FitParam, label: str) -> Any:
+    whole = param.kind != "float"
+    kind: type = int if whole else float
+    lo = 0 if param.kind == "seed" else param.lo if param.lo is not None else param.unset
+    hi = param.hi if param.kind != "seed" else None
+    if whole:  # Streamlit wants the bounds, the value and the step all of one type
+        lo = None if lo is None else max(int(lo), -_MAX_WIDGET_INT)
+        hi = _MAX_WIDGET_INT if hi is None else min(int(hi), _MAX_WIDGET_INT)
+    else:
+        lo, hi = (None if lo is None else float(lo)), (None if hi is None else float(hi))
+    start = param.default if param.default is not None else param.unset
+    start = None if start is None else kind(start)
+    if param.unset is not None:
+        label += f" ({param.unset:g} = the default)"
+    step = kind(param.step or (1 if whole else 0.01))
+    widget: dict[str, Any] = {"min_value": lo, "max_value": hi, "step": step}
+    if not whole:
+        widget["format"] = "%.4f"
+    if start is None:
+        widget["value"] = None  # an empty box: not given
+    value = st.number_input(label, key=url_state(page, param.key, start, kind, lo=lo, hi=hi), **widget)
+    return None if value is None or value == param.unset else kind(value)
 
 
 def table_height(n_rows: int, max_rows: int = 16) -> int:
