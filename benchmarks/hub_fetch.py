@@ -34,8 +34,8 @@ def main(argv=None) -> int:
         os.environ["HF_HUB_CACHE"] = str(tmp / "hf" / "hub")
         os.environ["FIREVIZ_CACHE_DIR"] = str(tmp / "fireviz")
         import huggingface_hub.constants as hc
+        from hub_folders import t5_folder  # the tests' fixture: the layout transformers writes
         from hub_server import HubServer
-        from test_hub import t5_folder  # the tests' fixture: the layout transformers writes
 
         hc.HF_HUB_CACHE = str(tmp / "hf" / "hub")
         d_model = 512

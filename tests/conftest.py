@@ -1,4 +1,10 @@
-"""Shared fixtures: tiny checkpoints on disk and an environment that points the app at them."""
+"""Shared fixtures: tiny checkpoints on disk and an environment that points the app at them.
+
+The tests are grouped by the fireviz package they test (tests/<package>/; tests/project/ holds
+the repository-wide ones); the helper modules next to this file (hub_server, hub_folders,
+plotly_data, bad_content) and this one (``from conftest import make_tiny_checkpoint``) are
+importable from every folder: tests/ is put on ``sys.path`` below.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,10 @@ import pytest
 import torch
 
 from fireviz.model.gpt import GPT, GPTConfig
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:  # the helper modules, whatever folder a test module lives in
+    sys.path.insert(0, str(TESTS))
 
 #: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
 TINY_ENCODINGS = ("fire", "alibi", "rope")
@@ -100,6 +110,15 @@ def tiny_checkpoints_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def root(tmp_path) -> Path:
+    """Two good checkpoints (``good``, ``victim``) under one root."""
+    r = tmp_path / "root"
+    make_tiny_checkpoint(r / "good", "alibi", results=True)
+    make_tiny_checkpoint(r / "victim", "fire", results=True)
+    return r
+
+
+@pytest.fixture
 def app_env(tiny_checkpoints_dir, tmp_path, monkeypatch) -> Path:
     """Point the app at the tiny checkpoints (FIREVIZ_CHECKPOINTS_DIR) and a fresh eval cache
     (FIREVIZ_CACHE_DIR). Returns the checkpoints folder."""
@@ -112,7 +131,7 @@ def app_env(tiny_checkpoints_dir, tmp_path, monkeypatch) -> Path:
 def small_corpora_get_intervals(monkeypatch):
     """The test corpora hold 3–7 documents; the product gives no interval below
     ``stats.MIN_INTERVAL_DOCUMENTS`` (10). Tests of the interval arithmetic lower the
-    floor to 2; ``test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
+    floor to 2; ``tests/eval/test_evaluate.py::test_too_few_documents_get_no_interval`` checks the real one."""
     import fireviz.eval.stats as stats
 
     monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 2)

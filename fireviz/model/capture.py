@@ -11,7 +11,7 @@ capture computes, beside the module's own fused attention,
     P = softmax(q·kᵀ/√d_head + bias + causal mask)      float32, per batch item and head
 
 for the query rows asked for. The forward pass itself is left as it is (same kernels, same
-numbers, with or without a capture: tests/test_model.py), so P·V through the output
+numbers, with or without a capture: tests/model/test_model.py), so P·V through the output
 projection reproduces the module's output (to float32 rounding; to bf16 rounding under
 bf16 autocast, where the module attends in bf16 and P is computed from the same q, k upcast).
 In training mode with attention dropout > 0 the module drops probabilities at random after

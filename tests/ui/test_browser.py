@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "out" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Flags that shorten a training command (the recipe's own options, smaller).
 SHORT_TRAIN = [
     "--set",
@@ -147,8 +147,8 @@ def test_every_documented_command_is_run_or_shown_only():
 
 @pytest.mark.slow
 def test_every_readme_command_runs_and_leaves_checkpoints_alone(tmp_path):
+    from hub_folders import t5_folder
     from hub_server import HubServer
-    from test_hub import t5_folder
 
     repo = tmp_path / "repo"
     shutil.copytree(

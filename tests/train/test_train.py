@@ -26,7 +26,7 @@ from fireviz.train.schedule import lr_at, validation_windows, window_starts
 from fireviz.train.state import read_trainer_state
 from fireviz.train.step import evaluate_windows
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORDS = (
     "the cat sat on a mat while one dog ran to the red barn and two birds sang over green hills "
     "as rain fell slowly upon old stone walls near quiet rivers"

@@ -20,7 +20,7 @@ from fireviz.analysis import text_attention as TA
 from fireviz.model.gpt import GPT, GPTConfig
 from fireviz.plots import attention as AP
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(encoding: str, seed: int = 0) -> GPT:

@@ -22,7 +22,7 @@ from fireviz.checkpoints import catalog as checkpoints
 from fireviz.data import synthetic
 from fireviz.eval import evaluate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COPY = ROOT / "checkpoints" / "copy"
 COPY_NAMES = ["alibi", "fire", "fire_s", "kerple_log", "nope", "rope", "t5"]
 

@@ -20,7 +20,7 @@ from fireviz.eval import evaluate
 from fireviz.model.config import GPTConfig
 from fireviz.model.gpt import GPT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CKPTS = ROOT / "checkpoints"
 #: One checkpoint per encoding the issue names; extra folders (other seeds) may exist.
 ENCODINGS = ("nope", "rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "publish_results.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "publish_results.py"
 
 
 @pytest.fixture(scope="module")

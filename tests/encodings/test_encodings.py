@@ -32,7 +32,7 @@ from fireviz.encodings import (
 )
 from fireviz.model.gpt import GPT, GPTConfig
 
-REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "encodings.json"
 
 
 @pytest.fixture(scope="module")

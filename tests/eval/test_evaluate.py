@@ -26,8 +26,8 @@ from fireviz.eval import stats, windows
 from fireviz.model.gpt import BOS_ID, GPT, CheckpointError, GPTConfig
 from fireviz.model.state import load_state_checked
 
-# the repository's reference values (tests/reference/encodings.json; see tests/test_encodings.py)
-REFERENCE = Path(__file__).resolve().parent / "reference" / "encodings.json"
+# the repository's reference values (tests/reference/encodings.json; see tests/encodings/test_encodings.py)
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "encodings.json"
 # Document sizes in tokens (bytes + BOS). Lengths 8 and 16 see several documents; 64 sees one.
 DOC_TOKENS = [41, 34, 16, 9, 5, 64, 23]
 

@@ -316,7 +316,7 @@ def test_page_draws_context_use_beside_same_text(app_env):
     from streamlit.testing.v1 import AppTest
 
     docs = [{"id": f"d{k}", "text": _text(40 + 3 * k, seed=k)} for k in range(5)]
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/3_Length_generalization.py"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "pages/3_Length_generalization.py"))
     at.default_timeout = 60
     query = dict(domain="upload", ckpt=["alibi", "fire"], len=["8", "16", "32"], mode="context")
     query.update(ctx=["4", "8", "full"], ctxm="32", ctxk="8", cstride="4")

@@ -16,7 +16,7 @@ from fireviz.core.files import read_safetensors
 from fireviz.eval import evaluate
 from fireviz.model.gpt import GPT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("ship_checkpoint", ROOT / "scripts" / "ship_checkpoint.py")
 ship_checkpoint = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ship_checkpoint)

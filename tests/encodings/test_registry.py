@@ -161,7 +161,7 @@ def test_the_fit_page_offers_a_registered_target_by_its_summary(toy):
 
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/2_Fit_FIRE.py"), default_timeout=60)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "pages/2_Fit_FIRE.py"), default_timeout=60)
     at.query_params["target"] = "toy_linear"
     at.run()
     assert not at.exception, [e.value for e in at.exception]
@@ -298,7 +298,7 @@ def test_the_fit_page_makes_widgets_from_the_typed_fit_params(typed_toy):
     from streamlit.testing.v1 import AppTest
 
     def fit_page(**query) -> AppTest:
-        at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "pages/2_Fit_FIRE.py"), default_timeout=60)
+        at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "pages/2_Fit_FIRE.py"), default_timeout=60)
         for k, v in query.items():
             at.query_params[k] = v
         return at.run()

@@ -132,7 +132,7 @@ def test_the_copy_config_loads():
 
     from fireviz.train.config import load_config
 
-    mc, tc = load_config(Path(__file__).resolve().parent.parent / "configs" / "copy.toml")
+    mc, tc = load_config(Path(__file__).resolve().parents[2] / "configs" / "copy.toml")
     assert tc.data == "synthetic:copy" and mc.seq_len == 64
 
 

@@ -26,7 +26,7 @@ from fireviz.eval import evaluate
 from fireviz.model.gpt import GPT, CheckpointError
 from fireviz.ui import jobs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
 
 

@@ -1,0 +1,92 @@
+"""Bad input (issue 21) in training (fireviz.train, the train command line): lone surrogates in the
+data, the train hint the app shows runs as written, a trained config names every encoding
+option and a config missing one is refused."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fireviz.checkpoints import catalog as checkpoints
+from fireviz.cli import train as train_cli
+from fireviz.data import corpus as data
+from fireviz.model.gpt import GPT, CheckpointError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- progress for every long call -------------------------------------------------------------------
+def test_train_takes_a_lone_surrogate(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "ab\ud800cd " * 40}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
+        f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n'
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", data.RawBytesWarning)
+        rc = train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 0 and (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
+    import shlex
+
+    monkeypatch.chdir(ROOT)
+    words = shlex.split(checkpoints.TRAIN_HINT.replace("<encoding>", "alibi"))
+    assert words[:4] == ["python", "-m", "fireviz", "train"]
+    args = words[4:]
+    args[args.index("--out") + 1] = str(tmp_path / "my_run")  # never into the repository's checkpoints/
+    args += [
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.warmup_steps=1",
+        "--set",
+        "train.eval_interval=2",
+        "--set",
+        "train.checkpoint_interval=2",
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "model.seq_len=64",
+        "--no-progress",
+    ]
+    assert train_cli.main(args) == 0
+    assert checkpoints.read_checkpoint(tmp_path / "my_run").position_encoding == "alibi"
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
+        f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
+        "batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n"
+    )
+    assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["config_format"] == 2
+    assert saved["encoding_options"] == {
+        "num_buckets": 32,
+        "max_distance": 20,
+        "bidirectional": False,
+        "init_std": 0.02,
+    }
+    before = GPT.from_pretrained(str(tmp_path / "run"))
+    assert before.encoding(0).max_distance == 20
+    del saved["encoding_options"]["max_distance"]
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match="does not name encoding option.*max_distance"):
+        GPT.from_pretrained(str(tmp_path / "run"))
+    with pytest.raises(CheckpointError, match="max_distance"):
+        checkpoints.read_checkpoint(tmp_path / "run")
+    saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128

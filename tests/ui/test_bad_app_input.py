@@ -1,0 +1,117 @@
+"""Bad input never takes the app down (issue 21): refused uploads are deleted and their names
+cannot escape their folder, every page renders the other checkpoints whatever one checkpoint's
+files hold, and adding a server path does not tell which paths exist."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from bad_content import NESTED, _content, _pristine
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fireviz.data import corpus as data
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- uploads ------------------------------------------------------------------------------------
+def test_a_refused_upload_is_deleted(tmp_path, monkeypatch):
+    from fireviz import ui
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(data.DataError):
+        ui.save_upload("bad.jsonl", b'{"no_text": 1}\n')
+    assert not list((tmp_path / "cache").rglob("bad.jsonl"))
+    with pytest.raises(data.DataError, match="MB"):
+        ui.save_upload("big.txt", b"x" * ((ui.MAX_UPLOAD_MB << 20) + 1))
+    path = ui.save_upload("latin.txt", "café".encode("latin-1"))  # raw bytes are accepted
+    assert path.read_bytes() == "café".encode("latin-1")
+
+
+def test_streamlit_upload_limit_matches_the_library():
+    import tomllib
+
+    from fireviz import ui
+
+    cfg = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert cfg["server"]["maxUploadSize"] == ui.MAX_UPLOAD_MB
+
+
+# -- properties: arbitrary content never escapes as a foreign error ---------------------------
+@pytest.mark.parametrize(
+    "file, content, refused",
+    [
+        ("config.json", NESTED, True),
+        ("results_prose.json", NESTED, True),
+        ("train_log.jsonl", NESTED, True),
+        ("results_prose.json", '{"settings": {"data": ["prose"]}, "per_length": []}', True),
+        (
+            "train_log.jsonl",
+            '{"step": 1, "loss": NaN, "val_loss": NaN}\n',
+            False,
+        ),  # a diverged run: shown, not a number
+        ("config.json", b"\xff\xfe\x00garbage", True),
+    ],
+)
+def test_every_page_renders_the_other_checkpoints(root, monkeypatch, tmp_path, file, content, refused):
+    from streamlit.testing.v1 import AppTest
+
+    target = root / "victim" / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ["app.py"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")):
+        at = AppTest.from_file(str(ROOT / name), default_timeout=60).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert "good" in list(at.dataframe[0].value["checkpoint"])
+    assert any("victim" in w.value for w in at.warning) == refused
+
+
+def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "config.json").write_text("{}")
+    (tmp_path / "a_file.txt").write_text("x")
+    messages = []
+    for ref in (str(tmp_path / "no" / "such"), str(tmp_path / "exists"), str(tmp_path), str(tmp_path / "a_file.txt")):
+        at = AppTest.from_file(str(ROOT / "pages" / "4_Training_runs.py"), default_timeout=60).run()
+        at.sidebar.text_input(key="train_add_ref").set_value(ref)
+        at.sidebar.button(key="train_add_btn").click().run()
+        assert not at.exception
+        messages.append(" ".join(e.value for e in at.sidebar.error).replace(ref, "REF"))
+    assert len(set(messages)) == 1 and "no readable fireviz checkpoint" in messages[0]
+
+
+# -- progress for every long call -------------------------------------------------------------------
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(file=st.sampled_from(["config.json", "results_prose.json", "train_log.jsonl"]), content=_content)
+def test_any_content_in_one_file_every_page_still_renders(tmp_path_factory, monkeypatch, file, content):
+    from streamlit.testing.v1 import AppTest
+
+    base = tmp_path_factory.mktemp("pages")
+    shutil.copytree(_pristine(tmp_path_factory), base / "root")
+    target = base / "root" / "victim" / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(base / "root"))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(base / "cache"))
+    for name in ["app.py"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")):
+        at = AppTest.from_file(str(ROOT / name), default_timeout=60).run()
+        assert not at.exception, (name, [e.value for e in at.exception])
+        if name == "app.py":
+            assert "good" in list(at.dataframe[0].value["checkpoint"])
+
+
+# -- found by an adversarial review ------------------------------------------------------------------
+def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
+    from fireviz import ui
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("..", ".", "../../x.txt", ".hidden.txt"):
+        path = ui.save_upload(name, b"hello world")
+        assert path.is_file() and (tmp_path / "cache" / "uploads") in path.parents and not path.name.startswith(".")
