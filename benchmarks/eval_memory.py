@@ -1,4 +1,4 @@
-"""Time and peak memory of ``fireviz.eval.evaluate`` at long evaluation lengths, per encoding.
+"""Time and peak memory of ``fireviz.eval.evaluation`` at long evaluation lengths, per encoding.
 
 Usage::
 

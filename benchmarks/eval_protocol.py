@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python benchmarks/eval_protocol.py [--checkpoints checkpoints/fire,checkpoints/alibi]
         [--data prose] [--lengths 128,256,512,1024,2048,4096,8192] [--documents 0] [--device cpu]
 
-The published protocol is ``fireviz.eval.evaluate``'s default ``mode="same_text"``: every
+The published protocol is ``fireviz.eval.evaluation``'s default ``mode="same_text"``: every
 validation document that holds the largest length M, its first M tokens scored at every
 length (no token budget). This script runs exactly that through ``evaluate_many`` with the
 cache off (``use_cache=False``, so nothing is read from a cache or a shipped results.json)
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fireviz.cli.eval import format_table  # noqa: E402
-from fireviz.eval import evaluate  # noqa: E402
+from fireviz.eval import DEFAULT_LENGTHS, evaluate_many, with_paired_differences  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoints", default="checkpoints/fire", help="comma-separated checkpoint folders (default %(default)s)"
     )
     p.add_argument("--data", default="prose")
-    p.add_argument("--lengths", default=",".join(str(n) for n in evaluate.DEFAULT_LENGTHS))
+    p.add_argument("--lengths", default=",".join(str(n) for n in DEFAULT_LENGTHS))
     p.add_argument("--documents", type=int, default=0, help="0 = every qualifying document (the protocol)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="also write the results (evaluate's JSON, paired vs the first) here")
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     for ckpt in args.checkpoints.split(","):
         budget = None if args.documents == 0 else args.documents * (max(lengths) - 1)
         t0 = time.perf_counter()
-        r = evaluate.evaluate_many(
-            [ckpt], args.data, lengths, token_budget=budget, device=args.device, use_cache=False
-        )[0]
+        r = evaluate_many([ckpt], args.data, lengths, token_budget=budget, device=args.device, use_cache=False)[0]
         total = time.perf_counter() - t0
         grand += total
         everything.append(r)
@@ -89,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         from fireviz.core import write_json_atomic
 
-        everything = evaluate.with_paired_differences(everything, 0)
+        everything = with_paired_differences(everything, 0)
         write_json_atomic(args.out, everything)
         print(format_table(everything))
         print(f"wrote {args.out}")

@@ -23,7 +23,7 @@ from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in e
 CHILD = r"""
 import json, resource, sys
 sys.path.insert(0, {root!r})
-from fireviz.eval import evaluate
+from fireviz.eval import evaluate_many
 from fireviz.model import memory
 from fireviz.data import load_documents
 from fireviz.checkpoints import load_model
@@ -32,7 +32,7 @@ cfg = load_model(ckpt).config
 docs = load_documents("prose")
 rss0 = memory.current_rss()
 batch = max(1, batch_tokens // n)
-evaluate.evaluate_many([ckpt], "prose", [n], mode="nonoverlapping", token_budget=2 * batch * (n - 1),
+evaluate_many([ckpt], "prose", [n], mode="nonoverlapping", token_budget=2 * batch * (n - 1),
                        use_cache=False, batch_tokens=batch_tokens, device="cpu")
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({{"length": n, "batch": batch, "rss0": rss0, "work_estimate": memory.forward_bytes(cfg, batch, n),

@@ -1,6 +1,6 @@
 """Evaluate every checkpoint in checkpoints/ the same way and publish the results.
 
-For each domain: ``fireviz.eval.evaluate.evaluate_many`` over all checkpoints (paired windows) with
+For each domain: ``fireviz.eval.evaluation.evaluate_many`` over all checkpoints (paired windows) with
 the published protocol — ``mode="same_text"``: every validation document that holds the
 largest length, its first 8192 tokens scored at every length, no token budget — so every
 column scores the same text. The RoPE checkpoint is also evaluated as RoPE-PI and YaRN, and
@@ -46,7 +46,7 @@ from fireviz.checkpoints import (  # config.json through the one door
 from fireviz.cli.eval import format_table
 from fireviz.core import atomic_write, atomic_write_text, write_json_atomic
 from fireviz.encodings import has_normalizer
-from fireviz.eval import evaluate
+from fireviz.eval import DEFAULT_MODE, evaluate_many, with_paired_differences
 from fireviz.model import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +76,8 @@ def read_results(folder: Path) -> list[dict]:
 def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[dict]]:
     """A folder's results after this run: ``fresh`` plus the ``old`` rows for (domain, RoPE
     scaling) pairs this run did not evaluate, kept only where they were made on the same weights
-    (``checkpoint_sha256``) with the same mode, token budget, seed, split and lengths.
+    (``checkpoint_sha256``) with the same token budget, seed, split and lengths as this run's rows of
+    their protocol (``mode``: same-text and context-use rows are kept side by side).
 
     Every row gets the current ``label`` and a repository-relative ``checkpoint_path``; a fresh
     row whose every length came from the cache keeps the old row's ``seconds`` (the file does not
@@ -85,7 +86,8 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
     """
 
     def pair(r: dict) -> tuple:
-        return r["settings"]["data"], r["settings"].get("rope_scaling"), r["settings"].get("normalizer_cap")
+        s = r["settings"]
+        return s["data"], s.get("mode"), s.get("rope_scaling"), s.get("normalizer_cap")
 
     def recipe(r: dict) -> tuple:
         s = r["settings"]
@@ -99,7 +101,8 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
         )
 
     done = {pair(r) for r in fresh}
-    ref = recipe(fresh[0]) if fresh else None
+    # per protocol (mode): the recipe this run used; an old row of another recipe in that mode is stale
+    ref = {r["settings"].get("mode"): recipe(r) for r in fresh}
 
     def same(r: dict) -> str:  # the (domain, variant) and recipe of a row, as a key (lengths is a list)
         return json.dumps([pair(r), recipe(r)], default=str)
@@ -109,18 +112,35 @@ def merge_results(old: list[dict], fresh: list[dict]) -> tuple[list[dict], list[
         before = previous.get(same(r))
         if before is not None and "seconds" in before and all(e.get("cached") for e in r["per_length"]):
             r["seconds"] = before["seconds"]
+            # and each length keeps where its number first came from, when it is the same number
+            was = {e.get("length"): e for e in before.get("per_length", []) if isinstance(e, dict)}
+            for e in r["per_length"]:
+                w = was.get(e.get("length"))
+                if w is not None and e.get("source") == "results.json" and _same_number(e, w):
+                    e["cached"], e["source"] = w.get("cached", True), w.get("source", "results.json")
     kept, dropped = [], []
     for r in old:
         if pair(r) in done:
             continue
-        (kept if ref is None or recipe(r) == ref else dropped).append(r)
+        mode = r["settings"].get("mode")
+        (kept if mode not in ref or recipe(r) == ref[mode] else dropped).append(r)
     rows = sorted(
         kept + fresh,
-        key=lambda r: (DOMAIN_ORDER.get(r["settings"]["data"], 99), r["settings"].get("rope_scaling") or ""),
+        key=lambda r: (
+            r["settings"].get("mode") == "context",  # the same-text rows first, as before context rows existed
+            DOMAIN_ORDER.get(r["settings"]["data"], 99),
+            r["settings"].get("rope_scaling") or "",
+        ),
     )
     for r in rows:
         name_row(r)
     return rows, dropped
+
+
+def _same_number(a: dict, b: dict) -> bool:
+    """Whether two per-length entries hold the same measurement (provenance fields aside)."""
+    skip = ("cached", "source", "seconds")
+    return {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
 
 
 def name_row(r: dict) -> None:
@@ -263,6 +283,8 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
             for r in vals
         ]
         lines.append("")
+    context = [r for r in results if r["settings"].get("mode") == "context"]
+    results = [r for r in results if r["settings"].get("mode") != "context"]
     protocol = protocol_text(results[0]["settings"], skipped=False) if results else "none yet"
     lines += [
         f"Evaluation (bits per byte; {protocol}):",
@@ -280,8 +302,105 @@ def model_card(folder: Path, results: list[dict], budget: int | None = None) -> 
         )
         docs = max((e.get("documents", 0) for e in r["per_length"]), default=0)
         lines.append(f"| {name} | {docs} | " + " | ".join(bpb_cell(row.get(n, {})) for n in LENGTHS) + " |")
-    lines += ["", "Reproduce: `python scripts/publish_results.py` (see docs/protocol.md in the repository)."]
+    lines += context_card_lines(context)
+    lines += [
+        "",
+        "Reproduce: `python scripts/publish_results.py` (context use: `--context prose,latex,code`; see "
+        "docs/protocol.md in the repository).",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def context_card_lines(context: list[dict]) -> list[str]:
+    """A card's context-use table (none without context-use rows)."""
+    if not context:
+        return []
+    cols = context_columns(context)
+    lines = [
+        "",
+        f"Context use (bits per byte; {context_protocol_text(context[0]['settings'])}; in parentheses: minus "
+        "full context, paired over documents, with its 95 % interval):",
+        "",
+        "| data | documents | " + " | ".join(context_heading(c, context[0]) for c in cols) + " |",
+        "|---" * (len(cols) + 2) + "|",
+    ]
+    for r in context:
+        row = {e["length"]: e for e in r["per_length"]}
+        docs = max((e.get("documents", 0) for e in r["per_length"]), default=0)
+        cells = [bpb_cell(row.get(c, {})) + _full_suffix(row.get(c, {})) for c in cols]
+        lines.append(f"| {r['settings']['data']} | {docs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def context_columns(runs: list[dict]) -> list[int]:
+    """The context lengths c of context-use rows (tokens, ascending; full = M − K last)."""
+    return sorted({e["length"] for r in runs for e in r["per_length"] if "error" not in e})
+
+
+def context_heading(c: int, run: dict) -> str:
+    """A context-use column heading: ``c`` or ``full (M − K)``."""
+    full = run["settings"].get("full_context")
+    return f"full ({c})" if c == full else str(c)
+
+
+def context_protocol_text(settings: dict) -> str:
+    """One sentence naming the context-use protocol of a result's ``settings``."""
+    return (
+        f"fixed targets, the last {settings.get('context_targets')} tokens of the first "
+        f"{settings.get('prefix_tokens')} of every {settings.get('split')} document that long "
+        f"({settings.get('documents_scored')} documents), each scored with c … c + {settings.get('stride', 1) - 1} "
+        f"tokens of context before it by windows of c + {settings.get('stride')} tokens; full = "
+        f"{settings.get('full_context')}, the whole prefix; the same targets at every c"
+    )
+
+
+def _full_suffix(e: dict) -> str:
+    """``" (+0.004 [+0.001, +0.007])"``: bits per byte at c minus at full context, or ""."""
+    if "full_delta_bpb" not in e:
+        return ""
+    ci = e.get("full_ci95")
+    return f" ({e['full_delta_bpb']:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "") + ")"
+
+
+def fmt_context_tables(runs: list[dict]) -> list[str]:
+    """Markdown for one domain's context-use rows: bits per byte at each context length c (95 %
+    interval over documents); the same minus full context (paired over documents: the value of
+    the context beyond c); and minus the reference checkpoint on the same targets."""
+    cols = context_columns(runs)
+    head = [
+        "| encoding | " + " | ".join(context_heading(c, runs[0]) for c in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    full = runs[0]["settings"].get("full_context")
+
+    def delta(e: dict, key: str, ci_key: str) -> str:
+        if key not in e:
+            return "—"
+        ci = e.get(ci_key)
+        return f"{e[key]:+.4f}" + (f" [{ci[0]:+.4f}, {ci[1]:+.4f}]" if ci else "")
+
+    def table(cell) -> list[str]:
+        out = list(head)
+        for r in runs:
+            row = {e["length"]: e for e in r["per_length"]}
+            out.append(f"| {r['label']} | " + " | ".join(cell(row.get(c, {})) for c in cols) + " |")
+        return out
+
+    ref = next((r["paired_reference"] for r in runs if r.get("paired_reference")), "the reference")
+    return [
+        "Bits per byte of the same targets with c tokens of context [95 % bootstrap interval over documents]:",
+        "",
+        *table(bpb_cell),
+        "",
+        f"Minus full context ({full} tokens), paired over documents [95 % interval]: above 0, the context beyond c "
+        "lowers the loss of these targets.",
+        "",
+        *table(lambda e: delta(e, "full_delta_bpb", "full_ci95")),
+        "",
+        f"Minus {ref} on the same targets and context, paired over documents [95 % interval]; below 0: better.",
+        "",
+        *table(lambda e: delta(e, "paired_delta_bpb", "paired_ci95")),
+    ]
 
 
 def fmt_bpb_table(runs: list[dict]) -> list[str]:
@@ -492,17 +611,25 @@ def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) 
     """Every checkpoint on one domain, plus RoPE as PI and YaRN and FIRE with its normalizer capped
     at the largest query position its training reached (``trained_query_positions``), all paired
     against the reference on the same windows."""
-    runs = evaluate.evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
+    runs = evaluate_many([str(f) for f in folders], domain, LENGTHS, reference=reference, **kw)
     for f in folders:
         cfg = read_checkpoint(f).config
         if cfg["position_encoding"] == "rope":
             for scaling in ("pi", "yarn"):
-                runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
+                runs += evaluate_many([str(f)], domain, LENGTHS, rope_scaling=scaling, **kw)
         cap = trained_query_positions(cfg)
         if has_normalizer(cfg["position_encoding"]) and cap < max(LENGTHS):  # FIRE as trained, and capped
-            runs += evaluate.evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cap, **kw)
+            runs += evaluate_many([str(f)], domain, LENGTHS, normalizer_cap=cap, **kw)
     # the scaled and capped rows were scored on the same windows: pair them with the reference too
-    return evaluate.with_paired_differences(runs, reference)
+    return with_paired_differences(runs, reference)
+
+
+def evaluate_context(folders: list[Path], domain: str, reference: int, kw: dict) -> list[dict]:
+    """Every checkpoint on one domain with the context-use protocol (``mode="context"``, its default
+    context lengths 128 … 4096 and full, M = 8192, K = 256, s = 64), paired against the reference
+    on the same targets."""
+    kw = {k: v for k, v in kw.items() if k not in ("mode", "token_budget")}
+    return evaluate_many([str(f) for f in folders], domain, None, mode="context", reference=reference, **kw)
 
 
 def progress_printer(every_s: float = 10.0):
@@ -533,12 +660,18 @@ def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--domains", default="prose,latex,code")
     ap.add_argument("--only", default="", help="comma-separated checkpoint names (default: all)")
-    ap.add_argument("--mode", default=evaluate.DEFAULT_MODE, choices=["same_text", "nonoverlapping"])
+    ap.add_argument("--mode", default=DEFAULT_MODE, choices=["same_text", "nonoverlapping"])
     ap.add_argument(
         "--token-budget",
         type=int,
         default=None,
         help="default: none for same_text (every qualifying document), 16384 for nonoverlapping",
+    )
+    ap.add_argument(
+        "--context",
+        default="",
+        help="also evaluate these domains (comma-separated) with the context-use protocol (mode context; "
+        "minutes per checkpoint and domain on a CPU); context rows already in results.json are kept and shown",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
@@ -596,8 +729,14 @@ def _write_folders(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> None:
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
 
 
-def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], seq_len: int) -> str:
-    """checkpoints/RESULTS.md: per domain the bits-per-byte table, the paired and seed tables."""
+def results_markdown(
+    table: dict[str, list[dict]],
+    logs: dict[str, list[dict]],
+    seq_len: int,
+    context: dict[str, list[dict]] | None = None,
+) -> str:
+    """checkpoints/RESULTS.md: per domain the bits-per-byte table, the paired and seed tables; per
+    domain with context-use rows (``context``) their tables (``fmt_context_tables``)."""
     md = [
         "# Results: bits per byte by evaluation length",
         "",
@@ -629,9 +768,43 @@ def results_markdown(table: dict[str, list[dict]], logs: dict[str, list[dict]], 
                 *paired_seeds,
                 "",
             ]
+    for domain, runs in (context or {}).items():
+        md += [
+            f"## Context use: {domain}",
+            "",
+            context_protocol_text(runs[0]["settings"]) + ". A change along a row is exactly the value of more "
+            "context for these targets (the same-text tables above also change how many targets sit near a "
+            "window start).",
+            "",
+            *fmt_context_tables(runs),
+            "",
+        ]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
     md += fmt_validation_table(logs, seq_len) + [""]
     return "\n".join(md)
+
+
+def context_rows(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Per domain, the context-use rows of every checkpoint (from this run or kept in results.json),
+    for domains where every checkpoint has one (a partial table would hide who is missing)."""
+    out: dict[str, list[dict]] = {}
+    for domain in DOMAIN_ORDER:
+        rows = [
+            r
+            for f in folders
+            for r in by_ckpt[f.name]
+            if r["settings"].get("mode") == "context" and r["settings"]["data"] == domain
+        ]
+        if rows and len(rows) == len(folders):
+            out[domain] = rows
+        elif rows:
+            have = {r["checkpoint"] for r in rows}
+            print(
+                f"context use on {domain}: {len(rows)} of {len(folders)} checkpoints evaluated (missing: "
+                f"{', '.join(f.name for f in folders if f.name not in have)}); run --context {domain}",
+                flush=True,
+            )
+    return out
 
 
 def main() -> int:
@@ -659,7 +832,14 @@ def main() -> int:
         if not args.only:  # the domain's figure and JSON show every checkpoint; --only leaves them alone
             _write_domain(domain, runs)
         print(format_table(runs), flush=True)
+    for domain in [d for d in args.context.split(",") if d]:
+        runs = evaluate_context(folders, domain, reference, kw)
+        for r in runs:
+            name_row(r)
+            by_ckpt[r["checkpoint"]].append(r)
+        print(format_table(runs), flush=True)
     _write_folders(folders, by_ckpt)
+    context = context_rows(folders, by_ckpt)
     logs = {f.name: read_train_log(f) for f in folders}
     seq_len = read_checkpoint(folders[0]).seq_len
     if not args.only:  # the figure shows every checkpoint; a partial run leaves it alone
@@ -667,7 +847,7 @@ def main() -> int:
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0
-    md = results_markdown(table, logs, seq_len)
+    md = results_markdown(table, logs, seq_len, context)
     atomic_write_text(CKPTS / "RESULTS.md", md)
     print(md)
     return 0

@@ -4,7 +4,7 @@ A task group is a sub-folder of checkpoints/ whose checkpoints were all trained 
 synthetic task (``fireviz.data.synthetic``, e.g. ``configs/copy.toml``). It is published apart from
 the prose models: its own tables, never mixed into theirs.
 
-For every checkpoint in the group: ``fireviz.eval.evaluate.evaluate_many`` on the task (fresh
+For every checkpoint in the group: ``fireviz.eval.evaluation.evaluate_many`` on the task (fresh
 sequences of each length, the same for every checkpoint; only the answer positions scored)
 at 16…1024 tokens (¼× to 16× the training length; length n: the model reads n tokens, as in
 training at seq_len n), paired against ``--reference``; and
@@ -35,7 +35,7 @@ from fireviz.analysis import biases as analysis
 from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints, validation_rows
 from fireviz.core import atomic_write_text, write_json_atomic
 from fireviz.data import synthetic
-from fireviz.eval import evaluate
+from fireviz.eval import SYNTHETIC_SEQUENCES, EvaluationError, evaluate_many
 from fireviz.model import CheckpointError
 
 CKPTS = ROOT / "checkpoints"
@@ -138,7 +138,7 @@ def _parse_args() -> argparse.Namespace:
         default="16,32,64,128,256,512,1024",
         help="¼× to 16× the training length (64), as the app's default",
     )
-    ap.add_argument("--sequences", type=int, default=evaluate.SYNTHETIC_SEQUENCES)
+    ap.add_argument("--sequences", type=int, default=SYNTHETIC_SEQUENCES)
     ap.add_argument("--reference", default="alibi")
     return ap.parse_args()
 
@@ -219,7 +219,7 @@ def main() -> int:
     gdir, folders, task, lengths = _group(args)
     names = [f.name for f in folders]
     try:
-        runs = evaluate.evaluate_many(
+        runs = evaluate_many(
             [str(f) for f in folders],
             task,
             lengths,
@@ -228,7 +228,7 @@ def main() -> int:
             device="cpu",
             use_published=False,
         )
-    except (evaluate.EvaluationError, CheckpointError) as e:
+    except (EvaluationError, CheckpointError) as e:
         sys.exit(f"cannot evaluate the group: {e}")
     summaries, tables = _write_checkpoints(args, gdir, folders, runs, lengths)
     write_json_atomic(gdir / "results.json", runs)

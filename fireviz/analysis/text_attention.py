@@ -183,7 +183,7 @@ def dilution_cache_path(
 ) -> Path:
     """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
     the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
-    settings. ``cache_dir`` defaults to ``fireviz.eval.evaluate.default_cache_dir()``.
+    settings. ``cache_dir`` defaults to ``fireviz.eval.evaluation.default_cache_dir()``.
     Raises: CheckpointError (``fireviz.checkpoints.catalog.checkpoint_sha256``) if the checkpoint's
     config.json or model.safetensors is missing or cannot be read."""
 
@@ -225,7 +225,7 @@ def cached_attention_dilution(
       and ``compute`` is False.
     Raises: ValueError as ``attention_dilution`` (bad query positions before anything is read);
       CheckpointError for a checkpoint that is missing, unreadable or does not load
-      (``dilution_cache_path``, ``fireviz.checkpoints.catalog.load_model``); OSError if the result
+      (``dilution_cache_path``, ``fireviz.checkpoints.load_model``); OSError if the result
       cannot be written to the cache folder.
     """
 

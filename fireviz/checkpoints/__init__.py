@@ -8,15 +8,14 @@ from fireviz.checkpoints.catalog import (
     checkpoint_groups,
     checkpoint_sha256,
     default_device,
-    load_model,
-    load_model_or_published,
-    load_model_with_identity,
     read_checkpoint,
     scan_checkpoints,
 )
+from fireviz.checkpoints.checkpoint import Checkpoint, load_model, load_model_or_published, load_model_with_identity
 from fireviz.checkpoints.records import LOG_FILE_GZ, read_train_log, seed_base, seed_groups, validation_rows
 
 __all__ = [
+    "Checkpoint",
     "CheckpointNotFoundError",
     "LOG_FILE",
     "LOG_FILE_GZ",

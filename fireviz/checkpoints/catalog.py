@@ -12,15 +12,14 @@ Where checkpoints come from:
   * a Hugging Face Hub repo id (``owner/name``), downloaded into the Hub cache.
 
 A checkpoint's identity is :func:`checkpoint_sha256` (its weights and config bytes);
-:func:`load_model_with_identity` gives the model and the identity of one read of the files,
-:func:`checked_config` the config with the weights' header checked against it (no tensor read).
+``fireviz.checkpoints.checkpoint.Checkpoint`` is a checkpoint resolved once (identity, checked
+config) and loads exactly the bytes it hashed; :func:`checked_config` is the config with the
+weights' header checked against it (no tensor read).
 Nothing here imports Streamlit; nothing here unpickles (weights are safetensors only).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
 import os
 import re
@@ -52,8 +51,8 @@ from fireviz.checkpoints.records import (  # noqa: F401
     seed_groups,
     seed_run,
 )
-from fireviz.core import MAX_JSON_BYTES, FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
-from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict, load_state_checked
+from fireviz.core import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
+from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -437,9 +436,15 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
 
 def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     """The identity of a checkpoint: sha256 (hex) of ``model.safetensors`` followed by
-    ``config.json`` bytes (the evaluation and dilution caches' key, the jobs' key, results'
-    ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as :func:`checkpoint_files`."""
-    config, weights = checkpoint_files(checkpoint)
+    ``config.json`` bytes (``Checkpoint.sha256``: the evaluation and dilution caches' key, the jobs'
+    key, results' ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as
+    :func:`checkpoint_files`."""
+    return _files_sha256(*checkpoint_files(checkpoint))
+
+
+def _files_sha256(config: Path, weights: Path) -> str:
+    """sha256 of ``weights`` then ``config`` bytes, memoized per (file, mtime, size) of both.
+    Raises: CheckpointError if either cannot be read."""
     try:  # memoized per (file, modification time, size) of both: asking again is free
         memo = tuple((str(f.resolve()), st.st_mtime_ns, st.st_size) for f in (weights, config) for st in (f.stat(),))
         if memo not in _FINGERPRINTS:
@@ -474,124 +479,20 @@ def _weights_match(entries: dict[str, dict], config: GPTConfig, source: str) -> 
 def checked_config(checkpoint: str | os.PathLike) -> GPTConfig:
     """A checkpoint's validated config, its weights checked against it from the safetensors header
     alone (a complete file holding exactly the model's tensors, by name and shape); no tensor is
-    read. What :func:`load_model` would refuse for the files, but NaN/inf values and a tied pair
-    stored twice with different values (those need the weights).
-    Raises: CheckpointError as :func:`load_model`."""
-    config_path, weights_path = checkpoint_files(checkpoint)
+    read. What loading would refuse for the files, but NaN/inf values and a tied pair stored
+    twice with different values (those need the weights).
+    Raises: CheckpointError as ``Checkpoint.load``."""
+    return _config_checked(*checkpoint_files(checkpoint))
+
+
+def _config_checked(config_path: Path, weights_path: Path) -> GPTConfig:
+    """:func:`checked_config` of the two files. Raises: CheckpointError."""
     try:
         config = config_from_dict(read_json(config_path), str(config_path))
     except FileFormatError as e:
         raise CheckpointError(str(e)) from e
     _weights_match(_weights_header(weights_path), config, str(weights_path))
     return config
-
-
-def _read_bytes(path: Path, limit: int | None = None) -> tuple[bytes, os.stat_result]:
-    """The bytes of ``path`` and the state of the file they were read from (one open)."""
-    try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if limit is not None and st.st_size > limit:
-                raise CheckpointError(
-                    f"{path} is {st.st_size:,} bytes, more than the {limit:,} read for a JSON file; "
-                    "it is not a file fireviz wrote — restore it or train the checkpoint again"
-                )
-            return f.read(), st
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from e
-
-
-def load_model_with_identity(checkpoint: str | os.PathLike, device: str = "cpu") -> tuple[GPT, str]:
-    """``(model, identity)`` of a checkpoint from ONE read of its files: the model as
-    :func:`load_model` loads it (strict, safetensors only, eval mode, on ``device``) and the
-    sha256 of exactly those bytes — :func:`checkpoint_sha256`'s value for them — so a weights
-    file replaced while it is read (a training run writing an interim checkpoint) can never give
-    numbers of one file under the identity of another.
-    Raises: CheckpointError as :func:`load_model`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    config_path, weights_path = checkpoint_files(checkpoint)
-    weights, w_st = _read_bytes(weights_path)
-    config_bytes, c_st = _read_bytes(config_path, MAX_JSON_BYTES)
-    h = hashlib.sha256(weights)
-    h.update(config_bytes)  # weights then config, as checkpoint_sha256 hashes them
-    memo = tuple(
-        (str(f.resolve()), st.st_mtime_ns, st.st_size) for f, st in ((weights_path, w_st), (config_path, c_st))
-    )
-    _FINGERPRINTS[memo] = sha = h.hexdigest()
-    try:
-        config = config_from_dict(parse_json(config_bytes.decode("utf-8"), str(config_path)), str(config_path))
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"cannot read {config_path}: {e}") from e
-    except FileFormatError as e:
-        raise CheckpointError(str(e)) from e
-    try:
-        model = GPT(config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"config.json of {checkpoint} is invalid: {e}") from e
-    except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
-        raise CheckpointError(
-            f"the model of {checkpoint} does not fit in memory ({str(e).splitlines()[0][:200]})"
-        ) from e
-    _safetensors_entries(io.BytesIO(weights), len(weights), str(weights_path))  # as load_model says it
-    try:
-        state = load(weights)
-    except (SafetensorError, ValueError) as e:
-        raise CheckpointError(
-            f"{weights_path} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
-        ) from e
-    load_state_checked(model, state, source=str(weights_path))
-    return model.to(device).eval(), sha
-
-
-def load_model(path: str | os.PathLike, device: str = "cpu") -> GPT:
-    """Load the GPT of a checkpoint folder (or a fireviz checkpoint's Hub id) through
-    safetensors only (never pickle, strict), on ``device``, in eval mode. The one loader:
-    evaluation, analysis, fitting and the app all call it.
-
-    Raises: CheckpointError (CheckpointNotFoundError when there is nothing there) for a
-      missing, corrupt or inconsistent checkpoint; never another exception type for bad files.
-    """
-    config, weights = checkpoint_files(path)
-    _weights_header(weights)  # a junk or truncated file: the message read_checkpoint gives
-    try:
-        model = GPT.from_pretrained(str(config.parent), map_location=device)
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} does not load: {type(e).__name__}: {e}") from e
-    return model.to(device).eval()
-
-
-def load_model_or_published(ref: str, stack: str = "decoder", revision: str | None = None, with_identity: bool = False):
-    """A fireviz checkpoint (GPT) or a published model's position encodings (``hub.PublishedModel``):
-    a folder whose config.json names ``model_type`` or a repo id not on disk is read through
-    ``fireviz.checkpoints.hub``; everything else is a fireviz checkpoint (:func:`load_model`).
-    ``with_identity``: return ``(model, sha)`` instead — a fireviz checkpoint's identity of exactly
-    the bytes loaded (:func:`load_model_with_identity`), None for a published model.
-    Raises: CheckpointError (``hub.HubModelError`` for a published one) naming the problem."""
-
-    def fireviz(r):
-        return load_model_with_identity(r) if with_identity else load_model(r)
-
-    def published(model):
-        return (model, None) if with_identity else model
-
-    folder = _local_path(ref)
-    cfg = folder / "config.json"
-    if folder.is_dir() and cfg.is_file():
-        try:
-            is_published = hub.is_transformers_config(read_json(cfg))
-        except ValueError:
-            is_published = False  # let the checkpoint loader name the problem
-        return published(hub.load_published(str(folder), stack=stack)) if is_published else fireviz(folder)
-    if hub.looks_like_hub_id(str(ref)):
-        try:
-            return published(hub.load_published(ref, stack=stack, revision=revision))
-        except hub.NotPublishedModelError:  # a fireviz checkpoint on the Hub
-            pass
-    return fireviz(ref)
 
 
 def default_device() -> str:

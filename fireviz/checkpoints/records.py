@@ -96,7 +96,7 @@ def _is_int(v: object) -> bool:
 
 
 def check_results(obj: Any, source: str = "results JSON") -> None:
-    """Check the types of a results JSON (one ``fireviz.eval.evaluate`` result dict or a list of them).
+    """Check the types of a results JSON (one ``fireviz.eval.evaluation`` result dict or a list of them).
 
     Only the fields something reads are checked, each where present: ``settings`` an object
     whose ``data`` is a string and ``rope_scaling`` null/string/object; ``per_length`` a list of

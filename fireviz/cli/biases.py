@@ -2,7 +2,7 @@
 
 Parses the arguments into ``fireviz.analysis.biases.BiasSettings`` and
 ``fireviz.analysis.dilution_settings.DilutionSettings`` (before any checkpoint is read), loads through
-``fireviz.checkpoints.catalog.load_model_or_published``, computes with
+``fireviz.checkpoints.load_model_or_published``, computes with
 ``fireviz.analysis.biases.run_bias_report`` (and ``fireviz.analysis.text_attention.attention_dilution`` for
 ``--text``), prints the per-head locality table and writes the report (and ``--figure``). The
 library checks every value and names the problem; this module only parses text and prints

@@ -1,6 +1,7 @@
 """``python -m fireviz eval``: perplexity / bits per byte vs evaluation length, as a table.
 
-A thin layer over ``fireviz.eval.evaluate.evaluate_many``: parses the arguments into its settings,
+A thin layer over ``fireviz.eval.evaluate``: resolves each checkpoint once (``Checkpoint``), builds
+one ``EvalSettings`` from the arguments (``settings_from_args``),
 prints progress and the tables (``format_table``; mode ``context``: one row per checkpoint and
 context length, ``_context_table``), writes ``--out`` / ``--figure``.
 """
@@ -13,7 +14,7 @@ import time
 from typing import Any, Sequence
 
 from fireviz import plots
-from fireviz.checkpoints import checked_config
+from fireviz.checkpoints import Checkpoint
 from fireviz.core import output_path_problem, write_json_atomic
 from fireviz.data import DOMAINS, DataError, synthetic
 from fireviz.eval import (
@@ -28,10 +29,15 @@ from fireviz.eval import (
     FULL_CONTEXT,
     MODES,
     ROPE_SCALINGS,
+    SETTING_NAMES,
     SPLITS,
     SYNTHETIC_SEQUENCES,
+    EvalCache,
+    EvalResult,
+    EvalSettings,
     EvaluationError,
-    evaluate_many,
+    checkpoint_list,
+    evaluate,
     stats,
 )
 from fireviz.model import CheckpointError
@@ -81,7 +87,7 @@ def _context_text(s: dict) -> str:
     )
 
 
-def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
+def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     """The text line (data, split, protocol) and the table of documents / windows / tokens per length."""
     s0 = results[0]["settings"] if results else {}
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
@@ -123,7 +129,7 @@ def _what_was_scored(results: Sequence[dict], lengths: list[int]) -> list[str]:
     return [text] + _render([head, "", ""] + [_length_head(s0, n) for n in lengths], rows)
 
 
-def _name_and_encoding(r: dict, names: list[str]) -> tuple[str, str]:
+def _name_and_encoding(r: EvalResult, names: list[str]) -> tuple[str, str]:
     """A result's row name (its path when two share a folder name) and encoding (+ scaling, cap)."""
     # two checkpoints in folders of the same name (runs/x and checkpoints/x): show their paths
     name = (r.get("checkpoint_path") or r["checkpoint"]) if names.count(r["checkpoint"]) > 1 else r["checkpoint"]
@@ -136,7 +142,7 @@ def _name_and_encoding(r: dict, names: list[str]) -> tuple[str, str]:
     return name, enc
 
 
-def _context_table(results: Sequence[dict], lengths: list[int]) -> list[str]:
+def _context_table(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     """Mode context: one row per checkpoint and context length — bits per byte [95 %], minus the
     same checkpoint at full context [95 % paired], minus the reference checkpoint [95 % paired]."""
     s0 = results[0]["settings"]
@@ -178,7 +184,9 @@ def _context_table(results: Sequence[dict], lengths: list[int]) -> list[str]:
     return ["", title] + _render(head, rows)
 
 
-def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cell, keep=lambda e: True) -> list[str]:
+def _per_checkpoint(
+    results: Sequence[EvalResult], lengths: list[int], title: str, cell, keep=lambda e: True
+) -> list[str]:
     """A titled table: one row per result (name, encoding, training length), ``cell(entry)`` per length."""
     names = [r["checkpoint"] for r in results]
     rows = []
@@ -189,7 +197,7 @@ def _per_checkpoint(results: Sequence[dict], lengths: list[int], title: str, cel
     return ["", title] + _render(["checkpoint", "enc", "train"] + [str(n) for n in lengths], rows)
 
 
-def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
+def _notes(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     out = []
     few = sorted(
         {
@@ -204,7 +212,7 @@ def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
             f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
             "(sequences) scored; a bootstrap over so few would look far more certain than it is)"
         ]
-    caps = sorted({r["normalizer_cap"] for r in results if r.get("normalizer_cap")})
+    caps = sorted({cap for r in results if (cap := r.get("normalizer_cap"))})
     if caps:
         short = [n for n in lengths if n <= min(caps)]
         out += [
@@ -214,7 +222,7 @@ def _notes(results: Sequence[dict], lengths: list[int]) -> list[str]:
     return out
 
 
-def format_table(results: Sequence[dict]) -> str:
+def format_table(results: Sequence[EvalResult]) -> str:
     """A plain-text report: what was scored per length (documents, windows, tokens), then one
     row per checkpoint with "bpb [95 % CI]" cells (answer accuracy too for a task), then the
     paired differences against the reference checkpoint with their 95 % intervals, then errors.
@@ -260,7 +268,7 @@ def format_table(results: Sequence[dict]) -> str:
     return "\n".join(out + _errors(results))
 
 
-def _errors(results: Sequence[dict]) -> list[str]:
+def _errors(results: Sequence[EvalResult]) -> list[str]:
     errors = [
         f"  {r['checkpoint']} L={e['length']}: {e['error']}" for r in results for e in r["per_length"] if "error" in e
     ]
@@ -486,12 +494,14 @@ class _ProgressBar:
             self.bar.close()
 
 
-def _write_figure(results: list[dict], path: str) -> bool:
+def _write_figure(results: Sequence[EvalResult], path: str) -> bool:
     """Write the perplexity-vs-length figure of the evaluated lengths to ``path``; False (and
     one stderr line) if that fails."""
 
     try:
-        shown = [{**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results]
+        shown: list[EvalResult] = [
+            {**r, "per_length": [e for e in r["per_length"] if "error" not in e]} for r in results
+        ]
         shown = [r for r in shown if r["per_length"]]
         context = shown[0]["settings"].get("mode") == "context"
         fig = plots.context_use_figure(shown) if context else plots.perplexity_figure(shown)
@@ -502,17 +512,39 @@ def _write_figure(results: list[dict], path: str) -> bool:
     return True
 
 
-def _default_lengths(checkpoints: list[str], data: str) -> list[int]:
-    """The lengths evaluated without ``--lengths``: DEFAULT_LENGTHS (128…8192), or on a synthetic
-    task (``synthetic:copy``, whose models train on short sequences) L/4 … 16·L around the first
-    checkpoint's training length L, as the task groups are published (16…1024 for L = 64).
-    Raises: CheckpointError when that checkpoint's config cannot be read (evaluate_many's message)."""
-
-    if not synthetic.is_synthetic(str(data)) or not checkpoints:
-        return list(DEFAULT_LENGTHS)
-    seq_len = checked_config(checkpoints[0]).seq_len
+def _lengths(args, checkpoints: list[Checkpoint]) -> list[int | str] | None:
+    """The lengths asked for; without ``--lengths``: None (the settings' defaults: 128 … 8192, or in
+    mode context 128 … 4096 and full), or on a synthetic task (``synthetic:copy``, whose models
+    train on short sequences) L/4 … 16·L around the first checkpoint's training length L, as the
+    task groups are published (16…1024 for L = 64)."""
+    if args.lengths:
+        return args.lengths
+    if not synthetic.is_synthetic(str(args.data)) or not checkpoints:
+        return None
+    seq_len = checkpoints[0].config.seq_len
     # a task sequence needs a few tokens (the copy task at least 4): shorter defaults are left out
     return sorted({n for n in (seq_len * k // 4 for k in (1, 2, 4, 8, 16, 32, 64)) if n >= 4} | {seq_len})
+
+
+def settings_from_args(args, checkpoints: list[Checkpoint]) -> EvalSettings:
+    """The one :class:`EvalSettings` of a command line: ``--data``, the lengths and every setting
+    flag (their ``dest`` names are ``SETTING_NAMES``). Raises: EvaluationError."""
+    return EvalSettings.make(args.data, _lengths(args, checkpoints), **{k: getattr(args, k) for k in SETTING_NAMES})
+
+
+def _run(args, bar) -> list[EvalResult]:
+    """Resolve the checkpoints, build the settings and the cache once, evaluate.
+    Raises: CheckpointError, DataError, EvaluationError."""
+    cache = EvalCache(args.cache_dir, not args.no_cache)
+    if not synthetic.is_synthetic(str(args.data)) or args.lengths:
+        settings = settings_from_args(args, [])  # bad settings are said before a checkpoint is read
+        cache.checked_root()
+        checkpoints = [Checkpoint.resolve(c) for c in checkpoint_list(args.checkpoints)]
+    else:  # a task's default lengths follow the first checkpoint's training length
+        checkpoints = [Checkpoint.resolve(c) for c in checkpoint_list(args.checkpoints)]
+        settings = settings_from_args(args, checkpoints)
+    reference = 0 if args.reference is None else args.reference
+    return evaluate(checkpoints, settings, cache=cache, reference=reference, progress=bar)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,28 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     bar = _ProgressBar(args.quiet)
     try:
-        results = evaluate_many(
-            args.checkpoints,
-            args.data,
-            # mode context: None, the settings' default context lengths (128 … 4096 and full)
-            args.lengths or (None if args.mode == "context" else _default_lengths(args.checkpoints, args.data)),
-            mode=args.mode,
-            stride=args.stride,
-            token_budget=args.token_budget,
-            seed=args.seed,
-            rope_scaling=args.rope_scaling,
-            split=args.split,
-            position_buckets=args.position_buckets,
-            device=args.device,
-            batch_tokens=args.batch_tokens,
-            progress=bar,
-            cache_dir=args.cache_dir,
-            use_cache=not args.no_cache,
-            normalizer_cap=args.normalizer_cap,
-            prefix_tokens=args.prefix_tokens,
-            context_targets=args.context_targets,
-            reference=0 if args.reference is None else args.reference,
-        )
+        results = _run(args, bar)
     except (CheckpointError, DataError, EvaluationError) as e:
         bar.close()
         print(f"fireviz eval: error: {e}", file=sys.stderr)

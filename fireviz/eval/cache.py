@@ -15,10 +15,12 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from fireviz.core import FileFormatError, read_json
 from fireviz.eval import stats
+from fireviz.eval.windows import EvaluationError
 
 _PER_LENGTH_FIELDS = (
     "length",
@@ -33,16 +35,56 @@ _PER_LENGTH_FIELDS = (
 _PER_DOCUMENT_FIELDS = ("doc", "nats", "tokens")
 
 
+@dataclass(frozen=True)
+class EvalCache:
+    """Where an evaluation keeps and finds finished lengths.
+
+    ``folder``: the cache folder (None: :func:`default_cache_dir`); ``enabled``: False neither
+    reads nor writes it; ``use_published``: also read a checkpoint's own ``results.json`` (same
+    weights sha256, data fingerprint and every cache-key setting; read each time, never copied
+    into the cache — scripts/publish_results.py, which rewrites those files, may turn it off);
+    ``require_intervals``: an entry made before fireviz kept per-document losses (no interval, no
+    pairing) counts as not computed (True, :func:`evaluate`'s default) or is shown as it is
+    (False, a lookup's default: :meth:`for_lookup`)."""
+
+    folder: str | os.PathLike | None = None
+    enabled: bool = True
+    use_published: bool = True
+    require_intervals: bool = True
+
+    def checked_root(self, write: bool = True) -> Path:
+        """The cache folder, checked before any work (nothing is created).
+        Raises: EvaluationError if it is a file or lies under one, or (``write``) if it cannot be
+        written or created: a result is never computed only to fail when it is stored."""
+        root = Path(self.folder) if self.folder is not None else default_cache_dir()
+        if not self.enabled:
+            return root
+        existing = next((p for p in (root, *root.parents) if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            why = "is a file" if existing == root else f"lies under {existing}, which is a file"
+        elif write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+            why = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
+        else:
+            return root
+        raise EvaluationError(f"the cache folder {root} {why}; give a folder you can write (--cache-dir) or --no-cache")
+
+    @classmethod
+    def for_lookup(cls, folder: str | os.PathLike | None = None) -> "EvalCache":
+        """The cache as a lookup reads it: entries without per-document losses shown as they are."""
+        return cls(folder, require_intervals=False)
+
+
 def default_cache_dir() -> Path:
     """``$FIREVIZ_CACHE_DIR`` if set, else ``~/.cache/fireviz/eval``."""
     env = os.environ.get("FIREVIZ_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "fireviz" / "eval"
 
 
-def cache_key(checkpoint_hash: str, fingerprint: str, length_settings: dict) -> str:
-    """sha256 (hex) of the checkpoint hash, data fingerprint and canonical settings JSON."""
+def cache_key(sha256: str, data_fingerprint: str, length_settings: dict) -> str:
+    """sha256 (hex) of the checkpoint's identity (``Checkpoint.sha256``), the data fingerprint and
+    the canonical settings JSON."""
     blob = json.dumps(
-        {"checkpoint_sha256": checkpoint_hash, "data_fingerprint": fingerprint, "settings": length_settings},
+        {"checkpoint_sha256": sha256, "data_fingerprint": data_fingerprint, "settings": length_settings},
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -115,17 +157,17 @@ def _valid_per_document(entry: dict) -> bool:
 PUBLISHED_RESULTS = "results.json"
 
 
-def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, fingerprint: str) -> list[dict]:
-    """The results in ``<checkpoint>/results.json`` computed on exactly these weights and data.
+def published_results(folder: str | os.PathLike, sha256: str, data_fingerprint: str) -> list[dict]:
+    """The results in ``<folder>/results.json`` computed on exactly these weights and data.
 
-    Args: ``checkpoint_hash`` = ``checkpoint_sha256(checkpoint)``, ``fingerprint`` = the data
-      fingerprint. Returns: the matching result dicts (as ``evaluate_many`` returns them); []
+    Args: ``folder`` the checkpoint's folder, ``sha256`` its identity (``Checkpoint.sha256``),
+      ``data_fingerprint`` the data's. Returns: the matching result dicts (as ``evaluate_many`` returns them); []
       when the file is missing, unreadable or made from other weights/data. A shipped
       checkpoint's numbers thus show without recomputing on a fresh machine, and a stale
       results.json (weights retrained, corpus changed) is never used. Raises nothing.
     """
     try:
-        obj = read_json(Path(checkpoint) / PUBLISHED_RESULTS, expect=(dict, list))
+        obj = read_json(Path(folder) / PUBLISHED_RESULTS, expect=(dict, list))
     except FileFormatError:
         return []
     items = obj if isinstance(obj, list) else [obj]
@@ -133,8 +175,8 @@ def published_results(checkpoint: str | os.PathLike, checkpoint_hash: str, finge
         r
         for r in items
         if isinstance(r, dict)
-        and r.get("checkpoint_sha256") == checkpoint_hash
-        and r.get("data_fingerprint") == fingerprint
+        and r.get("checkpoint_sha256") == sha256
+        and r.get("data_fingerprint") == data_fingerprint
         and isinstance(r.get("settings"), dict)
         and isinstance(r.get("per_length"), list)
     ]

@@ -27,7 +27,7 @@ from fireviz.data import (
     split_documents,
     synthetic,
 )
-from fireviz.eval.settings import BOS_CONVENTION, EVAL_FORMAT_VERSION, SPLITS, EvalSettings
+from fireviz.eval.settings import SPLITS, EvalSettings
 from fireviz.eval.windows import (
     ContextPlan,
     EvaluationError,
@@ -236,44 +236,3 @@ def plan_text(s: EvalSettings) -> Plan:
     return Plan(
         dict(windows), ids, sizes, fingerprint, split, len(docs), same_text=same_text, docs=docs, context=context
     )
-
-
-def run_settings(s: EvalSettings, plan: Plan) -> dict:
-    """The ``settings`` every result carries: ``format`` (``EVAL_FORMAT_VERSION``), the settings
-    of ``s``, the split and number of documents (for same_text also ``prefix_tokens``,
-    ``documents_scored``, ``documents_skipped``; for context those and ``context_targets`` K and
-    ``full_context`` M − K)."""
-    out = {
-        "format": EVAL_FORMAT_VERSION,
-        "data": s.data,
-        "split": plan.split,
-        "lengths": list(s.lengths),
-        "mode": s.mode,
-        "stride": s.stride,
-        "token_budget": s.token_budget,
-        "seed": s.seed,
-        "rope_scaling": s.rope_scaling,
-        "position_buckets": s.position_buckets,
-        "precision": s.precision,
-        "batch_tokens": s.batch_tokens,
-        "bos": BOS_CONVENTION,
-        "documents": plan.documents,
-        "normalizer_cap": s.normalizer_cap,
-    }
-    if plan.same_text is not None:
-        out.update(
-            prefix_tokens=plan.same_text.prefix_tokens,
-            documents_scored=len(plan.same_text.documents),
-            documents_skipped=plan.same_text.documents_skipped,
-        )
-    if plan.context is not None:
-        out.update(
-            prefix_tokens=plan.context.prefix_tokens,
-            context_targets=plan.context.targets,
-            full_context=plan.context.full,
-            documents_scored=len(plan.context.documents),
-            documents_skipped=plan.context.documents_skipped,
-        )
-    if s.mode == "synthetic":
-        out["task_format"] = s.task_format()  # as in length_settings: results.json rows match the cache key
-    return out

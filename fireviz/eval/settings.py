@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -63,23 +63,6 @@ def resolve_token_budget(mode: str, token_budget: int | None | str = "auto") -> 
     return None if token_budget is None else int(token_budget)
 
 
-#: the keyword arguments of :meth:`EvalSettings.make` (the settings of ``evaluate_many``)
-SETTING_NAMES = (
-    "mode",
-    "stride",
-    "token_budget",
-    "seed",
-    "rope_scaling",
-    "split",
-    "position_buckets",
-    "device",
-    "batch_tokens",
-    "normalizer_cap",
-    "prefix_tokens",
-    "context_targets",
-)
-
-
 def _check_seed_draws(data: str, mode: str, token_budget: int | None, seed: int) -> None:
     """Raises: EvaluationError for a seed that draws nothing — mode ``same_text`` (or ``context``)
     without a token budget scores every qualifying document, so another seed would only change the
@@ -94,17 +77,6 @@ def _check_seed_draws(data: str, mode: str, token_budget: int | None, seed: int)
 
 #: the seeds ``torch.Generator().manual_seed`` takes (the windows are drawn with it)
 SEED_RANGE = (-(2**63), 2**64 - 1)
-
-
-def check_setting_names(settings: dict, also: tuple[str, ...] = ()) -> None:
-    """Raises: EvaluationError naming any key of ``settings`` that is neither an evaluation
-    setting (``SETTING_NAMES``) nor one of ``also``."""
-    unknown = sorted(str(k) for k in settings if k not in SETTING_NAMES and k not in also)
-    if unknown:
-        raise EvaluationError(
-            f"unknown evaluation setting(s) {', '.join(unknown)}; the settings are "
-            f"{', '.join(SETTING_NAMES + tuple(also))}"
-        )
 
 
 def _integer(name: str, value, lo: int, hi: int | None = None, fix: str = "", span: str = "") -> int:
@@ -219,170 +191,184 @@ def _check_data(data) -> str:
     return str(data)
 
 
+#: ``make``'s default for a setting it derives itself (not an argument of ``make``)
+DERIVED = "derived"
+
+
+def _setting(default, *, job: bool = True, cache: bool = True, record: bool = True, omit_none: bool = False):
+    """A field of :class:`EvalSettings` and what it is part of: ``default`` is what
+    :meth:`EvalSettings.make` takes when it is not given (``DERIVED``: not an argument, ``make``
+    computes it); ``job``: the job key (:meth:`EvalSettings.describe`); ``cache``: the per-length
+    cache key (:meth:`EvalSettings.length_settings`); ``record``: the settings saved with every
+    result (:meth:`EvalSettings.record`); ``omit_none``: left out of the keys while None (so the
+    keys of settings made before it existed are unchanged)."""
+    meta = {"input_default": default, "job": job, "cache": cache, "record": record, "omit_none": omit_none}
+    return field(metadata=meta)
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """Everything that decides an evaluation's numbers, validated once (``EvalSettings.make``).
 
-    Fields (units: tokens): ``data`` (a domain, path or ``synthetic:<task>``), ``lengths``
-    (user order, duplicates once), ``mode`` (``windows.MODES``, or ``"synthetic"`` for a task),
-    ``stride``, ``token_budget`` (resolved: None = every qualifying document/window; for a task
-    the sequences per length), ``seed``, ``rope_scaling``, ``split`` (resolved: None is
-    ``"validation"``), ``position_buckets``,
-    ``normalizer_cap``, ``device`` (resolved), ``precision``, ``batch_tokens`` (resolved; not
-    part of any cache key), ``prefix_tokens`` (same_text: the prefix ``M`` every length
-    scores, None = the largest length, see ``windows.plan_same_text``; context: ``M``, resolved),
-    ``context_targets`` (context only: ``K``, the targets per document; None in the other modes).
+    Its fields are the one list of evaluation settings: each declares (``_setting``) its default
+    for ``make`` and whether it is part of the job key (:meth:`describe`), the per-length cache key
+    (:meth:`length_settings`) and the saved record (:meth:`record`), in the record's order.
+
+    Fields (units: tokens): ``data`` (a domain, path or ``synthetic:<task>``), ``split`` (resolved:
+    None is ``"validation"``), ``lengths`` (user order, duplicates once), ``mode``
+    (``windows.MODES``, or ``"synthetic"`` for a task), ``stride``, ``token_budget`` (resolved:
+    None = every qualifying document/window; for a task the sequences per length), ``seed``,
+    ``rope_scaling``, ``position_buckets``, ``precision`` (from the device), ``batch_tokens``
+    (resolved; no number depends on it), ``bos`` (the BOS convention), ``normalizer_cap``,
+    ``prefix_tokens`` (same_text: the prefix ``M`` every length scores, None = the largest length,
+    see ``windows.plan_same_text``; context: ``M``, resolved), ``context_targets`` (context only:
+    ``K``, the targets per document; None in the other modes), ``device`` (resolved).
     In mode ``context`` the ``lengths`` are context lengths ``c`` (``"full"`` resolved to
     ``M − K``) and ``stride`` is ``s``, the targets a window scores (resolved, default 64); see
-    ``windows.plan_context``. The per-length cache key is :meth:`length_settings`.
+    ``windows.plan_context``.
     """
 
-    data: str
-    lengths: tuple[int, ...]
-    mode: str
-    stride: int | None
-    token_budget: int | None
-    seed: int
-    rope_scaling: str | None
-    split: str | None
-    position_buckets: int
-    normalizer_cap: int | None
-    device: torch.device
-    precision: str
-    batch_tokens: int
-    prefix_tokens: int | None = None
-    context_targets: int | None = None
+    data: str = _setting(None, cache=False)
+    split: str | None = _setting(None)
+    lengths: tuple[int, ...] = _setting(None, cache=False)
+    mode: str = _setting(DEFAULT_MODE)
+    stride: int | None = _setting(None)
+    token_budget: int | None = _setting("auto")
+    seed: int = _setting(0)
+    rope_scaling: str | None = _setting(None)
+    position_buckets: int = _setting(DEFAULT_POSITION_BUCKETS)
+    precision: str = _setting(DERIVED)
+    batch_tokens: int = _setting(None, job=False, cache=False)
+    bos: str = _setting(DERIVED, job=False)
+    # the cache key holds the cap in effect for each checkpoint (None for one without FIRE modules)
+    normalizer_cap: int | None = _setting(None, cache=False)
+    # as the plan resolves them (same_text: M defaults to the largest length): keyed and recorded per plan
+    prefix_tokens: int | None = _setting(None, cache=False, record=False, omit_none=True)
+    context_targets: int | None = _setting(None, record=False, omit_none=True)
+    device: torch.device = _setting("auto", job=False, cache=False, record=False)
 
     @classmethod
-    def make(
-        cls,
-        data,
-        lengths,
-        *,
-        mode=DEFAULT_MODE,
-        stride=None,
-        token_budget="auto",
-        seed=0,
-        rope_scaling=None,
-        split=None,
-        position_buckets=DEFAULT_POSITION_BUCKETS,
-        device="auto",
-        batch_tokens=None,
-        normalizer_cap=None,
-        prefix_tokens=None,
-        context_targets=None,
-    ) -> "EvalSettings":
-        """Validated settings (the arguments of :func:`evaluate_many`), every field normalized: integers
-        are ints (numpy integers too; a float, bool or string is refused, never rounded), so equal
-        settings are one cache key. ``lengths`` None: ``DEFAULT_LENGTHS`` (mode ``context``: 128 …
-        4096 and full). Raises: EvaluationError naming the bad one and the fix."""
+    def make(cls, data, lengths=None, **settings) -> "EvalSettings":
+        """Validated settings, every field normalized: integers are ints (numpy integers too; a
+        float, bool or string is refused, never rounded), so equal settings are one cache key.
+        ``settings``: any of ``SETTING_NAMES`` (the fields with a default, ``device``
+        ``"auto"``/``"cpu"``/``"cuda"`` and ``token_budget`` ``"auto"`` included). ``lengths`` None:
+        ``DEFAULT_LENGTHS`` (mode ``context``: 128 … 4096 and full). Each setting is validated here
+        and nowhere else. Raises: EvaluationError naming the bad or unknown one and the fix."""
+        check_setting_names(settings)
+        v = {f.name: settings.get(f.name, f.metadata["input_default"]) for f in fields(cls) if f.name in SETTING_NAMES}
         data = _check_data(data)
         lengths, mode, stride, prefix_tokens, context_targets = _windows_settings(
-            data, mode, lengths, stride, prefix_tokens, context_targets
+            data, v["mode"], lengths, v["stride"], v["prefix_tokens"], v["context_targets"]
         )
-        token_budget = resolve_token_budget(mode, token_budget)
-        seed = _integer("seed", seed, *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1")
+        token_budget = resolve_token_budget(mode, v["token_budget"])
+        seed = _integer(
+            "seed", v["seed"], *SEED_RANGE, fix="; give a whole number, e.g. 0", span="in -2**63 … 2**64 − 1"
+        )
         _check_seed_draws(data, mode, token_budget, seed)
+        rope_scaling = v["rope_scaling"]
         if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
             raise EvaluationError(
                 f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
             )
-        position_buckets = _integer("position_buckets", position_buckets, 1, fix=f"; e.g. {DEFAULT_POSITION_BUCKETS}")
+        position_buckets = _integer(
+            "position_buckets", v["position_buckets"], 1, fix=f"; e.g. {DEFAULT_POSITION_BUCKETS}"
+        )
+        batch_tokens = v["batch_tokens"]
         if batch_tokens is not None:
             batch_tokens = _integer(
                 "batch_tokens", batch_tokens, 1, fix="; omit it for the default (8192 on CPU, 16384 on CUDA)"
             )
         try:  # before any checkpoint is read
-            normalizer_cap = check_normalizer_cap(normalizer_cap)
+            normalizer_cap = check_normalizer_cap(v["normalizer_cap"])
         except ValueError as e:
             raise EvaluationError(str(e)) from None
-        dev = resolve_device(device)
-        if synthetic.is_synthetic(data):
-            # every length gets its own task sequences of exactly that length (the same for every
-            # checkpoint); only the answer positions are scored
-            if mode != DEFAULT_MODE or stride is not None:
-                raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
-            if split not in (None, "validation"):
-                raise EvaluationError(f"{data} draws fresh task sequences, it has no {split!r} split; drop --split")
-            mode, split = "synthetic", "synthetic"
-            token_budget = SYNTHETIC_SEQUENCES if token_budget is None else token_budget
-        else:  # resolved here, so split=None and split="validation" are one cache key, as they are one text
-            split = "validation" if split is None else split
-            if split not in SPLITS:
-                raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+        dev = resolve_device(v["device"])
+        mode, split, token_budget = _split_and_task(data, mode, stride, v["split"], token_budget)
         return cls(
             data=data,
+            split=split,
             lengths=lengths,
             mode=mode,
             stride=stride,
             token_budget=token_budget,
             seed=seed,
             rope_scaling=rope_scaling,
-            split=split,
             position_buckets=position_buckets,
-            normalizer_cap=normalizer_cap,
-            device=dev,
             precision="bfloat16-autocast" if dev.type == "cuda" else "float32",
             batch_tokens=batch_tokens or (16384 if dev.type == "cuda" else 8192),
+            bos=BOS_CONVENTION,
+            normalizer_cap=normalizer_cap,
             prefix_tokens=prefix_tokens,
             context_targets=context_targets,
+            device=dev,
         )
+
+    def _values(self, flag: str, given: dict) -> dict:
+        """``{field: value}`` of the fields marked ``flag`` (``given`` overrides a value), in field
+        order; a field marked ``omit_none`` left out of a key while None."""
+        out = {}
+        for f in fields(self):
+            if not f.metadata[flag]:
+                continue
+            value = given[f.name] if f.name in given else getattr(self, f.name)
+            if value is None and f.metadata["omit_none"] and flag != "record":
+                continue
+            out[f.name] = value
+        return out
 
     def describe(self) -> dict:
         """What decides this evaluation's numbers, canonical and JSON-able (an evaluation job's key,
         ``fireviz.ui.jobs``): equal for every spelling of one computation (``device="auto"`` or
         ``"cpu"`` on a CPU machine, ``token_budget="auto"`` or its resolved value, ``split=None`` or
-        ``"validation"``, lengths in any order). ``format`` (``EVAL_FORMAT_VERSION``), ``data``,
-        ``split``, ``lengths`` (sorted), ``mode``, ``stride``, ``token_budget``, ``seed``,
-        ``rope_scaling``, ``position_buckets``, ``normalizer_cap``, ``prefix_tokens``, ``precision``
-        (+ ``context_targets`` in mode ``context``): the device counts through the precision it
-        decides; ``batch_tokens`` changes no number and is left out."""
-        out = {
-            "format": EVAL_FORMAT_VERSION,
-            "data": self.data,
-            "split": self.split,
-            "lengths": sorted(self.lengths),
-            "mode": self.mode,
-            "stride": self.stride,
-            "token_budget": self.token_budget,
-            "seed": self.seed,
-            "rope_scaling": self.rope_scaling,
-            "position_buckets": self.position_buckets,
-            "normalizer_cap": self.normalizer_cap,
-            "prefix_tokens": self.prefix_tokens,
-            "precision": self.precision,
-        }
-        if self.context_targets is not None:  # mode context only: the other modes' descriptions are unchanged
-            out["context_targets"] = self.context_targets
-        return out
+        ``"validation"``, lengths in any order): ``format`` (``EVAL_FORMAT_VERSION``) and the fields
+        marked ``job``; the device counts through the precision it decides; ``batch_tokens`` changes
+        no number and is left out."""
+        return {"format": EVAL_FORMAT_VERSION, **self._values("job", {"lengths": sorted(self.lengths)})}
 
     def length_settings(self, n: int, prefix_tokens: int | None, cap: int | None, flex: bool) -> dict:
-        """The settings that decide the numbers at length ``n``: the cache key's settings. Mode
-        ``context`` adds ``context_targets`` (K; with ``prefix_tokens`` M, ``stride`` s and the context
-        length ``n`` they fix its windows); the other modes' keys are unchanged by it."""
-        out = {
-            "format": EVAL_FORMAT_VERSION,
-            "length": n,
-            "mode": self.mode,
-            "stride": self.stride,
-            "token_budget": self.token_budget,
-            "seed": self.seed,
-            "rope_scaling": self.rope_scaling,
-            "split": self.split,
-            "position_buckets": self.position_buckets,
-            "precision": self.precision,
-            "bos": BOS_CONVENTION,
-        }
+        """The settings that decide the numbers at length ``n``: the cache key's settings —
+        ``format``, ``length``, the fields marked ``cache``, the prefix ``M`` the plan resolved
+        (same_text, context), the normalizer cap in effect for this checkpoint (FIRE only), the
+        attention path where it changes bf16 numbers (``flex``, GPU only) and a task's format."""
+        out = {"format": EVAL_FORMAT_VERSION, "length": n, **self._values("cache", {})}
         if flex:  # bf16 numbers differ slightly between the two paths: part of the key (GPU only)
             out["attention"] = "flex"
         if prefix_tokens is not None:  # same_text, context: the windows at n depend on the prefix M
             out["prefix_tokens"] = prefix_tokens
-        if self.context_targets is not None:  # context: and on the targets K
-            out["context_targets"] = self.context_targets
         if cap is not None:  # only FIRE has a normalizer; other checkpoints keep their plain key
             out["normalizer_cap"] = cap
         if self.mode == "synthetic":
             out["task_format"] = self.task_format()
+        return out
+
+    def record(self, plan) -> dict:
+        """The ``settings`` every result carries: ``format`` and the fields marked ``record`` (the
+        split and document count as the plan ``fireviz.eval.plan.Plan`` read them), then what the
+        plan resolved — same_text: ``prefix_tokens``, ``documents_scored``, ``documents_skipped``;
+        context: those and ``context_targets`` K and ``full_context`` M − K; a task: its format."""
+        values = self._values("record", {"split": plan.split, "lengths": list(self.lengths)})
+        out: dict = {"format": EVAL_FORMAT_VERSION}
+        for k, value in values.items():
+            out[k] = value
+            if k == "bos":  # the document count follows the BOS convention in every saved record
+                out["documents"] = plan.documents
+        if plan.same_text is not None:
+            out.update(
+                prefix_tokens=plan.same_text.prefix_tokens,
+                documents_scored=len(plan.same_text.documents),
+                documents_skipped=plan.same_text.documents_skipped,
+            )
+        if plan.context is not None:
+            out.update(
+                prefix_tokens=plan.context.prefix_tokens,
+                context_targets=plan.context.targets,
+                full_context=plan.context.full,
+                documents_scored=len(plan.context.documents),
+                documents_skipped=plan.context.documents_skipped,
+            )
+        if self.mode == "synthetic":
+            out["task_format"] = self.task_format()  # as in length_settings: results.json rows match the cache key
         return out
 
     def task_format(self) -> int:
@@ -391,3 +377,41 @@ class EvalSettings:
         ``seed`` (``synthetic.evaluation_seed``; format 2 entries made before seeds drew anything
         are never read back for one)."""
         return 2 if self.seed == 0 else 3
+
+
+def _split_and_task(data: str, mode: str, stride, split, token_budget):
+    """``(mode, split, token_budget)`` resolved: a synthetic task is scored on whole sequences
+    (mode ``"synthetic"``, split ``"synthetic"``, ``SYNTHETIC_SEQUENCES`` per length by default);
+    text gets split None → ``"validation"``. Raises: EvaluationError for a mode, stride or split
+    that does not apply."""
+    if synthetic.is_synthetic(data):
+        # every length gets its own task sequences of exactly that length (the same for every
+        # checkpoint); only the answer positions are scored
+        if mode != DEFAULT_MODE or stride is not None:
+            raise EvaluationError(f"{data} is scored on whole task sequences, one per window; drop --mode/--stride")
+        if split not in (None, "validation"):
+            raise EvaluationError(f"{data} draws fresh task sequences, it has no {split!r} split; drop --split")
+        return "synthetic", "synthetic", SYNTHETIC_SEQUENCES if token_budget is None else token_budget
+    # resolved here, so split=None and split="validation" are one cache key, as they are one text
+    split = "validation" if split is None else split
+    if split not in SPLITS:
+        raise EvaluationError(f"split must be one of {', '.join(SPLITS)} (got {split!r})")
+    return mode, split, token_budget
+
+
+#: the keyword arguments of :meth:`EvalSettings.make` besides ``data`` and ``lengths``: every field
+#: with a default of its own (the others ``make`` derives), in field order
+SETTING_NAMES = tuple(
+    f.name for f in fields(EvalSettings) if f.metadata["input_default"] != DERIVED and f.name not in ("data", "lengths")
+)
+
+
+def check_setting_names(settings: dict, also: tuple[str, ...] = ()) -> None:
+    """Raises: EvaluationError naming any key of ``settings`` that is neither an evaluation
+    setting (``SETTING_NAMES``) nor one of ``also``."""
+    unknown = sorted(str(k) for k in settings if k not in SETTING_NAMES and k not in also)
+    if unknown:
+        raise EvaluationError(
+            f"unknown evaluation setting(s) {', '.join(unknown)}; the settings are "
+            f"{', '.join(SETTING_NAMES + tuple(also))}"
+        )

@@ -21,10 +21,11 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Sequence, TypedDict
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
+from fireviz.eval.results import EvalResult, FullContextDifference, PairedDifference
 from fireviz.eval.windows import EvaluationError
 
 #: document resamples of the bootstrap intervals, and the seed of their generator
@@ -95,8 +96,12 @@ def bootstrap_ratio_ci95(
 
 
 def paired_difference(
-    candidate: dict, reference: dict, *, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
-) -> dict | None:
+    candidate: Mapping[str, Any],
+    reference: Mapping[str, Any],
+    *,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> PairedDifference | None:
     """Paired bits-per-byte difference of two per-length entries scored on the same windows.
 
     Args: two ``summarize`` entries (with ``per_document``) of the same length.
@@ -129,7 +134,7 @@ def paired_difference(
 _PAIRED_KEYS = ("paired_delta_bpb", "paired_ci95", "paired_reference")
 
 
-def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -> list[dict]:
+def with_paired_differences(results: Sequence[EvalResult], reference: int | str = 0) -> list[EvalResult]:
     """Copies of ``results`` whose per-length entries, for every result but the reference,
     carry ``paired_delta_bpb``, ``paired_ci95`` and ``paired_reference`` against the
     reference's entry of the same length (see :func:`paired_difference`); lengths that
@@ -147,39 +152,26 @@ def with_paired_differences(results: Sequence[dict], reference: int | str = 0) -
     if not results[ref].get("label") and [r.get("checkpoint") for r in results].count(ref_name) > 1:
         ref_name = results[ref].get("checkpoint_path") or ref_name  # runs/x vs checkpoints/x: say which
     ref_entries = {e["length"]: e for e in results[ref]["per_length"] if "error" not in e}
-    out = []
+    out: list[EvalResult] = []
     for k, r in enumerate(results):
         entries = []
-        for e in r["per_length"]:
-            e = {key: v for key, v in e.items() if key not in _PAIRED_KEYS}
+        for entry in r["per_length"]:
+            e: dict[str, Any] = {key: v for key, v in entry.items() if key not in _PAIRED_KEYS}
             if k != ref and "error" not in e and e["length"] in ref_entries:
                 diff = paired_difference(e, ref_entries[e["length"]])
                 if diff is not None:
                     e.update(diff, paired_reference=ref_name)
             entries.append(e)
-        out.append({**r, "paired_reference": ref_name, "per_length": entries})
+        out.append(cast(EvalResult, {**r, "paired_reference": ref_name, "per_length": entries}))
     return out
-
-
-class FullContextDifference(TypedDict):
-    """Fields of a per-length entry at context length ``c`` (mode ``context``, ``c`` not full),
-    against the same checkpoint's entry at the full context ``M − K`` on the same targets.
-
-    ``full_delta_bpb``: bits per byte at ``c`` minus bits per byte at full (per document
-    differences, token-weighted; above 0: the context beyond ``c`` helps). ``full_ci95``: its 95 %
-    paired bootstrap interval over documents (``[low, high]``, bits per byte; None for fewer than
-    ``MIN_INTERVAL_DOCUMENTS`` documents). ``full_context``: the full context length ``M − K`` (tokens).
-    """
-
-    full_delta_bpb: float
-    full_ci95: list[float] | None
-    full_context: int
 
 
 _FULL_KEYS = tuple(FullContextDifference.__annotations__)
 
 
-def full_context_difference(entry: dict, full: dict, full_context: int) -> FullContextDifference | None:
+def full_context_difference(
+    entry: Mapping[str, Any], full: Mapping[str, Any], full_context: int
+) -> FullContextDifference | None:
     """``entry`` (context length ``c``) against ``full`` (the same checkpoint at ``M − K``), paired
     over documents (:func:`paired_difference`); None when they did not score the same documents
     and tokens. Raises nothing."""
@@ -189,29 +181,29 @@ def full_context_difference(entry: dict, full: dict, full_context: int) -> FullC
     return {"full_delta_bpb": diff["paired_delta_bpb"], "full_ci95": diff["paired_ci95"], "full_context": full_context}
 
 
-def with_full_context_differences(results: Sequence[dict]) -> list[dict]:
+def with_full_context_differences(results: Sequence[EvalResult]) -> list[EvalResult]:
     """Copies of ``results`` whose entries at every context length but full carry the
     :class:`FullContextDifference` fields against the same result's full-context entry (a result
     whose ``settings`` hold ``full_context``: mode ``context``); other results, entries without
     per-document losses and results without a full-context entry get none. The inputs are not
     modified."""
-    out = []
+    out: list[EvalResult] = []
     for r in results:
         full_context = (r.get("settings") or {}).get("full_context")
         full = next((e for e in r["per_length"] if e.get("length") == full_context and "error" not in e), None)
         entries = []
-        for e in r["per_length"]:
-            e = {k: v for k, v in e.items() if k not in _FULL_KEYS}
+        for entry in r["per_length"]:
+            e: dict[str, Any] = {k: v for k, v in entry.items() if k not in _FULL_KEYS}
             if full is not None and full_context is not None and "error" not in e and e["length"] != full_context:
                 diff = full_context_difference(e, full, full_context)
                 if diff is not None:
                     e.update(diff)
             entries.append(e)
-        out.append({**r, "per_length": entries})
+        out.append(cast(EvalResult, {**r, "per_length": entries}))
     return out
 
 
-def _reference_index(results: Sequence[dict], reference: int | str) -> int:
+def _reference_index(results: Sequence[Mapping[str, Any]], reference: int | str) -> int:
     if isinstance(reference, int) and not isinstance(reference, bool):
         if 0 <= reference < len(results):
             return reference

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fireviz.core import atomic_write
 from fireviz.data import DataError, RawBytesWarning, load_documents
-from fireviz.eval import evaluate
+from fireviz.eval.cache import default_cache_dir
 
 #: File types the app's uploaders take.
 UPLOAD_TYPES = ["txt", "jsonl", "gz", "xz", "md"]
@@ -39,7 +39,7 @@ def save_upload(name: str, data: bytes) -> Path:
             "evaluate a larger file from the command line (python -m fireviz eval ... --data FILE)"
         )
 
-    folder = evaluate.default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
+    folder = default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
     path = folder / safe
     existed = path.exists()
     if not existed:

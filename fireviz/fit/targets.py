@@ -204,7 +204,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
     tables of ``stack`` — decoder by default; for the bidirectional encoder its keys before
     the query, i.e. d = i − j >= 0 — or ALiBi slopes).
 
-    Loads through ``fireviz.checkpoints.catalog.load_model_or_published(path)`` (safetensors only) and
+    Loads through ``fireviz.checkpoints.load_model_or_published(path)`` (safetensors only) and
     takes ``model.encoding(layer)``; for T5, ALiBi, Kerple and Sandwich that bias depends on
     ``d = i − j`` only, so its ``bias_by_distance`` is the target (and its extrapolation).
     Returns: ``FitTarget(name="checkpoint", ...)`` with params ``path`` (as given), ``layer``,
@@ -230,7 +230,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
             f"checkpoint {path} not found: give a folder holding config.json and "
             "model.safetensors (e.g. checkpoints/<name>) or a Hugging Face repo id"
         )
-    model, sha = load_model_or_published(
+    model, sha256 = load_model_or_published(
         str(local) if local.is_dir() else str(path), stack=stack or "decoder", with_identity=True
     )
     if stack is not None and not isinstance(model, hub.PublishedModel):
@@ -251,7 +251,7 @@ def target_from_checkpoint(path: str, layer: int = 0, stack: str | None = None) 
         params.update(published=model.config.family, revision=model.config.revision, stack=model.config.stack)
         params["bias_sha256"] = tensors_sha256(enc)
     else:
-        params["checkpoint_sha256"] = sha  # of exactly the bytes loaded
+        params["checkpoint_sha256"] = sha256  # of exactly the bytes loaded
     return FitTarget("checkpoint", enc, params)
 
 

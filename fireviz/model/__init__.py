@@ -13,7 +13,13 @@ from fireviz.model.memory import (
     memory_problem,
     train_step_bytes,
 )
-from fireviz.model.state import CheckpointError, config_from_dict, load_state_checked, nonfinite_parameters
+from fireviz.model.state import (
+    CheckpointError,
+    config_from_dict,
+    load_checked,
+    load_state_checked,
+    nonfinite_parameters,
+)
 
 __all__ = [
     "InsufficientMemoryError",
@@ -30,6 +36,7 @@ __all__ = [
     "GPTConfig",
     "backward_kernel",
     "config_from_dict",
+    "load_checked",
     "load_state_checked",
     "nonfinite_parameters",
 ]

@@ -169,19 +169,21 @@ def folder_weights(folder: str) -> str:
     return weights
 
 
-def load_checked(cls: type, config: dict | GPTConfig | None, weights: str, model_id: str, map_location="cpu"):
-    """A ``cls`` (the GPT class) built from ``config`` with the weights of the safetensors file ``weights``.
+def load_checked(cls: type, config: dict | GPTConfig | None, weights: str | bytes, model_id: str, map_location="cpu"):
+    """A ``cls`` (the GPT class) built from ``config`` with the weights of a safetensors file: the one
+    loader (``GPT.from_pretrained`` and ``fireviz.checkpoints.Checkpoint.load`` both call it).
 
     Args: ``config`` config.json's parsed JSON (checked by ``config_from_dict``) or a
-      ``GPTConfig``; ``weights`` a local path; ``model_id`` the folder or repo id, named in
-      errors; ``map_location`` the device the tensors are loaded onto.
+      ``GPTConfig``; ``weights`` a local path, or the file's bytes (read once by the caller, who
+      hashed them); ``model_id`` the folder, file or repo id, named in errors; ``map_location``
+      the device the tensors are loaded onto (bytes: CPU).
     Returns: the model, every tensor loaded strictly (``load_state_checked``).
     Raises: CheckpointError for no config, an invalid config, a model too large for this
       machine's memory, an unreadable (corrupt, truncated) weights file, or weights that do not
       match the config.
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load, load_file
 
     if isinstance(config, dict):
         config = config_from_dict(config, f"config.json of {model_id}")
@@ -193,13 +195,14 @@ def load_checked(cls: type, config: dict | GPTConfig | None, weights: str, model
         raise CheckpointError(f"config.json of {model_id} is invalid: {e}") from e
     except (RuntimeError, MemoryError) as e:  # the allocator: a model too large for this machine
         raise CheckpointError(f"the model of {model_id} does not fit in memory ({str(e).splitlines()[0][:200]})") from e
+    source = model_id if isinstance(weights, bytes) else weights
     try:
-        state = load_file(weights, device=str(map_location))
+        state = load(weights) if isinstance(weights, bytes) else load_file(weights, device=str(map_location))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(
-            f"{weights} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
+            f"{source} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
         ) from e
-    load_state_checked(model, state, source=weights)
+    load_state_checked(model, state, source=source)
     return model
 
 

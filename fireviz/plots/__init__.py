@@ -1,6 +1,6 @@
 """Plotly figures for fireviz results: pure functions from plain dicts/lists to figures.
 
-Every builder takes JSON-like data (what ``fireviz.analysis.biases``, ``fireviz.eval.evaluate``,
+Every builder takes JSON-like data (what ``fireviz.analysis.biases``, ``fireviz.eval.evaluation``,
 ``fireviz.fit.fitting`` and the trainer write), returns a ``plotly.graph_objects.Figure`` and
 never imports Streamlit. Conventions, the same in every figure: bias vs distance per head; the
 training length marked on every length axis (a dashed shape named ``"training length"``);

@@ -30,7 +30,7 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
     """Mean ± std over each group's members (e.g. training seeds) per evaluation length: the
     numbers behind ``perplexity_figure``.
 
-    Accepts a list of evaluation results (``fireviz.eval.evaluate``: keys ``checkpoint``,
+    Accepts a list of evaluation results (``fireviz.eval.evaluation``: keys ``checkpoint``,
     ``train_seq_len``, ``settings``, ``per_length`` = [{length, perplexity, nats_per_token,
     bits_per_byte, tokens_scored, windows, …}], optional ``label``/``group``). Results are
     grouped by ``group_key`` when given, else by ``label``, else ``group``, else
@@ -151,7 +151,7 @@ def paired_difference_rows(
             diff = paired_difference({"per_document": mine}, {"per_document": theirs})
             if diff is None:
                 continue
-            ci = diff["paired_ci95"] or [None, None]  # one document: no interval
+            ci = diff["paired_ci95"] or (None, None)  # one document: no interval
             out.append(
                 {
                     "group": name,
@@ -442,7 +442,7 @@ def loss_by_position_figure(
 ) -> go.Figure:
     """Loss by position in the evaluation window: one line per (result, evaluation length).
 
-    Args: one result or a list (``fireviz.eval.evaluate`` layout: ``per_length[*].loss_by_position
+    Args: one result or a list (``fireviz.eval.evaluation`` layout: ``per_length[*].loss_by_position
       = {bucket_starts [B] (tokens), nats [B] (nats/token)}``); ``lengths`` restricts the
       evaluation lengths drawn; names come from the same keys as ``group_perplexity``.
       Colours go by name in first-seen order, as in ``perplexity_figure`` (so one page's two

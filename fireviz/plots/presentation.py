@@ -143,7 +143,7 @@ def pool_seeds(results: Sequence[dict]) -> list[dict]:
     (``fire_seed1`` and ``fire`` → ``"fire"``; ``"rope + pi"`` stays apart from ``"rope"``),
     for ``plots.group_perplexity`` / ``perplexity_figure`` to give mean ± std over seeds.
 
-    Args: results from ``fireviz.eval.evaluate`` (keys ``checkpoint``, optional ``label`` that
+    Args: results from ``fireviz.eval.evaluation`` (keys ``checkpoint``, optional ``label`` that
       starts with the checkpoint name and may add a suffix such as ``" + yarn"``).
     Returns: shallow copies with ``label`` replaced; the input is not changed.
     """

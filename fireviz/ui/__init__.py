@@ -7,7 +7,7 @@ What lives here (and nothing that computes a bias or a loss):
     ``fit_param_input`` makes such a widget of a fit target's ``FitParam``;
   * checkpoints: the cached list under the checkpoints root (``FIREVIZ_CHECKPOINTS_DIR``),
     a picker that also takes a local folder or a Hugging Face repo id, and cached models
-    (``st.cache_resource``, keyed by the checkpoint's identity, ``picker.checkpoint_identity``);
+    (``st.cache_resource``, keyed by the checkpoint's identity, ``picker.checkpoint_sha256``);
   * figures with their captions, and CSV/JSON downloads of the plotted numbers.
 Errors from the library are shown with ``st.error`` naming the problem and the fix; the
 app keeps running.
@@ -34,7 +34,7 @@ from fireviz.plots.presentation import (
     split_errors,
     to_json,
 )
-from fireviz.ui.background import eval_caption, evaluation_jobs, job_panel
+from fireviz.ui.background import EvalSpec, eval_caption, eval_spec, evaluation_jobs, job_panel, resolve_checkpoints
 from fireviz.ui.figures import (
     MAX_QUERY_POSITION,
     attention_pattern,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import streamlit as st
 
-from fireviz.eval import PUBLISHED_RESULTS, EvaluationError, evaluate
+from fireviz.checkpoints import Checkpoint
+from fireviz.eval import PUBLISHED_RESULTS, EvalSettings, EvaluationError, lookup
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import job_error_text
 from fireviz.ui import jobs
@@ -48,15 +50,47 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     _panel()
 
 
-def _cached(paths: list[str], data: str, lengths: Sequence[int], settings: dict, suffix: str):
-    """``(labelled results, None)`` of ``evaluate.cached_results`` — what is already in the cache,
+@dataclass(frozen=True)
+class EvalSpec:
+    """One evaluation a page asks for: checkpoints resolved once, settings built once, and the
+    suffix its rows' labels get (``" + yarn"``, ``" cap 512"``)."""
+
+    checkpoints: tuple[Checkpoint, ...]
+    settings: EvalSettings
+    suffix: str = ""
+
+
+def eval_spec(checkpoints: Sequence[Checkpoint], data: str, lengths, suffix: str = "", **settings) -> EvalSpec | None:
+    """The :class:`EvalSpec` of a page's choices: ``EvalSettings.make(data, lengths, **settings)``,
+    built once here. Settings that cannot be evaluated are said (problem and fix) and give None."""
+    try:
+        return EvalSpec(tuple(checkpoints), EvalSettings.make(data, lengths, **settings), suffix)
+    except EvaluationError as e:  # settings that cannot be evaluated: refused before anything is queued
+        error(f"Cannot evaluate these settings: {e}", "Change them in the sidebar.")
+        return None
+
+
+def resolve_checkpoints(infos: Sequence) -> dict[str, Checkpoint]:
+    """``{folder: Checkpoint}`` of the picked checkpoints (``CheckpointInfo``), each resolved once per
+    run. One that cannot be read is said (its problem and the fix) and left out: it fails alone."""
+    out = {}
+    for i in infos:
+        try:
+            out[i.path] = Checkpoint.resolve(i.path)
+        except CheckpointError as e:  # its message names the problem and the fix
+            error(f"Cannot read a checkpoint: {e}")
+    return out
+
+
+def _cached(spec: EvalSpec):
+    """``(labelled results, None)`` of ``fireviz.eval.lookup`` — what is already in the cache,
     nothing computed — or ``([], error text)`` as a failed job would have it."""
 
     try:
-        results = evaluate.cached_results(paths, data, lengths, **settings)
+        results = lookup(spec.checkpoints, spec.settings)
     except (CheckpointError, ValueError, OSError) as e:  # DataError, EvaluationError, NonFiniteLossError
         return [], f"{type(e).__name__}: {e}"
-    return [{**r, "label": f"{r['checkpoint']}{suffix}"} for r in results], None
+    return [{**r, "label": f"{r['checkpoint']}{spec.suffix}"} for r in results], None
 
 
 def _show_failure(error_text: str) -> None:
@@ -67,40 +101,26 @@ def _show_failure(error_text: str) -> None:
         error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
 
 
-def evaluation_jobs(
-    page: str, specs: Sequence[tuple[list[str], dict, str]], data: str, lengths: list[int], run: bool
-) -> tuple[list[dict], list]:
+def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[list[dict], list]:
     """The background evaluations behind the Length generalization page, one per spec.
 
-    ``specs``: ``(checkpoint paths, evaluate settings, label suffix)`` or, with lengths of its own
-    (instead of ``lengths``), ``(paths, settings, suffix, lengths)``. For each: the job with
-    these arguments in this process (``jobs.find_evaluation``); with ``run`` (the Run button) a
-    missing, failed or cancelled job is submitted. Settings with no job here, or whose job was
-    cancelled, show what is already cached (``evaluate.cached_results``, a direct call that
-    computes nothing: published numbers, earlier runs, a cancelled run's finished lengths).
-    Errors and cancellations are shown (problem and fix); unfinished jobs get a live
-    ``job_panel``; settings that cannot be evaluated (``EvaluationError``, refused before anything
-    is queued) are said once and their spec skipped. Returns ``(results of finished jobs and cache
-    lookups, unfinished jobs)``; stops the page (``st.stop``) when a checkpoint cannot be read.
+    For each :class:`EvalSpec`: the job with these checkpoints and settings in this process
+    (``jobs.find_evaluation``); with ``run`` (the Run button) a missing, failed or cancelled job is
+    submitted. Settings with no job here, or whose job was cancelled, show what is already cached
+    (``fireviz.eval.lookup``, a direct call that computes nothing: published numbers, earlier
+    runs, a cancelled run's finished lengths). Errors and cancellations are shown (problem and
+    fix); unfinished jobs get a live ``job_panel``. Returns ``(results of finished jobs and cache
+    lookups, unfinished jobs)``.
     """
 
     results, pending = [], []
     for spec in specs:
-        paths, s, suffix = spec[:3]
-        lens = spec[3] if len(spec) > 3 else lengths
-        try:
-            job = jobs.find_evaluation(paths, data, lens, s)
-            if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
-                job = jobs.submit_evaluation(paths, data, lens, s, label_suffix=suffix)
-        except CheckpointError as e:  # its message names the problem and the fix
-            error(f"Cannot read a checkpoint: {e}")
-            st.stop()
-        except EvaluationError as e:  # settings that cannot be evaluated: refused before queueing
-            error(f"Cannot evaluate these settings: {e}", "Change them in the sidebar.")
-            continue
+        job = jobs.find_evaluation(spec.checkpoints, spec.settings)
+        if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
+            job = jobs.submit_evaluation(spec.checkpoints, spec.settings, label_suffix=spec.suffix)
         failure = None
         if job is None or job.status == jobs.CANCELLED:
-            found, failure = _cached(paths, data, lens, s, suffix)
+            found, failure = _cached(spec)
             results += found
             if job is not None:
                 st.warning(

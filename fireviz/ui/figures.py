@@ -14,7 +14,7 @@ from fireviz.checkpoints import catalog as ck
 from fireviz.checkpoints import hub
 from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
-from fireviz.ui.picker import _load_model, checkpoint_identity
+from fireviz.ui.picker import _load_model, checkpoint_sha256
 from fireviz.ui.state import key, url_state
 
 
@@ -111,20 +111,20 @@ MAX_QUERY_POSITION = 1 << 17
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing biases…")
-def _bias_report(path: str, identity: str, settings_key: str, name: str, _settings) -> dict:
+def _bias_report(path: str, sha256: str, settings_key: str, name: str, _settings) -> dict:
     # cached by settings_key (the settings' JSON); _settings (not hashed) is the same settings
 
-    model = _load_model(path, identity, "cpu")
+    model = _load_model(path, sha256, "cpu")
     return analysis.run_bias_report(model, _settings, checkpoint=name).to_dict()
 
 
 @st.cache_data(max_entries=16, show_spinner="Running the model on the text…")
 def _attention_pattern(
-    path: str, identity: str, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
+    path: str, sha256: str, tokens: tuple[int, ...], layer: int, name: str, normalizer_cap: int | None
 ) -> dict:
     import torch
 
-    model = _load_model(path, identity, "cpu")  # shared with other sessions: attention_probs is thread-safe
+    model = _load_model(path, sha256, "cpu")  # shared with other sessions: attention_probs is thread-safe
     return text_attention.attention_pattern(
         model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name, normalizer_cap=normalizer_cap
     ).to_dict()
@@ -132,11 +132,11 @@ def _attention_pattern(
 
 def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
     """``text_attention.attention_pattern(...).to_dict()`` of a checkpoint on ``tokens``
-    (LongTensor ``[T]``), cached per checkpoint (``checkpoint_identity``: weights and config),
+    (LongTensor ``[T]``), cached per checkpoint (``checkpoint_sha256``: weights and config),
     text, layer and cap. Raises: ValueError, CheckpointError."""
     return _attention_pattern(
         info.path,
-        checkpoint_identity(info),
+        checkpoint_sha256(info),
         tuple(int(t) for t in tokens.tolist()),
         int(layer),
         info.name,
@@ -166,7 +166,7 @@ def bias_report(
     stack: str | None = None,
 ) -> dict:
     """``fireviz.analysis.biases.run_bias_report(model, settings).to_dict()`` for a checkpoint, cached
-    (``st.cache_data``) by folder, ``checkpoint_identity`` (weights and config) and the settings' description
+    (``st.cache_data``) by folder, ``checkpoint_sha256`` (weights and config) and the settings' description
     (``BiasSettings.describe``: query positions in tokens, FIRE normalizer cap in tokens …;
     a cap is computed on a copy of the shared model).
 
@@ -191,4 +191,4 @@ def bias_report(
         return _published_bias_report(
             info.path, info.config.get("revision"), stack or "decoder", key_, info.name, settings
         )
-    return _bias_report(info.path, checkpoint_identity(info), key_, info.name, settings)
+    return _bias_report(info.path, checkpoint_sha256(info), key_, info.name, settings)

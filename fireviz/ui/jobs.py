@@ -3,8 +3,8 @@
 Long evaluations must outlive the web page that started them: a page reload or a second
 browser tab asks the same process for the job and finds it queued, running or finished.
 
-  * A job is keyed by a hash of its description (``job_key``: checkpoints' weight
-    fingerprints + settings); submitting the same key again returns the existing job,
+  * A job is keyed by a hash of its description (``job_key``: the checkpoints' sha256 +
+    settings); submitting the same key again returns the existing job,
     so a result is never computed twice. A job that failed or was cancelled is run again
     on resubmission.
   * One worker thread per queue (module singletons, ``default_queue(name)``: "evaluate"
@@ -26,14 +26,14 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from fireviz.analysis import DilutionSettings, text_attention
-from fireviz.checkpoints import checkpoint_sha256, read_checkpoint
+from fireviz.checkpoints import Checkpoint, checkpoint_sha256, read_checkpoint
 from fireviz.encodings import has_normalizer
-from fireviz.eval import EvalSettings, EvaluationError, check_setting_names, checkpoint_list, evaluate
+from fireviz.eval import EvalCache, EvalSettings, EvaluationCancelled, EvaluationError, checkpoint_list, evaluate
 from fireviz.fit import fitting as fit
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
@@ -242,115 +242,91 @@ def default_queue(name: str = "evaluate") -> JobQueue:
 
 
 # -- evaluations ---------------------------------------------------------------------------------
-#: keyword arguments of ``evaluate_many`` an evaluation job passes on besides its settings, with
-#: their defaults (they decide what comes back, e.g. the paired reference, not how a number is made)
-_RUN_OPTIONS = {"reference": 0, "require_intervals": True, "use_published": True, "use_cache": True, "cache_dir": None}
-
-
-def _settings_description(data: str, lengths, settings: dict):
-    """``(EvalSettings, options)`` of an evaluation job's arguments, validated: the settings through
-    ``EvalSettings.make``, the options (``_RUN_OPTIONS``) kept where they differ from the default.
-    Raises: EvaluationError for a bad or unknown setting."""
-
-    check_setting_names(settings, also=tuple(_RUN_OPTIONS))
-    s = EvalSettings.make(data, lengths, **{k: v for k, v in settings.items() if k not in _RUN_OPTIONS})
-    options = {k: settings[k] for k, default in _RUN_OPTIONS.items() if k in settings and settings[k] != default}
-    if options.get("cache_dir") is not None:
-        options["cache_dir"] = str(options["cache_dir"])
-    try:
-        json.dumps(options, allow_nan=False)
-    except (TypeError, ValueError):
-        raise EvaluationError(
-            f"the options {', '.join(sorted(options))} of an evaluation must be plain values (got {options!r})"
-        ) from None
-    return s, options
-
-
-def evaluation_description(checkpoints: list[dict], data: str, lengths: list[int], settings: dict) -> dict:
+def evaluation_description(
+    checkpoints: Sequence[Checkpoint],
+    settings: EvalSettings,
+    cache: EvalCache | None = None,
+    reference: int | str = 0,
+) -> dict:
     """The description (hence the key) of an evaluation job.
 
-    Args: ``checkpoints`` as ``[{"path": folder, "fingerprint": weights hash}]`` (the hash makes a
-      retrained checkpoint a new job); ``data`` a domain name or file path (an uploaded file's
-      path contains its content hash); ``lengths`` in tokens; ``settings`` the other keyword
-      arguments of ``fireviz.eval.evaluate.evaluate_many``: its settings (mode, stride, token_budget,
-      seed, rope_scaling, split, position_buckets, device, batch_tokens, normalizer_cap,
-      prefix_tokens, context_targets) and options (reference, require_intervals, use_published, use_cache, cache_dir).
-    Returns: ``{"kind": "evaluate", "checkpoints", "settings": EvalSettings.make(data, lengths,
-      ...).describe()}`` (+ ``"options"`` that differ from their defaults): JSON-able, and equal for
-      every spelling of one computation — ``device="auto"`` or ``"cpu"`` on a CPU machine,
-      ``token_budget="auto"`` or its value, lengths in any order, ``batch_tokens`` or not.
-    Raises: EvaluationError for a bad or unknown setting.
+    Args: ``checkpoints`` resolved once (``Checkpoint``: its ``sha256`` makes a retrained
+      checkpoint a new job); ``settings`` built once (``EvalSettings.make``); ``cache`` and
+      ``reference`` as ``fireviz.eval.evaluate``.
+    Returns: ``{"kind": "evaluate", "checkpoints": [{"path", "sha256"}], "settings":
+      settings.describe()}`` (+ ``"options"``: the cache and reference where they differ from the
+      defaults): JSON-able, and equal for every spelling of one computation — ``device="auto"`` or
+      ``"cpu"`` on a CPU machine, ``token_budget="auto"`` or its value, lengths in any order,
+      ``batch_tokens`` or not.
+    Raises: EvaluationError for a reference that is not an index, name or path.
     """
-    s, options = _settings_description(data, lengths, settings)
-    return _described(checkpoints, s, options)
-
-
-def _described(checkpoints: list[dict], s, options: dict) -> dict:
-    out = {"kind": "evaluate", "checkpoints": checkpoints, "settings": s.describe()}
+    if isinstance(reference, bool) or not isinstance(reference, (int, str)):
+        raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
+    bad = [c for c in checkpoint_list(checkpoints) if not isinstance(c, Checkpoint)]
+    if bad:
+        raise EvaluationError(
+            f"an evaluation job takes Checkpoint objects (got {bad[0]!r}); resolve it once with Checkpoint.resolve"
+        )
+    options: dict[str, Any] = {}
+    if reference != 0:
+        options["reference"] = reference
+    if cache is not None and cache != EvalCache():
+        options["cache"] = {**asdict(cache), "folder": None if cache.folder is None else str(cache.folder)}
+    out = {
+        "kind": "evaluate",
+        "checkpoints": [{"path": c.path, "sha256": c.sha256} for c in checkpoints],
+        "settings": settings.describe(),
+    }
     return {**out, "options": options} if options else out
 
 
-def _evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict):
-    """``(EvalSettings, job description)``; the settings are checked before any checkpoint is read."""
-
-    s, options = _settings_description(data, lengths, settings)
-    paths = checkpoint_list(checkpoint_paths)
-    ckpts = [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in paths]
-    return s, _described(ckpts, s, options)
-
-
-def find_evaluation(checkpoint_paths: list[str], data: str, lengths: list[int], settings: dict) -> Job | None:
+def find_evaluation(
+    checkpoints: Sequence[Checkpoint], settings: EvalSettings, cache: EvalCache | None = None, reference: int | str = 0
+) -> Job | None:
     """The job ``submit_evaluation`` would return for these arguments, if it exists; never submits.
 
     Raises: as ``submit_evaluation``.
     """
-    return default_queue("evaluate").find(_evaluation(checkpoint_paths, data, lengths, settings)[1])
+    return default_queue("evaluate").find(evaluation_description(checkpoints, settings, cache, reference))
 
 
 def submit_evaluation(
-    checkpoint_paths: list[str],
-    data: str,
-    lengths: list[int],
-    settings: dict,
+    checkpoints: Sequence[Checkpoint],
+    settings: EvalSettings,
+    cache: EvalCache | None = None,
+    reference: int | str = 0,
     label_suffix: str = "",
     queue_: JobQueue | None = None,
 ) -> Job:
-    """Run ``fireviz.eval.evaluate.evaluate_many`` in the background (or return the job already doing it).
+    """Run ``fireviz.eval.evaluate`` in the background (or return the job already doing it).
 
-    Args: ``checkpoint_paths`` checkpoint folders; ``data``, ``lengths``, ``settings`` as
-      ``evaluation_description`` (settings are passed to evaluate_many as keywords);
+    Args: ``checkpoints``, ``settings``, ``cache``, ``reference`` as ``evaluation_description``;
       ``label_suffix`` is appended to each result's ``label`` (= checkpoint name), e.g.
-      " + yarn". (What is already cached, without computing: ``fireviz.eval.evaluate.cached_results``,
-      a direct call.) One computation is one job, however its settings are spelled
-      (``EvalSettings.describe``).
-    Returns: the :class:`Job`; its result is evaluate_many's list of result dicts (one per
+      " + yarn". (What is already cached, without computing: ``fireviz.eval.lookup``, a direct
+      call.) One computation is one job, however its settings are spelled.
+    Returns: the :class:`Job`; its result is ``evaluate``'s list of results (one per
       checkpoint, each with ``label``, ``per_length`` and ``device``). Evaluate writes each
       finished length into its cache, so after a cancel or a server restart those lengths
       are not computed again.
-    Raises: EvaluationError for bad settings (an unknown one, a bad value), CheckpointError if
-      a checkpoint's weights cannot be read — both at once, before anything is queued.
+    Raises: EvaluationError for a bad reference or not a list of Checkpoint objects, before
+      anything is queued.
     """
-    s, description = _evaluation(checkpoint_paths, data, lengths, settings)
+    checkpoints = list(checkpoint_list(checkpoints))
+    description = evaluation_description(checkpoints, settings, cache, reference)
 
     def work(progress, should_stop):
-
         try:
-            results = evaluate.evaluate_many(
-                checkpoint_paths,
-                data,
-                description["settings"]["lengths"],
-                progress=progress,
-                should_stop=should_stop,
-                **settings,
+            results = evaluate(
+                checkpoints, settings, cache=cache, reference=reference, progress=progress, should_stop=should_stop
             )
-        except evaluate.EvaluationCancelled:
+        except EvaluationCancelled:
             raise JobCancelled() from None
         for r in results:
             r["label"] = f"{r['checkpoint']}{label_suffix}"
         return results
 
     return (queue_ or default_queue("evaluate")).submit(
-        description, work, label="evaluation" + label_suffix, device=str(s.device)
+        description, work, label="evaluation" + label_suffix, device=str(settings.device)
     )
 
 
@@ -363,14 +339,14 @@ def dilution_description(
     rows: int = 8,
     normalizer_cap: int | None = None,
 ) -> dict:
-    """The description (hence the key) of a ``submit_dilution`` job; the weights' fingerprints
+    """The description (hence the key) of a ``submit_dilution`` job; the checkpoints' sha256
     make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
     positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
 
     settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
     return {
         "kind": "dilution",
-        "checkpoints": [{"path": str(p), "fingerprint": checkpoint_sha256(p)} for p in checkpoint_paths],
+        "checkpoints": [{"path": str(p), "sha256": checkpoint_sha256(p)} for p in checkpoint_paths],
         "source": str(source),
         **settings.describe(),
     }

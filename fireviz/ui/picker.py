@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import streamlit as st
 
+from fireviz.checkpoints import Checkpoint
 from fireviz.checkpoints import catalog as ck
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import human_count
@@ -113,7 +114,7 @@ def resolve(ref: str) -> ck.CheckpointInfo:
     return _resolve(ref.strip(), str(group_root()))
 
 
-def checkpoint_identity(info_or_path: ck.CheckpointInfo | str) -> str:
+def checkpoint_sha256(info_or_path: ck.CheckpointInfo | str) -> str:
     """What the app caches a checkpoint's model and results by (the one place it is computed):
     ``checkpoints.checkpoint_sha256``, the sha256 of model.safetensors and config.json that the
     evaluation keys on too, memoized per file state (a rerun pays two ``stat`` calls). Editing
@@ -124,27 +125,27 @@ def checkpoint_identity(info_or_path: ck.CheckpointInfo | str) -> str:
 
 
 @st.cache_resource(max_entries=8, show_spinner="Loading model…")
-def _load_model(path: str, identity: str, device: str):
-    # identity: checkpoint_identity(path) when asked; a model whose files changed since (a trainer's
-    # next checkpoint) is refused rather than cached under the old identity — load_model_with_identity
+def _load_model(path: str, sha256: str, device: str):
+    # sha256: checkpoint_sha256(path) when asked; a model whose files changed since (a trainer's
+    # next checkpoint) is refused rather than cached under the old identity — Checkpoint.load
     # hashes exactly the bytes it loads
-    model, loaded = ck.load_model_with_identity(path, device)
-    if loaded != identity:
+    ckpt = Checkpoint.resolve(path)
+    if ckpt.sha256 != sha256:
         raise CheckpointError(f"checkpoint {path} changed while it was loading; reload the page")
-    return model
+    return ckpt.load(device)
 
 
 def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
     """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and shared by
     every session (``GPT.attention_probs`` is safe to call from several at once).
 
-    Reloaded when model.safetensors or config.json changes (``checkpoint_identity``).
+    Reloaded when model.safetensors or config.json changes (``checkpoint_sha256``).
     Raises CheckpointError for a bad folder.
     """
     if isinstance(info_or_path, ck.CheckpointInfo) and info_or_path.is_published:
         return info_or_path.published  # position encodings only (fireviz.checkpoints.hub.PublishedModel)
     path = info_or_path.path if isinstance(info_or_path, ck.CheckpointInfo) else str(info_or_path)
-    return _load_model(path, checkpoint_identity(path), device)
+    return _load_model(path, checkpoint_sha256(path), device)
 
 
 def no_checkpoints_message() -> None:

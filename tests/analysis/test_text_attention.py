@@ -16,6 +16,7 @@ import torch
 from conftest import run_interleaved
 from streamlit.testing.v1 import AppTest
 
+import fireviz.checkpoints as fireviz_checkpoints
 from fireviz.analysis import text_attention as TA
 from fireviz.model.gpt import GPT, GPTConfig
 from fireviz.plots import attention as AP
@@ -120,11 +121,12 @@ def test_attention_page_draws_the_pattern_and_the_capped_shares(tmp_path, monkey
     assert not at.exception, [e.value for e in at.exception]
     figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
     assert figs[0]["layout"]["title"]["text"] == "fire: attention on the text, layer 1"
-    from fireviz.checkpoints import catalog as checkpoints
     from fireviz.data import corpus as data
 
     doc = data.split_documents(data.load_documents("prose"), "validation")[0]
-    want = TA.attention_pattern(checkpoints.load_model(ROOT / "checkpoints/fire"), data.document_tokens(doc)[:400], 1)
+    want = TA.attention_pattern(
+        fireviz_checkpoints.load_model(ROOT / "checkpoints/fire"), data.document_tokens(doc)[:400], 1
+    )
     table = at.dataframe[0].value
     np.testing.assert_allclose(table["bias share"].to_numpy(), want.bias_share, atol=1e-6)  # 6 digits kept
     assert "bias share, cap 256" in table.columns

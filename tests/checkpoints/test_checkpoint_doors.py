@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+import fireviz.checkpoints as fireviz_checkpoints
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.cli import eval as eval_cli
 from fireviz.model.gpt import CheckpointError
@@ -22,9 +23,9 @@ def _door_errors(ref) -> dict[str, tuple[str, str]]:
         "read_checkpoint": lambda: checkpoints.read_checkpoint(ref),
         "checkpoint_files": lambda: checkpoints.checkpoint_files(ref),
         "checkpoint_sha256": lambda: checkpoints.checkpoint_sha256(ref),
-        "load_model": lambda: checkpoints.load_model(ref),
-        "load_model_or_published": lambda: checkpoints.load_model_or_published(str(ref)),
-        "load_model_with_identity": lambda: checkpoints.load_model_with_identity(ref),
+        "load_model": lambda: fireviz_checkpoints.load_model(ref),
+        "load_model_or_published": lambda: fireviz_checkpoints.load_model_or_published(str(ref)),
+        "load_model_with_identity": lambda: fireviz_checkpoints.load_model_with_identity(ref),
         "checked_config": lambda: checkpoints.checked_config(ref),
     }
     out = {}
@@ -60,11 +61,11 @@ def test_a_bundled_name_is_a_checkpoint_at_every_door(root, tmp_path, monkeypatc
     sha = checkpoints.checkpoint_sha256(root / "good")
     assert checkpoints.checkpoint_sha256("good") == sha
     assert checkpoints.checkpoint_files("good") == (root / "good" / "config.json", root / "good" / "model.safetensors")
-    assert checkpoints.load_model("good").config.position_encoding == "alibi"
-    assert checkpoints.load_model_or_published("good").config.position_encoding == "alibi"
-    assert checkpoints.load_model_with_identity("good")[1] == sha
+    assert fireviz_checkpoints.load_model("good").config.position_encoding == "alibi"
+    assert fireviz_checkpoints.load_model_or_published("good").config.position_encoding == "alibi"
+    assert fireviz_checkpoints.load_model_with_identity("good")[1] == sha
     assert checkpoints.read_checkpoint("good").path == checkpoints.resolve_checkpoint("good").path
-    for door in (checkpoints.checkpoint_files, checkpoints.resolve_checkpoint, checkpoints.load_model):
+    for door in (checkpoints.checkpoint_files, checkpoints.resolve_checkpoint, fireviz_checkpoints.load_model):
         with pytest.raises(checkpoints.CheckpointNotFoundError, match="not found"):
             door("./good")  # spelled as a path: that path only, never the bundled name
     shutil.copytree(root / "victim", tmp_path / "good")  # a local folder named like it: the path wins
@@ -72,7 +73,7 @@ def test_a_bundled_name_is_a_checkpoint_at_every_door(root, tmp_path, monkeypatc
     assert checkpoints.resolve_checkpoint("good").path == checkpoints.read_checkpoint(tmp_path / "good").path
     monkeypatch.setenv("HOME", str(tmp_path))
     assert checkpoints.checkpoint_sha256("~/good") == checkpoints.checkpoint_sha256(tmp_path / "good")
-    assert checkpoints.checked_config("~/good") == checkpoints.load_model("~/good").config
+    assert checkpoints.checked_config("~/good") == fireviz_checkpoints.load_model("~/good").config
     with pytest.raises(CheckpointError, match="a checkpoint is a folder path, a checkpoint name"):
         checkpoints.checkpoint_files(5)
 

@@ -16,11 +16,12 @@ import pytest
 from conftest import make_tiny_checkpoint
 from streamlit.testing.v1 import AppTest
 
+import fireviz.checkpoints as fireviz_checkpoints
 from fireviz import plots
 from fireviz.analysis import biases as analysis
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.data import synthetic
-from fireviz.eval import evaluate
+from fireviz.eval import evaluation as evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
 COPY = ROOT / "checkpoints" / "copy"
@@ -101,7 +102,10 @@ def test_task_lengths_are_the_training_format():
 
 
 def test_copy_fire_learns_anti_local_heads_alibi_cannot():
-    reps = [analysis.bias_report(checkpoints.load_model(COPY / n), checkpoint=n) for n in ("fire", "fire_s", "alibi")]
+    reps = [
+        analysis.bias_report(fireviz_checkpoints.load_model(COPY / n), checkpoint=n)
+        for n in ("fire", "fire_s", "alibi")
+    ]
     rows = analysis.locality_table(reps)
     fire_l0 = [r for r in rows if r["checkpoint"] == "fire" and r["layer"] == 0]
     assert [r["locality"] for r in fire_l0] == ["anti-local"] * 4
@@ -208,7 +212,11 @@ def test_a_group_checkpoint_is_found_by_group_and_name():
     config, weights = checkpoints.checkpoint_files("copy/fire")
     assert (config.resolve(), weights.resolve()) == (folder / "config.json", folder / "model.safetensors")
     # a name the group lacks is answered locally, naming the group's checkpoints (no Hub lookup)
-    for door in (checkpoints.resolve_checkpoint, checkpoints.checkpoint_files, checkpoints.load_model_or_published):
+    for door in (
+        checkpoints.resolve_checkpoint,
+        checkpoints.checkpoint_files,
+        fireviz_checkpoints.load_model_or_published,
+    ):
         with pytest.raises(
             checkpoints.CheckpointNotFoundError, match="group 'copy' .* no 'fier'; it holds alibi, fire"
         ):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fireviz.cli import eval as eval_cli
 from fireviz.data import synthetic as S
 from fireviz.data.corpus import DataError
-from fireviz.eval import evaluate as ev
+from fireviz.eval import evaluation as ev
 from fireviz.model.gpt import BOS_ID, GPT, GPTConfig
 from fireviz.train.config import apply_overrides, configs_from_tables
 from fireviz.train.loop import train
@@ -139,6 +139,7 @@ def test_the_copy_config_loads():
 def test_eval_cli_default_lengths_follow_a_synthetic_tasks_training_length(tmp_path, monkeypatch):
     """Without --lengths, a synthetic task is evaluated at L/4 … 16·L of the checkpoint's training
     length L (the task groups' published range), not prose's 128…8192."""
+    from fireviz.checkpoints import Checkpoint
     from fireviz.eval.settings import DEFAULT_LENGTHS
 
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
@@ -150,4 +151,6 @@ def test_eval_cli_default_lengths_follow_a_synthetic_tasks_training_length(tmp_p
     argv = [str(tmp_path / "m"), "--data", "synthetic:copy", "--token-budget", "2", "--quiet", "--device", "cpu"]
     assert eval_cli.main([*argv, "--out", str(out)]) == 0
     assert [e["length"] for e in json.loads(out.read_text())[0]["per_length"]] == [4, 8, 16, 32, 64, 128, 256]
-    assert eval_cli._default_lengths([str(tmp_path / "m")], "prose") == list(DEFAULT_LENGTHS)
+    prose = eval_cli.build_parser().parse_intermixed_args([str(tmp_path / "m"), "--data", "prose"])
+    ckpt = Checkpoint.resolve(tmp_path / "m")
+    assert eval_cli.settings_from_args(prose, [ckpt]).lengths == tuple(DEFAULT_LENGTHS)

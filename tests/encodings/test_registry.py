@@ -25,7 +25,7 @@ from fireviz.encodings import (
     register_encoding,
     unregister_encoding,
 )
-from fireviz.eval import evaluate
+from fireviz.eval import evaluation as evaluate
 from fireviz.fit import fitting as fit
 from fireviz.fit import targets as fit_targets
 from fireviz.model.gpt import GPT, GPTConfig

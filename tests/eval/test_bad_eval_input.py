@@ -12,9 +12,10 @@ import pytest
 from bad_content import NESTED
 from safetensors.torch import load_file, save_file
 
+from fireviz.checkpoints import checkpoint_sha256
 from fireviz.cli import eval as eval_cli
 from fireviz.data import corpus as data
-from fireviz.eval import evaluate
+from fireviz.eval import evaluation as evaluate
 from fireviz.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ def test_eval_memory_grows_little_with_one_long_single_line_document(tmp_path, r
     import sys
 
     code = (
-        "import resource, sys; from fireviz.eval import evaluate; "
+        "import resource, sys; from fireviz.eval import evaluation as evaluate; "
         "evaluate.evaluate_many([sys.argv[1]], sys.argv[2], [256], split='all', mode='nonoverlapping', "
         "token_budget=4096, use_cache=False); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )
@@ -145,7 +146,7 @@ def test_nan_weights_give_no_number_even_from_a_matching_results_json(root, tmp_
     k = "wte.weight" if "wte.weight" in state else "lm_head.weight"
     state[k][0, 0] = float("nan")
     save_file(state, str(w))
-    sha = evaluate.checkpoint_sha256(root / "victim")
+    sha = checkpoint_sha256(root / "victim")
     text = _small_text(tmp_path)
     fp = data.data_fingerprint(data.load_documents(text))
     (root / "victim" / "results.json").write_text(

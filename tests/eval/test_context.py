@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fireviz.eval.evaluate as ev
+import fireviz.eval.evaluation as ev
 from fireviz.checkpoints import load_model
 from fireviz.cli import eval as eval_cli
 from fireviz.data.corpus import document_tokens, load_documents
@@ -346,7 +346,7 @@ def test_page_draws_context_use_beside_same_text(app_env):
     table = at.dataframe[0].value
     assert set(table["context"]) == {"4", "8", "full (24)"}
     assert table[table["context"] == "full (24)"]["minus_full"].isna().all()
-    upload = next(Path(p) for p in (Path(ev.default_cache_dir()) / "uploads").rglob("ctx.jsonl"))
+    upload = next(Path(p) for p in (Path(eval_cache.default_cache_dir()) / "uploads").rglob("ctx.jsonl"))
     direct = ev.evaluate_many(
         [str(app_env / "alibi"), str(app_env / "fire")],
         str(upload),

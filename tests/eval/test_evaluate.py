@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fireviz.eval.evaluate as ev
+import fireviz.checkpoints as fireviz_checkpoints
+import fireviz.eval.evaluation as ev
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.cli import eval as eval_cli
 from fireviz.data.corpus import DataError, document_tokens, is_validation, load_documents
@@ -567,7 +568,7 @@ def test_cached_results_give_no_number_for_nan_weights(ckpts, corpus, tmp_path, 
     state[k][0, 0] = float("nan")
     save_file(state, str(victim / "model.safetensors"))
     assert ev.cached_results([victim], corpus, [8], **kw)[0]["per_length"][0]["not_computed"]  # nothing to refuse
-    forged = {**good, "checkpoint_sha256": ev.checkpoint_sha256(victim)}  # a matching results.json
+    forged = {**good, "checkpoint_sha256": checkpoints.checkpoint_sha256(victim)}  # a matching results.json
     (victim / "results.json").write_text(json.dumps([forged]))
     with pytest.raises(ev.NonFiniteLossError, match="NaN/inf"):
         ev.cached_results([victim], corpus, [8], **kw)
@@ -1138,7 +1139,7 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
     entry = next((cache).glob("*.json"))
     for path in cache.glob("*.json"):
         obj = json.loads(path.read_text())
-        if obj["checkpoint_sha256"] == ev.checkpoint_sha256(ckpts["rope"]):
+        if obj["checkpoint_sha256"] == checkpoints.checkpoint_sha256(ckpts["rope"]):
             for k in ("per_document", "ci95", "documents"):
                 obj["result"].pop(k, None)
             path.write_text(json.dumps(obj))
@@ -1309,18 +1310,24 @@ def test_describe_is_one_key_per_computation():
     with pytest.raises(ev.EvaluationError, match="seed=1 changes nothing in mode=.same_text."):
         EvalSettings.make("prose", [128, 256], device="cpu", seed=1)  # every document scored: no draw
     assert EvalSettings.make("prose", [128], device="cpu", seed=1, token_budget=4096).seed == 1
-    ck = [{"path": "x", "fingerprint": "f"}]
+    from fireviz.checkpoints import Checkpoint
+
+    ck = [Checkpoint(name="x", path="x", folder=Path("x"), config=GPTConfig(), sha256="f" * 64)]
     spellings = [{"device": "cpu", "token_budget": "auto"}, {"device": "cpu", "token_budget": None}, {"device": "cpu"}]
     if not torch.cuda.is_available():  # "auto" is the CPU here: the same numbers
         spellings += [{}, {"device": "auto", "token_budget": "auto", "split": None}]
-    keys = {jobs.job_key(jobs.evaluation_description(ck, "prose", [128], s)) for s in spellings}
+    made = [EvalSettings.make("prose", [128], **s) for s in spellings]
+    keys = {jobs.job_key(jobs.evaluation_description(ck, s)) for s in made}
     assert len(keys) == 1
-    other = jobs.evaluation_description(ck, "prose", [128], {"device": "cpu", "reference": 1})
+    other = jobs.evaluation_description(ck, made[0], reference=1)
     assert jobs.job_key(other) not in keys  # another reference pairs other differences
-    assert jobs.job_key(jobs.evaluation_description(ck, "prose", [128], {"device": "cpu", "reference": 0})) in keys
+    assert jobs.job_key(jobs.evaluation_description(ck, made[0], reference=0)) in keys
+    assert jobs.evaluation_description(ck, made[0])["checkpoints"] == [{"path": "x", "sha256": "f" * 64}]
 
 
 def test_bad_settings_are_refused_before_a_job_is_queued(ckpts, corpus):
+    from fireviz.checkpoints import Checkpoint
+    from fireviz.eval.settings import EvalSettings
     from fireviz.ui import jobs
 
     q = jobs.JobQueue(name="review")
@@ -1329,12 +1336,17 @@ def test_bad_settings_are_refused_before_a_job_is_queued(ckpts, corpus):
         ({"modee": "same_text"}, "unknown evaluation setting"),
         ({"seed": 1.5}, "seed must be an integer"),
         ({"progress": print}, "unknown evaluation setting"),
-        ({"reference": object()}, "must be plain values"),
     ):
         with pytest.raises(ev.EvaluationError, match=match):
-            jobs.submit_evaluation([str(ckpts["alibi"])], str(corpus), [8], asked, queue_=q)
+            EvalSettings.make(str(corpus), [8], **asked)  # the settings are built (and refused) at the edge
+    s = EvalSettings.make(str(corpus), [8])
+    alibi = Checkpoint.resolve(ckpts["alibi"])
+    with pytest.raises(ev.EvaluationError, match="reference must be"):
+        jobs.submit_evaluation([alibi], s, reference=object(), queue_=q)
     with pytest.raises(ev.EvaluationError, match="got the single str"):
-        jobs.submit_evaluation(str(ckpts["alibi"]), str(corpus), [8], {}, queue_=q)
+        jobs.submit_evaluation(str(ckpts["alibi"]), s, queue_=q)
+    with pytest.raises(ev.EvaluationError, match="takes Checkpoint objects"):
+        jobs.submit_evaluation([str(ckpts["alibi"])], s, queue_=q)
     assert q.jobs() == []
 
 
@@ -1345,13 +1357,15 @@ def test_identity_and_weights_come_from_one_read(ckpts, corpus, tmp_path, cache,
     import shutil
 
     from fireviz.checkpoints import catalog as ckpt_door
+    from fireviz.checkpoints import checkpoint as ckpt_object
 
     a = tmp_path / "a"
     shutil.copytree(ckpts["alibi"], a)
     for folder in (a, ckpts["rope"], ckpts["fire"]):
-        model, sha = ckpt_door.load_model_with_identity(folder)
+        model, sha = fireviz_checkpoints.load_model_with_identity(folder)
         raw = (folder / "model.safetensors").read_bytes() + (folder / "config.json").read_bytes()
         assert sha == ckpt_door.checkpoint_sha256(folder) == hashlib.sha256(raw).hexdigest()
+        assert fireviz_checkpoints.Checkpoint.resolve(folder).sha256 == sha
     kw = dict(mode="nonoverlapping", token_budget=40, split="all", device="cpu", cache_dir=cache)
     b = tmp_path / "b"
     shutil.copytree(ckpts["alibi"], b)
@@ -1361,20 +1375,23 @@ def test_identity_and_weights_come_from_one_read(ckpts, corpus, tmp_path, cache,
         other.save_pretrained(b)
     truth_a = ev.evaluate_checkpoint(a, corpus, [8], **{**kw, "cache_dir": tmp_path / "t"})["per_length"][0]
     truth_b = ev.evaluate_checkpoint(b, corpus, [8], **{**kw, "cache_dir": tmp_path / "t"})["per_length"][0]
-    sha_a, sha_b = ckpt_door.checkpoint_sha256(a), ckpt_door.checkpoint_sha256(b)
-    real = ckpt_door.checkpoint_files
+    sha_a = ckpt_door.checkpoint_sha256(a)
+    real = ckpt_object._files_sha256
 
-    def racing(path):
-        out = real(path)
-        if Path(path) == a:  # the trainer's os.replace lands here
+    def racing(config, weights):
+        out = real(config, weights)
+        if weights.parent == a:  # the trainer's os.replace lands here, after the identity was taken
             shutil.copy(b / "model.safetensors", a / "model.tmp")
             (a / "model.tmp").replace(a / "model.safetensors")
         return out
 
-    monkeypatch.setattr(ckpt_door, "checkpoint_files", racing)
-    r = ev.evaluate_checkpoint(a, corpus, [8], **kw)
-    monkeypatch.setattr(ckpt_door, "checkpoint_files", real)
-    assert r["checkpoint_sha256"] == sha_b and r["per_length"][0]["nats_per_token"] == truth_b["nats_per_token"]
+    monkeypatch.setattr(ckpt_object, "_files_sha256", racing)
+    ckpt = fireviz_checkpoints.Checkpoint.resolve(a)
+    monkeypatch.setattr(ckpt_object, "_files_sha256", real)
+    assert ckpt.sha256 == sha_a  # its identity names a's bytes, which are gone: refused, nothing scored
+    settings = ev.EvalSettings.make(corpus, [8], **{k: v for k, v in kw.items() if k != "cache_dir"})
+    with pytest.raises(CheckpointError, match="changed since it was opened"):
+        ev.evaluate([ckpt], settings, cache=ev.EvalCache(cache))
     shutil.copy(ckpts["alibi"] / "model.safetensors", a / "model.safetensors")  # a's weights back
     assert ckpt_door.checkpoint_sha256(a) == sha_a
     back = ev.cached_results([a], corpus, [8], **{k: v for k, v in kw.items() if k != "cache_dir"}, cache_dir=cache)
@@ -1404,13 +1421,13 @@ def test_cached_results_refuse_what_evaluate_many_refuses(ckpts, corpus, tmp_pat
         (bad / name).write_bytes(content)
         with pytest.raises(CheckpointError, match=match) as computed:
             ev.evaluate_many([bad], corpus, [8], **kw)
-        monkeypatch.setattr(ev, "load_model_with_identity", lambda *a, **k: pytest.fail("weights loaded"))
+        monkeypatch.setattr(fireviz_checkpoints.Checkpoint, "load", lambda *a, **k: pytest.fail("weights loaded"))
         with pytest.raises(CheckpointError, match=match) as looked_up:
             ev.cached_results([bad], corpus, [8], **kw)
         monkeypatch.undo()
         assert str(looked_up.value) == str(computed.value)  # one message per problem
     # a good checkpoint with nothing cached: looked up without loading its weights
-    monkeypatch.setattr(ev, "load_model_with_identity", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(fireviz_checkpoints.Checkpoint, "load", lambda *a, **k: pytest.fail("weights loaded"))
     assert ev.cached_results([ckpts["rope"]], corpus, [8], **kw)[0]["per_length"][0]["not_computed"]
 
 

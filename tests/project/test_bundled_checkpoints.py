@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fireviz.checkpoints import checkpoint_sha256
 from fireviz.checkpoints.catalog import read_train_log
 from fireviz.encodings import has_normalizer
-from fireviz.eval import evaluate
+from fireviz.eval import evaluation as evaluate
 from fireviz.model.config import GPTConfig
 from fireviz.model.gpt import GPT
 
@@ -135,7 +136,7 @@ def test_loads_with_from_pretrained_and_results_match_the_weights(name):
     model = GPT.from_pretrained(str(folder))
     assert model.config.position_encoding == config(folder)["position_encoding"]
     assert sum(p.numel() for p in model.parameters()) == config(folder)["training"]["num_parameters"]
-    sha = evaluate.checkpoint_sha256(folder)
+    sha = checkpoint_sha256(folder)
     res = results(folder)
     assert {r["settings"]["data"] for r in res} == DOMAINS
     for r in res:

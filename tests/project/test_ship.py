@@ -12,8 +12,8 @@ import torch
 from conftest import make_tiny_checkpoint
 
 from fireviz.checkpoints import catalog as checkpoints
+from fireviz.checkpoints import checkpoint_sha256
 from fireviz.core.files import read_safetensors
-from fireviz.eval import evaluate
 from fireviz.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,4 +57,4 @@ def test_a_corrupt_gzip_log_costs_only_the_log(tmp_path):
     (src / "train_log.jsonl.gz").write_bytes(b"\x1f\x8bnot gzip")
     info = checkpoints.read_checkpoint(src)
     assert "gzip" in info.problems["train_log.jsonl"]
-    assert evaluate.checkpoint_sha256(src)
+    assert checkpoint_sha256(src)

@@ -63,15 +63,83 @@ def test_no_second_loader_or_identity_is_defined():
             if isinstance(node, ast.FunctionDef) and node.name in {
                 "load_checkpoint",
                 "load_model",
+                "load_checked",
                 "checkpoint_sha256",
                 "checkpoint_files",
             }:
                 defined.setdefault(node.name, []).append(str(p.relative_to(ROOT)))
-    # ui.load_model is the app's per-process cache (st.cache_resource) of checkpoints' loader
-    # (load_model_with_identity: the model and the identity of the bytes it was loaded from)
-    assert defined.pop("load_model") == ["fireviz/checkpoints/catalog.py", "fireviz/ui/picker.py"]
-    assert "ck.load_model_with_identity(" in (ROOT / "fireviz/ui/picker.py").read_text()
+    # ui.load_model is the app's per-process cache (st.cache_resource) of Checkpoint.load, and
+    # ui.picker.checkpoint_sha256 takes a CheckpointInfo as well as a path
+    assert defined.pop("load_model") == ["fireviz/checkpoints/checkpoint.py", "fireviz/ui/picker.py"]
+    assert defined.pop("checkpoint_sha256") == ["fireviz/checkpoints/catalog.py", "fireviz/ui/picker.py"]
+    assert defined.pop("load_checked") == ["fireviz/model/state.py"]
+    assert "Checkpoint.resolve(" in (ROOT / "fireviz/ui/picker.py").read_text()
     assert {k: v for k, v in defined.items() if v != ["fireviz/checkpoints/catalog.py"]} == {}, defined
+
+
+def test_one_checkpoint_loader():
+    """Model weights become tensors in one place, ``fireviz.model.load_checked`` (under
+    ``Checkpoint.load`` and ``GPT.from_pretrained``); the other modules that import a safetensors
+    reader read other files: the trainer's state, a saved fit, a published model's bias tables,
+    the bounded header reader."""
+    readers = set()
+    for p in ROOT.glob("fireviz/**/*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("safetensors"):
+                if {a.name for a in node.names} & {"load", "load_file", "safe_open"}:
+                    readers.add(str(p.relative_to(ROOT)))
+    other_files = {
+        "fireviz/train/state.py",
+        "fireviz/fit/result.py",
+        "fireviz/checkpoints/hub.py",
+        "fireviz/core/files.py",
+    }
+    assert readers - other_files == {"fireviz/model/state.py"}, readers
+
+
+#: names a checkpoint's identity must not go by (it is ``sha256``, ``checkpoint_sha256`` in results)
+OTHER_IDENTITY_NAMES = {"checkpoint_hash", "checkpoint_identity", "identity", "sha", "weights_fingerprint"}
+
+
+def test_one_identity_name():
+    """A checkpoint's identity is called ``sha256`` everywhere (``Checkpoint.sha256``, results'
+    ``checkpoint_sha256``); no parameter, variable or attribute of fireviz calls it otherwise (the
+    data's ``data_fingerprint`` is another thing); job descriptions key it ``sha256``."""
+    found = []
+    for p in ROOT.glob("fireviz/**/*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.arg):
+                names = [node.arg]
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]  # a dict key such as {"fingerprint": ...}
+            found += [f"{p.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n in OTHER_IDENTITY_NAMES]
+    assert not found, found
+    jobs = (ROOT / "fireviz/ui/jobs.py").read_text(encoding="utf-8")
+    assert '"fingerprint"' not in jobs and '"sha256": ' in jobs
+
+
+def test_no_keyword_list_of_evaluation_settings_outside_eval_settings():
+    """The evaluation settings are spelled once, as ``EvalSettings``' fields: no function elsewhere
+    above the evaluation package takes three or more of them as parameters (a caller passes an ``EvalSettings``, or ``**settings``
+    that ``EvalSettings.make`` checks)."""
+    from fireviz.eval import SETTING_NAMES
+
+    names = set(SETTING_NAMES) - {"device", "split"}  # common words of other APIs too
+    found = []
+    for p in PRODUCT:
+        if str(p.relative_to(ROOT)).startswith("fireviz/eval/"):  # the windows below take their own parameters
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                if len(args & names) >= 3:
+                    found.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {sorted(args & names)}")
+    assert not found, found
 
 
 #: compiled kernels (numba) are written as one loop nest on purpose

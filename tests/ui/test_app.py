@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import fireviz.checkpoints as fireviz_checkpoints
 from fireviz import ui
 from fireviz.analysis import biases as analysis
 from fireviz.analysis import text_attention
+from fireviz.checkpoints import Checkpoint
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.checkpoints import records as run_records
-from fireviz.eval import evaluate
+from fireviz.eval import evaluation as evaluate
+from fireviz.eval.cache import default_cache_dir
+from fireviz.eval.settings import EvalSettings
 from fireviz.model.gpt import GPT, CheckpointError
 from fireviz.ui import jobs
 
@@ -152,7 +156,7 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     lines = [t for t in ppl["data"] if t.get("mode") == "lines+markers"]
     assert [(t["meta"]["group"], t["meta"]["n"]) for t in lines] == [("fire", 2), ("alibi", 1)]
     assert lines[0]["name"] == "fire (mean ± std, 2 seeds)"
-    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    upload = next(Path(p) for p in (Path(default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     ref = evaluate.evaluate_many(
         [str(root / "fire"), str(root / "fire_seed1")],
         str(upload),
@@ -279,7 +283,7 @@ def test_biases_grid_matches_the_library(app_env):
     at = page("pages/1_Learned_biases.py", ckpt="fire").run()
     no_exception(at)
     fig = figures(at)[0]
-    model = checkpoints.load_model(app_env / "fire")
+    model = fireviz_checkpoints.load_model(app_env / "fire")
     rep = analysis.bias_report(model).to_dict()
     # the grid has one line per (layer, head, query position); check every one against the library
     assert len(fig["data"]) == 2 * 2 * len(rep["query_positions"])
@@ -500,7 +504,7 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
     table = at.dataframe[0].value
     np.testing.assert_allclose(table["bits_per_byte"], table["nats_per_token"] / math.log(2))
     # the same numbers as the library (now all from the on-disk cache the job wrote)
-    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    upload = next(Path(p) for p in (Path(default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     ref = evaluate.evaluate_many(
         [str(app_env / "fire"), str(app_env / "alibi")],
         str(upload),
@@ -656,7 +660,7 @@ def test_length_generalization_same_text_intervals_paired_and_cap(app_env):
     assert table["documents"].nunique() == 1
     caption = " ".join(c.value for c in at.caption)
     assert "same text at every length: the first 64 tokens of" in caption
-    upload = next(Path(p) for p in (Path(evaluate.default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
+    upload = next(Path(p) for p in (Path(default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     plain = evaluate.evaluate_many(
         [str(app_env / "fire"), str(app_env / "alibi")],
         str(upload),
@@ -834,7 +838,7 @@ def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env
         "rope_scaling": None,
     }
     evaluate.evaluate_many([fire], "prose", [16], **settings)  # length 16 finished (cached) before the cancel
-    job = jobs.submit_evaluation([fire], "prose", [16, 32], settings)
+    job = jobs.submit_evaluation([Checkpoint.resolve(fire)], EvalSettings.make("prose", [16, 32], **settings))
     jobs.default_queue("evaluate").cancel(job.key)
     deadline = time.time() + 60
     while job.status not in jobs.FINISHED and time.time() < deadline:
@@ -856,12 +860,12 @@ def test_length_generalization_finds_the_job_however_its_settings_were_spelled(a
     page's job, so Run starts nothing; bad settings are refused before anything is queued."""
     fire = str(app_env / "fire")
     q = jobs.default_queue("evaluate")
-    job = jobs.submit_evaluation(
-        [fire], "prose", [32, 16], {"mode": "nonoverlapping", "token_budget": 256, "device": "cpu", "batch_tokens": 512}
-    )
+    spelled = {"mode": "nonoverlapping", "token_budget": 256, "device": "cpu", "batch_tokens": 512}
+    job = jobs.submit_evaluation([Checkpoint.resolve(fire)], EvalSettings.make("prose", [32, 16], **spelled))
     as_the_page = {"mode": "nonoverlapping", "stride": None, "token_budget": 256, "seed": 0, "split": "validation"}
     as_the_page.update(device="cpu", rope_scaling=None)
-    assert jobs.find_evaluation([fire], "prose", [16, 32], as_the_page) is job
+    page_settings = EvalSettings.make("prose", [16, 32], **as_the_page)
+    assert jobs.find_evaluation([Checkpoint.resolve(fire)], page_settings) is job
     assert q.wait(job.key, 120).status == jobs.DONE
     before = len(q.jobs())
     at = page("pages/3_Length_generalization.py", ckpt="fire", len=["16", "32"], mode="nonoverlapping", budget="256")
@@ -872,7 +876,7 @@ def test_length_generalization_finds_the_job_however_its_settings_were_spelled(a
     xs = sorted({int(x) for tr in figures(at)[0]["data"] for x in arr(tr["x"])})
     assert xs == [16, 32]
     with pytest.raises(evaluate.EvaluationError, match="mode must be one of"):
-        jobs.submit_evaluation([fire], "prose", [16], {**as_the_page, "mode": "bogus"})
+        EvalSettings.make("prose", [16], **{**as_the_page, "mode": "bogus"})  # refused at the edge, before a job
     assert len(q.jobs()) == before
 
 
@@ -887,7 +891,7 @@ def test_clearing_every_checkpoint_says_so_and_clears_the_url(app_env):
 
 # -- Learned biases / Attention: the cached model and results follow both files of a checkpoint --
 def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_checkpoints_dir, tmp_path, monkeypatch):
-    """One identity (``ui.picker.checkpoint_identity``: the weights + config sha256 the evaluation
+    """One identity (``ui.picker.checkpoint_sha256``: the weights + config sha256 the evaluation
     keys on): editing only config.json (same weights, same weights mtime) reloads the model and
     recomputes the bias report and the attention pattern."""
     import shutil
@@ -902,7 +906,7 @@ def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_check
     info = checkpoints.read_checkpoint(folder)
     first = ui.load_model(info)
     assert ui.load_model(str(folder)) is first  # cached: one model per checkpoint state
-    identity = picker.checkpoint_identity(info)
+    identity = picker.checkpoint_sha256(info)
     assert identity == checkpoints.checkpoint_sha256(folder)
     tokens = torch.tensor([256] + list(b"a text of some forty bytes, for the heads"), dtype=torch.long)
     report, pattern = ui.bias_report(info, [8, 20]), ui.attention_pattern(info, tokens, 1)
@@ -911,7 +915,7 @@ def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_check
     cfg["encoding_options"] = {**cfg.get("encoding_options", {}), "normalizer_cap": 4}
     (folder / "config.json").write_text(json.dumps(cfg))
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights_mtime
-    assert picker.checkpoint_identity(info) != identity
+    assert picker.checkpoint_sha256(info) != identity
     second = ui.load_model(info)
     assert second is not first and {m.normalizer_cap for m in fire_modules(second)} == {4.0}
     assert {m.normalizer_cap for m in fire_modules(first)} == {None}  # the old model is left as it was
@@ -919,17 +923,17 @@ def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_check
     assert ui.bias_report(info, [8, 20]) != report
     assert ui.attention_pattern(info, tokens, 1)["probs"] != pattern["probs"]
 
-    real = checkpoints.load_model_with_identity
+    real = Checkpoint.resolve
 
-    def rewritten_while_loading(path, device="cpu"):  # a trainer's next checkpoint lands mid-load
+    def rewritten_while_loading(ref):  # a trainer's next checkpoint lands mid-load
         (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 128}}))
-        return real(path, device)
+        return real(ref)
 
     (folder / "config.json").write_text(json.dumps({**cfg, "encoding_options": {"normalizer_cap": 16}}))
-    monkeypatch.setattr(checkpoints, "load_model_with_identity", rewritten_while_loading)
+    monkeypatch.setattr(Checkpoint, "resolve", rewritten_while_loading)
     with pytest.raises(CheckpointError, match="changed while it was loading"):
         ui.load_model(info)
-    monkeypatch.setattr(checkpoints, "load_model_with_identity", real)
+    monkeypatch.setattr(Checkpoint, "resolve", real)
     assert {m.normalizer_cap for m in fire_modules(ui.load_model(info))} == {128.0}
     import dataclasses
 

@@ -28,18 +28,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 import torch
 
 from fireviz import __version__
-from fireviz.checkpoints import checked_config, checkpoint_folder, checkpoint_sha256, load_model_with_identity
+from fireviz.checkpoints import Checkpoint
 from fireviz.core import write_json_atomic
 from fireviz.encodings import fire_modules
-from fireviz.eval.cache import _lookup, cache_key, default_cache_dir, published_results
+from fireviz.eval.cache import EvalCache, _lookup, cache_key, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
-from fireviz.eval.plan import Plan, plan_text, run_settings, targets
+from fireviz.eval.plan import Plan, plan_text, targets
 
 # what a caller of the evaluation needs besides the above, importable from here (pages, scripts)
 from fireviz.eval.progress import (
@@ -48,6 +48,7 @@ from fireviz.eval.progress import (
     ProgressFn,
     StopFn,
 )
+from fireviz.eval.results import EvalResult, LengthEntry
 from fireviz.eval.scoring import score_windows, summarize
 from fireviz.eval.settings import (
     DEFAULT_LENGTHS,  # noqa: F401
@@ -68,13 +69,11 @@ from fireviz.eval.variants import (
     rope_scaled_model,
 )
 from fireviz.eval.windows import (
-    DEFAULT_MODE,
-    DEFAULT_POSITION_BUCKETS,
     MODES,  # noqa: F401
     EvaluationError,
     Window,
 )
-from fireviz.model import GPT, CheckpointError, GPTConfig, nonfinite_parameters
+from fireviz.model import GPT, GPTConfig, nonfinite_parameters
 
 #: ``error`` of a length ``cached_results`` found no result for (the entry also has ``not_computed``)
 NOT_COMPUTED = "not computed yet"
@@ -87,19 +86,20 @@ class NonFiniteLossError(EvaluationError):
 
 @dataclass
 class _Loaded:
-    """A checkpoint as evaluated: its path, identity (sha256), config, the normalizer cap in
-    effect (FIRE only) and, when it is scored, the model (None for a cache lookup)."""
+    """A checkpoint as evaluated: the :class:`Checkpoint`, the normalizer cap in effect (FIRE only)
+    and, when it is scored, the model (None for a cache lookup)."""
 
-    path: str | os.PathLike
-    sha: str
-    config: GPTConfig
+    ckpt: Checkpoint
     cap: int | None
     model: GPT | None = None
-    folder: str | os.PathLike | None = None  # the local folder (a name resolved), for its results.json
 
     @property
     def name(self) -> str:
-        return Path(str(self.path)).name or str(self.path)
+        return self.ckpt.name
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.ckpt.config
 
 
 #: per checkpoint identity (sha256 of its weights and config, which fixes both): the names of
@@ -109,22 +109,22 @@ _HAS_FIRE: dict[str, bool] = {}
 _MEMO_LOCK = threading.Lock()
 
 
-def _refuse_nonfinite(ckpt, bad: list[str]) -> None:
+def _refuse_nonfinite(name: str, bad: list[str]) -> None:
     """Raises: NonFiniteLossError naming the first non-finite weights, if ``bad`` names any."""
     if bad:  # no number for such weights, not even a cached or published one
         raise NonFiniteLossError(
-            f"{Path(str(ckpt)).name or ckpt}: the weights contain NaN/inf in "
+            f"{name}: the weights contain NaN/inf in "
             f"{', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every loss is NaN; "
             "restore or retrain the checkpoint (nothing was evaluated or cached)"
         )
 
 
-def _check_scaling(ckpt, config: GPTConfig, s: EvalSettings) -> None:
+def _check_scaling(ckpt: Checkpoint, s: EvalSettings) -> None:
     """Raises: EvaluationError for RoPE scaling asked of a checkpoint that is not RoPE."""
-    if s.rope_scaling is not None and config.position_encoding != "rope":
+    if s.rope_scaling is not None and ckpt.config.position_encoding != "rope":
         raise EvaluationError(
-            f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt} uses "
-            f"position_encoding={config.position_encoding!r}: evaluate only RoPE checkpoints with "
+            f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt.path} uses "
+            f"position_encoding={ckpt.config.position_encoding!r}: evaluate only RoPE checkpoints with "
             "--rope-scaling (scripts/publish_results.py pairs the scaled rows with a reference of "
             "another encoding on the same text)"
         )
@@ -137,89 +137,69 @@ def _reference(loaded: list[_Loaded], reference) -> int:
         reference = int(reference)
     if isinstance(reference, bool) or not isinstance(reference, (int, str)):
         raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
-    return _reference_index([{"checkpoint": c.name, "checkpoint_path": str(c.path)} for c in loaded], reference)
+    return _reference_index([{"checkpoint": c.name, "checkpoint_path": c.ckpt.path} for c in loaded], reference)
 
 
-def _load_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
-    """Every checkpoint loaded and checked before any scoring (a bad one fails at once); its
-    identity is that of the very bytes its weights were loaded from (one read)."""
+def _checkpoints(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
+    """``checkpoints`` as a list of :class:`Checkpoint`. Raises: EvaluationError for none, a single
+    one where a list belongs, or anything that is not a resolved Checkpoint (resolve references at
+    the edge: ``Checkpoint.resolve``)."""
+    out = checkpoint_list(checkpoints)
+    bad = [c for c in out if not isinstance(c, Checkpoint)]
+    if bad:
+        raise EvaluationError(
+            f"evaluate takes Checkpoint objects (got {bad[0]!r}); resolve a name or folder once with "
+            "fireviz.checkpoints.Checkpoint.resolve, or call evaluate_many, which does"
+        )
+    return out
+
+
+def _load_checkpoints(checkpoints: list[Checkpoint], s: EvalSettings) -> list[_Loaded]:
+    """Every checkpoint loaded and checked before any scoring (a bad one fails at once); the weights
+    are exactly the bytes its identity names (``Checkpoint.load``)."""
     loaded = []
-    for ckpt in checkpoint_list(checkpoints):
-        model, sha = load_model_with_identity(ckpt)
+    for ckpt in checkpoints:
+        _check_scaling(ckpt, s)
+        model = ckpt.load()
         bad = nonfinite_parameters(model)
         with _MEMO_LOCK:
-            _NONFINITE[sha] = bad
-        _refuse_nonfinite(ckpt, bad)
-        _check_scaling(ckpt, model.config, s)
+            _NONFINITE[ckpt.sha256] = bad
+        _refuse_nonfinite(ckpt.name, bad)
         cap = apply_normalizer_cap(model, s.normalizer_cap)
-        loaded.append(_Loaded(ckpt, sha, model.config, cap, model, checkpoint_folder(ckpt) or ckpt))
+        loaded.append(_Loaded(ckpt, cap, model))
     return loaded
 
 
-#: per checkpoint identity: its config, checked against its weights' header (``checked_config``)
-_CONFIGS: dict[str, GPTConfig] = {}
-
-
-def _describe_checkpoints(checkpoints, s: EvalSettings) -> list[_Loaded]:
-    """Every checkpoint's identity and config, read without its weights (for a cache lookup).
-    Raises: CheckpointError for a checkpoint that evaluate_many would refuse before scoring, but
-    for NaN/inf weights: not there, a config.json that does not read, a weights file that is
-    junk, truncated or does not match the config (from its header)."""
+def _describe_checkpoints(checkpoints: list[Checkpoint], s: EvalSettings) -> list[_Loaded]:
+    """Every checkpoint with the normalizer cap in effect, its weights not read (for a cache lookup).
+    Raises: EvaluationError for RoPE scaling of a checkpoint that is not RoPE."""
     described = []
-    for ckpt in checkpoint_list(checkpoints):
-        sha = checkpoint_sha256(ckpt)
-        with _MEMO_LOCK:
-            config = _CONFIGS.get(sha)
-        if config is None:
-            config = checked_config(ckpt)  # the identity covers both files: checked once per identity
-            with _MEMO_LOCK:
-                _CONFIGS[sha] = config
-        _check_scaling(ckpt, config, s)
+    for ckpt in checkpoints:
+        _check_scaling(ckpt, s)
         cap = None
         if s.normalizer_cap is not None:  # the cap counts where the model has FIRE modules (apply_normalizer_cap)
             with _MEMO_LOCK:
-                has_fire = _HAS_FIRE.get(sha)
+                has_fire = _HAS_FIRE.get(ckpt.sha256)
             if has_fire is None:
                 with torch.device("meta"):  # the structure only: nothing is allocated, no weights are read
-                    has_fire = bool(fire_modules(GPT(config)))
+                    has_fire = bool(fire_modules(GPT(ckpt.config)))
                 with _MEMO_LOCK:
-                    _HAS_FIRE[sha] = has_fire
+                    _HAS_FIRE[ckpt.sha256] = has_fire
             cap = s.normalizer_cap if has_fire else None
-        described.append(_Loaded(ckpt, sha, config, cap, folder=checkpoint_folder(ckpt) or ckpt))
+        described.append(_Loaded(ckpt, cap))
     return described
 
 
 def _weights_are_finite(c: _Loaded) -> None:
-    """Raises: NonFiniteLossError if ``c``'s weights hold NaN/inf (read once per checkpoint identity)."""
+    """Raises: NonFiniteLossError if ``c``'s weights hold NaN/inf (read once per checkpoint identity);
+    CheckpointError if its files changed since it was resolved."""
     with _MEMO_LOCK:
-        bad = _NONFINITE.get(c.sha)
+        bad = _NONFINITE.get(c.ckpt.sha256)
     if bad is None:
-        model, sha = load_model_with_identity(c.path)
-        bad = nonfinite_parameters(model)
+        bad = nonfinite_parameters(c.ckpt.load())  # refuses files changed since their identity was read
         with _MEMO_LOCK:
-            _NONFINITE[sha] = bad
-        if sha != c.sha:  # replaced since its identity was read: these are not the weights the number is for
-            raise CheckpointError(
-                f"{c.name} changed while it was read (is a training run writing it?); try again when it is written"
-            )
-    _refuse_nonfinite(c.path, bad)
-
-
-def _cache_root(cache_dir: str | os.PathLike | None, use_cache: bool, write: bool = True) -> Path:
-    """The cache folder (default ``default_cache_dir()``), checked before any work.
-    Raises: EvaluationError if it is a file or lies under one, or (``write``) if it cannot be
-    written or created: a result is never computed only to fail when it is stored."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    if not use_cache:
-        return root
-    existing = next((p for p in (root, *root.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        why = "is a file" if existing == root else f"lies under {existing}, which is a file"
-    elif write and existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        why = "is not writable" if existing == root else f"cannot be created: {existing} is not writable"
-    else:
-        return root
-    raise EvaluationError(f"the cache folder {root} {why}; give a folder you can write (--cache-dir) or --no-cache")
+            _NONFINITE[c.ckpt.sha256] = bad
+    _refuse_nonfinite(c.name, bad)
 
 
 def _unscorable(c: _Loaded, n: int, windows: list[Window] | str, tokens: int | None = None) -> str | None:
@@ -238,18 +218,18 @@ def _length_key(c: _Loaded, s: EvalSettings, plan: Plan, n: int, report) -> tupl
     """``(length settings, cache key, FlexAttention used)`` of checkpoint ``c`` at length ``n``."""
     flex = use_flex(s.device, plan.read_tokens(n), report)
     length_settings = s.length_settings(n, plan.prefix_tokens(), c.cap, flex)
-    return length_settings, cache_key(c.sha, plan.fingerprint, length_settings), flex
+    return length_settings, cache_key(c.ckpt.sha256, plan.fingerprint, length_settings), flex
 
 
-def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[dict], seconds: float) -> dict:
-    """One checkpoint's result dict (see ``evaluate_checkpoint``), paired differences not yet added."""
+def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntry], seconds: float) -> EvalResult:
+    """One checkpoint's result (see ``evaluate_checkpoint``), paired differences not yet added."""
     return {
         "checkpoint": c.name,
-        "checkpoint_path": str(c.path),
-        "checkpoint_sha256": c.sha,
+        "checkpoint_path": c.ckpt.path,
+        "checkpoint_sha256": c.ckpt.sha256,
         "position_encoding": c.config.position_encoding,
         "train_seq_len": c.config.seq_len,
-        "settings": run_settings(s, plan),
+        "settings": s.record(plan),
         "data_fingerprint": plan.fingerprint,
         "fireviz_version": __version__,
         "device": device_name(s.device),
@@ -331,15 +311,14 @@ def _evaluate_one(
     s: EvalSettings,
     plan: Plan,
     prog: Progress,
+    cache: EvalCache,
     cache_root: Path,
-    *,
-    use_cache: bool,
-    use_published: bool,
-    require_intervals: bool,
-) -> list[dict]:
+) -> list[LengthEntry]:
     """One checkpoint at every length: cached where it can be, else scored (and cached)."""
-    on_device, per_length = None, []
-    published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_cache and use_published else []
+    on_device = None
+    per_length: list[LengthEntry] = []
+    read_published = cache.enabled and cache.use_published
+    published = published_results(c.ckpt.folder, c.ckpt.sha256, plan.fingerprint) if read_published else []
     for n in s.lengths:
         windows = plan.windows[n]
         why = _unscorable(c, n, windows, None if isinstance(windows, str) else plan.read_tokens(n))
@@ -352,9 +331,9 @@ def _evaluate_one(
         assert not isinstance(windows, str)  # _unscorable gave why
         length_settings, key, flex = _length_key(c, s, plan, n, prog.report)
         entry_path = cache_root / f"{key}.json"
-        found = _lookup(entry_path, key, n, length_settings, published, use_cache, require_intervals)
+        found = _lookup(entry_path, key, n, length_settings, published, cache.enabled, cache.require_intervals)
         if found is not None:
-            per_length.append(found)
+            per_length.append(cast(LengthEntry, found))
             prog.done += plan.work(n, windows)
             prog.report(f"{c.name} L={n}: cached")
             continue
@@ -373,183 +352,209 @@ def _evaluate_one(
         entry = _score_length(c, scored, n, windows, plan, s, prog)
         entry.update(extra)
         entry["seconds"] = time.perf_counter() - t0
-        if use_cache:
+        if cache.enabled:
             write_json_atomic(
                 entry_path,
                 {
                     "key": key,
-                    "checkpoint_sha256": c.sha,
+                    "checkpoint_sha256": c.ckpt.sha256,
                     "data_fingerprint": plan.fingerprint,
                     "settings": length_settings,
                     "fireviz_version": __version__,
                     "result": entry,
                 },
             )
-        per_length.append({**entry, "cached": False, "source": "computed"})
+        per_length.append(cast(LengthEntry, {**entry, "cached": False, "source": "computed"}))
     if on_device is not None and c.model is not None and s.device.type == "cuda":
         c.model.to("cpu")
         torch.cuda.empty_cache()
     return per_length
 
 
-def evaluate_many(
-    checkpoints: Sequence[str | os.PathLike],
-    data: str | os.PathLike,
-    lengths: Iterable[int | str] | None = None,
+def evaluate(
+    checkpoints: Sequence[Checkpoint],
+    settings: EvalSettings,
     *,
-    mode: str = DEFAULT_MODE,
-    stride: int | None = None,
-    token_budget: int | None | str = "auto",
-    seed: int = 0,
-    rope_scaling: str | None = None,
-    split: str | None = None,
-    position_buckets: int = DEFAULT_POSITION_BUCKETS,
-    device: str | torch.device = "auto",
-    batch_tokens: int | None = None,
+    cache: EvalCache | None = None,
+    reference: int | str = 0,
     progress: ProgressFn | None = None,
     should_stop: StopFn | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    use_cache: bool = True,
-    use_published: bool = True,
-    normalizer_cap: int | None = None,
-    reference: int | str = 0,
-    require_intervals: bool = True,
-    prefix_tokens: int | None = None,
-    context_targets: int | None = None,
-) -> list[dict]:
+) -> list[EvalResult]:
     """Evaluate several checkpoints on the same windows (paired comparison); one result each.
 
-    See ``evaluate_checkpoint`` for the arguments and the result; the settings are validated
-    once (:class:`EvalSettings`), the data is loaded and the windows are planned once.
-    ``progress(done, total, message)`` counts target tokens (mode context: tokens read, ``Plan.work``)
-    over all checkpoints and lengths (cached lengths count as done at once). Every result but the ``reference`` one (index or
-    checkpoint name; default the first) carries, per length, ``paired_delta_bpb`` and
-    ``paired_ci95`` against it (``with_paired_differences``); in mode ``context`` every entry but
-    full also its difference against the same checkpoint's full context (``full_delta_bpb``,
-    ``full_ci95``, ``full_context``: ``stats.FullContextDifference``).
-    ``checkpoints`` is a list (one path or string alone is refused: use ``evaluate_checkpoint``).
-    Each checkpoint's identity (``checkpoint_sha256``) is that of the very bytes its weights
-    are loaded from (``checkpoints.load_model_with_identity``: one read).
-    Raises: as ``evaluate_checkpoint``; a checkpoint that does not load raises
-      CheckpointError before any scoring, a cache folder that cannot be written
-      EvaluationError before anything is read.
+    Args: ``checkpoints`` resolved once at the edge (``Checkpoint.resolve``); ``settings`` built
+      once (``EvalSettings.make``); ``cache`` where finished lengths are kept and looked up
+      (:class:`fireviz.eval.cache.EvalCache`; default: the default folder, read and written, the
+      checkpoints' results.json read too); ``reference`` the index, name or path of the
+      checkpoint the others are paired against; ``progress(done, total, message)`` counts target
+      tokens (mode context: tokens read, ``Plan.work``) over all checkpoints and lengths (cached
+      lengths count as done at once); ``should_stop()`` is checked between batches.
+    Returns: one :class:`fireviz.eval.results.EvalResult` per checkpoint (see
+      ``evaluate_checkpoint`` for every field). Every result but the reference one carries, per
+      length, ``paired_delta_bpb`` and ``paired_ci95`` against it; in mode ``context`` every entry
+      but full also its difference against the same checkpoint's full context (``full_delta_bpb``,
+      ``full_ci95``, ``full_context``).
+    Raises: EvaluationError (not Checkpoint objects, a reference not among them, a cache folder
+      that cannot be written — before anything is read), CheckpointError (a checkpoint that does
+      not load, or changed since it was resolved — before any scoring), DataError,
+      NonFiniteLossError, EvaluationCancelled.
     """
     t_start = time.perf_counter()
-    s = EvalSettings.make(
-        data,
-        lengths,
-        mode=mode,
-        stride=stride,
-        token_budget=token_budget,
-        seed=seed,
-        rope_scaling=rope_scaling,
-        split=split,
-        position_buckets=position_buckets,
-        device=device,
-        batch_tokens=batch_tokens,
-        normalizer_cap=normalizer_cap,
-        prefix_tokens=prefix_tokens,
-        context_targets=context_targets,
-    )
-    cache_root = _cache_root(cache_dir, use_cache)  # a cache that cannot be written: before any work
-    loaded = _load_checkpoints(checkpoints, s)  # a bad checkpoint is an error before minutes of work
-    reference = _reference(loaded, reference)
-    plan = plan_text(s)
+    cache = cache or EvalCache()
+    ckpts = _checkpoints(checkpoints)
+    cache_root = cache.checked_root()  # a cache that cannot be written: before any work
+    loaded = _load_checkpoints(ckpts, settings)  # a bad checkpoint is an error before minutes of work
+    ref = _reference(loaded, reference)
+    plan = plan_text(settings)
     plan.windows.update(
-        memory_refusals(plan.windows, [c.config for c in loaded], s.device, s.batch_tokens, plan.read_tokens)
+        memory_refusals(
+            plan.windows, [c.config for c in loaded], settings.device, settings.batch_tokens, plan.read_tokens
+        )
     )
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
     per_checkpoint = sum(plan.work(n, w) for n, w in plan.windows.items() if isinstance(w, list))
     prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
     results = []
-    options = dict(use_cache=use_cache, use_published=use_published, require_intervals=require_intervals)
     for c in loaded:
         t_ckpt = time.perf_counter()
-        per_length = _evaluate_one(c, s, plan, prog, cache_root, **options)
-        results.append(_result(c, s, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
-    results = with_paired_differences(with_full_context_differences(results), reference)
+        per_length = _evaluate_one(c, settings, plan, prog, cache, cache_root)
+        results.append(_result(c, settings, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
+    out = with_paired_differences(with_full_context_differences(results), ref)
     prog.report("done")
-    return results
+    return out
 
 
-def cached_results(
-    checkpoints: Sequence[str | os.PathLike],
-    data: str | os.PathLike,
-    lengths: Iterable[int | str] | None = None,
+def lookup(
+    checkpoints: Sequence[Checkpoint],
+    settings: EvalSettings,
     *,
-    cache_dir: str | os.PathLike | None = None,
-    use_published: bool = True,
-    require_intervals: bool = False,
+    cache: EvalCache | None = None,
     reference: int | str = 0,
-    **settings,
-) -> list[dict]:
-    """What ``evaluate_many`` would return for these arguments, from the cache alone: nothing is
-    computed, no model runs (what a page shows at once, e.g. the lengths a cancelled run finished).
+) -> list[EvalResult]:
+    """What :func:`evaluate` would return, from the cache alone: nothing is computed, no model
+    runs (what a page shows at once, e.g. the lengths a cancelled run finished).
 
-    Args: ``checkpoints``, ``data``, ``lengths``, ``cache_dir``, ``use_published``, ``reference``
-      as ``evaluate_many``; ``settings`` its settings keywords (``mode``, ``stride``,
-      ``token_budget``, ``seed``, ``rope_scaling``, ``split``, ``position_buckets``, ``device``,
-      ``batch_tokens``, ``normalizer_cap``, ``prefix_tokens``, ``context_targets``; see
-      ``evaluate_checkpoint``), which decide the cache
-      keys exactly as there. ``require_intervals``: False (default) shows an entry made before
-      fireviz kept per-document losses as it is (no interval); True counts it as not computed.
-    Returns: one result per checkpoint, shaped as ``evaluate_many``'s (paired differences
+    Args: as :func:`evaluate`; ``cache.require_intervals`` False (``EvalCache.for_lookup()``)
+      shows an entry made before fireviz kept per-document losses as it is (no interval).
+    Returns: one result per checkpoint, shaped as :func:`evaluate`'s (paired differences
       included where both entries have per-document losses): a length found in the cache or
       the checkpoint's ``results.json`` is its entry (``"cached": True``, ``source``); a length
       not found is ``{"length", "error": NOT_COMPUTED, "not_computed": True}`` — or, when it
       could not be computed anyway, ``{"length", "error"}`` with the reason (no windows,
       beyond absolute position embeddings, more memory than there is now).
       ``seconds`` is this lookup's wall time.
-    Cost: a ``stat`` per data file and checkpoint file and a cache file read per length; a
-      config read and a weights-header check once per checkpoint identity and process; the data
-      is read and hashed once per file state (``eval_plan.load_eval_documents``), a checkpoint's
-      weights once per process (to refuse NaN/inf weights, as ``evaluate_many`` does) and only
-      when a number is found; the windows are planned each call.
-    Raises: as ``evaluate_many`` before its scoring: CheckpointError (a checkpoint that is not
-      there, a config.json that does not read, weights that are junk, truncated or do not
-      match the config — from the safetensors header, no weights loaded), DataError,
-      EvaluationError (bad or unknown settings, a cache folder that is a file),
-      NonFiniteLossError (a number was found for weights holding NaN/inf). Never
-      EvaluationCancelled.
+    Cost: a cache file read per length; the data is read and hashed once per file state
+      (``fireviz.eval.plan.load_eval_documents``), a checkpoint's weights once per process (to
+      refuse NaN/inf weights, as :func:`evaluate` does) and only when a number is found; the
+      windows are planned each call.
+    Raises: as :func:`evaluate` before its scoring (EvaluationError, DataError,
+      NonFiniteLossError when a number was found for weights holding NaN/inf, CheckpointError
+      for files changed since they were resolved). Never EvaluationCancelled.
     """
     t_start = time.perf_counter()
-    check_setting_names(settings)
-    s = EvalSettings.make(data, lengths, **settings)
-    cache_root = _cache_root(cache_dir, True, write=False)
-    described = _describe_checkpoints(checkpoints, s)
-    reference = _reference(described, reference)
-    plan = plan_text(s)
+    cache = cache or EvalCache.for_lookup()
+    cache_root = cache.checked_root(write=False)
+    described = _describe_checkpoints(_checkpoints(checkpoints), settings)
+    ref = _reference(described, reference)
+    plan = plan_text(settings)
     refusals: dict[int, str] | None = None  # memory, checked only for a length not found
     results = []
     for c in described:
-        published = published_results(c.folder or c.path, c.sha, plan.fingerprint) if use_published else []
-        per_length = []
-        for n in s.lengths:
+        published = published_results(c.ckpt.folder, c.ckpt.sha256, plan.fingerprint) if cache.use_published else []
+        per_length: list[LengthEntry] = []
+        for n in settings.lengths:
             windows = plan.windows[n]
             why = _unscorable(c, n, windows, None if isinstance(windows, str) else plan.read_tokens(n))
             if why is None:
-                length_settings, key, _ = _length_key(c, s, plan, n, lambda message: None)
-                found = _lookup(cache_root / f"{key}.json", key, n, length_settings, published, True, require_intervals)
+                length_settings, key, _ = _length_key(c, settings, plan, n, lambda message: None)
+                found = _lookup(
+                    cache_root / f"{key}.json", key, n, length_settings, published, True, cache.require_intervals
+                )
                 if found is not None:
                     _weights_are_finite(c)
-                    per_length.append(found)
+                    per_length.append(found)  # type: ignore[arg-type]
                     continue
                 if refusals is None:
                     refusals = memory_refusals(
-                        plan.windows, [d.config for d in described], s.device, s.batch_tokens, plan.read_tokens
+                        plan.windows,
+                        [d.config for d in described],
+                        settings.device,
+                        settings.batch_tokens,
+                        plan.read_tokens,
                     )
                 why = refusals.get(n)
-            per_length.append({"length": n, "error": why} if why else {"length": n, **_NOT_FOUND})
-        results.append(_result(c, s, plan, per_length, time.perf_counter() - t_start))
-    return with_paired_differences(with_full_context_differences(results), reference)
+            per_length.append({"length": n, "error": why} if why else {"length": n, **_NOT_FOUND})  # type: ignore[typeddict-item]
+        results.append(_result(c, settings, plan, per_length, time.perf_counter() - t_start))
+    return with_paired_differences(with_full_context_differences(results), ref)
+
+
+#: the arguments of the convenience functions below that are not evaluation settings
+_CACHE_OPTIONS = ("cache_dir", "use_cache", "use_published", "require_intervals")
+
+
+def evaluate_many(
+    checkpoints: Sequence[str | os.PathLike | Checkpoint],
+    data: str | os.PathLike,
+    lengths: Iterable[int | str] | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    should_stop: StopFn | None = None,
+    reference: int | str = 0,
+    cache_dir: str | os.PathLike | None = None,
+    use_cache: bool = True,
+    use_published: bool = True,
+    require_intervals: bool = True,
+    **settings,
+) -> list[EvalResult]:
+    """:func:`evaluate` for a script or notebook: resolves ``checkpoints`` (names, folders, Hub ids
+    or :class:`Checkpoint` objects) and builds the settings from ``data``, ``lengths`` and
+    ``settings`` (keywords of ``EvalSettings.make``: ``SETTING_NAMES``) — each once, before any work.
+    ``cache_dir``, ``use_cache`` (False: neither read nor write), ``use_published`` and
+    ``require_intervals`` make its :class:`EvalCache`. See ``evaluate_checkpoint`` for every
+    argument and the result. ``checkpoints`` is a list (one path or string alone is refused: use
+    ``evaluate_checkpoint``).
+    Raises: as :func:`evaluate`; EvaluationError for an unknown setting; CheckpointError for a
+      checkpoint reference that names nothing (both before anything is read)."""
+    check_setting_names(settings)
+    s = EvalSettings.make(data, lengths, **settings)
+    cache = EvalCache(cache_dir, use_cache, use_published, require_intervals)
+    cache.checked_root()  # a cache that cannot be written: said before a checkpoint is read
+    ckpts = [Checkpoint.resolve(c) for c in checkpoint_list(checkpoints)]
+    return evaluate(ckpts, s, cache=cache, reference=reference, progress=progress, should_stop=should_stop)
+
+
+def cached_results(
+    checkpoints: Sequence[str | os.PathLike | Checkpoint],
+    data: str | os.PathLike,
+    lengths: Iterable[int | str] | None = None,
+    *,
+    reference: int | str = 0,
+    cache_dir: str | os.PathLike | None = None,
+    use_published: bool = True,
+    require_intervals: bool = False,
+    **settings,
+) -> list[EvalResult]:
+    """:func:`lookup` with the arguments of :func:`evaluate_many` (nothing is computed).
+    Raises: as :func:`lookup`; CheckpointError for a reference that names nothing, a config.json
+    that does not read, weights that are junk, truncated or do not match the config (from the
+    safetensors header, no weights loaded)."""
+    check_setting_names(settings)
+    s = EvalSettings.make(data, lengths, **settings)
+    cache = EvalCache(cache_dir, True, use_published, require_intervals)
+    cache.checked_root(write=False)
+    ckpts = [Checkpoint.resolve(c) for c in checkpoint_list(checkpoints)]
+    return lookup(ckpts, s, cache=cache, reference=reference)
 
 
 _NOT_FOUND = {"error": NOT_COMPUTED, "not_computed": True}
 
 
 def evaluate_checkpoint(
-    checkpoint: str | os.PathLike, data: str | os.PathLike, lengths: Iterable[int | str] | None = None, **kwargs
-) -> dict:
+    checkpoint: str | os.PathLike | Checkpoint,
+    data: str | os.PathLike,
+    lengths: Iterable[int | str] | None = None,
+    **kwargs,
+) -> EvalResult:
     """Perplexity of one checkpoint at each evaluation length.
 
     Args:
