@@ -21,7 +21,7 @@ import hashlib
 import io
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,10 +34,8 @@ from fireviz.checkpoints.catalog import (
     _local_path,
     _safetensors_entries,
     checkpoint_files,
-    read_checkpoint,
 )
 from fireviz.checkpoints.hub import looks_like_hub_id
-from fireviz.checkpoints.records import CheckpointInfo
 from fireviz.core import MAX_JSON_BYTES, FileFormatError, read_json
 from fireviz.model import GPT, CheckpointError, GPTConfig, load_checked
 
@@ -73,7 +71,6 @@ class Checkpoint:
     repo_id: str | None = None
     kind: ClassVar[str] = "fireviz"
     tokenizer: ClassVar[str] = "byte"
-    _info: list = field(default_factory=list, repr=False, compare=False)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Checkpoint) and (self.path, self.sha256) == (other.path, other.sha256)
@@ -138,12 +135,6 @@ class Checkpoint:
         _safetensors_entries(io.BytesIO(weights), len(weights), str(self.weights_path))  # junk: one message
         model = load_checked(GPT, self.config, weights, str(self.weights_path))
         return model.to(device).eval()
-
-    def info(self) -> CheckpointInfo:
-        """What the app shows about this checkpoint (card data, results, log), read once and kept."""
-        if not self._info:
-            self._info.append(read_checkpoint(self.folder, name=self.name, repo_id=self.repo_id))
-        return self._info[0]
 
 
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:

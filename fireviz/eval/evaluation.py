@@ -133,11 +133,18 @@ def _check_scaling(ckpt: Checkpoint, s: EvalSettings) -> None:
 def _reference(loaded: list[_Loaded], reference) -> int:
     """The index of the ``reference`` checkpoint (index, name or path) among ``loaded``, checked
     before any scoring. Raises: EvaluationError."""
+    reference = check_reference(reference)
+    return _reference_index([{"checkpoint": c.name, "checkpoint_path": c.ckpt.path} for c in loaded], reference)
+
+
+def check_reference(reference) -> int | str:
+    """``reference`` (a checkpoint's index, name or path; a numpy integer as an int), checked before
+    anything is queued or scored. Raises: EvaluationError for anything else."""
     if isinstance(reference, np.integer):
         reference = int(reference)
     if isinstance(reference, bool) or not isinstance(reference, (int, str)):
         raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
-    return _reference_index([{"checkpoint": c.name, "checkpoint_path": c.ckpt.path} for c in loaded], reference)
+    return reference
 
 
 def _checkpoints(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:

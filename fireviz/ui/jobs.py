@@ -33,7 +33,15 @@ from typing import Any, Callable, Sequence
 from fireviz.analysis import DilutionSettings, text_attention
 from fireviz.checkpoints import Checkpoint, checkpoint_sha256, read_checkpoint
 from fireviz.encodings import has_normalizer
-from fireviz.eval import EvalCache, EvalSettings, EvaluationCancelled, EvaluationError, checkpoint_list, evaluate
+from fireviz.eval import (
+    EvalCache,
+    EvalSettings,
+    EvaluationCancelled,
+    EvaluationError,
+    check_reference,
+    checkpoint_list,
+    evaluate,
+)
 from fireviz.fit import fitting as fit
 
 QUEUED, RUNNING, DONE, ERROR, CANCELLED = "queued", "running", "done", "error", "cancelled"
@@ -260,8 +268,7 @@ def evaluation_description(
       ``batch_tokens`` or not.
     Raises: EvaluationError for a reference that is not an index, name or path.
     """
-    if isinstance(reference, bool) or not isinstance(reference, (int, str)):
-        raise EvaluationError(f"reference must be a checkpoint's index, name or path (got {reference!r})")
+    reference = check_reference(reference)
     bad = [c for c in checkpoint_list(checkpoints) if not isinstance(c, Checkpoint)]
     if bad:
         raise EvaluationError(
