@@ -152,8 +152,21 @@ def paired_section(shown: list[dict], caption: str) -> None:
                     "paired_delta_bpb": st.column_config.NumberColumn("Δ bits per byte", format="%+.4f"),
                     "ci95_low": st.column_config.NumberColumn("95 % low", format="%+.4f"),
                     "ci95_high": st.column_config.NumberColumn("95 % high", format="%+.4f"),
+                    "n": st.column_config.NumberColumn("seeds", help="checkpoints pooled (training seeds)"),
+                    "seed_std": st.column_config.NumberColumn(
+                        "seed std", help="sample standard deviation over this row's training seeds", format="%.4f"
+                    ),
+                    "reference_n": st.column_config.NumberColumn("reference seeds"),
+                    "reference_seed_std": st.column_config.NumberColumn(
+                        "reference seed std", help="sample standard deviation over the reference's seeds", format="%.4f"
+                    ),
                 },
             )
+            if any(r["seed_std"] is not None or r["reference_seed_std"] is not None for r in paired):
+                st.caption(
+                    "The 95 % interval is over documents (text noise); the seed std columns are the spread "
+                    "over training seeds. A difference smaller than the seed spread is not a property of the encoding."
+                )
 
 
 def context_use_view(clean: list[dict]) -> None:

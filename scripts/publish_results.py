@@ -485,10 +485,12 @@ def fmt_paired_seed_table(runs: list[dict]) -> list[str]:
     pooled over its seeds — mean ± sample standard deviation over seeds — beside the mean
     half-width of one seed's 95 % paired interval over documents (text noise), so a claim can
     be sized against both. ``runs`` as ``fmt_seed_table``; [] when no encoding has extra seeds
-    or no row is paired. The reference itself is one seed (its own seed spread is its row here
-    when it has seeds)."""
+    or no row is paired. When the reference has seeds of its own, its row is its seeds' differences
+    against it (0 for itself): its own seed spread, which every other row's difference carries
+    too."""
     plain = {r["label"]: r for r in runs if not r["settings"].get("rope_scaling")}
     groups = seed_groups(list(plain))
+    ref = next((r["paired_reference"] for r in runs if r.get("paired_reference")), None)
     out = [
         "| encoding | seeds | " + " | ".join(map(str, LENGTHS)) + " |",
         "|---" * (len(LENGTHS) + 2) + "|",
@@ -497,8 +499,14 @@ def fmt_paired_seed_table(runs: list[dict]) -> list[str]:
         cells = []
         for n in LENGTHS:
             rows = [next((e for e in plain[m]["per_length"] if e["length"] == n), {}) for m in names]
-            deltas = [e["paired_delta_bpb"] for e in rows if e.get("paired_delta_bpb") is not None]
+            deltas = [
+                0.0 if m == ref else e.get("paired_delta_bpb")  # the reference against itself
+                for m, e in zip(names, rows, strict=True)
+            ]
+            deltas = [d for d in deltas if d is not None]
             halves = [(e["paired_ci95"][1] - e["paired_ci95"][0]) / 2 for e in rows if e.get("paired_ci95")]
+            if ref in names and halves:  # the reference's own row has no interval: the mean of its seeds'
+                halves += [sum(halves) / len(halves)]
             if len(deltas) < 2 or len(deltas) != len(names):
                 cells.append("—")
                 continue

@@ -35,7 +35,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeVar
 import numpy as np
 import torch
 
-from fireviz.analysis.locality import LOCALITY_CLASSES, LOCALITY_RULES, LocalityScore, _r, classify_locality
+from fireviz.analysis.locality import (
+    LOCALITY_CLASSES,
+    LOCALITY_RULES,
+    LocalityScore,
+    _r,
+    _round_significant,
+    classify_locality,
+)
 from fireviz.analysis.primitives import (
     FIRE_INPUT_DISTANCES,
     bias_curve,
@@ -243,7 +250,13 @@ def _rl(a: np.ndarray, digits: int = 6):
     a = np.asarray(a, dtype=np.float64)
     if a.ndim == 0:
         return _r(float(a), digits)
-    return [_rl(x, digits) for x in a] if a.ndim > 1 else [_r(x, digits) for x in a]
+    r = _round_significant(a, digits)  # = _r of each element, vectorized
+    missing = np.isnan(r)
+    if not missing.any():
+        return r.tolist()
+    o = r.astype(object)
+    o[missing] = None
+    return o.tolist()
 
 
 @dataclass

@@ -22,6 +22,39 @@ def _r(v: float, digits: int = 6) -> float | None:
     return float(f"{v:.{digits}g}")
 
 
+def _round_significant(a: np.ndarray, digits: int = 6) -> np.ndarray:
+    """``float(f"{v:.{digits}g}")`` of every element of ``a`` (float64, same shape; NaN where
+    ``a`` is not finite), vectorized: bit-identical to the per-value formatting, about an order
+    of magnitude faster on large arrays (a Bloom bias report holds ~18M values).
+
+    Each value is scaled by an exact power of ten (|exponent| ≤ 22) so that it has ``digits``
+    digits before the point, rounded to an integer and divided back (one correctly rounded
+    operation on exact operands: the double nearest the decimal, as parsing gives). A value
+    whose scaled form is within 1e-6 of a rounding tie, falls outside [10^(digits−1), 10^digits)
+    (log10 off by one at a power of ten) or needs a larger power is formatted one by one.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    out = np.full(a.shape, np.nan)
+    fin = np.isfinite(a)
+    zero = fin & (a == 0)
+    out[zero] = a[zero]  # keeps −0.0, as formatting does
+    nz = fin & ~zero
+    v = a[nz]
+    with np.errstate(all="ignore"):
+        k = (digits - 1) - np.floor(np.log10(np.abs(v))).astype(np.int64)
+        ok = np.abs(k) <= 22
+        p = 10.0 ** np.abs(np.where(ok, k, 0))
+        scaled = np.where(k >= 0, v * p, v / p)
+        tie = np.abs(np.abs(scaled - np.trunc(scaled)) - 0.5) <= 1e-6
+        ok &= (np.abs(scaled) >= 10.0 ** (digits - 1)) & (np.abs(scaled) < 10.0**digits) & ~tie
+        r = np.rint(scaled)
+        res = np.where(k >= 0, r / p, r * p)
+    for j in np.flatnonzero(~ok):
+        res[j] = float(f"{v[j]:.{digits}g}")
+    out[nz] = res
+    return out
+
+
 #: Thresholds of ``classify_locality`` (documented there). ``rank_correlation``: Spearman ρ
 #: between distance and bias over log-spaced distances; ``peak_fraction``: where the
 #: largest bias sits on a log-distance scale (0 = distance 0, 1 = farthest distance);

@@ -103,6 +103,11 @@ def _grouped_rows(results: Sequence[Mapping], group_key: str | None) -> "Ordered
     return groups
 
 
+def _seed_std(members: Sequence[tuple]) -> float | None:
+    """Sample standard deviation (ddof = 1) of the members' bits per byte; None for one member."""
+    return float(np.std([m[2] for m in members], ddof=1)) if len(members) > 1 else None
+
+
 def _pooled_documents(entries: Sequence[Mapping]) -> dict | None:
     """Per-document nats averaged over members scored on the same documents and tokens
     (``{"doc", "nats", "tokens"}``), or None when any member lacks them or they differ."""
@@ -127,8 +132,12 @@ def paired_difference_rows(
     its 95 % paired bootstrap interval over documents.
     Args: ``reference``: a group name (default: the first group).
     Returns: rows {group, reference, length (tokens), paired_delta_bpb, ci95_low, ci95_high
-      (bits per byte), n (members), documents}; lengths without per-document losses on both
-      sides are left out.
+      (bits per byte; the interval is over documents: text noise only), n (members),
+      seed_std (sample standard deviation of the group's members' bits per byte, i.e. of each
+      seed's difference against the pooled reference; None for one member), reference_n,
+      reference_seed_std (the same for the reference's members), documents}; lengths without
+      per-document losses on both sides are left out. A difference smaller than the seed spreads
+      is not a property of the encoding (issue #35).
     Raises: ValueError for a reference that is not a group, and as ``group_perplexity``.
     """
     groups = _grouped_rows(results, group_key)
@@ -161,6 +170,9 @@ def paired_difference_rows(
                     "ci95_low": ci[0],
                     "ci95_high": ci[1],
                     "n": len(g["lengths"][length]),
+                    "seed_std": _seed_std(g["lengths"][length]),
+                    "reference_n": len(groups[ref]["lengths"][length]),
+                    "reference_seed_std": _seed_std(groups[ref]["lengths"][length]),
                     "documents": len(mine["doc"]),
                 }
             )

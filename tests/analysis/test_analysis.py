@@ -724,3 +724,31 @@ def test_biases_cli_checks_its_default_output_before_the_work(checkpoint, tmp_pa
         biases_cli.main([str(checkpoint), "--out", str(tmp_path / "r.json"), "--figure", f"{tmp_path}/grid.png/"]) == 2
     )  # not a file named grid.png
     assert "names a folder (it ends in /)" in capsys.readouterr().err and not (tmp_path / "grid.png").exists()
+
+
+def test_rounded_lists_equal_per_value_formatting():
+    """The vectorized rounding of bias reports is bit-identical to ``float(f"{v:.{d}g}")`` per value
+    (NaN/inf → None, −0.0 kept), on ties, powers of ten and their neighbours, and wide exponents."""
+    from fireviz.analysis.biases import _rl
+    from fireviz.analysis.locality import _r
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(60_000) * 10.0 ** rng.integers(-30, 30, 60_000)
+    a[::97] = np.nan
+    a[1::91] = np.inf
+    a[2::89] = -np.inf
+    a[3::83] = 0.0
+    a[4::79] = -0.0
+    a[5::7] = np.round(a[5::7], 3)  # decimal ties
+    p10 = 10.0 ** rng.integers(-12, 12, a[6::5].size)
+    a[6::5] = p10 * rng.choice([-1.0, 1.0], p10.size)
+    a[7::11] = np.nextafter(10.0 ** rng.integers(-12, 12, a[7::11].size), 0)
+    a[8::13] = -rng.random(a[8::13].size) * 30  # an ALiBi curve's range
+    for digits in (6, 9):
+        got = _rl(a.reshape(300, 200), digits)
+        want = [[_r(v, digits) for v in row] for row in a.reshape(300, 200)]
+        flat_got = [x for row in got for x in row]
+        flat_want = [x for row in want for x in row]
+        assert [None if x is None else (x, math.copysign(1, x)) for x in flat_got] == [
+            None if x is None else (x, math.copysign(1, x)) for x in flat_want
+        ]

@@ -509,6 +509,16 @@ def test_intervals_and_paired_differences_of_single_and_pooled_runs():
     expected = (sum(pooled) - sum(base)) / sum(tokens) / math.log(2)
     assert paired[0]["paired_delta_bpb"] == pytest.approx(expected)
     assert paired[0]["ci95_low"] <= expected <= paired[0]["ci95_high"]
+    # the seed spread beside the text interval: std of the two seeds' bits per byte; one reference seed
+    bpb = [sum(r["per_length"][0]["per_document"]["nats"]) / sum(tokens) / math.log(2) for r in (f0, f1)]
+    assert paired[0]["seed_std"] == pytest.approx(abs(bpb[0] - bpb[1]) / math.sqrt(2))
+    assert (paired[0]["reference_n"], paired[0]["reference_seed_std"]) == (1, None)
+    a1 = _doc_result("alibi_seed1", "alibi", [x + 0.02 * t for x, t in zip(base, tokens, strict=True)], tokens)
+    two_refs = P.paired_difference_rows([a, a1, f0, f1], reference="alibi")[0]
+    ref_bpb = [sum(r["per_length"][0]["per_document"]["nats"]) / sum(tokens) / math.log(2) for r in (a, a1)]
+    assert two_refs["reference_n"] == 2
+    assert two_refs["reference_seed_std"] == pytest.approx(abs(ref_bpb[0] - ref_bpb[1]) / math.sqrt(2))
+    assert two_refs["paired_delta_bpb"] == pytest.approx(expected - (ref_bpb[1] - ref_bpb[0]) / 2)
     fig = P.paired_difference_figure([a, f0, f1], reference="alibi")
     tr = fig.data[0]
     assert tr.meta == {"group": "fire", "reference": "alibi", "n": 2}

@@ -226,16 +226,37 @@ def test_results_validation_table_is_the_logs():
         assert (v512, v2048) == (f"{last['val_loss']:.3f}", f"{last['val_loss_4x']:.3f}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fire", "rope"])
 def test_evaluation_reproduces_the_published_row(name, tmp_path):
-    """docs/protocol.md's eval command, without the cache, gives the shipped numbers to 3 significant digits
-    (two of the seven columns, each on exactly the text of the published 128…8192 evaluation)."""
+    """The published row is its per-document losses (mean bits per byte = Σ nats / Σ tokens / ln 2),
+    and the evaluation, without the cache, gives those per-document losses again: on four of its
+    documents (their exact JSONL lines from data/prose.jsonl.xz, so the same ids and split), at two
+    of the seven lengths of the published 128…8192 evaluation (``--prefix-tokens 8192``)."""
+    import lzma
+
     folder = CKPTS / name
-    lengths = [128, 1024]  # one column each of the published 128…8192 evaluation: --prefix-tokens 8192
+    shipped_row = next(
+        r
+        for r in results(folder)
+        if r["settings"]["data"] == "prose"
+        and r["settings"]["mode"] == "same_text"
+        and not r["settings"]["rope_scaling"]
+        and not r["settings"].get("normalizer_cap")
+    )
+    published = {e["length"]: e for e in shipped_row["per_length"]}
+    for e in published.values():  # the row is exactly its documents' losses
+        doc = e["per_document"]
+        assert sum(doc["tokens"]) == e["tokens_scored"]
+        assert e["bits_per_byte"] == pytest.approx(math.fsum(doc["nats"]) / sum(doc["tokens"]) / math.log(2), rel=1e-12)
+    lengths = [128, 1024]
+    ids = published[128]["per_document"]["doc"][:4]
+    with lzma.open(ROOT / "data" / "prose.jsonl.xz", "rt", encoding="utf-8") as f:
+        lines = {json.loads(line)["id"]: line for line in f if line.strip()}
+    data = tmp_path / "four.jsonl"
+    data.write_text("".join(lines[i] for i in ids), encoding="utf-8")
     fresh = evaluate.evaluate_many(
         [str(folder)],
-        "prose",
+        str(data),
         lengths,
         mode="same_text",
         prefix_tokens=8192,
@@ -244,13 +265,12 @@ def test_evaluation_reproduces_the_published_row(name, tmp_path):
         use_cache=False,
         cache_dir=tmp_path,
     )[0]
-    shipped_row = next(
-        r for r in results(folder) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"]
-    )
-    published = {e["length"]: e["bits_per_byte"] for e in shipped_row["per_length"]}
     for e in fresh["per_length"]:
-        assert f"{e['bits_per_byte']:.3g}" == f"{published[e['length']]:.3g}", (name, e["length"])
-        assert e["bits_per_byte"] == pytest.approx(published[e["length"]], rel=1e-5)
+        want = published[e["length"]]["per_document"]
+        got = e["per_document"]
+        assert got["doc"] == ids and got["tokens"] == want["tokens"][:4], (name, e["length"])
+        # float32 losses summed over 8,191 targets per document: relative error far below 1e-5
+        assert got["nats"] == pytest.approx(want["nats"][:4], rel=1e-5), (name, e["length"])
 
 
 @pytest.mark.parametrize("name", ["kerple_log", "kerple_power", "kerple_power_seed1", "kerple_power_seed2"])

@@ -41,6 +41,10 @@ SHORT_TRAIN = [
 ]
 #: Token budget that shortens an evaluation (same text: the documents it needs; otherwise targets).
 SHORT_BUDGET = ["--token-budget", "3000"]
+#: The same for the context-use protocol (targets: two documents' last 256 tokens) and for a
+#: synthetic task (where the budget counts sequences per length).
+SHORT_CONTEXT_BUDGET = ["--token-budget", "512"]
+SHORT_TASK_BUDGET = ["--token-budget", "32"]
 #: The README's sections whose commands run; docs/*.md and CHANGELOG.md run whole (``doc_sources``).
 SECTIONS = ("## Command line",)
 #: Commands the docs show but this test does not run: they install .venv, start the app or run
@@ -106,7 +110,13 @@ def shortened(cmd: str) -> tuple[list[str], dict]:
         if "--stop-at-step" in argv:  # "train in sessions": stop at a step inside the short run
             argv[argv.index("--stop-at-step") + 1] = "3"
     elif tool == "eval" and "--token-budget" not in argv:
-        argv += SHORT_BUDGET
+        data = argv[argv.index("--data") + 1] if "--data" in argv else ""
+        if data.startswith("synthetic:"):
+            argv += SHORT_TASK_BUDGET
+        elif "context" in argv and argv[argv.index("context") - 1] == "--mode":
+            argv += SHORT_CONTEXT_BUDGET
+        else:
+            argv += SHORT_BUDGET
     elif argv[1:2] == ["scripts/publish_results.py"]:  # one checkpoint, one domain, a few documents
         if "--domains" in argv:
             i = argv.index("--domains")
