@@ -275,14 +275,15 @@ elif long_docs:
     ui.sync_url(P, ["dtext", "ddoc", "dnear"])
     doc = long_docs[ids.index(doc_id)]
     tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
-    paths = [i.path for i in chosen]
-    plan = [(i.path, None) for i in chosen] + [(i.path, cap) for i in fire_chosen if cap]
+    ckpts = list(ui.resolve_checkpoints(chosen).values())  # once; one that cannot be read is said and left out
+    fire_ckpts = [c for c in ckpts if cap and has_normalizer(c.config.position_encoding)]
+    plan = [(c, None) for c in ckpts] + [(c, cap) for c in fire_ckpts]
     found = [
-        text_attention.cached_attention_dilution(p, tokens, dil_positions, near=near, normalizer_cap=c, compute=False)
-        for p, c in plan
+        text_attention.cached_attention_dilution(c, tokens, dil_positions, near=near, normalizer_cap=n, compute=False)
+        for c, n in plan
     ]
     job = jobs.default_queue("evaluate").find(
-        jobs.dilution_description(paths, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None)
+        jobs.dilution_description(ckpts, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None)
     )
     if all(r is not None for r in found):
         dfig = plots.dilution_compare_figure(found)
@@ -302,7 +303,7 @@ elif long_docs:
             ui.error(f"The dilution measurement failed: {ui.job_error_text(job.error)[0]}")
         if st.button("Measure dilution", key=ui.key(P, "dilution_run")):
             job = jobs.submit_dilution(
-                paths, tokens, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None
+                ckpts, tokens, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None
             )
             ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
         else:

@@ -46,7 +46,7 @@ from fireviz.checkpoints import (  # config.json through the one door
 from fireviz.cli.eval import format_table
 from fireviz.core import atomic_write, atomic_write_text, write_json_atomic
 from fireviz.encodings import has_normalizer
-from fireviz.eval import DEFAULT_MODE, evaluate_many, with_paired_differences
+from fireviz.eval import DEFAULT_MODE, cached_results, evaluate_many, with_paired_differences
 from fireviz.model import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -632,12 +632,34 @@ def evaluate_domain(folders: list[Path], domain: str, reference: int, kw: dict) 
     return with_paired_differences(runs, reference)
 
 
-def evaluate_context(folders: list[Path], domain: str, reference: int, kw: dict) -> list[dict]:
+def evaluate_context(
+    folders: list[Path], domain: str, reference: int, kw: dict, cached_only: bool = False
+) -> list[dict]:
     """Every checkpoint on one domain with the context-use protocol (``mode="context"``, its default
     context lengths 128 … 4096 and full, M = 8192, K = 256, s = 64), paired against the reference
-    on the same targets."""
+    on the same targets. ``cached_only``: nothing is scored — the rows whose every context length
+    is already in the eval cache or a results.json (e.g. from ``python -m fireviz eval … --mode
+    context``), with intervals; the others are named on stdout and left out."""
     kw = {k: v for k, v in kw.items() if k not in ("mode", "token_budget")}
-    return evaluate_many([str(f) for f in folders], domain, None, mode="context", reference=reference, **kw)
+    if not cached_only:
+        return evaluate_many([str(f) for f in folders], domain, None, mode="context", reference=reference, **kw)
+    found = cached_results(
+        [str(f) for f in folders],
+        domain,
+        None,
+        mode="context",
+        reference=reference,
+        use_published=kw.get("use_published", True),
+        require_intervals=True,
+        seed=kw.get("seed", 0),
+        device=kw.get("device", "auto"),
+    )
+    complete = [r for r in found if all("error" not in e for e in r["per_length"])]
+    if len(complete) < len(found):
+        have = {r["checkpoint"] for r in complete}
+        missing = [r["checkpoint"] for r in found if r["checkpoint"] not in have]
+        print(f"context use on {domain}: not in the cache yet, left out: {', '.join(missing)}", flush=True)
+    return complete
 
 
 def progress_printer(every_s: float = 10.0):
@@ -680,6 +702,12 @@ def _parse_args() -> argparse.Namespace:
         default="",
         help="also evaluate these domains (comma-separated) with the context-use protocol (mode context; "
         "minutes per checkpoint and domain on a CPU); context rows already in results.json are kept and shown",
+    )
+    ap.add_argument(
+        "--context-cached",
+        action="store_true",
+        help="with --context: score nothing, publish the context-use rows already in the eval cache (e.g. "
+        "from `python -m fireviz eval ... --mode context`) and name the checkpoints still missing",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
@@ -777,6 +805,7 @@ def results_markdown(
                 "",
             ]
     for domain, runs in (context or {}).items():
+        missing = sorted({r["checkpoint"] for r in table.get(domain, [])} - {r["checkpoint"] for r in runs})
         md += [
             f"## Context use: {domain}",
             "",
@@ -787,14 +816,22 @@ def results_markdown(
             *fmt_context_tables(runs),
             "",
         ]
+        if missing:
+            md += [
+                f"Not evaluated with this protocol yet ({len(missing)} of {len(missing) + len(runs)}): "
+                + ", ".join(missing)
+                + f" (`python scripts/publish_results.py --context {domain}` scores them).",
+                "",
+            ]
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
     md += fmt_validation_table(logs, seq_len) + [""]
     return "\n".join(md)
 
 
 def context_rows(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Per domain, the context-use rows of every checkpoint (from this run or kept in results.json),
-    for domains where every checkpoint has one (a partial table would hide who is missing)."""
+    """Per domain, the context-use rows (from this run or kept in results.json) of the checkpoints
+    that have one; ``missing_context`` names the others in the tables' text, so a partial table
+    says who is missing."""
     out: dict[str, list[dict]] = {}
     for domain in DOMAIN_ORDER:
         rows = [
@@ -803,16 +840,21 @@ def context_rows(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> dict[st
             for r in by_ckpt[f.name]
             if r["settings"].get("mode") == "context" and r["settings"]["data"] == domain
         ]
-        if rows and len(rows) == len(folders):
+        if rows:
             out[domain] = rows
-        elif rows:
-            have = {r["checkpoint"] for r in rows}
-            print(
-                f"context use on {domain}: {len(rows)} of {len(folders)} checkpoints evaluated (missing: "
-                f"{', '.join(f.name for f in folders if f.name not in have)}); run --context {domain}",
-                flush=True,
-            )
+            if missing := missing_context(folders, rows):
+                print(
+                    f"context use on {domain}: {len(rows)} of {len(folders)} checkpoints evaluated (missing: "
+                    f"{', '.join(missing)}); run --context {domain}",
+                    flush=True,
+                )
     return out
+
+
+def missing_context(folders: list[Path], rows: list[dict]) -> list[str]:
+    """The checkpoints (folder names) without a context-use row among ``rows``."""
+    have = {r["checkpoint"] for r in rows}
+    return [f.name for f in folders if f.name not in have]
 
 
 def main() -> int:
@@ -841,7 +883,7 @@ def main() -> int:
             _write_domain(domain, runs)
         print(format_table(runs), flush=True)
     for domain in [d for d in args.context.split(",") if d]:
-        runs = evaluate_context(folders, domain, reference, kw)
+        runs = evaluate_context(folders, domain, reference, kw, cached_only=args.context_cached)
         for r in runs:
             name_row(r)
             by_ckpt[r["checkpoint"]].append(r)

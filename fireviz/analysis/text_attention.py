@@ -32,7 +32,7 @@ from fireviz.analysis.biases import (
     _rl,
     default_query_positions,
 )
-from fireviz.checkpoints import checkpoint_sha256, load_model
+from fireviz.checkpoints import Checkpoint
 from fireviz.core import is_int, read_json, write_json_atomic
 from fireviz.data import text_bytes
 from fireviz.encodings import check_normalizer_cap, fire_modules
@@ -173,7 +173,7 @@ DILUTION_FORMAT_VERSION = 1
 
 
 def dilution_cache_path(
-    checkpoint: str | os.PathLike,
+    checkpoint: Checkpoint,
     tokens: torch.Tensor,
     query_positions: Sequence[int],
     near: int,
@@ -182,17 +182,20 @@ def dilution_cache_path(
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
-    the key made of the checkpoint's weights + config sha256, the tokens' sha256 and the
-    settings. ``cache_dir`` defaults to ``fireviz.eval.evaluation.default_cache_dir()``.
-    Raises: CheckpointError (``fireviz.checkpoints.catalog.checkpoint_sha256``) if the checkpoint's
-    config.json or model.safetensors is missing or cannot be read."""
+    the key made of the checkpoint's identity (``Checkpoint.sha256``: weights + config), the
+    tokens' sha256 and the settings. ``cache_dir`` defaults to ``fireviz.eval.default_cache_dir()``.
+    Raises: TypeError for a checkpoint that is not a resolved :class:`Checkpoint`."""
 
-    folder = Path(checkpoint)
+    if not isinstance(checkpoint, Checkpoint):
+        raise TypeError(
+            f"checkpoint must be a fireviz.checkpoints.Checkpoint (got {type(checkpoint).__name__}): "
+            "resolve it once with Checkpoint.resolve(path)"
+        )
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
     blob = json.dumps(
         {
             "format": DILUTION_FORMAT_VERSION,
-            "checkpoint_sha256": checkpoint_sha256(folder),
+            "checkpoint_sha256": checkpoint.sha256,
             "tokens_sha256": hashlib.sha256(tok.tobytes()).hexdigest(),
             "tokens_shape": list(tok.shape),
             "query_positions": [int(p) for p in query_positions],
@@ -207,7 +210,7 @@ def dilution_cache_path(
 
 
 def cached_attention_dilution(
-    checkpoint: str | os.PathLike,
+    checkpoint: Checkpoint,
     tokens: torch.Tensor,
     query_positions: Sequence[int],
     near: int = 16,
@@ -216,7 +219,7 @@ def cached_attention_dilution(
     cache_dir: str | os.PathLike | None = None,
     compute: bool = True,
 ) -> dict | None:
-    """``attention_dilution(...).to_dict()`` for a checkpoint folder, cached on disk.
+    """``attention_dilution(...).to_dict()`` for a resolved :class:`Checkpoint`, cached on disk.
 
     Reads the cached result when one exists for exactly these weights, tokens and settings
     (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
@@ -224,9 +227,9 @@ def cached_attention_dilution(
     Returns: the result dict (``"cached"``: whether it was read), or None when not cached
       and ``compute`` is False.
     Raises: ValueError as ``attention_dilution`` (bad query positions before anything is read);
-      CheckpointError for a checkpoint that is missing, unreadable or does not load
-      (``dilution_cache_path``, ``fireviz.checkpoints.load_model``); OSError if the result
-      cannot be written to the cache folder.
+      TypeError for a checkpoint that is not a :class:`Checkpoint`; CheckpointError for weights
+      that do not load or changed since the checkpoint was resolved (``Checkpoint.load``);
+      OSError if the result cannot be written to the cache folder.
     """
 
     positions = _check_positions(query_positions)
@@ -241,14 +244,14 @@ def cached_attention_dilution(
             and obj.get("query_positions") == positions
         ):
             # the same weights may sit in another folder: name the one asked for
-            return {**obj, "checkpoint": Path(checkpoint).name, "cached": True}
+            return {**obj, "checkpoint": checkpoint.name, "cached": True}
     except (ValueError, KeyError, TypeError):  # FileFormatError is a ValueError: recompute
         pass
     if not compute:
         return None
-    model = load_model(checkpoint)
+    model = checkpoint.load("cpu")
     out = attention_dilution(
-        model, tokens, positions, near=near, rows=rows, checkpoint=Path(checkpoint).name, normalizer_cap=normalizer_cap
+        model, tokens, positions, near=near, rows=rows, checkpoint=checkpoint.name, normalizer_cap=normalizer_cap
     ).to_dict()
     write_json_atomic(path, out)
     return {**out, "cached": False}

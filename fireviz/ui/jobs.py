@@ -27,11 +27,10 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fireviz.analysis import DilutionSettings, text_attention
-from fireviz.checkpoints import Checkpoint, checkpoint_sha256, read_checkpoint
+from fireviz.checkpoints import Checkpoint
 from fireviz.encodings import has_normalizer
 from fireviz.eval import (
     EvalCache,
@@ -339,28 +338,28 @@ def submit_evaluation(
 
 # -- attention dilution ---------------------------------------------------------------------------
 def dilution_description(
-    checkpoint_paths: list[str],
+    checkpoints: list[Checkpoint],
     source: str,
     query_positions: list[int],
     near: int,
     rows: int = 8,
     normalizer_cap: int | None = None,
 ) -> dict:
-    """The description (hence the key) of a ``submit_dilution`` job; the checkpoints' sha256
-    make a retrained checkpoint a new job; the settings are ``DilutionSettings.describe()`` (validated,
-    positions sorted). Raises: CheckpointError for unreadable weights, ValueError for bad settings."""
+    """The description (hence the key) of a ``submit_dilution`` job; the checkpoints' identities
+    (``Checkpoint.sha256``) make a retrained checkpoint a new job; the settings are
+    ``DilutionSettings.describe()`` (validated, positions sorted). Raises: ValueError for bad settings."""
 
     settings = DilutionSettings.make(query_positions, near=near, rows=rows, normalizer_cap=normalizer_cap)
     return {
         "kind": "dilution",
-        "checkpoints": [{"path": str(p), "sha256": checkpoint_sha256(p)} for p in checkpoint_paths],
+        "checkpoints": [{"path": c.path, "sha256": c.sha256} for c in checkpoints],
         "source": str(source),
         **settings.describe(),
     }
 
 
 def submit_dilution(
-    checkpoint_paths: list[str],
+    checkpoints: list[Checkpoint],
     tokens,
     source: str,
     query_positions: list[int],
@@ -374,31 +373,27 @@ def submit_dilution(
     with the normalizer capped; each result is cached on disk
     (``text_attention.cached_attention_dilution``), so a finished measurement is never repeated.
 
-    Args: checkpoint folders; ``tokens`` LongTensor ``[T]`` of the text; ``source`` a name of
+    Args: ``checkpoints`` resolved once by the page; ``tokens`` LongTensor ``[T]`` of the text; ``source`` a name of
       the text for the job's key (e.g. ``"prose:validation:<doc id>"`` or an upload's content
       hash); ``query_positions`` (tokens); ``near`` keys counted as near.
     Returns: the :class:`Job`; its result is a list of ``DilutionResult.to_dict()``.
-    Raises: CheckpointError if a checkpoint's weights cannot be read (before queueing).
+    Raises: ValueError for bad settings (before queueing).
     """
-    description = dilution_description(checkpoint_paths, source, query_positions, near, rows, normalizer_cap)
+    description = dilution_description(checkpoints, source, query_positions, near, rows, normalizer_cap)
 
     def work(progress, should_stop):
 
         out = []
-        plan = [(p, None) for p in checkpoint_paths]
+        plan: list[tuple[Checkpoint, int | None]] = [(c, None) for c in checkpoints]
         if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
-            plan += [
-                (p, int(normalizer_cap))
-                for p in checkpoint_paths
-                if has_normalizer(read_checkpoint(p).position_encoding)
-            ]
-        for k, (path, cap) in enumerate(plan):
+            plan += [(c, int(normalizer_cap)) for c in checkpoints if has_normalizer(c.config.position_encoding)]
+        for k, (ckpt, cap) in enumerate(plan):
             if should_stop():
                 raise JobCancelled()
-            progress(k, len(plan), f"{Path(path).name}" + (f" (cap {cap})" if cap else ""))
+            progress(k, len(plan), ckpt.name + (f" (cap {cap})" if cap else ""))
             out.append(
                 text_attention.cached_attention_dilution(
-                    path, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
+                    ckpt, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
                 )
             )
         progress(len(plan), len(plan), "done")

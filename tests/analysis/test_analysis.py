@@ -14,6 +14,7 @@ from fireviz.analysis import biases as A
 from fireviz.analysis import locality
 from fireviz.analysis import text_attention as TA
 from fireviz.analysis.primitives import fire_input_vs_query
+from fireviz.checkpoints import Checkpoint
 from fireviz.cli import biases as biases_cli
 from fireviz.cli import main as cli_main
 from fireviz.model.gpt import GPT, GPTConfig
@@ -461,19 +462,20 @@ def test_cached_attention_dilution_reads_back_and_recomputes_a_damaged_entry(tmp
     set_fire_heads(model)
     folder = tmp_path / "fire"
     model.save_pretrained(folder)
+    ckpt = Checkpoint.resolve(str(folder))
     tokens = torch.randint(0, 256, (700,))
     kw = dict(near=4, cache_dir=tmp_path / "cache")
-    assert TA.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw) is None
-    first = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)
-    again = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], compute=False, **kw)
+    assert TA.cached_attention_dilution(ckpt, tokens, [31, 63, 255], compute=False, **kw) is None
+    first = TA.cached_attention_dilution(ckpt, tokens, [31, 63, 255], **kw)
+    again = TA.cached_attention_dilution(ckpt, tokens, [31, 63, 255], compute=False, **kw)
     assert first["cached"] is False and again["cached"] is True and again["share"] == first["share"]
     direct = TA.attention_dilution(GPT.from_pretrained(str(folder)), tokens, [31, 63, 255], near=4).to_dict()
     assert first["share"] == direct["share"]
-    capped = TA.cached_attention_dilution(folder, tokens, [31, 63, 255], normalizer_cap=32, **kw)
+    capped = TA.cached_attention_dilution(ckpt, tokens, [31, 63, 255], normalizer_cap=32, **kw)
     assert capped["normalizer_cap"] == 32 and capped["share"] != first["share"]
-    path = TA.dilution_cache_path(folder, tokens, [31, 63, 255], 4, 8, None, tmp_path / "cache")
+    path = TA.dilution_cache_path(ckpt, tokens, [31, 63, 255], 4, 8, None, tmp_path / "cache")
     path.write_text("[" * 50000 + "]" * 50000)  # damaged: recomputed, never shown
-    assert TA.cached_attention_dilution(folder, tokens, [31, 63, 255], **kw)["cached"] is False
+    assert TA.cached_attention_dilution(ckpt, tokens, [31, 63, 255], **kw)["cached"] is False
 
 
 def test_biases_cli_normalizer_cap(tmp_path, capsys):

@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 import fireviz.checkpoints as fireviz_checkpoints
 from fireviz.analysis import text_attention as TA
+from fireviz.checkpoints import Checkpoint
 from fireviz.model.gpt import GPT, GPTConfig
 from fireviz.plots import attention as AP
 
@@ -177,7 +178,11 @@ def test_dilution_arguments_and_a_missing_checkpoint_are_clear_errors(tmp_path):
         with pytest.raises(ValueError, match="near and rows must be integers >= 1"):
             TA.attention_dilution(model, toks, [20], near=near, rows=rows)
     assert TA.attention_dilution(model, toks, [20], near=np.int64(4), rows=2).near == 4
-    with pytest.raises(CheckpointError):  # as documented: not a bare OSError
-        TA.dilution_cache_path(tmp_path / "missing", toks, [20], 4, 2, None, cache_dir=tmp_path)
-    with pytest.raises(CheckpointError):
-        TA.cached_attention_dilution(tmp_path / "missing", toks, [20], near=4, rows=2, cache_dir=tmp_path)
+    with pytest.raises(CheckpointError):  # a missing checkpoint: said where it is resolved, once
+        Checkpoint.resolve(str(tmp_path / "missing"))
+    for f in (
+        lambda: TA.dilution_cache_path(str(tmp_path), toks, [20], 4, 2, None, cache_dir=tmp_path),
+        lambda: TA.cached_attention_dilution(tmp_path / "fire", toks, [20], near=4, rows=2, cache_dir=tmp_path),
+    ):
+        with pytest.raises(TypeError, match="Checkpoint.resolve"):  # a path string is not a checkpoint
+            f()

@@ -174,3 +174,56 @@ def test_merge_results_keeps_the_recorded_time_of_a_row_answered_from_the_cache(
     other["per_length"][0]["cached"] = True
     rows, _ = pub.merge_results([old], [other])
     assert rows[0]["seconds"] == 2.0
+
+
+def paired_run(label: str, deltas: list[float] | None, half: float = 0.004, reference: str = "alibi") -> dict:
+    """A same-text row paired against ``reference`` (``deltas`` per length; None: the reference itself)."""
+    r = run(label, [2.0] * 7)
+    r["paired_reference"] = reference
+    for e, d in zip(r["per_length"], deltas or [None] * 7, strict=True):
+        if d is not None:
+            e["paired_delta_bpb"], e["paired_ci95"] = d, [d - half, d + half]
+    return r
+
+
+def test_paired_seed_table_gives_the_reference_its_own_seed_spread(pub):
+    """The reference's row: its seeds' differences against it and 0 for itself, so its seed spread
+    stands beside every other row's."""
+    runs = [
+        paired_run("alibi", None),
+        paired_run("alibi_seed1", [0.01] * 7),
+        paired_run("alibi_seed2", [-0.02] * 7, half=0.006),
+        paired_run("fire", [0.10] * 7),
+        paired_run("fire_seed1", [0.14] * 7),
+    ]
+    rows = {
+        r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")]
+        for r in pub.fmt_paired_seed_table(runs)[2:]
+    }
+    assert set(rows) == {"alibi", "fire"}
+    mean, sd = statistics.mean([0.0, 0.01, -0.02]), statistics.stdev([0.0, 0.01, -0.02])
+    assert rows["alibi"][1] == "3" and rows["alibi"][2] == f"{mean:+.3f} ± {sd:.3f} (text ±0.005)"
+    assert rows["fire"][2] == f"+0.120 ± {statistics.stdev([0.10, 0.14]):.3f} (text ±0.004)"
+
+
+def test_a_partial_context_table_names_the_checkpoints_it_lacks(pub):
+    def ctx(name):
+        return {
+            "checkpoint": name,
+            "label": name,
+            "settings": {
+                "mode": "context",
+                "data": "prose",
+                "context_targets": 256,
+                "prefix_tokens": 8192,
+                "stride": 64,
+                "full_context": 7936,
+            },
+            "per_length": [{"length": c, "bits_per_byte": 1.9} for c in (128, 7936)],
+        }
+
+    folders = [Path("alibi"), Path("fire"), Path("rope")]
+    by_ckpt = {"alibi": [ctx("alibi")], "fire": [], "rope": [ctx("rope")]}
+    rows = pub.context_rows(folders, by_ckpt)
+    assert [r["checkpoint"] for r in rows["prose"]] == ["alibi", "rope"]
+    assert pub.missing_context(folders, rows["prose"]) == ["fire"]
