@@ -94,9 +94,15 @@ def make_tiny_checkpoint(
             }
             for n, v in ((seq_len, 1.5), (8 * seq_len, 2.5))
         ]
-        (folder / "results_prose.json").write_text(
-            json.dumps({"checkpoint": folder.name, "settings": {"data": "prose"}, "per_length": per_length})
-        )
+        from fireviz.checkpoints import checkpoint_sha256  # the rows name the weights they were made on
+
+        row = {
+            "checkpoint": folder.name,
+            "checkpoint_sha256": checkpoint_sha256(folder),
+            "settings": {"data": "prose"},
+            "per_length": per_length,
+        }
+        (folder / "results_prose.json").write_text(json.dumps(row))
     return folder
 
 

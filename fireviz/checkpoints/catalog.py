@@ -239,7 +239,8 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         training_tokens=tokens,
         data=_describe_data(training),
         results=results,
-        headline=headline_numbers(seq_len, results, log),
+        # only numbers made on exactly these weights (a results.json copied from elsewhere shows none)
+        headline=headline_numbers(seq_len, results, log, _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)),
         repo_id=repo_id,
         problems=problems,
     )

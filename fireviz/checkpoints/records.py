@@ -355,32 +355,47 @@ def read_results(path: str | os.PathLike, problems: dict[str, str] | None = None
     return out
 
 
-def _result_entries(results: dict[str, Any]):
-    """Yield ``(domain, length in tokens, bits per byte)`` from every :func:`fireviz.evaluate`
-    result in ``results`` (a file holds one result dict or a list of them). JSON of any other
-    shape, and zero-shot RoPE-PI/YaRN rows (``settings.rope_scaling`` set: not the
-    checkpoint's own numbers), are ignored rather than guessed at."""
+def _result_entries(results: dict[str, Any], sha256: str | None = None):
+    """Yield ``(domain, length in tokens, bits per byte)`` of the checkpoint's own plain numbers in
+    ``results`` (a file holds one :func:`fireviz.eval.evaluate` result dict or a list of them):
+    rows made on exactly these weights (``checkpoint_sha256`` equal to ``sha256``, when given), in
+    a window protocol (``mode`` same_text, else nonoverlapping or sliding — never ``context``, whose
+    lengths are context lengths), without zero-shot RoPE scaling or a capped FIRE normalizer
+    (evaluation variants, not the checkpoint as trained). Same-text rows come last, so they win
+    where protocols overlap. JSON of any other shape is ignored rather than guessed at."""
+    rows = []
     for obj in results.values():
         for r in obj if isinstance(obj, list) else [obj]:
             if not (
                 isinstance(r, dict) and isinstance(r.get("settings"), dict) and isinstance(r.get("per_length"), list)
             ):
                 continue
-            if r["settings"].get("rope_scaling"):
+            st = r["settings"]
+            if st.get("rope_scaling") or st.get("normalizer_cap") is not None or st.get("mode") == "context":
                 continue
-            for e in r["per_length"]:
-                if (
-                    isinstance(e, dict)
-                    and isinstance(e.get("length"), int)
-                    and isinstance(e.get("bits_per_byte"), (int, float))
-                ):
-                    yield r["settings"].get("data"), e["length"], float(e["bits_per_byte"])
+            if sha256 is not None and r.get("checkpoint_sha256") != sha256:
+                continue  # made on other weights (a copied or stale results.json): not this checkpoint's
+            rows.append(r)
+    rows.sort(key=lambda r: r["settings"].get("mode") == "same_text")
+    for r in rows:
+        for e in r["per_length"]:
+            if (
+                isinstance(e, dict)
+                and isinstance(e.get("length"), int)
+                and not isinstance(e.get("length"), bool)
+                and isinstance(e.get("bits_per_byte"), (int, float))
+                and math.isfinite(e["bits_per_byte"])
+            ):
+                yield r["settings"].get("data"), e["length"], float(e["bits_per_byte"])
 
 
-def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> dict:
+def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict], sha256: str | None = None) -> dict:
     """The numbers the home page shows for a checkpoint.
 
-    From its results JSON, on prose (or the only domain there is): bits per byte at the
+    From its results JSON — only rows made on exactly these weights (``sha256``: the checkpoint's
+    identity; rows of other weights are ignored) and only its plain numbers (see
+    ``_result_entries``: no capped FIRE, no zero-shot RoPE scaling, no context-use rows) — on
+    prose (or the only domain there is): bits per byte at the
     training length ``L`` and at the longest evaluated length up to 8·L, as
     ``{"bpb @ L": ..., "bpb @ 8L": ..., "source": "results"}`` (key names carry the lengths
     in tokens, e.g. ``"bpb @ 512"``). Otherwise from the log: the last ``val_loss`` (nats per
@@ -388,7 +403,7 @@ def headline_numbers(seq_len: int, results: dict[str, Any], log: list[dict]) -> 
     Values are not rounded: the display formats them (rounding twice turns 1.95054 into 1.950).
     """
     by_domain: dict[Any, dict[int, float]] = {}
-    for dom, length, bpb in _result_entries(results):
+    for dom, length, bpb in _result_entries(results, sha256):
         by_domain.setdefault(dom, {})[length] = bpb
     table = by_domain.get("prose") or (next(iter(by_domain.values())) if len(by_domain) == 1 else None)
     if table:

@@ -105,6 +105,29 @@ def test_headline_ignores_zero_shot_rope_variants():
     assert head["bpb @ 4096"] == 3.0  # the checkpoint's own number, not YaRN's
 
 
+def test_headline_shows_only_plain_numbers_made_on_these_weights():
+    """Issue #38: a capped FIRE row, a context-use row (its lengths are context lengths) or a row
+    made on other weights never stands in for the checkpoint's own number."""
+    sha = "a" * 64
+
+    def row(bpb_512, bpb_4096, **settings):
+        return {
+            "checkpoint_sha256": settings.pop("sha", sha),
+            "settings": {"data": "prose", "mode": "same_text", **settings},
+            "per_length": [{"length": 512, "bits_per_byte": bpb_512}, {"length": 4096, "bits_per_byte": bpb_4096}],
+        }
+
+    own = row(1.955, 2.128)
+    capped = row(1.955, 1.953, normalizer_cap=512)
+    context = row(1.90, 1.89, mode="context")
+    stale = row(1.0, 1.0, sha="b" * 64)
+    for order in ([own, capped, context, stale], [stale, context, capped, own]):
+        head = checkpoints.headline_numbers(512, {"results.json": order}, [], sha)
+        assert (head["bpb @ 512"], head["bpb @ 4096"]) == (1.955, 2.128)
+    log = [{"step": 10, "val_loss": 1.25}]
+    assert checkpoints.headline_numbers(512, {"results.json": [stale]}, log, sha)["source"] == "train_log step 10"
+
+
 def test_headline_numbers_are_not_rounded_before_display():
     """Rounding to 4 places and then showing 3 turned 1.95054 into 1.950 (README: 1.951)."""
     own = {"settings": {"data": "prose"}, "per_length": [{"length": 512, "bits_per_byte": 1.95054}]}
