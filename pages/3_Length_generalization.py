@@ -746,7 +746,7 @@ def main() -> None:
     not_computed_notes(results, pending, c)
     clean, errors = ui.split_errors(results)
     for msg in errors:
-        st.warning(f"Not evaluated: {msg}")
+        st.warning(f"Not evaluated: {ui.plain(msg)}")
     if not clean:
         st.stop()
     caption = ui.eval_caption(clean)

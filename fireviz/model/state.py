@@ -242,6 +242,18 @@ def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source:
             )
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
+    # a float parameter stored as an integer or bool tensor would be cast and evaluated as if
+    # trained (issue #38): refuse it; float16/bfloat16/float64 upcast or round exactly as intended
+    wrong_kind = [
+        f"{k}: {state[k].dtype} for {own[k].dtype}"
+        for k in own
+        if k in state and own[k].is_floating_point() and not state[k].is_floating_point()
+    ]
+    if wrong_kind:
+        raise CheckpointError(
+            f"{source} stores floating-point parameters as integer or bool tensors ({', '.join(wrong_kind[:5])}): "
+            "not weights fireviz wrote; restore the file or train again"
+        )
     mismatched = [
         f"{k}: file {tuple(state[k].shape)} vs config {tuple(own[k].shape)}"
         for k in own

@@ -67,6 +67,7 @@ from fireviz.ui.state import (
     error,
     fit_param_input,
     key,
+    plain,
     setup_page,
     sync_url,
     table_height,

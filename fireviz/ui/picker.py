@@ -11,7 +11,7 @@ from fireviz.checkpoints import Checkpoint
 from fireviz.checkpoints import catalog as ck
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import human_count
-from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, url_state
+from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, plain, url_state
 
 
 @st.cache_resource(ttl=5, show_spinner=False)
@@ -98,10 +98,10 @@ def checkpoint_warnings(found: list[ck.CheckpointInfo], problems: dict[str, str]
     (a broken results JSON or train log: left out and untouched, the rest of it shown)."""
     where = where or st
     for folder, problem in problems.items():
-        where.warning(f"Skipped `{Path(folder).name}`: {problem}")
+        where.warning(f"Skipped {plain(Path(folder).name)}: {plain(problem)}")
     for info in found:
         for name, problem in info.problems.items():
-            where.warning(f"`{info.name}`: left out `{name}`: {problem}")
+            where.warning(f"{plain(info.name)}: left out {plain(name)}: {plain(problem)}")
 
 
 @st.cache_resource(ttl=600, show_spinner="Fetching checkpoint…")
@@ -162,12 +162,12 @@ def _add_extra(ref: str) -> ck.CheckpointInfo | None:
         info = resolve(ref)
     except ck.CheckpointNotFoundError:  # one message: the app does not tell which server paths exist
         st.error(
-            f"**Cannot use checkpoint `{ref}`.** There is no readable fireviz checkpoint there: give a folder "
+            f"**Cannot use checkpoint {plain(ref)}.** There is no readable fireviz checkpoint there: give a folder "
             "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name)."
         )
         return None
     except CheckpointError as e:
-        st.error(f"**Cannot use checkpoint `{ref}`.** {e}")
+        st.error(f"**Cannot use checkpoint {plain(ref)}.** {plain(e)}")
         return None
     st.session_state.setdefault(EXTRA_KEY, {})[ref] = info
     return info

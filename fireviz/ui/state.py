@@ -175,6 +175,22 @@ def table_height(n_rows: int, max_rows: int = 16) -> int:
     return 38 + 35 * max(1, min(n_rows, max_rows))
 
 
+#: the ASCII characters Markdown (CommonMark, Streamlit's ``:color[…]``/``:emoji:`` directives,
+#: ``$`` math) or HTML can give a meaning to; ``plain`` escapes each with a backslash
+MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()<>#+-.!|~$:&\"'=^%")
+
+
+def plain(text: object) -> str:
+    """``text`` as Markdown that Streamlit shows literally: every character of
+    ``MARKDOWN_SPECIAL`` backslash-escaped (CommonMark lets any ASCII punctuation be escaped),
+    line breaks made spaces. For anything from a URL, a file name or a file's content (issue #38:
+    a shared link must not draw a link, an image or formatting inside the app)."""
+    s = " ".join(str(text).splitlines())
+    return "".join("\\" + ch if ch in MARKDOWN_SPECIAL else ch for ch in s)
+
+
 def error(problem: str, fix: str = "", where=None) -> None:
-    """``st.error`` with the problem in bold and the fix after it."""
-    (where or st).error(f"**{problem}**" + (f" {fix}" if fix else ""))
+    """``st.error`` with the problem in bold and the fix after it. ``problem`` is shown as plain
+    text (it carries names and messages from URLs and files: ``plain``); ``fix`` is the caller's
+    own Markdown."""
+    (where or st).error(f"**{plain(problem)}**" + (f" {fix}" if fix else ""))

@@ -52,3 +52,25 @@ def test_a_nan_in_the_tied_matrix_is_named_not_called_a_disagreement(root):
     from fireviz.model.state import nonfinite_parameters
 
     assert "wte.weight" in nonfinite_parameters(GPT.from_pretrained(str(root / "victim")))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "bool"])
+def test_float_parameters_stored_as_integers_or_bools_are_refused(root, dtype):
+    """Issue #38: integer or bool tensors are not cast and evaluated as if trained; one message
+    names the tensor, its dtype and the fix. The file is left as it is; float16 still loads."""
+    import hashlib
+
+    import torch
+
+    w = root / "victim" / "model.safetensors"
+    state = load_file(str(w))
+    name = sorted(k for k, t in state.items() if t.is_floating_point())[-1]
+    bad = dict(state)
+    bad[name] = (state[name] * 100).to(getattr(torch, dtype))
+    save_file(bad, str(w))
+    before = hashlib.sha256(w.read_bytes()).hexdigest()
+    with pytest.raises(CheckpointError, match=rf"{name}: torch\.{dtype} for torch\.float32.*restore the file"):
+        GPT.from_pretrained(str(root / "victim"))
+    assert hashlib.sha256(w.read_bytes()).hexdigest() == before
+    save_file({k: t.half() if t.is_floating_point() else t for k, t in state.items()}, str(w))
+    GPT.from_pretrained(str(root / "victim"))

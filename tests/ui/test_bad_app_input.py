@@ -115,3 +115,54 @@ def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
     for name in ("..", ".", "../../x.txt", ".hidden.txt"):
         path = ui.save_upload(name, b"hello world")
         assert path.is_file() and (tmp_path / "cache" / "uploads") in path.parents and not path.name.startswith(".")
+
+
+# -- attacker-controlled text -------------------------------------------------------------------
+_MARKDOWN_CHARS = "\\`*_{}[]()<>#+-.!|~$:&\"'=^%"
+
+
+@settings(deadline=None)  # the first example imports Streamlit
+@given(st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(list(_MARKDOWN_CHARS) + ["\n"]), max_size=60))
+def test_plain_text_leaves_no_markdown_character_unescaped(text):
+    """Issue #38: every character Markdown or HTML could read is backslash-escaped (so a name or a
+    message from a URL or a file is shown as the text it is), and removing the escapes gives the
+    text back (line breaks as spaces)."""
+    from fireviz.ui import plain
+
+    out = plain(text)
+    i, back = 0, []
+    while i < len(out):
+        ch = out[i]
+        assert ch != "\n"
+        if ch == "\\":  # an escape: always followed by the character it escapes
+            assert i + 1 < len(out) and out[i + 1] in _MARKDOWN_CHARS, (text, out)
+            back.append(out[i + 1])
+            i += 2
+            continue
+        assert ch not in _MARKDOWN_CHARS, (text, out)
+        back.append(ch)
+        i += 1
+    assert "".join(back) == " ".join(text.splitlines())
+
+
+def test_a_shared_link_cannot_draw_markdown_in_an_error(app_env):
+    """A ``?ckpt=`` (or the Fit page's ``?pub=``) carrying Markdown — an image, a link, a code span
+    that closes early — is shown escaped in the error, never as Markdown."""
+    from streamlit.testing.v1 import AppTest
+
+    from fireviz.ui import plain
+
+    payload = "x` ![i](http://127.0.0.1:9/p.png) [sign in again](http://127.0.0.1:9/) **b** <img src=x>"
+    for page, params in (
+        ("pages/4_Training_runs.py", {"ckpt": payload}),
+        ("pages/2_Fit_FIRE.py", {"target": "checkpoint", "pub": payload}),
+    ):
+        at = AppTest.from_file(str(ROOT / page), default_timeout=60)
+        for k, v in params.items():
+            at.query_params[k] = v
+        at.run()
+        assert not at.exception
+        shown = " ".join(e.value for e in [*at.error, *at.sidebar.error, *at.warning, *at.sidebar.warning])
+        assert plain(payload) in shown, (page, shown)  # said, escaped
+        for raw in ("![", "](", payload):  # no image, no link: each special character escaped
+            assert raw not in shown, (page, shown)
