@@ -207,6 +207,9 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     """
     p = _local_path(path)
     _folder_files(p, path)
+    # a symlinked folder is named by its link, not its target: a link to another "fire" must not
+    # appear as a second "fire" (issue #38); "." and the like fall back to the folder's own name
+    own_name = Path(os.path.abspath(p)).name
     p = p.resolve()
     config = _read_json(p / CONFIG_FILE)
     config_from_dict(config, str(p / CONFIG_FILE))  # every field that changes the numbers, well typed
@@ -228,7 +231,7 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
     return CheckpointInfo(
-        name=name or p.name,
+        name=name or own_name or p.name,
         path=str(p),
         source="hub" if repo_id else "local",
         config=config,

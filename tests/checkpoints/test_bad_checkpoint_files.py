@@ -122,3 +122,20 @@ def test_results_with_a_negative_loss_are_refused(root):
     )
     info = checkpoints.read_checkpoint(root / "victim")
     assert "bits_per_byte = -1.0" in info.problems["results_prose.json"] and not info.headline.get("bpb @ 32")
+
+
+def test_a_symlinked_checkpoint_is_named_by_its_link(tmp_path):
+    """Issue #38: a link named ``other`` to a folder named ``fire`` lists as ``other`` (a second
+    "fire" would hide the real one, and picking "fire" could load the link's model)."""
+    from conftest import make_tiny_checkpoint
+
+    root = tmp_path / "root"
+    make_tiny_checkpoint(root / "fire", "fire")
+    make_tiny_checkpoint(tmp_path / "elsewhere" / "fire", "rope")
+    (root / "other").symlink_to(tmp_path / "elsewhere" / "fire", target_is_directory=True)
+    infos, problems = checkpoints.scan_checkpoints(root)
+    assert not problems
+    by_name = {i.name: i for i in infos}
+    assert sorted(by_name) == ["fire", "other"]
+    assert (by_name["fire"].position_encoding, by_name["other"].position_encoding) == ("fire", "rope")
+    assert checkpoints.read_checkpoint(root / "other").name == "other"
