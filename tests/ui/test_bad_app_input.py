@@ -166,3 +166,55 @@ def test_a_shared_link_cannot_draw_markdown_in_an_error(app_env):
         assert plain(payload) in shown, (page, shown)  # said, escaped
         for raw in ("![", "](", payload):  # no image, no link: each special character escaped
             assert raw not in shown, (page, shown)
+
+
+def _zeros_compressed(mb: int, xz: bool = False) -> bytes:
+    """``mb`` MiB of zero bytes, gzip- or xz-compressed a piece at a time (never held whole)."""
+    import lzma
+    import zlib
+
+    c = lzma.LZMACompressor(preset=0) if xz else zlib.compressobj(1, zlib.DEFLATED, 31)
+    piece = bytes(1 << 20)
+    return b"".join(c.compress(piece) for _ in range(mb)) + c.flush()
+
+
+def test_a_compressed_upload_is_bounded_by_what_it_expands_to(tmp_path, monkeypatch):
+    """Issue #38: the upload cap bounds the compressed bytes only; a small .gz or .xz (one member,
+    a bomb hidden in a later member or stream, or named .txt) that expands past
+    MAX_UNCOMPRESSED_MB is refused before anything is stored, in bounded memory (measured: each
+    bomb expands to 96 MiB); ordinary compressed text is taken."""
+    import gzip
+    import lzma
+    import resource
+
+    from fireviz import ui
+    from fireviz.eval import uploads
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(uploads, "MAX_UNCOMPRESSED_MB", 8)
+    good = b'{"text": "hello"}\n'
+    bombs = {
+        "a.jsonl.gz": _zeros_compressed(96),
+        "b.jsonl.gz": gzip.compress(good) + _zeros_compressed(96),  # a second member
+        "c.jsonl.xz": lzma.compress(good) + _zeros_compressed(96, xz=True),  # a second stream
+        "d.txt": _zeros_compressed(96),  # known by its magic bytes
+    }
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for name, blob in bombs.items():
+        assert len(blob) < 1 << 20
+        with pytest.raises(data.DataError, match="expands to more than 8 MB"):
+            ui.save_upload(name, blob)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 48 << 10  # < 48 MiB, not 96
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # nothing stored
+    for name, blob in {"ok.jsonl.gz": gzip.compress(good * 3), "ok.jsonl.xz": lzma.compress(good)}.items():
+        assert ui.save_upload(name, blob).exists()
+
+
+def test_a_very_long_upload_name_is_stored_under_a_shorter_one(tmp_path, monkeypatch):
+    """Issue #38: a 252-character name (the file system's limit is 255 bytes, and an atomic write's
+    temporary name adds to it) is stored shortened with its extension, never an OSError."""
+    from fireviz import ui
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    path = ui.save_upload("n" * 246 + ".jsonl", b'{"text": "hello"}\n')
+    assert path.exists() and path.name.endswith(".jsonl") and len(path.name) <= 100
