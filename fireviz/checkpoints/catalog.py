@@ -157,6 +157,11 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
     return infos, problems
 
 
+#: Largest safetensors header read (bytes): thousands of tensors fit in far less; a bigger one is
+#: metadata stuffing, refused before it is read (issue #38).
+MAX_SAFETENSORS_HEADER = 16 << 20
+
+
 def _safetensors_entries(f: BinaryIO, size: int, source: str) -> dict[str, dict]:
     """The checked header entries of the safetensors file open as ``f`` (``size`` bytes long), read
     from its header alone. Raises: CheckpointError if the header is unreadable or the file is
@@ -164,8 +169,10 @@ def _safetensors_entries(f: BinaryIO, size: int, source: str) -> dict[str, dict]
     fix = "copy, download or train the checkpoint again"
     try:
         (n,) = struct.unpack("<Q", f.read(8))
-        if n > 100_000_000:
-            raise ValueError(f"header length {n} is implausible")
+        if n > MAX_SAFETENSORS_HEADER:  # a fireviz header is a few KB; metadata cannot make it huge
+            raise ValueError(
+                f"its header is {n:,} bytes, more than the {MAX_SAFETENSORS_HEADER:,} a checkpoint's tensor list needs"
+            )
         header = parse_json(f.read(n).decode("utf-8"), f"the header of {source}")
         return check_safetensors_header(header, size - 8 - n, source)
     except FileFormatError as e:

@@ -129,7 +129,10 @@ def json_depth(text: str) -> int:
 
     if "[" not in text and "{" not in text:
         return 0
-    bare = re.sub(r'"(?:[^"\\]|\\.)*"?', '""', text, flags=re.S)  # strings out (an unterminated one too)
+    # strings out (an unterminated one too); the unrolled form matches a run of plain characters at
+    # once: the per-character alternation (?:[^"\\]|\\.)* kept ~100 bytes of regex state per
+    # character, ~1 GB for an 8 MB string in a safetensors header's metadata (issue #38)
+    bare = re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"?', '""', text, flags=re.S)
     raw = np.frombuffer(bare.encode("utf-8", "surrogatepass"), dtype=np.uint8)
     step = np.zeros(256, dtype=np.int64)
     for k, v in _OPEN.items():

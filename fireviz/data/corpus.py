@@ -370,11 +370,15 @@ def load_documents(source: str | os.PathLike) -> list[Document]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or _is_text(p)))
         docs = []
         for p in files:
+            if p.stat().st_size == 0:  # an empty file (e.g. __init__.py) adds no text; it does not spoil the folder
+                continue
             for d in load_documents(p):
                 if not _is_jsonl(p):  # a text file's id is its path in the folder: a/x.txt and b/x.txt differ
                     d.id = p.relative_to(path).as_posix()
                 docs.append(d)
     elif _is_jsonl(path):
+        if not stat.S_ISREG(path.stat().st_mode):  # a named pipe would be waited on forever
+            raise DataError(f"{path} is not a regular file (a pipe, device or special file); give a JSONL file")
         docs = _read_jsonl(path)
     elif path.suffix in TEXT_SUFFIXES + (".gz", ".xz"):
         try:  # streamed: a plain file is read where a window lies, a compressed one spooled in chunks

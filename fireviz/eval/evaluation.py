@@ -26,6 +26,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence, cast
@@ -360,17 +361,26 @@ def _evaluate_one(
         entry.update(extra)
         entry["seconds"] = time.perf_counter() - t0
         if cache.enabled:
-            write_json_atomic(
-                entry_path,
-                {
-                    "key": key,
-                    "checkpoint_sha256": c.ckpt.sha256,
-                    "data_fingerprint": plan.fingerprint,
-                    "settings": length_settings,
-                    "fireviz_version": __version__,
-                    "result": entry,
-                },
-            )
+            try:
+                write_json_atomic(
+                    entry_path,
+                    {
+                        "key": key,
+                        "checkpoint_sha256": c.ckpt.sha256,
+                        "data_fingerprint": plan.fingerprint,
+                        "settings": length_settings,
+                        "fireviz_version": __version__,
+                        "result": entry,
+                    },
+                )
+            except OSError as e:  # a full disk costs the cache entry, not the evaluation (issue #38)
+                warnings.warn(
+                    f"could not cache {c.name} at length {n} ({e.strerror or type(e).__name__}); the number "
+                    "is kept in this result but will be computed again next time: free space in the cache "
+                    "folder (FIREVIZ_CACHE_DIR)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         per_length.append(cast(LengthEntry, {**entry, "cached": False, "source": "computed"}))
     if on_device is not None and c.model is not None and s.device.type == "cuda":
         c.model.to("cpu")

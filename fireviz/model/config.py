@@ -83,6 +83,11 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be >= 1 (got {v})")
             if v > CONFIG_LIMITS[name]:
                 raise ValueError(f"GPTConfig.{name} = {v} is more than fireviz takes ({CONFIG_LIMITS[name]:,})")
+        if self.vocab_size < BYTE_VOCAB_SIZE:  # every token id the data can hold must have a row
+            raise ValueError(
+                f"GPTConfig.vocab_size = {self.vocab_size} is less than the byte vocabulary needs "
+                f"({BYTE_VOCAB_SIZE}: 256 bytes + BOS); set vocab_size to {BYTE_VOCAB_SIZE} or more"
+            )
         n_params = 12 * self.n_layer * self.d_model**2 + self.vocab_size * self.d_model
         if n_params > MAX_PARAMETERS:
             raise ValueError(

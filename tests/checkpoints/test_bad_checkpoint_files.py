@@ -139,3 +139,33 @@ def test_a_symlinked_checkpoint_is_named_by_its_link(tmp_path):
     assert sorted(by_name) == ["fire", "other"]
     assert (by_name["fire"].position_encoding, by_name["other"].position_encoding) == ("fire", "rope")
     assert checkpoints.read_checkpoint(root / "other").name == "other"
+
+
+def test_metadata_stuffed_into_the_weights_header_costs_bounded_memory(tmp_path):
+    """Issue #38: a 50 MB metadata string made every scan cost ~6 GB. A header beyond
+    MAX_SAFETENSORS_HEADER is refused by its length, unread; one below it is read in memory of
+    a few times its size (the JSON depth check no longer keeps regex state per character)."""
+    import resource
+    import struct
+
+    from conftest import make_tiny_checkpoint
+
+    folder = make_tiny_checkpoint(tmp_path / "root" / "stuffed", "alibi")
+    w = folder / "model.safetensors"
+    blob = w.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+
+    def stuffed(size: int) -> bytes:
+        h = dict(header, __metadata__={"note": "x" * size})
+        raw = json.dumps(h).encode()
+        return struct.pack("<Q", len(raw)) + raw + blob[8 + n :]
+
+    w.write_bytes(stuffed(12 << 20))
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    info = checkpoints.read_checkpoint(folder)
+    assert info.name == "stuffed"
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 200 << 10  # < 200 MiB (was ~1.4 GiB)
+    w.write_bytes(stuffed(checkpoints.MAX_SAFETENSORS_HEADER))
+    with pytest.raises(CheckpointError, match="more than the .* a checkpoint's tensor list needs"):
+        checkpoints.read_checkpoint(folder)

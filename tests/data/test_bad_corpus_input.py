@@ -130,3 +130,40 @@ def test_a_data_folder_takes_every_text_kind_with_paths_as_ids_and_one_spool(tmp
     big = data.load_documents(tmp_path / "e.jsonl")
     assert all(d.on_disk for d in big) and len({id(d.raw_bytes().fileobj) for d in big}) == 1  # one descriptor
     assert [d.text for d in big] == [f"doc {k} " * 50 for k in range(30)]
+
+
+def test_empty_files_in_a_folder_are_skipped_and_a_pipe_is_refused_not_waited_on(tmp_path):
+    """Issue #38: a data folder with an empty file among its texts (an ``__init__.py``, an empty
+    .jsonl) reads the others; a named pipe called ``*.jsonl`` (or .txt) is refused at once."""
+    import os
+    import threading
+
+    from fireviz.data import DataError, load_documents
+
+    folder = tmp_path / "src"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "__init__.py").write_bytes(b"")
+    (folder / "empty.jsonl").write_bytes(b"")
+    (folder / "a.txt").write_text("some text")
+    (folder / "b.jsonl").write_text('{"id": "b", "text": "more"}\n')
+    docs = load_documents(folder)
+    assert sorted(d.text for d in docs) == ["more", "some text"]
+    for name in ("pipe.jsonl", "pipe.txt"):
+        fifo = tmp_path / name
+        os.mkfifo(fifo)
+        result: list = []
+        t = threading.Thread(
+            target=lambda f=fifo, out=result: out.append(_refusal(load_documents, f, DataError)), daemon=True
+        )
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), f"{name}: waited on the pipe"
+        assert result and "not a regular file" in result[0]
+
+
+def _refusal(fn, arg, error) -> str:
+    try:
+        fn(arg)
+    except error as e:
+        return str(e)
+    return "accepted"

@@ -192,3 +192,34 @@ def test_a_text_file_changed_or_deleted_while_in_use_is_refused_and_nothing_is_c
     os.mkfifo(fifo)
     with pytest.raises(data.DataError, match="not a regular file"):
         data.load_documents(fifo)
+
+
+def test_a_full_disk_costs_the_cache_entry_not_the_evaluation(root, tmp_path, monkeypatch, capsys):
+    """Issue #38: a cache write that fails (no space left) is said and skipped; the numbers are
+    returned, equal to a run without the cache, and the CLI still writes --out."""
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    text = str(_small_text(tmp_path))
+    plain = evaluate.evaluate_many([str(root / "victim")], text, [16, 32], split="all", use_cache=False)
+    monkeypatch.setattr(evaluate, "write_json_atomic", full)
+    with pytest.warns(RuntimeWarning, match="could not cache victim at length 16 .*No space left"):
+        got = evaluate.evaluate_many([str(root / "victim")], text, [16, 32], split="all", cache_dir=tmp_path / "c")
+    assert [e["bits_per_byte"] for e in got[0]["per_length"]] == [e["bits_per_byte"] for e in plain[0]["per_length"]]
+    out = tmp_path / "out.json"
+    args = [
+        str(root / "victim"),
+        "--data",
+        text,
+        "--split",
+        "all",
+        "--lengths",
+        "16",
+        "--cache-dir",
+        str(tmp_path / "d"),
+    ]
+    with pytest.warns(RuntimeWarning):
+        assert eval_cli.main(args + ["--out", str(out)]) == 0
+    assert json.loads(out.read_text())

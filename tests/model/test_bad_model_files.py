@@ -74,3 +74,14 @@ def test_float_parameters_stored_as_integers_or_bools_are_refused(root, dtype):
     assert hashlib.sha256(w.read_bytes()).hexdigest() == before
     save_file({k: t.half() if t.is_floating_point() else t for k, t in state.items()}, str(w))
     GPT.from_pretrained(str(root / "victim"))
+
+
+@pytest.mark.parametrize("vocab_size", [1, 100, 256])
+def test_a_vocabulary_smaller_than_the_bytes_is_refused_on_validation(vocab_size):
+    """Issue #38: vocab_size < 257 (256 bytes + BOS) passed validation and failed later with a
+    traceback; it is refused where the config is checked, naming the field and the fix."""
+    from fireviz.model.config import GPTConfig
+
+    with pytest.raises(ValueError, match=rf"vocab_size = {vocab_size} is less than .*set vocab_size to 257"):
+        GPTConfig(vocab_size=vocab_size).validate()
+    GPTConfig(vocab_size=257).validate()
