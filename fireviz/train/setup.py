@@ -22,6 +22,7 @@ from typing import Any, Callable, TextIO
 import torch
 
 from fireviz import __version__
+from fireviz.core import FileFormatError, read_json
 from fireviz.core.distributed import Dist
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
 from fireviz.model import (
@@ -30,6 +31,7 @@ from fireviz.model import (
     GPTConfig,
     InsufficientMemoryError,
     check_fits,
+    config_from_dict,
     load_state_checked,
     train_step_bytes,
 )
@@ -78,6 +80,7 @@ def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, 
         saved_tc = TrainConfig(**state["settings"]["train"])
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
+    _check_config_file_unchanged(out, saved_mc, saved_tc)
     model_config, train_config = model_config or saved_mc, train_config or saved_tc
     if config_hash(model_config, train_config) != state["config_hash"]:
         now, then = settings_dict(model_config, train_config), state["settings"]
@@ -93,6 +96,47 @@ def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, 
             + ". Resume with the original settings or train into a new folder"
         )
     return model_config, train_config, state, tensors
+
+
+def _config_file_differences(out: Path, saved_mc: GPTConfig, saved_tc: TrainConfig) -> list[str]:
+    """``field: run value vs config.json value`` for every model field (encoding options completed
+    on both sides) and training setting that ``out/config.json`` holds differently from the run's
+    trainer state. Raises: CheckpointError for a config.json that does not read."""
+    try:
+        raw = read_json(out / "config.json", expect=dict)
+        file_mc = config_from_dict(raw, str(out / "config.json"))
+    except (FileFormatError, ValueError, TypeError) as e:
+        raise CheckpointError(f"--resume: {out / 'config.json'} does not read ({e}); restore it") from e
+    diff = []
+    for f in dataclasses.fields(GPTConfig):
+        if f.name in ("training", "config_format"):  # provenance and the file's format version
+            continue
+        run_v, file_v = getattr(saved_mc, f.name), getattr(file_mc, f.name)
+        if f.name == "encoding_options":
+            run_v, file_v = saved_mc.complete_encoding_options(), file_mc.complete_encoding_options()
+        if run_v != file_v:
+            diff.append(f"{f.name}: run {run_v!r} vs config.json {file_v!r}")
+    recorded = (raw.get("training") or {}).get("settings")
+    if isinstance(recorded, dict):
+        run_tc = dataclasses.asdict(saved_tc)
+        diff += [
+            f"train.{k}: run {run_tc[k]!r} vs config.json {recorded[k]!r}"
+            for k in run_tc
+            # None: derived at the start (min_lr from lr), recorded resolved in config.json
+            if k in recorded and run_tc[k] is not None and recorded[k] != run_tc[k] and k not in _FREE_ON_RESUME
+        ]
+    return diff
+
+
+def _check_config_file_unchanged(out: Path, saved_mc: GPTConfig, saved_tc: TrainConfig) -> None:
+    """A config.json edited since the checkpoint would be ignored by --resume and then overwritten
+    (issue #38): refused, naming each field. Raises: TrainingError, CheckpointError."""
+    if diff := _config_file_differences(out, saved_mc, saved_tc):
+        raise TrainingError(
+            f"--resume: {out / 'config.json'} was edited since its checkpoint ({'; '.join(diff[:8])}); "
+            "--resume continues the run as it was saved and would overwrite the edit: restore config.json, "
+            "or train the edited settings into a new folder with --set (nothing was changed)"
+        )
 
 
 def _check_new_out(out: Path) -> None:

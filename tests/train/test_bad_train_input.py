@@ -90,3 +90,37 @@ def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(
     saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did
     (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
     assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda c: c.update(n_head=1), "n_head: run 2 vs config.json 1"),
+        (lambda c: c["encoding_options"].update(max_distance=99), "encoding_options"),
+        (lambda c: c["training"]["settings"].update(lr=0.5), "train.lr"),
+    ],
+)
+def test_resume_refuses_a_config_json_edited_since_its_checkpoint(tmp_path, capsys, edit, named):
+    """Issue #38: --resume took its settings from the trainer state, ignored an edited config.json
+    and overwrote it. Now it is refused with one message naming the field; nothing is changed."""
+    import hashlib
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
+        f'[train]\ndata = "{p}"\nmax_steps = 4\nwarmup_steps = 1\n'
+        "batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n"
+    )
+    run = tmp_path / "run"
+    assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress", "--stop-at-step", "2"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    edit(saved)
+    (run / "config.json").write_text(json.dumps(saved))
+    digest = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in run.iterdir()}
+    capsys.readouterr()
+    assert train_cli.main(["--out", str(run), "--resume", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "was edited since its checkpoint" in err and named in err and "Traceback" not in err
+    assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in run.iterdir()} == digest
