@@ -578,8 +578,7 @@ def position_parameter_lines(cfg: dict, log: list[dict]) -> list[str]:
             "Kerple's r1, r2 can move further than the recipe's Σ lr ≈ 2 allows"
         )
     if enc == "kerple_power":
-        # a config.json written before the option existed does not name it: those runs drew the old way
-        reference = (cfg.get("encoding_options") or {}).get("reference_init") is True
+        reference = kerple_reference_init(cfg)
         out.append(
             "- init: r1 (scale) ~ U(0, 1), r2 (exponent) ~ U(0, 2), as in the KERPLE reference code"
             if reference
@@ -765,11 +764,37 @@ def _write_folders(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> None:
         atomic_write_text(f / "README.md", model_card(f, by_ckpt[f.name]))
 
 
+def kerple_reference_init(cfg: dict) -> bool:
+    """Whether a kerple_power config.json's run drew its init as the KERPLE reference code does (a
+    config.json written before the option existed does not name it: those runs drew the old way)."""
+    return (cfg.get("encoding_options") or {}).get("reference_init") is True
+
+
+def seed_recipe_notes(folders: list[Path]) -> list[str]:
+    """One sentence per seed group whose members were not trained the same way apart from the seed
+    (today: Kerple-power's init, which changed on 2026-12-04), so its seed spread is read as such."""
+    cfgs = {f.name: read_checkpoint(f).config for f in folders}
+    notes = []
+    for base, members in seed_groups(list(cfgs)).items():
+        if cfgs[base].get("position_encoding") != "kerple_power":
+            continue
+        ref = [m for m in members if kerple_reference_init(cfgs[m])]
+        old = [m for m in members if m not in ref]
+        if ref and old:
+            notes.append(
+                f"{base}: {', '.join(ref)} drew its init as the KERPLE reference code does (r1 ~ U(0, 1), "
+                f"r2 ~ U(0, 2)); {', '.join(old)} with fireviz 0.1's reversed init. Its seed rows pool the two "
+                "inits, so their spread includes the init, not training seeds alone."
+            )
+    return notes
+
+
 def results_markdown(
     table: dict[str, list[dict]],
     logs: dict[str, list[dict]],
     seq_len: int,
     context: dict[str, list[dict]] | None = None,
+    notes: list[str] | None = None,
 ) -> str:
     """checkpoints/RESULTS.md: per domain the bits-per-byte table, the paired and seed tables; per
     domain with context-use rows (``context``) their tables (``fmt_context_tables``)."""
@@ -793,6 +818,7 @@ def results_markdown(
             ]
         if seeds := fmt_seed_table(runs):
             md += [f"Seed noise ({domain}): mean ± sample standard deviation over seeds", ""] + seeds + [""]
+            md += [f"Note: {n}" for n in notes or []] + ([""] if notes else [])
         if paired_seeds := fmt_paired_seed_table(runs):
             ref = next(r["paired_reference"] for r in runs if r.get("paired_reference"))
             md += [
@@ -897,7 +923,7 @@ def main() -> int:
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0
-    md = results_markdown(table, logs, seq_len, context)
+    md = results_markdown(table, logs, seq_len, context, seed_recipe_notes(folders))
     atomic_write_text(CKPTS / "RESULTS.md", md)
     print(md)
     return 0

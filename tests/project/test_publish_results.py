@@ -227,3 +227,20 @@ def test_a_partial_context_table_names_the_checkpoints_it_lacks(pub):
     rows = pub.context_rows(folders, by_ckpt)
     assert [r["checkpoint"] for r in rows["prose"]] == ["alibi", "rope"]
     assert pub.missing_context(folders, rows["prose"]) == ["fire"]
+
+
+def test_a_seed_group_that_mixes_kerple_inits_is_said(pub, tmp_path):
+    """Kerple-power's seed 0 was retrained with the reference init, its seeds 1 and 2 were not: the
+    seed tables' note says so (and says nothing when every seed drew the same way)."""
+    from conftest import make_tiny_checkpoint
+
+    folders = [make_tiny_checkpoint(tmp_path / n, "kerple_power") for n in ("kerple_power", "kerple_power_seed1")]
+    folders.append(make_tiny_checkpoint(tmp_path / "alibi", "alibi"))
+    assert pub.seed_recipe_notes(folders) == []  # neither names the reference init: both drew the old way
+    cfg_path = tmp_path / "kerple_power" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["encoding_options"] = {**cfg.get("encoding_options", {}), "reference_init": True}
+    cfg_path.write_text(json.dumps(cfg))
+    (note,) = pub.seed_recipe_notes(folders)
+    assert note.startswith("kerple_power: kerple_power drew its init as the KERPLE reference code")
+    assert "kerple_power_seed1 with fireviz 0.1's reversed init" in note
