@@ -61,6 +61,7 @@ from fireviz.train.setup import (
     build_model,
     check_settings,
     check_step_memory,
+    hold_run_folder,
     load_run_data,
     open_log,
     provenance,
@@ -142,6 +143,19 @@ def _train(
         )
     if device.type in ("cpu", "cuda"):
         check_step_memory(mc, micro, device)
+    folder_fd = hold_run_folder(out, resume, d)  # one run per folder, released when the process ends
+    try:
+        return _train_held(
+            mc, tc, state, tensors, device, micro, end_step, out, resume, command, progress, d, tqdm, data
+        )
+    finally:
+        if folder_fd is not None:
+            os.close(folder_fd)
+
+
+def _train_held(mc, tc, state, tensors, device, micro, end_step, out, resume, command, progress, d, tqdm, data) -> dict:
+    """``_train`` once its checks passed, its data is read and it holds ``out``: model, loop."""
+    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
     raw_model, opt, names = build_model(mc, tc, device, out, tensors)
     del tensors
     start_step = state["step"] if resume else 0

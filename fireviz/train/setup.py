@@ -23,7 +23,7 @@ import torch
 
 from fireviz import __version__
 from fireviz.core import FileFormatError, read_json
-from fireviz.core.distributed import Dist
+from fireviz.core.distributed import Dist, all_reduce_sum
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
 from fireviz.model import (
     GPT,
@@ -80,7 +80,6 @@ def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, 
         saved_tc = TrainConfig(**state["settings"]["train"])
     except (KeyError, TypeError) as e:
         raise CheckpointError(f"the trainer state in {out} has unreadable settings ({e})") from e
-    _check_config_file_unchanged(out, saved_mc, saved_tc)
     model_config, train_config = model_config or saved_mc, train_config or saved_tc
     if config_hash(model_config, train_config) != state["config_hash"]:
         now, then = settings_dict(model_config, train_config), state["settings"]
@@ -95,6 +94,7 @@ def _resume_settings(out: Path, model_config, train_config) -> tuple[GPTConfig, 
             + "; ".join(diff)
             + ". Resume with the original settings or train into a new folder"
         )
+    _check_config_file_unchanged(out, saved_mc, saved_tc)
     return model_config, train_config, state, tensors
 
 
@@ -137,6 +137,41 @@ def _check_config_file_unchanged(out: Path, saved_mc: GPTConfig, saved_tc: Train
             "--resume continues the run as it was saved and would overwrite the edit: restore config.json, "
             "or train the edited settings into a new folder with --set (nothing was changed)"
         )
+
+
+def hold_run_folder(out: Path, resume: bool, d: Dist):
+    """Make ``out`` and hold it for this run: an exclusive ``flock`` on the folder itself (no file
+    added; the kernel drops it when the process ends, so a killed run never leaves it stuck).
+    Rank 0 holds it; every rank learns whether it could (one all-reduce). A new run checks the
+    folder again once held (another run may have written a checkpoint meanwhile).
+    Returns: the open folder descriptor (keep it open for the run; close it after).
+    Raises: TrainingError when another process holds it (issue #38: two runs into one --out
+      interleaved their logs and the second replaced the first)."""
+    import fcntl
+    import os
+
+    fd, ok = None, 1
+    if d.master:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            fd, ok = None, 0
+    ok_all = int(all_reduce_sum(torch.tensor([ok], device=d.comm_device), d).item()) == d.world
+    if not ok_all:
+        raise TrainingError(
+            f"another fireviz train is writing into {out}; wait for it to end (or stop it), or choose "
+            "another --out (nothing was changed)"
+        )
+    if not resume and d.master:
+        try:
+            _check_new_out(out)  # what another run may have written before we held the folder
+        except TrainingError:
+            os.close(fd)  # type: ignore[arg-type]
+            raise
+    return fd
 
 
 def _check_new_out(out: Path) -> None:

@@ -124,3 +124,47 @@ def test_resume_refuses_a_config_json_edited_since_its_checkpoint(tmp_path, caps
     err = capsys.readouterr().err
     assert "was edited since its checkpoint" in err and named in err and "Traceback" not in err
     assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in run.iterdir()} == digest
+
+
+def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, capsys):
+    """Issue #38: two runs into one --out interleaved their logs and the second replaced the first.
+    A run holds its folder (flock on the folder, no file added): a second one is refused with one
+    message and changes nothing; once the holder is killed (-9), the folder is free again."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
+        f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n'
+        "eval_batches = 1\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(  # another process holding the folder as a running train does
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, os, time; fd = os.open({str(run)!r}, os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) != 0
+        err = capsys.readouterr().err
+        assert "another fireviz train is writing into" in err and "Traceback" not in err
+        assert list(run.iterdir()) == []  # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    time.sleep(0.1)
+    assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
+    assert (run / "model.safetensors").exists() and not [f for f in run.iterdir() if "lock" in f.name]
