@@ -120,7 +120,8 @@ def paired_section(shown: list[dict], caption: str) -> None:
         ref = st.selectbox(
             "Reference",
             labels,
-            key=ui.url_state(P, "ref", labels[0], options=labels),
+            # ALiBi when shown: the reference of every published paired row (checkpoints/RESULTS.md)
+            key=ui.url_state(P, "ref", "alibi" if "alibi" in labels else labels[0], options=labels),
             help="Every other checkpoint's bits per byte minus this one's, on the same documents.",
         )
         ui.sync_url(P, ["ref"])  # after its widget: the first sync would drop a ?ref= it cannot see yet
@@ -728,7 +729,8 @@ def same_text_view(clean: list[dict], caption: str, c: Choices) -> None:
 def main() -> None:
     ui.setup_page("Length generalization")
     st.markdown(INTRO)
-    chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=9)
+    # by default the plain run of each encoding but NoPE, whose rise would squeeze the others into one band
+    chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
     if not chosen:
         st.stop()
     c = sidebar(chosen)

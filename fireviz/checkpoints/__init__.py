@@ -12,7 +12,14 @@ from fireviz.checkpoints.catalog import (
     scan_checkpoints,
 )
 from fireviz.checkpoints.checkpoint import Checkpoint, load_model, load_model_or_published, load_model_with_identity
-from fireviz.checkpoints.records import LOG_FILE_GZ, read_train_log, seed_base, seed_groups, validation_rows
+from fireviz.checkpoints.records import (
+    LOG_FILE_GZ,
+    overview_first,
+    read_train_log,
+    seed_base,
+    seed_groups,
+    validation_rows,
+)
 
 __all__ = [
     "Checkpoint",
@@ -31,6 +38,7 @@ __all__ = [
     "read_train_log",
     "scan_checkpoints",
     "seed_base",
+    "overview_first",
     "seed_groups",
     "validation_rows",
 ]

@@ -12,7 +12,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Sequence, TypeGuard
 
 from fireviz.core import FileFormatError, read_json, read_jsonl
 from fireviz.model import CheckpointError
@@ -52,6 +52,20 @@ def seed_groups(names) -> dict[str, list[str]]:
         if run and run[0] in names:
             groups.setdefault(run[0], [run[0]]).append(name)
     return groups
+
+
+def overview_first(encodings: dict[str, str], order: Sequence[str]) -> list[str]:
+    """Checkpoint names (``{name: position encoding}``) in the order a first look wants them: the
+    plain run of each encoding — the folder named as its encoding (``fire``, ``alibi``), trained by
+    the shared recipe at seed 0 — in ``order`` (the registry's, the paper's), NoPE last (its rise
+    beyond the training length squeezes every other curve into one band); then the variants
+    (``fire_offset``, ``t5_plr10``…) by name; then extra seeds (``seed0_first``)."""
+    rank = {e: k for k, e in enumerate(order)}
+    plain = sorted(
+        (n for n, e in encodings.items() if n == e),
+        key=lambda n: (n == "nope", rank.get(n, len(rank)), n),
+    )
+    return plain + [n for n in seed0_first(sorted(encodings)) if n not in plain]
 
 
 def seed0_first(names: list[str]) -> list[str]:

@@ -7,8 +7,9 @@ from typing import Callable, Sequence
 
 import streamlit as st
 
-from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints import Checkpoint, overview_first
 from fireviz.checkpoints import catalog as ck
+from fireviz.encodings import encoding_names
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import human_count
 from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, plain, url_state
@@ -188,8 +189,9 @@ def checkpoint_picker(
     Options are the checkpoints under the root and any added in this session (by local
     folder or Hugging Face repo id; a bad one gives an ``st.error`` and is not added).
     ``filter_fn`` hides checkpoints it rejects. The default selection (no ``ckpt`` in the
-    URL) is the first ``default_count`` names, seed-0 runs before extra-seed runs
-    (``fire_seed1``…), so extra seeds do not push other encodings out of the default view.
+    URL) is the first ``default_count`` names of ``overview_first``: the plain run of each
+    encoding in the paper's order (NoPE last), then variants, then extra seeds — what a first
+    look compares, not the alphabet's first names (issue #40).
     Shows the "no checkpoints" message if there is nothing to pick.
     Returns: the chosen checkpoints, in selection order ([] if none).
     """
@@ -229,7 +231,8 @@ def checkpoint_picker(
         return []
     fmt = lambda n: by_name[n].label if n in by_name else n  # noqa: E731
     if multi:
-        k = url_state(page, "ckpt", ck.seed0_first(names)[:default_count], options=names, multi=True)
+        first = overview_first({n: by_name[n].position_encoding for n in names}, encoding_names())
+        k = url_state(page, "ckpt", first[:default_count], options=names, multi=True)
         if max_selections:
             st.session_state[k] = [n for n in st.session_state[k] if n in names][:max_selections]
         chosen = where.multiselect(label, names, key=k, format_func=fmt, max_selections=max_selections)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from fireviz.ui import jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60  # seconds per script run: tiny models, but CPUs are shared
+
+
+def said(element) -> str:
+    """An error's text as the user reads it: the Markdown escapes of ``ui.plain`` taken out."""
+    return re.sub(r"\\(.)", r"\1", element.value)
 
 
 def page(name: str, **query) -> AppTest:
@@ -372,7 +378,7 @@ def test_biases_bad_query_positions_is_a_clear_error(app_env):
     at = page("pages/1_Learned_biases.py", ckpt="fire").run()
     at.sidebar.text_input(key="biases_pos").set_value("12, abc").run()
     no_exception(at)
-    assert any("abc" in e.value and "comma-separated" in e.value for e in at.error)
+    assert any("abc" in said(e) and "comma-separated" in said(e) for e in at.error)
 
 
 def test_rotary_first_then_additive_summary_and_caption(app_env):
@@ -405,11 +411,11 @@ def test_add_checkpoint_bad_path_and_offline_hub_id(app_env, monkeypatch):
     at.sidebar.text_input(key="train_add_ref").set_value("/no/such/folder")
     at.sidebar.button(key="train_add_btn").click().run()
     no_exception(at)
-    assert any("/no/such/folder" in e.value for e in at.sidebar.error)
+    assert any("/no/such/folder" in said(e) for e in at.sidebar.error)
     at.sidebar.text_input(key="train_add_ref").set_value("nobody-xyz/not-a-fireviz-repo")
     at.sidebar.button(key="train_add_btn").click().run()
     no_exception(at)
-    msg = " ".join(e.value for e in at.sidebar.error)
+    msg = " ".join(said(e) for e in at.sidebar.error)
     assert "nobody-xyz/not-a-fireviz-repo" in msg and "Hugging Face Hub" in msg and "cache" in msg
     assert figures(at), "the page stays up and still draws the bundled checkpoints' curves"
 
@@ -467,10 +473,10 @@ def test_fit_bad_kerple_parameter_is_a_clear_error(app_env):
     at = page("pages/2_Fit_FIRE.py", target="kerple_log", r1="-1", steps="0").run()
     at.button(key="fit_go").click().run()
     no_exception(at)
-    assert any("r1" in e.value and "Cannot fit" in e.value for e in at.error)
+    assert any("r1" in said(e) and "Cannot fit" in said(e) for e in at.error)
     at = page("pages/2_Fit_FIRE.py", target="kerple_log", r1="0.5,x", steps="0").run()
     no_exception(at)
-    assert any("r1 must be a number or comma-separated numbers" in e.value for e in at.error)
+    assert any("r1 must be a number or comma-separated numbers" in said(e) for e in at.error)
 
 
 # -- Length generalization ----------------------------------------------------------------------
@@ -500,7 +506,7 @@ def test_length_generalization_bad_upload_is_a_clear_error(app_env):
     no_exception(at)
     at.sidebar.file_uploader(key="lengen_upload").upload("bad.jsonl", b'{"id": 1, "txt": "no text field"}\n').run()
     no_exception(at)
-    assert any("bad.jsonl" in e.value and "'text'" in e.value for e in at.error)
+    assert any("bad.jsonl" in said(e) and "'text'" in said(e) for e in at.error)
 
 
 def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_env):
@@ -562,7 +568,7 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
 def test_training_runs_plot_the_logs(app_env):
     at = page("pages/4_Training_runs.py").run()
     no_exception(at)
-    assert at.sidebar.multiselect(key="train_ckpt").value == ["alibi", "fire", "rope"]
+    assert at.sidebar.multiselect(key="train_ckpt").value == ["rope", "alibi", "fire"]  # the paper's order
     fig = figures(at)[0]
     log = checkpoints.read_train_log(app_env / "fire")
     tr = next(t for t in fig["data"] if t["meta"] == {"run": "fire", "series": "val_loss"})
@@ -809,7 +815,7 @@ def test_length_generalization_takes_any_length_from_the_url_and_the_widget(app_
     assert [str(v) for v in at.query_params["len"]] == ["48", "100", "3000"]  # shareable
     at.sidebar.multiselect(key="lengen_len").set_value([48, "12x"]).run()
     no_exception(at)
-    assert any("Not a length: 12x" in e.value for e in at.sidebar.error)
+    assert any("Not a length: 12x" in said(e) for e in at.sidebar.error)
 
 
 def test_parse_lengths():
@@ -964,3 +970,21 @@ def test_learned_biases_and_attention_reload_when_config_json_changes(tiny_check
     for call in (lambda: ui.bias_report(gone, [8]), lambda: ui.attention_pattern(gone, tokens, 0)):
         with pytest.raises(CheckpointError):
             call()
+
+
+def test_the_default_selection_is_one_plain_run_per_encoding_nope_last():
+    """Issue #40: not the alphabet's first nine names (no RoPE, T5 or Sandwich), but the plain run
+    of every encoding in the paper's order, NoPE last; then variants; then extra seeds."""
+    from fireviz.encodings import encoding_names
+
+    names = {
+        "alibi": "alibi", "alibi_seed1": "alibi", "fire": "fire", "fire_offset": "fire", "fire_s": "fire_s",
+        "fire_seed1": "fire", "kerple_log": "kerple_log", "kerple_power": "kerple_power", "nope": "nope",
+        "rope": "rope", "sandwich": "sandwich", "t5": "t5", "t5_plr10": "t5", "my_run": "alibi",
+    }  # fmt: skip
+    from fireviz.checkpoints import overview_first
+
+    order = overview_first(names, encoding_names())
+    assert order[:9] == ["rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s", "nope"]
+    assert order[9:] == ["fire_offset", "my_run", "t5_plr10", "alibi_seed1", "fire_seed1"]
+    assert sorted(order) == sorted(names)
