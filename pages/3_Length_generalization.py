@@ -254,10 +254,13 @@ def data_input(chosen) -> tuple[str, str, str]:
     sb = st.sidebar
     trained_on = {i.data for i in chosen}  # default: the chosen checkpoints' own training data, when they share it
     only = next(iter(trained_on)) if len(trained_on) == 1 else None
+    default = only if only in DATA_OPTIONS else "prose"
+    k = ui.url_state(P, "domain", default, options=DATA_OPTIONS)
+    ui.follow_default(P, "domain", default)  # another group (the copy task) brings its own data
     domain = sb.selectbox(
         "Data",
         DATA_OPTIONS,
-        key=ui.url_state(P, "domain", only if only in DATA_OPTIONS else "prose", options=DATA_OPTIONS),
+        key=k,
         format_func=lambda d: (
             "your own file (.txt / .jsonl)"
             if d == "upload"
@@ -303,10 +306,12 @@ def length_input(train_lens: list[int]) -> list[int]:
         for n in sorted({2**k for k in range(2, 21)} | set(train_lens))
         if max(2, train_lens[0] // 4) <= n <= 16 * train_lens[-1]
     ]
+    k = ui.url_state(P, "len", default_lens, int, options=options, multi=True)
+    ui.follow_default(P, "len", default_lens)  # another training length brings its own lengths
     picked = sb.multiselect(
         "Evaluation lengths (tokens; type any other length and press Enter)",
         options,
-        key=ui.url_state(P, "len", default_lens, int, options=options, multi=True),
+        key=k,
         accept_new_options=True,
     )
     lengths, bad = ui.parse_lengths(picked, 2, MAX_LENGTH)

@@ -66,6 +66,7 @@ from fireviz.ui.state import (
     GROUP_KEY,
     error,
     fit_param_input,
+    follow_default,
     key,
     plain,
     setup_page,

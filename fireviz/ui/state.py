@@ -28,6 +28,19 @@ def key(page: str, name: str) -> str:
     return f"{page}_{name}"
 
 
+def follow_default(page: str, name: str, default: Any) -> None:
+    """When the default of ``key(page, name)`` changed since the last run (the checkpoints, or the
+    group, changed what fits: another training domain, another training length), put the widget
+    back to the new default; a value chosen under the old default would no longer fit (issue
+    #40: switching to the copy group left Data on prose and lengths at 128…8192). The first run
+    keeps what the URL asked for. Call after ``url_state`` and before the widget is made."""
+    dk = key(page, f"{name}__default")
+    previous = st.session_state.get(dk)
+    st.session_state[dk] = default
+    if previous is not None and previous != default:
+        st.session_state[key(page, name)] = default
+
+
 def _cast(raw: str, kind: type) -> Any:
     if kind is bool:
         if raw.lower() in ("1", "true", "yes", "on"):

@@ -988,3 +988,32 @@ def test_the_default_selection_is_one_plain_run_per_encoding_nope_last():
     assert order[:9] == ["rope", "t5", "alibi", "kerple_log", "kerple_power", "sandwich", "fire", "fire_s", "nope"]
     assert order[9:] == ["fire_offset", "my_run", "t5_plr10", "alibi_seed1", "fire_seed1"]
     assert sorted(order) == sorted(names)
+
+
+def _follow_default_app():
+    import streamlit as st
+
+    from fireviz import ui
+
+    group = st.selectbox("group", ["prose", "copy"], key="g")
+    default = "prose" if group == "prose" else "synthetic:copy"
+    k = ui.url_state("t", "domain", default, options=["prose", "latex", "synthetic:copy"])
+    ui.follow_default("t", "domain", default)
+    st.selectbox("domain", ["prose", "latex", "synthetic:copy"], key=k)
+
+
+def test_a_widget_follows_its_default_when_the_group_changes_it():
+    """Issue #40: switching the group to copy left Data on prose. A value seeded from the URL
+    stands on the first run; when the default itself changes (another group), the widget takes
+    the new default; a choice made under an unchanged default stays."""
+    at = AppTest.from_function(_follow_default_app, default_timeout=30)
+    at.query_params["domain"] = "latex"
+    at.run()
+    assert at.selectbox(key="t_domain").value == "latex"  # the link's value, on the first run
+    at.selectbox(key="g").set_value("copy").run()
+    assert at.selectbox(key="t_domain").value == "synthetic:copy"  # the new group's own data
+    at.selectbox(key="t_domain").set_value("prose").run()
+    at.run()
+    assert at.selectbox(key="t_domain").value == "prose"  # a choice under the same default stays
+    at.selectbox(key="g").set_value("prose").run()
+    assert at.selectbox(key="t_domain").value == "prose"
