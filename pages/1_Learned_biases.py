@@ -289,7 +289,7 @@ elif long_docs:
         dfig = plots.dilution_compare_figure(found)
         ui.show_figure(
             dfig,
-            f"Document {doc_id} ({doc.num_tokens:,} tokens), query positions "
+            f"Document {ui.plain(doc_id)} ({doc.num_tokens:,} tokens), query positions "
             f"{', '.join(map(str, dil_positions))}; each point averages 8 query rows."
             + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
             P,
@@ -308,6 +308,6 @@ elif long_docs:
             ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
         else:
             st.caption(
-                f"Not measured yet for these checkpoints on {doc_id}: press **Measure dilution** "
+                f"Not measured yet for these checkpoints on {ui.plain(doc_id)}: press **Measure dilution** "
                 "(seconds per checkpoint on a CPU)."
             )

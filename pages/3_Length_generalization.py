@@ -135,7 +135,7 @@ def paired_section(shown: list[dict], caption: str) -> None:
             pfig = plots.paired_difference_figure(shown, reference=ref)
             ui.show_figure(
                 pfig,
-                caption + f" Bits per byte minus {ref}'s on the same documents and tokens; error bars: "
+                caption + f" Bits per byte minus {ui.plain(ref)}'s on the same documents and tokens; error bars: "
                 "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
                 "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
                 P,

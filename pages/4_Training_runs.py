@@ -43,7 +43,8 @@ for info in chosen:
         continue
     if not rows:
         st.warning(
-            f"{info.name} has no train_log.jsonl or train_log.jsonl.gz (it was not trained by `python -m fireviz train`)."
+            f"{ui.plain(info.name)} has no train_log.jsonl or train_log.jsonl.gz (it was not trained by "
+            "`python -m fireviz train`)."
         )
         continue
     logs[info.name] = rows
@@ -119,5 +120,5 @@ if logs:
         )
         ui.downloads(P, "position_parameters", plots.figure_to_csv(pfig), plots.figure_data(pfig))
     for info in chosen:
-        with st.expander(f"{info.name}: training settings and data provenance"):
+        with st.expander(f"{ui.plain(info.name)}: training settings and data provenance"):
             st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

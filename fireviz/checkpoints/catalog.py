@@ -159,7 +159,7 @@ def scan_checkpoints(root: str | os.PathLike | None = None) -> tuple[list[Checkp
 
 #: Largest safetensors header read (bytes): thousands of tensors fit in far less; a bigger one is
 #: metadata stuffing, refused before it is read (issue #38).
-MAX_SAFETENSORS_HEADER = 16 << 20
+MAX_SAFETENSORS_HEADER = 2 << 20  # a 1,000-tensor model's header is ~150 KB
 
 
 def _safetensors_entries(f: BinaryIO, size: int, source: str) -> dict[str, dict]:

@@ -6,6 +6,7 @@ finite) and refused with the reason; a bad file affects only its own checkpoint
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -374,9 +375,11 @@ def _result_entries(results: dict[str, Any], sha256: str | None = None):
     ``results`` (a file holds one :func:`fireviz.eval.evaluate` result dict or a list of them):
     rows made on exactly these weights (``checkpoint_sha256`` equal to ``sha256``, when given), in
     a window protocol (``mode`` same_text, else nonoverlapping or sliding — never ``context``, whose
-    lengths are context lengths), without zero-shot RoPE scaling or a capped FIRE normalizer
-    (evaluation variants, not the checkpoint as trained). Same-text rows come last, so they win
-    where protocols overlap. JSON of any other shape is ignored rather than guessed at."""
+    lengths are context lengths), on the validation split in float32, without zero-shot RoPE
+    scaling or a capped FIRE normalizer (evaluation variants, not the checkpoint as trained), and
+    no entry that reports an error. Rows are taken in a fixed order whatever the file order
+    (same-text last, so it wins where protocols overlap; then by their settings). JSON of any other
+    shape is ignored rather than guessed at."""
     rows = []
     for obj in results.values():
         for r in obj if isinstance(obj, list) else [obj]:
@@ -387,14 +390,19 @@ def _result_entries(results: dict[str, Any], sha256: str | None = None):
             st = r["settings"]
             if st.get("rope_scaling") or st.get("normalizer_cap") is not None or st.get("mode") == "context":
                 continue
+            if st.get("split", "validation") != "validation" or st.get("precision", "float32") != "float32":
+                continue  # numbers on training text, or in bf16: not the headline
             if sha256 is not None and r.get("checkpoint_sha256") != sha256:
                 continue  # made on other weights (a copied or stale results.json): not this checkpoint's
             rows.append(r)
-    rows.sort(key=lambda r: r["settings"].get("mode") == "same_text")
+    rows.sort(
+        key=lambda r: (r["settings"].get("mode") == "same_text", json.dumps(r["settings"], sort_keys=True, default=str))
+    )
     for r in rows:
         for e in r["per_length"]:
             if (
                 isinstance(e, dict)
+                and "error" not in e
                 and isinstance(e.get("length"), int)
                 and not isinstance(e.get("length"), bool)
                 and isinstance(e.get("bits_per_byte"), (int, float))

@@ -15,15 +15,19 @@ MAX_UPLOAD_MB = 32
 #: Largest text a compressed upload may expand to (MB): the upload cap bounds the compressed
 #: bytes only, and a 1 MB .gz can hold gigabytes of zeros (issue #38).
 MAX_UNCOMPRESSED_MB = 128
-#: Longest stored file name (characters, extension included): the temporary name of an atomic
-#: write adds to it, and most file systems stop at 255 bytes.
+#: Longest stored file name (ASCII characters = bytes, extension included): the temporary name of
+#: an atomic write adds to it, and most file systems stop at 255 bytes.
 MAX_NAME_CHARS = 100
 
 
 def _stored_name(name: str) -> str:
-    """A file name safe to store: letters, digits and ``._-`` (others become ``_``), no leading
-    dot, at most ``MAX_NAME_CHARS`` characters with the extensions (``.jsonl.gz``) kept."""
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in Path(name).name).lstrip(".") or "upload.txt"
+    """A file name safe to store: ASCII letters, digits and ``._-`` (anything else becomes ``_``, so
+    characters are bytes), no leading dot, at most ``MAX_NAME_CHARS`` with the extensions
+    (``.jsonl.gz``) kept."""
+    safe = (
+        "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "_" for c in Path(name).name).lstrip(".")
+        or "upload.txt"
+    )
     if len(safe) <= MAX_NAME_CHARS:
         return safe
     suffix = "".join(Path(safe).suffixes[-2:])[-20:]
@@ -99,15 +103,15 @@ def save_upload(name: str, data: bytes) -> Path:
     _check_uncompressed_size(safe, data)
     folder = default_cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16]
     path = folder / safe
-    existed = path.exists()
-    if not existed:
-        try:
+    try:
+        existed = path.exists()
+        if not existed:
             atomic_write(path, lambda p: Path(p).write_bytes(data))
-        except OSError as e:  # e.g. a full disk: said without the server's paths
-            raise DataError(
-                f"cannot store the uploaded file {name} on the server ({e.strerror or type(e).__name__}); "
-                "try again later or evaluate it from the command line"
-            ) from e
+    except OSError as e:  # e.g. a full disk: said without the server's paths
+        raise DataError(
+            f"cannot store the uploaded file {name} on the server ({e.strerror or type(e).__name__}); "
+            "try again later or evaluate it from the command line"
+        ) from e
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RawBytesWarning)  # raw bytes are fine; said in the docstring

@@ -13,7 +13,7 @@ from fireviz.eval import PUBLISHED_RESULTS, EvalSettings, EvaluationError, looku
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import job_error_text
 from fireviz.ui import jobs
-from fireviz.ui.state import error, key
+from fireviz.ui.state import error, key, plain
 
 
 def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None = "Stop", poll_s: float = 0.5) -> None:
@@ -38,10 +38,10 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
         if snap["status"] == jobs.QUEUED:
             ahead = q.position(job_key)
             st.info(
-                f"{snap['label']}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
+                f"{plain(snap['label'])}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
                 "the page or opening it in another tab finds it here."
             )
-        text = f"{snap['label']}: {snap['message']} · {snap['elapsed_s']:.0f} s"
+        text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s"
         st.progress(snap["fraction"], text=text)
         if cancel_label and st.button(cancel_label, key=key(page, f"cancel_{job_key}")):
             q.cancel(job_key)
@@ -140,7 +140,12 @@ def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[li
 
 
 def eval_caption(results: Sequence[dict]) -> str:
-    """The evaluation settings and the device that ran them, as one caption line."""
+    """The evaluation settings and the device that ran them, as one caption line (plain text:
+    its values come from results that may have been read from a file)."""
+    return plain(_eval_caption(results))
+
+
+def _eval_caption(results: Sequence[dict]) -> str:
     if not results:
         return ""
     s = results[0].get("settings", {})

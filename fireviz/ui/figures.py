@@ -15,7 +15,7 @@ from fireviz.checkpoints import hub
 from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
 from fireviz.ui.picker import _load_model, checkpoint_sha256
-from fireviz.ui.state import key, url_state
+from fireviz.ui.state import key, plain, url_state
 
 
 def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
@@ -53,7 +53,7 @@ def figure_downloads(fig, page: str, name: str) -> None:
                 mime=mime,
                 key=key(page, f"export_{name}_{fmt}"),
                 on_click="ignore",
-                help=f"{stem}.{fmt}",
+                help=plain(f"{stem}.{fmt}"),
             )
 
 
@@ -86,7 +86,7 @@ def downloads(
             data,
             file_name=fname,
             mime=mime,
-            help=fname,
+            help=plain(fname),
             key=key(page, f"dl_{name}_{fname}"),
             on_click="ignore",
         )

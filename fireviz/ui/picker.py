@@ -252,24 +252,25 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     (for a published model: source, family, revision, stack and what was read)."""
     c = info.config
     if info.is_published:
-        rev = f" @ `{c['revision'][:12]}`" if c.get("revision") else ""
-        stack = f", {c.get('stack')} stack" if c.get("stack") else ""
+        rev = f" @ {plain(str(c['revision'])[:12])}" if c.get("revision") else ""
+        stack = f", {plain(c.get('stack'))} stack" if c.get("stack") else ""
         return (
-            f"**{info.name}**{rev}: published {c.get('family')} ({c.get('model_type')}), {c.get('n_layer')} layers "
-            f"× {c.get('n_head')} heads{stack}; position encoding {info.position_encoding} read from config.json"
+            f"**{plain(info.name)}**{rev}: published {plain(c.get('family'))} ({plain(c.get('model_type'))}), "
+            f"{plain(c.get('n_layer'))} layers × {plain(c.get('n_head'))} heads{stack}; position encoding "
+            f"{plain(info.position_encoding)} read from config.json"
             + (" and the bias tables' bytes" if info.position_encoding == "t5" else "")
             + " only"
         )
-    parts = [
-        f"**{info.name}**: {info.position_encoding}",
-        f"{c.get('n_layer')} layers × {c.get('n_head')} heads, d_model {c.get('d_model')}",
+    parts = [  # names and values from the folder and its config.json: plain text (issue #38)
+        f"**{plain(info.name)}**: {plain(info.position_encoding)}",
+        f"{plain(c.get('n_layer'))} layers × {plain(c.get('n_head'))} heads, d_model {plain(c.get('d_model'))}",
         f"{info.num_parameters:,} parameters",
         f"trained at {info.seq_len} tokens",
     ]
     if info.training_tokens:
         parts.append(f"on {human_count(info.training_tokens)} tokens")
     if info.data:
-        parts.append(f"of {info.data}")
+        parts.append(f"of {plain(info.data)}")
     return " · ".join(parts)
 
 

@@ -127,7 +127,13 @@ def test_headline_shows_only_plain_numbers_made_on_these_weights():
     capped = row(1.955, 1.953, normalizer_cap=512)
     context = row(1.90, 1.89, mode="context")
     stale = row(1.0, 1.0, sha="b" * 64)
-    for order in ([own, capped, context, stale], [stale, context, capped, own]):
+    train_split = row(0.5, 0.5, split="train")
+    bf16 = row(0.7, 0.7, precision="bfloat16")
+    failed = row(0.1, 0.1)
+    for e in failed["per_length"]:
+        e["error"] = "not computed"
+    others = [capped, context, stale, train_split, bf16, failed]
+    for order in ([own, *others], [*others, own], [others[2], own, *others[3:], *others[:2]]):
         head = checkpoints.headline_numbers(512, {"results.json": order}, [], sha)
         assert (head["bpb @ 512"], head["bpb @ 4096"]) == (1.955, 2.128)
     log = [{"step": 10, "val_loss": 1.25}]
@@ -460,7 +466,8 @@ def test_fit_alibi_live_and_download(app_env):
     at.button(key="fit_go").click().run()
     no_exception(at)
     assert next(m for m in at.metric if m.label == "fit time").value == "cached"
-    names = [b.proto.help for b in at.get("download_button")]  # labels are short; the tooltip is the file name
+    # labels are short; the tooltip is the file name (as plain text: ui.plain's escapes taken out)
+    names = [re.sub(r"\\(.)", r"\1", b.proto.help) for b in at.get("download_button")]
     assert any("fire_fit_alibi_L16.safetensors" in n for n in names) and any(n.endswith(".json") for n in names), names
     assert not any("settings have changed" in i.value for i in at.info)
     # settings changed without a new Fit: the old result stays, marked as such

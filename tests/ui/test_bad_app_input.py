@@ -220,3 +220,7 @@ def test_a_very_long_upload_name_is_stored_under_a_shorter_one(tmp_path, monkeyp
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     path = ui.save_upload("n" * 246 + ".jsonl", b'{"text": "hello"}\n')
     assert path.exists() and path.name.endswith(".jsonl") and len(path.name) <= 100
+    for k, name in enumerate(["漢" * 99 + ".txt", "𝟘" * 90 + ".txt", "é" * 300 + ".jsonl"]):  # bytes, not characters
+        data = b'{"text": "hello"}\n' if name.endswith(".jsonl") else b"hello world %d" % k
+        stored = ui.save_upload(name, data)
+        assert stored.exists() and len(stored.name.encode()) <= 100 and stored.suffix == Path(name).suffix
