@@ -161,9 +161,11 @@ def _print_report(out: dict, args) -> None:
             print(f"{layer:5d} " + " ".join(f"{m:8.3f}" for m in means))
 
 
-def _text_tokens(args, model):
+def _text_tokens(args, model, need: int):
     """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
-    error message (``attention_dilution`` checks that they are enough)."""
+    error message (``attention_dilution`` checks that they are enough). Only the first ``need``
+    tokens are ever used (BOS + the bytes up to the largest query position), so only those bytes
+    are read: a huge file, a pipe or /dev/zero costs ``need`` bytes, not the file (issue #38)."""
 
     if not isinstance(model, GPT):
         return None, (
@@ -171,7 +173,9 @@ def _text_tokens(args, model):
             "for its position encoding only"
         )
     try:
-        tokens = text_tokens(Path(args.text).read_bytes().decode("utf-8", errors="surrogateescape"))
+        with open(args.text, "rb") as f:
+            raw = f.read(max(need - 1, 0))  # BOS is the first token
+        tokens = text_tokens(raw.decode("utf-8", errors="surrogateescape"))
     except OSError as e:
         return None, f"cannot read --text {args.text}: {e}"
     return tokens, None
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(e) or type(e).__name__)
     tokens = None
     if args.text is not None:
-        tokens, problem = _text_tokens(args, model)
+        d = dilution.resolve(model.config.seq_len)
+        tokens, problem = _text_tokens(args, model, max(d.query_positions or (0,)) + 1)
         if problem:
             return _fail(problem)
     try:

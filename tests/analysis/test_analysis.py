@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -754,3 +755,22 @@ def test_rounded_lists_equal_per_value_formatting():
         assert [None if x is None else (x, math.copysign(1, x)) for x in flat_got] == [
             None if x is None else (x, math.copysign(1, x)) for x in flat_want
         ]
+
+
+def test_cli_text_reads_only_the_bytes_the_dilution_needs(checkpoint, tmp_path, capsys):
+    """Issue #38: ``biases --text`` read the whole file (1.1 GB for 50 MB; MemoryError on /dev/zero).
+    It reads BOS + bytes up to the largest query position: /dev/zero works, and a large file gives
+    the same numbers as its prefix."""
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.write(("the quick brown fox " * 20).encode())
+        f.write(b"x" * (64 << 20))  # 64 MB more that the measurement never reaches
+    prefix = tmp_path / "prefix.txt"
+    prefix.write_bytes(big.read_bytes()[:400])
+    outs = {}
+    for name, path in (("big", big), ("prefix", prefix), ("zero", Path("/dev/zero"))):
+        out = tmp_path / f"{name}.json"
+        argv = ["biases", str(checkpoint), "--out", str(out), "--text", str(path), "--dilution-positions", "31,300"]
+        assert cli_main(argv) == 0, capsys.readouterr().err
+        outs[name] = json.loads(out.read_text())["dilution"]["share"]
+    assert outs["big"] == outs["prefix"] and np.isfinite(np.array(outs["zero"], dtype=float)).all()
