@@ -137,7 +137,7 @@ def test_loads_with_from_pretrained_and_results_match_the_weights(name):
     assert model.config.position_encoding == config(folder)["position_encoding"]
     assert sum(p.numel() for p in model.parameters()) == config(folder)["training"]["num_parameters"]
     sha = checkpoint_sha256(folder)
-    res = results(folder)
+    res = [r for r in results(folder) if r["settings"]["mode"] != "context"]  # context use: its own test
     assert {r["settings"]["data"] for r in res} == DOMAINS
     for r in res:
         assert r["checkpoint_sha256"] == sha, f"{name}: results.json was computed on other weights"
@@ -181,7 +181,12 @@ def results_table(section: str, after: str = "") -> dict[str, list[str]]:
 
 def test_results_table_is_the_results():
     table = results_table("prose")
-    published = {r["label"]: r for p in shipped() for r in results(p) if r["settings"]["data"] == "prose"}
+    published = {
+        r["label"]: r
+        for p in shipped()
+        for r in results(p)
+        if r["settings"]["data"] == "prose" and r["settings"]["mode"] != "context"
+    }
     assert set(table) == set(published)
     for label, cells in table.items():
         assert cells == [
@@ -206,7 +211,11 @@ def test_results_seed_table_is_the_seed_runs():
     for enc, members in groups.items():
         rows = [
             next(
-                r for r in results(CKPTS / n) if r["settings"]["data"] == "prose" and not r["settings"]["rope_scaling"]
+                r
+                for r in results(CKPTS / n)
+                if r["settings"]["data"] == "prose"
+                and not r["settings"]["rope_scaling"]
+                and r["settings"]["mode"] != "context"
             )
             for n in members
         ]
@@ -292,3 +301,47 @@ def test_retrained_kerple_parameters_all_moved(name):
                 assert 0.01 < v < (r2_max if p == "r2" else math.inf), (name, p, layer, head)
             stored = weights[f"encodings.{layer}.{p}"].float().tolist()
             assert stored == pytest.approx(values, rel=1e-3), (name, p, layer)
+
+
+CONTEXT_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 7936]
+
+
+def context_rows(domain: str) -> dict[str, dict]:
+    return {
+        p.name: r
+        for p in shipped()
+        for r in results(p)
+        if r["settings"]["mode"] == "context" and r["settings"]["data"] == domain
+    }
+
+
+@pytest.mark.parametrize("domain", sorted(DOMAINS))
+def test_published_context_use_rows_score_the_same_targets_and_are_the_results_table(domain):
+    """Issue #35: the context-use rows a results.json holds were made on exactly its weights with
+    the protocol's settings (the last 256 of the first 8192 tokens; the same targets at every c),
+    and RESULTS.md's "Context use" table is exactly those rows and names every checkpoint without
+    one."""
+    rows = context_rows(domain)
+    text = (CKPTS / "RESULTS.md").read_text(encoding="utf-8")
+    if not rows:
+        assert f"## Context use: {domain}" not in text
+        return
+    for name, r in rows.items():
+        s = r["settings"]
+        assert r["checkpoint_sha256"] == checkpoint_sha256(CKPTS / name), name
+        assert (s["context_targets"], s["prefix_tokens"], s["stride"], s["split"]) == (256, 8192, 64, "validation")
+        per = r["per_length"]
+        assert [e["length"] for e in per] == CONTEXT_LENGTHS, name
+        assert len({e["tokens_scored"] for e in per}) == 1 and per[0]["documents"] >= 10, name  # the same targets
+        for e in per[:-1]:  # every c but full: its difference against full context, on the same targets
+            lo, hi = e["full_ci95"]
+            assert lo <= e["full_delta_bpb"] <= hi, (name, e["length"])
+    table = results_table(f"Context use: {domain}")
+    assert set(table) == set(rows)
+    for name, cells in table.items():
+        assert cells == [
+            f"{e['bits_per_byte']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]" for e in rows[name]["per_length"]
+        ]
+    missing = sorted(p.name for p in shipped() if p.name not in rows)
+    if missing:
+        assert f"({len(missing)} of {len(missing) + len(rows)}): " + ", ".join(missing) in text

@@ -92,7 +92,7 @@ def test_home_lists_checkpoints_with_headline_numbers(app_env):
     last = [r for r in checkpoints.read_train_log(app_env / "alibi") if "val_loss" in r][-1]
     assert alibi["val loss (nats/token)"] == pytest.approx(last["val_loss"], abs=1e-4)
     assert fire["progress"] == "step 20"  # config training.steps; no max_steps recorded
-    assert any("bpb = bits per byte" in c.value for c in at.caption)
+    assert any("bpb = bits per byte" in said(c) for c in at.caption)
     at.switch_page("pages/4_Training_runs.py").run()  # the navigation reaches every page
     no_exception(at)
     assert figures(at)
@@ -212,8 +212,8 @@ def test_length_generalization_pools_training_seeds(tmp_path, monkeypatch):
     np.testing.assert_allclose(fire_rows["bits_per_byte"], bpb.mean(0), rtol=1e-9)
     np.testing.assert_allclose(fire_rows["bits_per_byte_std"], bpb.std(0, ddof=1), rtol=1e-9)
     assert set(table[table["group"] == "fire"]["n"]) == {2} and set(table[table["group"] == "alibi"]["n"]) == {1}
-    assert any("Seeds pooled" in c.value for c in at.caption)
-    assert any("window seed 0" in c.value for c in at.caption)
+    assert any("Seeds pooled" in said(c) for c in at.caption)
+    assert any("window seed 0" in said(c) for c in at.caption)
     # off: one line per checkpoint again; without a second seed chosen the sidebar says which exist
     hint = page("pages/3_Length_generalization.py", ckpt=["alibi", "fire_seed1"]).run()
     assert not hint.sidebar.checkbox and any("fire, fire_seed1" in c.value for c in hint.sidebar.caption)
@@ -262,7 +262,7 @@ def test_length_generalization_shows_shipped_results_without_run(tmp_path, monke
     expected = [r["per_length"][0]["bits_per_byte"] for r in shipped]
     np.testing.assert_allclose(table["bits_per_byte"], expected, rtol=1e-12)
     assert len(set(expected)) == 3  # at 2× the training length the three differ: each from its own row
-    assert any("3 from the checkpoints' shipped results.json" in c.value for c in at.caption)
+    assert any("3 from the checkpoints' shipped results.json" in said(c) for c in at.caption)
     assert not list((tmp_path / "empty-cache").glob("*.json"))  # read in place, not copied
 
 
@@ -273,7 +273,7 @@ def test_length_generalization_device_choice_with_a_gpu(app_env, monkeypatch):
     no_exception(at)
     radio = at.sidebar.radio(key="lengen_device")
     assert radio.options == ["GPU (bf16 autocast)", "CPU (float32)"] and radio.value == "cpu"
-    assert any("on cpu" in c.value for c in at.caption)
+    assert any("on cpu" in said(c) for c in at.caption)
     assert at.query_params["device"] == "cpu"
 
 
@@ -396,7 +396,7 @@ def test_rotary_first_then_additive_summary_and_caption(app_env):
     assert rope["share_local"] == "—" and rope["classify_at"] == "—" and "kernel" in rope["note"]
     alibi = summary[summary["checkpoint"] == "alibi"].iloc[0]
     assert str(alibi["classify_at"]) == "31" and alibi["share_local"].endswith("%")
-    captions = " ".join(c.value for c in at.caption)
+    captions = " ".join(said(c) for c in at.caption)
     assert "i = 31 tokens" in captions and "None" not in captions and "{" not in captions
     assert "position kernel, not an additive bias" in captions
 
@@ -460,7 +460,7 @@ def test_fit_alibi_live_and_download(app_env):
     assert next(m for m in at.metric if m.label == "fit time").value.endswith(" s")
     (mark,) = [sh for sh in fig["layout"]["shapes"] if sh.get("label", {}).get("text")]
     assert mark["label"]["text"] == "fitted 0–15"  # max_len 16: distances 0 … 15
-    captions = " ".join(c.value for c in at.caption)
+    captions = " ".join(said(c) for c in at.caption)
     assert "{" not in captions and "slopes 0.0625, 0.00391" in captions
     # the same fit again: the finished job is reused and said to be cached
     at.button(key="fit_go").click().run()
@@ -535,7 +535,7 @@ def test_length_generalization_runs_in_background_once_and_matches_evaluate(app_
     ppl = figures(at)[0]
     assert {tr["name"] for tr in ppl["data"]} == {"fire", "alibi"}
     assert ppl["layout"]["yaxis"]["type"] == "log"
-    caption = " ".join(c.value for c in at.caption)
+    caption = " ".join(said(c) for c in at.caption)
     assert "device cpu" in caption and "token budget 256" in caption
     table = at.dataframe[0].value
     np.testing.assert_allclose(table["bits_per_byte"], table["nats_per_token"] / math.log(2))
@@ -694,7 +694,7 @@ def test_length_generalization_same_text_intervals_paired_and_cap(app_env):
     assert list(dict.fromkeys(table["group"])) == ["fire", "alibi", "fire cap 16"]
     assert (table["ci95_low"] <= table["bits_per_byte"]).all() and (table["bits_per_byte"] <= table["ci95_high"]).all()
     assert table["documents"].nunique() == 1
-    caption = " ".join(c.value for c in at.caption)
+    caption = " ".join(said(c) for c in at.caption)
     assert "same text at every length: the first 64 tokens of" in caption
     upload = next(Path(p) for p in (Path(default_cache_dir()) / "uploads").rglob("tiny.jsonl"))
     plain = evaluate.evaluate_many(
@@ -796,7 +796,7 @@ def test_learned_biases_normalizer_cap_fire_input_and_dilution(app_env):
     )
     np.testing.assert_allclose(y_plain, expected, rtol=1e-5)
     # dilution: not measured yet → Measure → the panel's figure matches the library
-    assert any("Not measured yet" in c.value for c in at.caption)
+    assert any("Not measured yet" in said(c) for c in at.caption)
     at.button(key="biases_dilution_run").click()
     run_until(at, lambda a: any("nearest 4 keys" in f["layout"]["title"]["text"] for f in figures(a)), timeout=120)
     dil = next(f for f in figures(at) if "nearest 4 keys" in f["layout"]["title"]["text"])
