@@ -1,161 +1,624 @@
-"""GPU benchmark (issue 9): the paper's base recipe on CUDA, and FIRE evaluation memory.
+"""One GPU check, ready to run in one call (issues #9, #37): everything the CPU cannot show.
 
-1. Training step of the base recipe (12 layers, 12 heads, d=768, length 2048, batch 8) in
-   bf16 autocast, with and without ``torch.compile``, for FIRE and RoPE: tokens/s and model
-   FLOPs utilization (MFU = 6·N·tokens/s + attention FLOPs, over the GPU's dense bf16 peak).
-2. FIRE evaluation memory at 8192 and 32768 (batch 1, one attention layer's worth): a
-   materialized bias (fireviz's SDPA path) against the bias computed inside the kernel
-   (``fireviz.model.flex``: FlexAttention with a ``score_mod`` evaluating FIRE's MLP).
-3. The whole model's evaluation forward at 8k and 32k, ``set_attention_backend("sdpa")`` vs
-   ``"flex"`` (seconds, peak GPU memory), for FIRE and ALiBi.
+Steps (each one reports what failed and the script goes on with the rest):
 
-On a machine without CUDA it prints that it skipped and exits 0.
+1. ``environment``: torch, CUDA, the GPU(s), whether FlexAttention compiles here.
+2. ``parity``: for every registered encoding, a small GPT's float32 logits on the device against
+   a float64 CPU reference (TF32 off), at 2.3 × its training length; FlexAttention's forward
+   against the SDPA path for each additive encoding; and the gradients of a training step through
+   FlexAttention (bias tables with gradients) against the SDPA path (PyTorch has no FlexAttention
+   backward on CPU: there it says so).
+3. ``train_step``: optimizer steps of the paper's base shape (12 layers, 12 heads, d = 768, 2048
+   tokens, batch 8) in bf16 autocast for FIRE, ALiBi and RoPE: SDPA eager, SDPA under
+   ``torch.compile``, FlexAttention eager — tokens/s, MFU (6·N + attention FLOPs per token over
+   the GPU's dense bf16 peak) and peak memory.
+4. ``eval_memory``: the base shape's evaluation forward at 8k and 32k tokens (batch 1) for FIRE
+   and ALiBi, SDPA (bias materialised per 1024-query block) against FlexAttention (bias inside
+   the kernel): seconds, peak memory, and the size a full ``[heads, n, n]`` bias would have taken.
+5. ``trainer``: ``python -m fireviz train`` (configs/tiny.toml on the bundled prose, FIRE) on the
+   device with ``compile`` off and on: steps/s, tokens/s, the last loss.
+6. ``ddp``: the same run under ``torchrun`` on every visible GPU (NCCL; with ``--dry-run``: two
+   CPU processes, gloo) and its last loss against the one-process run.
 
-    python benchmarks/gpu.py [--peak-tflops 989]
+    python benchmarks/gpu.py [--out DIR] [--budget-s 540] [--peak-tflops F] [--only STEP,…]
+    python benchmarks/gpu.py --dry-run      # every step at toy sizes on the CPU (~4 min on 2 cores)
+    python benchmarks/gpu.py --dry-run --no-compile --attention sdpa   # the plumbing only (~1 min)
+
+Writes ``DIR/gpu.json`` (every figure, the settings, the failures) and ``DIR/gpu.md`` (a short
+report); default DIR ``benchmarks/results``. Without CUDA and without ``--dry-run`` it says so and
+exits 0 having measured nothing. A step that would start after ``--budget-s`` seconds is skipped
+and named as such, so the call ends inside its lease.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
 
-def train_tokens_per_s(name: str, compile_model: bool, steps: int = 10, batch: int = 8, seq: int = 2048):
+STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp")
+#: dense bf16 peak (TFLOP/s) by GPU name fragment, for MFU; --peak-tflops overrides
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
+#: float32 logits against float64: rounding alone is ~1e-6 here; an indexing or formula bug is O(0.1)
+PARITY_TOL = 1e-4
+#: relative gradient difference, FlexAttention vs SDPA, both float32 (TF32 off)
+GRAD_TOL = 1e-3
+#: the attention paths measured (--attention), and whether torch.compile rows run (--no-compile)
+ATTENTION = ["sdpa", "flex"]
+COMPILE = [True]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Model shapes and counts of one run (``FULL`` on a GPU, ``TOY`` for ``--dry-run``)."""
+
+    parity_model: tuple[int, int, int, int]  # n_layer, n_head, d_model, seq_len
+    parity_length: int
+    base_model: tuple[int, int, int]  # n_layer, n_head, d_model
+    train_seq: int
+    train_batch: int
+    train_steps: int
+    warmup_steps: int
+    eval_lengths: tuple[int, ...]
+    trainer_steps: int
+    trainer_model: tuple[str, ...]  # extra --set options for the tiny recipe
+
+
+FULL = Sizes((2, 4, 64, 128), 300, (12, 12, 768), 2048, 8, 10, 3, (8192, 32768), 200, ())
+TOY = Sizes(
+    (2, 4, 64, 128),
+    300,
+    (2, 2, 64),
+    128,
+    2,
+    2,
+    1,
+    (256, 1024),
+    4,
+    ("model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=64", "train.batch_size=4"),
+)
+
+
+class Budget:
+    """Seconds left of ``--budget-s``; ``ok(need)`` is False once fewer than ``need`` remain."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def ok(self, need: float = 0.0) -> bool:
+        return self.left() > need
+
+
+def _failure(e: BaseException) -> dict:
+    """A failure as JSON: the exception's type, first line and the innermost frame."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+    return {"status": "failed", "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}", "at": where}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _reset_peak(dev: torch.device) -> int:
+    if dev.type != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(dev)
+    return torch.cuda.memory_allocated(dev)
+
+
+def _peak_mib(dev: torch.device, base: int) -> float | None:
+    return round((torch.cuda.max_memory_allocated(dev) - base) / 2**20, 1) if dev.type == "cuda" else None
+
+
+def _autocast(dev: torch.device):
+    from contextlib import nullcontext
+
+    return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
+
+
+def _gpt(name: str, shape: tuple[int, ...], seq_len: int, dev: torch.device, seed: int = 0):
     from fireviz.model import GPT, GPTConfig
 
-    cfg = GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=seq, position_encoding=name, attn_query_block=seq)
-    model = GPT(cfg).cuda()
-    n_params = model.num_parameters()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    run = torch.compile(model) if compile_model else model
-    x = torch.randint(0, 256, (batch, seq + 1), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(run(x[:, :-1]).reshape(-1, 257).float(), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    tps = batch * seq * steps / (time.perf_counter() - t)
-    # 6N per token for the weights + 12·layers·d·seq per token for attention scores (fwd+bwd)
-    flops_per_token = 6 * n_params + 12 * cfg.n_layer * cfg.d_model * seq
-    return tps, flops_per_token * tps
+    torch.manual_seed(seed)
+    n_layer, n_head, d_model = shape[:3]
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, seq_len=seq_len, position_encoding=name)
+    return GPT(cfg).to(dev)
 
 
-def fire_eval_memory(n: int, heads: int = 12, head_dim: int = 64):
-    from fireviz.encodings import FIRE
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
-    fire = FIRE(heads, init_L=512.0).cuda()
-    q = torch.randn(1, heads, n, head_dim, device="cuda", dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    out = {}
-    # (a) materialized bias, in query blocks of 1024 as the model does
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    t = time.perf_counter()
-    with torch.inference_mode():
-        for s in range(0, n, 1024):
-            e = min(s + 1024, n)
-            bias = fire.bias(e - s, e, s)
-            allowed = torch.arange(e, device="cuda")[None, :] <= torch.arange(s, e, device="cuda")[:, None]
-            mask = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)[None]
-            F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, :e], v[:, :, :e], attn_mask=mask)
-    torch.cuda.synchronize()
-    out["materialized"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
-    # (b) bias inside the kernel: fireviz.flex (FlexAttention with FIRE's score_mod)
+
+# ---------------------------------------------------------------------------------------------
+# 1. environment
+# ---------------------------------------------------------------------------------------------
+def environment(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
     from fireviz.model import flex
 
-    if not flex.flex_available():
-        out["flex_attention"] = None
-        print(f"  FlexAttention unavailable: {flex.unavailable_reason()}")
-        return out
-    with torch.inference_mode():
-        flex.causal_flex(q, k, v, fire)  # compile
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        t = time.perf_counter()
-        flex.causal_flex(q, k, v, fire)
-        torch.cuda.synchronize()
-    out["flex_attention"] = (time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20)
+    out = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "device": str(dev),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+    }
+    if dev.type == "cuda":
+        free, total = torch.cuda.mem_get_info(dev)
+        out["gpu_memory_gib"] = round(total / 2**30, 1)
+    out["flex_available"] = flex.flex_available()
+    out["flex_unavailable_reason"] = flex.unavailable_reason() or None
     return out
 
 
-def model_eval(n: int, backend: str, name: str = "fire"):
-    """One forward of the base-shape GPT (12L, 12H, d=768) at length n, bf16 autocast: (s, peak MiB)."""
-    from fireviz.model import GPT, GPTConfig
+# ---------------------------------------------------------------------------------------------
+# 2. parity
+# ---------------------------------------------------------------------------------------------
+def _logits_parity(name: str, dev: torch.device, sizes: Sizes) -> dict:
+    *shape, seq = sizes.parity_model
+    model = _gpt(name, shape, seq, torch.device("cpu")).eval()
+    x = torch.randint(0, 256, (2, sizes.parity_length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model.double()(x)
+        got = model.float().to(dev)(x.to(dev)).double().cpu()
+    err = (got - ref).abs().max().item()
+    return {"max_abs_logit_error": err, "status": "ok" if err <= PARITY_TOL else "mismatch"}
 
-    model = GPT(GPTConfig(n_layer=12, n_head=12, d_model=768, seq_len=2048, position_encoding=name)).cuda().eval()
-    model.set_attention_backend(backend)
-    x = torch.randint(0, 256, (1, n), device="cuda")
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-        model(x[:, :1024])  # compile / warm up
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+
+def _flex_forward_parity(name: str, dev: torch.device, sizes: Sizes) -> dict:
+    *shape, seq = sizes.parity_model
+    model = _gpt(name, shape, seq, dev).eval()
+    x = torch.randint(0, 256, (1, sizes.parity_length), generator=torch.Generator().manual_seed(2)).to(dev)
+    with torch.no_grad():
+        a = model.set_attention_backend("sdpa")(x)
+        b = model.set_attention_backend("flex")(x)
+    err = (a - b).abs().max().item()
+    return {"max_abs_logit_error": err, "status": "ok" if err <= PARITY_TOL else "mismatch"}
+
+
+def _flex_grad_parity(name: str, dev: torch.device, sizes: Sizes) -> dict:
+    *shape, seq = sizes.parity_model
+    x = torch.randint(0, 256, (2, seq + 1), generator=torch.Generator().manual_seed(3)).to(dev)
+    grads = {}
+    for backend in ("sdpa", "flex"):
+        model = _gpt(name, shape, seq, dev).train().set_attention_backend(backend)
+        logits = model(x[:, :-1])
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)).backward()
+        grads[backend] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    worst, where = 0.0, ""
+    for n, g in grads["sdpa"].items():
+        h = grads["flex"].get(n)
+        if h is None:
+            return {"status": "mismatch", "error": f"no gradient for {n} through FlexAttention"}
+        rel = ((g - h).norm() / g.norm().clamp_min(1e-12)).item()
+        if rel > worst:
+            worst, where = rel, n
+    return {"max_rel_grad_error": worst, "at": where, "status": "ok" if worst <= GRAD_TOL else "mismatch"}
+
+
+def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
+    from fireviz.encodings import encoding_names, encoding_spec
+    from fireviz.model import flex
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    out: dict = {
+        "tolerance_logits": PARITY_TOL,
+        "tolerance_grad": GRAD_TOL,
+        "logits": {},
+        "flex_forward": {},
+        "flex_grad": {},
+    }
+    try:
+        for name in encoding_names():
+            out["logits"][name] = _run(_logits_parity, name, dev, sizes)
+        flex_ok = flex.flex_available()
+        for name in encoding_names():
+            if encoding_spec(name).kind != "additive" and name != "rope":
+                continue
+            if "flex" not in ATTENTION:
+                out["flex_forward"][name] = {"status": "skipped", "error": "--attention without flex"}
+                continue
+            if not budget.ok(30):
+                out["flex_forward"][name] = {"status": "skipped", "error": "time budget"}
+                continue
+            if not flex_ok:
+                out["flex_forward"][name] = {"status": "unavailable", "error": flex.unavailable_reason()}
+                continue
+            out["flex_forward"][name] = _run(_flex_forward_parity, name, dev, sizes)
+        for name in ("alibi", "t5", "fire"):
+            if "flex" not in ATTENTION:
+                out["flex_grad"][name] = {"status": "skipped", "error": "--attention without flex"}
+            elif dev.type != "cuda":
+                out["flex_grad"][name] = {
+                    "status": "unavailable",
+                    "error": "PyTorch has no FlexAttention backward on CPU",
+                }
+            elif not flex_ok:
+                out["flex_grad"][name] = {"status": "unavailable", "error": flex.unavailable_reason()}
+            elif not budget.ok(60):
+                out["flex_grad"][name] = {"status": "skipped", "error": "time budget"}
+            else:
+                out["flex_grad"][name] = _run(_flex_grad_parity, name, dev, sizes)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    return out
+
+
+def _run(fn, *args) -> dict:
+    """``fn(*args)``, or the failure as JSON: one failure must not hide the rest."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        return _failure(e)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. train_step
+# ---------------------------------------------------------------------------------------------
+def _train_speed(
+    name: str, backend: str, compile_model: bool, dev: torch.device, sizes: Sizes, peak: float | None
+) -> dict:
+    model = _gpt(name, sizes.base_model, sizes.train_seq, dev).train().set_attention_backend(backend)
+    n_params = model.num_parameters()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
+    run = torch.compile(model) if compile_model else model
+    x = torch.randint(0, 256, (sizes.train_batch, sizes.train_seq + 1), device=dev)
+    vocab = model.lm_head.out_features
+
+    def step():
+        with _autocast(dev):
+            logits = run(x[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab).float(), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(sizes.warmup_steps):
+        step()
+    _sync(dev)
+    warm = time.perf_counter() - t0
+    base = _reset_peak(dev)
+    t = time.perf_counter()
+    for _ in range(sizes.train_steps):
+        loss = step()
+    _sync(dev)
+    sec = time.perf_counter() - t
+    tps = sizes.train_batch * sizes.train_seq * sizes.train_steps / sec
+    n_layer, _, d_model = sizes.base_model
+    flops_per_token = 6 * n_params + 12 * n_layer * d_model * sizes.train_seq  # weights + causal scores (fwd+bwd)
+    return {
+        "status": "ok" if torch.isfinite(loss).item() else "non-finite loss",
+        "tokens_per_s": round(tps),
+        "mfu": round(flops_per_token * tps / (peak * 1e12), 4) if peak else None,
+        "peak_mib": _peak_mib(dev, base),
+        "warmup_s": round(warm, 2),
+        "parameters": n_params,
+    }
+
+
+def train_step(dev: torch.device, sizes: Sizes, budget: Budget, peak: float | None) -> dict:
+    out: dict = {"shape": list(sizes.base_model), "seq_len": sizes.train_seq, "batch": sizes.train_batch, "rows": []}
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for name in ("fire", "alibi", "rope"):
+        for backend, comp in (("sdpa", False), ("sdpa", True), ("flex", False)):
+            if backend not in ATTENTION or (comp and not COMPILE[0]):
+                continue
+            row = {"encoding": name, "attention": backend, "compile": comp}
+            if not budget.ok(90 if comp else 30):
+                row.update(status="skipped", error="time budget")
+            elif backend == "flex" and dev.type != "cuda":
+                row.update(status="unavailable", error="PyTorch has no FlexAttention backward on CPU")
+            else:
+                row.update(_run(_train_speed, name, backend, comp, dev, sizes, peak))
+            out["rows"].append(row)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. eval_memory
+# ---------------------------------------------------------------------------------------------
+def _eval_forward(name: str, n: int, backend: str, dev: torch.device, sizes: Sizes) -> dict:
+    model = _gpt(name, sizes.base_model, sizes.train_seq, dev).eval().set_attention_backend(backend)
+    x = torch.randint(0, 256, (1, n), device=dev)
+    with torch.inference_mode(), _autocast(dev):
+        model(x[:, : min(n, 1024)])  # compile / warm up
+        _sync(dev)
+        base = _reset_peak(dev)
         t = time.perf_counter()
-        model(x)
-        torch.cuda.synchronize()
-    return time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20
+        logits = model(x)
+        _sync(dev)
+    heads = sizes.base_model[1]
+    return {
+        "status": "ok" if torch.isfinite(logits).all().item() else "non-finite logits",
+        "seconds": round(time.perf_counter() - t, 3),
+        "peak_mib": _peak_mib(dev, base),
+        "full_bias_mib": round(heads * n * n * 2 / 2**20, 1),  # what a [heads, n, n] bf16 bias alone would take
+    }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100/H200: 989)")
-    ap.add_argument("--skip-train", action="store_true")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("CUDA is not available: skipping the GPU benchmark (nothing measured).")
-        return 0
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    if not args.skip_train:
-        print("\nBase recipe (12L, 12H, d=768, length 2048, batch 8), bf16 training step")
-        for name in ("rope", "fire"):
-            for comp in (False, True):
-                try:
-                    tps, flops = train_tokens_per_s(name, comp)
-                    print(
-                        f"  {name:5s} compile={str(comp):5s} {tps:10.0f} tok/s  MFU {flops / (args.peak_tflops * 1e12):6.1%}"
-                    )
-                except Exception as e:  # report and continue: one failure must not hide the rest
-                    print(f"  {name:5s} compile={str(comp):5s} failed: {type(e).__name__}: {str(e)[:200]}")
-                torch.cuda.empty_cache()
-    print("\nFIRE attention at evaluation length (batch 1, 12 heads × 64), one layer")
-    for n in (8192, 32768):
-        try:
-            res = fire_eval_memory(n)
-            for kind, r in res.items():
-                print(
-                    f"  {n:6d} {kind:15s} " + ("unavailable" if r is None else f"{r[0]:7.3f} s  peak +{r[1]:8.0f} MiB")
-                )
-        except Exception as e:
-            print(f"  {n:6d} failed: {type(e).__name__}: {str(e)[:200]}")
-        torch.cuda.empty_cache()
-    print("\nWhole-model evaluation forward (12L, 12H, d=768, bf16), SDPA with a materialized bias vs FlexAttention")
+def eval_memory(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
+    from fireviz.model import flex
+
+    out: dict = {"shape": list(sizes.base_model), "rows": []}
     for name in ("fire", "alibi"):
-        for n in (8192, 32768):
-            for backend in ("sdpa", "flex"):
-                try:
-                    sec, mib = model_eval(n, backend, name)
-                    print(f"  {name:5s} {n:6d} {backend:4s} {sec:7.3f} s  peak +{mib:8.0f} MiB")
-                except Exception as e:
-                    print(f"  {name:5s} {n:6d} {backend:4s} failed: {type(e).__name__}: {str(e)[:200]}")
-                torch.cuda.empty_cache()
+        for n in sizes.eval_lengths:
+            for backend in [b for b in ("sdpa", "flex") if b in ATTENTION]:
+                row = {"encoding": name, "length": n, "attention": backend}
+                if not budget.ok(30):
+                    row.update(status="skipped", error="time budget")
+                elif backend == "flex" and not flex.flex_available():
+                    row.update(status="unavailable", error=flex.unavailable_reason())
+                else:
+                    row.update(_run(_eval_forward, name, n, backend, dev, sizes))
+                out["rows"].append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. trainer and 6. ddp: the real `fireviz train` in subprocesses
+# ---------------------------------------------------------------------------------------------
+def _train_command(dev: torch.device, sizes: Sizes, out: Path, compile_model: bool) -> list[str]:
+    steps = sizes.trainer_steps
+    sets = [
+        "model.position_encoding=fire",
+        f"train.max_steps={steps}",
+        f"train.warmup_steps={max(1, steps // 10)}",
+        f"train.eval_interval={steps}",
+        f"train.checkpoint_interval={steps}",
+        "train.eval_batches=1",
+        f"train.device={dev.type}",
+        f"train.compile={'true' if compile_model else 'false'}",
+        *sizes.trainer_model,
+    ]
+    args = ["--config", str(REPO / "configs" / "tiny.toml"), "--out", str(out), "--no-progress"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def _last_log(out: Path) -> dict:
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if "loss" in r and "step" in r]
+    return steps[-1] if steps else {}
+
+
+def _subprocess_train(cmd: list[str], out: Path, timeout: float, env: dict | None = None) -> dict:
+    t = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    sec = time.perf_counter() - t
+    if p.returncode != 0:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        return {"status": "failed", "error": f"exit {p.returncode}: {' | '.join(tail)[:400]}", "seconds": round(sec, 1)}
+    last = _last_log(out)
+    return {
+        "status": "ok",
+        "seconds": round(sec, 1),
+        "steps": last.get("step"),
+        "last_loss": last.get("loss"),
+        "tokens_per_s": round(last["tokens_per_s"]) if "tokens_per_s" in last else None,
+    }
+
+
+def trainer(dev: torch.device, sizes: Sizes, budget: Budget, work: Path) -> dict:
+    out: dict = {"rows": []}
+    for comp in (False, True) if COMPILE[0] else (False,):
+        row: dict = {"compile": comp}
+        if not budget.ok(120 if comp else 60):
+            row.update(status="skipped", error="time budget")
+        else:
+            folder = work / f"trainer_compile{int(comp)}"
+            cmd = [sys.executable, "-m", "fireviz", "train", *_train_command(dev, sizes, folder, comp)]
+            row.update(_run(_subprocess_train, cmd, folder, max(30.0, budget.left())))
+        out["rows"].append(row)
+    return out
+
+
+def ddp(dev: torch.device, sizes: Sizes, budget: Budget, work: Path, single: dict | None) -> dict:
+    procs = torch.cuda.device_count() if dev.type == "cuda" else 2
+    out: dict = {"processes": procs, "backend": "nccl" if dev.type == "cuda" else "gloo"}
+    if not budget.ok(60):
+        out.update(status="skipped", error="time budget")
+        return out
+    folder = work / "ddp"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
+        "-m", "fireviz", "train", *_train_command(dev, sizes, folder, False),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out.update(_run(_subprocess_train, cmd, folder, max(30.0, budget.left()), env))
+    if single and single.get("status") == "ok" and out.get("status") == "ok":
+        out["one_process_last_loss"] = single["last_loss"]
+        out["last_loss_difference"] = abs(out["last_loss"] - single["last_loss"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------
+def _fmt(v) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+def _table(rows: list[dict], cols: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return lines
+
+
+def report(results: dict) -> str:
+    """The short Markdown report of ``results`` (what ``gpu.json`` holds)."""
+    env = results.get("environment", {})
+    lines = [
+        f"# GPU check ({'dry run on CPU, toy sizes' if results['dry_run'] else 'full sizes'})",
+        "",
+        f"{results['started']} · torch {env.get('torch')} · CUDA {env.get('cuda')} · "
+        f"{', '.join(env.get('gpus') or []) or 'no GPU'} · FlexAttention "
+        f"{'available' if env.get('flex_available') else 'unavailable: ' + str(env.get('flex_unavailable_reason'))}",
+        "",
+    ]
+    failures = []
+    par = results.get("parity", {})
+    if par.get("logits"):
+        lines += [f"## Parity (float32 on the device vs float64 on CPU; tolerance {PARITY_TOL:g} in logits)", ""]
+        rows = []
+        for name, r in par["logits"].items():
+            f = par.get("flex_forward", {}).get(name, {})
+            g = par.get("flex_grad", {}).get(name, {})
+            rows.append(
+                {
+                    "encoding": name,
+                    "logits": r.get("max_abs_logit_error", r.get("status")),
+                    "flex fwd": f.get("max_abs_logit_error", f.get("status")),
+                    "flex grad (rel)": g.get("max_rel_grad_error", g.get("status")),
+                }
+            )
+        lines += _table(rows, ["encoding", "logits", "flex fwd", "flex grad (rel)"]) + [""]
+    for key, title, cols in (
+        ("train_step", "Training step (base shape, bf16 autocast on CUDA)", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
+        ("eval_memory", "Evaluation forward (base shape, batch 1)", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
+        ("trainer", "`fireviz train` (tiny recipe, FIRE)", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
+    ):  # fmt: skip
+        rows = results.get(key, {}).get("rows", [])
+        if rows:
+            lines += [f"## {title}", ""] + _table(rows, cols) + [""]
+    if "ddp" in results:
+        d = results["ddp"]
+        lines += [
+            "## DDP under torchrun",
+            "",
+            f"{d.get('processes')} process(es), {d.get('backend')}: {d.get('status')}"
+            + (
+                f", last loss {_fmt(d.get('last_loss'))} (one process {_fmt(d.get('one_process_last_loss'))})"
+                if d.get("status") == "ok"
+                else ""
+            ),
+            "",
+        ]
+    for step in STEPS:
+        r = results.get(step)
+        if isinstance(r, dict) and r.get("status") == "failed":
+            failures.append(f"- {step}: {r.get('error')} ({r.get('at', '')})")
+        for sub in ("rows",):
+            for row in (r or {}).get(sub, []) if isinstance(r, dict) else []:
+                if row.get("status") not in ("ok", "skipped", "unavailable"):
+                    what = " ".join(f"{k}={row[k]}" for k in ("encoding", "length", "attention", "compile") if k in row)
+                    failures.append(f"- {step} {what}: {row.get('error', row.get('status'))} ({row.get('at', '')})")
+    for kind in ("logits", "flex_forward", "flex_grad"):
+        for name, r in par.get(kind, {}).items():
+            if r.get("status") not in ("ok", "skipped", "unavailable"):
+                failures.append(f"- parity {kind} {name}: {r.get('error', r.get('status'))}")
+    lines += ["## Failures", ""] + (failures or ["none"]) + [""]
+    lines += [f"Wall time {results['seconds']:.0f} s of a {results['budget_s']:.0f} s budget."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for gpu.json and gpu.md")
+    ap.add_argument("--dry-run", action="store_true", help="every step at toy sizes on the CPU")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="skip steps that would start after this (s)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
+    ap.add_argument("--attention", default="sdpa,flex", help="attention paths of train_step / eval_memory rows")
+    ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
+    ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
+    args = ap.parse_args(argv)
+    ATTENTION[:] = [a.strip() for a in args.attention.split(",") if a.strip()]
+    COMPILE[0] = not args.no_compile
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(STEPS))
+    if unknown:
+        ap.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS)}")
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("CUDA is not available: nothing measured (use --dry-run to run every step at toy sizes on the CPU).")
+        return 0
+    dev = torch.device("cpu" if args.dry_run else "cuda")
+    sizes = TOY if args.dry_run else FULL
+    peak = args.peak_tflops
+    if peak is None and dev.type == "cuda":
+        peak = next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name()), None)
+    budget = Budget(args.budget_s)
+    t0 = time.perf_counter()
+    results: dict = {
+        "dry_run": args.dry_run,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "budget_s": args.budget_s,
+        "peak_tflops": peak,
+        "sizes": asdict(sizes),
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fireviz-gpu-") as tmp:
+        work = Path(tmp)
+        for step in STEPS:
+            if step not in only:
+                continue
+            print(f"[{time.perf_counter() - t0:6.0f} s] {step} …", flush=True)
+            if step == "environment":
+                results[step] = _run(environment, dev, sizes, budget)
+            elif step == "parity":
+                results[step] = _run(parity, dev, sizes, budget)
+            elif step == "train_step":
+                results[step] = _run(train_step, dev, sizes, budget, peak)
+            elif step == "eval_memory":
+                results[step] = _run(eval_memory, dev, sizes, budget)
+            elif step == "trainer":
+                results[step] = _run(trainer, dev, sizes, budget, work)
+            elif step == "ddp":
+                rows = results.get("trainer", {}).get("rows", [])
+                results[step] = _run(ddp, dev, sizes, budget, work, rows[0] if rows else None)
+            results["seconds"] = time.perf_counter() - t0
+            _write(out_dir, results)  # after every step: a killed call keeps what it measured
+    results["seconds"] = time.perf_counter() - t0
+    _write(out_dir, results)
+    print(report(results))
     return 0
+
+
+def _write(out_dir: Path, results: dict) -> None:
+    """gpu.json and gpu.md, each replaced atomically."""
+    for name, text in (("gpu.json", json.dumps(results, indent=1, default=str)), ("gpu.md", report(results))):
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out_dir / name)
 
 
 if __name__ == "__main__":

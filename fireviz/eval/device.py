@@ -16,8 +16,12 @@ from fireviz.eval.windows import EvaluationError, Window
 from fireviz.model import flex, memory_problem
 
 #: On CUDA, lengths from which evaluation computes the bias inside FlexAttention (``fireviz.model.flex``)
-#: instead of materialising [heads, block, keys] per query block. CPU always uses the SDPA path.
-FLEX_MIN_LENGTH = 8192
+#: instead of materialising [heads, block, keys] per query block; None: never (the default). CPU
+#: always uses the SDPA path. Off until a GPU run shows FlexAttention ahead: on an H200
+#: (benchmarks/results/gpu_run1.md) the SDPA path evaluated the base shape with FIRE at 32,768 tokens
+#: in 9.1 s with 6.0 GiB at peak, and the FlexAttention runs of that session were not valid (the
+#: probe failed, then the recompile limit sent it to PyTorch's dense fallback; both fixed since).
+FLEX_MIN_LENGTH: int | None = None
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -50,9 +54,9 @@ def device_name(dev: torch.device) -> str:
 
 def use_flex(dev: torch.device, length: int, report: Callable[[str], None]) -> bool:
     """True when length ``length`` (tokens) is scored through FlexAttention: on CUDA from
-    ``FLEX_MIN_LENGTH`` on, where FlexAttention is available (else ``report`` says why not and
+    ``FLEX_MIN_LENGTH`` on (None: never), where FlexAttention is available (else ``report`` says why not and
     the SDPA path is used). Part of the cache key (bf16 numbers differ slightly between paths)."""
-    if dev.type != "cuda" or length < FLEX_MIN_LENGTH:
+    if dev.type != "cuda" or FLEX_MIN_LENGTH is None or length < FLEX_MIN_LENGTH:
         return False
 
     if flex.flex_available():

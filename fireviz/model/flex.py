@@ -30,6 +30,21 @@ from fireviz.encodings.base import ToeplitzBias
 _UNAVAILABLE: list[str] = []
 
 
+#: FlexAttention tiles for training with a score_mod on CUDA (forward BLOCK_M/N, backward
+#: BLOCK_M1/N1/M2/N2, one pipeline stage): measured on an H200, the defaults asked for ~242 KiB of
+#: shared memory against its 227 KiB (benchmarks/gpu.py)
+TRAINING_KERNEL_OPTIONS = {
+    "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_stages": 1,
+}  # fmt: skip
+
+
+#: compiled variants of flex_attention kept per process (one per score_mod kind × shape; a new
+#: query offset compiles nothing): evaluation at a handful of lengths for a few encodings needs a
+#: few dozen; PyTorch's default 8 was exceeded on an H200. Past it causal_flex raises (Dynamo's
+#: FailOnRecompileLimitHit) instead of running the dense fallback; ``torch._dynamo.reset()`` clears.
+RECOMPILE_LIMIT = 64
+
+
 class FlexUnavailable(RuntimeError):
     """FlexAttention cannot run here (no such torch module, or it did not compile)."""
 
@@ -49,7 +64,7 @@ def flex_available() -> bool:
         from torch.nn.attention.flex_attention import create_block_mask  # noqa: F401
 
         q = torch.zeros(1, 1, 16, 8)
-        causal_flex(q, q, q)
+        causal_flex(q, torch.zeros_like(q), torch.zeros_like(q))  # one buffer thrice: refused on CUDA
         return True
     except Exception as e:  # ImportError, compiler errors (no C++ compiler, unsupported device)
         _UNAVAILABLE.append(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
@@ -64,8 +79,10 @@ def unavailable_reason() -> str:
 def _block_mask(q_len: int, k_len: int, q_offset: int, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
+    offset = torch.tensor(q_offset, device=device)  # a tensor: a new offset compiles nothing again
+
     def causal(b, h, q_idx, kv_idx):
-        return q_idx + q_offset >= kv_idx
+        return q_idx + offset >= kv_idx
 
     return create_block_mask(causal, None, None, q_len, k_len, device=str(device))
 
@@ -80,39 +97,43 @@ def score_mod_for(encoding, q_len: int, k_len: int, q_offset: int):
     if getattr(encoding, "kind", None) != "additive":
         return None
     device = next((t.device for t in list(encoding.parameters()) + list(encoding.buffers())), torch.device("cpu"))
+    # the tables carry gradients when autograd is on (training on CUDA: FlexAttention's backward
+    # reaches the captured tables, and through them the encoding's parameters)
+    # q_offset and the last distance enter as 0-d tensors, not Python ints, and the tables cover the
+    # distances 0 … k_len − 1 whatever the offset: a new int or table size would compile the kernel
+    # again (past the recompile limit PyTorch falls back to a dense path)
+    offset = torch.tensor(q_offset, device=device)
     if isinstance(encoding, ToeplitzBias):
-        with torch.no_grad():
-            table = encoding.bias_by_distance(torch.arange(q_offset + q_len, device=device)).float().contiguous()
-        top = table.shape[1] - 1
+        table = encoding.bias_by_distance(torch.arange(k_len, device=device)).float().contiguous()
+        top = torch.tensor(table.shape[1] - 1, device=device)
 
         def toeplitz(score, b, h, q_idx, kv_idx):
-            d = (q_idx + q_offset - kv_idx).clamp(0, top)  # future pairs are masked anyway
+            d = torch.minimum((q_idx + offset - kv_idx).clamp(min=0), top)  # future pairs are masked anyway
             return score + table[h, d]
 
         return toeplitz
     if hasattr(encoding, "normalized_distance") and getattr(encoding, "mlp_depth", 1) == 1:
-        with torch.no_grad():
-            psi = encoding.psi(torch.arange(q_offset + q_len, device=device)).float().contiguous()  # ψ(d)
-            pos = torch.arange(q_offset, q_offset + q_len, device=device)
-            inv_norm = (
-                (
-                    1.0 / encoding.normalizer(pos)
-                    if encoding.progressive_interpolation
-                    else torch.ones(q_len, device=device)
-                )
-                .float()
-                .contiguous()
-            )
-            lin1, lin2 = encoding.mlp[0], encoding.mlp[2]
-            w1, b1 = lin1.weight[:, 0].float().contiguous(), lin1.bias.float().contiguous()
-            w2, b2 = lin2.weight.float().contiguous(), lin2.bias.float().contiguous()
-        top, width = psi.numel() - 1, w1.numel()
+        psi = encoding.psi(torch.arange(k_len, device=device)).float().contiguous()  # ψ(d)
+        pos = torch.arange(q_offset, q_offset + q_len, device=device)
+        inv_norm = (
+            (1.0 / encoding.normalizer(pos) if encoding.progressive_interpolation else torch.ones(q_len, device=device))
+            .float()
+            .contiguous()
+        )
+        lin1, lin2 = encoding.mlp[0], encoding.mlp[2]
+        w1, b1 = lin1.weight[:, 0].float(), lin1.bias.float()
+        w2 = lin2.weight.float()
+        b2 = lin2.bias.float().contiguous()
+        # one captured tensor per hidden unit: FlexAttention's backward refuses a tensor that needs
+        # a gradient and is indexed more than once in the score_mod (measured on an H200)
+        units = [(w1[k], b1[k], w2[:, k].contiguous()) for k in range(w1.numel())]
+        top = torch.tensor(psi.numel() - 1, device=device)
 
         def fire(score, b, h, q_idx, kv_idx):
-            x = psi[(q_idx + q_offset - kv_idx).clamp(0, top)] * inv_norm[q_idx]
+            x = psi[torch.minimum((q_idx + offset - kv_idx).clamp(min=0), top)] * inv_norm[q_idx]
             acc = b2[h]
-            for k in range(width):  # f_θ unrolled: one fused expression, no [.., width] tensor
-                acc = acc + w2[h, k] * torch.relu(x * w1[k] + b1[k])
+            for w1_k, b1_k, w2_k in units:  # f_θ unrolled: one fused expression, no [.., width] tensor
+                acc = acc + w2_k[h] * torch.relu(x * w1_k + b1_k)
             return score + acc
 
         return fire
@@ -126,10 +147,22 @@ def causal_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding=None
 
     Args: q ``[B, H, Tq, D]``, k, v ``[B, H, Tk, D]`` (queries the last Tq of Tk positions unless
       ``q_offset`` is given); ``encoding``: the position encoding of this layer (None: no bias).
-    Returns: ``[B, H, Tq, D]`` in q's dtype. Inference only (no gradient through the bias tables).
+    Returns: ``[B, H, Tq, D]`` in q's dtype. With autograd on, gradients reach q, k, v and the
+      bias tables (so the encoding's parameters); PyTorch has FlexAttention's backward on CUDA only.
     Raises: FlexUnavailable (see ``score_mod_for``), or the compiler's error.
     """
     q_len, k_len = q.shape[2], k.shape[2]
     q_offset = k_len - q_len if q_offset is None else int(q_offset)
     mod = score_mod_for(encoding, q_len, k_len, q_offset) if encoding is not None else None
-    return _compiled()(q, k, v, score_mod=mod, block_mask=_block_mask(q_len, k_len, q_offset, q.device))
+    # q, k, v are views of one qkv projection: Inductor refuses inputs sharing a buffer on CUDA
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    options = None
+    if q.is_cuda and torch.is_grad_enabled() and mod is not None:
+        # training with captured bias tables: the default tiles exceed a Hopper SM's shared memory
+        options = TRAINING_KERNEL_OPTIONS
+    # past the recompile limit PyTorch would silently run FlexAttention's dense reference path
+    # (the [B, H, Tq, Tk] scores this module exists to avoid): raise instead, with a higher limit
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        return _compiled()(
+            q, k, v, score_mod=mod, block_mask=_block_mask(q_len, k_len, q_offset, q.device), kernel_options=options
+        )

@@ -96,6 +96,16 @@ class CausalSelfAttention(nn.Module):
         flex = self.backend == "flex" and not torch.is_grad_enabled() and not position_offset
         return self.dropout if self.training and not flex else 0.0
 
+    def _flex_now(self, q: torch.Tensor, position_offset: int) -> bool:
+        """Whether this call goes through FlexAttention: backend ``"flex"``, no position offset, and
+        either no autograd (inference, any device) or training on CUDA without attention dropout
+        (PyTorch has FlexAttention's backward on CUDA only; it has no dropout)."""
+        if self.backend != "flex" or position_offset:
+            return False
+        if not (self.training and torch.is_grad_enabled()):
+            return True
+        return q.device.type == "cuda" and self.dropout == 0.0
+
     def forward(
         self,
         x: torch.Tensor,
@@ -126,7 +136,7 @@ class CausalSelfAttention(nn.Module):
                 )
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
-        if self.backend == "flex" and not (self.training and torch.is_grad_enabled()) and not position_offset:
+        if self._flex_now(q, position_offset):
             y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
             return self.proj(y.transpose(1, 2).reshape(B, T, -1))
         if T <= self.query_block:
@@ -258,9 +268,11 @@ class GPT(
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def set_attention_backend(self, backend: str) -> "GPT":
-        """``"sdpa"`` (default: the bias as an SDPA mask, query blocks) or ``"flex"`` (inference:
-        the bias computed inside compiled FlexAttention, ``fireviz.model.flex``; no [heads, q, k]
-        tensor, for long contexts on a GPU). Returns self. Raises: ValueError for another name."""
+        """``"sdpa"`` (default: the bias as an SDPA mask, query blocks) or ``"flex"`` (the bias
+        computed inside compiled FlexAttention, ``fireviz.model.flex``; no [heads, q, k] tensor, for
+        long contexts on a GPU): used for inference on any device and for training on CUDA (no
+        attention dropout, no position offset; elsewhere those calls take the SDPA path). Returns
+        self. Raises: ValueError for another name."""
         if backend not in ("sdpa", "flex"):
             raise ValueError(f"attention backend must be 'sdpa' or 'flex' (got {backend!r})")
         for block in self.blocks:

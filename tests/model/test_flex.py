@@ -60,3 +60,26 @@ def test_no_fused_form_is_a_clear_error():
         flex.score_mod_for(FIRE(2, mlp_depth=2), 8, 8, 0)
     with pytest.raises(ValueError, match="'sdpa' or 'flex'"):
         GPT(GPTConfig(n_layer=1, n_head=1, d_model=8, seq_len=16)).set_attention_backend("xla")
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "fire"])
+def test_a_new_query_offset_compiles_nothing_again(available, encoding, monkeypatch):
+    """q_offset enters the score_mod and the causal mask as a tensor: with the recompile limit at 2,
+    six offsets of one shape still run (a Python int would compile six variants, and past the limit
+    causal_flex raises rather than take PyTorch's dense fallback), each equal to the SDPA path."""
+    from fireviz.encodings import build_encoding
+    from fireviz.model.attention import attention, causal_attention_mask
+
+    torch._dynamo.reset()  # the limit counts every variant of flex_attention in the process
+    monkeypatch.setattr(flex, "RECOMPILE_LIMIT", 2)
+    torch.manual_seed(2)
+    enc = build_encoding(encoding, 2, 8)
+    k = torch.randn(1, 2, 64, 8)
+    v = torch.randn(1, 2, 64, 8)
+    for offset in (0, 8, 16, 24, 40, 48):
+        q = torch.randn(1, 2, 16, 8)
+        with torch.no_grad():
+            got = flex.causal_flex(q, k, v, enc, q_offset=offset)
+            mask = causal_attention_mask(enc, 16, 64, offset, q.device)
+            ref = attention(q, k, v, mask, 0.0, causal=True)
+        assert (got - ref).abs().max() < 1e-4, offset

@@ -1,0 +1,66 @@
+"""benchmarks/gpu.py (issue #37): the one GPU script runs its steps on a CPU at toy sizes
+(``--dry-run``), writes gpu.json and gpu.md, and its figures are what the steps measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fireviz.encodings import encoding_names
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # ~30 s: a 2-process torchrun and three `fireviz train` starts
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    # the compile and FlexAttention rows take minutes of compilation on 2 cores: the plumbing only
+    cmd = [sys.executable, "benchmarks/gpu.py", "--dry-run", "--no-compile", "--attention", "sdpa", "--out", str(out)]
+    p = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
+
+
+def test_every_step_runs_and_nothing_fails(dry_run):
+    results, report = dry_run
+    assert results["dry_run"] is True
+    for step in ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp"):
+        assert step in results and results[step].get("status") != "failed", (step, results.get(step))
+    for step in ("train_step", "eval_memory", "trainer"):
+        rows = results[step]["rows"]
+        assert rows and all(r["status"] == "ok" for r in rows), rows
+    assert "## Failures\n\nnone" in report
+
+
+def test_parity_covers_every_encoding_within_tolerance(dry_run):
+    logits = dry_run[0]["parity"]["logits"]
+    assert set(logits) == set(encoding_names())
+    for name, r in logits.items():  # float32 against float64: rounding only
+        assert r["status"] == "ok" and 0 <= r["max_abs_logit_error"] < 1e-4, (name, r)
+
+
+def test_the_two_process_run_matches_the_one_process_run(dry_run):
+    ddp, trainer = dry_run[0]["ddp"], dry_run[0]["trainer"]["rows"][0]
+    assert ddp["status"] == "ok" and ddp["processes"] == 2 and ddp["backend"] == "gloo"
+    assert ddp["steps"] == trainer["steps"] == 4
+    assert ddp["last_loss"] == pytest.approx(trainer["last_loss"], abs=1e-5)
+
+
+def test_without_cuda_or_dry_run_it_measures_nothing(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the full run is benchmarks/gpu.py itself")
+    p = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert p.returncode == 0 and "nothing measured" in p.stdout
+    assert not (tmp_path / "gpu.json").exists()
