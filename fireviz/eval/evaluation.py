@@ -418,11 +418,7 @@ def evaluate(
     """
     t_start = time.perf_counter()
     cache = cache or EvalCache()
-    ckpts = _checkpoints(checkpoints)
-    cache_root = cache.checked_root()  # a cache that cannot be written: before any work
-    loaded = _load_checkpoints(ckpts, settings)  # a bad checkpoint is an error before minutes of work
-    ref = _reference(loaded, reference)
-    plan = plan_text(settings)
+    cache_root, loaded, ref, plan = _prepare(checkpoints, settings, cache, reference, load=True)
     plan.windows.update(
         memory_refusals(
             plan.windows, [c.config for c in loaded], settings.device, settings.batch_tokens, plan.read_tokens
@@ -439,6 +435,17 @@ def evaluate(
     out = with_paired_differences(with_full_context_differences(results), ref)
     prog.report("done")
     return out
+
+
+def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: int | str, load: bool):
+    """What :func:`evaluate` (``load``) and :func:`lookup` do first: the cache folder (writable when
+    ``load``: a cache that cannot be written fails before any work), the checkpoints (loaded, so
+    a bad one is an error before minutes of work; or only described), the paired reference's
+    index and the planned text. Returns ``(cache_root, checkpoints, reference index, plan)``."""
+    ckpts = _checkpoints(checkpoints)
+    cache_root = cache.checked_root(write=load)
+    items = _load_checkpoints(ckpts, settings) if load else _describe_checkpoints(ckpts, settings)
+    return cache_root, items, _reference(items, reference), plan_text(settings)
 
 
 def lookup(
@@ -470,10 +477,7 @@ def lookup(
     """
     t_start = time.perf_counter()
     cache = cache or EvalCache.for_lookup()
-    cache_root = cache.checked_root(write=False)
-    described = _describe_checkpoints(_checkpoints(checkpoints), settings)
-    ref = _reference(described, reference)
-    plan = plan_text(settings)
+    cache_root, described, ref, plan = _prepare(checkpoints, settings, cache, reference, load=False)
     refusals: dict[int, str] | None = None  # memory, checked only for a length not found
     results = []
     for c in described:

@@ -143,43 +143,33 @@ def _train(
         )
     if device.type in ("cpu", "cuda"):
         check_step_memory(mc, micro, device)
-    folder_fd = hold_run_folder(out, resume, d)  # one run per folder, released when the process ends
-    try:
-        return _train_held(
-            mc, tc, state, tensors, device, micro, end_step, out, resume, command, progress, d, tqdm, data
+    with hold_run_folder(out, resume, d):  # one run per folder
+        raw_model, opt, names = build_model(mc, tc, device, out, tensors)
+        del tensors
+        start_step = state["step"] if resume else 0
+        barrier(d)  # every rank passed its checks before rank 0 writes anything
+        model, autocast = wrap_model(raw_model, tc, d, device)
+        record = provenance(mc, tc, data, eval_lengths, d, raw_model, command)
+        log = open_log(out, d, resume, start_step)
+        run = _Run(
+            raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, record, log
         )
-    finally:
-        if folder_fd is not None:
-            os.close(folder_fd)
-
-
-def _train_held(mc, tc, state, tensors, device, micro, end_step, out, resume, command, progress, d, tqdm, data) -> dict:
-    """``_train`` once its checks passed, its data is read and it holds ``out``: model, loop."""
-    eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
-    raw_model, opt, names = build_model(mc, tc, device, out, tensors)
-    del tensors
-    start_step = state["step"] if resume else 0
-    barrier(d)  # every rank passed its checks before rank 0 writes anything
-    model, autocast = wrap_model(raw_model, tc, d, device)
-    record = provenance(mc, tc, data, eval_lengths, d, raw_model, command)
-    log = open_log(out, d, resume, start_step)
-    run = _Run(raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, record, log)
-    bar = tqdm(
-        total=tc.max_steps,
-        initial=start_step,
-        disable=(not d.master) or (None if progress is None else not progress),
-        desc=f"train {mc.position_encoding}",
-        unit="step",
-        dynamic_ncols=True,
-    )
-    try:
-        run.loop(start_step, end_step, bar)
-    finally:
-        bar.close()
-        if log is not None:
-            log.close()
-    final = max(start_step, end_step)
-    return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
+        bar = tqdm(
+            total=tc.max_steps,
+            initial=start_step,
+            disable=(not d.master) or (None if progress is None else not progress),
+            desc=f"train {mc.position_encoding}",
+            unit="step",
+            dynamic_ncols=True,
+        )
+        try:
+            run.loop(start_step, end_step, bar)
+        finally:
+            bar.close()
+            if log is not None:
+                log.close()
+        final = max(start_step, end_step)
+        return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
 
 
 @dataclass

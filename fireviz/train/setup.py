@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import torch
 
@@ -139,12 +139,13 @@ def _check_config_file_unchanged(out: Path, saved_mc: GPTConfig, saved_tc: Train
         )
 
 
-def hold_run_folder(out: Path, resume: bool, d: Dist):
-    """Make ``out`` and hold it for this run: an exclusive ``flock`` on the folder itself (no file
-    added; the kernel drops it when the process ends, so a killed run never leaves it stuck).
-    Rank 0 holds it; every rank learns whether it could (one all-reduce). A new run checks the
-    folder again once held (another run may have written a checkpoint meanwhile).
-    Returns: the open folder descriptor (keep it open for the run; close it after).
+@contextmanager
+def hold_run_folder(out: Path, resume: bool, d: Dist) -> Iterator[None]:
+    """``with hold_run_folder(out, resume, d):`` make ``out`` and hold it for the run inside: an
+    exclusive ``flock`` on the folder itself (no file added; released when the block ends, and by
+    the kernel when the process ends, so a killed run never leaves it stuck). Rank 0 holds it;
+    every rank learns whether it could (one all-reduce). A new run checks the folder again once
+    held (another run may have written a checkpoint meanwhile).
     Raises: TrainingError when another process holds it (issue #38: two runs into one --out
       interleaved their logs and the second replaced the first)."""
     import fcntl
@@ -159,19 +160,19 @@ def hold_run_folder(out: Path, resume: bool, d: Dist):
         except OSError:
             os.close(fd)
             fd, ok = None, 0
-    ok_all = int(all_reduce_sum(torch.tensor([ok], device=d.comm_device), d).item()) == d.world
-    if not ok_all:
-        raise TrainingError(
-            f"another fireviz train is writing into {out}; wait for it to end (or stop it), or choose "
-            "another --out (nothing was changed)"
-        )
-    if not resume and d.master:
-        try:
+    try:
+        ok_all = int(all_reduce_sum(torch.tensor([ok], device=d.comm_device), d).item()) == d.world
+        if not ok_all:
+            raise TrainingError(
+                f"another fireviz train is writing into {out}; wait for it to end (or stop it), or choose "
+                "another --out (nothing was changed)"
+            )
+        if not resume and d.master:
             _check_new_out(out)  # what another run may have written before we held the folder
-        except TrainingError:
-            os.close(fd)  # type: ignore[arg-type]
-            raise
-    return fd
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _check_new_out(out: Path) -> None:

@@ -18,14 +18,23 @@ from fireviz.model.gpt import GPT, CheckpointError
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _tiny_run_config(tmp_path: Path, model: str, train: str = "", text: str = "abcd " * 300) -> Path:
+    """A 12-document corpus of ``text`` and a TOML config training on it: ``model`` is the
+    [model] table's body, ``train`` the lines added to [train] after ``data``. Returns the config."""
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"id": f"d{i}", "text": text}) + "\n" for i in range(12)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\n{model}[train]\ndata = "{p}"\n{train}')
+    return cfg
+
+
 # -- progress for every long call -------------------------------------------------------------------
 def test_train_takes_a_lone_surrogate(tmp_path):
-    p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "ab\ud800cd " * 40}) + "\n" for i in range(12)))
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
-        f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n'
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
+        "max_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n",
+        text="ab\ud800cd " * 40,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", data.RawBytesWarning)
@@ -62,13 +71,11 @@ def test_the_train_hint_the_app_and_errors_show_runs(tmp_path, monkeypatch):
 
 # -- found by an adversarial review ------------------------------------------------------------------
 def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(tmp_path):
-    p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
-        f'encoding_options = {{max_distance = 20}}\n[train]\ndata = "{p}"\nmax_steps = 2\nwarmup_steps = 1\n'
-        "batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n"
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
+        "encoding_options = {max_distance = 20}\n",
+        "max_steps = 2\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
     )
     assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -105,13 +112,10 @@ def test_resume_refuses_a_config_json_edited_since_its_checkpoint(tmp_path, caps
     and overwrote it. Now it is refused with one message naming the field; nothing is changed."""
     import hashlib
 
-    p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[model]\nn_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n'
-        f'[train]\ndata = "{p}"\nmax_steps = 4\nwarmup_steps = 1\n'
-        "batch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n"
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 32\nposition_encoding = "t5"\n',
+        "max_steps = 4\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
     )
     run = tmp_path / "run"
     assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress", "--stop-at-step", "2"]) == 0
@@ -135,13 +139,10 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, caps
     import sys
     import time
 
-    p = tmp_path / "d.jsonl"
-    p.write_text("".join(json.dumps({"id": f"d{i}", "text": "abcd " * 300}) + "\n" for i in range(12)))
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(
-        f'[model]\nn_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n'
-        f'[train]\ndata = "{p}"\nmax_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\n'
-        "eval_batches = 1\n"
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
+        "max_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
     )
     run = tmp_path / "run"
     run.mkdir()
