@@ -3,6 +3,7 @@ subsampling, and plain arrays from plotly's typed ones (``fireviz.plots`` is the
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -78,3 +79,50 @@ def _subsample(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarr
 def _arr(x) -> np.ndarray:
     """Nested lists with None → float64 array with NaN."""
     return np.array(x, dtype=np.float64) if x is not None else np.array([], dtype=np.float64)
+
+
+_LONE_AMPERSAND = re.compile(r"&(?!(?:[A-Za-z]+|#[0-9]+|#x[0-9A-Fa-f]+);)")
+
+
+def _plain_label(text):
+    """``text`` with ``<``, ``>`` and ``&`` as entities (plotly draws them as the characters), except
+    the ``<br>`` line breaks fireviz's own titles use; anything else returned as it is."""
+    if not isinstance(text, str) or not any(c in text for c in "<>&"):
+        return text
+    text = _LONE_AMPERSAND.sub("&amp;", text)  # an entity already there stays: a second pass changes nothing
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("&lt;br&gt;", "<br>")
+
+
+def plain_labels(fig: go.Figure) -> go.Figure:
+    """Draw every label of ``fig`` as plain text, in place (and return it): trace names, texts and
+    hover texts, titles, subtitles, axis titles and annotations (subplot titles). Plotly renders a
+    subset of HTML in labels (``<a href>``, ``<b>``, ``<span style>``), so a checkpoint, run or
+    file name holding one (issue #38) would become a link or markup; fireviz's own ``<br>`` line
+    breaks are kept. A second pass changes nothing."""
+    for t in fig.data:
+        for attr in ("name", "text", "hovertext", "legendgrouptitle"):
+            value = getattr(t, attr, None)
+            if attr == "legendgrouptitle":
+                if value is not None and value.text:
+                    value.text = _plain_label(value.text)
+            elif isinstance(value, str):
+                setattr(t, attr, _plain_label(value))
+            elif isinstance(value, (tuple, list)) and any(isinstance(v, str) for v in value):
+                setattr(t, attr, [_plain_label(v) for v in value])
+    lay = fig.layout
+    if lay.title and lay.title.text:
+        lay.title.text = _plain_label(lay.title.text)
+    if lay.title and lay.title.subtitle and lay.title.subtitle.text:
+        lay.title.subtitle.text = _plain_label(lay.title.subtitle.text)
+
+    def axis_title(axis) -> None:
+        if axis.title is not None and axis.title.text:
+            axis.title.text = _plain_label(axis.title.text)
+
+    fig.for_each_xaxis(axis_title)
+    fig.for_each_yaxis(axis_title)
+    if lay.annotations:
+        for a in lay.annotations:
+            if a.text:
+                a.text = _plain_label(a.text)
+    return fig

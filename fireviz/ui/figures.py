@@ -20,7 +20,9 @@ from fireviz.ui.state import key, plain, url_state
 
 def show_figure(fig, caption: str | None = None, page: str | None = None, name: str | None = None) -> None:
     """Draw a plotly figure full width, with ``caption`` (evaluation settings etc.) under it and,
-    for a named figure, its paper-ready downloads (SVG, PDF, PNG; see ``figure_downloads``)."""
+    for a named figure, its paper-ready downloads (SVG, PDF, PNG; see ``figure_downloads``).
+    Every label is drawn as plain text (``plots.plain_labels``: names are not markup)."""
+    plots.plain_labels(fig)
     st.plotly_chart(fig, width="stretch", key=key(page, name) if page and name else None, config={"displaylogo": False})
     if caption:
         st.caption(caption)
