@@ -33,6 +33,12 @@ CONFIG_LIMITS = {
 MAX_PARAMETERS = 1 << 36
 
 
+#: numbers (parameters + buffers) up to which ``GPTConfig.validate`` builds the position encoding
+#: for real to check its option values; a larger one is checked by shape only (on the meta device),
+#: its values when the model is built
+THROWAWAY_BUILD_MAX = 1 << 20
+
+
 @dataclass
 class GPTConfig:
     """Everything that defines a model (saved as config.json next to the weights).
@@ -124,11 +130,20 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1) (got {self.dropout})")
         if isinstance(self.config_format, bool) or self.config_format not in (1, CONFIG_FORMAT):
             raise ValueError(f"GPTConfig.config_format must be 1 or {CONFIG_FORMAT} (got {self.config_format!r})")
-        try:  # option *values* are checked by the encoding itself; a throwaway build (small), RNG untouched
+        # option *values* are checked by the encoding itself, by a throwaway build (RNG untouched):
+        # first on the meta device (shapes only, nothing allocated), then for real only when that
+        # is small: an mlp_width of 1e8 in a config.json cost 2.5 GB on every scan (issue #38)
+        opts = self.resolved_encoding_options()
+        try:
             with torch.random.fork_rng(devices=[]):
-                build_encoding(
-                    self.position_encoding, self.n_head, self.d_model // self.n_head, **self.resolved_encoding_options()
-                )
+                try:
+                    with torch.device("meta"):
+                        shapes = build_encoding(self.position_encoding, self.n_head, self.head_dim, **opts)
+                    size = sum(t.numel() for t in list(shapes.parameters()) + list(shapes.buffers()))
+                except (TypeError, ValueError, RuntimeError, NotImplementedError):
+                    size = 0  # a check that reads a tensor's value: the real build says what is wrong
+                if size <= THROWAWAY_BUILD_MAX:
+                    build_encoding(self.position_encoding, self.n_head, self.head_dim, **opts)
         except (TypeError, ValueError, RuntimeError, OverflowError, MemoryError) as e:
             raise ValueError(
                 f"encoding_options {self.encoding_options} are invalid for {self.position_encoding!r}: {e}"

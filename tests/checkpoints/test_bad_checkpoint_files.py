@@ -170,3 +170,38 @@ def test_metadata_stuffed_into_the_weights_header_costs_bounded_memory(tmp_path)
     w.write_bytes(stuffed(checkpoints.MAX_SAFETENSORS_HEADER))
     with pytest.raises(CheckpointError, match="more than the .* a checkpoint's tensor list needs"):
         checkpoints.read_checkpoint(folder)
+
+
+@pytest.mark.parametrize(
+    "encoding, option",
+    [
+        ("fire", {"mlp_width": 100_000_000}),
+        ("t5", {"num_buckets": 200_000_000, "max_distance": 1_000_000_000}),
+        ("fire_s", {"mlp_width": 60_000_000}),
+    ],
+)
+def test_a_huge_encoding_option_in_config_json_costs_nothing_to_scan(tmp_path, encoding, option):
+    """Issue #38: ``"mlp_width": 100000000`` in a config.json cost 2.5 GB on every scan (the
+    config's check built the encoding for real). The check builds it on the meta device first: the
+    scan reads it in bounded memory, loading it is refused from the weights' header alone (their
+    shapes do not match), files untouched, and the checkpoint beside it still lists."""
+    import hashlib
+    import resource
+
+    from conftest import make_tiny_checkpoint
+
+    root = tmp_path / "root"
+    bad = make_tiny_checkpoint(root / "huge", encoding)
+    make_tiny_checkpoint(root / "fine", "alibi")
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["encoding_options"].update(option)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    before = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in bad.iterdir()}
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    listed = {c.name for c in checkpoints.list_checkpoints(root)}
+    assert checkpoints.read_checkpoint(bad).name == "huge"
+    with pytest.raises(CheckpointError, match="does not match its config.json"):
+        checkpoints.checked_config(bad)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 256 << 10  # < 256 MiB (was 1.5–3.4 GB)
+    assert {"fine", "huge"} <= listed
+    assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in bad.iterdir()} == before
