@@ -484,6 +484,25 @@ def _table(rows: list[dict], cols: list[str]) -> list[str]:
     return lines
 
 
+def _not_run(results: dict) -> list[str]:
+    """One line per reason a measurement was skipped or unavailable, naming what it left out."""
+    reasons: dict[str, list[str]] = {}
+    for kind, items in results.get("parity", {}).items():
+        if isinstance(items, dict):
+            for name, r in items.items():
+                if isinstance(r, dict) and r.get("status") in ("skipped", "unavailable"):
+                    reasons.setdefault(f"{r['status']}: {r.get('error')}", []).append(f"parity {kind} {name}")
+    for step in ("train_step", "eval_memory", "trainer"):
+        for row in results.get(step, {}).get("rows", []):
+            if row.get("status") in ("skipped", "unavailable"):
+                what = " ".join(str(row[k]) for k in ("encoding", "length", "attention") if k in row)
+                reasons.setdefault(f"{row['status']}: {row.get('error')}", []).append(f"{step} {what}".strip())
+    d = results.get("ddp", {})
+    if d.get("status") == "skipped":
+        reasons.setdefault(f"skipped: {d.get('error')}", []).append("ddp")
+    return [f"- {why} — {', '.join(what)}" for why, what in reasons.items()]
+
+
 def report(results: dict) -> str:
     """The short Markdown report of ``results`` (what ``gpu.json`` holds)."""
     env = results.get("environment", {})
@@ -511,11 +530,23 @@ def report(results: dict) -> str:
                     "flex grad (rel)": g.get("max_rel_grad_error", g.get("status")),
                 }
             )
-        lines += _table(rows, ["encoding", "logits", "flex fwd", "flex grad (rel)"]) + [""]
+        lines += _table(rows, ["encoding", "logits", "flex fwd", "flex grad (rel)"])
+        lines += [
+            "",
+            "– : not measured for that encoding (FlexAttention fuses additive biases and RoPE; gradients are "
+            "checked for ALiBi, T5 and FIRE); skipped / unavailable: see Not run.",
+            "",
+        ]
+    sizes = results.get("sizes", {})
+    cuda = str(env.get("device", "")).startswith("cuda")
+    layers, heads, width = sizes.get("base_model", ("?", "?", "?"))
+    shape = f"{layers} layers, {heads} heads, d = {width}"
+    where = f"{'bf16 autocast' if cuda else 'float32'} on {env.get('device', '?')}"
+    steps = f"{sizes.get('train_steps')} timed steps after {sizes.get('warmup_steps')}, one run: no interval"
     for key, title, cols in (
-        ("train_step", "Training step (base shape, bf16 autocast on CUDA)", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
-        ("eval_memory", "Evaluation forward (base shape, batch 1)", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
-        ("trainer", "`fireviz train` (tiny recipe, FIRE)", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
+        ("train_step", f"Training step ({shape}; {sizes.get('train_seq')} tokens × batch {sizes.get('train_batch')}; {where}; {steps})", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
+        ("eval_memory", f"Evaluation forward ({shape}; batch 1; {where})", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
+        ("trainer", f"`fireviz train` (configs/tiny.toml, FIRE, {sizes.get('trainer_steps')} steps, {env.get('device', '?')})", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
     ):  # fmt: skip
         rows = results.get(key, {}).get("rows", [])
         if rows:
@@ -547,6 +578,7 @@ def report(results: dict) -> str:
             if r.get("status") not in ("ok", "skipped", "unavailable"):
                 failures.append(f"- parity {kind} {name}: {r.get('error', r.get('status'))}")
     lines += ["## Failures", ""] + (failures or ["none"]) + [""]
+    lines += ["## Not run", ""] + (_not_run(results) or ["nothing"]) + [""]
     lines += [f"Wall time {results['seconds']:.0f} s of a {results['budget_s']:.0f} s budget."]
     return "\n".join(lines) + "\n"
 

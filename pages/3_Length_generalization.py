@@ -28,6 +28,7 @@ from fireviz.eval import (
     MODES,
     ROPE_SCALINGS,
     SYNTHETIC_SEQUENCES,
+    missing_interval_note,
 )
 
 P = "lengen"
@@ -133,11 +134,13 @@ def paired_section(shown: list[dict], caption: str) -> None:
             )
         else:
             pfig = plots.paired_difference_figure(shown, reference=ref)
+            note = missing_interval_note(shown)
             ui.show_figure(
                 pfig,
                 caption + f" Bits per byte minus {ui.plain(ref)}'s on the same documents and tokens; error bars: "
                 "95 % paired bootstrap interval over documents (documents resampled for both at once, so the "
-                "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves.",
+                "text's difficulty cancels). An interval that excludes 0 is a difference this text resolves."
+                + (f" Missing bars: {note}." if note else ""),
                 P,
                 "paired",
             )
@@ -656,10 +659,7 @@ def perplexity_caption(clean: list[dict], caption: str, c: Choices) -> str:
             "differences between checkpoints are much tighter, see the paired figure)."
         )
     else:
-        bars = (
-            " No error bars: these results carry no per-document losses (computed before fireviz "
-            "kept them); press Run to recompute them with intervals."
-        )
+        bars = f" No error bars ({missing_interval_note(clean) or 'no interval computed'})."
     return (SAME_TEXT_ANSWERS + "\n\n" if c.mode == "same_text" else "") + caption + bars
 
 

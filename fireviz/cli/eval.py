@@ -38,7 +38,7 @@ from fireviz.eval import (
     EvaluationError,
     checkpoint_list,
     evaluate,
-    stats,
+    missing_interval_note,
 )
 from fireviz.model import CheckpointError
 from fireviz.plots.export import figure_path_problem
@@ -199,19 +199,9 @@ def _per_checkpoint(
 
 def _notes(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     out = []
-    few = sorted(
-        {
-            e["length"]
-            for r in results
-            for e in r["per_length"]
-            if "error" not in e and "per_document" in e and e.get("ci95") is None
-        }
-    )
-    if few:
-        out += [
-            f"(no interval at {', '.join(map(str, few))}: fewer than {stats.MIN_INTERVAL_DOCUMENTS} documents "
-            "(sequences) scored; a bootstrap over so few would look far more certain than it is)"
-        ]
+    note = missing_interval_note(results)
+    if note:
+        out.append(f"({note})")
     caps = sorted({cap for r in results if (cap := r.get("normalizer_cap"))})
     if caps:
         short = [n for n in lengths if n <= min(caps)]

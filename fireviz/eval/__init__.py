@@ -12,7 +12,13 @@ from fireviz.eval.evaluation import (
     lookup,
 )
 from fireviz.eval.progress import EvaluationCancelled
-from fireviz.eval.results import EvalResult, FullContextDifference, LengthEntry, PairedDifference
+from fireviz.eval.results import (
+    EvalResult,
+    FullContextDifference,
+    LengthEntry,
+    PairedDifference,
+    missing_interval_note,
+)
 from fireviz.eval.settings import (
     DEFAULT_LENGTHS,
     SETTING_NAMES,
@@ -39,6 +45,7 @@ from fireviz.eval.windows import (
 )
 
 __all__ = [
+    "missing_interval_note",
     "DEFAULT_CONTEXT_LENGTHS",
     "DEFAULT_CONTEXT_PREFIX",
     "DEFAULT_CONTEXT_STRIDE",

@@ -22,8 +22,8 @@ from fireviz.cli import eval as eval_cli
 from fireviz.data.corpus import DataError, document_tokens, is_validation, load_documents
 from fireviz.eval import cache as eval_cache
 from fireviz.eval import device as eval_device
+from fireviz.eval import missing_interval_note, stats, windows
 from fireviz.eval import settings as eval_settings
-from fireviz.eval import stats, windows
 from fireviz.model.gpt import BOS_ID, GPT, CheckpointError, GPTConfig
 from fireviz.model.state import load_state_checked
 
@@ -1163,8 +1163,14 @@ def test_too_few_documents_get_no_interval(ckpts, tmp_path, cache, monkeypatch, 
     assert r[0]["per_length"][0]["ci95"] is None and r[1]["per_length"][0]["paired_ci95"] is None
     assert "paired_delta_bpb" in r[1]["per_length"][0]
     assert "no interval at 8: fewer than 10 documents" in eval_cli.format_table(r)
+    # the app says the same reason (a new user read "press Run to recompute" for fresh results)
+    note = missing_interval_note(r)
+    assert "fewer than 10 documents" in note and "older fireviz" not in note
+    old = [{"per_length": [{k: v for k, v in e.items() if k != "per_document"} for e in x["per_length"]]} for x in r]
+    assert "older fireviz" in missing_interval_note(old) and "fewer than" not in missing_interval_note(old)
     r = ev.evaluate_many([ckpts["fire"], ckpts["alibi"]], many, [8], **kw)
     assert r[0]["per_length"][0]["ci95"] is not None and r[1]["per_length"][0]["paired_ci95"] is not None
+    assert missing_interval_note(r) is None
     # a mistyped path under an existing folder fails at once (no Hub lookup)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "local").mkdir()
