@@ -26,7 +26,7 @@ st.markdown(
 )
 
 chosen = ui.checkpoint_picker(
-    P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)", allow_published=True
+    P, multi=True, max_selections=2, label="Checkpoints (one, or two to compare)", allow_published=True, lead="fire"
 )
 if not chosen:
     st.stop()

@@ -183,6 +183,7 @@ def checkpoint_picker(
     filter_fn: Callable[[ck.CheckpointInfo], bool] | None = None,
     where=None,
     allow_published: bool = False,
+    lead: str | None = None,
 ) -> list[ck.CheckpointInfo]:
     """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
 
@@ -191,7 +192,8 @@ def checkpoint_picker(
     ``filter_fn`` hides checkpoints it rejects. The default selection (no ``ckpt`` in the
     URL) is the first ``default_count`` names of ``overview_first``: the plain run of each
     encoding in the paper's order (NoPE last), then variants, then extra seeds — what a first
-    look compares, not the alphabet's first names (issue #40).
+    look compares, not the alphabet's first names (issue #40); ``lead`` (an encoding name) puts that
+    encoding's plain run first (the Learned biases page opens on FIRE, not on RoPE's absent bias).
     Shows the "no checkpoints" message if there is nothing to pick.
     Returns: the chosen checkpoints, in selection order ([] if none).
     """
@@ -231,7 +233,11 @@ def checkpoint_picker(
         return []
     fmt = lambda n: by_name[n].label if n in by_name else n  # noqa: E731
     if multi:
-        first = overview_first({n: by_name[n].position_encoding for n in names}, encoding_names())
+        order = list(encoding_names())
+        if lead in order:
+            order.remove(lead)
+            order.insert(0, lead)
+        first = overview_first({n: by_name[n].position_encoding for n in names}, order)
         k = url_state(page, "ckpt", first[:default_count], options=names, multi=True)
         if max_selections:
             st.session_state[k] = [n for n in st.session_state[k] if n in names][:max_selections]

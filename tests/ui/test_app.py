@@ -387,6 +387,14 @@ def test_biases_bad_query_positions_is_a_clear_error(app_env):
     assert any("abc" in said(e) and "comma-separated" in said(e) for e in at.error)
 
 
+def test_learned_biases_opens_on_fire(app_env):
+    """A new user's first view of Learned biases was RoPE's "no additive bias": it opens on FIRE."""
+    at = page("pages/1_Learned_biases.py").run()
+    no_exception(at)
+    assert at.sidebar.multiselect[0].value == ["fire"]
+    assert not any("No additive bias" in said(i) for i in at.info)
+
+
 def test_rotary_first_then_additive_summary_and_caption(app_env):
     at = page("pages/1_Learned_biases.py", ckpt=["rope", "alibi"]).run()
     no_exception(at)
