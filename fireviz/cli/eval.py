@@ -185,10 +185,12 @@ def _context_table(results: Sequence[EvalResult], lengths: list[int]) -> list[st
 
 
 def _per_checkpoint(
-    results: Sequence[EvalResult], lengths: list[int], title: str, cell, keep=lambda e: True
+    results: Sequence[EvalResult], lengths: list[int], title: str, cell, keep=lambda e: True, names=None
 ) -> list[str]:
-    """A titled table: one row per result (name, encoding, training length), ``cell(entry)`` per length."""
-    names = [r["checkpoint"] for r in results]
+    """A titled table: one row per result (name, encoding, training length), ``cell(entry)`` per length.
+    ``names``: every checkpoint name of the evaluation (default: those of ``results``), so a row is
+    named by its path wherever two folders share a name, in every table."""
+    names = names if names is not None else [r["checkpoint"] for r in results]
     rows = []
     for r in results:
         name, enc = _name_and_encoding(r, names)
@@ -245,7 +247,11 @@ def format_table(results: Sequence[EvalResult]) -> str:
     paired = [r for r in results if any("paired_delta_bpb" in e for e in r["per_length"])]
     if paired:
         ref = next(e["paired_reference"] for e in paired[0]["per_length"] if e.get("paired_reference"))
-        ref_cap = next((r.get("normalizer_cap") for r in results if r["checkpoint"] == ref), None)
+        names = [r["checkpoint"] for r in results]
+        reference = next((r for r in results if r not in paired and r["checkpoint"] == ref), None)
+        if reference is not None:  # named as in the first table (its path when two share a name)
+            ref = _name_and_encoding(reference, names)[0]
+        ref_cap = next((r.get("normalizer_cap") for r in results if r is reference or r["checkpoint"] == ref), None)
         ref += f" (normalizer cap {ref_cap})" if ref_cap else ""  # the reference as it was evaluated
         out += _per_checkpoint(
             paired,
@@ -254,6 +260,7 @@ def format_table(results: Sequence[EvalResult]) -> str:
             "windows [95 % interval]; negative = better than the reference",
             lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
             keep=lambda e: "paired_delta_bpb" in e,
+            names=names,
         )
     return "\n".join(out + _errors(results))
 

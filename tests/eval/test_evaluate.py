@@ -1479,3 +1479,19 @@ def test_a_tampered_cache_entry_is_not_served(ckpts, corpus, cache, monkeypatch)
         again = ev.evaluate_checkpoint(ckpts["fire"], corpus, [8], **kw)["per_length"][0]
         assert again["source"] == "computed" and again["nats_per_token"] == first["nats_per_token"]
     assert calls == [8] * (1 + len(cases))
+
+
+def test_two_folders_of_one_name_keep_their_paths_in_every_table(ckpts, tmp_path, cache):
+    """A new user's `eval runs/alibi checkpoints/alibi`: the first table named the rows by path,
+    the paired table called the second one "alibi" against a reference "runs/alibi"."""
+    import shutil
+
+    a = shutil.copytree(ckpts["alibi"], tmp_path / "runs" / "alibi")
+    b = shutil.copytree(ckpts["rope"], tmp_path / "other" / "alibi")  # another model, the same folder name
+    corpus = _write_jsonl(tmp_path / "c.jsonl", [40] * 12)
+    r = ev.evaluate_many([str(a), str(b)], corpus, [8, 16], split="all", device="cpu", cache_dir=cache)
+    table = eval_cli.format_table(r)
+    paired = table[table.index("paired difference") :]
+    assert f"vs {a}" in paired.splitlines()[0]
+    row = next(line for line in paired.splitlines() if "rope" in line)
+    assert row.split()[0] == str(b)
