@@ -17,6 +17,7 @@ from fireviz.core.files import (
 )
 from fireviz.core.kernels import LazyKernel, numba_kernel_call
 from fireviz.core.scratch import mask_output, reuse_mask_memory
+from fireviz.core.text import duration
 
 __all__ = [
     "FileFormatError",
@@ -28,6 +29,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "check_safetensors_header",
+    "duration",
     "is_int",
     "mask_output",
     "numba_kernel_call",

@@ -17,7 +17,6 @@ from fireviz.eval.results import (
     FullContextDifference,
     LengthEntry,
     PairedDifference,
-    missing_interval_note,
 )
 from fireviz.eval.settings import (
     DEFAULT_LENGTHS,
@@ -28,7 +27,7 @@ from fireviz.eval.settings import (
     check_setting_names,
     checkpoint_list,
 )
-from fireviz.eval.stats import bootstrap_ci95, paired_difference, with_paired_differences
+from fireviz.eval.stats import bootstrap_ci95, missing_interval_note, paired_difference, with_paired_differences
 from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.eval.variants import ROPE_SCALINGS
 from fireviz.eval.windows import (

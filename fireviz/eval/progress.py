@@ -7,6 +7,8 @@ import math
 import time
 from typing import Callable
 
+from fireviz.core.text import duration  # noqa: F401  (re-exported: fireviz.eval.progress.duration)
+
 #: ``progress(done, total, message)``: target tokens done and in all, and what is happening
 ProgressFn = Callable[[int, int, str], None]
 #: ``should_stop() -> bool``: True asks the evaluation to stop at its next check
@@ -15,16 +17,6 @@ StopFn = Callable[[], bool]
 
 class EvaluationCancelled(RuntimeError):
     """Raised when ``should_stop()`` returned True; lengths finished before stay cached."""
-
-
-def duration(seconds: float) -> str:
-    """``"42 s"``, ``"3 min 05 s"`` or ``"2 h 07 min"`` (rounded to whole seconds, >= 0)."""
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 class Progress:

@@ -126,29 +126,3 @@ class EvalResult(TypedDict):
 def entries(result: EvalResult) -> dict[int, LengthEntry]:
     """``{length: entry}`` of a result's scored lengths (entries with an ``error`` left out)."""
     return {e["length"]: e for e in result["per_length"] if "error" not in e}
-
-
-def missing_interval_note(results) -> str | None:
-    """Why some entries of ``results`` (``EvalResult``s, or rows shaped like them) have no 95 %
-    interval, in one sentence naming the lengths (tokens), or None when every computed entry has
-    one. Two reasons: fewer than ``stats.MIN_INTERVAL_DOCUMENTS`` documents (sequences) scored —
-    a bootstrap over so few would look far more certain than it is, and computing again changes
-    nothing; or no per-document losses kept (an entry made by an older fireviz) — computing again
-    gives the interval."""
-    from fireviz.eval.stats import MIN_INTERVAL_DOCUMENTS
-
-    entries = [e for r in results for e in r.get("per_length", []) if "error" not in e and e.get("ci95") is None]
-    few = sorted({e["length"] for e in entries if "per_document" in e})
-    old = sorted({e["length"] for e in entries if "per_document" not in e})
-    parts = []
-    if few:
-        parts.append(
-            f"no interval at {', '.join(map(str, few))}: fewer than {MIN_INTERVAL_DOCUMENTS} documents (sequences) "
-            "scored, and a bootstrap over so few would look far more certain than it is (score more text for one)"
-        )
-    if old:
-        parts.append(
-            f"no interval at {', '.join(map(str, old))}: these entries carry no per-document losses (made by an "
-            "older fireviz); computing them again gives the interval"
-        )
-    return "; ".join(parts) if parts else None

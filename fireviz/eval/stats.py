@@ -227,3 +227,27 @@ def _reference_index(results: Sequence[Mapping[str, Any]], reference: int | str)
         f"reference {reference!r} is not one of the evaluated checkpoints ({given}); give one "
         "of them, e.g. --reference " + results[0].get("checkpoint", "CKPT")
     )
+
+
+def missing_interval_note(results) -> str | None:
+    """Why some entries of ``results`` (``EvalResult``s, or rows shaped like them) have no 95 %
+    interval, in one sentence naming the lengths (tokens), or None when every computed entry has
+    one. Two reasons: fewer than ``stats.MIN_INTERVAL_DOCUMENTS`` documents (sequences) scored —
+    a bootstrap over so few would look far more certain than it is, and computing again changes
+    nothing; or no per-document losses kept (an entry made by an older fireviz) — computing again
+    gives the interval."""
+    entries = [e for r in results for e in r.get("per_length", []) if "error" not in e and e.get("ci95") is None]
+    few = sorted({e["length"] for e in entries if "per_document" in e})
+    old = sorted({e["length"] for e in entries if "per_document" not in e})
+    parts = []
+    if few:
+        parts.append(
+            f"no interval at {', '.join(map(str, few))}: fewer than {MIN_INTERVAL_DOCUMENTS} documents (sequences) "
+            "scored, and a bootstrap over so few would look far more certain than it is (score more text for one)"
+        )
+    if old:
+        parts.append(
+            f"no interval at {', '.join(map(str, old))}: these entries carry no per-document losses (made by an "
+            "older fireviz); computing them again gives the interval"
+        )
+    return "; ".join(parts) if parts else None

@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from typing import Callable, TextIO
 import torch
 
 from fireviz.core.distributed import Dist, all_reduce_sum, barrier, init_distributed
+from fireviz.core.text import duration
 from fireviz.model import GPT, GPTConfig
 from fireviz.train.config import TrainConfig, TrainingError
 from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
@@ -154,6 +156,7 @@ def _train(
         run = _Run(
             raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, record, log
         )
+        run.plain_progress = d.master and progress is None and not sys.stderr.isatty()
         bar = tqdm(
             total=tc.max_steps,
             initial=start_step,
@@ -191,6 +194,9 @@ class _Run:
     out: Path
     provenance: dict  # config.json['training']
     log: TextIO | None  # the open train log (rank 0), else None
+    # a plain line per validation on stderr: rank 0 when no bar is drawn because stderr is not a
+    # terminal (a run logged to a file showed nothing for an hour); not with --no-progress
+    plain_progress: bool = False
     last: dict = field(
         default_factory=lambda: dict.fromkeys(("loss", "val_loss", "val_loss_4x", "val_loss_random", "val_step"))
     )
@@ -205,6 +211,7 @@ class _Run:
         if start_step == 0 and tc.eval_interval > 0:
             self.validate(0, {"step": 0, "tokens": 0})
         self.model.train()
+        t_start = time.perf_counter()
         for step in range(start_step, end_step):
             t0 = time.perf_counter()
             lr = lr_at(step, tc)
@@ -240,6 +247,8 @@ class _Run:
             self.last["loss"] = loss
             if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
                 self.validate(done, rec)
+                if self.plain_progress:
+                    self.progress_line(rec, start_step, t_start)
             else:
                 self.write_log(rec)
             bar.update(1)
@@ -250,6 +259,24 @@ class _Run:
             bar.write(
                 f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
             )
+
+    def progress_line(self, rec: dict, start_step: int, t_start: float) -> None:
+        """One plain line on stderr at each validation when no progress bar is drawn (output to a
+        file or a pipe): step, training and validation loss (nats/token), throughput, time left."""
+        done, total = rec["step"], self.tc.max_steps
+        per_step = (time.perf_counter() - t_start) / max(1, done - start_step)
+        left = per_step * (total - done)
+        val = " · ".join(
+            f"val {self.last[k]:.4f} @ {n}"
+            for k, n in zip(("val_loss", "val_loss_4x"), self.eval_lengths, strict=True)
+            if self.last.get(k) is not None
+        )
+        print(
+            f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f} · {val} "
+            f"(nats/token) · {self.tokens_per_step / per_step:,.0f} tokens/s · ~{duration(left)} left",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def micro_batches(self, step: int) -> list[torch.Tensor]:
         """This process's ``grad_accum`` micro-batches of step ``step``: int64 ``[micro, seq_len + 1]``

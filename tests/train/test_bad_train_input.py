@@ -169,3 +169,29 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, caps
     time.sleep(0.1)
     assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) == 0
     assert (run / "model.safetensors").exists() and not [f for f in run.iterdir() if "lock" in f.name]
+
+
+def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
+    """Issue #40 (a new user): `train … > log 2>&1` wrote nothing until the end (the bar is off when
+    stderr is not a terminal). One plain line per validation now says the step, the losses in
+    nats/token, the throughput and the time left; --no-progress still prints none."""
+    import subprocess
+    import sys
+
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
+        "max_steps = 4\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
+    )
+    cmd = [sys.executable, "-m", "fireviz", "train", "--config", str(cfg)]
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in p.stderr.splitlines() if line.startswith("train alibi: step")]
+    assert p.returncode == 0 and [line.split(" · ")[0] for line in lines] == [
+        "train alibi: step 2/4",
+        "train alibi: step 4/4",
+    ], p.stderr
+    assert "val " in lines[0] and "@ 16" in lines[0] and "nats/token" in lines[0] and "left" in lines[0]
+    q = subprocess.run(
+        cmd + ["--out", str(tmp_path / "b"), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert q.returncode == 0 and "train alibi: step" not in q.stderr
