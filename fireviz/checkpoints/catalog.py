@@ -285,16 +285,35 @@ def resolve_checkpoint(
     grouped = _group_folder(ref, root)
     if grouped is not None:
         return read_checkpoint(grouped)
-    if looks_like_hub_id(ref) and not local_files_only:
-        try:
-            return published_info(ref)
-        except hub.NotPublishedModelError:
-            pass  # a fireviz checkpoint on the Hub: fetched below
-        # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
     if not looks_like_hub_id(ref):
         raise _not_found(ref, root)
-    folder = download_checkpoint(ref, HUB_PATTERNS, local_files_only=local_files_only)
+    try:
+        if not local_files_only:
+            try:
+                return published_info(ref)
+            except hub.NotPublishedModelError:
+                pass  # a fireviz checkpoint on the Hub: fetched below
+            # any other HubModelError (offline, no such repo, gated) is the answer, said as the CLI says it
+        folder = download_checkpoint(ref, HUB_PATTERNS, local_files_only=local_files_only)
+    except CheckpointError as e:
+        raise _as_missing_path(ref, e, root) from None
     return read_checkpoint(folder, name=ref, repo_id=ref)
+
+
+def _as_missing_path(ref: str, e: CheckpointError, root: Path | None = None) -> CheckpointError:
+    """The Hub's error for ``ref``, led by what a new user meant when its last part names a bundled
+    checkpoint (``checkpoints/fire`` typed outside the repository: a path, not a Hub id)."""
+    bundled = Path(ref).name
+    if not ((root if root is not None else checkpoints_root()) / bundled).is_dir():
+        return e
+    message = (
+        f"no folder {ref!r} under {Path.cwd()}, so it was taken as a Hugging Face Hub id: {e}. "
+        f"The bundled checkpoint of that name is {bundled!r} (a name works from any folder)"
+    )
+    try:  # the same kind of error (callers tell a missing repo from an unreachable Hub by it)
+        return type(e)(message)
+    except TypeError:
+        return CheckpointError(message)
 
 
 def _is_transformers_folder(folder: Path) -> bool:
@@ -442,7 +461,11 @@ def checkpoint_files(checkpoint: str | os.PathLike) -> tuple[Path, Path]:
     name = str(checkpoint)
     if path.exists() or not looks_like_hub_id(name):  # a path under an existing folder (checkpoints/typo) is local
         return _folder_files(path, checkpoint)
-    return _folder_files(download_checkpoint(name, [CONFIG_FILE, WEIGHTS_FILE]), checkpoint)
+    try:
+        folder = download_checkpoint(name, [CONFIG_FILE, WEIGHTS_FILE])
+    except CheckpointError as e:
+        raise _as_missing_path(name, e) from None
+    return _folder_files(folder, checkpoint)
 
 
 def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:

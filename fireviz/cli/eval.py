@@ -432,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_text_arguments(p)
     _add_model_arguments(p)
-    p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR or ~/.cache/fireviz/eval")
+    p.add_argument("--cache-dir", default=None, help="default $FIREVIZ_CACHE_DIR/eval or ~/.cache/fireviz/eval")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
     p.add_argument("--out", default=None, help="write the results as JSON here (atomically)")
     p.add_argument(

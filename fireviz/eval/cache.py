@@ -1,6 +1,6 @@
 """The evaluation cache: where a finished length is kept, and the shipped results read like it.
 
-A result is stored under ``<cache>/<key>.json`` (``default_cache_dir``: ``$FIREVIZ_CACHE_DIR``
+A result is stored under ``<cache>/<key>.json`` (``default_cache_dir``: ``$FIREVIZ_CACHE_DIR/eval``
 or ``~/.cache/fireviz/eval``), the key the sha256 of the checkpoint's identity
 (``checkpoints.checkpoint_sha256``), the data fingerprint and every setting that decides the
 numbers (``eval_settings.EvalSettings.length_settings``). A checkpoint folder's own
@@ -75,9 +75,10 @@ class EvalCache:
 
 
 def default_cache_dir() -> Path:
-    """``$FIREVIZ_CACHE_DIR`` if set, else ``~/.cache/fireviz/eval``."""
+    """``$FIREVIZ_CACHE_DIR/eval`` if the variable is set, else ``~/.cache/fireviz/eval``: the
+    variable names fireviz's cache root, as for the Hub cache (``<root>/hub``)."""
     env = os.environ.get("FIREVIZ_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "fireviz" / "eval"
+    return (Path(env) if env else Path.home() / ".cache" / "fireviz") / "eval"
 
 
 def cache_key(sha256: str, data_fingerprint: str, length_settings: dict) -> str:

@@ -377,7 +377,7 @@ def _evaluate_one(
                 warnings.warn(
                     f"could not cache {c.name} at length {n} ({e.strerror or type(e).__name__}); the number "
                     "is kept in this result but will be computed again next time: free space in the cache "
-                    "folder (FIREVIZ_CACHE_DIR)",
+                    "folder ($FIREVIZ_CACHE_DIR/eval or ~/.cache/fireviz/eval)",
                     RuntimeWarning,
                     stacklevel=2,
                 )

@@ -89,3 +89,27 @@ def test_cli_eval_takes_a_bundled_name(root, tmp_path, monkeypatch, capsys):
     assert eval_cli.main(["typo_name"] + argv[1:] + ["--no-cache"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint 'typo_name' not found" in err[0]
+
+
+def test_a_repository_path_typed_elsewhere_names_the_bundled_checkpoint(tmp_path, monkeypatch):
+    """A new user ran the README's ``Checkpoint.resolve("checkpoints/fire")`` outside the repository:
+    it became a Hub id and failed on the network. Every door now leads with the missing folder and
+    names the bundled checkpoint (``"fire"`` works from any folder); the Hub's reason follows."""
+    from fireviz.checkpoints import Checkpoint
+
+    def offline(*args, **kwargs):
+        raise CheckpointError("cannot download: no connection")
+
+    monkeypatch.setattr(checkpoints, "download_checkpoint", offline)
+    monkeypatch.setattr(checkpoints.hub, "load_published", offline)
+    monkeypatch.chdir(tmp_path)
+    for door in (Checkpoint.resolve, checkpoints.resolve_checkpoint):
+        with pytest.raises(CheckpointError) as info:
+            door("checkpoints/alibi")
+        said = str(info.value)
+        assert said.startswith("no folder 'checkpoints/alibi' under") and "no connection" in said
+        assert "bundled checkpoint of that name is 'alibi'" in said
+    with pytest.raises(CheckpointError) as info:  # an owner/name that names nothing bundled: the Hub's words
+        Checkpoint.resolve("someone/not-bundled")
+    assert str(info.value) == "cannot download: no connection"
+    assert Checkpoint.resolve("alibi").name == "alibi"

@@ -819,7 +819,7 @@ def test_cli_bad_input(ckpts, corpus, tmp_path, cache, capsys, args, match):
 def test_default_cache_dir_from_environment(ckpts, corpus, cache, tmp_path, monkeypatch):
     calls = _counting(monkeypatch)
     ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], token_budget=20, split="all")
-    assert len(list((tmp_path / "default-cache").glob("*.json"))) == 1
+    assert len(list((tmp_path / "default-cache" / "eval").glob("*.json"))) == 1  # the root's eval/, as hub/
     assert ev.evaluate_checkpoint(ckpts["alibi"], corpus, [8], token_budget=20, split="all")["per_length"][0]["cached"]
     assert calls == [8]
 
