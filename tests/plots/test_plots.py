@@ -699,3 +699,17 @@ def test_svg_and_pdf_exports_of_the_perplexity_and_bias_grid_figures_hold_the_tr
         assert len(reader.pages) == 1 and all(n in reader.pages[0].extract_text() for n in names)
     png = plots.export_figure(ppl, "png")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "ppls", [[4.409, 4.421, 4.443], [4.4105, 4.4107, 4.4109], [3.3, 4.0, 19.0], [1.5, 40.0, 300.0]]
+)
+def test_the_perplexity_axis_shows_numbers_inside_its_range(ppls):
+    """A new user's figure at perplexity 4.409–4.443 had no y-axis numbers: the ticks were chosen
+    for a padded range but plotly drew a narrower one. At least two labelled ticks lie inside the
+    drawn range, and so does every point."""
+    fig = P.perplexity_figure([ppl_result("a", "alibi", ppls)])
+    lo, hi = (10**v for v in fig.layout.yaxis.range)
+    ticks = [t for t in fig.layout.yaxis.tickvals if lo <= t <= hi]
+    assert len(ticks) >= 2, (ticks, lo, hi)
+    assert all(lo <= p <= hi for p in ppls)
