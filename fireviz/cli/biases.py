@@ -142,13 +142,24 @@ def _print_report(out: dict, args) -> None:
         print(f"note: {out['encoding']} has no normalizer; --normalizer-cap changes nothing")
     if rows:
         cap = f", normalizer capped at {out['normalizer_cap']}" if out.get("normalizer_cap") else ""
+        heads = {(layer["layer"], h["head"]): h for layer in out["layers"] for h in layer.get("heads", [])}
+        others = [p for p in out["query_positions"] if p != out["classify_at"]]
         print(
-            f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6}  (at query position "
-            f"{out['classify_at']}{cap})"
+            f"per head at query position {out['classify_at']}{cap}: locality; rho = Spearman rank correlation of "
+            "the bias with the distance (log-spaced; -1: falls with distance); peak = distance of the largest "
+            "bias (tokens); range = max - min bias (logits)"
+            + (f"; then the locality at query positions {', '.join(map(str, others))}" if others else "")
+        )
+        print(
+            f"{'layer':>5} {'head':>4}  {'locality':10s} {'rho':>6} {'peak':>6} {'range':>7}"
+            + "".join(f" {'@' + str(p):>11s}" for p in others)
         )
         for r in rows:
+            by_position = heads[(r["layer"], r["head"])].get("locality_by_query_position", {})
             print(
-                f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} {r['peak_distance']:6d}"
+                f"{r['layer']:5d} {r['head']:4d}  {r['locality']:10s} {r['rank_correlation']:6.2f} "
+                f"{r['peak_distance']:6d} {r['bias_range']:7.3g}"
+                + "".join(f" {by_position.get(str(p), '—'):>11s}" for p in others)
             )
     else:
         print(out["note"])

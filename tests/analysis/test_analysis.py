@@ -389,6 +389,12 @@ def test_cli_writes_biases_json(checkpoint, tmp_path, capsys):
     assert np.array(d["dilution"]["share"]).shape == (2, 4, 3)
     printed = capsys.readouterr().out
     assert "anti-local" in printed and str(out) in printed
+    # the table names its units and shows every query position asked for (a new user saw 31 only)
+    assert "peak = distance of the largest bias (tokens)" in printed and "range = max - min bias (logits)" in printed
+    header = next(line for line in printed.splitlines() if line.lstrip().startswith("layer"))
+    assert header.split()[-1] == "@255"
+    head1 = next(line for line in printed.splitlines() if line.split()[:2] == ["0", "1"])
+    assert head1.split()[2] == "anti-local" and head1.split()[-1] == "anti-local"
 
 
 def test_cli_default_out_is_in_the_current_folder_not_the_checkpoint(checkpoint, tmp_path, monkeypatch):
