@@ -9,7 +9,7 @@ import sys
 
 from fireviz.data import DataError
 from fireviz.model import CheckpointError
-from fireviz.train import TrainingError, load_config, train
+from fireviz.train import TrainingError, TrainingInterrupted, load_config, train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             progress=False if args.no_progress else None,
             stop_at_step=args.stop_at_step,
         )
+    except TrainingInterrupted as e:  # Ctrl-C: stopped after a whole step, its checkpoint written
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"fireviz train: {e}", file=sys.stderr)
+        return 130
     except (TrainingError, DataError, CheckpointError) as e:
         rank = os.environ.get("RANK")
         prefix = f"fireviz train [rank {rank}]" if rank not in (None, "0") else "fireviz train"

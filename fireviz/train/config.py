@@ -38,6 +38,19 @@ _FREE_ON_RESUME = frozenset({"data", "device", "compile", "eval_interval", "chec
 _MODEL_RESERVED = frozenset({"training", "config_format"})
 
 
+class TrainingInterrupted(RuntimeError):
+    """Ctrl-C (SIGINT) during ``train``: the run stopped after a whole step, ``step``, with its
+    checkpoint written (``checkpointed``; False for an interrupt before the first step of this
+    invocation), so ``--resume`` continues exactly."""
+
+    def __init__(self, step: int, out, checkpointed: bool):
+        self.step, self.out, self.checkpointed = step, out, checkpointed
+        where = f"checkpoint of step {step} written to {out}" if checkpointed else f"nothing new written to {out}"
+        super().__init__(
+            f"interrupted after step {step}: {where}; continue with: python -m fireviz train --out {out} --resume"
+        )
+
+
 class TrainingError(ValueError):
     """A training request that cannot run: a bad setting, an unknown key, an occupied or
     missing output folder, a resume that disagrees with its checkpoint."""

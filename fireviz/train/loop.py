@@ -44,8 +44,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -55,7 +58,7 @@ import torch
 from fireviz.core.distributed import Dist, all_reduce_sum, barrier, init_distributed
 from fireviz.core.text import duration
 from fireviz.model import GPT, GPTConfig
-from fireviz.train.config import TrainConfig, TrainingError
+from fireviz.train.config import TrainConfig, TrainingError, TrainingInterrupted
 from fireviz.train.schedule import derive_seed, lr_at, position_offsets, window_starts
 from fireviz.train.setup import (
     EVAL_LENGTH_FACTOR,
@@ -175,6 +178,34 @@ def _train(
         return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
 
 
+@contextmanager
+def _ctrl_c_requests():
+    """``with _ctrl_c_requests() as interrupted:`` — a first Ctrl-C (SIGINT) only sets a flag that
+    ``interrupted()`` returns, so the loop ends after a whole step with its checkpoint (issue #40:
+    Ctrl-C printed a traceback and wrote nothing); a second one interrupts at once. Only in the
+    main thread (elsewhere signals cannot be caught; ``interrupted()`` stays False)."""
+    seen = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+
+    def handler(signum, frame):
+        if seen:
+            raise KeyboardInterrupt
+        seen.append(signum)
+        print(
+            "\nfireviz train: Ctrl-C: stopping after this step with its checkpoint (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @dataclass
 class _Run:
     """One training run's loop, validation and checkpoints (everything decided beforehand)."""
@@ -212,6 +243,17 @@ class _Run:
             self.validate(0, {"step": 0, "tokens": 0})
         self.model.train()
         t_start = time.perf_counter()
+        with _ctrl_c_requests() as interrupted:
+            self._steps(start_step, end_step, bar, t_start, interrupted)
+        if start_step >= end_step and d.master:
+            bar.write(
+                f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
+            )
+
+    def _steps(self, start_step: int, end_step: int, bar, t_start: float, interrupted: Callable[[], bool]) -> None:
+        """The optimizer steps of :meth:`loop`; after each one, a Ctrl-C seen meanwhile (on any rank)
+        ends the run there with that step's checkpoint (TrainingInterrupted)."""
+        tc, d = self.tc, self.d
         for step in range(start_step, end_step):
             t0 = time.perf_counter()
             lr = lr_at(step, tc)
@@ -253,12 +295,16 @@ class _Run:
                 self.write_log(rec)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-            if (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step:
+            saved = (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step
+            if saved:
                 self.checkpoint(done)
-        if start_step >= end_step and d.master:
-            bar.write(
-                f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
-            )
+            stop = interrupted()
+            if d.world > 1:  # every rank stops after the same step (a checkpoint is a collective)
+                stop = bool(all_reduce_sum(torch.tensor([float(stop)], device=d.comm_device), d).item())
+            if stop:
+                if not saved:
+                    self.checkpoint(done)
+                raise TrainingInterrupted(done, self.out, checkpointed=True)
 
     def progress_line(self, rec: dict, start_step: int, t_start: float) -> None:
         """One plain line on stderr at each validation when no progress bar is drawn (output to a

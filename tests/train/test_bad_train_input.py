@@ -195,3 +195,47 @@ def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
         cmd + ["--out", str(tmp_path / "b"), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert q.returncode == 0 and "train alibi: step" not in q.stderr
+
+
+def test_ctrl_c_stops_after_a_whole_step_with_its_checkpoint_and_resume_is_exact(tmp_path):
+    """Issue #40: Ctrl-C in `fireviz train` printed a traceback and wrote nothing. Now the first one
+    ends the run after the step in progress, writes that step's checkpoint, says how to resume and
+    exits 130; --resume then ends bit-identical to a run never interrupted."""
+    import signal
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 2\nd_model = 16\nseq_len = 16\nposition_encoding = "fire"\n',
+        "max_steps = 100\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 1000\n"
+        "eval_batches = 1\n",
+    )
+    base = [sys.executable, "-m", "fireviz", "train", "--config", str(cfg)]
+    p = subprocess.Popen(base + ["--out", str(tmp_path / "cut")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    assert p.stderr is not None
+    for line in p.stderr:  # the first progress line: the loop is running
+        if line.startswith("train fire: step"):
+            p.send_signal(signal.SIGINT)
+            break
+    rest = p.stderr.read()
+    assert p.wait(timeout=120) == 130, rest
+    assert "Traceback" not in rest and "--resume" in rest
+    stopped = json.loads((tmp_path / "cut" / "trainer_state.json").read_text())["step"]
+    assert 2 <= stopped < 100 and f"interrupted after step {stopped}" in rest
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fireviz", "train", "--out", str(tmp_path / "cut"), "--resume", "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    whole = subprocess.run(
+        base + ["--out", str(tmp_path / "whole"), "--no-progress"], cwd=ROOT, capture_output=True, timeout=300
+    )
+    assert whole.returncode == 0
+    a, b = (load_file(tmp_path / f / "model.safetensors") for f in ("cut", "whole"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
