@@ -162,7 +162,7 @@ for col, info in zip(cols, chosen, strict=True):
                 f" Dashed: the same with the normalizer capped at {cap} tokens — a query past {cap} then "
                 f"sees the curve of query {cap} for distances below {cap}."
             )
-        ui.show_figure(fig, caption, P, f"head_{info.name}")
+        ui.show_figure(fig, caption, P, f"{info.name}_L{layer}H{head}_bias")
         ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
         if is_fire:
             fi = plots.fire_input_figure(rep, layer, capped=capped)

@@ -28,6 +28,7 @@ from fireviz.eval import (
     MODES,
     ROPE_SCALINGS,
     SYNTHETIC_SEQUENCES,
+    dominant_document_note,
     missing_interval_note,
 )
 
@@ -756,6 +757,9 @@ def main() -> None:
         st.warning(f"Not evaluated: {ui.plain(msg)}")
     if not clean:
         st.stop()
+    dominant = dominant_document_note(clean)
+    if dominant:
+        st.warning(ui.plain(dominant[0].upper() + dominant[1:]) + ".")
     caption = ui.eval_caption(clean)
     if c.mode == "context":  # its curve beside the same-text curve, its table, its paired differences
         context_use_view(clean)

@@ -37,6 +37,7 @@ from fireviz.eval import (
     EvalSettings,
     EvaluationError,
     checkpoint_list,
+    dominant_document_note,
     evaluate,
     missing_interval_note,
 )
@@ -201,9 +202,9 @@ def _per_checkpoint(
 
 def _notes(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     out = []
-    note = missing_interval_note(results)
-    if note:
-        out.append(f"({note})")
+    for note in (missing_interval_note(results), dominant_document_note(results)):
+        if note:
+            out.append(f"({note})")
     caps = sorted({cap for r in results if (cap := r.get("normalizer_cap"))})
     if caps:
         short = [n for n in lengths if n <= min(caps)]

@@ -27,7 +27,13 @@ from fireviz.eval.settings import (
     check_setting_names,
     checkpoint_list,
 )
-from fireviz.eval.stats import bootstrap_ci95, missing_interval_note, paired_difference, with_paired_differences
+from fireviz.eval.stats import (
+    bootstrap_ci95,
+    dominant_document_note,
+    missing_interval_note,
+    paired_difference,
+    with_paired_differences,
+)
 from fireviz.eval.uploads import MAX_UPLOAD_MB, UPLOAD_TYPES, save_upload
 from fireviz.eval.variants import ROPE_SCALINGS
 from fireviz.eval.windows import (
@@ -44,6 +50,7 @@ from fireviz.eval.windows import (
 )
 
 __all__ = [
+    "dominant_document_note",
     "missing_interval_note",
     "DEFAULT_CONTEXT_LENGTHS",
     "DEFAULT_CONTEXT_PREFIX",

@@ -251,3 +251,33 @@ def missing_interval_note(results) -> str | None:
             "older fireviz); computing them again gives the interval"
         )
     return "; ".join(parts) if parts else None
+
+
+#: share of a length's scored tokens from one document above which a note says so
+DOMINANT_DOCUMENT_SHARE = 0.5
+
+
+def dominant_document_note(results, share: float = DOMINANT_DOCUMENT_SHARE) -> str | None:
+    """A sentence naming the lengths (tokens) where one document holds more than ``share`` of the
+    scored tokens — the number then mostly describes that document (a new user's sliding run scored
+    3 documents, 80 % of the tokens from one table file) — or None. Reads each entry's
+    ``per_document`` tokens; entries without them are not judged."""
+    worst: dict[int, tuple[float, str]] = {}
+    for r in results:
+        for e in r.get("per_length", []):
+            pd = e.get("per_document")
+            if "error" in e or not pd or not pd.get("tokens"):
+                continue
+            tokens = pd["tokens"]
+            total = sum(tokens)
+            k = max(range(len(tokens)), key=tokens.__getitem__)
+            frac = tokens[k] / total if total else 0.0
+            if frac > share and frac > worst.get(e["length"], (0.0, ""))[0]:
+                worst[e["length"]] = (frac, str(pd["doc"][k]))
+    if not worst:
+        return None
+    parts = [f"{n}: {100 * f:.0f} % from {doc!r}" for n, (f, doc) in sorted(worst.items())]
+    return (
+        f"one document holds most of the scored tokens at {'; '.join(parts)} — those numbers mostly describe "
+        "that document (score more documents, e.g. a larger --token-budget or the same_text mode)"
+    )

@@ -1495,3 +1495,20 @@ def test_two_folders_of_one_name_keep_their_paths_in_every_table(ckpts, tmp_path
     assert f"vs {a}" in paired.splitlines()[0]
     row = next(line for line in paired.splitlines() if "rope" in line)
     assert row.split()[0] == str(b)
+
+
+def test_one_document_holding_most_tokens_is_said():
+    """A new user's sliding example scored 3 documents, 80 % of the tokens from one table file,
+    with no word; the CLI and the app now say so (more than half the tokens from one document)."""
+    from fireviz.eval import dominant_document_note
+
+    def result(tokens):
+        docs = [f"d{i}" for i in range(len(tokens))]
+        pd = {"doc": docs, "nats": [1.0] * len(tokens), "tokens": tokens}
+        return {"per_length": [{"length": 128, "per_document": pd}, {"length": 512, "error": "no windows"}]}
+
+    note = dominant_document_note([result([10, 80, 10])])
+    assert note is not None and "128: 80 % from 'd1'" in note and "512" not in note
+    assert dominant_document_note([result([30, 30, 40])]) is None
+    assert dominant_document_note([result([50, 50])]) is None  # exactly half is not "most"
+    assert dominant_document_note([{"per_length": [{"length": 8, "bits_per_byte": 1.0}]}]) is None
