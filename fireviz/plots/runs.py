@@ -234,7 +234,7 @@ def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figu
       ``position_parameters`` = ``{parameter: {layer: [value per head]}}`` (FIRE's ``c`` and
       ``L`` in tokens, Kerple's ``r1``, ``r2``; ``fireviz.train.loop.position_parameters``).
     Returns: Figure with one panel per parameter name (shared x = tokens seen), one line per
-      run × layer × head, named ``"run L<layer> H<head>"`` (``H`` omitted for a scalar);
+      run × layer × head (legend: one entry per run; hover text ``"run <parameter> · layer <l> · head <h>"``, head omitted for a scalar);
       ``L`` on a log y-axis. Trace meta ``{"run", "parameter", "layer", "head"}``.
     Raises: ValueError when no row of any run has ``position_parameters``.
     """
@@ -262,15 +262,22 @@ def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figu
     names = list(series)
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
     runs = list(logs)
+    in_legend: set[str] = set()
     for r, name in enumerate(names, start=1):
         for (run, layer, head), pts in series[name].items():
-            label = f"{run} L{layer}" + (f" H{head}" if head is not None else "")
+            # the parameter in every name: c and L panels of one run were "fire L0" twice (and "L0" read as L)
+            label = f"{run} {name} · layer {layer}" + (f" · head {head}" if head is not None else "")
             fig.add_trace(
                 go.Scatter(
                     x=[p[0] for p in pts],
                     y=[p[1] for p in pts],
                     mode="lines+markers",
-                    name=label,
+                    # one legend entry per run (a line per layer × head × parameter overflowed the
+                    # legend: Kerple's were cut off); each line says what it is on hover
+                    name=run,
+                    showlegend=run not in in_legend,
+                    hovertext=[label] * len(pts),
+                    hoverinfo="text+x+y",
                     legendgroup=run,
                     marker=dict(size=4),
                     line=dict(color=_color(runs.index(run)), width=1),
@@ -279,6 +286,7 @@ def position_parameters_figure(logs: Mapping[str, Sequence[Mapping]]) -> go.Figu
                 row=r,
                 col=1,
             )
+            in_legend.add(run)
         if name == "L":
             fig.update_yaxes(type="log", row=r, col=1, title_text="L (tokens)")
         else:

@@ -573,7 +573,10 @@ def test_position_parameters_figure():
     np.testing.assert_allclose(by[("kerple_power", "r2", 0, 1)].y, [0.01, 0.02])
     np.testing.assert_allclose(by[("kerple_power", "r2", 0, 1)].x, [0, 20])
     np.testing.assert_allclose(by[("fire", "L", 0, None)].y, [128.0, 200.0])
-    assert by[("fire", "c", 0, None)].name == "fire L0"
+    assert by[("fire", "c", 0, None)].hovertext[0] == "fire c · layer 0"
+    assert by[("fire", "L", 0, None)].hovertext[0] == "fire L · layer 0"
+    assert by[("kerple_power", "r2", 0, 1)].hovertext[0] == "kerple_power r2 · layer 0 · head 1"
+    assert sorted(t.name for t in fig.data if t.showlegend) == ["fire", "kerple_power"]  # one entry per run
     with pytest.raises(ValueError, match="no run logged"):
         P.position_parameters_figure({"alibi": logs["alibi"]})
 
