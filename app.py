@@ -9,6 +9,9 @@ import streamlit as st
 
 from fireviz import ui
 
+#: rows the checkpoint table shows before it scrolls: the bundled 21 and the copy task's, with room
+HOME_ROWS = 40
+
 #: Published models the Home page suggests (Hub id, what its position encoding is).
 SUGGESTED_MODELS = [
     ("google/byt5-small", "ByT5: byte-level like fireviz, T5 buckets shared by all layers"),
@@ -73,7 +76,7 @@ def _checkpoints_table(found) -> None:
         key="home_table",
         column_config=ui.checkpoint_table_config(rows),
         column_order=shown,
-        height=ui.table_height(len(rows)),
+        height=ui.table_height(len(rows), max_rows=HOME_ROWS),  # every bundled checkpoint without scrolling
     )
     ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
 
