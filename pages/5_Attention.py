@@ -2,7 +2,7 @@
 
 Thin over ``fireviz.analysis.text_attention.attention_pattern`` (one layer's probabilities per head and
 the bias's share of its logits, run in this process: one forward pass) and
-``fireviz.plots.attention``. State in the URL: group, ckpt, atext, adoc, astart, alen, aseed, layer, cap.
+``fireviz.plots.attention``. State in the URL: group, ckpt, atext, adoc, astart, alen, aseed, layer, cap, alog.
 """
 
 import streamlit as st
@@ -128,7 +128,14 @@ show = (
     == "capped"
     else plain
 )
-fig = attention_plots.attention_pattern_figure(show)
+log_color = st.toggle(
+    "Log colour scale",
+    key=ui.url_state(P, "alog", False, bool),
+    help="Colour by log10 of the probability (down to 1e-4): on a linear scale a few near keys take the "
+    "whole range and the spread over far keys is dark.",
+)
+ui.sync_url(P, ["alog"])
+fig = attention_plots.attention_pattern_figure(show, log_color=log_color)
 ui.show_figure(
     fig,
     "Rows: query positions; columns: the keys they attend to (future keys blank). Texts longer than "

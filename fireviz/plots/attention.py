@@ -41,13 +41,19 @@ def block_mean(m: np.ndarray, max_cells: int = MAX_HEATMAP_CELLS) -> tuple[np.nd
     return sums / (rows[:, None] * rows[None, :]), s
 
 
+#: smallest probability the log colour scale shows apart (below it: the darkest colour)
+LOG_FLOOR = 1e-4
+
+
 def attention_pattern_figure(
-    pattern, heads: Sequence[int] | None = None, max_cells: int = MAX_HEATMAP_CELLS
+    pattern, heads: Sequence[int] | None = None, max_cells: int = MAX_HEATMAP_CELLS, log_color: bool = False
 ) -> go.Figure:
     """Each head's attention probabilities on the text, queries down and keys across.
 
     Args: ``pattern`` (``AttentionPattern`` or dict); ``heads`` to draw (default all);
-      ``max_cells``: texts longer than this are drawn as block means (``block_mean``).
+      ``max_cells``: texts longer than this are drawn as block means (``block_mean``);
+      ``log_color``: colour by log10 of the probability (floored at ``LOG_FLOOR``), so the spread
+      over far keys shows (on a linear scale a few near keys take the whole range; issue #40).
     Returns: Figure with one Heatmap per head (z = probabilities ``[query, key]``, NaN above the
       diagonal; x, y the first position of each block), subplot titles naming the head and its
       bias share; meta ``{"layer", "heads", "block"}`` (``block`` = positions per cell).
@@ -76,15 +82,17 @@ def attention_pattern_figure(
         z, block = block_mean(probs[h], max_cells)
         pos = np.arange(z.shape[0]) * block
         z = np.where(pos[:, None] >= pos[None, :], z, np.nan)  # future keys blank
+        shown = np.log10(np.maximum(z, LOG_FLOOR)) if log_color else z
         fig.add_trace(
             go.Heatmap(
                 x=pos,
                 y=pos,
-                z=z,
+                z=shown,
+                customdata=z,  # the probability itself, on hover whatever the colour scale
                 coloraxis="coloraxis",
                 name=f"head {h}",
                 meta={"head": h},
-                hovertemplate="query %{y}, key %{x}: %{z:.3f}<extra>head " + str(h) + "</extra>",
+                hovertemplate="query %{y}, key %{x}: %{customdata:.3g}<extra>head " + str(h) + "</extra>",
             ),
             row=n // cols + 1,
             col=n % cols + 1,
@@ -103,10 +111,22 @@ def attention_pattern_figure(
                 + (f"; each cell averages {block}×{block} positions" if block > 1 else "")
             ),
         ),
-        coloraxis=dict(colorscale="Viridis", colorbar=dict(title=dict(text="probability"))),
+        coloraxis=dict(
+            colorscale="Viridis",
+            colorbar=(
+                dict(
+                    title=dict(text="probability (log)"),
+                    tickvals=list(range(int(np.log10(LOG_FLOOR)), 1)),
+                    ticktext=[f"1e{k}" if k else "1" for k in range(int(np.log10(LOG_FLOOR)), 1)],
+                )
+                if log_color
+                else dict(title=dict(text="probability"))
+            ),
+            **(dict(cmin=np.log10(LOG_FLOOR), cmax=0.0) if log_color else {}),
+        ),
         height=260 * rows + 140,
         margin=dict(t=130),
-        meta={"layer": p["layer"], "heads": heads, "block": block},
+        meta={"layer": p["layer"], "heads": heads, "block": block, "log_color": log_color},
     )
     fig.update_xaxes(title_text="key position j", row=rows, col=1)
     fig.update_yaxes(title_text="query position i", row=1, col=1)

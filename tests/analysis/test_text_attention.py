@@ -107,6 +107,14 @@ def test_pattern_figure_draws_the_probabilities_and_block_means_long_texts():
         TA.attention_pattern(model, _tokens(50), 0).probs[1],
         atol=1e-6,
     )  # 6 digits
+    # the log colour scale (issue #40: heatmaps nearly all dark): log10 of the same numbers, floored
+    logged = AP.attention_pattern_figure(TA.attention_pattern(model, _tokens(50), 0), heads=[1], log_color=True)
+    want = TA.attention_pattern(model, _tokens(50), 0).probs[1]
+    got = np.asarray(logged.data[0].z, dtype=float)
+    below = np.tril(np.ones_like(want, dtype=bool))
+    np.testing.assert_allclose(got[below], np.log10(np.maximum(want[below], AP.LOG_FLOOR)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logged.data[0].customdata, dtype=float)[below], want[below], atol=1e-6)
+    assert logged.layout.coloraxis.cmin == np.log10(AP.LOG_FLOOR) and logged.layout.coloraxis.cmax == 0.0
     share = AP.bias_share_figure([pat])
     assert [t.meta["head"] for t in share.data] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="additive"):
