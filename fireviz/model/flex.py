@@ -149,10 +149,16 @@ def causal_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, encoding=None
       ``q_offset`` is given); ``encoding``: the position encoding of this layer (None: no bias).
     Returns: ``[B, H, Tq, D]`` in q's dtype. With autograd on, gradients reach q, k, v and the
       bias tables (so the encoding's parameters); PyTorch has FlexAttention's backward on CUDA only.
-    Raises: FlexUnavailable (see ``score_mod_for``), or the compiler's error.
+    Raises: FlexUnavailable (see ``score_mod_for``), ValueError for a ``q_offset`` outside 0 … Tk − Tq,
+      or the compiler's error.
     """
     q_len, k_len = q.shape[2], k.shape[2]
     q_offset = k_len - q_len if q_offset is None else int(q_offset)
+    if not 0 <= q_offset <= k_len - q_len:  # the tables cover distances 0 … k_len − 1 only
+        raise ValueError(
+            f"queries at {q_offset}…{q_offset + q_len - 1} need keys up to there; got {k_len} keys "
+            "(q_offset must lie in 0 … k_len − q_len)"
+        )
     mod = score_mod_for(encoding, q_len, k_len, q_offset) if encoding is not None else None
     # q, k, v are views of one qkv projection: Inductor refuses inputs sharing a buffer on CUDA
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

@@ -34,7 +34,7 @@ from fireviz.model.capture import CAPTURES, AttentionCapture, check_layers, chec
 
 # The model's public names, defined with what they belong to and importable from here too:
 from fireviz.model.config import BOS_ID, BYTE_VOCAB_SIZE, GPTConfig  # noqa: F401
-from fireviz.model.flex import causal_flex
+from fireviz.model.flex import FlexUnavailable, causal_flex
 from fireviz.model.state import (
     CheckpointError,  # noqa: F401  (public here: fireviz.model.gpt.CheckpointError)
     check_checkpoint_ref,
@@ -96,15 +96,16 @@ class CausalSelfAttention(nn.Module):
         flex = self.backend == "flex" and not torch.is_grad_enabled() and not position_offset
         return self.dropout if self.training and not flex else 0.0
 
-    def _flex_now(self, q: torch.Tensor, position_offset: int) -> bool:
-        """Whether this call goes through FlexAttention: backend ``"flex"``, no position offset, and
-        either no autograd (inference, any device) or training on CUDA without attention dropout
-        (PyTorch has FlexAttention's backward on CUDA only; it has no dropout)."""
-        if self.backend != "flex" or position_offset:
+    def _flex_now(self, q: torch.Tensor, position_offset: int, cache) -> bool:
+        """Whether this call goes through FlexAttention: backend ``"flex"``, no position offset, no
+        KV cache (each decoding step's new key length would compile the kernel again), and either
+        nothing to differentiate (any device) or CUDA without attention dropout in training
+        (PyTorch has FlexAttention's backward on CUDA only; it has no dropout). Elsewhere SDPA."""
+        if self.backend != "flex" or position_offset or cache is not None:
             return False
-        if not (self.training and torch.is_grad_enabled()):
+        if not (torch.is_grad_enabled() and q.requires_grad):
             return True
-        return q.device.type == "cuda" and self.dropout == 0.0
+        return q.device.type == "cuda" and (not self.training or self.dropout == 0.0)
 
     def forward(
         self,
@@ -136,9 +137,12 @@ class CausalSelfAttention(nn.Module):
                 )
         k_len = k.shape[2]
         dropout = self.dropout if self.training else 0.0
-        if self._flex_now(q, position_offset):
-            y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
-            return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+        if self._flex_now(q, position_offset, cache):
+            try:
+                y = causal_flex(q, k, v, encoding if encoding.kind == "additive" else None, q_offset)
+                return self.proj(y.transpose(1, 2).reshape(B, T, -1))
+            except FlexUnavailable:  # no fused form of this bias (FIRE with mlp_depth 2): the SDPA path
+                pass
         if T <= self.query_block:
             y = self._attend(q, k, v, encoding, q_offset, k_len, dropout, mask, position_offset)
         else:

@@ -16,6 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from fireviz.core import atomic_write, output_path_problem
+from fireviz.plots.base import plain_labels
 
 
 # -- export ------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def export_figure(fig: go.Figure, fmt: str, paper: str | None = "page") -> bytes
 
     if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
         os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
-    f = paper_figure(fig, paper) if paper else fig
+    f = plain_labels(paper_figure(fig, paper) if paper else go.Figure(fig))  # names are text, not markup
     try:
         for attempt in range(EXPORT_ATTEMPTS):
             try:
@@ -250,7 +251,8 @@ def write_figure(fig: go.Figure, path: str | os.PathLike, fmt: str | None = None
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt == "html":
-        atomic_write(path, lambda p: fig.write_html(p, include_plotlyjs="cdn"))
+        plain = plain_labels(go.Figure(fig))  # names are text, not markup (a link in a legend, issue #38)
+        atomic_write(path, lambda p: plain.write_html(p, include_plotlyjs="cdn"))
         return path
     data = export_figure(fig, fmt, paper)
     atomic_write(path, lambda p: Path(p).write_bytes(data))

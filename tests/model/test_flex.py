@@ -83,3 +83,26 @@ def test_a_new_query_offset_compiles_nothing_again(available, encoding, monkeypa
             mask = causal_attention_mask(enc, 16, 64, offset, q.device)
             ref = attention(q, k, v, mask, 0.0, causal=True)
         assert (got - ref).abs().max() < 1e-4, offset
+
+
+def test_the_flex_backend_falls_back_to_sdpa_where_it_cannot_run(available):
+    """A breaker's findings: with backend "flex", a gradient on CPU in eval mode raised PyTorch's
+    NotImplementedError, FIRE with mlp_depth 2 raised FlexUnavailable, and KV-cache decoding compiled
+    again at every step. Each now takes the SDPA path, with the same numbers."""
+    from fireviz.model.gpt import KVCache
+
+    torch.manual_seed(3)
+    cfg = dict(n_layer=1, n_head=2, d_model=16, seq_len=32)
+    x = torch.randint(0, 256, (1, 40))
+    model = GPT(GPTConfig(position_encoding="alibi", **cfg)).eval()
+    model.set_attention_backend("flex")(x).sum().backward()  # eval mode, autograd on, CPU
+    deep = GPT(GPTConfig(position_encoding="fire", encoding_options={"mlp_depth": 2}, **cfg)).eval()
+    with torch.no_grad():
+        ref = deep(x)
+        assert torch.equal(deep.set_attention_backend("flex")(x), ref)
+        cache = KVCache(1)
+        steps = [model(x[:, :8], cache=cache)] + [model(x[:, i : i + 1], cache=cache) for i in range(8, 12)]
+        full = model.set_attention_backend("sdpa")(x[:, :12])
+    assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="q_offset must lie in"):
+        flex.causal_flex(torch.zeros(1, 2, 16, 8), torch.zeros(1, 2, 64, 8), torch.zeros(1, 2, 64, 8), q_offset=60)

@@ -33,3 +33,13 @@ def test_every_label_is_plain_text_and_line_breaks_stay():
 def test_a_second_pass_changes_nothing():
     once = plots.plain_labels(_figure()).to_plotly_json()
     assert plots.plain_labels(plots.plain_labels(_figure())).to_plotly_json() == once
+
+
+def test_figures_written_to_files_are_plain_text_too(tmp_path):
+    """A breaker's finding: the CLI's --figure wrote a checkpoint named <a href=…> as a live link
+    (only the app escaped names). Every file fireviz writes goes through plain_labels; the figure
+    passed in is left as it was."""
+    fig = _figure()
+    html = plots.write_figure(fig, tmp_path / "f.html").read_text()
+    assert "<a href" not in html and "\\u003ca href" not in html and "&lt;a href" in html
+    assert fig.data[0].name == EVIL  # the caller's figure is not changed
