@@ -25,7 +25,7 @@ Steps (each one reports what failed and the script goes on with the rest):
     python benchmarks/gpu.py --dry-run --no-compile --attention sdpa   # the plumbing only (~1 min)
 
 Writes ``DIR/gpu.json`` (every figure, the settings, the failures) and ``DIR/gpu.md`` (a short
-report); default DIR ``benchmarks/results``. Without CUDA and without ``--dry-run`` it says so and
+report); default DIR ``out/gpu`` (git-ignored; the published runs are in benchmarks/results). Without CUDA and without ``--dry-run`` it says so and
 exits 0 having measured nothing. A step that would start after ``--budget-s`` seconds is skipped
 and named as such, so the call ends inside its lease.
 """
@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -239,7 +240,9 @@ def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
     }
     try:
         for name in encoding_names():
-            out["logits"][name] = _run(_logits_parity, name, dev, sizes)
+            out["logits"][name] = (
+                _run(_logits_parity, name, dev, sizes) if budget.ok() else {"status": "skipped", "error": "time budget"}
+            )
         flex_ok = flex.flex_available()
         for name in encoding_names():
             if encoding_spec(name).kind != "additive" and name != "rope":
@@ -366,7 +369,8 @@ def _eval_forward(name: str, n: int, backend: str, dev: torch.device, sizes: Siz
         "status": "ok" if torch.isfinite(logits).all().item() else "non-finite logits",
         "seconds": round(time.perf_counter() - t, 3),
         "peak_mib": _peak_mib(dev, base),
-        "full_bias_mib": round(heads * n * n * 2 / 2**20, 1),  # what a [heads, n, n] bf16 bias alone would take
+        # what a [heads, n, n] bias alone would take in the dtype of this run (bf16 on CUDA, float32 on CPU)
+        "full_bias_mib": round(heads * n * n * (2 if dev.type == "cuda" else 4) / 2**20, 1),
     }
 
 
@@ -417,11 +421,24 @@ def _last_log(out: Path) -> dict:
 
 
 def _subprocess_train(cmd: list[str], out: Path, timeout: float, env: dict | None = None) -> dict:
+    """Run ``cmd`` (a `fireviz train`, maybe under torchrun) in its own process group; past
+    ``timeout`` seconds the whole group is killed (torchrun's workers too, not only the launcher)."""
     t = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        return {
+            "status": "failed",
+            "error": f"stopped after the {timeout:.0f} s left of the budget (every process killed)",
+        }
     sec = time.perf_counter() - t
     if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        tail = (stderr or stdout).strip().splitlines()[-3:]
         return {"status": "failed", "error": f"exit {p.returncode}: {' | '.join(tail)[:400]}", "seconds": round(sec, 1)}
     last = _last_log(out)
     return {
@@ -449,7 +466,8 @@ def trainer(dev: torch.device, sizes: Sizes, budget: Budget, work: Path) -> dict
 
 def ddp(dev: torch.device, sizes: Sizes, budget: Budget, work: Path, single: dict | None) -> dict:
     procs = torch.cuda.device_count() if dev.type == "cuda" else 2
-    out: dict = {"processes": procs, "backend": "nccl" if dev.type == "cuda" else "gloo"}
+    backend = ("nccl" if dev.type == "cuda" else "gloo") if procs > 1 else "none: one process, no process group"
+    out: dict = {"processes": procs, "backend": backend}
     if not budget.ok(60):
         out.update(status="skipped", error="time budget")
         return out
@@ -500,6 +518,17 @@ def _not_run(results: dict) -> list[str]:
     d = results.get("ddp", {})
     if d.get("status") == "skipped":
         reasons.setdefault(f"skipped: {d.get('error')}", []).append("ddp")
+    asked = results.get("asked", {})
+    left = [s for s in STEPS if s not in asked.get("only", STEPS)]
+    if left:
+        reasons.setdefault("left out by --only", []).extend(left)
+    paths = [a for a in ("sdpa", "flex") if a not in asked.get("attention", ["sdpa", "flex"])]
+    if paths:
+        reasons.setdefault("left out by --attention", []).append(
+            f"{', '.join(paths)} rows of train_step and eval_memory"
+        )
+    if asked.get("compile") is False:
+        reasons.setdefault("left out by --no-compile", []).append("torch.compile rows of train_step and trainer")
     return [f"- {why} — {', '.join(what)}" for why, what in reasons.items()]
 
 
@@ -509,9 +538,13 @@ def report(results: dict) -> str:
     lines = [
         f"# GPU check ({'dry run on CPU, toy sizes' if results['dry_run'] else 'full sizes'})",
         "",
-        f"{results['started']} · torch {env.get('torch')} · CUDA {env.get('cuda')} · "
-        f"{', '.join(env.get('gpus') or []) or 'no GPU'} · FlexAttention "
-        f"{'available' if env.get('flex_available') else 'unavailable: ' + str(env.get('flex_unavailable_reason'))}",
+        (
+            f"{results['started']} · torch {env.get('torch')} · CUDA {env.get('cuda')} · "
+            f"{', '.join(env.get('gpus') or []) or 'no GPU'} · FlexAttention "
+            f"{'available' if env.get('flex_available') else 'unavailable: ' + str(env.get('flex_unavailable_reason'))}"
+            if "torch" in env
+            else f"{results['started']} · {results.get('device', '?')} (the environment step was not run)"
+        ),
         "",
     ]
     failures = []
@@ -538,15 +571,16 @@ def report(results: dict) -> str:
             "",
         ]
     sizes = results.get("sizes", {})
-    cuda = str(env.get("device", "")).startswith("cuda")
+    device = results.get("device", env.get("device", "?"))
+    cuda = str(device).startswith("cuda")
     layers, heads, width = sizes.get("base_model", ("?", "?", "?"))
     shape = f"{layers} layers, {heads} heads, d = {width}"
-    where = f"{'bf16 autocast' if cuda else 'float32'} on {env.get('device', '?')}"
+    where = f"{'bf16 autocast' if cuda else 'float32'} on {device}"
     steps = f"{sizes.get('train_steps')} timed steps after {sizes.get('warmup_steps')}, one run: no interval"
     for key, title, cols in (
         ("train_step", f"Training step ({shape}; {sizes.get('train_seq')} tokens × batch {sizes.get('train_batch')}; {where}; {steps})", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
         ("eval_memory", f"Evaluation forward ({shape}; batch 1; {where})", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
-        ("trainer", f"`fireviz train` (configs/tiny.toml, FIRE, {sizes.get('trainer_steps')} steps, {env.get('device', '?')})", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
+        ("trainer", f"`fireviz train` (configs/tiny.toml, FIRE, {sizes.get('trainer_steps')} steps, {device})", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
     ):  # fmt: skip
         rows = results.get(key, {}).get("rows", [])
         if rows:
@@ -585,7 +619,7 @@ def report(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for gpu.json and gpu.md")
+    ap.add_argument("--out", default=str(REPO / "out" / "gpu"), help="folder for gpu.json and gpu.md (default out/gpu)")
     ap.add_argument("--dry-run", action="store_true", help="every step at toy sizes on the CPU")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip steps that would start after this (s)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
@@ -597,8 +631,13 @@ def main(argv: list[str] | None = None) -> int:
     COMPILE[0] = not args.no_compile
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(STEPS))
-    if unknown:
-        ap.error(f"unknown step(s) {unknown}; choose from {', '.join(STEPS)}")
+    if unknown or not only:
+        ap.error(f"--only: unknown or no step(s) {unknown or args.only!r}; choose from {', '.join(STEPS)}")
+    bad = sorted(set(ATTENTION) - {"sdpa", "flex"})
+    if bad or not ATTENTION:
+        ap.error(f"--attention: unknown or no path(s) {bad or args.attention!r}; choose from sdpa, flex")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
     if not torch.cuda.is_available() and not args.dry_run:
         print("CUDA is not available: nothing measured (use --dry-run to run every step at toy sizes on the CPU).")
         return 0
@@ -614,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "budget_s": args.budget_s,
         "peak_tflops": peak,
+        "device": str(dev),
         "sizes": asdict(sizes),
+        "asked": {"only": only, "attention": list(ATTENTION), "compile": COMPILE[0]},
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

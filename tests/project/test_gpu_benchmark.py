@@ -64,3 +64,33 @@ def test_without_cuda_or_dry_run_it_measures_nothing(tmp_path):
     )
     assert p.returncode == 0 and "nothing measured" in p.stdout
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_a_step_past_its_budget_kills_every_process_it_started(tmp_path):
+    """A breaker's finding: on a timeout only torchrun's launcher was killed; its workers ran on
+    (holding the GPU). The whole process group goes now."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu
+
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time; "
+        f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); open({str(pid_file)!r}, 'w').write(str(c.pid)); "
+        "time.sleep(120)"
+    )
+    row = gpu._subprocess_train([sys.executable, "-c", code], tmp_path, timeout=3)
+    assert row["status"] == "failed" and "killed" in row["error"]
+    child = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init once killed
+        try:
+            os.kill(child, 0)
+            state = Path(f"/proc/{child}/status").read_text()
+        except (ProcessLookupError, FileNotFoundError):
+            break
+        if "\nState:\tZ" in state:  # killed, waiting for a parent that does not reap (some containers)
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the worker {child} outlived its step")
