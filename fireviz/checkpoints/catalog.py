@@ -303,8 +303,8 @@ def resolve_checkpoint(
 def _as_missing_path(ref: str, e: CheckpointError, root: Path | None = None) -> CheckpointError:
     """The Hub's error for ``ref``, led by what a new user meant when its last part names a bundled
     checkpoint (``checkpoints/fire`` typed outside the repository: a path, not a Hub id)."""
-    bundled = Path(ref).name
-    if not ((root if root is not None else checkpoints_root()) / bundled).is_dir():
+    bundled = _bundled_meant(ref, root if root is not None else checkpoints_root())
+    if bundled is None:
         return e
     message = (
         f"no folder {ref!r} under {Path.cwd()}, so it was taken as a Hugging Face Hub id: {e}. "
@@ -406,12 +406,25 @@ def _spelled_as_path(ref: str | os.PathLike) -> bool:
 
 
 def _not_found(ref, root: Path | None = None) -> CheckpointNotFoundError:
-    """The one error for a checkpoint reference that names nothing (every door says it so)."""
+    """The one error for a checkpoint reference that names nothing (every door says it so), naming
+    the bundled checkpoint a repository path typed elsewhere meant (``_bundled_meant``)."""
+    root = root if root is not None else checkpoints_root()
+    meant = _bundled_meant(str(ref), root)
     return CheckpointNotFoundError(
         f"checkpoint {str(ref)!r} not found: it is neither a checkpoint name under "
-        f"{root if root is not None else checkpoints_root()}, an existing folder, nor a Hugging Face "
-        "repo id (owner/name); check the spelling or the path"
+        f"{root}, an existing folder, nor a Hugging Face repo id (owner/name); check the spelling or the path"
+        + (f" (from {Path.cwd()}; the bundled checkpoint {meant!r} works by name from any folder)" if meant else "")
     )
+
+
+def _bundled_meant(ref: str, root: Path) -> str | None:
+    """The bundled checkpoint ``ref`` names when it is a path into the checkpoints folder typed
+    from elsewhere — ``checkpoints/fire``, ``./checkpoints/fire/`` (the folder's own name, then a
+    bundled name) — else None; ``someone/fire`` (a Hub id) is not one."""
+    parts = [p for p in Path(ref).parts if p not in (".", "")]
+    if len(parts) == 2 and parts[0] == root.name and (root / parts[1]).is_dir():
+        return parts[1]
+    return None
 
 
 def _folder_files(path: Path, ref) -> tuple[Path, Path]:

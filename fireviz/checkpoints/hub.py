@@ -82,7 +82,7 @@ def download_checkpoint(repo_id: str, allow_patterns: list[str], local_files_onl
 def default_cache_dir() -> Path:
     """``$FIREVIZ_CACHE_DIR/hub`` if set, else ``~/.cache/fireviz/hub``."""
     env = os.environ.get("FIREVIZ_CACHE_DIR")
-    return (Path(env) if env else Path.home() / ".cache" / "fireviz") / "hub"
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "fireviz") / "hub"
 
 
 # -- where the files come from ------------------------------------------------------------------

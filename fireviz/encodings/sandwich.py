@@ -8,15 +8,19 @@ import torch
 
 from fireviz.encodings.base import ToeplitzBias
 
+#: largest d̄: a model dimension (Sandwich's reference uses the model's, 128–1024); S(d) costs
+#: [len(d), d̄/2] numbers per call, so a config.json's 1e8 would cost gigabytes per scan (issue #38)
+MAX_DBAR = 1 << 16
+
 
 def sandwich_kernel(d: torch.Tensor, dbar: int = 128) -> torch.Tensor:
     """``S(d) = Σ_{k=0}^{dbar/2−1} cos(d / 10000^(2k/dbar))`` (float32, shaped like d).
 
     ``S(0) = dbar/2``; S decays (non-monotonically) with |d|. d in tokens.
-    Raises: ValueError if dbar is not a positive even integer.
+    Raises: ValueError if dbar is not an even integer in 2 … ``MAX_DBAR``.
     """
-    if dbar < 2 or dbar % 2:
-        raise ValueError(f"dbar must be a positive even integer (got {dbar})")
+    if dbar < 2 or dbar % 2 or dbar > MAX_DBAR:
+        raise ValueError(f"dbar must be an even integer in 2 … {MAX_DBAR} (got {dbar})")
     k = torch.arange(dbar // 2, device=d.device, dtype=torch.float64)
     inv_freq = 10000.0 ** (-2.0 * k / dbar)
     angles = d.double().unsqueeze(-1) * inv_freq

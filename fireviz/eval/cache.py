@@ -78,7 +78,7 @@ def default_cache_dir() -> Path:
     """``$FIREVIZ_CACHE_DIR/eval`` if the variable is set, else ``~/.cache/fireviz/eval``: the
     variable names fireviz's cache root, as for the Hub cache (``<root>/hub``)."""
     env = os.environ.get("FIREVIZ_CACHE_DIR")
-    return (Path(env) if env else Path.home() / ".cache" / "fireviz") / "eval"
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "fireviz") / "eval"
 
 
 def cache_key(sha256: str, data_fingerprint: str, length_settings: dict) -> str:

@@ -319,7 +319,7 @@ class _Run:
         )
         print(
             f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f} · {val} "
-            f"(nats/token) · {self.tokens_per_step / per_step:,.0f} tokens/s · ~{duration(left)} left",
+            f"(nats/token) · {rec['tokens_per_s'] or 0:,.0f} tokens/s · ~{duration(left)} left",
             file=sys.stderr,
             flush=True,
         )

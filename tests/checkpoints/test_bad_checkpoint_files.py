@@ -205,3 +205,20 @@ def test_a_huge_encoding_option_in_config_json_costs_nothing_to_scan(tmp_path, e
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 256 << 10  # < 256 MiB (was 1.5–3.4 GB)
     assert {"fine", "huge"} <= listed
     assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in bad.iterdir()} == before
+
+
+def test_a_huge_sandwich_dbar_is_refused_in_bounded_memory():
+    """A breaker's finding: Sandwich's d̄ has no parameters to size on the meta device, so a
+    config.json's dbar = 1e8 was built for real (1.5 GB per scan). d̄ is a model dimension: above
+    MAX_DBAR it is refused by name, before anything is allocated."""
+    import resource
+
+    from fireviz.encodings.sandwich import MAX_DBAR
+    from fireviz.model.gpt import GPTConfig
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for dbar in (100_000_000, MAX_DBAR + 2):
+        with pytest.raises(ValueError, match=f"dbar must be an even integer in 2 … {MAX_DBAR}"):
+            GPTConfig(position_encoding="sandwich", encoding_options={"dbar": dbar}).validate()
+    GPTConfig(position_encoding="sandwich", encoding_options={"dbar": MAX_DBAR}).validate()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 128 << 10

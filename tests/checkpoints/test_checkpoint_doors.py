@@ -109,7 +109,11 @@ def test_a_repository_path_typed_elsewhere_names_the_bundled_checkpoint(tmp_path
         said = str(info.value)
         assert said.startswith("no folder 'checkpoints/alibi' under") and "no connection" in said
         assert "bundled checkpoint of that name is 'alibi'" in said
-    with pytest.raises(CheckpointError) as info:  # an owner/name that names nothing bundled: the Hub's words
-        Checkpoint.resolve("someone/not-bundled")
-    assert str(info.value) == "cannot download: no connection"
+    for ref in ("./checkpoints/alibi/", "checkpoints/alibi/"):  # tab completion's slash; not a Hub id
+        with pytest.raises(CheckpointError, match="the bundled checkpoint 'alibi' works by name from any folder"):
+            Checkpoint.resolve(ref)
+    for ref in ("someone/not-bundled", "someone/alibi"):  # a Hub id: the Hub's words, no hint
+        with pytest.raises(CheckpointError) as info:
+            Checkpoint.resolve(ref)
+        assert str(info.value) == "cannot download: no connection"
     assert Checkpoint.resolve("alibi").name == "alibi"
