@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, cast
 
@@ -213,7 +214,18 @@ def _reference_index(results: Sequence[Mapping[str, Any]], reference: int | str)
         hits = [k for k, r in enumerate(results) if r.get(key) is not None and str(r.get(key)) == ref]
         if hits:
             return hits[0]
-    hits = [k for k, r in enumerate(results) if r.get("checkpoint") in (ref, Path(ref).name)]
+    local = Path(ref).expanduser()
+    if local.exists():  # a path spelled another way (./y/alibi, y/alibi/, absolute): the same folder
+        same = [
+            k
+            for k, r in enumerate(results)
+            if r.get("checkpoint_path") and os.path.realpath(str(r["checkpoint_path"])) == os.path.realpath(local)
+        ]
+        if same:
+            return same[0]
+    # by name: a bare name, or a Hub id as given; a path names only its own folder (y/alibi is not x/alibi)
+    names = (ref,) if ("/" in ref or os.sep in ref) else (ref, Path(ref).name)
+    hits = [k for k, r in enumerate(results) if r.get("checkpoint") in names]
     if len(hits) > 1:
         paths = ", ".join(str(results[k].get("checkpoint_path")) for k in hits)
         raise EvaluationError(

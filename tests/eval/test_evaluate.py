@@ -1512,3 +1512,21 @@ def test_one_document_holding_most_tokens_is_said():
     assert dominant_document_note([result([30, 30, 40])]) is None
     assert dominant_document_note([result([50, 50])]) is None  # exactly half is not "most"
     assert dominant_document_note([{"per_length": [{"length": 8, "bits_per_byte": 1.0}]}]) is None
+
+
+def test_the_reference_is_the_folder_a_path_names_however_it_is_spelled(ckpts, tmp_path, cache, monkeypatch):
+    """A breaker's finding: --reference y/alibi (not evaluated) was taken to mean x/alibi (same
+    folder name), and ./y/alibi or an absolute path for an evaluated y/alibi was refused."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(ckpts["alibi"], tmp_path / "x" / "alibi")
+    shutil.copytree(ckpts["rope"], tmp_path / "y" / "alibi")
+    corpus = _write_jsonl(tmp_path / "c.jsonl", [40] * 12)
+    kw = dict(split="all", device="cpu", cache_dir=cache)
+    with pytest.raises(ev.EvaluationError, match="not one of the evaluated checkpoints"):
+        ev.evaluate_many(["x/alibi"], corpus, [8], reference="y/alibi", **kw)
+    for spelled in ("./y/alibi", "y/alibi/", str(tmp_path / "y" / "alibi")):
+        r = ev.evaluate_many(["x/alibi", "y/alibi"], corpus, [8], reference=spelled, **kw)
+        assert r[0]["per_length"][0]["paired_reference"] == "y/alibi" and "paired_delta_bpb" in r[0]["per_length"][0]
+        assert "paired_delta_bpb" not in r[1]["per_length"][0]  # y/alibi is the reference
