@@ -140,14 +140,14 @@ def _train(
         model_config, train_config, out, resume, d, stop_at_step
     )
     eval_lengths = (mc.seq_len, EVAL_LENGTH_FACTOR * mc.seq_len)
+    if device.type in ("cpu", "cuda"):  # before the data: a copy task's batches grow with batch_size (issue #38)
+        check_step_memory(mc, micro, device)
     data = load_run_data(mc, tc, eval_lengths)
     if resume and state["data_fingerprint"] != data.fingerprint:
         raise TrainingError(
             f"--resume: the training data {tc.data!r} changed since the checkpoint "
             f"(fingerprint {data.fingerprint[:12]}… vs {state['data_fingerprint'][:12]}…)"
         )
-    if device.type in ("cpu", "cuda"):
-        check_step_memory(mc, micro, device)
     with hold_run_folder(out, resume, d):  # one run per folder
         raw_model, opt, names = build_model(mc, tc, device, out, tensors)
         del tensors

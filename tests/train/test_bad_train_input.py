@@ -239,3 +239,17 @@ def test_ctrl_c_stops_after_a_whole_step_with_its_checkpoint_and_resume_is_exact
     assert whole.returncode == 0
     a, b = (load_file(tmp_path / f / "model.safetensors") for f in ("cut", "whole"))
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_a_huge_copy_task_batch_is_refused_before_its_data_is_made(tmp_path, capsys):
+    """Issue #38: a copy-task run with batch_size 1e8 was checked for memory only after its batches
+    had grown to 6 GB. The step's memory is checked first: one message, bounded memory, nothing written."""
+    import resource
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    argv = ["--config", str(ROOT / "configs" / "copy.toml"), "--set", "train.batch_size=100000000"]
+    assert train_cli.main(argv + ["--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "lower train.batch_size" in err and "Traceback" not in err
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 256 << 10  # < 256 MiB
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
