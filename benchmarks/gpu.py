@@ -532,6 +532,34 @@ def _not_run(results: dict) -> list[str]:
     return [f"- {why} — {', '.join(what)}" for why, what in reasons.items()]
 
 
+def _parity_section(par: dict) -> list[str]:
+    """The parity table: logits on the device vs float64, FlexAttention's forward and gradients."""
+    if not par.get("logits"):
+        return []
+    rows = []
+    for name, r in par["logits"].items():
+        f = par.get("flex_forward", {}).get(name, {})
+        g = par.get("flex_grad", {}).get(name, {})
+        rows.append(
+            {
+                "encoding": name,
+                "logits": r.get("max_abs_logit_error", r.get("status")),
+                "flex fwd": f.get("max_abs_logit_error", f.get("status")),
+                "flex grad (rel)": g.get("max_rel_grad_error", g.get("status")),
+            }
+        )
+    return (
+        [f"## Parity (float32 on the device vs float64 on CPU; tolerance {PARITY_TOL:g} in logits)", ""]
+        + _table(rows, ["encoding", "logits", "flex fwd", "flex grad (rel)"])
+        + [
+            "",
+            "– : not measured for that encoding (FlexAttention fuses additive biases and RoPE; gradients are "
+            "checked for ALiBi, T5 and FIRE); skipped / unavailable: see Not run.",
+            "",
+        ]
+    )
+
+
 def report(results: dict) -> str:
     """The short Markdown report of ``results`` (what ``gpu.json`` holds)."""
     env = results.get("environment", {})
@@ -549,27 +577,7 @@ def report(results: dict) -> str:
     ]
     failures = []
     par = results.get("parity", {})
-    if par.get("logits"):
-        lines += [f"## Parity (float32 on the device vs float64 on CPU; tolerance {PARITY_TOL:g} in logits)", ""]
-        rows = []
-        for name, r in par["logits"].items():
-            f = par.get("flex_forward", {}).get(name, {})
-            g = par.get("flex_grad", {}).get(name, {})
-            rows.append(
-                {
-                    "encoding": name,
-                    "logits": r.get("max_abs_logit_error", r.get("status")),
-                    "flex fwd": f.get("max_abs_logit_error", f.get("status")),
-                    "flex grad (rel)": g.get("max_rel_grad_error", g.get("status")),
-                }
-            )
-        lines += _table(rows, ["encoding", "logits", "flex fwd", "flex grad (rel)"])
-        lines += [
-            "",
-            "– : not measured for that encoding (FlexAttention fuses additive biases and RoPE; gradients are "
-            "checked for ALiBi, T5 and FIRE); skipped / unavailable: see Not run.",
-            "",
-        ]
+    lines += _parity_section(par)
     sizes = results.get("sizes", {})
     device = results.get("device", env.get("device", "?"))
     cuda = str(device).startswith("cuda")

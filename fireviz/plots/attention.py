@@ -45,6 +45,23 @@ def block_mean(m: np.ndarray, max_cells: int = MAX_HEATMAP_CELLS) -> tuple[np.nd
 LOG_FLOOR = 1e-4
 
 
+def _probability_colors(log_color: bool) -> dict:
+    """The heatmaps' shared colour axis: probability, or log10 of it from ``LOG_FLOOR`` to 1."""
+    if not log_color:
+        return dict(colorscale="Viridis", colorbar=dict(title=dict(text="probability")))
+    decades = list(range(int(np.log10(LOG_FLOOR)), 1))
+    return dict(
+        colorscale="Viridis",
+        colorbar=dict(
+            title=dict(text="probability (log)"),
+            tickvals=decades,
+            ticktext=[f"1e{k}" if k else "1" for k in decades],
+        ),
+        cmin=float(np.log10(LOG_FLOOR)),
+        cmax=0.0,
+    )
+
+
 def attention_pattern_figure(
     pattern, heads: Sequence[int] | None = None, max_cells: int = MAX_HEATMAP_CELLS, log_color: bool = False
 ) -> go.Figure:
@@ -111,19 +128,7 @@ def attention_pattern_figure(
                 + (f"; each cell averages {block}×{block} positions" if block > 1 else "")
             ),
         ),
-        coloraxis=dict(
-            colorscale="Viridis",
-            colorbar=(
-                dict(
-                    title=dict(text="probability (log)"),
-                    tickvals=list(range(int(np.log10(LOG_FLOOR)), 1)),
-                    ticktext=[f"1e{k}" if k else "1" for k in range(int(np.log10(LOG_FLOOR)), 1)],
-                )
-                if log_color
-                else dict(title=dict(text="probability"))
-            ),
-            **(dict(cmin=np.log10(LOG_FLOOR), cmax=0.0) if log_color else {}),
-        ),
+        coloraxis=_probability_colors(log_color),
         height=260 * rows + 140,
         margin=dict(t=130),
         meta={"layer": p["layer"], "heads": heads, "block": block, "log_color": log_color},

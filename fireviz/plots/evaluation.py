@@ -291,6 +291,17 @@ def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
     return ticks if len(ticks) >= 2 else []
 
 
+def _label_log_y(fig: go.Figure, ys: Sequence[float]) -> None:
+    """Label a log y axis over the values ``ys`` with ``_log_ticks`` only (plotly's own log ticks
+    label every minor digit on a short range), and draw the range they were chosen for: plotly's
+    padding is narrower, and on a short range (4.409–4.443) every tick fell outside it."""
+    y_lo = min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0
+    yticks = _log_ticks(y_lo, max(ys))
+    if yticks:
+        span = [math.log10(min(y_lo, yticks[0]) / 1.01), math.log10(max(max(ys), yticks[-1]) * 1.01)]
+        fig.update_yaxes(tickvals=yticks, ticktext=[f"{v:g}" for v in yticks], range=span)
+
+
 #: Perplexity of a uniform guess over the 256 byte values: 8 bits per byte, the chance level.
 UNIFORM_BYTE_PERPLEXITY = 256.0
 UNIFORM_MARK = "uniform bytes"
@@ -360,13 +371,7 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
             annotation_position="bottom left",
         )
         ys.append(UNIFORM_BYTE_PERPLEXITY)
-    y_lo = min(y for y in ys if y > 0) if any(y > 0 for y in ys) else 0.0
-    yticks = _log_ticks(y_lo, max(ys))
-    if yticks:  # label only these (plotly's own log ticks label every minor digit on a short range)
-        # and show the range they were chosen for: plotly's own padding is narrower, and on a short
-        # range (4.409–4.443) every tick fell outside it, leaving the axis without numbers
-        span = [math.log10(min(y_lo, yticks[0]) / 1.01), math.log10(max(max(ys), yticks[-1]) * 1.01)]
-        fig.update_yaxes(tickvals=yticks, ticktext=[f"{v:g}" for v in yticks], range=span)
+    _label_log_y(fig, ys)
     if log_x:
         lengths = sorted({r["length"] for r in rows})
         fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])

@@ -116,7 +116,11 @@ def test_upload_names_cannot_escape_their_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
     for name in ("..", ".", "../../x.txt", ".hidden.txt"):
         path = ui.save_upload(name, b"hello world")
-        assert path.is_file() and (tmp_path / "cache" / "uploads") in path.parents and not path.name.startswith(".")
+        assert (
+            path.is_file()
+            and (tmp_path / "cache" / "eval" / "uploads") in path.parents
+            and not path.name.startswith(".")
+        )
 
 
 # -- attacker-controlled text -------------------------------------------------------------------
