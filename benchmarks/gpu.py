@@ -52,6 +52,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
+from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
+
 STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp")
 #: dense bf16 peak (TFLOP/s) by GPU name fragment, for MFU; --peak-tflops overrides
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
@@ -147,17 +149,6 @@ def _gpt(name: str, shape: tuple[int, ...], seq_len: int, dev: torch.device, see
     return GPT(cfg).to(dev)
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 # ---------------------------------------------------------------------------------------------
 # 1. environment
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +159,7 @@ def environment(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "device": str(dev),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
     }
