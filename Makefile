@@ -12,9 +12,9 @@ PORT ?= 8501
 venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
-	@echo "Setting up $(VENV): installing torch, streamlit, numba and the rest of requirements.txt (first time: a few minutes)..."
+	@echo "Setting up $(VENV): installing torch, streamlit, numba and the rest of requirements.txt (first time: a few minutes; pip names each package as it goes)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 	@echo "$(VENV) is ready."

@@ -68,18 +68,23 @@ head = sb.selectbox(
     key=ui.url_state(P, "head", 0, int, options=list(range(n_head))),
     disabled=view != "head",
 )
+# T5's buckets change only within 128 tokens and are flat to the largest query position: on a linear
+# axis its curves hug the y axis, so a T5 checkpoint opens on the log axis
+x_default = "log_distance" if any(i.position_encoding == "t5" for i in chosen) else "distance"
 x_axis = sb.radio(
-    "x axis (one-head view)",
+    "x axis",
     list(plots.X_AXES),
-    key=ui.url_state(P, "x", "distance", options=list(plots.X_AXES)),
+    key=ui.url_state(P, "x", x_default, options=list(plots.X_AXES)),
     format_func={
         "distance": "distance i − j",
         "log_distance": "distance, log scale",
-        "normalized": "FIRE input ψ(i−j)/ψ(max(L,i))",
+        "normalized": "FIRE input ψ(i−j)/ψ(max(L,i)) (one-head view)",
     }.get,
-    disabled=view != "head",
-    help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight.",
+    help="On a log distance axis the learned FIRE and Kerple-log curves are nearly straight, and T5's "
+    "bucketed bias (which changes only within 128 tokens) fills the panel. FIRE's input axis is drawn in the "
+    "one-head view only; the grid then uses the distance axis.",
 )
+grid_x = x_axis if x_axis in ("distance", "log_distance") else "distance"
 fire_chosen, cap = ui.normalizer_cap_input(
     P,
     chosen,
@@ -135,7 +140,7 @@ for col, info in zip(cols, chosen, strict=True):
             ui.downloads(P, f"{info.name}_kernel", plots.figure_to_csv(fig), plots.figure_data(fig))
             continue
         if view == "grid":
-            fig = plots.bias_grid_figure(rep)
+            fig = plots.bias_grid_figure(rep, x_axis=grid_x)
             ui.show_figure(fig, caption, P, f"grid_{info.name}")
             ui.downloads(P, f"{info.name}_bias_grid", plots.figure_to_csv(fig), plots.figure_data(fig))
             continue

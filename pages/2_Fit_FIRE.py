@@ -152,16 +152,16 @@ if go:
     st.session_state[ui.key(P, "cached")] = job.status == jobs.DONE and (job.finished or clicked) < clicked
 
 job = q.get(job_key) if job_key else None
-if job is None:  # a shared link or a new tab: the same fit, finished on this server, is shown at once
+if job is None:  # a shared link or a new tab: the same fit on this server is shown at once, running or finished
     try:
         found = jobs.find_fit(**request)
     except (ValueError, ui.CheckpointError):
         found = None
-    if found is not None and found.status in jobs.FINISHED:
+    if found is not None:
         job = found
         st.session_state[ui.key(P, "job")] = found.key
         st.session_state[ui.key(P, "asked")] = asked
-        st.session_state[ui.key(P, "cached")] = True
+        st.session_state[ui.key(P, "cached")] = found.status in jobs.FINISHED
 with right:
     if job is None:
         st.info(

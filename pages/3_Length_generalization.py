@@ -574,10 +574,14 @@ def run_button(chosen, c: Choices) -> bool:
     return run
 
 
-def not_computed_notes(results: list[dict], pending: list, c: Choices) -> None:
-    """Say which lengths are not computed yet; stop the page when there is nothing to draw."""
+def not_computed_notes(results: list[dict], pending: list, c: Choices, said_cancelled: bool = False) -> None:
+    """Say which lengths are not computed yet; stop the page when there is nothing to draw
+    (silently after a cancel that finished nothing: ``ui.evaluation_jobs`` has said so)."""
     missing = sorted({e["length"] for r in results for e in r.get("per_length", []) if e.get("not_computed")})
     anything = any("error" not in e for r in results for e in r.get("per_length", []))
+    drawn = any("error" not in e and not e.get("not_computed") for r in results for e in r.get("per_length", []))
+    if said_cancelled and not drawn and not pending:  # the cancel's warning has said that nothing is drawn
+        st.stop()
     if missing and not pending and anything:
         st.info(
             f"Not computed yet at {', '.join(map(str, missing))} tokens: press **Run** to add "
@@ -750,8 +754,8 @@ def main() -> None:
             f"The cap changes FIRE only at lengths beyond {c.cap} tokens: choose a longer length to see capped rows."
         )
     run = run_button(chosen, c)
-    results, pending = ui.evaluation_jobs(P, specs, run)
-    not_computed_notes(results, pending, c)
+    results, pending, cancelled = ui.evaluation_jobs(P, specs, run)
+    not_computed_notes(results, pending, c, said_cancelled=bool(cancelled))
     clean, errors = ui.split_errors(results)
     for msg in errors:
         st.warning(f"Not evaluated: {ui.plain(msg)}")

@@ -33,7 +33,7 @@ from publish_results import ROOT, bpb_cell, paired_cell, render_png
 from fireviz import plots
 from fireviz.analysis import biases as analysis
 from fireviz.checkpoints import checkpoint_groups, load_model, read_train_log, scan_checkpoints, validation_rows
-from fireviz.core import atomic_write_text, write_json_atomic
+from fireviz.core import FileFormatError, atomic_write_text, read_json, write_json_atomic
 from fireviz.data import synthetic
 from fireviz.eval import SYNTHETIC_SEQUENCES, EvaluationError, evaluate_many
 from fireviz.model import CheckpointError
@@ -193,6 +193,40 @@ def _write_checkpoints(args, gdir: Path, folders: list[Path], runs: list[dict], 
     return summaries, tables
 
 
+def seeds_lines(gdir: Path) -> list[str]:
+    """The group's seed table from ``seeds.json`` (``scripts/task_seeds.py``): per encoding, the seeds
+    trained and how many learned the task, each seed's answer accuracy at the training length; a line
+    saying it is missing otherwise. Exits with one line if the file is unreadable."""
+    path = gdir / "seeds.json"
+    if not path.exists():
+        return [
+            "Seeds: one training seed per encoding (no `seeds.json`: run `python scripts/task_seeds.py` to train more "
+            "and count how many learn the task).",
+        ]
+    try:
+        data = read_json(path, expect=dict)
+        rows, threshold, n = data["rows"], data["learned_accuracy"], data["training_length"]
+    except (FileFormatError, KeyError, TypeError) as e:
+        sys.exit(f"{path} is not a seeds file written by scripts/task_seeds.py ({e}); run it again")
+    by_enc: dict[str, list[dict]] = {}
+    for r in rows:
+        by_enc.setdefault(r["encoding"], []).append(r)
+    out = [
+        f"Seeds (`scripts/task_seeds.py`, {data['sequences']} fresh sequences at the training length {n}): a run "
+        f"*learned the task* when its answer accuracy at {n} tokens is at least {threshold}. Seed 0 is the shipped "
+        "checkpoint (the tables above); the other seeds are the same recipe with only `train.seed` changed, "
+        "trained on this repository's CPU (float rounding differs between CPU kinds, so a seed's outcome may too).",
+        "",
+        f"| encoding | seeds | learned the task | answer accuracy at {n} by seed |",
+        "|---|---|---|---|",
+    ]
+    for enc in sorted(by_enc):
+        rs = sorted(by_enc[enc], key=lambda r: r["seed"])
+        accs = ", ".join(f"seed {r['seed']}: {r['accuracy']:.3f}" for r in rs)
+        out.append(f"| {enc} | {len(rs)} | {sum(r['learned'] for r in rs)} of {len(rs)} | {accs} |")
+    return out
+
+
 def _summary_lines(args, task: str, seq_len: int, runs, lengths, summaries, tables) -> list[str]:
     """The README block: accuracy by length and the heads' locality."""
     chance = synthetic.load_task(task).chance_accuracy
@@ -204,6 +238,8 @@ def _summary_lines(args, task: str, seq_len: int, runs, lengths, summaries, tabl
             "",
         ]
         + table(runs, lengths, accuracy_cell)
+        + [""]
+        + seeds_lines(args.group_dir)
         + [
             "",
             f"Heads' locality at query position {summaries[0]['classify_at']} (`fireviz biases`; ρ: rank correlation "
@@ -217,6 +253,7 @@ def _summary_lines(args, task: str, seq_len: int, runs, lengths, summaries, tabl
 def main() -> int:
     args = _parse_args()
     gdir, folders, task, lengths = _group(args)
+    args.group_dir = gdir
     names = [f.name for f in folders]
     try:
         runs = evaluate_many(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +23,11 @@ from fireviz.model.gpt import GPT, GPTConfig
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:  # the helper modules, whatever folder a test module lives in
     sys.path.insert(0, str(TESTS))
+
+# The app's job queues compute in the job thread under test, so settings a test monkeypatches
+# (e.g. the interval floor below) reach the work; the worker-process path has its own tests
+# (tests/core/test_worker.py, tests/ui/test_job_worker.py).
+os.environ.setdefault("FIREVIZ_JOB_WORKER", "thread")
 
 #: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
 TINY_ENCODINGS = ("fire", "alibi", "rope")

@@ -37,7 +37,7 @@ from fireviz.core import is_int, read_json, write_json_atomic
 from fireviz.data import text_bytes
 from fireviz.encodings import check_normalizer_cap, fire_modules
 from fireviz.eval import default_cache_dir
-from fireviz.model import BOS_ID, GPT
+from fireviz.model import BOS_ID, GPT, nonfinite_parameters
 
 
 # -- attention dilution ------------------------------------------------------------------------
@@ -154,6 +154,8 @@ def attention_dilution(
     model = _capped_copy(model, normalizer_cap)
     queries = sorted({r for i in positions for r in range(max(0, i - rows + 1), i + 1)})
     cap = model.attention_probs(idx, queries=queries)
+    for layer in range(cfg.n_layer):
+        _refuse_nonfinite_probs(model, cap[layer].probs, checkpoint)
     share = np.stack([_near_shares(cap[layer].probs, queries, positions, rows, near) for layer in range(cfg.n_layer)])
     return DilutionResult(
         query_positions=positions,
@@ -165,6 +167,24 @@ def attention_dilution(
         encoding=cfg.position_encoding,
         tokens=n,
         normalizer_cap=int(normalizer_cap) if capped and normalizer_cap else None,
+    )
+
+
+def _refuse_nonfinite_probs(model: GPT, probs: torch.Tensor, checkpoint: str | None) -> None:
+    """Raises: ValueError when attention probabilities hold NaN/inf (a blank heatmap or a NaN share
+    otherwise), naming the non-finite weights behind them and the fix."""
+    if bool(torch.isfinite(probs).all()):
+        return
+    bad = nonfinite_parameters(model)
+    who = f"{checkpoint}: " if checkpoint else ""
+    if bad:
+        raise ValueError(
+            f"{who}the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}, so every "
+            "attention probability is NaN; restore or retrain the checkpoint"
+        )
+    raise ValueError(
+        f"{who}the attention probabilities overflowed to NaN/inf on this text although every weight is finite; "
+        "try a shorter text (and report it: this is a bug)"
     )
 
 
@@ -345,6 +365,7 @@ def attention_pattern(
     rec = model.attention_probs(tokens.long()[None].to(device), layers=int(layer), logits=True)[int(layer)]
     assert rec.content is not None  # logits=True
     probs, content = rec.probs[0].cpu(), rec.content[0].cpu()  # [H, T, T]
+    _refuse_nonfinite_probs(model, probs, checkpoint)
     bias = None if rec.bias is None else rec.bias.cpu()  # [H, T, T], −inf above the diagonal
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
     share = by_query = None

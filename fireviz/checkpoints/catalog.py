@@ -237,20 +237,28 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         logged = [r["tokens"] for r in log if _is_number(r.get("tokens")) and 0 <= r["tokens"] < 1e15]
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
+    num_parameters = count_parameters(p / WEIGHTS_FILE)  # the header checked (size, entries) before any tensor is read
+    identity = _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)
+    nonfinite = nonfinite_weights(p / WEIGHTS_FILE, identity)
+    if nonfinite:  # no number describes these weights: not its results', not its training log's
+        problems[WEIGHTS_FILE] = (
+            f"the weights contain NaN/inf in {', '.join(nonfinite[:3])}{' …' if len(nonfinite) > 3 else ''}, so "
+            "no number is shown for it (its results and training log describe other weights); restore or retrain it"
+        )
     return CheckpointInfo(
         name=name or own_name or p.name,
         path=str(p),
         source="hub" if repo_id else "local",
         config=config,
         position_encoding=str(config["position_encoding"]),
-        num_parameters=count_parameters(p / WEIGHTS_FILE),
+        num_parameters=num_parameters,
         seq_len=seq_len,
         training=training,
         training_tokens=tokens,
         data=_describe_data(training),
         results=results,
         # only numbers made on exactly these weights (a results.json copied from elsewhere shows none)
-        headline=headline_numbers(seq_len, results, log, _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)),
+        headline={} if nonfinite else headline_numbers(seq_len, results, log, identity),
         repo_id=repo_id,
         problems=problems,
     )
@@ -487,6 +495,36 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     key, results' ``checkpoint_sha256``), memoized per file state. Raises: CheckpointError as
     :func:`checkpoint_files`."""
     return _files_sha256(*checkpoint_files(checkpoint))
+
+
+#: checkpoint identity → names of its non-finite tensors (read once per identity)
+_NONFINITE_WEIGHTS: dict[str, list[str]] = {}
+
+
+def nonfinite_weights(weights: str | os.PathLike, identity: str | None = None) -> list[str]:
+    """Names of the floating-point tensors of a safetensors file holding NaN or ±inf, in file
+    order; [] if none. Reads the tensors one at a time (memory: the largest tensor), once per
+    ``identity`` (the checkpoint's sha256, when given: a listing rescanned every few seconds pays
+    nothing). Raises: CheckpointError if the file cannot be read as safetensors."""
+    if identity is not None and identity in _NONFINITE_WEIGHTS:
+        return list(_NONFINITE_WEIGHTS[identity])
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    bad = []
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad.append(k)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
+        ) from e
+    if identity is not None:
+        _NONFINITE_WEIGHTS[identity] = bad
+    return list(bad)
 
 
 def _files_sha256(config: Path, weights: Path) -> str:

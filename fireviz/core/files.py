@@ -104,6 +104,10 @@ class FileFormatError(ValueError):
 MAX_JSON_BYTES = 64 << 20
 #: Deepest nesting of arrays/objects accepted (fireviz's own files nest at most ~6 levels).
 MAX_JSON_DEPTH = 64
+#: Most values (objects, arrays, strings, numbers) a JSON file may parse into: the largest file
+#: fireviz writes (a task group's results with per-sequence losses) holds ~43,000; parsing costs
+#: ~60–100 bytes per value, so this bounds one file's parse to ~0.2 GB whatever its shape (issue #38).
+MAX_JSON_VALUES = 2_000_000
 _OPEN = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
@@ -123,22 +127,59 @@ def json_depth(text: str) -> int:
 
     Linear time and no recursion (so a ``'[' * 10**6`` file cannot exhaust the stack).
     """
-    import re
+    return _json_shape(text)[0]
 
+
+def json_values(text: str) -> int:
+    """An upper bound on the values (objects, arrays, strings, numbers…) JSON ``text`` parses into:
+    one plus its ``,``, ``[`` and ``{`` outside strings. What parsing costs in memory follows it
+    (~60–100 bytes per value), not the text's length: 60 MB of ``[{},{},…]`` took 1.3 GB."""
+    return _json_shape(text)[1]
+
+
+#: bytes of JSON text scanned at once by :func:`_json_shape` (its memory: ~60 times this)
+_SCAN_CHUNK = 1 << 18
+
+
+def _json_shape(text: str) -> tuple[int, int]:
+    """(deepest nesting, :func:`json_values`) of JSON ``text``, outside strings; linear time, no
+    recursion, memory: the text's UTF-8 bytes plus ~60 × ``_SCAN_CHUNK`` whatever the text holds.
+
+    Strings are found the way a JSON parser finds them: a ``"`` opens or closes one unless an odd
+    run of backslashes precedes it. (A regular expression that replaced every string kept one
+    object per string, ~1.3 GB for 64 MB of ``"",``; before that a per-character alternation kept
+    ~100 bytes of state per character, issue #38.) Where the text is not valid JSON the parser
+    stops at the first error, before any position this scan could misread.
+    """
     import numpy as np
 
-    if "[" not in text and "{" not in text:
-        return 0
-    # strings out (an unterminated one too); the unrolled form matches a run of plain characters at
-    # once: the per-character alternation (?:[^"\\]|\\.)* kept ~100 bytes of regex state per
-    # character, ~1 GB for an 8 MB string in a safetensors header's metadata (issue #38)
-    bare = re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"?', '""', text, flags=re.S)
-    raw = np.frombuffer(bare.encode("utf-8", "surrogatepass"), dtype=np.uint8)
-    step = np.zeros(256, dtype=np.int64)
+    raw_all = text.encode("utf-8", "surrogatepass")
+    if b"[" not in raw_all and b"{" not in raw_all:
+        return 0, 1
+    step = np.zeros(256, dtype=np.int8)
     for k, v in _OPEN.items():
         step[k] = v
-    depth = np.cumsum(step[raw])
-    return int(depth.max(initial=0))
+    counted = np.zeros(256, dtype=np.bool_)
+    counted[[ord(","), ord("["), ord("{")]] = True
+    depth = deepest = 0
+    values = 1
+    in_string, backslashes = False, 0  # carried from one piece to the next
+    for start in range(0, len(raw_all), _SCAN_CHUNK):
+        raw = np.frombuffer(raw_all, dtype=np.uint8, count=min(_SCAN_CHUNK, len(raw_all) - start), offset=start)
+        pos = np.arange(raw.size, dtype=np.int64)
+        # index of the last byte that is not a backslash, at or before each position
+        last = np.maximum.accumulate(np.where(raw != 92, pos, -1 - backslashes))
+        run_before = pos - 1 - np.concatenate(([-1 - backslashes], last[:-1]))  # backslashes just before
+        quote = (raw == 34) & (run_before % 2 == 0)
+        toggles = np.cumsum(quote, dtype=np.int64) + int(in_string)
+        outside = (toggles % 2 == 0) & ~quote
+        levels = np.cumsum(np.where(outside, step[raw], 0), dtype=np.int64) + depth
+        deepest = max(deepest, int(levels.max(initial=depth)))
+        depth = int(levels[-1])
+        values += int(np.count_nonzero(outside & counted[raw]))
+        in_string = bool(toggles[-1] % 2)
+        backslashes = int(raw.size - 1 - last[-1])
+    return deepest, values
 
 
 def _finite_float(s: str) -> float:
@@ -149,23 +190,34 @@ def _finite_float(s: str) -> float:
 
 
 def parse_json(
-    text: str, source: str = "JSON", *, max_depth: int = MAX_JSON_DEPTH, allow_nonfinite: bool = False
+    text: str,
+    source: str = "JSON",
+    *,
+    max_depth: int = MAX_JSON_DEPTH,
+    allow_nonfinite: bool = False,
+    max_values: int = MAX_JSON_VALUES,
 ) -> Any:
     """``json.loads(text)`` with fireviz's limits.
 
     Args:
       text: the JSON text; ``source`` names it in errors (a path, ``path:line``).
       max_depth: deepest array/object nesting accepted.
+      max_values: most values the text may parse into (:func:`json_values`; memory follows it).
       allow_nonfinite: accept ``NaN``/``Infinity`` (train logs record a diverged loss as NaN);
         otherwise they, and numbers that overflow a float (``1e999``), are refused.
     Returns: the parsed value (dict, list, str, int, float, bool or None).
     Raises: FileFormatError naming ``source`` and the problem.
     """
-    depth = json_depth(text)
+    depth, values = _json_shape(text)
     if depth > max_depth:
         raise FileFormatError(
             f"{source} nests {depth} levels deep (at most {max_depth} are read); it is not a "
             "file fireviz wrote — restore or delete it"
+        )
+    if values > max_values:
+        raise FileFormatError(
+            f"{source} holds up to {values:,} JSON values (at most {max_values:,} are read: parsing costs memory per "
+            "value); it is not a file fireviz wrote — restore or delete it"
         )
     kwargs: dict = {}
     if not allow_nonfinite:

@@ -76,6 +76,15 @@ def _subsample(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarr
     )
 
 
+def _subsample_log(n: int, max_points: int | None, keep_first: int = 64) -> np.ndarray:
+    """Indices 1 … n − 1 for a log distance axis: all if n <= max_points, else the first
+    ``keep_first`` plus ``max_points`` log-spaced ones (even steps on the axis as drawn)."""
+    if max_points is None or n <= max_points:
+        return np.arange(1, n)
+    spaced = np.geomspace(1, n - 1, max_points).round().astype(np.int64)
+    return np.unique(np.concatenate([np.arange(1, min(n, keep_first)), spaced]))
+
+
 def _arr(x) -> np.ndarray:
     """Nested lists with None → float64 array with NaN."""
     return np.array(x, dtype=np.float64) if x is not None else np.array([], dtype=np.float64)

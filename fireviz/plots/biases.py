@@ -12,11 +12,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fireviz.encodings import has_normalizer
-from fireviz.plots.base import TRAIN_MARK, _arr, _as_dict, _color, _mark_length, _panel_refs, _subsample
+from fireviz.plots.base import TRAIN_MARK, _arr, _as_dict, _color, _mark_length, _panel_refs, _subsample, _subsample_log
 
 
 # -- biases ------------------------------------------------------------------------------------
-def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_points: int | None = 1024) -> go.Figure:
+def bias_grid_figure(
+    report, query_positions: Sequence[int] | None = None, max_points: int | None = 1024, x_axis: str = "distance"
+) -> go.Figure:
     """Layer × head grid of bias curves: bias (logits) vs distance i − j (tokens), one line per
     query position i.
 
@@ -25,13 +27,19 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
       query_positions: subset of the report's query positions to draw (default all).
       max_points: cap on points per line (the first 64 distances plus evenly spaced ones);
         None draws every distance. The full curves stay in the report.
+      x_axis: ``"distance"`` or ``"log_distance"`` (a log axis from distance 1: T5's buckets, which
+        change only within ``max_distance`` = 128 tokens and are flat to the largest query position,
+        fill the panel instead of a sliver beside the y axis). Additive reports only.
     Returns: a Figure with ``n_layer`` rows × ``n_head`` columns and a dashed
       ``"training length"`` line at distance = train_seq_len in every panel. Rotary reports
       get one panel with the RoPE kernel (Su et al. 2021 §3.4.3) labelled as such; NoPE an
       empty figure whose title says there is no position bias.
     Trace meta: ``{"layer", "head", "query_position"}`` (or ``{"kernel": True}``).
-    Raises: ValueError if a requested query position is not in the report.
+    Raises: ValueError if a requested query position is not in the report, or for an ``x_axis``
+      other than ``"distance"`` and ``"log_distance"``.
     """
+    if x_axis not in ("distance", "log_distance"):
+        raise ValueError(f"a bias grid's x_axis is 'distance' or 'log_distance' (got {x_axis!r})")
     r = _as_dict(report)
     L = r.get("train_seq_len")
     if r.get("kind") == "rotary":
@@ -59,10 +67,10 @@ def bias_grid_figure(report, query_positions: Sequence[int] | None = None, max_p
         vertical_spacing=min(0.09 if sep == "<br>" else 0.06, 0.5 / max(1, n_layer - 1)),
     )
     refs = {(ly, h): _panel_refs(fig, ly + 1, h + 1) for ly in range(n_layer) for h in range(n_head)}
-    fig.add_traces(_grid_traces(r, wanted, refs, max_points))
+    fig.add_traces(_grid_traces(r, wanted, refs, max_points, log=x_axis == "log_distance"))
     # one dashed line per panel, built directly (add_vline per subplot is quadratic in panels)
     fig.layout.shapes = _grid_marks(refs, L) if L is not None else []
-    _grid_layout(fig, r, sep)
+    _grid_layout(fig, r, sep, log=x_axis == "log_distance")
     return fig
 
 
@@ -76,8 +84,9 @@ def _grid_titles(r: dict, sep: str) -> list[str]:
     ]
 
 
-def _grid_traces(r: dict, wanted: list[int], refs: dict, max_points: int | None) -> list[go.Scatter]:
-    """One line per (layer, head, wanted query position), on that panel's axes ``refs[(layer, head)]``."""
+def _grid_traces(r: dict, wanted: list[int], refs: dict, max_points: int | None, log: bool = False) -> list[go.Scatter]:
+    """One line per (layer, head, wanted query position), on that panel's axes ``refs[(layer, head)]``
+    (from distance 1 with ``log``: distance 0 has no place on a log axis)."""
     traces = []
     for lay in r["layers"]:
         ly = lay["layer"]
@@ -87,8 +96,10 @@ def _grid_traces(r: dict, wanted: list[int], refs: dict, max_points: int | None)
                 continue
             k = wanted.index(i)
             bias = _arr(c["bias"])  # [heads, i + 1]
-            idx = _subsample(bias.shape[1], max_points)
-            dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)[idx]
+            dist = np.asarray(c.get("distance", range(bias.shape[1])), dtype=np.int64)
+            idx = (_subsample_log if log else _subsample)(bias.shape[1], max_points)
+            idx = idx[dist[idx] >= 1] if log else idx
+            dist = dist[idx]
             for h in range(bias.shape[0]):
                 xr, yr = refs[(ly, h)]
                 traces.append(
@@ -132,13 +143,15 @@ def _grid_marks(refs: dict, L: float) -> list[go.layout.Shape]:
     ]
 
 
-def _grid_layout(fig: go.Figure, r: dict, sep: str) -> None:
+def _grid_layout(fig: go.Figure, r: dict, sep: str, log: bool = False) -> None:
     """Axis titles (y per row, x under the first column), panel-title font, title, height and meta."""
     n_layer, L = r["n_layer"], r.get("train_seq_len")
     for ly in range(n_layer):
         fig.update_yaxes(title_text="bias (logits)", row=ly + 1, col=1)
+    if log:
+        fig.update_xaxes(type="log")
     # one x title under the first column (one per column overlapped in narrow windows)
-    fig.update_xaxes(title_text="distance i − j (tokens)", row=n_layer, col=1)
+    fig.update_xaxes(title_text="distance i − j (tokens" + (", log scale)" if log else ")"), row=n_layer, col=1)
     fig.update_annotations(font_size=11)  # the panel titles
     fig.update_layout(
         title=dict(
@@ -153,6 +166,7 @@ def _grid_layout(fig: go.Figure, r: dict, sep: str) -> None:
             "encoding": r.get("encoding"),
             "checkpoint": r.get("checkpoint"),
             "units": {"x": "tokens", "y": "logits"},
+            "x_axis": "log_distance" if log else "distance",
         },
     )
 

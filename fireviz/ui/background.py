@@ -101,7 +101,7 @@ def _show_failure(error_text: str) -> None:
         error(f"The evaluation failed: {text}", "Change the settings (lengths, stride, data) and run again.")
 
 
-def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[list[dict], list]:
+def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[list[dict], list, list]:
     """The background evaluations behind the Length generalization page, one per spec.
 
     For each :class:`EvalSpec`: the job with these checkpoints and settings in this process
@@ -110,10 +110,11 @@ def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[li
     (``fireviz.eval.lookup``, a direct call that computes nothing: published numbers, earlier
     runs, a cancelled run's finished lengths). Errors and cancellations are shown (problem and
     fix); unfinished jobs get a live ``job_panel``. Returns ``(results of finished jobs and cache
-    lookups, unfinished jobs)``.
+    lookups, unfinished jobs, cancelled jobs)`` — a page says nothing more about a cancelled job's
+    settings (the warning here says what was kept).
     """
 
-    results, pending = [], []
+    results, pending, cancelled = [], [], []
     for spec in specs:
         job = jobs.find_evaluation(spec.checkpoints, spec.settings)
         if run and (job is None or job.status in (jobs.ERROR, jobs.CANCELLED)):
@@ -123,9 +124,8 @@ def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[li
             found, failure = _cached(spec)
             results += found
             if job is not None:
-                st.warning(
-                    "The evaluation was cancelled; the lengths it finished are drawn below. Press **Run** to go on."
-                )
+                cancelled.append(job)
+                st.warning(_cancelled_text(found))
         elif job.status not in jobs.FINISHED:
             pending.append(job)
         elif job.status == jobs.ERROR:
@@ -136,7 +136,20 @@ def evaluation_jobs(page: str, specs: Sequence[EvalSpec], run: bool) -> tuple[li
             _show_failure(failure)
     for job in pending:
         job_panel(job.key, "evaluate", page, cancel_label="Cancel")
-    return results, pending
+    return results, pending, cancelled
+
+
+def _cancelled_text(found: Sequence[dict]) -> str:
+    """What a cancelled evaluation left: the lengths drawn below, or nothing."""
+    done = sorted(
+        {e["length"] for r in found for e in r.get("per_length", []) if not e.get("not_computed") and "error" not in e}
+    )
+    if not done:
+        return "The evaluation was cancelled before any length finished, so nothing is drawn. Press **Run** to start it again."
+    return (
+        f"The evaluation was cancelled; the lengths it finished ({', '.join(map(str, done))} tokens) are drawn below. "
+        "Press **Run** to go on."
+    )
 
 
 def eval_caption(results: Sequence[dict]) -> str:

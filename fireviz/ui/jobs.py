@@ -1,4 +1,4 @@
-"""Background jobs: one worker thread per process, a FIFO queue, each job computed once.
+"""Background jobs: a FIFO queue per kind of work, each job computed once, in a worker process.
 
 Long evaluations must outlive the web page that started them: a page reload or a second
 browser tab asks the same process for the job and finds it queued, running or finished.
@@ -8,7 +8,12 @@ browser tab asks the same process for the job and finds it queued, running or fi
     so a result is never computed twice. A job that failed or was cancelled is run again
     on resubmission.
   * One worker thread per queue (module singletons, ``default_queue(name)``: "evaluate"
-    and "fit") runs that queue's jobs one at a time, in submission order.
+    and "fit") runs that queue's jobs one at a time, in submission order. The app's queues
+    compute in a child process (``fireviz.core.worker.WorkerProcess``: all cores but one, lower
+    priority), so pages in every tab stay responsive while a job runs and show its progress within
+    ~0.1 s; the thread only relays progress and cancellation. ``FIREVIZ_JOB_WORKER=thread`` computes
+    in the thread instead (the test suite's fixtures do, so monkeypatched settings reach the work).
+    A worker that dies (killed for memory) fails only its job; the next job gets a fresh one.
   * Each job has ``status`` (queued | running | done | error | cancelled), ``progress``
     (done, total, message), ``result``, ``error``; ``cancel`` stops a queued job at once
     and a running one at its next ``should_stop()`` check.
@@ -20,8 +25,11 @@ No Streamlit here; pages poll ``Job.snapshot()``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+import pickle
 import queue
 import threading
 import time
@@ -31,6 +39,7 @@ from typing import Any, Callable, Sequence
 
 from fireviz.analysis import DilutionSettings, text_attention
 from fireviz.checkpoints import Checkpoint
+from fireviz.core.worker import WorkerDied, WorkerProcess
 from fireviz.encodings import has_normalizer
 from fireviz.eval import (
     EvalCache,
@@ -121,14 +130,31 @@ class Job:
 
 
 class JobQueue:
-    """A FIFO of jobs run one at a time by one daemon worker thread (started lazily)."""
+    """A FIFO of jobs run one at a time by one daemon worker thread (started lazily).
 
-    def __init__(self, name: str = "fireviz-jobs"):
+    Args: ``name``; ``process``: compute each job in a child process
+      (``fireviz.core.worker.WorkerProcess``, started on the first job and reused) instead of the
+      thread; its work must then pickle (a module-level function or a ``functools.partial`` of one);
+      ``threads``: the child's intra-op threads (default ``fireviz.core.worker.worker_threads()``).
+    """
+
+    def __init__(self, name: str = "fireviz-jobs", process: bool = False, threads: int | None = None):
         self._name = name
         self._lock = threading.RLock()
         self._jobs: dict[str, Job] = {}
         self._queue: "queue.Queue[str]" = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._worker = WorkerProcess(name=name, threads=threads) if process else None
+
+    @property
+    def in_process(self) -> bool:
+        """Whether jobs are computed in a child process (else in the queue's thread)."""
+        return self._worker is not None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id while it is running, else None (and always None for a thread queue)."""
+        return None if self._worker is None else self._worker.pid
 
     def submit(self, description: Any, work: Work, label: str = "", device: str | None = None) -> Job:
         """Queue ``work`` under ``job_key(description)``, or return the job already under that key.
@@ -136,8 +162,16 @@ class JobQueue:
         A queued, running or finished-successfully job is returned as is (never run twice);
         one that errored or was cancelled is replaced by a fresh run.
         Returns: the :class:`Job`.
+        Raises: TypeError for work that does not pickle on a process queue (before queueing).
         """
         key = job_key(description)
+        if self._worker is not None:
+            try:
+                pickle.dumps(work)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:
+                raise TypeError(
+                    f"a job for a worker process must pickle (a module-level function or functools.partial): {e}"
+                ) from None
         with self._lock:
             job = self._jobs.get(key)
             if job is not None and job.status not in (ERROR, CANCELLED):
@@ -217,14 +251,23 @@ class JobQueue:
             return job._cancel.is_set()
 
         try:
-            result = job.work(progress, should_stop)
+            if self._worker is None:
+                result = job.work(progress, should_stop)
+            else:
+                result = self._worker.run(job.work, progress, should_stop)
         except JobCancelled:
             job.status, job.message = CANCELLED, "cancelled"
+        except WorkerDied as e:  # only this job is lost; the next one starts a fresh worker
+            job.error = (
+                f"{e}. What it finished is kept (evaluated lengths are cached). Run it again, with fewer "
+                "lengths or checkpoints if memory ran out."
+            )
+            job.message, job.status, job.traceback_text = "failed", ERROR, None
         except Exception as e:  # the job failed; the worker lives on
             job.error = f"{type(e).__name__}: {e}"
             job.message = "failed"
             job.status = ERROR
-            job.traceback_text = traceback.format_exc()
+            job.traceback_text = getattr(e, "remote_traceback", None) or traceback.format_exc()
         else:
             job.result = result
             if job._cancel.is_set():
@@ -241,10 +284,17 @@ _QUEUES_LOCK = threading.Lock()
 def default_queue(name: str = "evaluate") -> JobQueue:
     """The process-wide job queue called ``name`` (created on first use): every page and tab
     shares it. ``"evaluate"`` runs evaluations; ``"fit"`` runs FIRE fits, so a quick fit
-    does not wait behind a long evaluation. Each queue has its own single worker thread."""
+    does not wait behind a long evaluation. Each queue has its own worker thread and computes in
+    its own worker process, unless ``FIREVIZ_JOB_WORKER=thread`` (read when the queue is created).
+
+    Raises: ValueError for a ``FIREVIZ_JOB_WORKER`` other than ``process`` or ``thread``.
+    """
     with _QUEUES_LOCK:
         if name not in _QUEUES:
-            _QUEUES[name] = JobQueue(name=f"fireviz-{name}")
+            mode = os.environ.get("FIREVIZ_JOB_WORKER", "process").strip() or "process"
+            if mode not in ("process", "thread"):
+                raise ValueError(f"FIREVIZ_JOB_WORKER must be 'process' or 'thread' (got {mode!r}); unset it")
+            _QUEUES[name] = JobQueue(name=f"fireviz-{name}", process=mode == "process")
         return _QUEUES[name]
 
 
@@ -319,21 +369,23 @@ def submit_evaluation(
     """
     checkpoints = list(checkpoint_list(checkpoints))
     description = evaluation_description(checkpoints, settings, cache, reference)
-
-    def work(progress, should_stop):
-        try:
-            results = evaluate(
-                checkpoints, settings, cache=cache, reference=reference, progress=progress, should_stop=should_stop
-            )
-        except EvaluationCancelled:
-            raise JobCancelled() from None
-        for r in results:
-            r["label"] = f"{r['checkpoint']}{label_suffix}"
-        return results
-
+    work = functools.partial(_evaluation_work, checkpoints, settings, cache, reference, label_suffix)
     return (queue_ or default_queue("evaluate")).submit(
         description, work, label="evaluation" + label_suffix, device=str(settings.device)
     )
+
+
+def _evaluation_work(checkpoints, settings, cache, reference, label_suffix, progress, should_stop) -> list:
+    """The work of ``submit_evaluation`` (module level, so a worker process can run it)."""
+    try:
+        results = evaluate(
+            checkpoints, settings, cache=cache, reference=reference, progress=progress, should_stop=should_stop
+        )
+    except EvaluationCancelled:
+        raise JobCancelled() from None
+    for r in results:
+        r["label"] = f"{r['checkpoint']}{label_suffix}"
+    return results
 
 
 # -- attention dilution ---------------------------------------------------------------------------
@@ -380,26 +432,29 @@ def submit_dilution(
     Raises: ValueError for bad settings (before queueing).
     """
     description = dilution_description(checkpoints, source, query_positions, near, rows, normalizer_cap)
-
-    def work(progress, should_stop):
-
-        out = []
-        plan: list[tuple[Checkpoint, int | None]] = [(c, None) for c in checkpoints]
-        if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
-            plan += [(c, int(normalizer_cap)) for c in checkpoints if has_normalizer(c.config.position_encoding)]
-        for k, (ckpt, cap) in enumerate(plan):
-            if should_stop():
-                raise JobCancelled()
-            progress(k, len(plan), ckpt.name + (f" (cap {cap})" if cap else ""))
-            out.append(
-                text_attention.cached_attention_dilution(
-                    ckpt, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
-                )
-            )
-        progress(len(plan), len(plan), "done")
-        return out
-
+    work = functools.partial(
+        _dilution_work, list(checkpoints), tokens, list(query_positions), near, rows, normalizer_cap
+    )
     return (queue_ or default_queue("evaluate")).submit(description, work, label="attention dilution")
+
+
+def _dilution_work(checkpoints, tokens, query_positions, near, rows, normalizer_cap, progress, should_stop) -> list:
+    """The work of ``submit_dilution`` (module level, so a worker process can run it)."""
+    out = []
+    plan: list[tuple[Checkpoint, int | None]] = [(c, None) for c in checkpoints]
+    if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
+        plan += [(c, int(normalizer_cap)) for c in checkpoints if has_normalizer(c.config.position_encoding)]
+    for k, (ckpt, cap) in enumerate(plan):
+        if should_stop():
+            raise JobCancelled()
+        progress(k, len(plan), ckpt.name + (f" (cap {cap})" if cap else ""))
+        out.append(
+            text_attention.cached_attention_dilution(
+                ckpt, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
+            )
+        )
+    progress(len(plan), len(plan), "done")
+    return out
 
 
 # -- FIRE fits ----------------------------------------------------------------------------------
@@ -445,14 +500,17 @@ def submit_fit(
     """
 
     settings, description = _fit_job(target, target_params, max_len, num_heads, mlp_width, steps, seed)
-
-    def work(progress, should_stop):
-        def on_step(step: int, total: int, loss: float) -> None:
-            progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
-
-        def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
-            progress(0, settings.steps, f"closed-form start: candidate c {done}/{total}")
-
-        return fit.run_fit(settings, progress=on_step, should_stop=should_stop, start_progress=on_start)
-
+    work = functools.partial(_fit_work, settings)
     return (queue_ or default_queue("fit")).submit(description, work, label=f"fit FIRE to {target}")
+
+
+def _fit_work(settings, progress, should_stop):
+    """The work of ``submit_fit`` (module level, so a worker process can run it)."""
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        progress(step, total, f"step {step}/{total} · loss {loss:.3g} (mean (RMSE/std)² over heads)")
+
+    def on_start(done: int, total: int) -> None:  # the closed-form start: shown, and Stop works there too
+        progress(0, settings.steps, f"closed-form start: candidate c {done}/{total}")
+
+    return fit.run_fit(settings, progress=on_step, should_stop=should_stop, start_progress=on_start)

@@ -102,7 +102,10 @@ def checkpoint_warnings(found: list[ck.CheckpointInfo], problems: dict[str, str]
         where.warning(f"Skipped {plain(Path(folder).name)}: {plain(problem)}")
     for info in found:
         for name, problem in info.problems.items():
-            where.warning(f"{plain(info.name)}: left out {plain(name)}: {plain(problem)}")
+            if name == ck.WEIGHTS_FILE:  # the weights themselves (NaN/inf): the checkpoint is listed, without numbers
+                where.warning(f"{plain(info.name)}: {plain(problem)}")
+            else:
+                where.warning(f"{plain(info.name)}: left out {plain(name)}: {plain(problem)}")
 
 
 @st.cache_resource(ttl=600, show_spinner="Fetching checkpoint…")

@@ -368,6 +368,7 @@ def test_app_shows_a_hub_models_bias_grid_from_the_url(hub_env, monkeypatch, app
         at = AppTest.from_file(str(root / "pages" / "1_Learned_biases.py"), default_timeout=60)
         at.query_params["ckpt"] = "google/t5-tiny"
         at.query_params["pos"] = "31"
+        at.query_params["x"] = "distance"  # a T5 grid opens on the log axis, from distance 1
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert any("published T5" in m.value for m in at.markdown)

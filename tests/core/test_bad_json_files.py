@@ -8,7 +8,15 @@ import math
 import pytest
 from bad_content import NESTED
 
-from fireviz.core.files import FileFormatError, json_depth, parse_json, read_json, read_jsonl
+from fireviz.core.files import (
+    MAX_JSON_VALUES,
+    FileFormatError,
+    json_depth,
+    json_values,
+    parse_json,
+    read_json,
+    read_jsonl,
+)
 
 
 # -- one reader --------------------------------------------------------------------------------
@@ -16,6 +24,46 @@ def test_json_depth_ignores_brackets_in_strings_and_needs_no_recursion():
     assert json_depth('{"a": "[[[[", "b": [1, {"c": "}}"}]}') == 3
     assert json_depth('"\\"[["') == 0
     assert json_depth(NESTED) == 100_000
+
+
+def test_json_values_counts_outside_strings_and_across_scan_pieces(monkeypatch):
+    import fireviz.core.files as files
+
+    assert json_values('{"a": "[,{", "b": [1, 2, {"c": 3}]}') == 7  # an upper bound: 6 values
+    assert json_values("3") == 1 and json_values('"x,y"') == 1
+    assert json_values(r'["a\\", "b\\\", [", {}]') == 5  # escaped backslashes before quotes
+    assert json_depth(r'["\\\"[[[", [[]]]') == 3
+    text = "[" + ",".join(["[1]"] * 5000) + "]"
+    whole = (json_depth(text), json_values(text))
+    monkeypatch.setattr(files, "_SCAN_CHUNK", 7)  # a depth, count, string or escape carried across pieces is not lost
+    tricky = r'["\\", "\"[{,", {"k": ["\\\"]"]}]' * 3
+    assert (json_depth(text), json_values(text)) == whole == (2, 1 + 1 + 5000 + 4999)
+    monkeypatch.setattr(files, "_SCAN_CHUNK", 1 << 18)
+    expected = (json_depth(tricky), json_values(tricky))
+    for chunk in range(1, 12):
+        monkeypatch.setattr(files, "_SCAN_CHUNK", chunk)
+        assert (json_depth(tricky), json_values(tricky)) == expected
+
+
+@pytest.mark.parametrize("item", ["{}", "[]", "0", '""', "null", '{"k":[]}'])
+def test_many_small_values_under_the_byte_cap_are_refused_in_bounded_memory(item):
+    """The byte cap (64 MiB) alone let 60 MB of ``[{},{},…]`` cost 1.3 GB to parse (issue #38): any
+    JSON that would parse into more than MAX_JSON_VALUES values is refused, and checking costs a
+    few times the text, not per value."""
+    import tracemalloc
+
+    n = MAX_JSON_VALUES + 1000
+    text = "[" + ",".join([item] * n) + "]"
+    tracemalloc.start()
+    try:
+        with pytest.raises(FileFormatError, match="JSON values"):
+            parse_json(text, "many.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(text) + (32 << 20), f"{peak >> 20} MiB to refuse {len(text) >> 20} MiB of JSON"
+    ok = "[" + ",".join([item] * 1000) + "]"
+    assert len(parse_json(ok, "few.json")) == 1000
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,31 @@ def test_bias_grid_subset_and_subsampling(fire_report):
         P.bias_grid_figure(fire_report, query_positions=[3])
 
 
+def test_bias_grid_on_a_log_distance_axis(fire_report):
+    """From distance 1 (0 has no place on a log axis), log-spaced when subsampled, every axis log,
+    the training length still marked; the values are the report's."""
+    q = 8 * SEQ - 1
+    full = np.array(fire_report["layers"][0]["curves"][-1]["bias"][0])
+    for max_points, exact in ((None, True), (40, False)):
+        fig = P.bias_grid_figure(fire_report, query_positions=[q], max_points=max_points, x_axis="log_distance")
+        x = traces(fig)[0]["x"]
+        assert x[0] == 1 and x[-1] == q and np.all(np.diff(x) > 0)
+        if exact:
+            np.testing.assert_array_equal(x, np.arange(1, q + 1))
+        else:  # the first 64 distances exact, then even steps in log distance
+            np.testing.assert_array_equal(x[:63], np.arange(1, 64))
+            steps = np.diff(np.log(x[x > 64]))
+            assert steps.max() < 3 * np.median(steps)
+        np.testing.assert_allclose(traces(fig)[0]["y"], full[x], rtol=1e-6)
+        layout = fig.to_dict()["layout"]
+        axes = [k for k in layout if k.startswith("xaxis")]
+        assert len(axes) == 4 and all(layout[k]["type"] == "log" for k in axes)
+        assert "log scale" in layout["xaxis3"]["title"]["text"] and layout["meta"]["x_axis"] == "log_distance"
+        assert {m["x0"] for m in shapes(fig, P.TRAIN_MARK)} == {SEQ}
+    with pytest.raises(ValueError, match="x_axis"):
+        P.bias_grid_figure(fire_report, x_axis="normalized")
+
+
 def test_rotary_and_nope_grids():
     rep = A.bias_report(tiny("rope"), query_positions=[20]).to_dict()
     fig = P.bias_grid_figure(rep)

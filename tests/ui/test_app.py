@@ -335,6 +335,25 @@ def test_biases_grid_matches_the_library(app_env):
     assert list(table["rank_correlation"]) == pytest.approx([r["rank_correlation"] for r in expected])
 
 
+def test_a_t5_grid_opens_on_a_log_distance_axis(tmp_path, monkeypatch):
+    """T5's buckets change within 128 tokens and are flat beyond: its grid opens on the log axis
+    (issue #40), which the sidebar can switch back; other encodings open on the linear one."""
+    from conftest import make_tiny_checkpoint
+
+    for enc in ("t5", "alibi"):
+        make_tiny_checkpoint(tmp_path / enc, enc)
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(tmp_path))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for ckpt, want in (("t5", "log"), ("alibi", None)):
+        at = page("pages/1_Learned_biases.py", ckpt=ckpt).run()
+        no_exception(at)
+        grid = figures(at)[0]
+        assert grid["layout"]["xaxis"].get("type") == want
+        assert min(arr(grid["data"][0]["x"])) == (1 if want else 0)
+    at = page("pages/1_Learned_biases.py", ckpt="t5", x="distance").run()
+    assert figures(at)[0]["layout"]["xaxis"].get("type") is None
+
+
 def test_biases_one_head_view_from_the_url_and_two_checkpoints(app_env):
     at = page("pages/1_Learned_biases.py", ckpt=["fire", "alibi"], view="head", layer="1", head="1", pos="31,63").run()
     no_exception(at)
@@ -896,6 +915,28 @@ def test_length_generalization_after_a_cancel_draws_the_finished_lengths(app_env
     ppl = figures(at)[0]
     xs = sorted({int(x) for tr in ppl["data"] for x in arr(tr["x"])})
     assert xs == [16]
+    assert any("finished (16 tokens) are drawn below" in w.value for w in at.warning)
+
+
+def test_a_cancel_that_finished_nothing_says_so_once(app_env):
+    from fireviz.ui import jobs
+
+    settings = {"mode": "nonoverlapping", "stride": None, "token_budget": 256, "seed": 0, "split": "validation"}
+    settings.update(device="cpu", rope_scaling=None)
+    job = jobs.submit_evaluation(
+        [Checkpoint.resolve(str(app_env / "alibi"))], EvalSettings.make("prose", [24], **settings)
+    )
+    jobs.default_queue("evaluate").cancel(job.key)
+    assert jobs.default_queue("evaluate").wait(job.key, 60).status == jobs.CANCELLED
+    at = page("pages/3_Length_generalization.py", ckpt="alibi", len=["24"], mode="nonoverlapping", budget="256")
+    run_until(at, lambda a: any("cancelled" in w.value for w in a.warning))
+    no_exception(at)
+    said = [w.value for w in at.warning] + [i.value for i in at.info]
+    assert [m for m in said if "cancelled" in m] == [
+        "The evaluation was cancelled before any length finished, so nothing is drawn. Press **Run** to start it again."
+    ]
+    assert not any("not been evaluated yet" in m or "Not computed yet" in m for m in said)
+    assert not at.get("plotly_chart")
 
 
 def test_length_generalization_finds_the_job_however_its_settings_were_spelled(app_env):

@@ -228,3 +228,53 @@ def test_a_very_long_upload_name_is_stored_under_a_shorter_one(tmp_path, monkeyp
         data = b'{"text": "hello"}\n' if name.endswith(".jsonl") else b"hello world %d" % k
         stored = ui.save_upload(name, data)
         assert stored.exists() and len(stored.name.encode()) <= 100 and stored.suffix == Path(name).suffix
+
+
+# -- non-finite weights (issue #38): listed with their own message, no number, every page renders ----
+@pytest.mark.parametrize("pick, value", [(-1, float("nan")), (3, float("inf")), (7, float("-inf"))])
+def test_nonfinite_weights_fail_alone_with_their_own_message(root, monkeypatch, tmp_path, pick, value):
+    """Any float tensor holding NaN/±inf: Home lists the checkpoint without numbers and with a
+    warning naming the tensor (not its results' or training log's numbers), every page renders, the
+    other checkpoint keeps its numbers, the file is left untouched; a layer whose attention the bad
+    tensor reaches says so instead of drawing a blank heatmap."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from streamlit.testing.v1 import AppTest
+
+    from fireviz.analysis import text_attention
+    from fireviz.checkpoints import Checkpoint, read_checkpoint
+
+    weights = root / "victim" / "model.safetensors"
+    state = load_file(weights)
+    name = sorted(k for k in state if state[k].is_floating_point())[pick]
+    state[name] = state[name].clone().view(-1).index_fill(0, torch.tensor([0]), value).view(state[name].shape)
+    save_file(state, weights)
+    before = hashlib.sha256(weights.read_bytes()).hexdigest()
+    info = read_checkpoint(root / "victim")
+    assert info.headline == {} and name in info.problems["model.safetensors"]
+    assert read_checkpoint(root / "good").headline  # the other checkpoint keeps its numbers
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    for page in ["app.py"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")):
+        at = AppTest.from_file(str(ROOT / page), default_timeout=60).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    table = at.dataframe[0].value.set_index("checkpoint")
+    bpb = [c for c in table.columns if c.startswith("bpb")]
+    assert table.loc["victim", bpb].isna().all() and table.loc["good", bpb].notna().all()
+    said = [w.value for w in at.warning if w.value.startswith("victim")]
+    assert len(said) == 1 and "NaN/inf" in said[0] and "restore or retrain" in said[0]
+    model = Checkpoint.resolve(str(root / "victim")).load()
+    tokens = torch.arange(2, 30)
+    reached = []
+    for layer in range(model.config.n_layer):
+        try:
+            text_attention.attention_pattern(model, tokens, layer, checkpoint="victim")
+        except ValueError as e:
+            assert name in str(e) and "restore or retrain" in str(e)
+            reached.append(layer)
+    if reached:  # from the first layer the bad tensor reaches, every later one is refused
+        assert reached == list(range(reached[0], model.config.n_layer))
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == before

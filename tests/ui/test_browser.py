@@ -52,6 +52,7 @@ def server(tiny_checkpoints_dir, tmp_path_factory):
         FIREVIZ_CHECKPOINTS_DIR=str(tiny_checkpoints_dir),
         FIREVIZ_CACHE_DIR=str(tmp_path_factory.mktemp("eval_cache")),
         HF_HUB_OFFLINE="1",
+        FIREVIZ_JOB_WORKER="process",  # as the app runs for a user (conftest sets thread for in-process tests)
     )
     log = open(tmp_path_factory.mktemp("server") / "streamlit.log", "w+")
     proc = subprocess.Popen(
@@ -236,3 +237,23 @@ def test_attention_page(server, browser, width):
     page = _open(browser, f"{server}/Attention?ckpt=fire&alen=100&cap=16", width)
     _check_and_shoot(page, "5_attention", charts=2, width=width)
     page.close()
+
+
+def test_fit_stop_shows_the_stopped_fit_every_time(server, browser):
+    """Fit → Stop, three times in a row (issue #40: the page once froze on its progress bar for 15
+    minutes after the fit had stopped): each time the page draws the stopped fit's best parameters
+    within a bounded wait, and a second tab opened meanwhile sees the job at once."""
+    for seed in (101, 102, 103):
+        url = f"{server}/Fit_FIRE?target=alibi&heads=16&max_len=1024&steps=5000&width=64&seed={seed}"  # minutes
+        page = _open(browser, url)
+        _click_when_idle(page, "Fit", ready_text="Pick a target and")
+        page.get_by_text("step ").first.wait_for(timeout=PAGE_TIMEOUT_MS)  # optimising in the worker
+        other = _open(browser, url)
+        other.get_by_text("fit FIRE to alibi").first.wait_for(timeout=30_000)  # the running job, in another tab
+        other.close()
+        started = time.time()
+        page.get_by_role("button", name="Stop", exact=True).click()
+        page.get_by_text("Stopped after").first.wait_for(timeout=60_000)
+        assert time.time() - started < 60
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.close()
