@@ -12,9 +12,9 @@ copied from the server) and reused for the next piece (PyTorch is imported once)
   * ``progress(done, total, message)`` calls in the child reach the caller's ``progress`` within
     ~0.1 s (the latest one only: progress is state, not a log), and the caller's
     ``should_stop()`` is forwarded to the child's within ~0.1 s;
-  * the function's return value comes back pickled; an exception it raises is raised again in
-    the caller (its type kept where it pickles, ``remote_traceback`` holding the child's
-    traceback text);
+  * the function's return value comes back pickled (as bytes through the pipe: tensors are copied,
+    never moved to shared memory); an exception it raises is raised again in the caller (its type
+    kept where it pickles, ``remote_traceback`` holding the child's traceback text);
   * a child that dies (killed for memory, a crash in native code) raises :class:`WorkerDied`
     naming its exit code or signal; the next call starts a fresh child. A child whose parent died
     stops its work at the next ``should_stop`` check and exits.
@@ -65,9 +65,47 @@ def worker_threads() -> int:
     return max(1, cores - 1)
 
 
+def _send(conn, lock: threading.Lock, msg) -> None:
+    """One message as pickled bytes: copied through the pipe (never tensors moved to shared memory
+    and file descriptors, as ``Connection.send``'s torch-aware pickler would)."""
+    data = pickle.dumps(msg)
+    with lock:
+        conn.send_bytes(data)
+
+
+def _raised(e: BaseException, text: str) -> tuple:
+    """The ``("raised", exception bytes, traceback text)`` message of ``e``: itself where it pickles
+    both ways and is an ``Exception``, else a RuntimeError carrying its type and text."""
+    if isinstance(e, Exception):
+        try:
+            payload = pickle.dumps(e)
+            pickle.loads(payload)
+            return ("raised", payload, text)
+        except Exception:
+            pass
+    try:
+        said = f"{type(e).__name__}: {e}"
+    except Exception:  # an exception whose str() fails
+        said = type(e).__name__
+    return ("raised", pickle.dumps(RuntimeError(said)), text)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel sends this process SIGTERM when its parent dies (``PR_SET_PDEATHSIG``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _child_main(conn, cancel, threads: int, nice: int) -> None:
-    """The child's loop: receive ``(fn, env)``, run it, send progress and the outcome; exit on EOF."""
+    """The child's loop: receive ``(fn, env)`` bytes, run it, send progress and the outcome; exit on
+    EOF. Anything that goes wrong outside the function (its arguments do not rebuild here, an
+    environment that cannot be set) is sent back as its error; the child lives on."""
     parent = os.getppid()
+    _die_with_parent()
     if nice:
         try:
             os.nice(nice)
@@ -76,54 +114,69 @@ def _child_main(conn, cancel, threads: int, nice: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    lock = threading.Lock()
     while True:
         try:
-            msg = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        if msg is None:
-            return
-        fn, env = msg
-        if env is not None:
-            os.environ.clear()
-            os.environ.update(env)
-        _run_one(conn, cancel, fn, parent)
+        try:
+            msg = pickle.loads(data)
+            if msg is None:
+                return
+            fn, env = msg
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
+        except Exception as e:  # the job never started: its error, not a dead worker
+            _send(conn, lock, _raised(e, traceback.format_exc()))
+            continue
+        _run_one(conn, lock, cancel, fn, parent)
 
 
-def _run_one(conn, cancel, fn, parent: int) -> None:
-    last = [0.0]
-    pending: list[tuple | None] = [None]
+def _run_one(conn, lock: threading.Lock, cancel, fn, parent: int) -> None:
+    state: dict = {"pending": None, "last": 0.0, "running": True}
+    state_lock = threading.Lock()
 
     def flush() -> None:
-        if pending[0] is not None:
-            conn.send(("progress", *pending[0]))
-            pending[0], last[0] = None, time.monotonic()
+        with state_lock:
+            msg, state["pending"] = state["pending"], None
+            if msg is not None:
+                state["last"] = time.monotonic()
+        if msg is not None:
+            _send(conn, lock, ("progress", *msg))
 
-    def progress(done: int, total: int, message: str = "") -> None:
-        pending[0] = (int(done), int(total), str(message))
-        if time.monotonic() - last[0] >= POLL_S:
+    def progress(done: int, total: int, message: str | None = "") -> None:
+        with state_lock:
+            state["pending"] = (int(done), int(total), "" if message is None else str(message))
+            due = time.monotonic() - state["last"] >= POLL_S
+        if due:
+            flush()
+
+    def flusher() -> None:  # a report held back sends itself once POLL_S has passed
+        while state["running"]:
+            time.sleep(POLL_S)
             flush()
 
     def should_stop() -> bool:
         return cancel.is_set() or os.getppid() != parent
 
+    beat = threading.Thread(target=flusher, name="fireviz-progress", daemon=True)
+    beat.start()
     try:
         result = fn(progress, should_stop)
-    except BaseException as e:  # sent back whole: the caller raises it again
-        flush()
-        text = traceback.format_exc()
+    except BaseException as e:  # sent back: the caller raises it again
+        outcome = _raised(e, traceback.format_exc())
+    else:
         try:
-            payload = pickle.dumps(e)
-            pickle.loads(payload)
-        except Exception:  # an exception that does not pickle: its text
-            payload = pickle.dumps(RuntimeError(f"{type(e).__name__}: {e}"))
-        conn.send(("raised", payload, text))
-        return
+            pickle.dumps(result)
+            outcome = ("result", result)
+        except Exception as e:  # a result that does not pickle
+            outcome = _raised(TypeError(f"the result does not pickle: {e}"), traceback.format_exc())
+    state["running"] = False
+    beat.join()
     flush()
-    try:
-        conn.send(("result", result))
-    except Exception as e:  # a result that does not pickle
-        conn.send(("raised", pickle.dumps(TypeError(f"the result does not pickle: {e}")), traceback.format_exc()))
+    _send(conn, lock, outcome)
 
 
 class WorkerProcess:
@@ -147,7 +200,8 @@ class WorkerProcess:
     @property
     def pid(self) -> int | None:
         """The child's process id, or None before the first call / after it died."""
-        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+        proc = self._proc
+        return proc.pid if proc is not None and proc.is_alive() else None
 
     def _start(self) -> None:
         parent_conn, child_conn = self._ctx.Pipe()
@@ -170,47 +224,77 @@ class WorkerProcess:
         Args: ``fn`` picklable; ``progress`` receives the child's reports; ``should_stop`` is polled
           every ``POLL_S`` and, once true, makes the child's ``should_stop()`` true; ``env`` the
           environment variables to run with (default: this process's, ``os.environ``).
-        Raises: what ``fn`` raised (``remote_traceback`` attribute: the child's traceback);
-          WorkerDied when the child ended first; TypeError when ``fn`` does not pickle.
+        Raises: what ``fn`` raised (an ``Exception``; anything else, e.g. SystemExit, as RuntimeError;
+          ``remote_traceback`` attribute: the child's traceback); WorkerDied when the child ended
+          first; TypeError when ``fn`` does not pickle; ValueError for an ``env`` that is not
+          str → str with no ``=`` or NUL in a name. Whatever ends a call early on this side (an
+          exception from ``progress`` or ``should_stop``, KeyboardInterrupt) stops the child with it,
+          so no later call can receive this one's messages.
         """
-        env = dict(os.environ) if env is None else dict(env)
+        env = dict(os.environ) if env is None else _checked_env(env)
+        try:
+            job = pickle.dumps((fn, env))
+        except Exception as e:
+            raise TypeError(f"work for a worker process must pickle (a module-level function): {e}") from None
         with self._lock:
             if self._proc is None or not self._proc.is_alive():
                 self._start()
             self._cancel.clear()
             try:
-                self._conn.send((fn, env))
-            except (pickle.PicklingError, TypeError, AttributeError) as e:
-                raise TypeError(f"work for a worker process must pickle (a module-level function): {e}") from None
-            return self._wait(progress, should_stop)
+                try:
+                    self._conn.send_bytes(job)
+                except OSError:  # the child ended while the job was sent
+                    raise self._died() from None
+                return self._wait(progress, should_stop)
+            except WorkerDied:
+                raise
+            except BaseException:
+                if self._proc is not None and not self._finished_cleanly:
+                    self._discard()
+                raise
+            finally:
+                self._finished_cleanly = False
+
+    #: set by ``_wait`` once the child's outcome arrived (it is idle again); else a call that ends
+    #: early on this side leaves it running, and it is discarded
+    _finished_cleanly = False
 
     def _wait(self, progress, should_stop):
         while True:
             if should_stop is not None and not self._cancel.is_set() and should_stop():
                 self._cancel.set()
             try:
-                msg = self._conn.recv() if self._conn.poll(POLL_S) else None
+                data = self._conn.recv_bytes() if self._conn.poll(POLL_S) else None
             except (EOFError, OSError):  # the child closed its end: it has ended
                 raise self._died() from None
-            if msg is None:
+            if data is None:
                 if not self._proc.is_alive():
                     raise self._died()
                 continue
+            msg = pickle.loads(data)
             kind = msg[0]
             if kind == "progress":
                 if progress is not None:
                     progress(*msg[1:])
-            elif kind == "result":
+                continue
+            self._finished_cleanly = True  # the child is idle again: its next message is the next job's
+            if kind == "result":
                 return msg[1]
-            elif kind == "raised":
-                exc = pickle.loads(msg[1])
-                exc.remote_traceback = msg[2]
-                raise exc
+            exc = pickle.loads(msg[1])
+            exc.remote_traceback = msg[2]
+            raise exc
+
+    def _discard(self) -> None:
+        """Kill the child (its job is abandoned); the next :meth:`run` starts a fresh one."""
+        proc, self._proc, self._conn = self._proc, None, None
+        if proc is not None:
+            proc.kill()
+            proc.join(5)
 
     def _died(self) -> WorkerDied:
-        self._proc.join(5)
-        code = self._proc.exitcode
-        self._proc, self._conn = None, None
+        proc, self._proc, self._conn = self._proc, None, None
+        proc.join(5)
+        code = proc.exitcode
         if code is not None and code < 0:
             try:
                 how = f"killed by signal {signal.Signals(-code).name}"
@@ -221,15 +305,36 @@ class WorkerProcess:
             how, hint = f"exit code {code}", ""
         return WorkerDied(f"the worker process stopped while it ran this job ({how}{hint})")
 
-    def close(self) -> None:
-        """Stop the child (after its current function, if any); the next :meth:`run` starts a new one."""
-        with self._lock:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the child: a running function is asked to stop and given ``timeout`` seconds, then
+        the child is killed (its call raises WorkerDied). The next :meth:`run` starts a new one."""
+        self._cancel.set()
+        if not self._lock.acquire(timeout=timeout):  # a job still running past its stop: kill it
+            proc = self._proc
+            if proc is not None:
+                proc.kill()
+            self._lock.acquire()
+        try:
             if self._proc is not None:
                 try:
-                    self._conn.send(None)
+                    self._conn.send_bytes(pickle.dumps(None))
                 except OSError:
                     pass
-                self._proc.join(5)
+                self._proc.join(timeout)
                 if self._proc.is_alive():
                     self._proc.kill()
+                    self._proc.join(5)
                 self._proc, self._conn = None, None
+        finally:
+            self._lock.release()
+
+
+def _checked_env(env: dict) -> dict[str, str]:
+    """``env`` as a fresh dict. Raises: ValueError unless every name and value is a str, no name is
+    empty or holds ``=`` or NUL, and no value holds NUL (what ``os.environ`` refuses)."""
+    out = {}
+    for k, v in env.items():
+        if not (isinstance(k, str) and isinstance(v, str)) or not k or "=" in k or "\0" in k or "\0" in v:
+            raise ValueError(f"env must map names to str values, names without '=' or NUL (got {k!r}: {v!r})")
+        out[k] = v
+    return out

@@ -263,7 +263,7 @@ class JobQueue:
                 "lengths or checkpoints if memory ran out."
             )
             job.message, job.status, job.traceback_text = "failed", ERROR, None
-        except Exception as e:  # the job failed; the worker lives on
+        except BaseException as e:  # the job failed (even SystemExit in thread mode); the worker lives on
             job.error = f"{type(e).__name__}: {e}"
             job.message = "failed"
             job.status = ERROR

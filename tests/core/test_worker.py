@@ -43,6 +43,34 @@ def raise_unpicklable(progress, should_stop):
     raise Local("defined inside a function")
 
 
+def quick_then_slow(progress, should_stop):
+    """A report right after another, then a long step: the second must still show at once."""
+    progress(1, 3, "loading (fast)")
+    progress(2, 3, "computing (slow)")
+    time.sleep(1.5)
+    progress(3, 3, "done")
+    return "ok"
+
+
+def exit_the_job(progress, should_stop):
+    raise SystemExit(3)
+
+
+def tagged_slow(progress, should_stop):
+    time.sleep(1.0)
+    return "first job"
+
+
+def tagged_quick(progress, should_stop):
+    return "second job"
+
+
+def return_tensors(progress, should_stop):
+    import torch
+
+    return [torch.full((4,), float(k)) for k in range(300)]
+
+
 def die(progress, should_stop):
     progress(1, 2, "about to be killed")
     time.sleep(0.3)
@@ -103,6 +131,64 @@ def test_a_killed_worker_fails_its_call_only():
         assert w.run(report_and_describe)["threads"] == 1  # a fresh child
     finally:
         w.close()
+
+
+def test_a_held_back_report_is_sent_within_the_poll_interval():
+    w = WorkerProcess(name="test-worker", threads=1)
+    try:
+        seen = []
+        w.run(quick_then_slow, progress=lambda d, t, m: seen.append((time.time(), m)))
+        slow = [t for t, m in seen if m == "computing (slow)"]
+        done = [t for t, m in seen if m == "done"]
+        assert slow and done and done[0] - slow[0] > 1.0  # it arrived during the slow step, not with the next report
+    finally:
+        w.close()
+
+
+def test_what_ends_a_call_early_here_or_there_never_mixes_two_jobs_results():
+    w = WorkerProcess(name="test-worker", threads=1)
+    try:
+        with pytest.raises(RuntimeError, match="SystemExit: 3"):  # not an Exception: wrapped, the child lives on
+            w.run(exit_the_job)
+        pid = w.pid
+
+        def stop_badly():
+            raise KeyError("the caller's own bug")
+
+        with pytest.raises(KeyError):
+            w.run(tagged_slow, should_stop=stop_badly)
+        assert w.pid is None or w.pid != pid  # the child still running the first job was discarded
+        assert w.run(tagged_quick) == "second job"
+        with pytest.raises(ValueError, match="env"):
+            w.run(tagged_quick, env={"A=B": "x"})
+        got = w.run(return_tensors)  # copied through the pipe: no file descriptor or /dev/shm per tensor
+        assert len(got) == 300 and float(got[299][0]) == 299.0 and not got[0].is_shared()
+    finally:
+        w.close()
+
+
+def test_close_stops_a_running_job_within_its_timeout():
+    import threading
+
+    w = WorkerProcess(name="test-worker", threads=1)
+    out = {}
+
+    def call():
+        try:
+            out["result"] = w.run(count_until_stopped, progress=lambda d, t, m: out.setdefault("started", True))
+        except Exception as e:  # noqa: BLE001 - what the call ended with
+            out["error"] = e
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.time() + 60
+    while "started" not in out and time.time() < deadline:
+        time.sleep(0.05)
+    began = time.time()
+    w.close(timeout=2)
+    t.join(30)
+    assert time.time() - began < 10 and w.pid is None
+    assert out.get("result", 0) > 0 or isinstance(out.get("error"), WorkerDied)
 
 
 def test_worker_threads_setting(monkeypatch):
