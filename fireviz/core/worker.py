@@ -26,13 +26,16 @@ arguments). The caller's environment variables are applied in the child before e
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any, Callable
 
 #: seconds between forwarded progress reports and cancellation checks
@@ -63,6 +66,34 @@ def worker_threads() -> int:
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return max(1, cores - 1)
+
+
+_MAIN_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _bare_main():
+    """Start a spawned child without re-running this process's ``__main__`` in it.
+
+    ``spawn`` re-imports the parent's ``__main__`` (its file, or its module name) in the child
+    before the target runs. Under Streamlit ``__main__`` is whichever page script ran last (its
+    script runner installs each page as ``__main__``), so the child would draw that page headless
+    before it could take a job — and fail where the page needs a session. The child needs nothing
+    from ``__main__``: its target and every job function live in importable modules. So while the
+    child starts, ``__main__`` is an empty module (put back only if nobody replaced it meanwhile).
+    """
+    with _MAIN_SWAP:
+        real = sys.modules.get("__main__")
+        bare = types.ModuleType("__main__")
+        sys.modules["__main__"] = bare
+        try:
+            yield
+        finally:
+            if sys.modules.get("__main__") is bare:
+                if real is None:
+                    del sys.modules["__main__"]
+                else:
+                    sys.modules["__main__"] = real
 
 
 def _send(conn, lock: threading.Lock, msg) -> None:
@@ -208,7 +239,8 @@ class WorkerProcess:
         proc = self._ctx.Process(
             target=_child_main, args=(child_conn, self._cancel, self.threads, self.nice), name=self.name, daemon=True
         )
-        proc.start()
+        with _bare_main():
+            proc.start()
         child_conn.close()
         self._proc, self._conn = proc, parent_conn
 

@@ -200,3 +200,21 @@ def test_worker_threads_setting(monkeypatch):
             worker_threads()
     monkeypatch.delenv("FIREVIZ_WORKER_THREADS")
     assert worker_threads() == max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def test_a_main_script_that_cannot_run_headless_is_not_rerun_in_the_child(tmp_path, monkeypatch):
+    """Streamlit installs each page script as ``__main__``; spawn would re-run it in the child."""
+    import sys
+    import types
+
+    script = tmp_path / "page.py"
+    script.write_text("raise RuntimeError('this page script ran in the worker')\n")
+    page = types.ModuleType("__main__")
+    page.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", page)
+    w = WorkerProcess(name="test-worker", threads=1)
+    try:
+        assert w.run(tagged_quick) == "second job"
+    finally:
+        w.close()
+    assert sys.modules["__main__"] is page  # put back as it was
