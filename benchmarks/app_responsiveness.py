@@ -1,10 +1,10 @@
 """How long the app's Home page takes to draw while an evaluation runs: job in a thread vs in a worker process (issue #40).
 
-    .venv/bin/python benchmarks/app_responsiveness.py [--renders 5] [--checkpoint checkpoints/fire]
+    .venv/bin/python benchmarks/app_responsiveness.py [--renders 5] [--checkpoints checkpoints/fire,checkpoints/alibi]
 
 The Streamlit server draws every page of every tab in one Python process. This script is that
-process: it starts one evaluation (the bundled FIRE checkpoint at 2048 tokens, the eval cache off so
-it really computes) on a job queue, then draws Home (``app.py`` through ``streamlit.testing``'s
+process: it starts one evaluation (the bundled FIRE and ALiBi checkpoints at 2048, 4096 and 8192 tokens, the
+eval cache off so it really computes; long enough to outlast the draws even with all cores) on a job queue, then draws Home (``app.py`` through ``streamlit.testing``'s
 AppTest, as a browser request would) ``--renders`` times while the job runs, and reports the median
 draw time and the job's own progress rate. Three rows, measured one after another in one run:
 idle (no job), the job computed in the queue's thread (fireviz before issue #40), and the job
@@ -43,12 +43,12 @@ def draw_home() -> float:
     return time.perf_counter() - t
 
 
-def measure(mode: str, renders: int, checkpoint: Checkpoint, settings: EvalSettings) -> dict:
+def measure(mode: str, renders: int, checkpoints: list[Checkpoint], settings: EvalSettings) -> dict:
     """Median Home draw time with no job (``idle``) or with the evaluation running in ``mode``."""
     job = q = None
     if mode != "idle":
         q = jobs.JobQueue(name=f"bench-{mode}", process=mode == "process")
-        work = functools.partial(jobs._evaluation_work, [checkpoint], settings, EvalCache(enabled=False), 0, "")
+        work = functools.partial(jobs._evaluation_work, checkpoints, settings, EvalCache(enabled=False), 0, "")
         job = q.submit({"bench": mode, "t": time.time()}, work)
         while job.done == 0 and job.status not in jobs.FINISHED:  # computing (the worker has started)
             time.sleep(0.1)
@@ -67,18 +67,21 @@ def measure(mode: str, renders: int, checkpoint: Checkpoint, settings: EvalSetti
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--renders", type=int, default=5, help="Home draws per row (default %(default)s)")
-    p.add_argument("--checkpoint", default="checkpoints/fire")
-    p.add_argument("--length", type=int, default=2048, help="evaluation length in tokens (default %(default)s)")
+    p.add_argument(
+        "--checkpoints", default="checkpoints/fire,checkpoints/alibi", help="comma-separated (default %(default)s)"
+    )
+    p.add_argument("--lengths", default="2048,4096,8192", help="evaluation lengths in tokens (default %(default)s)")
     a = p.parse_args(argv)
     os.environ.setdefault("FIREVIZ_JOB_WORKER", "process")
-    ckpt = Checkpoint.resolve(a.checkpoint)
-    settings = EvalSettings.make("prose", [a.length], mode="same_text", device="cpu")
+    ckpts = [Checkpoint.resolve(c) for c in a.checkpoints.split(",") if c]
+    lengths = [int(n) for n in a.lengths.split(",") if n]
+    settings = EvalSettings.make("prose", lengths, mode="same_text", device="cpu")
     draw_home()  # warm-up: imports and st.cache entries a running server already has
     print(
-        f"Home draw time while an evaluation of {ckpt.name} at {a.length} tokens runs; {a.renders} draws per row; "
+        f"Home draw time while an evaluation of {', '.join(c.name for c in ckpts)} at {a.lengths} tokens runs; {a.renders} draws per row; "
         f"CPU {cpu_model()}, {len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} at start"
     )
-    rows = [measure(m, a.renders, ckpt, settings) for m in ("idle", "thread", "process")]
+    rows = [measure(m, a.renders, ckpts, settings) for m in ("idle", "thread", "process")]
     idle = rows[0]["median_s"]
     print(f"{'job computed in':16s} {'median s':>9s} {'max s':>7s} {'× idle':>7s} {'job windows/s':>14s}")
     for r in rows:
