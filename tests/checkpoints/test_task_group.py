@@ -226,3 +226,28 @@ def test_a_group_checkpoint_is_found_by_group_and_name():
         checkpoints.CheckpointNotFoundError, match="group of checkpoints, not one; name one of them: copy/alibi"
     ):
         checkpoints.checkpoint_files("copy")
+
+
+def test_the_copy_groups_seed_table_is_its_seed_runs():
+    """checkpoints/copy/seeds.json (scripts/task_seeds.py): several seeds per encoding, seed 0 is the
+    shipped checkpoint with its published accuracy at the training length, ``learned`` follows the
+    stated threshold, and RESULTS.md prints exactly these counts."""
+    data = json.loads((COPY / "seeds.json").read_text())
+    assert data["task"] == "synthetic:copy" and data["training_length"] == 64 and data["sequences"] == 256
+    rows = data["rows"]
+    by_enc: dict[str, list[dict]] = {}
+    for r in rows:
+        by_enc.setdefault(r["encoding"], []).append(r)
+    assert set(by_enc) == set(COPY_NAMES)
+    shipped = {r["checkpoint"]: r for r in json.loads((COPY / "results.json").read_text())}
+    md = (COPY / "RESULTS.md").read_text()
+    for enc, rs in by_enc.items():
+        seeds = sorted(r["seed"] for r in rs)
+        assert len(seeds) >= 2 and len(set(seeds)) == len(seeds) and seeds[0] == 0
+        (zero,) = [r for r in rs if r["seed"] == 0]
+        at64 = next(e for e in shipped[enc]["per_length"] if e["length"] == 64)
+        assert zero["folder"] == f"checkpoints/copy/{enc}" and zero["accuracy"] == pytest.approx(at64["accuracy"], abs=1e-12)
+        for r in rs:
+            assert r["learned"] == (r["accuracy"] >= data["learned_accuracy"])
+        learned = sum(r["learned"] for r in rs)
+        assert f"| {enc} | {len(rs)} | {learned} of {len(rs)} |" in md
