@@ -246,7 +246,9 @@ def test_the_copy_groups_seed_table_is_its_seed_runs():
         assert len(seeds) >= 2 and len(set(seeds)) == len(seeds) and seeds[0] == 0
         (zero,) = [r for r in rs if r["seed"] == 0]
         at64 = next(e for e in shipped[enc]["per_length"] if e["length"] == 64)
-        assert zero["folder"] == f"checkpoints/copy/{enc}" and zero["accuracy"] == pytest.approx(at64["accuracy"], abs=1e-12)
+        assert zero["folder"] == f"checkpoints/copy/{enc}" and zero["accuracy"] == pytest.approx(
+            at64["accuracy"], abs=1e-12
+        )
         for r in rs:
             assert r["learned"] == (r["accuracy"] >= data["learned_accuracy"])
         learned = sum(r["learned"] for r in rs)
