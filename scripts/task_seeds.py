@@ -30,7 +30,7 @@ from publish_results import ROOT
 
 from fireviz.checkpoints import checkpoint_groups, read_train_log, scan_checkpoints
 from fireviz.core import write_json_atomic
-from fireviz.eval import SYNTHETIC_SEQUENCES, EvalCache, EvaluationError, evaluate_many
+from fireviz.eval import SYNTHETIC_SEQUENCES, EvaluationError, evaluate_many
 from fireviz.model import CheckpointError
 
 CKPTS = ROOT / "checkpoints"
@@ -83,9 +83,7 @@ def _finished(out: Path, steps: int) -> bool:
 
 def score(folders: list[Path], task: str, seq_len: int, sequences: int) -> list[dict]:
     """Answer accuracy at the training length of each folder, on the same fresh sequences."""
-    runs = evaluate_many(
-        [str(f) for f in folders], task, [seq_len], token_budget=sequences, device="cpu", cache=EvalCache()
-    )
+    runs = evaluate_many([str(f) for f in folders], task, [seq_len], token_budget=sequences, device="cpu")
     rows = []
     for f, r in zip(folders, runs, strict=True):
         (e,) = r["per_length"]

@@ -253,3 +253,20 @@ def test_the_copy_groups_seed_table_is_its_seed_runs():
             assert r["learned"] == (r["accuracy"] >= data["learned_accuracy"])
         learned = sum(r["learned"] for r in rs)
         assert f"| {enc} | {len(rs)} | {learned} of {len(rs)} |" in md
+
+
+def test_task_seeds_scores_runs_at_the_training_length(monkeypatch):
+    """scripts/task_seeds.py's scoring: one row per folder, its encoding, seed and folder from the
+    checkpoint, ``learned`` from the stated threshold (shipped alibi copies without an error)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import task_seeds
+
+    rows = task_seeds.score([COPY / "alibi", COPY / "rope"], "synthetic:copy", 64, 16)
+    assert [(r["encoding"], r["seed"], r["folder"]) for r in rows] == [
+        ("alibi", 0, "checkpoints/copy/alibi"),
+        ("rope", 0, "checkpoints/copy/rope"),
+    ]
+    for r in rows:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["learned"] == (r["accuracy"] >= task_seeds.LEARNED_ACCURACY)
+        assert r["accuracy_ci95"][0] <= r["accuracy"] <= r["accuracy_ci95"][1]
+    assert rows[0]["learned"] and rows[0]["accuracy"] > 0.99
