@@ -52,7 +52,7 @@ from fireviz.checkpoints.records import (  # noqa: F401
     seed_run,
 )
 from fireviz.core import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
-from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict
+from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict, nonfinite_tensors
 
 
 class CheckpointNotFoundError(CheckpointError):
@@ -238,8 +238,8 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         tokens = int(logged[-1]) if logged else None
     seq_len = int(config.get("seq_len", 0))
     num_parameters = count_parameters(p / WEIGHTS_FILE)  # the header checked (size, entries) before any tensor is read
-    identity = _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)
-    nonfinite = nonfinite_weights(p / WEIGHTS_FILE, identity)
+    sha256 = _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)
+    nonfinite = nonfinite_weights(p / WEIGHTS_FILE, sha256)
     if nonfinite:  # no number describes these weights: not its results', not its training log's
         problems[WEIGHTS_FILE] = (
             f"the weights contain NaN/inf in {', '.join(nonfinite[:3])}{' …' if len(nonfinite) > 3 else ''}, so "
@@ -258,7 +258,7 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         data=_describe_data(training),
         results=results,
         # only numbers made on exactly these weights (a results.json copied from elsewhere shows none)
-        headline={} if nonfinite else headline_numbers(seq_len, results, log, identity),
+        headline={} if nonfinite else headline_numbers(seq_len, results, log, sha256),
         repo_id=repo_id,
         problems=problems,
     )
@@ -497,33 +497,20 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     return _files_sha256(*checkpoint_files(checkpoint))
 
 
-#: checkpoint identity → names of its non-finite tensors (read once per identity)
+#: checkpoint sha256 → names of its non-finite tensors (read once per checkpoint identity)
 _NONFINITE_WEIGHTS: dict[str, list[str]] = {}
 
 
-def nonfinite_weights(weights: str | os.PathLike, identity: str | None = None) -> list[str]:
+def nonfinite_weights(weights: str | os.PathLike, sha256: str | None = None) -> list[str]:
     """Names of the floating-point tensors of a safetensors file holding NaN or ±inf, in file
     order; [] if none. Reads the tensors one at a time (memory: the largest tensor), once per
-    ``identity`` (the checkpoint's sha256, when given: a listing rescanned every few seconds pays
+    ``sha256`` (the checkpoint's identity, when given: a listing rescanned every few seconds pays
     nothing). Raises: CheckpointError if the file cannot be read as safetensors."""
-    if identity is not None and identity in _NONFINITE_WEIGHTS:
-        return list(_NONFINITE_WEIGHTS[identity])
-    import torch
-    from safetensors import SafetensorError, safe_open
-
-    bad = []
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            for k in f.keys():
-                t = f.get_tensor(k)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    bad.append(k)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise CheckpointError(
-            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
-        ) from e
-    if identity is not None:
-        _NONFINITE_WEIGHTS[identity] = bad
+    if sha256 is not None and sha256 in _NONFINITE_WEIGHTS:
+        return list(_NONFINITE_WEIGHTS[sha256])
+    bad = nonfinite_tensors(weights)
+    if sha256 is not None:
+        _NONFINITE_WEIGHTS[sha256] = bad
     return list(bad)
 
 

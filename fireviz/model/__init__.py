@@ -19,6 +19,7 @@ from fireviz.model.state import (
     load_checked,
     load_state_checked,
     nonfinite_parameters,
+    nonfinite_tensors,
 )
 
 __all__ = [
@@ -39,4 +40,5 @@ __all__ = [
     "load_checked",
     "load_state_checked",
     "nonfinite_parameters",
+    "nonfinite_tensors",
 ]

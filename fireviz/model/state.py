@@ -211,6 +211,26 @@ def nonfinite_parameters(model: nn.Module) -> list[str]:
     return [k for k, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
 
+def nonfinite_tensors(weights: str | os.PathLike) -> list[str]:
+    """Names of the floating-point tensors of a safetensors file that hold NaN or ±inf, in file
+    order; [] if none. Reads one tensor at a time (memory: the largest tensor, not the model).
+    Raises: CheckpointError if the file cannot be read as safetensors (it is left untouched)."""
+    from safetensors import SafetensorError, safe_open
+
+    bad = []
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    bad.append(k)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{weights} is not a readable safetensors file ({e}); copy, download or train the checkpoint again"
+        ) from e
+    return bad
+
+
 def load_state_checked(model: nn.Module, state: dict[str, torch.Tensor], source: str = "weights") -> None:
     """Strictly load ``state`` into ``model``, tolerating the tied ``lm_head.weight`` alias.
 

@@ -242,14 +242,16 @@ def test_attention_page(server, browser, width):
 def test_fit_stop_shows_the_stopped_fit_every_time(server, browser):
     """Fit → Stop, three times in a row (issue #40: the page once froze on its progress bar for 15
     minutes after the fit had stopped): each time the page draws the stopped fit's best parameters
-    within a bounded wait, and a second tab opened meanwhile sees the job at once."""
+    within a bounded wait, and a second tab opened meanwhile sees the job running."""
     for seed in (101, 102, 103):
         url = f"{server}/Fit_FIRE?target=alibi&heads=16&max_len=1024&steps=5000&width=64&seed={seed}"  # minutes
         page = _open(browser, url)
         _click_when_idle(page, "Fit", ready_text="Pick a target and")
         page.get_by_text("step ").first.wait_for(timeout=PAGE_TIMEOUT_MS)  # optimising in the worker
         other = _open(browser, url)
-        other.get_by_text("fit FIRE to alibi").first.wait_for(timeout=30_000)  # the running job, in another tab
+        # the running job, in another tab (how fast a page draws under load is benchmarks/app_responsiveness.py's)
+        other.get_by_text("fit FIRE to alibi").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        assert other.get_by_role("button", name="Stop", exact=True).count() >= 1  # seen while it runs
         other.close()
         started = time.time()
         page.get_by_role("button", name="Stop", exact=True).click()
