@@ -239,11 +239,11 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     seq_len = int(config.get("seq_len", 0))
     num_parameters = count_parameters(p / WEIGHTS_FILE)  # the header checked (size, entries) before any tensor is read
     sha256 = _files_sha256(p / CONFIG_FILE, p / WEIGHTS_FILE)
-    nonfinite = nonfinite_weights(p / WEIGHTS_FILE, sha256)
-    if nonfinite:  # no number describes these weights: not its results', not its training log's
+    unusable = _unusable_weights(p, config, sha256)
+    if unusable:  # no number describes these weights: not its results', not its training log's
         problems[WEIGHTS_FILE] = (
-            f"the weights contain NaN/inf in {', '.join(nonfinite[:3])}{' …' if len(nonfinite) > 3 else ''}, so "
-            "no number is shown for it (its results and training log describe other weights); restore or retrain it"
+            f"{unusable}, so no number is shown for it (its results and training log describe other weights); "
+            "restore or retrain it"
         )
     return CheckpointInfo(
         name=name or own_name or p.name,
@@ -258,7 +258,7 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
         data=_describe_data(training),
         results=results,
         # only numbers made on exactly these weights (a results.json copied from elsewhere shows none)
-        headline={} if nonfinite else headline_numbers(seq_len, results, log, sha256),
+        headline={} if unusable else headline_numbers(seq_len, results, log, sha256),
         repo_id=repo_id,
         problems=problems,
     )
@@ -514,6 +514,27 @@ def nonfinite_weights(weights: str | os.PathLike, sha256: str | None = None) -> 
     return list(bad)
 
 
+#: checkpoint sha256 → why its weights cannot be the model its config describes ("" if they can)
+_UNUSABLE_WEIGHTS: dict[str, str] = {}
+
+
+def _unusable_weights(folder: Path, config: dict, sha256: str) -> str:
+    """Why the weights of the checkpoint ``folder`` are not a model whose numbers can be shown:
+    tensors that do not match its config (names, shapes, integer or bool kinds: from the header,
+    nothing allocated), or NaN/inf values (read one tensor at a time); "" if none. Once per
+    ``sha256``. Raises: CheckpointError if the weights cannot be read at all."""
+    if sha256 not in _UNUSABLE_WEIGHTS:
+        weights = folder / WEIGHTS_FILE
+        try:
+            _weights_match(_weights_header(weights), config_from_dict(config, str(folder / CONFIG_FILE)), WEIGHTS_FILE)
+            bad = nonfinite_weights(weights, sha256)
+            why = f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}" if bad else ""
+        except CheckpointError as e:
+            why = str(e)
+        _UNUSABLE_WEIGHTS[sha256] = why
+    return _UNUSABLE_WEIGHTS[sha256]
+
+
 def _files_sha256(config: Path, weights: Path) -> str:
     """sha256 of ``weights`` then ``config`` bytes, memoized per (file, mtime, size) of both.
     Raises: CheckpointError if either cannot be read."""
@@ -534,6 +555,13 @@ def _weights_match(entries: dict[str, dict], config: GPTConfig, source: str) -> 
     with torch.device("meta"):  # the structure alone: nothing is allocated
         own = {k: tuple(t.shape) for k, t in GPT(config).state_dict().items()}
     stored = {k: tuple(e["shape"]) for k, e in entries.items()}
+    # a float parameter stored as an integer or bool tensor would be cast and evaluated as if trained
+    not_float = [f"{k}: {e['dtype']}" for k, e in entries.items() if not str(e["dtype"]).startswith(("F", "BF"))]
+    if not_float:
+        raise CheckpointError(
+            f"{source} stores parameters as integer or bool tensors ({', '.join(not_float[:5])}): not weights "
+            "fireviz wrote; restore the file or train again"
+        )
     for a, b in (("lm_head.weight", "wte.weight"), ("wte.weight", "lm_head.weight")):
         if a not in stored and b in stored:  # safetensors keeps one name of a tied pair
             stored[a] = stored[b]

@@ -193,7 +193,7 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     if not p.exists():
         return []
     try:  # NaN is kept: a diverged run logs its loss as NaN, and readers test isfinite
-        records = read_jsonl(p, allow_nonfinite=True)
+        records = read_jsonl(p, allow_nonfinite=True, max_bytes=256 << 20)
     except FileFormatError as e:
         raise CheckpointError(str(e)) from e
     for n, rec in enumerate(records, 1):

@@ -284,13 +284,16 @@ def read_jsonl(
     max_depth: int = MAX_JSON_DEPTH,
     allow_nonfinite: bool = False,
     tolerate_torn_tail: bool = True,
+    max_values: int = MAX_JSON_VALUES,
 ) -> list[dict]:
     """The JSON objects of a JSON-lines file (``*.gz``: gzip-compressed), one per non-empty line, in order.
 
     Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
-      writer still appending, or killed mid-line) is dropped rather than refused.
+      writer still appending, or killed mid-line) is dropped rather than refused; ``max_values``:
+      most lines and JSON values in the whole file (memory: ~100 bytes each once parsed).
     Returns: the objects. Raises: FileFormatError naming ``path:line`` for any other bad line
-      (not JSON, too deep, non-finite where refused, not an object), or an oversized file.
+      (not JSON, too deep, non-finite where refused, not an object), or an oversized file (bytes
+      after decompression, or lines and values).
     """
     path = Path(path)
     try:
@@ -320,6 +323,15 @@ def read_jsonl(
         raise
     except OSError as e:
         raise FileFormatError(f"cannot read {path}: {e}") from e
+    # what parsing costs follows the lines and values, not the bytes: 100 MB of "{}\n" lines is 35
+    # million dicts (> 4 GB), so both are counted first (linear scans, no objects built)
+    n_lines = text.count("\n") + 1
+    n_values = n_lines if n_lines > max_values else max(n_lines, json_values(text))
+    if n_values > max_values:
+        raise FileFormatError(
+            f"{path} holds more than {max_values:,} JSON lines or values ({n_values:,}), more than fireviz reads "
+            "from one JSON-lines file (a training log holds ~8 per logged step); restore or delete it"
+        )
     lines = text.splitlines()
     last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
     out = []

@@ -168,16 +168,42 @@ def hold_run_folder(out: Path, resume: bool, d: Dist) -> Iterator[None]:
                 "another --out (nothing was changed)"
             )
         if not resume and d.master:
-            _check_new_out(out)  # what another run may have written before we held the folder
+            _check_new_out(out, held=True)  # what another run may have written before we held the folder
         yield
     finally:
         if fd is not None:
             os.close(fd)
 
 
-def _check_new_out(out: Path) -> None:
-    """A fresh run never overwrites a checkpoint. Raises: TrainingError naming the way out."""
+def _held_by_another_run(out: Path) -> bool:
+    """Whether another process holds ``out`` (:func:`hold_run_folder`'s lock); False if it cannot
+    be told (no such folder, not readable). Only for a process that does not hold it itself."""
+    import fcntl
+    import os
+
+    try:
+        fd = os.open(out, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _check_new_out(out: Path, held: bool = False) -> None:
+    """A fresh run never overwrites a checkpoint (``held``: this process holds the folder).
+    Raises: TrainingError naming the way out."""
     if has_checkpoint(out):
+        if not held and _held_by_another_run(out):  # a live run before its first checkpoint: never "delete it"
+            raise TrainingError(
+                f"another fireviz train is writing into {out}; wait for it to end (or stop it), or choose "
+                "another --out (nothing was changed)"
+            )
         if not (out / "trainer_state.safetensors").exists():
             raise TrainingError(
                 f"{out} holds files of a run that stopped before its first checkpoint (no "

@@ -102,3 +102,30 @@ def test_read_jsonl_keeps_nan_only_when_asked_and_drops_a_torn_tail(tmp_path):
     assert math.isnan(recs[0]["loss"]) and recs[1] == {"loss": 1.0} and len(recs) == 2
     with pytest.raises(FileFormatError, match=":1 "):
         read_jsonl(p)
+
+
+@pytest.mark.parametrize("line", ["{}", '{"step":1}', "", '{"a":[0,0,0,0]}'])
+def test_a_json_lines_file_of_many_small_lines_is_refused_in_bounded_memory(tmp_path, line):
+    """A 100 KB gzip of 100 MB of ``{}`` lines made 35 million dicts (> 4 GB) while the app listed
+    its checkpoint (issue #38): lines and values are counted before any is parsed, compressed or
+    not, and checking costs a few times the text."""
+    import gzip
+    import tracemalloc
+
+    n = MAX_JSON_VALUES + 1000
+    text = "\n".join([line] * n) + "\n"
+    path = tmp_path / "train_log.jsonl.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    before = path.read_bytes()
+    tracemalloc.start()
+    try:
+        with pytest.raises(FileFormatError, match="JSON lines or values"):
+            read_jsonl(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * len(text) + (32 << 20), f"{peak >> 20} MiB to refuse {len(text) >> 20} MiB of lines"
+    assert path.read_bytes() == before
+    few = tmp_path / "few.jsonl"
+    few.write_text("\n".join(['{"step":1}'] * 1000) + "\n")
+    assert len(read_jsonl(few)) == 1000

@@ -171,6 +171,48 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, caps
     assert (run / "model.safetensors").exists() and not [f for f in run.iterdir() if "lock" in f.name]
 
 
+def test_a_live_run_before_its_first_checkpoint_is_never_called_stopped(tmp_path, capsys):
+    """A second run into the folder of a live run that has logged but not yet checkpointed was told
+    to delete the folder (a breaker's find, issue #38): it is told another run is writing there;
+    once that run is gone, the same folder is the stopped run it is."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "nope"\n',
+        "max_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import fcntl, os, time; fd = os.open({str(run)!r}, os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) != 0
+        err = capsys.readouterr().err
+        assert "another fireviz train is writing into" in err and "delete" not in err and "Traceback" not in err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    time.sleep(0.1)
+    assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) != 0
+    assert "stopped before its first checkpoint" in capsys.readouterr().err
+    assert [f.name for f in run.iterdir()] == ["train_log.jsonl"]
+
+
 def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
     """Issue #40 (a new user): `train … > log 2>&1` wrote nothing until the end (the bar is off when
     stderr is not a terminal). One plain line per validation now says the step, the losses in

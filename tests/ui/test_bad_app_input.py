@@ -278,3 +278,48 @@ def test_nonfinite_weights_fail_alone_with_their_own_message(root, monkeypatch, 
     if reached:  # from the first layer the bad tensor reaches, every later one is refused
         assert reached == list(range(reached[0], model.config.n_layer))
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == before
+
+
+# -- weights that are not the config's model (issue #38): no number, their own message ------------------
+@pytest.mark.parametrize("damage", ["reshape", "drop", "extra", "to_int"])
+def test_weights_that_do_not_fit_the_config_show_no_number_and_say_why(root, monkeypatch, tmp_path, damage):
+    """A tensor of another shape, one missing, one the model lacks, or a float parameter stored as
+    integers: Home lists the checkpoint with a warning naming the tensor and no numbers (its
+    results and training log describe a model these weights are not), the other checkpoint keeps
+    its numbers, and the file is left untouched."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from streamlit.testing.v1 import AppTest
+
+    from fireviz.checkpoints import read_checkpoint
+
+    weights = root / "victim" / "model.safetensors"
+    state = load_file(weights)
+    name = sorted(k for k in state if k.endswith("ln_f.weight") or k.endswith("ln_1.weight"))[-1]
+    if damage == "reshape":
+        state[name] = torch.cat([state[name], state[name][:1]])
+    elif damage == "drop":
+        del state[name]
+    elif damage == "extra":
+        name = "blocks.0.spare.weight"
+        state[name] = torch.zeros(3)
+    else:
+        state[name] = state[name].round().to(torch.int32)
+    save_file(state, weights)
+    before = hashlib.sha256(weights.read_bytes()).hexdigest()
+    info = read_checkpoint(root / "victim")
+    assert info.headline == {} and name in info.problems["model.safetensors"]
+    assert "restore or retrain" in info.problems["model.safetensors"]
+    assert read_checkpoint(root / "good").headline
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value.set_index("checkpoint")
+    bpb = [c for c in table.columns if c.startswith("bpb")]
+    assert table.loc["victim", bpb].isna().all() and table.loc["good", bpb].notna().all()
+    said = [w.value.replace("\\", "") for w in at.warning if w.value.startswith("victim")]  # shown as text
+    assert len(said) == 1 and name in said[0]
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == before
