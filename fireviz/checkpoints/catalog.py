@@ -497,23 +497,6 @@ def checkpoint_sha256(checkpoint: str | os.PathLike) -> str:
     return _files_sha256(*checkpoint_files(checkpoint))
 
 
-#: checkpoint sha256 → names of its non-finite tensors (read once per checkpoint identity)
-_NONFINITE_WEIGHTS: dict[str, list[str]] = {}
-
-
-def nonfinite_weights(weights: str | os.PathLike, sha256: str | None = None) -> list[str]:
-    """Names of the floating-point tensors of a safetensors file holding NaN or ±inf, in file
-    order; [] if none. Reads the tensors one at a time (memory: the largest tensor), once per
-    ``sha256`` (the checkpoint's identity, when given: a listing rescanned every few seconds pays
-    nothing). Raises: CheckpointError if the file cannot be read as safetensors."""
-    if sha256 is not None and sha256 in _NONFINITE_WEIGHTS:
-        return list(_NONFINITE_WEIGHTS[sha256])
-    bad = nonfinite_tensors(weights)
-    if sha256 is not None:
-        _NONFINITE_WEIGHTS[sha256] = bad
-    return list(bad)
-
-
 #: checkpoint sha256 → why its weights cannot be the model its config describes ("" if they can)
 _UNUSABLE_WEIGHTS: dict[str, str] = {}
 
@@ -527,7 +510,7 @@ def _unusable_weights(folder: Path, config: dict, sha256: str) -> str:
         weights = folder / WEIGHTS_FILE
         try:
             _weights_match(_weights_header(weights), config_from_dict(config, str(folder / CONFIG_FILE)), WEIGHTS_FILE)
-            bad = nonfinite_weights(weights, sha256)
+            bad = nonfinite_tensors(weights)
             why = f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}" if bad else ""
         except CheckpointError as e:
             why = str(e)

@@ -130,23 +130,13 @@ def test_resume_refuses_a_config_json_edited_since_its_checkpoint(tmp_path, caps
     assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in run.iterdir()} == digest
 
 
-def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, capsys):
-    """Issue #38: two runs into one --out interleaved their logs and the second replaced the first.
-    A run holds its folder (flock on the folder, no file added): a second one is refused with one
-    message and changes nothing; once the holder is killed (-9), the folder is free again."""
-    import signal
+def _hold_folder(run):
+    """Another process holding ``run`` as a running ``fireviz train`` does (flock on the folder);
+    returns once it holds it. Kill it to let go."""
     import subprocess
     import sys
-    import time
 
-    cfg = _tiny_run_config(
-        tmp_path,
-        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
-        "max_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
-    )
-    run = tmp_path / "run"
-    run.mkdir()
-    holder = subprocess.Popen(  # another process holding the folder as a running train does
+    holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
@@ -156,8 +146,26 @@ def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, caps
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_one_run_per_folder_and_a_killed_run_leaves_no_stale_lock(tmp_path, capsys):
+    """Issue #38: two runs into one --out interleaved their logs and the second replaced the first.
+    A run holds its folder (flock on the folder, no file added): a second one is refused with one
+    message and changes nothing; once the holder is killed (-9), the folder is free again."""
+    import signal
+    import time
+
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
+        "max_steps = 2\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 2\neval_batches = 1\n",
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = _hold_folder(run)
     try:
-        assert holder.stdout.readline().strip() == "held"
         capsys.readouterr()
         assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) != 0
         err = capsys.readouterr().err
@@ -176,8 +184,6 @@ def test_a_live_run_before_its_first_checkpoint_is_never_called_stopped(tmp_path
     to delete the folder (a breaker's find, issue #38): it is told another run is writing there;
     once that run is gone, the same folder is the stopped run it is."""
     import signal
-    import subprocess
-    import sys
     import time
 
     cfg = _tiny_run_config(
@@ -188,18 +194,8 @@ def test_a_live_run_before_its_first_checkpoint_is_never_called_stopped(tmp_path
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_log.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"import fcntl, os, time; fd = os.open({str(run)!r}, os.O_RDONLY); "
-            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = _hold_folder(run)
     try:
-        assert holder.stdout.readline().strip() == "held"
         capsys.readouterr()
         assert train_cli.main(["--config", str(cfg), "--out", str(run), "--no-progress"]) != 0
         err = capsys.readouterr().err
