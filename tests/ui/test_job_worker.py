@@ -44,13 +44,19 @@ def test_an_evaluation_in_the_worker_process_gives_the_in_process_numbers(app_en
         q._worker.close()
 
 
+def _optimising_fit(q, seed: int):
+    """A 100,000-step fit submitted to ``q``, returned once it optimises in the child (≤ 120 s)."""
+    job = jobs.submit_fit("alibi", {}, 64, 2, 8, 100000, seed=seed, queue_=q)
+    deadline = time.time() + 120
+    while not job.message.startswith("step ") and time.time() < deadline:
+        time.sleep(0.02)
+    return job
+
+
 def test_a_fit_in_the_worker_process_stops_with_its_best_parameters(app_env):
     q = jobs.JobQueue(name="test-process-fit", process=True, threads=1)
     try:
-        job = jobs.submit_fit("alibi", {}, 64, 2, 8, 100000, seed=3, queue_=q)
-        deadline = time.time() + 120
-        while not job.message.startswith("step ") and time.time() < deadline:  # optimising in the child
-            time.sleep(0.02)
+        job = _optimising_fit(q, seed=3)
         assert job.status == jobs.RUNNING and job.total == 100000
         q.cancel(job.key)
         assert q.wait(job.key, 60).status == jobs.CANCELLED
@@ -63,10 +69,7 @@ def test_a_fit_in_the_worker_process_stops_with_its_best_parameters(app_env):
 def test_a_killed_worker_fails_only_its_job(app_env):
     q = jobs.JobQueue(name="test-process-kill", process=True, threads=1)
     try:
-        job = jobs.submit_fit("alibi", {}, 64, 2, 8, 100000, seed=4, queue_=q)
-        deadline = time.time() + 120
-        while not job.message.startswith("step ") and time.time() < deadline:
-            time.sleep(0.02)
+        job = _optimising_fit(q, seed=4)
         os.kill(q.worker_pid, signal.SIGKILL)
         assert q.wait(job.key, 30).status == jobs.ERROR
         assert "SIGKILL" in job.error and "Run it again" in job.error
