@@ -15,9 +15,12 @@ from typing import Any, Sequence
 
 from fireviz import plots
 from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints.causal_lm import resolve_any
 from fireviz.core import output_path_problem, write_json_atomic
 from fireviz.data import DOMAINS, DataError, synthetic
+from fireviz.data.tokenizers import BOS_MODES
 from fireviz.eval import (
+    ALL_ROPE_SCALINGS,
     DEFAULT_CONTEXT_LENGTHS,
     DEFAULT_CONTEXT_PREFIX,
     DEFAULT_CONTEXT_STRIDE,
@@ -28,7 +31,6 @@ from fireviz.eval import (
     DEFAULT_TOKEN_BUDGET,
     FULL_CONTEXT,
     MODES,
-    ROPE_SCALINGS,
     SETTING_NAMES,
     SPLITS,
     SYNTHETIC_SEQUENCES,
@@ -88,13 +90,47 @@ def _context_text(s: dict) -> str:
     )
 
 
+def _shared_text(results: Sequence[EvalResult]) -> bool:
+    """True when the checkpoints read the text in tokenizers of their own (entries carry bytes)."""
+    return any("bytes_scored" in e for r in results for e in r["per_length"])
+
+
+def _tokenizer_lines(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
+    """Per checkpoint, the bytes its targets cover and its tokens per byte at each length."""
+    rows = []
+    for r in results:
+        by_length = {e["length"]: e for e in r["per_length"] if "bytes_scored" in e}
+        rows.append(
+            [r["checkpoint"], "", ""]
+            + [
+                f"{by_length[n]['bytes_scored']:,} B · {by_length[n]['tokens_per_byte']:.3f} tok/B"
+                if n in by_length
+                else ""
+                for n in lengths
+            ]
+        )
+    return ["", "bytes scored and tokens per byte (each checkpoint's own tokenizer)"] + _render(
+        ["checkpoint", "", ""] + [str(n) for n in lengths], rows
+    )
+
+
 def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[str]:
     """The text line (data, split, protocol) and the table of documents / windows / tokens per length."""
     s0 = results[0]["settings"] if results else {}
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
+    if s0.get("bos_mode"):
+        text += f", BOS: {s0['bos_mode']}"
     if s0.get("mode") == "context":
         text += _context_text(s0)
-    if s0.get("mode") == "same_text":
+    if s0.get("mode") == "same_text" and _shared_text(results):
+        d = s0.get("documents_scored")
+        text += (
+            f": one text for every checkpoint — of each of {d} document{'s' if d != 1 else ''}, the bytes that the "
+            f"first {s0.get('prefix_tokens')} tokens of the most byte-hungry tokenizer cover; each checkpoint scores "
+            f"its own tokens there, lengths in its own tokens ({s0.get('documents_skipped')} documents shorter "
+            f"than {s0.get('prefix_tokens')} tokens in some tokenizer skipped)"
+        )
+    elif s0.get("mode") == "same_text":
         d = s0.get("documents_scored")
         text += (
             f": the first {s0.get('prefix_tokens')} tokens of each of {d} document{'s' if d != 1 else ''} at "
@@ -127,7 +163,10 @@ def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[
         for label, key in shown_rows
     ]
     head = "context c" if s0.get("mode") == "context" else "length"
-    return [text] + _render([head, "", ""] + [_length_head(s0, n) for n in lengths], rows)
+    out = [text] + _render([head, "", ""] + [_length_head(s0, n) for n in lengths], rows)
+    if _shared_text(results):
+        out += _tokenizer_lines(results, lengths)
+    return out
 
 
 def _name_and_encoding(r: EvalResult, names: list[str]) -> tuple[str, str]:
@@ -258,7 +297,8 @@ def format_table(results: Sequence[EvalResult]) -> str:
             paired,
             lengths,
             f"paired difference in bits per {'answer token' if task else 'byte'} vs {ref} on the same "
-            "windows [95 % interval]; negative = better than the reference",
+            + ("text (per document, each over the bytes its own targets cover)" if _shared_text(results) else "windows")
+            + " [95 % interval]; negative = better than the reference",
             lambda e: f"{e['paired_delta_bpb']:+.3f}" + _ci_text(e.get("paired_ci95"), signed=True),
             keep=lambda e: "paired_delta_bpb" in e,
             names=names,
@@ -388,9 +428,19 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rope-scaling",
-        choices=ROPE_SCALINGS,
+        choices=ALL_ROPE_SCALINGS,
         default=None,
-        help="zero-shot RoPE extension (factor = length / training length)",
+        help="zero-shot RoPE extension, factor = length / training length: pi or yarn for fireviz "
+        "checkpoints; linear (= pi), dynamic, yarn or llama3 for a published model (as transformers defines them)",
+    )
+    p.add_argument(
+        "--bos",
+        dest="bos_mode",
+        choices=BOS_MODES,
+        default=None,
+        help="BOS convention (default: each model's own — fireviz: BOS at each document start; a published "
+        "model: what its tokenizer adds): document = BOS at each document start, window = BOS first in every "
+        "window, none = no BOS",
     )
     p.add_argument(
         "--position-buckets",
@@ -537,9 +587,9 @@ def _run(args, bar) -> list[EvalResult]:
     if not synthetic.is_synthetic(str(args.data)) or args.lengths:
         settings = settings_from_args(args, [])  # bad settings are said before a checkpoint is read
         cache.checked_root()
-        checkpoints = [Checkpoint.resolve(c) for c in checkpoint_list(args.checkpoints)]
+        checkpoints = [resolve_any(c) for c in checkpoint_list(args.checkpoints)]
     else:  # a task's default lengths follow the first checkpoint's training length
-        checkpoints = [Checkpoint.resolve(c) for c in checkpoint_list(args.checkpoints)]
+        checkpoints = [resolve_any(c) for c in checkpoint_list(args.checkpoints)]
         settings = settings_from_args(args, checkpoints)
     reference = 0 if args.reference is None else args.reference
     return evaluate(checkpoints, settings, cache=cache, reference=reference, progress=bar)

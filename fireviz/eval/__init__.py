@@ -19,6 +19,7 @@ from fireviz.eval.results import (
     PairedDifference,
 )
 from fireviz.eval.settings import (
+    ALL_ROPE_SCALINGS,
     DEFAULT_LENGTHS,
     SETTING_NAMES,
     SPLITS,
@@ -74,6 +75,7 @@ __all__ = [
     "MAX_UPLOAD_MB",
     "MODES",
     "PUBLISHED_RESULTS",
+    "ALL_ROPE_SCALINGS",
     "ROPE_SCALINGS",
     "SETTING_NAMES",
     "SPLITS",

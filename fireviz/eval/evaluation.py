@@ -29,18 +29,20 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence, cast
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 import torch
 
 from fireviz import __version__
 from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS, CausalLMCheckpoint, resolve_any
 from fireviz.core import write_json_atomic
+from fireviz.data.tokenizers import BYTE_TOKENIZER
 from fireviz.encodings import fire_modules
 from fireviz.eval.cache import EvalCache, _lookup, cache_key, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
-from fireviz.eval.plan import Plan, plan_text, targets
+from fireviz.eval.plan import Plan, plan_text, plan_tokenized, targets
 
 # what a caller of the evaluation needs besides the above, importable from here (pages, scripts)
 from fireviz.eval.progress import (
@@ -65,7 +67,7 @@ from fireviz.eval.stats import (
     with_paired_differences,
 )
 from fireviz.eval.variants import (
-    ROPE_SCALINGS,  # noqa: F401
+    ROPE_SCALINGS,
     apply_normalizer_cap,
     rope_scaled_model,
 )
@@ -90,9 +92,11 @@ class _Loaded:
     """A checkpoint as evaluated: the :class:`Checkpoint`, the normalizer cap in effect (FIRE only)
     and, when it is scored, the model (None for a cache lookup)."""
 
-    ckpt: Checkpoint
+    ckpt: Any  # a Checkpoint or a CausalLMCheckpoint (the same interface)
     cap: int | None
     model: GPT | None = None
+    #: the text as this checkpoint's tokenizer reads it (set by ``_prepare``)
+    plan: Plan | None = None
 
     @property
     def name(self) -> str:
@@ -121,7 +125,16 @@ def _refuse_nonfinite(name: str, bad: list[str]) -> None:
 
 
 def _check_scaling(ckpt: Checkpoint, s: EvalSettings) -> None:
-    """Raises: EvaluationError for RoPE scaling asked of a checkpoint that is not RoPE."""
+    """Raises: EvaluationError for RoPE scaling asked of a checkpoint that is not RoPE, or a
+    scaling its kind does not take (``ROPE_SCALINGS`` for fireviz, ``HF_ROPE_SCALINGS`` and pi
+    for a published model)."""
+    if s.rope_scaling is not None:
+        kinds = ROPE_SCALINGS if ckpt.kind == "fireviz" else HF_ROPE_SCALINGS + ("pi",)
+        if s.rope_scaling not in kinds:
+            raise EvaluationError(
+                f"rope_scaling={s.rope_scaling!r} does not apply to {ckpt.path} ({ckpt.kind} checkpoint); "
+                f"it takes {', '.join(kinds)}"
+            )
     if s.rope_scaling is not None and ckpt.config.position_encoding != "rope":
         raise EvaluationError(
             f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt.path} uses "
@@ -153,7 +166,7 @@ def _checkpoints(checkpoints: Sequence[Checkpoint]) -> list[Checkpoint]:
     one where a list belongs, or anything that is not a resolved Checkpoint (resolve references at
     the edge: ``Checkpoint.resolve``)."""
     out = checkpoint_list(checkpoints)
-    bad = [c for c in out if not isinstance(c, Checkpoint)]
+    bad = [c for c in out if not isinstance(c, (Checkpoint, CausalLMCheckpoint))]
     if bad:
         raise EvaluationError(
             f"evaluate takes Checkpoint objects (got {bad[0]!r}); resolve a name or folder once with "
@@ -185,7 +198,9 @@ def _describe_checkpoints(checkpoints: list[Checkpoint], s: EvalSettings) -> lis
     for ckpt in checkpoints:
         _check_scaling(ckpt, s)
         cap = None
-        if s.normalizer_cap is not None:  # the cap counts where the model has FIRE modules (apply_normalizer_cap)
+        if (
+            s.normalizer_cap is not None and ckpt.kind == "fireviz"
+        ):  # the cap counts where the model has FIRE modules (apply_normalizer_cap)
             with _MEMO_LOCK:
                 has_fire = _HAS_FIRE.get(ckpt.sha256)
             if has_fire is None:
@@ -224,14 +239,16 @@ def _unscorable(c: _Loaded, n: int, windows: list[Window] | str, tokens: int | N
 
 def _length_key(c: _Loaded, s: EvalSettings, plan: Plan, n: int, report) -> tuple[dict, str, bool]:
     """``(length settings, cache key, FlexAttention used)`` of checkpoint ``c`` at length ``n``."""
-    flex = use_flex(s.device, plan.read_tokens(n), report)
+    flex = use_flex(s.device, plan.read_tokens(n), report) if c.ckpt.kind == "fireviz" else False
     length_settings = s.length_settings(n, plan.prefix_tokens(), c.cap, flex)
+    if plan.text_key:  # a text shared with other tokenizers (or another BOS): its own key
+        length_settings["text"] = plan.text_key
     return length_settings, cache_key(c.ckpt.sha256, plan.fingerprint, length_settings), flex
 
 
 def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntry], seconds: float) -> EvalResult:
     """One checkpoint's result (see ``evaluate_checkpoint``), paired differences not yet added."""
-    return {
+    out = {
         "checkpoint": c.name,
         "checkpoint_path": c.ckpt.path,
         "checkpoint_sha256": c.ckpt.sha256,
@@ -245,6 +262,10 @@ def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntr
         "normalizer_cap": c.cap,
         "per_length": per_length,
     }
+    if c.ckpt.kind != "fireviz":  # a published model: its kind and model type (its own tokenizer)
+        out["checkpoint_kind"] = c.ckpt.kind
+        out["model_type"] = getattr(c.config, "model_type", None)
+    return cast(EvalResult, out)
 
 
 def _score_length(
@@ -263,6 +284,7 @@ def _score_length(
         prog.check_stop()
 
     prog.report(f"{c.name} L={n}: 0/{len(windows)} windows ({targets(windows, w):,} tokens){prog.eta()}")
+    doc_bytes: dict[int, int] = {}
     nats, counts, doc_nats, doc_scored, doc_correct = score_windows(
         model,
         plan.doc_tokens,
@@ -272,6 +294,9 @@ def _score_length(
         batch_tokens=s.batch_tokens,
         on_batch=on_batch,
         with_accuracy=True,
+        doc_bytes=plan.doc_bytes if plan.encoded is not None else None,
+        bos_window=plan.bos_window,
+        bytes_out=doc_bytes,
     )
     prog.done = done_before + n_tokens
     mean = float(nats.sum() / max(int(counts.sum()), 1))
@@ -290,7 +315,15 @@ def _score_length(
         "nats": [doc_nats[i] for i in order],
         "tokens": [doc_scored[i] for i in order],
     }
-    entry = summarize(w, nats, counts, len(windows), s.position_buckets, per_document=per_document)
+    scored_bytes = None
+    if plan.encoded is not None:  # a tokenizer's own text: bits per byte over the bytes the targets cover
+        per_document["bytes"] = [doc_bytes.get(i, 0) for i in order]
+        scored_bytes = sum(per_document["bytes"])
+    entry = summarize(
+        w, nats, counts, len(windows), s.position_buckets, per_document=per_document, scored_bytes=scored_bytes
+    )
+    if plan.text_key:
+        entry["text"] = plan.text_key
     if s.mode == "synthetic":  # answer accuracy: next-token argmax right, and whole answers right
         entry["length"], entry["sequence_tokens"] = n, w  # the model reads n tokens, as in training at n
         correct = np.array([doc_correct[i] for i in order], dtype=np.float64)
@@ -351,11 +384,15 @@ def _evaluate_one(
         if on_device is None:
             assert c.model is not None  # loaded: it is scored
             on_device = c.model.to(s.device)
-        scored, extra = (
-            rope_scaled_model(on_device, s.rope_scaling, plan.read_tokens(n))
-            if s.rope_scaling is not None
-            else (on_device, {})
-        )
+        if s.rope_scaling is not None and c.ckpt.kind != "fireviz":  # transformers' own scaling, per length
+            scored = c.ckpt.load(s.device, s.rope_scaling, plan.read_tokens(n))
+            extra = dict(scored.extra)
+        else:
+            scored, extra = (
+                rope_scaled_model(on_device, s.rope_scaling, plan.read_tokens(n))
+                if s.rope_scaling is not None
+                else (on_device, {})
+            )
         scored.set_attention_backend("flex" if flex else "sdpa")
         entry = _score_length(c, scored, n, windows, plan, s, prog)
         entry.update(extra)
@@ -418,20 +455,25 @@ def evaluate(
     """
     t_start = time.perf_counter()
     cache = cache or EvalCache()
-    cache_root, loaded, ref, plan = _prepare(checkpoints, settings, cache, reference, load=True)
-    plan.windows.update(
-        memory_refusals(
-            plan.windows, [c.config for c in loaded], settings.device, settings.batch_tokens, plan.read_tokens
+    cache_root, loaded, ref = _prepare(checkpoints, settings, cache, reference, load=True)
+    for plan in {id(c.plan): c.plan for c in loaded if c.plan is not None}.values():
+        plan.windows.update(
+            memory_refusals(
+                plan.windows,
+                [c.config for c in loaded if c.plan is plan],
+                settings.device,
+                settings.batch_tokens,
+                plan.read_tokens,
+            )
         )
-    )
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
-    per_checkpoint = sum(plan.work(n, w) for n, w in plan.windows.items() if isinstance(w, list))
-    prog = Progress(per_checkpoint * len(loaded), progress, should_stop)
+    total = sum(_plan_of(c).work(n, w) for c in loaded for n, w in _plan_of(c).windows.items() if isinstance(w, list))
+    prog = Progress(total, progress, should_stop)
     results = []
     for c in loaded:
         t_ckpt = time.perf_counter()
-        per_length = _evaluate_one(c, settings, plan, prog, cache, cache_root)
-        results.append(_result(c, settings, plan, per_length, time.perf_counter() - t_ckpt + setup_seconds))
+        per_length = _evaluate_one(c, settings, _plan_of(c), prog, cache, cache_root)
+        results.append(_result(c, settings, _plan_of(c), per_length, time.perf_counter() - t_ckpt + setup_seconds))
     out = with_paired_differences(with_full_context_differences(results), ref)
     prog.report("done")
     return out
@@ -441,11 +483,28 @@ def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: i
     """What :func:`evaluate` (``load``) and :func:`lookup` do first: the cache folder (writable when
     ``load``: a cache that cannot be written fails before any work), the checkpoints (loaded, so
     a bad one is an error before minutes of work; or only described), the paired reference's
-    index and the planned text. Returns ``(cache_root, checkpoints, reference index, plan)``."""
+    index and the planned text, each checkpoint's in its ``plan`` (fireviz's bytes alone: one plan,
+    ``plan_text``; a tokenizer of its own or a BOS convention: ``plan_tokenized``, one per tokenizer).
+    Returns ``(cache_root, checkpoints, reference index)``."""
     ckpts = _checkpoints(checkpoints)
     cache_root = cache.checked_root(write=load)
     items = _load_checkpoints(ckpts, settings) if load else _describe_checkpoints(ckpts, settings)
-    return cache_root, items, _reference(items, reference), plan_text(settings)
+    ref = _reference(items, reference)
+    if all(c.kind == "fireviz" for c in ckpts) and settings.bos_mode is None:
+        plan = plan_text(settings)
+        for c in items:
+            c.plan = plan
+    else:
+        tokenizers: list[Any] = [BYTE_TOKENIZER if c.kind == "fireviz" else c.tokenizer for c in ckpts]
+        plans = plan_tokenized(settings, tokenizers)
+        for c, tok in zip(items, tokenizers, strict=True):
+            c.plan = plans[tok.identity]
+    return cache_root, items, ref
+
+
+def _plan_of(c: _Loaded) -> Plan:
+    assert c.plan is not None  # set by _prepare
+    return c.plan
 
 
 def lookup(
@@ -477,10 +536,11 @@ def lookup(
     """
     t_start = time.perf_counter()
     cache = cache or EvalCache.for_lookup()
-    cache_root, described, ref, plan = _prepare(checkpoints, settings, cache, reference, load=False)
-    refusals: dict[int, str] | None = None  # memory, checked only for a length not found
+    cache_root, described, ref = _prepare(checkpoints, settings, cache, reference, load=False)
+    refusals: dict[int, dict[int, str]] = {}  # per plan: memory, checked only for a length not found
     results = []
     for c in described:
+        plan = _plan_of(c)
         published = published_results(c.ckpt.folder, c.ckpt.sha256, plan.fingerprint) if cache.use_published else []
         per_length: list[LengthEntry] = []
         for n in settings.lengths:
@@ -495,15 +555,15 @@ def lookup(
                     _weights_are_finite(c)
                     per_length.append(found)  # type: ignore[arg-type]
                     continue
-                if refusals is None:
-                    refusals = memory_refusals(
+                if id(plan) not in refusals:
+                    refusals[id(plan)] = memory_refusals(
                         plan.windows,
-                        [d.config for d in described],
+                        [d.config for d in described if d.plan is plan],
                         settings.device,
                         settings.batch_tokens,
                         plan.read_tokens,
                     )
-                why = refusals.get(n)
+                why = refusals[id(plan)].get(n)
             per_length.append({"length": n, "error": why} if why else {"length": n, **_NOT_FOUND})  # type: ignore[typeddict-item]
         results.append(_result(c, settings, plan, per_length, time.perf_counter() - t_start))
     return with_paired_differences(with_full_context_differences(results), ref)
@@ -540,7 +600,7 @@ def evaluate_many(
     s = EvalSettings.make(data, lengths, **settings)
     cache = EvalCache(cache_dir, use_cache, use_published, require_intervals)
     cache.checked_root()  # a cache that cannot be written: said before a checkpoint is read
-    ckpts = [Checkpoint.resolve(c) for c in checkpoint_list(checkpoints)]
+    ckpts = [resolve_any(c) for c in checkpoint_list(checkpoints)]
     return evaluate(ckpts, s, cache=cache, reference=reference, progress=progress, should_stop=should_stop)
 
 
@@ -563,7 +623,7 @@ def cached_results(
     s = EvalSettings.make(data, lengths, **settings)
     cache = EvalCache(cache_dir, True, use_published, require_intervals)
     cache.checked_root(write=False)
-    ckpts = [Checkpoint.resolve(c) for c in checkpoint_list(checkpoints)]
+    ckpts = [resolve_any(c) for c in checkpoint_list(checkpoints)]
     return lookup(ckpts, s, cache=cache, reference=reference)
 
 

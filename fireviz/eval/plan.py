@@ -35,6 +35,7 @@ from fireviz.eval.windows import (
     Window,
     plan_context,
     plan_same_text,
+    plan_shared_text,
     plan_windows,
 )
 
@@ -54,6 +55,13 @@ class Plan:
     docs: list = field(default_factory=list)
     context: ContextPlan | None = None
     tokens: dict = field(default_factory=dict)
+    #: a tokenizer's plan (``plan_tokenized``): document index → ``TokenizedDocument``
+    encoded: dict | None = None
+    #: BOS id written over every window's first position (bos ``"window"``), else None
+    bos_window: int | None = None
+    #: what the text depends on beyond the data and settings: "" for fireviz's bytes alone; else the
+    #: tokenizers that fixed the shared text and the BOS convention (part of every cache key)
+    text_key: str = ""
 
     def window_tokens(self, n: int) -> int:
         """Tokens in a window of evaluation length ``n``: ``n`` for text; ``n + 1`` for a task, whose
@@ -78,9 +86,16 @@ class Plan:
 
     def doc_tokens(self, i: int):
         """Document (or task sequence) ``i`` as ``[BOS]+bytes`` tokens, sliceable (``DocumentTokens``)."""
+        if self.encoded is not None:
+            return self.encoded[i].ids
         if i not in self.tokens:  # [BOS]+bytes at one byte per token; windows are copied out of it
             self.tokens[i] = DocumentTokens(self.docs[i])
         return self.tokens[i]
+
+    def doc_bytes(self, i: int):
+        """int64 ``[num_tokens]``: the bytes each token of document ``i`` covers, or None for
+        fireviz's bytes (one per token, BOS none)."""
+        return None if self.encoded is None else self.encoded[i].token_bytes()
 
     def prefix_tokens(self) -> int | None:
         """The prefix M (tokens) of the same-text or context-use protocol, or None for the others."""
@@ -236,3 +251,74 @@ def plan_text(s: EvalSettings) -> Plan:
     return Plan(
         dict(windows), ids, sizes, fingerprint, split, len(docs), same_text=same_text, docs=docs, context=context
     )
+
+
+#: tokenized documents per (data fingerprint, tokenizer identity, BOS convention); a few at a time
+_ENCODED: OrderedDict[tuple, list] = OrderedDict()
+_ENCODED_KEPT = 8
+
+
+def _encoded(docs: list[Document], fingerprint: str, tokenizer, bos: str | None) -> list:
+    memo = (fingerprint, tokenizer.identity, bos)
+    with _DOCUMENTS_LOCK:
+        if memo in _ENCODED:
+            _ENCODED.move_to_end(memo)
+            return _ENCODED[memo]
+    out = [tokenizer.encode(d, bos) for d in docs]
+    with _DOCUMENTS_LOCK:
+        _ENCODED[memo] = out
+        while len(_ENCODED) > _ENCODED_KEPT:
+            _ENCODED.popitem(last=False)
+    return out
+
+
+def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
+    """The text of an evaluation whose checkpoints do not all read fireviz's bytes: one
+    :class:`Plan` per tokenizer identity (``fireviz.data.tokenizers``), lengths in that tokenizer's
+    tokens. Mode ``same_text``: one text per document in bytes for all of them
+    (``windows.plan_shared_text``), so they pair per document in bits per byte. Modes
+    ``nonoverlapping`` and ``sliding``: each tokenizer's own windows (not paired across tokenizers).
+    ``s.bos`` decides BOS (``fireviz.data.tokenizers.BOS_MODES``; None: each model's own).
+    Raises: EvaluationError for mode ``context`` or a task (byte-level checkpoints only so far),
+      DataError as :func:`load_eval_documents` and for a BOS the tokenizer lacks."""
+    if s.mode in ("context", "synthetic"):
+        raise EvaluationError(
+            f"mode {s.mode!r} evaluates fireviz's byte-level checkpoints only so far; use mode same_text "
+            "(the default), nonoverlapping or sliding for a published model"
+        )
+    docs, split, fingerprint = load_eval_documents(s.data, s.split)
+    ids = [d.id for d in docs]
+    unique = {t.identity: t for t in tokenizers}
+    encoded = {k: _encoded(docs, fingerprint, t, s.bos_mode) for k, t in unique.items()}
+    text_key = "|".join(sorted(unique)) + f"|bos={s.bos_mode}"
+    out = {}
+    if s.mode == "same_text":
+        plans, _ = plan_shared_text(
+            ids,
+            {k: [e.byte_ends for e in enc] for k, enc in encoded.items()},
+            list(s.lengths),
+            token_budget=s.token_budget,
+            seed=s.seed,
+            prefix_tokens=s.prefix_tokens,
+        )
+        for k, same in plans.items():
+            sizes = [len(e) for e in encoded[k]]
+            out[k] = Plan(dict(same.windows), ids, sizes, fingerprint, split, len(docs), same_text=same, docs=docs)
+    else:
+        for k, enc in encoded.items():
+            sizes = [len(e) for e in enc]
+            windows: dict[int, list[Window] | str] = {}
+            for n in s.lengths:
+                try:
+                    windows[n] = plan_windows(
+                        ids, sizes, n, mode=s.mode, stride=s.stride, token_budget=s.token_budget, seed=s.seed
+                    )
+                except EvaluationError as e:
+                    windows[n] = str(e)
+            out[k] = Plan(windows, ids, sizes, fingerprint, split, len(docs), docs=docs)
+    for k, plan in out.items():
+        plan.encoded = dict(enumerate(encoded[k]))
+        plan.text_key = text_key
+        if s.bos_mode == "window":
+            plan.bos_window = unique[k].bos_token_id
+    return out

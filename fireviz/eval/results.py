@@ -31,6 +31,7 @@ class PerDocument(TypedDict):
     doc: list[str]
     nats: list[float]
     tokens: list[int]
+    bytes: NotRequired[list[int]]  # a tokenizer of its own: the UTF-8 bytes each document's targets cover
 
 
 class PairedDifference(TypedDict):
@@ -93,9 +94,14 @@ class LengthEntry(TypedDict):
     sequence_accuracy: NotRequired[float]
     accuracy_ci95: NotRequired[list[float] | None]
     first_answer_position: NotRequired[int]
+    # a checkpoint with a tokenizer of its own (a published model), or text shared with one
+    bytes_scored: NotRequired[int]
+    tokens_per_byte: NotRequired[float]
+    text: NotRequired[str]  # the tokenizers that fixed the shared text and the BOS convention
     # zero-shot RoPE scaling
     position_encoding: NotRequired[str]
     encoding_options: NotRequired[dict[str, Any]]
+    rope_scaling: NotRequired[dict[str, Any]]  # a published model: the rope_parameters applied
     error: NotRequired[str]
     not_computed: NotRequired[bool]
 
@@ -121,6 +127,8 @@ class EvalResult(TypedDict):
     per_length: list[LengthEntry]
     paired_reference: NotRequired[str]
     label: NotRequired[str]
+    checkpoint_kind: NotRequired[str]  # "transformers" for a published model (fireviz's own: absent)
+    model_type: NotRequired[str | None]
 
 
 def entries(result: EvalResult) -> dict[int, LengthEntry]:

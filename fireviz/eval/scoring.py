@@ -37,6 +37,9 @@ def score_windows(
     batch_tokens: int = 8192,
     on_batch: Callable[[int], None] | None = None,
     with_accuracy: bool = False,
+    doc_bytes: Callable[[int], np.ndarray | None] | None = None,
+    bos_window: int | None = None,
+    bytes_out: dict | None = None,
 ) -> tuple:
     """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
 
@@ -52,6 +55,11 @@ def score_windows(
       windows: from ``plan_windows``; all of ``length`` tokens.
       on_batch: called with the number of windows finished after each batch (may raise
         ``EvaluationCancelled`` to stop).
+      doc_bytes: document index → int64 ``[num_tokens]``, the bytes each token covers (a model
+        with its own tokenizer, ``Plan.doc_bytes``); with ``bytes_out`` (a dict) each document's
+        scored target bytes are summed into it. None: one byte per token.
+      bos_window: a BOS id written over every window's first (context-only) position (the
+        ``"window"`` BOS convention), else None.
     Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
       tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
       never a target); the last two map each document index to its summed nats (float)
@@ -72,7 +80,15 @@ def score_windows(
         for b in range(0, len(windows), per_batch):
             batch = windows[b : b + per_batch]
             x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
+            if bos_window is not None:
+                x[:, 0] = bos_window
             first = torch.tensor([w.first_target for w in batch])
+            if doc_bytes is not None and bytes_out is not None:
+                for w in batch:
+                    per_token = doc_bytes(w.doc)
+                    if per_token is not None:
+                        scored = int(per_token[w.start + w.first_target : w.start + length].sum())
+                        bytes_out[w.doc] = bytes_out.get(w.doc, 0) + scored
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
                 logits = model(x)
             nll = (
@@ -109,15 +125,19 @@ def summarize(
     windows: int,
     buckets: int = DEFAULT_POSITION_BUCKETS,
     per_document: dict | None = None,
+    scored_bytes: int | None = None,
 ) -> dict:
     """The per-length numbers from per-position sums (see ``score_windows``).
 
     Returns: ``{"length", "nats_per_token" (token-weighted mean, nats), "perplexity" (exp of
-      it), "bits_per_byte" (nats / ln 2; one token is one byte), "tokens_scored", "windows",
+      it), "bits_per_byte" (nats / ln 2 per byte: one token is one byte, or summed nats / ln 2 /
+      ``scored_bytes`` for a tokenizer of its own, then also "bytes_scored" and "tokens_per_byte"),
+      "tokens_scored", "windows",
       "loss_by_position": {"bucket_starts", "bucket_ends" (exclusive, window positions in
       tokens), "nats" (mean per token, None for an empty bucket), "tokens"}}``; with
       ``per_document`` (``{"doc": [ids], "nats": [summed nats], "tokens": [scored]}``) also
-      that, ``documents`` and ``ci95`` (:func:`bootstrap_ci95`, bits per byte).
+      that, ``documents`` and ``ci95`` (:func:`bootstrap_ci95`, bits per byte; over its ``bytes``
+      per document where it has them).
     Raises: EvaluationError if nothing was scored.
     """
     total = int(counts_by_pos.sum())
@@ -145,10 +165,16 @@ def summarize(
         "windows": int(windows),
         "loss_by_position": {"bucket_starts": starts, "bucket_ends": ends, "nats": b_nats, "tokens": b_tok},
     }
+    if scored_bytes is not None:
+        if scored_bytes <= 0:
+            raise EvaluationError(f"the targets at length {length} cover no bytes of text")
+        out["bits_per_byte"] = float(nats_by_pos.sum()) / scored_bytes / math.log(2)
+        out["bytes_scored"] = int(scored_bytes)
+        out["tokens_per_byte"] = total / scored_bytes
     if per_document is not None:
         out["documents"] = len(per_document["doc"])
         out["per_document"] = per_document
-        out["ci95"] = bootstrap_ci95(per_document["nats"], per_document["tokens"])
+        out["ci95"] = bootstrap_ci95(per_document["nats"], per_document.get("bytes", per_document["tokens"]))
     return out
 
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS
 from fireviz.core import is_int
 from fireviz.data import DOMAINS, synthetic
+from fireviz.data.tokenizers import BOS_MODES
 from fireviz.encodings import check_normalizer_cap
 from fireviz.eval.device import resolve_device
 from fireviz.eval.variants import ROPE_SCALINGS
@@ -37,6 +39,8 @@ from fireviz.eval.windows import (
     check_prefix_tokens,
 )
 
+#: every rope_scaling a checkpoint of some kind takes
+ALL_ROPE_SCALINGS = tuple(dict.fromkeys(ROPE_SCALINGS + HF_ROPE_SCALINGS))
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
 #: sequences per length when evaluating on a synthetic task (``--data synthetic:copy``)
 SYNTHETIC_SEQUENCES = 256
@@ -220,6 +224,7 @@ class EvalSettings:
     None = every qualifying document/window; for a task the sequences per length), ``seed``,
     ``rope_scaling``, ``position_buckets``, ``precision`` (from the device), ``batch_tokens``
     (resolved; no number depends on it), ``bos`` (the BOS convention), ``normalizer_cap``,
+    ``bos_mode`` (None: each model's own BOS convention; else ``fireviz.data.tokenizers.BOS_MODES``),
     ``prefix_tokens`` (same_text: the prefix ``M`` every length scores, None = the largest length,
     see ``windows.plan_same_text``; context: ``M``, resolved), ``context_targets`` (context only:
     ``K``, the targets per document; None in the other modes), ``device`` (resolved).
@@ -246,6 +251,8 @@ class EvalSettings:
     prefix_tokens: int | None = _setting(None, cache=False, record=False, omit_none=True)
     context_targets: int | None = _setting(None, record=False, omit_none=True)
     device: torch.device = _setting("auto", job=False, cache=False, record=False)
+    # BOS convention besides each model's own (None): fireviz.data.tokenizers.BOS_MODES
+    bos_mode: str | None = _setting(None, record=False, omit_none=True)
 
     @classmethod
     def make(cls, data, lengths=None, **settings) -> "EvalSettings":
@@ -267,9 +274,10 @@ class EvalSettings:
         )
         _check_seed_draws(data, mode, token_budget, seed)
         rope_scaling = v["rope_scaling"]
-        if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
+        if rope_scaling is not None and rope_scaling not in ALL_ROPE_SCALINGS:
             raise EvaluationError(
-                f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)} or None (got {rope_scaling!r})"
+                f"rope_scaling must be one of {', '.join(ALL_ROPE_SCALINGS)} or None (got {rope_scaling!r}): "
+                f"{', '.join(ROPE_SCALINGS)} for fireviz checkpoints, {', '.join(HF_ROPE_SCALINGS)} for published models"
             )
         position_buckets = _integer(
             "position_buckets", v["position_buckets"], 1, fix=f"; e.g. {DEFAULT_POSITION_BUCKETS}"
@@ -284,6 +292,12 @@ class EvalSettings:
         except ValueError as e:
             raise EvaluationError(str(e)) from None
         dev = resolve_device(v["device"])
+        bos_mode = v["bos_mode"]
+        if bos_mode is not None and bos_mode not in BOS_MODES:
+            raise EvaluationError(
+                f"bos_mode must be one of {', '.join(BOS_MODES)} or None for each model's own convention "
+                f"(got {bos_mode!r})"
+            )
         mode, split, token_budget = _split_and_task(data, mode, stride, v["split"], token_budget)
         return cls(
             data=data,
@@ -302,6 +316,7 @@ class EvalSettings:
             prefix_tokens=prefix_tokens,
             context_targets=context_targets,
             device=dev,
+            bos_mode=bos_mode,
         )
 
     def _values(self, flag: str, given: dict) -> dict:
@@ -353,6 +368,8 @@ class EvalSettings:
             out[k] = value
             if k == "bos":  # the document count follows the BOS convention in every saved record
                 out["documents"] = plan.documents
+                if self.bos_mode is not None:
+                    out["bos_mode"] = self.bos_mode
         if plan.same_text is not None:
             out.update(
                 prefix_tokens=plan.same_text.prefix_tokens,

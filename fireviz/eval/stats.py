@@ -109,18 +109,32 @@ def paired_difference(
     Returns: ``{"paired_delta_bpb": candidate − reference (bits per byte), "paired_ci95":
       [low, high]}`` — the interval from resampling documents jointly (paired bootstrap,
       Koehn 2004; None for fewer than ``MIN_INTERVAL_DOCUMENTS`` documents); None when the entries did not score the same documents and tokens
-      (different windows cannot be paired). Raises nothing.
+      (different windows cannot be paired). Entries with ``bytes`` per document (a tokenizer of
+      its own) pair only on one shared text (the same ``text`` key, ``windows.plan_shared_text``):
+      per document each one's bits per byte over the bytes its own targets cover, the difference
+      weighted by the reference's bytes (equal bytes: exactly Σ Δnats / Σ bytes / ln 2). Raises nothing.
     """
     a, b = candidate.get("per_document"), reference.get("per_document")
-    if (
-        not (isinstance(a, dict) and isinstance(b, dict))
-        or a.get("doc") != b.get("doc")
-        or a.get("tokens") != b.get("tokens")
-        or not a.get("doc")
-    ):
+    if not (isinstance(a, dict) and isinstance(b, dict)) or a.get("doc") != b.get("doc") or not a.get("doc"):
         return None
-    tokens = np.asarray(a["tokens"], dtype=np.float64)
-    diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
+    if "bytes" in a or "bytes" in b:  # a tokenizer of its own: the same text, per document in bytes
+        if not (candidate.get("text") and candidate.get("text") == reference.get("text")):
+            return None  # not planned as one text together (plan_shared_text)
+        a_bytes = np.asarray(a.get("bytes", a["tokens"]), dtype=np.float64)
+        b_bytes = np.asarray(b.get("bytes", b["tokens"]), dtype=np.float64)
+        if (a_bytes <= 0).any() or (b_bytes <= 0).any():
+            return None
+        # per document, bits per byte of each over the bytes its own targets cover, weighted by
+        # the reference's bytes (equal bytes: exactly the difference of summed nats / bytes)
+        tokens = b_bytes
+        diff = (
+            np.asarray(a["nats"], dtype=np.float64) / a_bytes - np.asarray(b["nats"], dtype=np.float64) / b_bytes
+        ) * b_bytes
+    else:
+        if a.get("tokens") != b.get("tokens"):
+            return None
+        tokens = np.asarray(a["tokens"], dtype=np.float64)
+        diff = np.asarray(a["nats"], dtype=np.float64) - np.asarray(b["nats"], dtype=np.float64)
     if tokens.sum() <= 0:
         return None
     delta = float(diff.sum() / tokens.sum() / math.log(2))

@@ -280,6 +280,68 @@ def plan_same_text(
     return _plan_prefix(doc_ids, doc_num_tokens, lengths, token_budget, seed, max(feasible))
 
 
+def plan_shared_text(
+    doc_ids: Sequence[str],
+    byte_ends: dict[str, Sequence],
+    lengths: Sequence[int],
+    *,
+    token_budget: int | None = None,
+    seed: int = 0,
+    prefix_tokens: int | None = None,
+) -> tuple[dict[str, SameTextPlan], list[int]]:
+    """``same_text`` for checkpoints with different tokenizers: one text per document, in bytes.
+
+    Each tokenizer ``t`` has, per document, the byte offset where each of its tokens ends
+    (``byte_ends[t][d]``, non-decreasing; ``fireviz.data.tokenizers``). With ``M`` the largest
+    requested length that every tokenizer holds in some document (or ``prefix_tokens``), the
+    documents holding ``M`` tokens in every tokenizer qualify (``token_budget``: whole documents in
+    seeded random order until ``documents · (M − 1)`` reaches it, as :func:`plan_same_text`). Each
+    qualifying document's text is its first ``P_d`` bytes, ``P_d`` the most bytes any tokenizer's
+    first ``M`` tokens cover; every tokenizer then scores all its tokens that end within those
+    bytes (at least ``M``), cut at each length as :func:`plan_same_text` cuts ``M``. So every
+    tokenizer scores the same document prefix at every length, to within the bytes of one token
+    at its end (a token that crosses ``P_d`` is left out); per document the bytes covered are
+    what bits per byte divide by. The byte tokenizer alone gets exactly :func:`plan_same_text`'s windows.
+    Returns: ``({tokenizer: SameTextPlan}, [P_d per document index, 0 if not scored])``.
+    Raises: EvaluationError for a bad length, budget or prefix, or no length every tokenizer can evaluate.
+    """
+    lengths = [_check_length(n) for n in lengths]
+    if token_budget is not None and token_budget < 1:
+        raise EvaluationError(f"token_budget must be >= 1 target token or None (got {token_budget})")
+    names = list(byte_ends)
+    sizes = [min(len(byte_ends[t][d]) for t in names) for d in range(len(doc_ids))]
+    longest = max(sizes, default=0)
+    if prefix_tokens is not None:
+        M = check_prefix_tokens(prefix_tokens, lengths)
+    else:
+        feasible = [n for n in lengths if n <= longest]
+        if not feasible:
+            raise EvaluationError(
+                f"no document has {min(lengths)} tokens in every tokenizer (the longest has {longest}); windows "
+                "never cross documents, so these lengths cannot be evaluated on this data"
+            )
+        M = max(feasible)
+    eligible = _prefix_documents(doc_ids, sizes, M, token_budget, seed, M - 1)
+    span = [0] * len(doc_ids)
+    for d in eligible:
+        span[d] = max(int(byte_ends[t][d][M - 1]) for t in names)
+    skipped = sum(1 for n in sizes if n < M)
+    plans = {}
+    for t in names:
+        counts = {d: int(np.searchsorted(np.asarray(byte_ends[t][d]), span[d], side="right")) for d in eligible}
+        windows: dict = {}
+        for n in dict.fromkeys(lengths):
+            if n > M:
+                windows[n] = (
+                    f"no document has {n} tokens in every tokenizer (the longest has {longest}); windows never "
+                    "cross documents, so this length cannot be evaluated on this data"
+                )
+                continue
+            windows[n] = [Window(d, a, f) for d in eligible for a, f in sliding_windows(counts[d], n, n - 1)]
+        plans[t] = SameTextPlan(M, tuple(eligible), skipped, windows)
+    return plans, span
+
+
 def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
     """``prefix_tokens`` as an int; EvaluationError unless an integer >= every length (tokens)."""
     if not is_int(prefix_tokens) or prefix_tokens < 2:

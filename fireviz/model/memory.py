@@ -47,7 +47,9 @@ def forward_bytes(config, batch: int, length: int) -> int:
     block = min(length, config.attn_query_block)
     act = ACTIVATION_FLOATS_PER_CHANNEL * config.d_model * tokens * FLOAT32
     logits = LOGIT_COPIES * config.vocab_size * tokens * FLOAT32
-    additive = encoding_spec(config.position_encoding).additive
+    additive = getattr(config, "additive_attention", None)  # a published model's config says it
+    if additive is None:
+        additive = encoding_spec(config.position_encoding).additive
     if additive:
         attn = BIAS_COPIES * config.n_head * block * length * FLOAT32
     else:  # a bool mask [block, keys] (one byte each) when blocked; none for one causal block
@@ -115,7 +117,9 @@ def train_step_bytes(config, micro_batch: int, seq_len: int, num_parameters: int
     estimate, so that nothing that fits is refused."""
     tokens = micro_batch * seq_len
     act = config.n_layer * 20 * config.d_model * tokens * FLOAT32 + 3 * config.vocab_size * tokens * FLOAT32
-    additive = encoding_spec(config.position_encoding).additive
+    additive = getattr(config, "additive_attention", None)  # a published model's config says it
+    if additive is None:
+        additive = encoding_spec(config.position_encoding).additive
     bias = config.n_layer * 2 * config.n_head * seq_len * seq_len * FLOAT32 if additive else 0
     return int(16 * num_parameters + act + bias)
 

@@ -1,0 +1,331 @@
+"""A published causal LM as a checkpoint: a folder written by ``transformers`` (issue #36).
+
+:class:`CausalLMCheckpoint` stands behind the same interface as a fireviz :class:`Checkpoint`
+(``name``, ``path``, ``folder``, ``sha256``, ``config.seq_len``, ``config.position_encoding``,
+``kind``, ``tokenizer``, ``load(device)``), so evaluation takes either. Its model is loaded with
+``transformers.AutoModelForCausalLM`` from safetensors only (a pickle-only folder is refused),
+float32, with the model's own attention implementation; its text is its own tokenizer's
+(``fireviz.data.tokenizers.HFTokenizer``). Its identity ``sha256`` covers every file that
+decides a number: config.json, the weights and the tokenizer's files.
+
+Zero-shot RoPE scaling (:data:`HF_ROPE_SCALINGS`: linear = position interpolation, dynamic NTK,
+yarn, llama3) is applied as transformers defines it, by writing ``rope_parameters`` (transformers
+≥ 5; older folders' ``rope_scaling`` and ``rope_theta`` are read by transformers itself) with
+``factor = length / original maximum`` (at least 1) before the weights load.
+
+``transformers`` is imported only here, and only when such a folder is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fireviz.core import FileFormatError, read_json
+from fireviz.data.tokenizers import HFTokenizer, files_sha256
+from fireviz.model import CheckpointError
+
+#: zero-shot RoPE scalings for a published model, as transformers names its rope_type
+HF_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
+#: fireviz's own names that mean the same (``pi`` is position interpolation: transformers' linear)
+_ALIASES = {"pi": "linear"}
+#: the files of a tokenizer (their bytes are part of the identity)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+#: position encodings by ``model_type`` (what the evaluation says and what RoPE scaling may apply to)
+_ALIBI_TYPES = ("bloom", "mpt", "falcon_alibi")
+_LEARNED_TYPES = ("gpt2", "opt", "gpt_bigcode", "biogpt", "xglm")
+
+
+def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
+    """True for a folder whose config.json was written by ``transformers`` for a causal LM
+    (``model_type`` and an architecture ``…ForCausalLM`` or ``…LMHeadModel``). Raises nothing."""
+    cfg_path = Path(folder).expanduser() / "config.json"
+    if not cfg_path.is_file():
+        return False
+    try:
+        cfg = read_json(cfg_path)
+    except (OSError, ValueError, FileFormatError):
+        return False
+    archs = cfg.get("architectures") or [] if isinstance(cfg, dict) else []
+    return (
+        isinstance(cfg, dict)
+        and "model_type" in cfg
+        and "position_encoding" not in cfg
+        and any(isinstance(a, str) and (a.endswith("ForCausalLM") or a.endswith("LMHeadModel")) for a in archs)
+    )
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    """What evaluation reads of a published model's config.json.
+
+    Attributes: ``model_type``; ``seq_len`` its original maximum (tokens: ``rope_parameters``'
+      ``original_max_position_embeddings`` where a scaling is built in, else
+      ``max_position_embeddings`` / ``n_positions``); ``position_encoding`` (``"rope"``,
+      ``"alibi"``, ``"learned"``); ``absolute_position_embedding`` (learned positions: nothing
+      beyond ``seq_len`` is evaluated); ``raw`` the config dict.
+    """
+
+    model_type: str
+    seq_len: int
+    position_encoding: str
+    absolute_position_embedding: bool
+    raw: dict = field(repr=False, compare=False)
+    #: for the memory estimate before work (``fireviz.model.memory.forward_bytes``): attention
+    #: scores taken as materialised per head (eager / SDPA's math path), no query blocks
+    additive_attention: ClassVar[bool] = True
+    attn_query_block: ClassVar[int] = 1 << 30
+
+    def _int(self, *keys: str) -> int:
+        for k in keys:
+            if isinstance(self.raw.get(k), int) and self.raw[k] > 0:
+                return int(self.raw[k])
+        return 1
+
+    @property
+    def d_model(self) -> int:
+        return self._int("hidden_size", "n_embd", "d_model")
+
+    @property
+    def n_head(self) -> int:
+        return self._int("num_attention_heads", "n_head", "num_heads")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._int("vocab_size")
+
+
+def _config(cfg: dict, where: str) -> CausalLMConfig:
+    model_type = str(cfg.get("model_type"))
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    length = None
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(cfg.get(key), int) and cfg[key] > 1:
+            length = int(cfg[key])
+            break
+    if isinstance(rope, dict) and isinstance(rope.get("original_max_position_embeddings"), int):
+        length = int(rope["original_max_position_embeddings"])
+    if model_type in _ALIBI_TYPES or cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi"):
+        encoding = "alibi"
+        length = length or 2048
+    elif model_type in _LEARNED_TYPES:
+        encoding = "learned"
+    else:
+        encoding = "rope"
+    if length is None:
+        raise CheckpointError(
+            f"{where}: config.json names no maximum length (max_position_embeddings or n_positions); "
+            "add the model's training length there"
+        )
+    return CausalLMConfig(model_type, length, encoding, encoding == "learned", cfg)
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors weights of a folder (one file or shards). Raises: CheckpointError for a
+    folder with only pickle weights (never loaded) or none."""
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = [p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")]
+    if pickles:
+        raise CheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(sorted(pickles)[:3])}); fireviz loads weights from "
+            "safetensors only (a pickle can run code): convert them, e.g. save_pretrained(..., "
+            "safe_serialization=True)"
+        )
+    raise CheckpointError(f"{folder} has no model.safetensors (or shards); it is not a model folder")
+
+
+_MODELS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, eq=False)
+class CausalLMCheckpoint:
+    """A published causal LM in a local folder written by ``transformers``, resolved once.
+
+    Attributes: ``name`` (the folder's name), ``path`` (as given), ``folder``, ``config``
+      (:class:`CausalLMConfig`), ``sha256`` (config.json, weights and tokenizer files, by name
+      and bytes), ``source`` ``"local"``, ``kind`` ``"transformers"``; ``tokenizer`` (property)
+      its :class:`fireviz.data.tokenizers.HFTokenizer`.
+    """
+
+    name: str
+    path: str
+    folder: Path
+    config: CausalLMConfig
+    sha256: str
+    source: str = "local"
+    repo_id: str | None = None
+    kind: ClassVar[str] = "transformers"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CausalLMCheckpoint) and (self.path, self.sha256) == (other.path, other.sha256)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.sha256))
+
+    @classmethod
+    def resolve(cls, ref: str | os.PathLike | CausalLMCheckpoint) -> CausalLMCheckpoint:
+        """The published model in folder ``ref`` (``~`` expanded).
+        Raises: CheckpointError naming the problem and the fix: not a transformers causal-LM
+          folder, pickle-only weights, no tokenizer, a config without a maximum length."""
+        if isinstance(ref, CausalLMCheckpoint):
+            return ref
+        folder = Path(ref).expanduser()
+        if not is_causal_lm_folder(folder):
+            raise CheckpointError(
+                f"{ref} is not a folder written by transformers for a causal LM (config.json with model_type "
+                "and a …ForCausalLM architecture); save one with model.save_pretrained(folder)"
+            )
+        cfg = read_json(folder / "config.json")
+        weights = _weight_files(folder)
+        tok_files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+        if not tok_files:
+            raise CheckpointError(
+                f"{folder} has no tokenizer (tokenizer.json); save it beside the model with "
+                "tokenizer.save_pretrained(folder)"
+            )
+        try:
+            sha = files_sha256([folder / "config.json", *weights, *tok_files])
+        except OSError as e:
+            raise CheckpointError(f"cannot read {folder}: {e}") from e
+        return cls(
+            name=folder.resolve().name, path=str(ref), folder=folder, config=_config(cfg, str(folder)), sha256=sha
+        )
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        """The model's own tokenizer (loaded once per identity). Raises: CheckpointError."""
+        return _tokenizer(self)
+
+    def load(self, device: str | torch.device = "cpu", rope_scaling: str | None = None, length: int | None = None):
+        """The model as a :class:`CausalLMModule` (ids ``(B, T)`` int64 → logits ``(B, T, vocab)``
+        float32) on ``device``, in eval mode; with ``rope_scaling`` (:data:`HF_ROPE_SCALINGS`) its
+        RoPE scaled zero-shot for windows of ``length`` tokens (factor ``length / seq_len``, at
+        least 1). Raises: CheckpointError (the files changed since :meth:`resolve`, or transformers
+        cannot build the model); ValueError for a scaling that does not apply."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # fireviz shows its own progress
+
+        now = CausalLMCheckpoint.resolve(self.path)
+        if now.sha256 != self.sha256:
+            raise CheckpointError(f"{self.name} changed since it was opened ({self.folder}); open it again")
+        try:
+            config = AutoConfig.from_pretrained(self.folder, local_files_only=True)
+            extra = {}
+            if rope_scaling is not None:
+                extra = scale_rope(config, self.config, rope_scaling, length or self.config.seq_len)
+            with _MODELS_LOCK:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self.folder, config=config, use_safetensors=True, dtype=torch.float32, local_files_only=True
+                )
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            if isinstance(e, ValueError) and rope_scaling is not None and "rope" in str(e).lower():
+                raise
+            raise CheckpointError(f"transformers cannot load {self.folder}: {type(e).__name__}: {e}") from e
+        module: nn.Module = model
+        return CausalLMModule(module.to(device).eval(), extra)
+
+
+_TOKENIZERS: dict[str, HFTokenizer] = {}
+
+
+def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
+    with _MODELS_LOCK:
+        tok = _TOKENIZERS.get(ckpt.sha256)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        try:
+            hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"transformers cannot load the tokenizer of {ckpt.folder}: {e}") from e
+        tok = HFTokenizer(hf, identity=ckpt.sha256, name=ckpt.name)
+        with _MODELS_LOCK:
+            _TOKENIZERS[ckpt.sha256] = tok
+    return tok
+
+
+def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> dict:
+    """Write zero-shot RoPE scaling into a transformers ``config`` (its ``rope_parameters``):
+    ``scaling`` in :data:`HF_ROPE_SCALINGS` (or ``pi`` = linear), ``factor = max(1, length /
+    info.seq_len)``, ``original_max_position_embeddings = info.seq_len`` (yarn, llama3, dynamic);
+    llama3 with Meta's ``low_freq_factor`` 1 and ``high_freq_factor`` 4. Source: transformers'
+    ``modeling_rope_utils.ROPE_INIT_FUNCTIONS``. A built-in scaling of the config is replaced.
+    Returns: ``{"rope_scaling": {...}}``, the parameters applied (saved with the numbers).
+    Raises: ValueError for a model without RoPE or an unknown scaling."""
+    name = _ALIASES.get(scaling, scaling)
+    if name not in HF_ROPE_SCALINGS:
+        raise ValueError(f"rope scaling must be one of {', '.join(HF_ROPE_SCALINGS)} (or pi) (got {scaling!r})")
+    if info.position_encoding != "rope":
+        raise ValueError(
+            f"rope scaling {scaling!r} needs a RoPE model; {info.model_type} uses {info.position_encoding}"
+        )
+    factor = max(1.0, float(length) / info.seq_len)
+    base = dict(getattr(config, "rope_parameters", None) or {})
+    theta = base.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    params: dict = {"rope_type": name, "factor": factor, "rope_theta": theta}
+    if name in ("yarn", "llama3", "dynamic"):
+        params["original_max_position_embeddings"] = info.seq_len
+    if name == "llama3":
+        params.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    if "partial_rotary_factor" in base:
+        params["partial_rotary_factor"] = base["partial_rotary_factor"]
+    config.rope_parameters = params
+    if name != "dynamic":  # dynamic grows past max_position_embeddings by itself
+        config.max_position_embeddings = max(int(getattr(config, "max_position_embeddings", 0) or 0), int(length))
+    return {"rope_scaling": params}
+
+
+class CausalLMModule(nn.Module):
+    """A transformers causal LM as evaluation runs it: ``forward(ids (B, T) int64) → logits
+    (B, T, vocab) float32``; ``rope_scaling`` holds the scaling applied (empty without)."""
+
+    def __init__(self, model: nn.Module, extra: dict | None = None):
+        super().__init__()
+        self.model = model
+        self.extra = extra or {}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, use_cache=False).logits.float()
+
+    def set_attention_backend(self, backend: str) -> None:
+        """Kept for the evaluation's interface: a published model keeps its own attention."""
+
+
+def resolve_any(ref):
+    """A checkpoint of either kind: a transformers causal-LM folder → :class:`CausalLMCheckpoint`,
+    anything else → ``fireviz.checkpoints.Checkpoint.resolve``. Raises: CheckpointError."""
+    from fireviz.checkpoints.checkpoint import Checkpoint
+
+    if isinstance(ref, (Checkpoint, CausalLMCheckpoint)):
+        return ref
+    if is_causal_lm_folder(ref):
+        return CausalLMCheckpoint.resolve(ref)
+    return Checkpoint.resolve(ref)
+
+
+__all__ = [
+    "HF_ROPE_SCALINGS",
+    "CausalLMCheckpoint",
+    "CausalLMConfig",
+    "CausalLMModule",
+    "is_causal_lm_folder",
+    "resolve_any",
+    "scale_rope",
+]

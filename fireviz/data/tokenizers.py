@@ -1,0 +1,151 @@
+"""Tokenizers for evaluation text: fireviz's bytes, or a published model's own tokenizer.
+
+Every tokenizer turns one document into token ids and, for each token, the byte offset (into
+the document's UTF-8 bytes) where its text ends, so that bits per byte can be taken over the
+bytes the scored targets cover and models with different tokenizers pair on one text
+(issue #36):
+
+* :data:`BYTE_TOKENIZER` — fireviz's own: ``[BOS=256] + bytes``, one token per byte
+  (``fireviz.data.corpus.document_tokens``).
+* :class:`HFTokenizer` — a Hugging Face tokenizer (``transformers.AutoTokenizer``, a fast
+  tokenizer with offset mapping). Its ids are the tokenizer's own; byte ends come from the
+  character offsets it reports (a token inside a multi-byte character ends where that
+  character ends). Special tokens (BOS) cover no bytes.
+
+BOS conventions (``bos`` of an evaluation, :data:`BOS_MODES`): ``None`` — the model's own
+(what its tokenizer adds with ``add_special_tokens=True``; fireviz checkpoints: BOS 256 at each
+document start); ``"document"`` — BOS at each document's start, whatever the tokenizer does
+by default; ``"window"`` — BOS as the first token of *every* window (the window's first,
+context-only position is replaced by BOS); ``"none"`` — no BOS anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fireviz.data.corpus import BOS_ID, DataError, Document
+
+#: BOS conventions of an evaluation besides the model's own (None); see the module docstring
+BOS_MODES = ("document", "window", "none")
+
+
+@dataclass(frozen=True)
+class TokenizedDocument:
+    """One document in a tokenizer's tokens.
+
+    Attributes: ``ids`` int64 ``[T]`` token ids (BOS first where the convention adds one);
+      ``byte_ends`` int64 ``[T]``: the byte offset (in the document's UTF-8 bytes) where each
+      token's text ends, non-decreasing (BOS: 0). Token ``t`` covers bytes
+      ``byte_ends[t − 1] … byte_ends[t]`` (``byte_ends[−1]`` read as 0).
+    """
+
+    ids: np.ndarray
+    byte_ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def token_bytes(self) -> np.ndarray:
+        """int64 ``[T]``: the bytes each token covers (0 for BOS and other special tokens)."""
+        return np.diff(self.byte_ends, prepend=0)
+
+
+def _utf8_ends(text: str) -> np.ndarray:
+    """int64 ``[len(text) + 1]``: the UTF-8 byte offset of every character boundary (a lone
+    surrogate, as ``surrogateescape`` decodes a non-UTF-8 byte, counts as the one byte it was)."""
+    cps = np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype=np.uint32)
+    size = np.where(cps < 0x80, 1, np.where(cps < 0x800, 2, np.where(cps < 0x10000, 3, 4)))
+    size = np.where((cps >= 0xDC80) & (cps <= 0xDCFF), 1, size)  # surrogateescape: one raw byte
+    return np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
+
+
+class ByteTokenizer:
+    """fireviz's byte-level tokenizer: ``[BOS=256] + UTF-8 bytes``; identity ``"byte"``."""
+
+    name = "byte"
+    identity = "byte"
+    bos_token_id = BOS_ID
+    adds_bos = True
+
+    def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
+        """``doc`` as ``[BOS] + bytes`` (``bos`` ``"none"``: bytes only). Raises: DataError for an
+        unknown ``bos``."""
+        raw = np.asarray(doc.raw_bytes()[:], dtype=np.int64)
+        ends = np.arange(1, len(raw) + 1, dtype=np.int64)
+        if _check_bos(bos) == "none":
+            return TokenizedDocument(raw, ends)
+        return TokenizedDocument(np.concatenate([[BOS_ID], raw]), np.concatenate([[0], ends]))
+
+
+BYTE_TOKENIZER = ByteTokenizer()
+
+
+def _check_bos(bos: str | None) -> str | None:
+    if bos is not None and bos not in BOS_MODES:
+        raise DataError(f"bos must be one of {', '.join(BOS_MODES)} or None for the model's own (got {bos!r})")
+    return bos
+
+
+class HFTokenizer:
+    """A Hugging Face fast tokenizer (``transformers.PreTrainedTokenizerFast``) for evaluation.
+
+    Args: ``tokenizer`` the loaded tokenizer; ``identity`` (sha256 of its files: part of every
+      cache key through the checkpoint's identity and the text's); ``name`` for messages.
+    Raises: DataError for a tokenizer without offset mapping (a slow, Python tokenizer).
+    """
+
+    def __init__(self, tokenizer: Any, identity: str, name: str = "tokenizer"):
+        if not getattr(tokenizer, "is_fast", False):
+            raise DataError(
+                f"{name}: the tokenizer is not a fast (Rust) tokenizer, so it reports no byte offsets; "
+                "give a model folder with a tokenizer.json"
+            )
+        self._tok, self.identity, self.name = tokenizer, identity, name
+        self.bos_token_id: int | None = tokenizer.bos_token_id
+        probe = tokenizer("a", add_special_tokens=True)["input_ids"]
+        self.adds_bos = bool(self.bos_token_id is not None and probe and probe[0] == self.bos_token_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
+        """``doc.text`` in this tokenizer's ids, with byte ends; BOS first when the convention
+        (``bos``, see the module docstring) adds one (``"window"`` starts documents with BOS too).
+        Raises: DataError for an unknown ``bos``, or a BOS asked of a tokenizer that has none."""
+        mode = _check_bos(bos)
+        text = doc.text
+        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        char_ends = np.asarray([e for _, e in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
+        ends = _utf8_ends(text)[char_ends] if len(ids) else np.zeros(0, dtype=np.int64)
+        ends = np.maximum.accumulate(ends) if len(ends) else ends
+        add = self.adds_bos if mode is None else mode in ("document", "window")
+        if add:
+            if self.bos_token_id is None:
+                raise DataError(
+                    f"{self.name} has no BOS token, so bos={mode!r} cannot be applied; use the model's own "
+                    "convention (no --bos) or --bos none"
+                )
+            ids = np.concatenate([[self.bos_token_id], ids]).astype(np.int64)
+            ends = np.concatenate([[0], ends]).astype(np.int64)
+        return TokenizedDocument(ids, ends)
+
+
+def files_sha256(paths) -> str:
+    """sha256 (hex) over ``(name, bytes)`` of each file, in name order: a tokenizer's identity.
+    Raises: OSError for a file that cannot be read."""
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda p: p.name):
+        h.update(p.name.encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+__all__ = ["BOS_MODES", "BYTE_TOKENIZER", "ByteTokenizer", "HFTokenizer", "TokenizedDocument", "files_sha256"]

@@ -1,0 +1,230 @@
+"""Published causal LMs (issue #36): tiny random models written by transformers itself, with a BPE
+tokenizer trained on bundled text; fireviz's numbers checked against transformers' own loss."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from causal_lm_folders import write_causal_lm  # noqa: E402
+
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, resolve_any  # noqa: E402
+from fireviz.cli.eval import main as eval_main  # noqa: E402
+from fireviz.data import load_documents  # noqa: E402
+from fireviz.eval import EvalCache, EvalSettings, evaluate  # noqa: E402
+from fireviz.eval.plan import load_eval_documents  # noqa: E402
+from fireviz.model import CheckpointError  # noqa: E402
+
+pytest.importorskip("transformers")
+
+DOCS = 10  # documents of the bundled prose validation split the tests score
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("published")
+    return {
+        "llama": write_causal_lm(root / "llama", "llama"),
+        "llama_nobos": write_causal_lm(root / "llama_nobos", "llama", add_bos=False),
+        # larger weights: attention that depends on position enough for a scaling to show
+        "llama_sharp": write_causal_lm(root / "llama_sharp", "llama", initializer_range=0.3),
+        "neox": write_causal_lm(root / "neox", "neox"),
+        "mistral": write_causal_lm(root / "mistral", "mistral"),
+        "bloom": write_causal_lm(root / "bloom", "bloom"),
+        "gpt2": write_causal_lm(root / "gpt2", "gpt2"),
+    }
+
+
+def _evaluate(ckpts, lengths, tmp_path, **settings):
+    s = EvalSettings.make("prose", lengths, token_budget=DOCS * (max(lengths) - 1), **settings)
+    return evaluate([resolve_any(c) for c in ckpts], s, cache=EvalCache(tmp_path / "cache"))
+
+
+def _hf_reference(folder: Path, doc_ids: list[str], M: int, bos: bool):
+    """Per document: transformers' own summed loss (nats) over the first M tokens of the text as
+    its tokenizer encodes it (BOS first when ``bos``), and the UTF-8 bytes of tokens 1 … M − 1."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    docs = {d.id: d for d in load_eval_documents("prose", "validation")[0]}
+    nats, nbytes = [], []
+    for i in doc_ids:
+        text = docs[i].text
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        if bos:
+            ids, offsets = [tok.bos_token_id] + ids, [(0, 0)] + offsets
+        x = torch.tensor([ids[:M]])
+        with torch.no_grad():
+            loss = model(input_ids=x, labels=x).loss.item()  # mean over the M − 1 targets
+        nats.append(loss * (M - 1))
+        first = offsets[1][0] if bos else offsets[0][1]  # bytes before the first target: none with BOS
+        nbytes.append(len(text[: offsets[M - 1][1]].encode()) - len(text[:first].encode()))
+    return nats, nbytes
+
+
+@pytest.mark.parametrize("bos", [None, "none"])
+def test_per_document_losses_equal_transformers_own_loss(folders, tmp_path, bos):
+    """One length M = the text: one window per document, so fireviz's per-document loss is
+    transformers' loss on the first M tokens (≤ 1e-5 nats per token), for the model's own BOS
+    convention and for none; bits per byte is the summed loss over the targets' UTF-8 bytes."""
+    M = 48
+    (r,) = _evaluate([folders["llama"]], [M], tmp_path, bos_mode=bos)
+    e = r["per_length"][0]
+    pd = e["per_document"]
+    nats, nbytes = _hf_reference(folders["llama"], pd["doc"], M, bos=bos is None)
+    assert pd["tokens"] == [M - 1] * len(pd["doc"])
+    np.testing.assert_allclose(np.array(pd["nats"]) / (M - 1), np.array(nats) / (M - 1), atol=1e-5)
+    assert pd["bytes"] == nbytes
+    assert e["bits_per_byte"] == pytest.approx(sum(pd["nats"]) / sum(nbytes) / math.log(2), rel=1e-12)
+    assert e["tokens_per_byte"] == pytest.approx(sum(pd["tokens"]) / sum(nbytes))
+    assert r["checkpoint_kind"] == "transformers" and r["position_encoding"] == "rope"
+
+
+def test_a_bos_on_every_window_replaces_each_windows_first_token(folders, tmp_path, monkeypatch):
+    """bos_mode 'window': every window the model reads starts with BOS; at the length that is the
+    whole text (one window per document) that equals BOS at the document start."""
+    seen = []
+    real = CausalLMCheckpoint.load
+
+    def spy(self, *a, **k):
+        module = real(self, *a, **k)
+        forward = module.forward
+        module.forward = lambda ids: seen.append(ids[:, 0].clone()) or forward(ids)
+        return module
+
+    monkeypatch.setattr(CausalLMCheckpoint, "load", spy)
+    (every,) = _evaluate([folders["llama"]], [16, 48], tmp_path / "w", bos_mode="window")
+    assert seen and all(bool((first == 0).all()) for first in seen)  # id 0 is <s>
+    (start,) = _evaluate([folders["llama"]], [16, 48], tmp_path / "d", bos_mode="document")
+    whole = {e["length"]: e for e in every["per_length"]}, {e["length"]: e for e in start["per_length"]}
+    assert whole[0][48]["per_document"]["nats"] == pytest.approx(whole[1][48]["per_document"]["nats"], abs=1e-9)
+    assert whole[0][16]["bits_per_byte"] != pytest.approx(whole[1][16]["bits_per_byte"], abs=1e-6)
+    assert every["settings"]["bos_mode"] == "window"
+
+
+def test_a_published_model_and_a_fireviz_one_pair_on_the_same_bytes(folders, tiny_checkpoints_dir, tmp_path):
+    """Different tokenizers, one text: every document's targets cover the same bytes to within
+    one token, and the paired difference is the per-document bits-per-byte difference weighted by
+    the reference's bytes."""
+    results = _evaluate([tiny_checkpoints_dir / "alibi", folders["llama"]], [16, 48], tmp_path)
+    ref, llama = ({e["length"]: e for e in r["per_length"]} for r in results)
+    for n in (16, 48):
+        a, b = llama[n]["per_document"], ref[n]["per_document"]
+        assert a["doc"] == b["doc"] and len(a["doc"]) == DOCS
+        assert all(abs(x - y) <= 16 for x, y in zip(a["bytes"], b["bytes"], strict=True))  # ≤ one BPE token
+        w = np.array(b["bytes"], dtype=float)
+        per_doc = np.array(a["nats"]) / np.array(a["bytes"]) - np.array(b["nats"]) / np.array(b["bytes"])
+        expected = float((per_doc * w).sum() / w.sum() / math.log(2))
+        assert llama[n]["paired_delta_bpb"] == pytest.approx(expected, rel=1e-9)
+        lo, hi = llama[n]["paired_ci95"]
+        assert lo <= llama[n]["paired_delta_bpb"] <= hi
+        assert llama[n]["tokens_per_byte"] < 1 and ref[n]["tokens_per_byte"] == 1.0
+    # the same text at every length, for each checkpoint
+    assert llama[16]["per_document"]["bytes"] == llama[48]["per_document"]["bytes"]
+    assert ref[16]["per_document"]["bytes"] == ref[48]["per_document"]["bytes"]
+
+
+@pytest.mark.parametrize("scaling", ["linear", "dynamic", "yarn", "llama3"])
+def test_rope_scaling_changes_numbers_beyond_the_original_length_only(folders, tmp_path, scaling):
+    """Within the original 64 tokens the factor is 1 and each method leaves the model as it is;
+    at 128 tokens it changes the numbers."""
+    (plain,) = _evaluate([folders["llama_sharp"]], [32, 128], tmp_path / "plain")
+    (scaled,) = _evaluate([folders["llama_sharp"]], [32, 128], tmp_path / scaling, rope_scaling=scaling)
+    p, s = ({e["length"]: e for e in r["per_length"]} for r in (plain, scaled))
+    assert s[32]["per_document"]["nats"] == pytest.approx(p[32]["per_document"]["nats"], abs=1e-6)
+    assert abs(s[128]["bits_per_byte"] - p[128]["bits_per_byte"]) > 5e-4
+    assert s[128]["rope_scaling"]["rope_type"] == scaling and s[128]["rope_scaling"]["factor"] == 2.0
+
+
+@pytest.mark.parametrize("kind", ["neox", "mistral", "bloom"])
+def test_other_architectures_evaluate_beyond_their_length(folders, tmp_path, kind):
+    """GPT-NeoX (partial rotary), Mistral (sliding window), BLOOM (ALiBi) score at and beyond 64."""
+    (r,) = _evaluate([folders[kind]], [32, 128], tmp_path)
+    assert all("error" not in e and math.isfinite(e["bits_per_byte"]) for e in r["per_length"])
+    assert r["position_encoding"] == ("alibi" if kind == "bloom" else "rope")
+
+
+def test_learned_positions_are_refused_beyond_their_length(folders, tmp_path):
+    (r,) = _evaluate([folders["gpt2"]], [32, 128], tmp_path)
+    by = {e["length"]: e for e in r["per_length"]}
+    assert "error" not in by[32]
+    assert "absolute position embeddings cover 64 tokens" in by[128]["error"]
+
+
+def test_a_tokenizer_without_bos_is_refused_a_bos_in_one_line(folders, tmp_path):
+    """The no-BOS tokenizer still has <s>; its default adds none, and that is what it scores."""
+    ckpt = resolve_any(folders["llama_nobos"])
+    assert not ckpt.tokenizer.adds_bos
+    (r,) = _evaluate([ckpt], [48], tmp_path)
+    assert r["per_length"][0]["per_document"]["tokens"][0] == 47
+
+
+def test_pickle_only_folders_and_scalings_that_do_not_apply_are_refused(folders, tmp_path):
+    bad = tmp_path / "pickled"
+    bad.mkdir()
+    for f in folders["llama"].iterdir():
+        if f.suffix != ".safetensors":
+            (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match="safetensors only"):
+        resolve_any(bad)
+    from fireviz.eval import EvaluationError
+
+    with pytest.raises(EvaluationError, match="needs a RoPE"):
+        _evaluate([folders["bloom"]], [32], tmp_path, rope_scaling="yarn")
+
+
+def test_cli_prints_both_rows_in_bits_per_byte_with_their_paired_difference(
+    folders, tiny_checkpoints_dir, tmp_path, capsys
+):
+    """The acceptance command's shape: a transformers folder and a fireviz checkpoint, two lengths."""
+    code = eval_main(
+        [
+            str(folders["llama"]),
+            str(tiny_checkpoints_dir / "alibi"),
+            "--data",
+            "prose",
+            "--lengths",
+            "16,48",
+            "--token-budget",
+            "400",
+            "--cache-dir",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "one text for every checkpoint" in out and "tok/B" in out
+    table = out.split("bits per byte [95 % bootstrap interval")[1]
+    assert "llama" in table and "alibi" in table
+    assert "paired difference in bits per byte vs llama on the same text" in out
+
+
+def test_documents_are_tokenized_with_byte_ends_that_cover_the_text():
+    """Every document: byte ends non-decreasing and ending at its UTF-8 size (lossless BPE)."""
+    from transformers import AutoTokenizer
+
+    from fireviz.data.tokenizers import HFTokenizer
+
+    folder = Path(__file__).parent  # any folder: the tokenizer is built in memory
+    del folder
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        from causal_lm_folders import save_tokenizer
+
+        save_tokenizer(Path(tmp))
+        tok = HFTokenizer(AutoTokenizer.from_pretrained(tmp), identity="t")
+    for doc in load_documents("prose")[:5] + load_documents("code")[:3]:
+        td = tok.encode(doc)
+        ends = td.byte_ends
+        assert (np.diff(ends) >= 0).all() and ends[-1] == len(doc.raw_bytes()[:])
+        assert td.token_bytes().sum() == len(doc.raw_bytes()[:])
