@@ -230,18 +230,20 @@ if reports:
 
 
 # -- attention dilution: why FIRE's long-context loss rises -------------------------------------
-chosen = [i for i in chosen if not i.is_published]  # dilution runs the whole model: fireviz checkpoints only
+# dilution runs the whole model: fireviz checkpoints, and published causal LMs saved in a folder
+chosen = [i for i in chosen if not i.is_published or i.is_causal_lm]
 st.subheader("Attention dilution")
 if not chosen:
     st.caption(
-        "Attention dilution runs the whole model on text; published models are read for their position "
-        "encoding only. Pick a fireviz checkpoint to measure it."
+        "Attention dilution runs the whole model on text; these published models are read for their position "
+        "encoding only. Pick a fireviz checkpoint, or add a causal LM saved in a folder with transformers."
     )
     st.stop()
 st.caption(
     "Share of attention on the nearest k keys against the query position, per layer (mean over heads), "
     "measured on real text. A line that falls past the training length is attention spreading over far "
-    "keys. Runs in the background; results are cached on disk."
+    "keys. Runs in the background; results are cached on disk. A published model reads the text in its own "
+    "tokens (positions in them, at multiples of its original length)."
 )
 dc1, dc2, dc3 = st.columns([2, 3, 1])
 sources = list(DOMAINS) + ["upload"]
@@ -252,9 +254,10 @@ dtext = dc1.selectbox(
     format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document",
 )
 near = int(dc3.number_input("k nearest keys", 1, 4096, key=ui.url_state(P, "dnear", 16, int, lo=1, hi=4096)))
-seq = max(int(i.config.get("seq_len", 512)) for i in chosen)
+own = [i for i in chosen if not i.is_published]  # fireviz checkpoints: one measurement on [BOS] + bytes
+seq = max((int(i.config.get("seq_len", 512)) for i in own), default=1)
 dil_positions = analysis.default_query_positions(seq, analysis.DEFAULT_DILUTION_MULTIPLES)
-need = dil_positions[-1] + 1
+need = dil_positions[-1] + 1 if own else 2
 docs, source = [], None
 try:
     if dtext == "upload":
@@ -279,38 +282,83 @@ elif long_docs:
     )
     ui.sync_url(P, ["dtext", "ddoc", "dnear"])
     doc = long_docs[ids.index(doc_id)]
-    tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
-    ckpts = list(ui.resolve_checkpoints(chosen).values())  # once; one that cannot be read is said and left out
-    fire_ckpts = [c for c in ckpts if cap and has_normalizer(c.config.position_encoding)]
-    plan = [(c, None) for c in ckpts] + [(c, cap) for c in fire_ckpts]
-    found = [
-        text_attention.cached_attention_dilution(c, tokens, dil_positions, near=near, normalizer_cap=n, compute=False)
-        for c, n in plan
+    resolved = ui.resolve_checkpoints(chosen)  # once; one that cannot be read is said and left out
+    # one measurement per text: fireviz checkpoints share [BOS] + bytes, each published model its own tokens
+    runs: list[tuple[list, object, list[int]]] = []
+    ckpts = [resolved[i.path] for i in own if i.path in resolved]
+    if ckpts:
+        tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
+        runs.append((ckpts, tokens, dil_positions))
+    for i in chosen:
+        if i.is_published and i.path in resolved:
+            try:
+                p_tokens, p_positions, note = text_attention.published_dilution_input(resolved[i.path], doc)
+            except ValueError as e:
+                ui.error(f"Cannot measure {ui.plain(i.name)}: {e}")
+                continue
+            if note:
+                st.caption(ui.plain(note) + ".")
+            runs.append(([resolved[i.path]], p_tokens, p_positions))
+    found, waiting = [], []
+    for run_ckpts, run_tokens, run_positions in runs:
+        fire_ckpts = [
+            c for c in run_ckpts if cap and c.kind == "fireviz" and has_normalizer(c.config.position_encoding)
+        ]
+        plan = [(c, None) for c in run_ckpts] + [(c, cap) for c in fire_ckpts]
+        got = [
+            text_attention.cached_attention_dilution(
+                c, run_tokens, run_positions, near=near, normalizer_cap=n, compute=False
+            )
+            for c, n in plan
+        ]
+        found += got
+        if any(r is None for r in got):
+            waiting.append((run_ckpts, run_tokens, run_positions))
+    running = [
+        job
+        for run_ckpts, _, run_positions in waiting
+        for job in [
+            jobs.default_queue("evaluate").find(
+                jobs.dilution_description(
+                    run_ckpts, f"{source}:{doc_id}", run_positions, near, normalizer_cap=cap or None
+                )
+            )
+        ]
+        if job is not None
     ]
-    job = jobs.default_queue("evaluate").find(
-        jobs.dilution_description(ckpts, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None)
-    )
-    if all(r is not None for r in found):
+    if runs and not waiting:
         dfig = plots.dilution_compare_figure(found)
         ui.show_figure(
             dfig,
-            f"Document {ui.plain(doc_id)} ({doc.num_tokens:,} tokens), query positions "
-            f"{', '.join(map(str, dil_positions))}; each point averages 8 query rows."
+            f"Document {ui.plain(doc_id)} ({doc.num_tokens - 1:,} bytes), query positions "
+            + (f"{', '.join(map(str, dil_positions))} for fireviz checkpoints ([BOS] + bytes)" if own else "")
+            + ("; " if own and len(runs) > (1 if ckpts else 0) else "")
+            + (
+                "for a published model multiples of its own length, in its own tokens"
+                if len(runs) > (1 if ckpts else 0)
+                else ""
+            )
+            + "; each point averages 8 query rows."
             + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
             P,
             "dilution",
         )
         ui.downloads(P, "attention_dilution", plots.figure_to_csv(dfig), found)
-    elif job is not None and job.status not in jobs.FINISHED:
+    elif any(job.status not in jobs.FINISHED for job in running):
+        job = next(job for job in running if job.status not in jobs.FINISHED)
         ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
-    else:
-        if job is not None and job.status == jobs.ERROR:
-            ui.error(f"The dilution measurement failed: {ui.job_error_text(job.error)[0]}")
+    elif runs:
+        for job in running:
+            if job.status == jobs.ERROR:
+                ui.error(f"The dilution measurement failed: {ui.job_error_text(job.error)[0]}")
         if st.button("Measure dilution", key=ui.key(P, "dilution_run")):
-            job = jobs.submit_dilution(
-                ckpts, tokens, f"{source}:{doc_id}", dil_positions, near, normalizer_cap=cap or None
-            )
-            ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")
+            submitted = [
+                jobs.submit_dilution(
+                    run_ckpts, run_tokens, f"{source}:{doc_id}", run_positions, near, normalizer_cap=cap or None
+                )
+                for run_ckpts, run_tokens, run_positions in waiting
+            ]
+            ui.job_panel(submitted[0].key, "evaluate", P, cancel_label="Cancel")
         else:
             st.caption(
                 f"Not measured yet for these checkpoints on {ui.plain(doc_id)}: press **Measure dilution** "

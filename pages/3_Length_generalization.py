@@ -17,6 +17,7 @@ import streamlit as st
 
 from fireviz import plots, ui
 from fireviz.checkpoints import Checkpoint, catalog, seed_base, seed_groups
+from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS
 from fireviz.data import DOMAINS, DataError, synthetic
 from fireviz.eval import (
     DEFAULT_CONTEXT_LENGTHS,
@@ -452,11 +453,23 @@ def scaling_input(chosen) -> list[str]:
     """Zero-shot RoPE scalings to add for the RoPE checkpoints among ``chosen`` (none without one)."""
     if not any(i.position_encoding == "rope" for i in chosen):
         return []
+    # pi and yarn apply to both kinds; dynamic NTK and llama3 to published models (as transformers has them)
+    options = list(ROPE_SCALINGS) + (
+        [s for s in HF_ROPE_SCALINGS if s not in ROPE_SCALINGS and s != "linear"]
+        if any(i.is_causal_lm and i.position_encoding == "rope" for i in chosen)
+        else []
+    )
+    names = {
+        "pi": "position interpolation (PI)",
+        "yarn": "YaRN",
+        "dynamic": "dynamic NTK (published)",
+        "llama3": "llama3 (published)",
+    }
     return st.sidebar.multiselect(
         "Also RoPE checkpoints with zero-shot scaling",
-        list(ROPE_SCALINGS),
-        key=ui.url_state(P, "scaling", [], options=list(ROPE_SCALINGS), multi=True),
-        format_func={"pi": "position interpolation (PI)", "yarn": "YaRN"}.get,
+        options,
+        key=ui.url_state(P, "scaling", [], options=options, multi=True),
+        format_func=lambda s: names.get(s, s),
     )
 
 
@@ -533,7 +546,16 @@ def protocol_specs(ckpts: dict[str, Checkpoint], chosen, c: Choices, settings: d
 
     rope = [i for i in chosen if i.position_encoding == "rope"]
     out = [ui.eval_spec(picked(chosen), c.data, lens, "", **{**settings, "rope_scaling": None})]
-    out += [ui.eval_spec(picked(rope), c.data, lens, f" + {s}", **{**settings, "rope_scaling": s}) for s in c.scalings]
+    out += [
+        ui.eval_spec(
+            picked([i for i in rope if s in ROPE_SCALINGS or i.is_causal_lm]),  # dynamic, llama3: published only
+            c.data,
+            lens,
+            f" + {s}",
+            **{**settings, "rope_scaling": s},
+        )
+        for s in c.scalings
+    ]
     capped = [n for n in lens if window(n) > c.cap]
     if c.cap and capped and picked(c.fires):
         cap_settings = {**settings, "rope_scaling": None, "normalizer_cap": c.cap}
@@ -740,7 +762,7 @@ def main() -> None:
     ui.setup_page("Length generalization")
     st.markdown(INTRO)
     # by default the plain run of each encoding but NoPE, whose rise would squeeze the others into one band
-    chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8)
+    chosen = ui.checkpoint_picker(P, multi=True, label="Checkpoints", default_count=8, allow_causal_lm=True)
     if not chosen:
         st.stop()
     c = sidebar(chosen)

@@ -6,6 +6,7 @@ the bias's share of its logits, run in this process: one forward pass) and
 """
 
 import streamlit as st
+import torch
 
 from fireviz import plots, ui
 from fireviz.analysis import text_attention
@@ -22,14 +23,15 @@ st.markdown(
     "position alone). For FIRE, the normalizer cap shows what changes past the training length."
 )
 
-chosen = ui.checkpoint_picker(P, multi=False, label="Checkpoint")
+chosen = ui.checkpoint_picker(P, multi=False, label="Checkpoint", allow_causal_lm=True)
 if not chosen:
     st.stop()
 info = chosen[0]
-if info.is_published:
+published = info.is_causal_lm  # a published causal LM: its own tokenizer, its own attention
+if info.is_published and not published:
     st.info(
         "A published model is read for its position encoding only; attention needs the whole model. Pick a "
-        "fireviz checkpoint."
+        "fireviz checkpoint, or add a causal LM saved in a folder with transformers."
     )
     st.stop()
 sb = st.sidebar
@@ -45,7 +47,7 @@ fires, cap = ui.normalizer_cap_input(
     help="ψ(min(max(L, i), N)): drawn beside the plain pattern; it changes queries "
     "past N only, so choose a text longer than N.",
 )
-TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS]
+TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS] if not published else []  # tasks are byte sequences
 sources = list(DOMAINS) + TASKS + ["upload"]
 atext = sb.selectbox(
     "Text",
@@ -84,7 +86,17 @@ else:
     ids = [d.id for d in docs]
     doc_id = sb.selectbox(f"Document ({len(ids)})", ids, key=ui.url_state(P, "adoc", ids[0], options=ids))
     doc = docs[ids.index(doc_id)]
-    max_len = min(text_attention.MAX_PATTERN_TOKENS, doc.num_tokens)
+    own = None
+    if published:  # the document in the model's own tokens (its BOS convention)
+        try:
+            own = ui.causal_lm(info).tokenizer.encode(doc).ids
+        except (ui.CheckpointError, DataError) as e:
+            ui.error(f"Cannot read {info.name}'s tokenizer: {e}")
+            st.stop()
+    doc_tokens = len(own) if own is not None else doc.num_tokens
+    max_len = min(text_attention.MAX_PATTERN_TOKENS, doc_tokens)
+    if published and info.config.get("position_encoding") == "learned":
+        max_len = min(max_len, seq)  # learned absolute positions end at the model's length
     length = int(
         sb.number_input(
             f"Tokens (2–{max_len}; the pattern is length × length)",
@@ -95,18 +107,27 @@ else:
     )
     start = int(
         sb.number_input(
-            "Start at token (0 = the document's BOS)",
+            "Start at token (0 = the document's start)",
             0,
-            max(0, doc.num_tokens - length),
-            key=ui.url_state(P, "astart", 0, int, lo=0, hi=max(0, doc.num_tokens - length)),
+            max(0, doc_tokens - length),
+            key=ui.url_state(P, "astart", 0, int, lo=0, hi=max(0, doc_tokens - length)),
         )
     )
     ui.sync_url(P, ["ckpt", "layer", "cap", "atext", "adoc", "alen", "astart"])
-    tokens = DocumentTokens(doc)[start : start + length]  # only these bytes are read (a long document stays on disk)
-    where = (
-        f"{doc_id}, tokens {start}…{start + length - 1} of {doc.num_tokens:,} ([BOS] + bytes), scored as one "
-        "window from position 0"
-    )
+    if own is not None:
+        tokens = torch.from_numpy(own[start : start + length].copy())
+        where = (
+            f"{doc_id}, tokens {start}…{start + length - 1} of {doc_tokens:,} in {info.name}'s own tokenizer, "
+            "scored as one window from position 0"
+        )
+    else:
+        tokens = DocumentTokens(doc)[
+            start : start + length
+        ]  # only these bytes are read (a long document stays on disk)
+        where = (
+            f"{doc_id}, tokens {start}…{start + length - 1} of {doc.num_tokens:,} ([BOS] + bytes), scored as one "
+            "window from position 0"
+        )
 try:
     plain = ui.attention_pattern(info, tokens, layer)
     capped = ui.attention_pattern(info, tokens, layer, normalizer_cap=cap) if (cap and fires) else None
@@ -144,6 +165,12 @@ ui.show_figure(
     "pattern",
 )
 ui.downloads(P, "attention_pattern", plots.figure_to_csv(fig), show)
+if plain.get("bias_share") is None and published:
+    st.caption(
+        "A published model's attention logits are not split into content and position parts here, so there is "
+        "no bias share to show."
+    )
+    st.stop()
 if plain.get("bias_share") is None:
     st.caption(
         f"{info.position_encoding} has no additive bias: its position information enters through "

@@ -32,7 +32,7 @@ from fireviz.analysis.biases import (
     _rl,
     default_query_positions,
 )
-from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint
 from fireviz.core import is_int, read_json, write_json_atomic
 from fireviz.data import text_bytes
 from fireviz.encodings import check_normalizer_cap, fire_modules
@@ -206,10 +206,10 @@ def dilution_cache_path(
     tokens' sha256 and the settings. ``cache_dir`` defaults to ``fireviz.eval.default_cache_dir()``.
     Raises: TypeError for a checkpoint that is not a resolved :class:`Checkpoint`."""
 
-    if not isinstance(checkpoint, Checkpoint):
+    if not isinstance(checkpoint, (Checkpoint, CausalLMCheckpoint)):
         raise TypeError(
-            f"checkpoint must be a fireviz.checkpoints.Checkpoint (got {type(checkpoint).__name__}): "
-            "resolve it once with Checkpoint.resolve(path)"
+            f"checkpoint must be a fireviz.checkpoints.Checkpoint or CausalLMCheckpoint (got "
+            f"{type(checkpoint).__name__}): resolve it once with fireviz.checkpoints.resolve_any(path)"
         )
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
     blob = json.dumps(
@@ -239,7 +239,8 @@ def cached_attention_dilution(
     cache_dir: str | os.PathLike | None = None,
     compute: bool = True,
 ) -> dict | None:
-    """``attention_dilution(...).to_dict()`` for a resolved :class:`Checkpoint`, cached on disk.
+    """``attention_dilution(...).to_dict()`` for a resolved :class:`Checkpoint` (or a published
+    ``CausalLMCheckpoint``, on tokens of its own tokenizer: :func:`published_dilution_input`), cached on disk.
 
     Reads the cached result when one exists for exactly these weights, tokens and settings
     (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
@@ -363,13 +364,13 @@ def attention_pattern(
     model = _capped_copy(model, normalizer_cap)
     device = next(model.parameters()).device
     rec = model.attention_probs(tokens.long()[None].to(device), layers=int(layer), logits=True)[int(layer)]
-    assert rec.content is not None  # logits=True
-    probs, content = rec.probs[0].cpu(), rec.content[0].cpu()  # [H, T, T]
+    probs = rec.probs[0].cpu()  # [H, T, T]
+    content = None if rec.content is None else rec.content[0].cpu()  # a published model: no split
     _refuse_nonfinite_probs(model, probs, checkpoint)
     bias = None if rec.bias is None else rec.bias.cpu()  # [H, T, T], −inf above the diagonal
     allowed = torch.ones(T, T, dtype=torch.bool).tril()
     share = by_query = None
-    if bias is not None:
+    if bias is not None and content is not None:
         counts = allowed.sum(-1).double()  # keys per query: i + 1
 
         def var(a: torch.Tensor) -> torch.Tensor:  # variance over the allowed keys, per query
@@ -392,3 +393,46 @@ def attention_pattern(
         encoding=cfg.position_encoding,
         normalizer_cap=int(normalizer_cap) if capped and normalizer_cap is not None else None,
     )
+
+
+#: a published model's dilution pass materialises one layer's [heads, T, T] float32 attention at a
+#: time (eager attention): query positions are kept while that fits in this share of free memory
+PUBLISHED_ATTENTION_MEMORY_SHARE = 0.25
+
+
+def published_dilution_input(
+    checkpoint: CausalLMCheckpoint,
+    doc,
+    multiples: Sequence[int] = DEFAULT_DILUTION_MULTIPLES,
+    available_bytes: int | None = None,
+) -> tuple[torch.Tensor, list[int], str | None]:
+    """The tokens and query positions of a published causal LM's dilution measurement on ``doc``:
+    the document in its own tokenizer (``tokenizer.encode``, its BOS convention), query positions
+    ``m · seq_len − 1`` (its original length, in its tokens) that the document holds and whose
+    eager attention (one layer's ``heads × T² × 4`` bytes) fits ``PUBLISHED_ATTENTION_MEMORY_SHARE``
+    of ``available_bytes`` (default: this machine's free memory).
+    Returns: ``(tokens LongTensor [max position + 1], positions, note)``; ``note`` says which
+      positions were left out and why (None if none).
+    Raises: ValueError when no position is left (the document is too short, or memory)."""
+    from fireviz.model.memory import available_bytes as free_bytes
+
+    ids = checkpoint.tokenizer.encode(doc).ids
+    cfg = checkpoint.config
+    free = free_bytes("cpu") if available_bytes is None else available_bytes
+    positions: list[int] = []
+    dropped: list[int] = []
+    for p in default_query_positions(cfg.seq_len, multiples):
+        fits = free is None or cfg.n_head * (p + 1) ** 2 * 4 <= PUBLISHED_ATTENTION_MEMORY_SHARE * free
+        (positions if p < len(ids) and fits else dropped).append(p)
+    if not positions:
+        raise ValueError(
+            f"{checkpoint.name}: the document holds {len(ids)} of its tokens and its attention fits memory for none of "
+            f"the query positions {dropped}; pick a longer document"
+        )
+    note = (
+        f"{checkpoint.name}: query positions {', '.join(map(str, dropped))} left out (the document holds {len(ids)} of "
+        "its tokens, or one layer's attention there would not fit in memory)"
+        if dropped
+        else None
+    )
+    return torch.from_numpy(ids[: positions[-1] + 1].copy()), positions, note

@@ -1,4 +1,4 @@
-"""Checkpoints: find, describe and load fireviz checkpoints (local, bundled, Hub) and read published models' position encodings."""
+"""Checkpoints: find, describe and load fireviz checkpoints (local, bundled, Hub), published causal LMs in transformers folders, and published models' position encodings."""
 
 from fireviz.checkpoints.catalog import (
     LOG_FILE,
@@ -11,6 +11,7 @@ from fireviz.checkpoints.catalog import (
     read_checkpoint,
     scan_checkpoints,
 )
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder, resolve_any
 from fireviz.checkpoints.checkpoint import Checkpoint, load_model, load_model_or_published, load_model_with_identity
 from fireviz.checkpoints.records import (
     LOG_FILE_GZ,
@@ -22,6 +23,7 @@ from fireviz.checkpoints.records import (
 )
 
 __all__ = [
+    "CausalLMCheckpoint",
     "Checkpoint",
     "CheckpointNotFoundError",
     "LOG_FILE",
@@ -31,11 +33,13 @@ __all__ = [
     "checkpoint_groups",
     "checkpoint_sha256",
     "default_device",
+    "is_causal_lm_folder",
     "load_model",
     "load_model_or_published",
     "load_model_with_identity",
     "read_checkpoint",
     "read_train_log",
+    "resolve_any",
     "scan_checkpoints",
     "seed_base",
     "overview_first",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fireviz.checkpoints import hub
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder
 
 # one rule for a Hub repo id and one Hub download for the app, the CLI and the library
 from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
@@ -339,7 +340,12 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
     through ``fireviz.checkpoints.hub.load_published`` (config.json, and for T5-family models the bias
     tables only). Raises: ``fireviz.checkpoints.hub.HubModelError`` (a CheckpointError) naming the problem."""
 
-    model = hub.load_published(ref, stack=stack, revision=revision)
+    try:
+        model = hub.load_published(ref, stack=stack, revision=revision)
+    except hub.HubModelError:
+        if not (Path(ref).expanduser().is_dir() and is_causal_lm_folder(Path(ref).expanduser())):
+            raise
+        return _causal_lm_only_info(Path(ref).expanduser())  # no bias to read; it still runs whole
     c = model.config
     return CheckpointInfo(
         name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
@@ -361,6 +367,31 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
         data="(published model)",
         repo_id=ref if hub.looks_like_hub_id(ref) else None,
         published=model,
+    )
+
+
+def _causal_lm_only_info(folder: Path) -> CheckpointInfo:
+    """A :class:`CheckpointInfo` for a published causal LM whose position encoding
+    ``fireviz.checkpoints.hub`` cannot read as a bias (learned absolute positions): what
+    ``CausalLMCheckpoint`` reads of its config. Raises: CheckpointError."""
+    c = CausalLMCheckpoint.resolve(folder).config
+    return CheckpointInfo(
+        name=folder.name,
+        path=str(folder.resolve()),
+        source="published",
+        config={
+            "n_layer": c.n_layer,
+            "n_head": c.n_head,
+            "seq_len": c.seq_len,
+            "position_encoding": c.position_encoding,
+            "family": c.model_type,
+            "model_type": c.model_type,
+        },
+        position_encoding=c.position_encoding,
+        num_parameters=0,
+        seq_len=c.seq_len,
+        data="(published model)",
+        causal_lm_only=True,
     )
 
 

@@ -96,6 +96,10 @@ class CausalLMConfig:
         return 1
 
     @property
+    def n_layer(self) -> int:
+        return self._int("num_hidden_layers", "n_layer", "num_layers")
+
+    @property
     def d_model(self) -> int:
         return self._int("hidden_size", "n_embd", "d_model")
 
@@ -239,7 +243,7 @@ class CausalLMCheckpoint:
                 raise
             raise CheckpointError(f"transformers cannot load {self.folder}: {type(e).__name__}: {e}") from e
         module: nn.Module = model
-        return CausalLMModule(module.to(device).eval(), extra)
+        return CausalLMModule(module.to(device).eval(), extra, self.config)
 
 
 _TOKENIZERS: dict[str, HFTokenizer] = {}
@@ -292,20 +296,93 @@ def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> 
     return {"rope_scaling": params}
 
 
-class CausalLMModule(nn.Module):
-    """A transformers causal LM as evaluation runs it: ``forward(ids (B, T) int64) → logits
-    (B, T, vocab) float32``; ``rope_scaling`` holds the scaling applied (empty without)."""
+@dataclass
+class AttentionRecord:
+    """One layer's attention of a published model: ``probs`` float32 ``[batch, heads, queries,
+    keys]`` as its attention computes them (softmax over keys, causal and any sliding-window mask
+    applied); ``content`` and ``bias`` None (a published model's logits are not split into content
+    and position parts)."""
 
-    def __init__(self, model: nn.Module, extra: dict | None = None):
+    probs: torch.Tensor
+    content: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
+class CausalLMModule(nn.Module):
+    """A transformers causal LM as evaluation and the attention views run it:
+    ``forward(ids (B, T) int64) → logits (B, T, vocab) float32``; :meth:`attention_probs` as
+    ``fireviz.model.GPT.attention_probs``; ``config`` its :class:`CausalLMConfig`; ``extra`` the
+    RoPE scaling applied (empty without)."""
+
+    def __init__(self, model: nn.Module, extra: dict | None = None, config: CausalLMConfig | None = None):
         super().__init__()
         self.model = model
         self.extra = extra or {}
+        self.config = config
+        self._lock = threading.Lock()
+
+    def _check_length(self, ids: torch.Tensor) -> None:
+        cfg = self.config
+        if cfg is not None and cfg.absolute_position_embedding and ids.shape[-1] > cfg.seq_len:
+            raise ValueError(
+                f"{cfg.model_type} has learned absolute positions for {cfg.seq_len} tokens; {ids.shape[-1]} "
+                f"tokens cannot be run — give at most {cfg.seq_len}"
+            )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits float32 ``(B, T, vocab)`` of ids ``(B, T)``. Raises: ValueError past learned positions."""
+        self._check_length(ids)
         return self.model(input_ids=ids, use_cache=False).logits.float()
 
     def set_attention_backend(self, backend: str) -> None:
         """Kept for the evaluation's interface: a published model keeps its own attention."""
+
+    def _attention_modules(self) -> list[nn.Module]:
+        """Each decoder layer's attention module, in layer order (transformers names them
+        ``…Attention``: LlamaAttention, GPTNeoXAttention, BloomAttention, GPT2Attention, …)."""
+        mods = [m for _, m in self.model.named_modules() if type(m).__name__.endswith("Attention")]
+        return [m for m in mods if not any(m is not o and m in list(o.modules()) for o in mods)]
+
+    def attention_probs(self, idx: torch.Tensor, layers=None, queries=None, logits: bool = False) -> dict:
+        """One pass over ``idx`` ``[batch, T]`` (int64) with the eager attention of transformers,
+        recording ``layers``' probabilities (default all) for the ``queries`` rows only (default
+        all): ``{layer: AttentionRecord}``. Memory: one layer's ``[batch, heads, T, T]`` at a time
+        (each is cut to its rows as the layer finishes). ``logits`` is accepted and gives no split.
+        Raises: ValueError for a layer out of range, or a model whose attention returns no weights."""
+        self._check_length(idx)
+        mods = self._attention_modules()
+        want = set(range(len(mods))) if layers is None else {int(layers)} if isinstance(layers, int) else set(layers)
+        if not want <= set(range(len(mods))):
+            raise ValueError(f"layers {sorted(want)} out of range: the model has layers 0..{len(mods) - 1}")
+        rows = None if queries is None else torch.as_tensor(list(queries) if not torch.is_tensor(queries) else queries)
+        out: dict[int, AttentionRecord] = {}
+
+        def hook_for(i: int):
+            def hook(module, args, output):
+                weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                if weights is None:
+                    raise ValueError(f"{type(module).__name__} returned no attention weights")
+                if i in want:
+                    w = weights if rows is None else weights[:, :, rows.to(weights.device)]
+                    out[i] = AttentionRecord(w.detach().float().clone())
+                return (output[0], None) + tuple(output[2:])  # the T × T weights go now
+
+            return hook
+
+        with self._lock:  # the attention implementation is switched for this pass (shared models)
+            hf: Any = self.model
+            before = getattr(hf.config, "_attn_implementation", None)
+            hf.set_attn_implementation("eager")
+            hooks = [m.register_forward_hook(hook_for(i)) for i, m in enumerate(mods) if i <= max(want)]
+            try:
+                with torch.no_grad():
+                    self.model(input_ids=idx, use_cache=False)
+            finally:
+                for h in hooks:
+                    h.remove()
+                if before and before != "eager":
+                    hf.set_attn_implementation(before)
+        return out
 
 
 def resolve_any(ref):
@@ -324,6 +401,7 @@ __all__ = [
     "HF_ROPE_SCALINGS",
     "CausalLMCheckpoint",
     "CausalLMConfig",
+    "AttentionRecord",
     "CausalLMModule",
     "is_causal_lm_folder",
     "resolve_any",

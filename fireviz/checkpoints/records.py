@@ -245,12 +245,25 @@ class CheckpointInfo:
     repo_id: str | None = None
     problems: dict = field(default_factory=dict)
     published: Any = None
+    #: a published causal LM whose position encoding has no bias or kernel to read (learned absolute
+    #: positions, e.g. GPT-2): evaluated and its attention drawn, not shown on the bias pages
+    causal_lm_only: bool = False
 
     @property
     def is_published(self) -> bool:
         """True for a published model read through ``fireviz.checkpoints.hub`` (position encodings only:
-        the bias pages and fit take it, evaluation and training logs do not)."""
-        return self.published is not None
+        the bias pages and fit take it, evaluation and training logs do not) or a published causal LM
+        (``causal_lm_only``)."""
+        return self.published is not None or self.causal_lm_only
+
+    @property
+    def is_causal_lm(self) -> bool:
+        """True for a published causal LM in a local folder written by transformers
+        (``fireviz.checkpoints.causal_lm``): the whole model loads, so it can be evaluated and its
+        attention drawn, besides its position encoding."""
+        from fireviz.checkpoints.causal_lm import is_causal_lm_folder
+
+        return self.is_published and Path(self.path).is_dir() and is_causal_lm_folder(self.path)
 
     @property
     def training_seed(self) -> int | None:
@@ -263,7 +276,8 @@ class CheckpointInfo:
     def label(self) -> str:
         """``name (encoding)`` for widgets and legends; ``name (published: family)`` for a published model."""
         if self.is_published:
-            return f"{self.name} (published: {self.published.config.family})"
+            family = self.published.config.family if self.published is not None else self.config.get("model_type")
+            return f"{self.name} (published: {family})"
         return f"{self.name} ({self.position_encoding})"
 
     def summary_row(self) -> dict:

@@ -104,12 +104,23 @@ def _valid_entry(entry: object, length: int) -> bool:
     nats, ppl, bpb = (entry[k] for k in ("nats_per_token", "perplexity", "bits_per_byte"))
     if not (_number(nats) and _number(ppl) and _number(bpb) and nats >= 0):
         return False
-    if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, nats / math.log(2), rel_tol=1e-6)):
-        return False
     if not all(
         isinstance(entry[k], int) and not isinstance(entry[k], bool) and entry[k] > 0
         for k in ("tokens_scored", "windows")
     ):
+        return False
+    per_byte = nats / math.log(2)  # one token is one byte
+    if "bytes_scored" in entry:  # a tokenizer of its own: bits per byte over the bytes its targets cover
+        scored = entry["bytes_scored"]
+        if not (isinstance(scored, int) and not isinstance(scored, bool) and scored > 0):
+            return False
+        per_byte = nats * entry["tokens_scored"] / scored / math.log(2)
+        if not (
+            _number(entry.get("tokens_per_byte"))
+            and math.isclose(entry["tokens_per_byte"], entry["tokens_scored"] / scored, rel_tol=1e-9)
+        ):
+            return False
+    if not (math.isclose(ppl, math.exp(nats), rel_tol=1e-6) and math.isclose(bpb, per_byte, rel_tol=1e-6)):
         return False
     if "seconds" in entry and not _number(entry["seconds"]):
         return False
@@ -140,6 +151,13 @@ def _valid_per_document(entry: dict) -> bool:
         and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["tokens"])
         and sum(pd["tokens"]) == entry["tokens_scored"]
         and entry.get("documents") == len(pd["doc"])
+    ):
+        return False
+    if ("bytes" in pd or "bytes_scored" in entry) and not (
+        isinstance(pd.get("bytes"), list)
+        and len(pd["bytes"]) == len(pd["doc"])
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["bytes"])
+        and sum(pd["bytes"]) == entry.get("bytes_scored")
     ):
         return False
     mean = math.fsum(pd["nats"]) / sum(pd["tokens"])

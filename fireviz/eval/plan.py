@@ -10,6 +10,8 @@ for an unchanged file costs a ``stat``, not a read, a hash or a plan. Units: tok
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -60,7 +62,8 @@ class Plan:
     #: BOS id written over every window's first position (bos ``"window"``), else None
     bos_window: int | None = None
     #: what the text depends on beyond the data and settings: "" for fireviz's bytes alone; else the
-    #: tokenizers that fixed the shared text and the BOS convention (part of every cache key)
+    #: shared text's byte spans (same_text) or the tokenizer (other modes), and the BOS convention;
+    #: part of every cache key, and entries pair across tokenizers only on the same key
     text_key: str = ""
 
     def window_tokens(self, n: int) -> int:
@@ -290,10 +293,10 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
     ids = [d.id for d in docs]
     unique = {t.identity: t for t in tokenizers}
     encoded = {k: _encoded(docs, fingerprint, t, s.bos_mode) for k, t in unique.items()}
-    text_key = "|".join(sorted(unique)) + f"|bos={s.bos_mode}"
     out = {}
+    keys: dict[str, str] = {}
     if s.mode == "same_text":
-        plans, _ = plan_shared_text(
+        plans, spans = plan_shared_text(
             ids,
             {k: [e.byte_ends for e in enc] for k, enc in encoded.items()},
             list(s.lengths),
@@ -301,9 +304,12 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
             seed=s.seed,
             prefix_tokens=s.prefix_tokens,
         )
+        # the text is the byte span of each scored document: one key for every tokenizer reading it
+        text = hashlib.sha256(json.dumps([[ids[d], spans[d]] for d in range(len(ids)) if spans[d]]).encode())
         for k, same in plans.items():
             sizes = [len(e) for e in encoded[k]]
             out[k] = Plan(dict(same.windows), ids, sizes, fingerprint, split, len(docs), same_text=same, docs=docs)
+            keys[k] = f"bytes:{text.hexdigest()[:16]}|bos={s.bos_mode}"
     else:
         for k, enc in encoded.items():
             sizes = [len(e) for e in enc]
@@ -316,9 +322,10 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
                 except EvaluationError as e:
                     windows[n] = str(e)
             out[k] = Plan(windows, ids, sizes, fingerprint, split, len(docs), docs=docs)
+            keys[k] = f"tokens:{k}|bos={s.bos_mode}"  # each tokenizer's own windows: paired within it only
     for k, plan in out.items():
         plan.encoded = dict(enumerate(encoded[k]))
-        plan.text_key = text_key
+        plan.text_key = keys[k]
         if s.bos_mode == "window":
             plan.bos_window = unique[k].bos_token_id
     return out

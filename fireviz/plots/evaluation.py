@@ -44,7 +44,10 @@ def group_perplexity(results: Sequence[Mapping], group_key: str | None = None) -
       tokens_scored (of the first member), train_seq_len}, in first-seen group order and
       increasing length. The stds are sample
       standard deviations over members (ddof = 1; None for one member). Bits per byte =
-      nats/token / ln 2 (tokens are bytes) where an entry has no ``bits_per_byte``.
+      nats/token / ln 2 (tokens are bytes) where an entry has no ``bits_per_byte``. An entry of a
+      checkpoint with a tokenizer of its own (``bytes_scored``: a published model) counts per
+      byte — perplexity 2^bpb, nats per byte — so every curve is per byte (for fireviz's byte
+      tokens per token and per byte are one).
     Raises: ValueError for a result without a group name or per_length entries without
       ``length``/``perplexity``.
     """
@@ -99,7 +102,10 @@ def _grouped_rows(results: Sequence[Mapping], group_key: str | None) -> "Ordered
                 float(row["nats_per_token"]) if row.get("nats_per_token") is not None else math.log(row["perplexity"])
             )
             bpb = float(row.get("bits_per_byte", nats / math.log(2)))
-            g["lengths"].setdefault(int(row["length"]), []).append((float(row["perplexity"]), nats, bpb, row))
+            ppl = float(row["perplexity"])
+            if "bytes_scored" in row:  # a tokenizer of its own: per byte (= per token for fireviz's bytes)
+                nats, ppl = bpb * math.log(2), 2.0**bpb
+            g["lengths"].setdefault(int(row["length"]), []).append((ppl, nats, bpb, row))
     return groups
 
 
@@ -110,14 +116,20 @@ def _seed_std(members: Sequence[tuple]) -> float | None:
 
 def _pooled_documents(entries: Sequence[Mapping]) -> dict | None:
     """Per-document nats averaged over members scored on the same documents and tokens
-    (``{"doc", "nats", "tokens"}``), or None when any member lacks them or they differ."""
+    (``{"doc", "nats", "tokens"}``, and ``bytes`` for a tokenizer of its own), or None when any
+    member lacks them or they differ (or the members read different shared texts)."""
     docs: list = [e.get("per_document") for e in entries]
     if not docs or not all(isinstance(d, Mapping) and d.get("doc") for d in docs):
         return None
     if any(d["doc"] != docs[0]["doc"] or d["tokens"] != docs[0]["tokens"] for d in docs):
         return None
+    if any(d.get("bytes") != docs[0].get("bytes") for d in docs) or len({e.get("text") for e in entries}) > 1:
+        return None
     nats = np.mean(np.array([d["nats"] for d in docs], dtype=np.float64), axis=0)
-    return {"doc": list(docs[0]["doc"]), "nats": nats.tolist(), "tokens": list(docs[0]["tokens"])}
+    out = {"doc": list(docs[0]["doc"]), "nats": nats.tolist(), "tokens": list(docs[0]["tokens"])}
+    if docs[0].get("bytes") is not None:  # a tokenizer of its own: the bytes its targets cover, on one text
+        out["bytes"] = list(docs[0]["bytes"])
+    return out
 
 
 def paired_difference_rows(
@@ -157,7 +169,8 @@ def paired_difference_rows(
             theirs = _pooled_documents([m[3] for m in groups[ref]["lengths"][length]])
             if mine is None or theirs is None:
                 continue
-            diff = paired_difference({"per_document": mine}, {"per_document": theirs})
+            text = (g["lengths"][length][0][3].get("text"), groups[ref]["lengths"][length][0][3].get("text"))
+            diff = paired_difference({"per_document": mine, "text": text[0]}, {"per_document": theirs, "text": text[1]})
             if diff is None:
                 continue
             ci = diff["paired_ci95"] or (None, None)  # one document: no interval

@@ -46,6 +46,7 @@ from fireviz.ui.figures import (
 )
 from fireviz.ui.picker import (
     HOME_DETAIL_COLUMNS,
+    causal_lm,
     checkpoint_caption,
     checkpoint_groups,
     checkpoint_picker,
@@ -57,6 +58,7 @@ from fireviz.ui.picker import (
     group_picker,
     group_root,
     list_checkpoints,
+    load_causal_lm,
     load_model,
     no_checkpoints_message,
     resolve,

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import streamlit as st
 
-from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint
 from fireviz.eval import PUBLISHED_RESULTS, EvalSettings, EvaluationError, lookup
 from fireviz.model import CheckpointError
 from fireviz.plots.presentation import job_error_text
@@ -70,13 +70,14 @@ def eval_spec(checkpoints: Sequence[Checkpoint], data: str, lengths, suffix: str
         return None
 
 
-def resolve_checkpoints(infos: Sequence) -> dict[str, Checkpoint]:
-    """``{folder: Checkpoint}`` of the picked checkpoints (``CheckpointInfo``), each resolved once per
-    run. One that cannot be read is said (its problem and the fix) and left out: it fails alone."""
-    out = {}
+def resolve_checkpoints(infos: Sequence) -> dict[str, Checkpoint | CausalLMCheckpoint]:
+    """``{folder: Checkpoint}`` of the picked checkpoints (``CheckpointInfo``; a published causal LM:
+    a ``CausalLMCheckpoint``), each resolved once per run. One that cannot be read is said (its
+    problem and the fix) and left out: it fails alone."""
+    out: dict[str, Checkpoint | CausalLMCheckpoint] = {}
     for i in infos:
         try:
-            out[i.path] = Checkpoint.resolve(i.path)
+            out[i.path] = CausalLMCheckpoint.resolve(i.path) if i.is_causal_lm else Checkpoint.resolve(i.path)
         except CheckpointError as e:  # its message names the problem and the fix
             error(f"Cannot read a checkpoint: {e}")
     return out
@@ -163,7 +164,24 @@ def _eval_caption(results: Sequence[dict]) -> str:
         return ""
     s = results[0].get("settings", {})
     parts = [f"data {Path(str(s.get('data'))).name} ({s.get('split')} split, {s.get('documents')} documents)"]
-    if s.get("mode") == "same_text":
+    own = [r for r in results if any("bytes_scored" in e for e in r.get("per_length", []))]
+    if s.get("bos_mode"):
+        parts.append(f"BOS: {s.get('bos_mode')}")
+    if own and s.get("mode") == "same_text":  # tokenizers of their own: one text in bytes
+        parts.append(
+            f"same text at every length and for every checkpoint: of {s.get('documents_scored')} documents, the "
+            f"bytes the first {s.get('prefix_tokens')} tokens of the most byte-hungry tokenizer cover "
+            f"({s.get('documents_skipped')} shorter ones skipped"
+            + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "")
+            + "); lengths in each checkpoint's own tokens; curves per byte (perplexity = 2^bits per byte)"
+        )
+        per_byte = []
+        for r in own:
+            e = next((e for e in r["per_length"] if "tokens_per_byte" in e), None)
+            if e is not None:
+                per_byte.append(f"{r.get('label') or r['checkpoint']} {e['tokens_per_byte']:.3f}")
+        parts.append("tokens per byte: " + ", ".join(per_byte) + " (fireviz checkpoints: 1)")
+    elif s.get("mode") == "same_text":
         parts.append(
             f"same text at every length: the first {s.get('prefix_tokens')} tokens of "
             f"{s.get('documents_scored')} documents ({s.get('documents_skipped')} shorter ones skipped"

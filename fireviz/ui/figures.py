@@ -14,7 +14,7 @@ from fireviz.checkpoints import catalog as ck
 from fireviz.checkpoints import hub
 from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
-from fireviz.ui.picker import _load_model, checkpoint_sha256
+from fireviz.ui.picker import _load_causal_lm, _load_model, causal_lm, checkpoint_sha256
 from fireviz.ui.state import key, plain, url_state
 
 
@@ -135,7 +135,11 @@ def _attention_pattern(
 def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_cap: int | None = None) -> dict:
     """``text_attention.attention_pattern(...).to_dict()`` of a checkpoint on ``tokens``
     (LongTensor ``[T]``), cached per checkpoint (``checkpoint_sha256``: weights and config),
-    text, layer and cap. Raises: ValueError, CheckpointError."""
+    text, layer and cap; a published causal LM (``info.is_causal_lm``) on tokens of its own
+    tokenizer, per its identity (no cap). Raises: ValueError, CheckpointError."""
+    if info.is_causal_lm:
+        ckpt = causal_lm(info)
+        return _causal_lm_pattern(ckpt.path, ckpt.sha256, tuple(int(t) for t in tokens.tolist()), int(layer), info.name)
     return _attention_pattern(
         info.path,
         checkpoint_sha256(info),
@@ -144,6 +148,16 @@ def attention_pattern(info: ck.CheckpointInfo, tokens, layer: int, normalizer_ca
         info.name,
         int(normalizer_cap) if normalizer_cap else None,
     )
+
+
+@st.cache_data(max_entries=16, show_spinner="Running the published model on the text…")
+def _causal_lm_pattern(path: str, sha256: str, tokens: tuple[int, ...], layer: int, name: str) -> dict:
+    import torch
+
+    model = _load_causal_lm(path, sha256)  # attention_probs switches its attention under a lock
+    return text_attention.attention_pattern(
+        model, torch.tensor(tokens, dtype=torch.long), layer, checkpoint=name
+    ).to_dict()
 
 
 @st.cache_data(max_entries=32, show_spinner="Reading the published model's position encoding…")

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from fireviz.analysis import DilutionSettings, text_attention
-from fireviz.checkpoints import Checkpoint
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint
 from fireviz.core.worker import WorkerDied, WorkerProcess
 from fireviz.encodings import has_normalizer
 from fireviz.eval import (
@@ -318,7 +318,7 @@ def evaluation_description(
     Raises: EvaluationError for a reference that is not an index, name or path.
     """
     reference = check_reference(reference)
-    bad = [c for c in checkpoint_list(checkpoints) if not isinstance(c, Checkpoint)]
+    bad = [c for c in checkpoint_list(checkpoints) if not isinstance(c, (Checkpoint, CausalLMCheckpoint))]
     if bad:
         raise EvaluationError(
             f"an evaluation job takes Checkpoint objects (got {bad[0]!r}); resolve it once with Checkpoint.resolve"

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import streamlit as st
 
-from fireviz.checkpoints import Checkpoint, overview_first
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint, overview_first
 from fireviz.checkpoints import catalog as ck
 from fireviz.encodings import encoding_names
 from fireviz.model import CheckpointError
@@ -139,6 +139,32 @@ def _load_model(path: str, sha256: str, device: str):
     return ckpt.load(device)
 
 
+@st.cache_resource(max_entries=2, show_spinner="Loading the published model…")
+def _load_causal_lm(path: str, sha256: str):
+    ckpt = CausalLMCheckpoint.resolve(path)
+    if ckpt.sha256 != sha256:
+        raise CheckpointError(f"{path} changed while it was loading; reload the page")
+    return ckpt.load("cpu")
+
+
+def causal_lm(info: ck.CheckpointInfo) -> CausalLMCheckpoint:
+    """The :class:`CausalLMCheckpoint` of a published causal LM in a transformers folder
+    (``info.is_causal_lm``). Raises: CheckpointError."""
+    return _causal_lm(info.path)
+
+
+@st.cache_resource(ttl=5, show_spinner=False)
+def _causal_lm(path: str) -> CausalLMCheckpoint:
+    return CausalLMCheckpoint.resolve(path)
+
+
+def load_causal_lm(info: ck.CheckpointInfo):
+    """The model (``CausalLMModule``, float32 on CPU) of a published causal LM, loaded once per
+    process and identity (shared by every session). Raises: CheckpointError."""
+    ckpt = causal_lm(info)
+    return _load_causal_lm(ckpt.path, ckpt.sha256)
+
+
 def load_model(info_or_path: ck.CheckpointInfo | str, device: str = "cpu"):
     """The GPT of a checkpoint, loaded once per process (``st.cache_resource``) and shared by
     every session (``GPT.attention_probs`` is safe to call from several at once).
@@ -187,6 +213,7 @@ def checkpoint_picker(
     where=None,
     allow_published: bool = False,
     lead: str | None = None,
+    allow_causal_lm: bool = False,
 ) -> list[ck.CheckpointInfo]:
     """Checkpoint selection (URL parameter ``ckpt``) plus a box to add one by path or Hub id.
 
@@ -225,9 +252,25 @@ def checkpoint_picker(
             if info is not None:
                 by_name[ref] = info
     if not allow_published:  # published models have position encodings only: no evaluation, no logs
-        for n in [n for n, i in by_name.items() if i.is_published]:
+        for n in [n for n, i in by_name.items() if i.is_published and not (allow_causal_lm and i.is_causal_lm)]:
             del by_name[n]
-            where.info(f"`{n}` is a published model: its position bias is on the Learned biases and Fit FIRE pages.")
+            where.info(
+                f"`{plain(n)}` is a published model: its position bias is on the Learned biases and Fit FIRE pages"
+                + (
+                    "; a causal LM saved in a local folder with transformers (weights and tokenizer) is also "
+                    "evaluated on the Length generalization and Attention pages."
+                    if not allow_causal_lm
+                    else "; only a causal LM saved in a local folder with transformers (weights and tokenizer) "
+                    "runs here."
+                )
+            )
+    if allow_published and not allow_causal_lm:  # a bias page: a model with no bias to read is said, not listed
+        for n in [n for n, i in by_name.items() if i.causal_lm_only]:
+            del by_name[n]
+            where.info(
+                f"`{plain(n)}` has learned absolute positions: no bias or rotary kernel to show here; it is "
+                "evaluated on the Length generalization page and its attention drawn on the Attention page."
+            )
     if filter_fn is not None:
         by_name = {n: i for n, i in by_name.items() if filter_fn(i)}
     names = list(by_name)
@@ -260,6 +303,12 @@ def checkpoint_caption(info: ck.CheckpointInfo) -> str:
     """One line about a checkpoint: encoding, shape, parameters, training length and tokens, data
     (for a published model: source, family, revision, stack and what was read)."""
     c = info.config
+    if info.is_causal_lm:
+        return (
+            f"**{plain(info.name)}**: published causal LM ({plain(c.get('model_type'))}, transformers folder), "
+            f"{plain(c.get('n_layer'))} layers × {plain(c.get('n_head'))} heads; position encoding "
+            f"{plain(info.position_encoding)}; original length {info.seq_len} tokens of its own tokenizer"
+        )
     if info.is_published:
         rev = f" @ {plain(str(c['revision'])[:12])}" if c.get("revision") else ""
         stack = f", {plain(c.get('stack'))} stack" if c.get("stack") else ""
