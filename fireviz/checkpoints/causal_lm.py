@@ -1,4 +1,4 @@
-"""A published causal LM as a checkpoint: a folder written by ``transformers`` (issue #36).
+"""A published causal LM as a checkpoint: a folder written by ``transformers``, or its Hub id (issue #36).
 
 :class:`CausalLMCheckpoint` stands behind the same interface as a fireviz :class:`Checkpoint`
 (``name``, ``path``, ``folder``, ``sha256``, ``config.seq_len``, ``config.position_encoding``,
@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from fireviz.checkpoints.hub import _hub_error, looks_like_hub_id
+from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
 from fireviz.data.tokenizers import HFTokenizer, files_sha256
 from fireviz.model import CheckpointError
@@ -156,6 +158,73 @@ def _weight_files(folder: Path) -> list[Path]:
 _MODELS_LOCK = threading.Lock()
 
 
+def _folder_identity(folder: Path) -> str:
+    """sha256 over config.json, the safetensors weights and the tokenizer's files (by name and
+    bytes). Raises: CheckpointError for pickle-only weights, no tokenizer, an unreadable file."""
+    weights = _weight_files(folder)
+    tok_files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+    if not tok_files:
+        raise CheckpointError(
+            f"{folder} has no tokenizer (tokenizer.json); save it beside the model with tokenizer.save_pretrained(folder)"
+        )
+    try:
+        return files_sha256([folder / "config.json", *weights, *tok_files])
+    except OSError as e:
+        raise CheckpointError(f"cannot read {folder}: {e}") from e
+
+
+def hub_endpoint() -> str | None:
+    """The Hub's address: ``HF_ENDPOINT`` as it is now (huggingface_hub reads it once, at import),
+    else None (huggingface_hub's default)."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def download_causal_lm(repo_id: str, revision: str | None = None) -> Path:
+    """A published causal LM's files from the Hugging Face Hub into its cache (``hf_hub_download``,
+    file by file: config.json, model.safetensors or the shards its index names, the tokenizer's
+    files) → the snapshot folder (``…/snapshots/<commit>``). Never a pickle.
+    Raises: CheckpointError (``hub.HubModelError``): offline and not cached, no such repo, gated,
+      not a causal LM, or weights in pickle files only."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    endpoint = hub_endpoint()
+
+    def get(name: str, required: bool = True) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo_id, name, revision=revision, endpoint=endpoint))
+        except Exception as e:  # huggingface_hub's errors, said as the rest of fireviz says them
+            if not required and type(e).__name__ in (
+                "EntryNotFoundError",
+                "RemoteEntryNotFoundError",
+                "LocalEntryNotFoundError",  # an optional file the Hub said it lacks (remembered in the cache)
+            ):
+                return None
+            raise _hub_error(repo_id, name, e) from None
+
+    config = get("config.json")
+    assert config is not None  # required
+    folder = config.parent
+    if not is_causal_lm_folder(folder):
+        raise HubModelError(f"{repo_id} is not a causal LM written by transformers (config.json names no …ForCausalLM)")
+    if get("model.safetensors", required=False) is None:
+        index = get("model.safetensors.index.json", required=False)
+        if index is None:
+            try:
+                pickled = HfApi(endpoint=endpoint).file_exists(repo_id, "pytorch_model.bin", revision=revision)
+            except Exception:
+                pickled = False
+            raise HubModelError(
+                f"{repo_id} has no safetensors weights"
+                + (" (only pytorch_model.bin, a pickle, which fireviz never loads)" if pickled else "")
+                + "; pick a repo with model.safetensors"
+            )
+        for shard in sorted(set((read_json(index).get("weight_map") or {}).values())):
+            get(str(shard))
+    for name in TOKENIZER_FILES + ("generation_config.json",):
+        get(name, required=False)
+    return folder
+
+
 @dataclass(frozen=True, eq=False)
 class CausalLMCheckpoint:
     """A published causal LM in a local folder written by ``transformers``, resolved once.
@@ -189,25 +258,24 @@ class CausalLMCheckpoint:
         if isinstance(ref, CausalLMCheckpoint):
             return ref
         folder = Path(ref).expanduser()
+        repo_id = None
+        if not folder.exists() and looks_like_hub_id(str(ref)):
+            folder, repo_id = download_causal_lm(str(ref)), str(ref)
         if not is_causal_lm_folder(folder):
             raise CheckpointError(
                 f"{ref} is not a folder written by transformers for a causal LM (config.json with model_type "
                 "and a …ForCausalLM architecture); save one with model.save_pretrained(folder)"
             )
         cfg = read_json(folder / "config.json")
-        weights = _weight_files(folder)
-        tok_files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
-        if not tok_files:
-            raise CheckpointError(
-                f"{folder} has no tokenizer (tokenizer.json); save it beside the model with "
-                "tokenizer.save_pretrained(folder)"
-            )
-        try:
-            sha = files_sha256([folder / "config.json", *weights, *tok_files])
-        except OSError as e:
-            raise CheckpointError(f"cannot read {folder}: {e}") from e
+        sha = _folder_identity(folder)
         return cls(
-            name=folder.resolve().name, path=str(ref), folder=folder, config=_config(cfg, str(folder)), sha256=sha
+            name=str(ref).rsplit("/", 1)[-1] if repo_id else folder.resolve().name,
+            path=str(ref),
+            folder=folder,
+            config=_config(cfg, str(folder)),
+            sha256=sha,
+            source="hub" if repo_id else "local",
+            repo_id=repo_id,
         )
 
     @property
@@ -226,8 +294,7 @@ class CausalLMCheckpoint:
 
         hf_logging.disable_progress_bar()  # fireviz shows its own progress
 
-        now = CausalLMCheckpoint.resolve(self.path)
-        if now.sha256 != self.sha256:
+        if _folder_identity(self.folder) != self.sha256:
             raise CheckpointError(f"{self.name} changed since it was opened ({self.folder}); open it again")
         try:
             config = AutoConfig.from_pretrained(self.folder, local_files_only=True)
@@ -387,13 +454,24 @@ class CausalLMModule(nn.Module):
 
 def resolve_any(ref):
     """A checkpoint of either kind: a transformers causal-LM folder → :class:`CausalLMCheckpoint`,
-    anything else → ``fireviz.checkpoints.Checkpoint.resolve``. Raises: CheckpointError."""
+    a Hub id → a fireviz checkpoint there, else a published causal LM; anything else →
+    ``fireviz.checkpoints.Checkpoint.resolve``. Raises: CheckpointError."""
     from fireviz.checkpoints.checkpoint import Checkpoint
 
     if isinstance(ref, (Checkpoint, CausalLMCheckpoint)):
         return ref
     if is_causal_lm_folder(ref):
         return CausalLMCheckpoint.resolve(ref)
+    local = Path(str(ref)).expanduser()
+    if not local.exists() and looks_like_hub_id(str(ref)):
+        from huggingface_hub import hf_hub_download
+
+        try:  # config.json alone decides the kind (a published model's weights are not fetched twice)
+            config = Path(hf_hub_download(str(ref), "config.json", endpoint=hub_endpoint()))
+        except Exception:
+            return Checkpoint.resolve(ref)  # its own message: offline, no such repo, …
+        if is_causal_lm_folder(config.parent):
+            return CausalLMCheckpoint.resolve(ref)
     return Checkpoint.resolve(ref)
 
 

@@ -228,3 +228,41 @@ def test_documents_are_tokenized_with_byte_ends_that_cover_the_text():
         ends = td.byte_ends
         assert (np.diff(ends) >= 0).all() and ends[-1] == len(doc.raw_bytes()[:])
         assert td.token_bytes().sum() == len(doc.raw_bytes()[:])
+
+
+# -- the Hub path, against the loopback server the hub tests use ------------------------------------
+@pytest.fixture
+def hub_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    return tmp_path
+
+
+def test_a_hub_id_fetches_safetensors_and_tokenizer_and_scores_as_the_folder(folders, hub_env, monkeypatch):
+    from hub_server import HubServer
+
+    pickled = hub_env / "pickled"
+    pickled.mkdir()
+    for f in folders["llama"].iterdir():
+        if f.suffix != ".safetensors":
+            (pickled / f.name).write_bytes(f.read_bytes())
+    (pickled / "pytorch_model.bin").write_bytes(b"never read")
+    with HubServer({"org/tiny-llama": folders["llama"], "org/pickled": pickled}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        ckpt = resolve_any("org/tiny-llama")
+        assert isinstance(ckpt, CausalLMCheckpoint) and ckpt.source == "hub" and ckpt.repo_id == "org/tiny-llama"
+        assert ckpt.sha256 == resolve_any(folders["llama"]).sha256  # the same files: one identity
+        fetched = {entry[2] for entry in server.log}
+        assert "model.safetensors" in fetched and "tokenizer.json" in fetched
+        with pytest.raises(CheckpointError, match="pickle"):
+            CausalLMCheckpoint.resolve("org/pickled")
+        assert not any(entry[2] == "pytorch_model.bin" and entry[0] == "GET" for entry in server.log)
+    s = EvalSettings.make("prose", [48], token_budget=DOCS * 47)
+    (hub_row,) = evaluate([ckpt], s, cache=EvalCache(hub_env / "c1"))
+    (folder_row,) = evaluate([resolve_any(folders["llama"])], s, cache=EvalCache(hub_env / "c2"))
+    assert hub_row["per_length"][0]["per_document"] == folder_row["per_length"][0]["per_document"]
