@@ -9,6 +9,7 @@ context length, ``_context_table``), writes ``--out`` / ``--figure``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -606,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"fireviz eval: error: {problem}", file=sys.stderr)
         return 2
-    bar = _ProgressBar(args.quiet)
+    follower = int(os.environ.get("RANK", "0")) > 0  # torchrun: the first process prints and writes
+    bar = _ProgressBar(args.quiet or follower)
     try:
         results = _run(args, bar)
     except (CheckpointError, DataError, EvaluationError) as e:
@@ -618,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         print("fireviz eval: interrupted; finished lengths are cached", file=sys.stderr)
         return 130
     bar.close()
+    if follower:
+        return 0
     print(format_table(results))
     if args.out:
         try:

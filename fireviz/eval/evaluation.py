@@ -38,6 +38,7 @@ from fireviz import __version__
 from fireviz.checkpoints import Checkpoint
 from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS, CausalLMCheckpoint, resolve_any
 from fireviz.core import write_json_atomic
+from fireviz.core.distributed import init_distributed
 from fireviz.data.tokenizers import BYTE_TOKENIZER
 from fireviz.encodings import fire_modules
 from fireviz.eval.cache import EvalCache, _lookup, cache_key, published_results
@@ -269,7 +270,14 @@ def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntr
 
 
 def _score_length(
-    c: _Loaded, model: GPT, n: int, windows: list[Window], plan: Plan, s: EvalSettings, prog: Progress
+    c: _Loaded,
+    model: GPT,
+    n: int,
+    windows: list[Window],
+    plan: Plan,
+    s: EvalSettings,
+    prog: Progress,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict:
     """Score one length of one checkpoint: its per-length entry (loss, intervals, accuracy for a task).
     Raises: NonFiniteLossError for a NaN/inf loss; EvaluationCancelled."""
@@ -297,6 +305,7 @@ def _score_length(
         doc_bytes=plan.doc_bytes if plan.encoded is not None else None,
         bos_window=plan.bos_window,
         bytes_out=doc_bytes,
+        shard=shard,
     )
     prog.done = done_before + n_tokens
     mean = float(nats.sum() / max(int(counts.sum()), 1))
@@ -354,8 +363,11 @@ def _evaluate_one(
     prog: Progress,
     cache: EvalCache,
     cache_root: Path,
+    shard: tuple[int, int] = (0, 1),
 ) -> list[LengthEntry]:
-    """One checkpoint at every length: cached where it can be, else scored (and cached)."""
+    """One checkpoint at every length: cached where it can be, else scored (and cached; under
+    ``torchrun`` each process scores its share of the batches, ``shard`` = (rank, world), and the
+    first process writes the cache)."""
     on_device = None
     per_length: list[LengthEntry] = []
     read_published = cache.enabled and cache.use_published
@@ -394,10 +406,10 @@ def _evaluate_one(
                 else (on_device, {})
             )
         scored.set_attention_backend("flex" if flex else "sdpa")
-        entry = _score_length(c, scored, n, windows, plan, s, prog)
+        entry = _score_length(c, scored, n, windows, plan, s, prog, shard)
         entry.update(extra)
         entry["seconds"] = time.perf_counter() - t0
-        if cache.enabled:
+        if cache.enabled and shard[0] == 0:
             try:
                 write_json_atomic(
                     entry_path,
@@ -418,6 +430,10 @@ def _evaluate_one(
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        if shard[1] > 1:  # the entry is on disk before any process looks this key up again
+            import torch.distributed as dist
+
+            dist.barrier()
         per_length.append(cast(LengthEntry, {**entry, "cached": False, "source": "computed"}))
     if on_device is not None and c.model is not None and s.device.type == "cuda":
         c.model.to("cpu")
@@ -455,6 +471,7 @@ def evaluate(
     """
     t_start = time.perf_counter()
     cache = cache or EvalCache()
+    d = init_distributed(settings.device.type)  # torchrun: the batches are split across the processes
     cache_root, loaded, ref = _prepare(checkpoints, settings, cache, reference, load=True)
     for plan in {id(c.plan): c.plan for c in loaded if c.plan is not None}.values():
         plan.windows.update(
@@ -472,7 +489,7 @@ def evaluate(
     results = []
     for c in loaded:
         t_ckpt = time.perf_counter()
-        per_length = _evaluate_one(c, settings, _plan_of(c), prog, cache, cache_root)
+        per_length = _evaluate_one(c, settings, _plan_of(c), prog, cache, cache_root, (d.rank, d.world))
         results.append(_result(c, settings, _plan_of(c), per_length, time.perf_counter() - t_ckpt + setup_seconds))
     out = with_paired_differences(with_full_context_differences(results), ref)
     prog.report("done")

@@ -281,17 +281,24 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
     tokens. Mode ``same_text``: one text per document in bytes for all of them
     (``windows.plan_shared_text``), so they pair per document in bits per byte. Modes
     ``nonoverlapping`` and ``sliding``: each tokenizer's own windows (not paired across tokenizers).
-    ``s.bos`` decides BOS (``fireviz.data.tokenizers.BOS_MODES``; None: each model's own).
-    Raises: EvaluationError for mode ``context`` or a task (byte-level checkpoints only so far),
+    Mode ``context``: the context-use protocol (``windows.plan_context``) in the tokens of the one
+    tokenizer all the checkpoints share. ``s.bos_mode`` decides BOS (``fireviz.data.tokenizers.BOS_MODES``;
+    None: each model's own).
+    Raises: EvaluationError for a task (byte sequences) or mode ``context`` across tokenizers;
       DataError as :func:`load_eval_documents` and for a BOS the tokenizer lacks."""
-    if s.mode in ("context", "synthetic"):
+    if s.mode == "synthetic":
         raise EvaluationError(
-            f"mode {s.mode!r} evaluates fireviz's byte-level checkpoints only so far; use mode same_text "
-            "(the default), nonoverlapping or sliding for a published model"
+            f"{s.data} is a task of byte sequences: only fireviz's byte-level checkpoints read it; evaluate a "
+            "published model on text"
+        )
+    unique = {t.identity: t for t in tokenizers}
+    if s.mode == "context" and len(unique) > 1:
+        raise EvaluationError(
+            "mode context measures each checkpoint against its own full context, in its own tokens: give "
+            "checkpoints that share one tokenizer (a published model alone, or fireviz checkpoints together)"
         )
     docs, split, fingerprint = load_eval_documents(s.data, s.split)
     ids = [d.id for d in docs]
-    unique = {t.identity: t for t in tokenizers}
     encoded = {k: _encoded(docs, fingerprint, t, s.bos_mode) for k, t in unique.items()}
     out = {}
     keys: dict[str, str] = {}
@@ -310,6 +317,22 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
             sizes = [len(e) for e in encoded[k]]
             out[k] = Plan(dict(same.windows), ids, sizes, fingerprint, split, len(docs), same_text=same, docs=docs)
             keys[k] = f"bytes:{text.hexdigest()[:16]}|bos={s.bos_mode}"
+    elif s.mode == "context":  # one tokenizer: the context-use protocol in its tokens
+        assert s.prefix_tokens is not None and s.context_targets is not None and s.stride is not None  # by make
+        ((k, enc),) = encoded.items()
+        sizes = [len(e) for e in enc]
+        context = plan_context(
+            ids,
+            sizes,
+            list(s.lengths),
+            prefix_tokens=s.prefix_tokens,
+            targets=s.context_targets,
+            stride=s.stride,
+            token_budget=s.token_budget,
+            seed=s.seed,
+        )
+        out[k] = Plan(dict(context.windows), ids, sizes, fingerprint, split, len(docs), docs=docs, context=context)
+        keys[k] = f"tokens:{k}|bos={s.bos_mode}"
     else:
         for k, enc in encoded.items():
             sizes = [len(e) for e in enc]

@@ -40,6 +40,7 @@ def score_windows(
     doc_bytes: Callable[[int], np.ndarray | None] | None = None,
     bos_window: int | None = None,
     bytes_out: dict | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> tuple:
     """Summed next-token loss by window position over ``windows`` of ``length`` tokens.
 
@@ -60,6 +61,10 @@ def score_windows(
         scored target bytes are summed into it. None: one byte per token.
       bos_window: a BOS id written over every window's first (context-only) position (the
         ``"window"`` BOS convention), else None.
+      shard: ``(rank, world)`` under ``torchrun``: this process scores batches ``rank, rank +
+        world, …`` and the processes exchange their per-batch sums (``all_gather_object``), which
+        every process then adds in batch order — so the numbers are bit for bit those of one
+        process (the batches are the same windows either way). ``(0, 1)``: one process.
     Returns: ``(nats_sum float64 [length], counts int64 [length], nats_by_doc,
       tokens_by_doc)``: the first two indexed by window position (index 0 is always zero,
       never a target); the last two map each document index to its summed nats (float)
@@ -76,19 +81,37 @@ def score_windows(
     doc_tokens_scored: dict[int, int] = {}
     doc_correct: dict[int, int] = {}
     use_autocast = device.type == "cuda"
+    rank, world = shard
+    parts: list[tuple] = []  # torchrun: per batch scored here (index, Σ nats by position, counts, rows, bytes)
+
+    def add(part: tuple) -> None:  # one batch's sums into the totals
+        _, pos_nats, pos_counts, rows, row_bytes = part
+        nats[1:] += pos_nats
+        counts[1:] += pos_counts
+        for doc, row_nats, row_count, h in rows:
+            doc_nats[doc] = doc_nats.get(doc, 0.0) + row_nats
+            doc_tokens_scored[doc] = doc_tokens_scored.get(doc, 0) + row_count
+            if with_accuracy:
+                doc_correct[doc] = doc_correct.get(doc, 0) + h
+        if bytes_out is not None:
+            for doc, scored in row_bytes:
+                bytes_out[doc] = bytes_out.get(doc, 0) + scored
+
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
+            if (b // per_batch) % world != rank:
+                continue
             batch = windows[b : b + per_batch]
             x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
             if bos_window is not None:
                 x[:, 0] = bos_window
             first = torch.tensor([w.first_target for w in batch])
+            row_bytes = []
             if doc_bytes is not None and bytes_out is not None:
                 for w in batch:
                     per_token = doc_bytes(w.doc)
                     if per_token is not None:
-                        scored = int(per_token[w.start + w.first_target : w.start + length].sum())
-                        bytes_out[w.doc] = bytes_out.get(w.doc, 0) + scored
+                        row_bytes.append((w.doc, int(per_token[w.start + w.first_target : w.start + length].sum())))
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
                 logits = model(x)
             nll = (
@@ -101,18 +124,32 @@ def score_windows(
             )
             keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
             kept = nll * keep
-            nats[1:] += kept.sum(0)
-            counts[1:] += keep.sum(0)
-            for w, row_nats, row_count in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist(), strict=True):
-                doc_nats[w.doc] = doc_nats.get(w.doc, 0.0) + row_nats
-                doc_tokens_scored[w.doc] = doc_tokens_scored.get(w.doc, 0) + int(row_count)
-            if with_accuracy:
-                hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
-                for w, h in zip(batch, hit, strict=True):
-                    doc_correct[w.doc] = doc_correct.get(w.doc, 0) + int(h)
+            hit = (
+                ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
+                if with_accuracy
+                else [0] * len(batch)
+            )
+            rows = [
+                (w.doc, row_nats, int(row_count), int(h))
+                for w, row_nats, row_count, h in zip(
+                    batch, kept.sum(1).tolist(), keep.sum(1).tolist(), hit, strict=True
+                )
+            ]
+            part = (b, kept.sum(0), keep.sum(0), rows, row_bytes)
+            if world > 1:
+                parts.append(part)  # added below, with the other processes' batches
+            else:
+                add(part)
             del logits, nll
             if on_batch is not None:
                 on_batch(len(batch))
+    if world > 1:  # every process adds every batch, in batch order: one process's sums, bit for bit
+        import torch.distributed as dist
+
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, parts)
+        for part in sorted((part for got in gathered for part in got), key=lambda part: part[0]):
+            add(part)
     if with_accuracy:
         return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored, doc_correct
     return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored

@@ -266,3 +266,62 @@ def test_a_hub_id_fetches_safetensors_and_tokenizer_and_scores_as_the_folder(fol
     (hub_row,) = evaluate([ckpt], s, cache=EvalCache(hub_env / "c1"))
     (folder_row,) = evaluate([resolve_any(folders["llama"])], s, cache=EvalCache(hub_env / "c2"))
     assert hub_row["per_length"][0]["per_document"] == folder_row["per_length"][0]["per_document"]
+
+
+def test_context_use_runs_in_a_published_models_own_tokens_and_is_refused_across_tokenizers(
+    folders, tiny_checkpoints_dir, tmp_path
+):
+    """Mode context: the same targets at every context length, in the model's tokens; the
+    differences against its own full context are paired on the same bytes. Across tokenizers the
+    protocol has no one token axis: refused in one line."""
+    from fireviz.eval import EvaluationError
+
+    s = EvalSettings.make(
+        "prose", [8, 16, "full"], mode="context", prefix_tokens=64, context_targets=16, stride=8, token_budget=160
+    )
+    (r,) = evaluate([resolve_any(folders["llama"])], s, cache=EvalCache(tmp_path))
+    entries = {e["length"]: e for e in r["per_length"]}
+    assert set(entries) == {8, 16, 48}
+    assert len({e["bytes_scored"] for e in entries.values()}) == 1  # the same targets at every c
+    assert {e["tokens_scored"] for e in entries.values()} == {160}
+    for c in (8, 16):
+        pd, full = entries[c]["per_document"], entries[48]["per_document"]
+        expected = (sum(pd["nats"]) - sum(full["nats"])) / sum(pd["bytes"]) / math.log(2)
+        assert entries[c]["full_delta_bpb"] == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(EvaluationError, match="share one tokenizer"):
+        evaluate(
+            [resolve_any(folders["llama"]), resolve_any(tiny_checkpoints_dir / "alibi")], s, cache=EvalCache(tmp_path)
+        )
+
+
+@pytest.mark.slow
+def test_torchrun_splits_the_batches_and_gives_one_process_numbers_bit_for_bit(folders, tiny_checkpoints_dir, tmp_path):
+    """Two gloo processes score alternate batches and exchange their sums, which both add in batch
+    order: every number (per-document losses, bits per byte, paired differences) equals one
+    process's exactly — the batches are the same windows, so even float32 rows agree."""
+    import json
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    args = [str(folders["llama"]), str(tiny_checkpoints_dir / "alibi"), "--data", "prose", "--lengths", "16,48"]
+    args += ["--token-budget", "1000", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(repo), OMP_NUM_THREADS="1")
+    two, one = tmp_path / "two", tmp_path / "one"
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fireviz", "eval"]
+    proc = subprocess.run(
+        run + args + ["--cache-dir", str(two), "--out", str(two / "out.json")],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("bits per byte [95 %") == 1  # the first process prints, the other does not
+    assert eval_main(args + ["--cache-dir", str(one), "--out", str(one / "out.json")]) == 0
+    a, b = (json.loads((d / "out.json").read_text()) for d in (two, one))
+    for x, y in zip(a, b, strict=True):
+        for e, f in zip(x["per_length"], y["per_length"], strict=True):
+            for k in ("bits_per_byte", "per_document", "ci95", "paired_delta_bpb", "tokens_scored", "windows"):
+                assert e.get(k) == f.get(k), (x["checkpoint"], e["length"], k)
