@@ -19,6 +19,9 @@ Steps (each one reports what failed and the script goes on with the rest):
    device with ``compile`` off and on: steps/s, tokens/s, the last loss.
 6. ``ddp``: the same run under ``torchrun`` on every visible GPU (NCCL; with ``--dry-run``: two
    CPU processes, gloo) and its last loss against the one-process run.
+7. ``published``: a published causal LM through fireviz's evaluation (issue #36,
+   ``benchmarks/published_lm.py``: SmolLM2-135M's Llama shape, random weights, bf16 autocast) at
+   8k and 32k tokens — tokens/s and peak memory; ``--dry-run``: a 2-layer model at 64 and 128 on the CPU.
 
     python benchmarks/gpu.py [--out DIR] [--budget-s 540] [--peak-tflops F] [--only STEP,…]
     python benchmarks/gpu.py --dry-run      # every step at toy sizes on the CPU (~4 min on 2 cores)
@@ -54,7 +57,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
 
-STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp")
+STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published")
 #: dense bf16 peak (TFLOP/s) by GPU name fragment, for MFU; --peak-tflops overrides
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 #: float32 logits against float64: rounding alone is ~1e-6 here; an indexing or formula bug is O(0.1)
@@ -478,6 +481,19 @@ def ddp(dev: torch.device, sizes: Sizes, budget: Budget, work: Path, single: dic
 # ---------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------
+def published(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
+    """A published causal LM's evaluation at the eval lengths (``benchmarks/published_lm.py``)."""
+    from published_lm import run as run_published
+
+    if not budget.ok(60):
+        return {"status": "skipped", "error": "out of budget"}
+    tiny = dev.type != "cuda"
+    lengths = [64, 128] if tiny else list(sizes.eval_lengths)
+    result = run_published(lengths, 1, dev.type, tiny)
+    failed = [r for r in result["rows"] if r.get("status") != "ok"]
+    return {"status": "failed" if failed else "ok", **result, **({"error": failed[0].get("error")} if failed else {})}
+
+
 def _fmt(v) -> str:
     if v is None:
         return "–"
@@ -580,6 +596,7 @@ def report(results: dict) -> str:
         ("train_step", f"Training step ({shape}; {sizes.get('train_seq')} tokens × batch {sizes.get('train_batch')}; {where}; {steps})", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
         ("eval_memory", f"Evaluation forward ({shape}; batch 1; {where})", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
         ("trainer", f"`fireviz train` (configs/tiny.toml, FIRE, {sizes.get('trainer_steps')} steps, {device})", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
+        ("published", f"Published causal LM through the evaluation (Llama, {_fmt((results.get('published') or {}).get('parameters'))} parameters, random weights; {where}; one window per length)", ["length", "status", "seconds", "tokens_per_s", "peak_bytes", "weights_bytes"]),
     ):  # fmt: skip
         rows = results.get(key, {}).get("rows", [])
         if rows:
@@ -677,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
             elif step == "ddp":
                 rows = results.get("trainer", {}).get("rows", [])
                 results[step] = _run(ddp, dev, sizes, budget, work, rows[0] if rows else None)
+            elif step == "published":
+                results[step] = _run(published, dev, sizes, budget)
             results["seconds"] = time.perf_counter() - t0
             _write(out_dir, results)  # after every step: a killed call keeps what it measured
     results["seconds"] = time.perf_counter() - t0

@@ -209,7 +209,8 @@ def dilution_cache_path(
     if not isinstance(checkpoint, (Checkpoint, CausalLMCheckpoint)):
         raise TypeError(
             f"checkpoint must be a fireviz.checkpoints.Checkpoint or CausalLMCheckpoint (got "
-            f"{type(checkpoint).__name__}): resolve it once with fireviz.checkpoints.resolve_any(path)"
+            f"{type(checkpoint).__name__}): resolve it once with Checkpoint.resolve(path) (either kind: "
+            "fireviz.checkpoints.resolve_any)"
         )
     tok = np.ascontiguousarray(tokens.detach().cpu().numpy().astype(np.int64))
     blob = json.dumps(

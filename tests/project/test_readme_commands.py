@@ -176,7 +176,11 @@ def test_every_readme_command_runs_and_leaves_checkpoints_alone(tmp_path):
     (hub / "bloom" / "config.json").write_text(
         json.dumps({"model_type": "bloom", "n_head": 16, "n_layer": 24, "hidden_size": 1024, "seq_length": 2048})
     )
+    from causal_lm_folders import write_causal_lm
+
+    write_causal_lm(hub / "smollm", "llama")  # a tiny random Llama with a BPE tokenizer, as a Hub repo
     repos = {
+        "HuggingFaceTB/SmolLM2-135M": hub / "smollm",
         "google-t5/t5-small": hub / "t5-small",
         "google/umt5-small": hub / "umt5-small",
         "bigscience/bloom-560m": hub / "bloom",
