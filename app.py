@@ -20,6 +20,13 @@ SUGGESTED_MODELS = [
     ("bigscience/bloom-560m", "BLOOM: ALiBi"),
     ("meta-llama/Llama-3.2-1B", "Llama 3.2: RoPE with llama3 scaling (gated: set HF_TOKEN)"),
 ]
+#: Published causal LMs the Home page suggests for the Length generalization page (Hub id, what it is).
+SUGGESTED_LMS = [
+    ("HuggingFaceTB/SmolLM2-135M", "SmolLM2 135M: Llama-shaped, RoPE"),
+    ("Qwen/Qwen2.5-0.5B", "Qwen2.5 0.5B: RoPE θ = 10⁶"),
+    ("EleutherAI/pythia-160m", "Pythia 160M: GPT-NeoX, rotary on a quarter of each head"),
+    ("bigscience/bloom-560m", "BLOOM 560M: ALiBi"),
+]
 PAGES = {
     "biases": ("pages/1_Learned_biases.py", "Learned biases", ":material/show_chart:", "Learned_biases"),
     "fit": ("pages/2_Fit_FIRE.py", "Fit FIRE", ":material/functions:", "Fit_FIRE"),
@@ -143,6 +150,16 @@ def home() -> None:
     )
     links = [f"[`{m}`](/{PAGES['biases'][3]}?ckpt={m}) — {what}" for m, what in SUGGESTED_MODELS]
     st.markdown("\n".join(f"- {line}" for line in links))
+    st.markdown(
+        "A published **causal LM** runs whole on the Length generalization and Attention pages (and in the "
+        "dilution panel): in its own tokenizer, in bits per byte on the same text as the fireviz checkpoints, "
+        "with zero-shot RoPE scaling. Its safetensors weights and tokenizer are downloaded once (hundreds of MB), "
+        "or give a folder `transformers` wrote. For example:"
+    )
+    lm_links = [
+        f"[`{m}`](/{PAGES['lengen'][3]}?ckpt={m}&ckpt=alibi&len=512&len=2048) — {what}" for m, what in SUGGESTED_LMS
+    ]
+    st.markdown("\n".join(f"- {line}" for line in lm_links))
 
 
 nav = st.navigation(

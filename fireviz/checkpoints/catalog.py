@@ -342,10 +342,16 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
 
     try:
         model = hub.load_published(ref, stack=stack, revision=revision)
-    except hub.HubModelError:
-        if not (Path(ref).expanduser().is_dir() and is_causal_lm_folder(Path(ref).expanduser())):
+    except hub.HubModelError as e:
+        local = Path(ref).expanduser()
+        if local.is_dir() and is_causal_lm_folder(local):
+            return _causal_lm_only_info(CausalLMCheckpoint.resolve(local))  # no bias to read; it still runs whole
+        if local.exists() or not looks_like_hub_id(ref) or "absolute position" not in str(e):
             raise
-        return _causal_lm_only_info(Path(ref).expanduser())  # no bias to read; it still runs whole
+        try:  # a Hub causal LM whose positions are learned (GPT-2): fetched whole, it still runs
+            return _causal_lm_only_info(CausalLMCheckpoint.resolve(ref))
+        except CheckpointError:
+            raise e from None
     c = model.config
     return CheckpointInfo(
         name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
@@ -370,14 +376,15 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
     )
 
 
-def _causal_lm_only_info(folder: Path) -> CheckpointInfo:
+def _causal_lm_only_info(ckpt: CausalLMCheckpoint) -> CheckpointInfo:
     """A :class:`CheckpointInfo` for a published causal LM whose position encoding
     ``fireviz.checkpoints.hub`` cannot read as a bias (learned absolute positions): what
-    ``CausalLMCheckpoint`` reads of its config. Raises: CheckpointError."""
-    c = CausalLMCheckpoint.resolve(folder).config
+    ``CausalLMCheckpoint`` reads of its config (a folder: its absolute path; a Hub id as given)."""
+    c = ckpt.config
     return CheckpointInfo(
-        name=folder.name,
-        path=str(folder.resolve()),
+        name=ckpt.path if ckpt.repo_id else ckpt.folder.name,
+        path=ckpt.path if ckpt.repo_id else str(ckpt.folder.resolve()),
+        repo_id=ckpt.repo_id,
         source="published",
         config={
             "n_layer": c.n_layer,

@@ -388,6 +388,10 @@ def load_published(
             f"{(str(e).splitlines() or [''])[0][:200]}); the config.json or weights are malformed"
         ) from e
     model.bytes_read = src.bytes_read
+    archs = cfg.get("architectures")
+    archs = archs if isinstance(archs, list) else []
+    # a whole causal LM (…ForCausalLM): fireviz.checkpoints.causal_lm can evaluate it, not only read its bias
+    model.causal_lm = any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     return model
 
 

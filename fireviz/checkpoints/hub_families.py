@@ -114,6 +114,7 @@ class PublishedModel(nn.Module):
     ``config`` (a :class:`PublishedConfig`) and ``encoding(layer)``. No other weights."""
 
     bytes_read: int  # weight-file bytes read to build it (set by ``hub.load_published``)
+    causal_lm: bool = False  # config.json names a …ForCausalLM architecture (set by ``hub.load_published``)
 
     def __init__(self, config: PublishedConfig, encodings: Sequence[nn.Module]):
         super().__init__()

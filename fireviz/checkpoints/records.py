@@ -258,12 +258,16 @@ class CheckpointInfo:
 
     @property
     def is_causal_lm(self) -> bool:
-        """True for a published causal LM in a local folder written by transformers
-        (``fireviz.checkpoints.causal_lm``): the whole model loads, so it can be evaluated and its
-        attention drawn, besides its position encoding."""
+        """True for a published causal LM — a local folder written by transformers, or a Hub id
+        whose config.json names a …ForCausalLM (``fireviz.checkpoints.causal_lm``): the whole model
+        loads, so it can be evaluated and its attention drawn, besides its position encoding."""
         from fireviz.checkpoints.causal_lm import is_causal_lm_folder
 
-        return self.is_published and Path(self.path).is_dir() and is_causal_lm_folder(self.path)
+        if not self.is_published:
+            return False
+        if Path(self.path).is_dir():
+            return is_causal_lm_folder(self.path)
+        return self.causal_lm_only or bool(getattr(self.published, "causal_lm", False))  # a Hub id
 
     @property
     def training_seed(self) -> int | None:

@@ -343,6 +343,10 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     rows = group_perplexity(results, group_key)
     fig = go.Figure()
     names = list(OrderedDict.fromkeys(r["group"] for r in rows))
+    # published models (a tokenizer of their own): a distinct marker and a dotted line, per byte
+    plain = [_as_dict(r) for r in results]
+    published = {_group_name(r, group_key) for r in plain if r.get("checkpoint_kind")}
+    per_byte = any("bytes_scored" in e for r in plain for e in r.get("per_length", []) if "error" not in e)
     for k, name in enumerate(names):
         g = [r for r in rows if r["group"] == name]
         n = max(r["n"] for r in g)
@@ -364,9 +368,12 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
                 y=np.array([r["perplexity"] for r in g]),
                 error_y=err,
                 mode="lines+markers",
-                line=dict(color=_color(k)),
-                name=name + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
-                meta={"group": name, "n": n},
+                line=dict(color=_color(k), dash="dot" if name in published else None),
+                marker=dict(symbol="diamond", size=9) if name in published else None,
+                name=name
+                + (" (published)" if name in published else "")
+                + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
+                meta={"group": name, "n": n, "published": name in published},
             )
         )
     trains = sorted({r["train_seq_len"] for r in rows if r["train_seq_len"]})
@@ -391,7 +398,9 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     fig.update_layout(
         title=dict(text="Perplexity vs evaluation length", subtitle=dict(text=_settings_caption(results))),
         xaxis_title="evaluation length (tokens)",
-        yaxis_title="perplexity (exp nats/token, log scale)",
+        yaxis_title="perplexity per byte (2^bits per byte, log scale)"
+        if per_byte
+        else "perplexity (exp nats/token, log scale)",
         meta={"train_seq_len": trains, "settings_caption": _settings_caption(results)},
     )
     return fig

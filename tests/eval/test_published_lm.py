@@ -325,3 +325,20 @@ def test_torchrun_splits_the_batches_and_gives_one_process_numbers_bit_for_bit(f
         for e, f in zip(x["per_length"], y["per_length"], strict=True):
             for k in ("bits_per_byte", "per_document", "ci95", "paired_delta_bpb", "tokens_scored", "windows"):
                 assert e.get(k) == f.get(k), (x["checkpoint"], e["length"], k)
+
+
+def test_the_length_figure_draws_a_published_model_per_byte_with_its_own_marker(
+    folders, tiny_checkpoints_dir, tmp_path
+):
+    from fireviz import plots
+
+    results = _evaluate([tiny_checkpoints_dir / "alibi", folders["llama"]], [16, 48], tmp_path)
+    fig = plots.perplexity_figure(results)
+    by = {t.meta["group"]: t for t in fig.data if t.meta and "group" in t.meta}
+    assert (
+        by["llama"].marker.symbol == "diamond" and by["llama"].meta["published"] and "(published)" in by["llama"].name
+    )
+    assert not by["alibi"].meta["published"] and by["alibi"].marker.symbol is None
+    llama = {e["length"]: e for e in results[1]["per_length"]}
+    assert list(by["llama"].y) == pytest.approx([2 ** llama[n]["bits_per_byte"] for n in (16, 48)])
+    assert "per byte" in fig.layout.yaxis.title.text
