@@ -342,3 +342,51 @@ def test_the_length_figure_draws_a_published_model_per_byte_with_its_own_marker(
     llama = {e["length"]: e for e in results[1]["per_length"]}
     assert list(by["llama"].y) == pytest.approx([2 ** llama[n]["bits_per_byte"] for n in (16, 48)])
     assert "per byte" in fig.layout.yaxis.title.text
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 2.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10000.0,
+            }
+        },
+    ],
+    ids=["rope_scaling", "rope_parameters"],
+)
+def test_a_built_in_scaling_in_either_config_layout_is_read_and_replaced(tmp_path, layout):
+    """A config that ships a scaling (Llama 3.2's llama3, in the old ``rope_scaling`` layout or
+    transformers 5's ``rope_parameters``): its original length is the one it names, and a
+    zero-shot scaling asked for replaces the built-in one (factor = length / that original)."""
+    import json
+
+    folder = write_causal_lm(tmp_path / "m", "llama", initializer_range=0.3)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("rope_scaling", None)
+    cfg.pop("rope_parameters", None)
+    cfg.update(layout)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ckpt = resolve_any(folder)
+    assert ckpt.config.seq_len == 32
+    s = EvalSettings.make("prose", [128], token_budget=DOCS * 127, rope_scaling="dynamic")
+    (r,) = evaluate([ckpt], s, cache=EvalCache(tmp_path / "c"))
+    e = r["per_length"][0]
+    assert e["rope_scaling"]["rope_type"] == "dynamic" and e["rope_scaling"]["factor"] == 4.0
+    assert e["rope_scaling"]["original_max_position_embeddings"] == 32
+    (plain,) = evaluate(
+        [ckpt], EvalSettings.make("prose", [128], token_budget=DOCS * 127), cache=EvalCache(tmp_path / "c")
+    )
+    assert plain["per_length"][0]["bits_per_byte"] != pytest.approx(e["bits_per_byte"], abs=1e-5)
