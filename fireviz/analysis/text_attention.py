@@ -37,7 +37,7 @@ from fireviz.core import is_int, read_json, write_json_atomic
 from fireviz.data import text_bytes
 from fireviz.encodings import check_normalizer_cap, fire_modules
 from fireviz.eval import default_cache_dir
-from fireviz.model import BOS_ID, GPT, nonfinite_parameters
+from fireviz.model import BOS_ID, GPT, memory, nonfinite_parameters
 
 
 # -- attention dilution ------------------------------------------------------------------------
@@ -415,11 +415,9 @@ def published_dilution_input(
     Returns: ``(tokens LongTensor [max position + 1], positions, note)``; ``note`` says which
       positions were left out and why (None if none).
     Raises: ValueError when no position is left (the document is too short, or memory)."""
-    from fireviz.model.memory import available_bytes as free_bytes
-
     ids = checkpoint.tokenizer.encode(doc).ids
     cfg = checkpoint.config
-    free = free_bytes("cpu") if available_bytes is None else available_bytes
+    free = memory.available_bytes("cpu") if available_bytes is None else available_bytes
     positions: list[int] = []
     dropped: list[int] = []
     for p in default_query_positions(cfg.seq_len, multiples):

@@ -11,8 +11,14 @@ from fireviz.checkpoints.catalog import (
     read_checkpoint,
     scan_checkpoints,
 )
-from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder, resolve_any
-from fireviz.checkpoints.checkpoint import Checkpoint, load_model, load_model_or_published, load_model_with_identity
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder
+from fireviz.checkpoints.checkpoint import (
+    Checkpoint,
+    load_model,
+    load_model_or_published,
+    load_model_with_identity,
+    resolve_any,
+)
 from fireviz.checkpoints.records import (
     LOG_FILE_GZ,
     overview_first,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fireviz.checkpoints import hub
-from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder, is_gguf_file
 
 # one rule for a Hub repo id and one Hub download for the app, the CLI and the library
 from fireviz.checkpoints.hub import download_checkpoint, looks_like_hub_id
@@ -287,6 +287,8 @@ def resolve_checkpoint(
     local = Path(ref).expanduser()
     if local.is_dir() and _is_transformers_folder(local):
         return published_info(str(local))
+    if is_gguf_file(local):  # a GGUF file (llama.cpp): a published causal LM, run whole
+        return _causal_lm_only_info(CausalLMCheckpoint.resolve(local))
     if local.exists():  # an existing path first, as every other door takes it (_local_path)
         return read_checkpoint(local)
     if "/" not in ref and not _spelled_as_path(ref) and (root / ref).is_dir():
@@ -381,9 +383,10 @@ def _causal_lm_only_info(ckpt: CausalLMCheckpoint) -> CheckpointInfo:
     ``fireviz.checkpoints.hub`` cannot read as a bias (learned absolute positions): what
     ``CausalLMCheckpoint`` reads of its config (a folder: its absolute path; a Hub id as given)."""
     c = ckpt.config
+    where = ckpt.folder / ckpt.gguf_file if ckpt.gguf_file else ckpt.folder
     return CheckpointInfo(
-        name=ckpt.path if ckpt.repo_id else ckpt.folder.name,
-        path=ckpt.path if ckpt.repo_id else str(ckpt.folder.resolve()),
+        name=ckpt.path if ckpt.repo_id else where.name,
+        path=ckpt.path if ckpt.repo_id else str(where.resolve()),
         repo_id=ckpt.repo_id,
         source="published",
         config={

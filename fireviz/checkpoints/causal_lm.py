@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from fireviz.checkpoints.hub import _hub_error, looks_like_hub_id
+from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
 from fireviz.data.tokenizers import HFTokenizer, files_sha256
@@ -49,6 +49,18 @@ TOKENIZER_FILES = (
 #: position encodings by ``model_type`` (what the evaluation says and what RoPE scaling may apply to)
 _ALIBI_TYPES = ("bloom", "mpt", "falcon_alibi")
 _LEARNED_TYPES = ("gpt2", "opt", "gpt_bigcode", "biogpt", "xglm")
+
+
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """True for a file that starts with GGUF's magic bytes (llama.cpp's model format). Raises nothing."""
+    try:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            return False
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
@@ -173,55 +185,30 @@ def _folder_identity(folder: Path) -> str:
         raise CheckpointError(f"cannot read {folder}: {e}") from e
 
 
-def hub_endpoint() -> str | None:
-    """The Hub's address: ``HF_ENDPOINT`` as it is now (huggingface_hub reads it once, at import),
-    else None (huggingface_hub's default)."""
-    return os.environ.get("HF_ENDPOINT") or None
-
-
 def download_causal_lm(repo_id: str, revision: str | None = None) -> Path:
-    """A published causal LM's files from the Hugging Face Hub into its cache (``hf_hub_download``,
-    file by file: config.json, model.safetensors or the shards its index names, the tokenizer's
-    files) → the snapshot folder (``…/snapshots/<commit>``). Never a pickle.
+    """A published causal LM's files from the Hugging Face Hub into its cache (file by file through
+    ``fireviz.checkpoints.hub.hub_file``: config.json, model.safetensors or the shards its index
+    names, the tokenizer's files) → the snapshot folder (``…/snapshots/<commit>``). Never a pickle.
     Raises: CheckpointError (``hub.HubModelError``): offline and not cached, no such repo, gated,
       not a causal LM, or weights in pickle files only."""
-    from huggingface_hub import HfApi, hf_hub_download
-
-    endpoint = hub_endpoint()
-
-    def get(name: str, required: bool = True) -> Path | None:
-        try:
-            return Path(hf_hub_download(repo_id, name, revision=revision, endpoint=endpoint))
-        except Exception as e:  # huggingface_hub's errors, said as the rest of fireviz says them
-            if not required and type(e).__name__ in (
-                "EntryNotFoundError",
-                "RemoteEntryNotFoundError",
-                "LocalEntryNotFoundError",  # an optional file the Hub said it lacks (remembered in the cache)
-            ):
-                return None
-            raise _hub_error(repo_id, name, e) from None
-
-    config = get("config.json")
+    config = hub_file(repo_id, "config.json", revision)
     assert config is not None  # required
     folder = config.parent
     if not is_causal_lm_folder(folder):
         raise HubModelError(f"{repo_id} is not a causal LM written by transformers (config.json names no …ForCausalLM)")
-    if get("model.safetensors", required=False) is None:
-        index = get("model.safetensors.index.json", required=False)
+    if hub_file(repo_id, "model.safetensors", revision, required=False) is None:
+        index = hub_file(repo_id, "model.safetensors.index.json", revision, required=False)
         if index is None:
-            try:
-                pickled = HfApi(endpoint=endpoint).file_exists(repo_id, "pytorch_model.bin", revision=revision)
-            except Exception:
-                pickled = False
+            pickled = hub_has_file(repo_id, "pytorch_model.bin", revision)
             raise HubModelError(
                 f"{repo_id} has no safetensors weights"
                 + (" (only pytorch_model.bin, a pickle, which fireviz never loads)" if pickled else "")
                 + "; pick a repo with model.safetensors"
             )
         for shard in sorted(set((read_json(index).get("weight_map") or {}).values())):
-            get(str(shard))
+            hub_file(repo_id, str(shard), revision)
     for name in TOKENIZER_FILES + ("generation_config.json",):
-        get(name, required=False)
+        hub_file(repo_id, name, revision, required=False)
     return folder
 
 
@@ -242,6 +229,7 @@ class CausalLMCheckpoint:
     sha256: str
     source: str = "local"
     repo_id: str | None = None
+    gguf_file: str | None = None
     kind: ClassVar[str] = "transformers"
 
     def __eq__(self, other: object) -> bool:
@@ -257,6 +245,8 @@ class CausalLMCheckpoint:
           folder, pickle-only weights, no tokenizer, a config without a maximum length."""
         if isinstance(ref, CausalLMCheckpoint):
             return ref
+        if is_gguf_file(ref):
+            return cls._resolve_gguf(Path(ref).expanduser(), str(ref))
         folder = Path(ref).expanduser()
         repo_id = None
         if not folder.exists() and looks_like_hub_id(str(ref)):
@@ -267,16 +257,39 @@ class CausalLMCheckpoint:
                 "and a …ForCausalLM architecture); save one with model.save_pretrained(folder)"
             )
         cfg = read_json(folder / "config.json")
-        sha = _folder_identity(folder)
+        sha256 = _folder_identity(folder)
         return cls(
             name=str(ref).rsplit("/", 1)[-1] if repo_id else folder.resolve().name,
             path=str(ref),
             folder=folder,
             config=_config(cfg, str(folder)),
-            sha256=sha,
+            sha256=sha256,
             source="hub" if repo_id else "local",
             repo_id=repo_id,
         )
+
+    @classmethod
+    def _resolve_gguf(cls, path: Path, ref: str) -> CausalLMCheckpoint:
+        """A GGUF file (llama.cpp's format): its config and tokenizer from its metadata, read by
+        transformers (dequantised to float32 when loaded); its identity is the file's sha256."""
+        from transformers import AutoConfig
+
+        try:
+            cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True).to_dict()
+            sha256 = files_sha256([path])
+        except (OSError, ValueError, KeyError, ImportError) as e:
+            raise CheckpointError(f"transformers cannot read the GGUF file {path}: {type(e).__name__}: {e}") from e
+        return cls(
+            name=path.stem,
+            path=ref,
+            folder=path.parent,
+            config=_config(cfg, str(path)),
+            sha256=sha256,
+            gguf_file=path.name,
+        )
+
+    def _identity_now(self) -> str:
+        return files_sha256([self.folder / self.gguf_file]) if self.gguf_file else _folder_identity(self.folder)
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -294,18 +307,25 @@ class CausalLMCheckpoint:
 
         hf_logging.disable_progress_bar()  # fireviz shows its own progress
 
-        if _folder_identity(self.folder) != self.sha256:
-            raise CheckpointError(f"{self.name} changed since it was opened ({self.folder}); open it again")
         try:
-            config = AutoConfig.from_pretrained(self.folder, local_files_only=True)
+            changed = self._identity_now() != self.sha256
+        except OSError as e:
+            raise CheckpointError(f"cannot read {self.name} ({self.folder}): {e}") from e
+        if changed:
+            raise CheckpointError(f"{self.name} changed since it was opened ({self.folder}); open it again")
+        gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {"use_safetensors": True}
+        try:
+            config = AutoConfig.from_pretrained(
+                self.folder, local_files_only=True, **({"gguf_file": self.gguf_file} if self.gguf_file else {})
+            )
             extra = {}
             if rope_scaling is not None:
                 extra = scale_rope(config, self.config, rope_scaling, length or self.config.seq_len)
             with _MODELS_LOCK:
                 model = AutoModelForCausalLM.from_pretrained(
-                    self.folder, config=config, use_safetensors=True, dtype=torch.float32, local_files_only=True
+                    self.folder, config=config, dtype=torch.float32, local_files_only=True, **gguf
                 )
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
             if isinstance(e, ValueError) and rope_scaling is not None and "rope" in str(e).lower():
                 raise
             raise CheckpointError(f"transformers cannot load {self.folder}: {type(e).__name__}: {e}") from e
@@ -323,10 +343,11 @@ def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
         from transformers import AutoTokenizer
 
         try:
-            hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True)
-        except (OSError, ValueError) as e:
+            extra = {"gguf_file": ckpt.gguf_file} if ckpt.gguf_file else {}
+            hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True, **extra)
+        except (OSError, ValueError, KeyError, ImportError) as e:
             raise CheckpointError(f"transformers cannot load the tokenizer of {ckpt.folder}: {e}") from e
-        tok = HFTokenizer(hf, identity=ckpt.sha256, name=ckpt.name)
+        tok = HFTokenizer(hf, key=ckpt.sha256, name=ckpt.name)
         with _MODELS_LOCK:
             _TOKENIZERS[ckpt.sha256] = tok
     return tok
@@ -452,29 +473,6 @@ class CausalLMModule(nn.Module):
         return out
 
 
-def resolve_any(ref):
-    """A checkpoint of either kind: a transformers causal-LM folder → :class:`CausalLMCheckpoint`,
-    a Hub id → a fireviz checkpoint there, else a published causal LM; anything else →
-    ``fireviz.checkpoints.Checkpoint.resolve``. Raises: CheckpointError."""
-    from fireviz.checkpoints.checkpoint import Checkpoint
-
-    if isinstance(ref, (Checkpoint, CausalLMCheckpoint)):
-        return ref
-    if is_causal_lm_folder(ref):
-        return CausalLMCheckpoint.resolve(ref)
-    local = Path(str(ref)).expanduser()
-    if not local.exists() and looks_like_hub_id(str(ref)):
-        from huggingface_hub import hf_hub_download
-
-        try:  # config.json alone decides the kind (a published model's weights are not fetched twice)
-            config = Path(hf_hub_download(str(ref), "config.json", endpoint=hub_endpoint()))
-        except Exception:
-            return Checkpoint.resolve(ref)  # its own message: offline, no such repo, …
-        if is_causal_lm_folder(config.parent):
-            return CausalLMCheckpoint.resolve(ref)
-    return Checkpoint.resolve(ref)
-
-
 __all__ = [
     "HF_ROPE_SCALINGS",
     "CausalLMCheckpoint",
@@ -482,6 +480,6 @@ __all__ = [
     "AttentionRecord",
     "CausalLMModule",
     "is_causal_lm_folder",
-    "resolve_any",
+    "is_gguf_file",
     "scale_rope",
 ]

@@ -35,6 +35,7 @@ from fireviz.checkpoints.catalog import (
     _safetensors_entries,
     checkpoint_files,
 )
+from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder, is_gguf_file
 from fireviz.checkpoints.hub import looks_like_hub_id
 from fireviz.core import MAX_JSON_BYTES, FileFormatError, read_json
 from fireviz.model import GPT, CheckpointError, GPTConfig, load_checked
@@ -196,4 +197,23 @@ def load_model_or_published(ref: str, stack: str = "decoder", revision: str | No
     return fireviz(ref)
 
 
-__all__ = ["Checkpoint", "load_model", "load_model_or_published", "load_model_with_identity"]
+def resolve_any(ref) -> Checkpoint | CausalLMCheckpoint:
+    """A checkpoint of either kind, resolved once: a folder ``transformers`` wrote for a causal LM or
+    a GGUF file → :class:`CausalLMCheckpoint`; a Hub id → its config.json decides (a fireviz
+    checkpoint there, else a published causal LM); anything else → :meth:`Checkpoint.resolve`.
+    Raises: CheckpointError naming the problem and the fix."""
+    if isinstance(ref, (Checkpoint, CausalLMCheckpoint)):
+        return ref
+    if is_causal_lm_folder(ref) or is_gguf_file(ref):
+        return CausalLMCheckpoint.resolve(ref)
+    if not Path(str(ref)).expanduser().exists() and looks_like_hub_id(str(ref)):
+        try:  # config.json alone decides the kind (a published model's weights are not fetched twice)
+            config = hub.hub_file(str(ref), "config.json")
+        except CheckpointError:
+            return Checkpoint.resolve(ref)  # its own message: offline, no such repo, …
+        if config is not None and is_causal_lm_folder(config.parent):
+            return CausalLMCheckpoint.resolve(ref)
+    return Checkpoint.resolve(ref)
+
+
+__all__ = ["Checkpoint", "load_model", "load_model_or_published", "load_model_with_identity", "resolve_any"]

@@ -79,6 +79,31 @@ def download_checkpoint(repo_id: str, allow_patterns: list[str], local_files_onl
         ) from e
 
 
+def hub_file(repo_id: str, name: str, revision: str | None = None, required: bool = True) -> Path | None:
+    """One file of a Hub repo in huggingface_hub's cache (``hf_hub_download``; ``HF_ENDPOINT`` as set
+    now) → its local path; None for an optional file the repo lacks.
+    Raises: HubModelError as :func:`_hub_error` (offline and not cached, no such repo, gated, missing)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo_id, name, revision=revision, endpoint=os.environ.get("HF_ENDPOINT") or None))
+    except Exception as e:  # huggingface_hub's errors, said as the rest of fireviz says them
+        missing = ("EntryNotFoundError", "RemoteEntryNotFoundError", "LocalEntryNotFoundError")
+        if not required and type(e).__name__ in missing:  # (Local…: a lack the cache remembers)
+            return None
+        raise _hub_error(repo_id, name, e) from None
+
+
+def hub_has_file(repo_id: str, name: str, revision: str | None = None) -> bool:
+    """Whether a Hub repo holds ``name`` (asked, never downloaded); False when it cannot be asked."""
+    from huggingface_hub import HfApi
+
+    try:
+        return bool(HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).file_exists(repo_id, name, revision=revision))
+    except Exception:  # offline, gated: not known, so not claimed
+        return False
+
+
 def default_cache_dir() -> Path:
     """``$FIREVIZ_CACHE_DIR/hub`` if set, else ``~/.cache/fireviz/hub``."""
     env = os.environ.get("FIREVIZ_CACHE_DIR")

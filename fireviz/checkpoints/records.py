@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TypeGuard
 
+from fireviz.checkpoints.causal_lm import is_causal_lm_folder
 from fireviz.core import FileFormatError, read_json, read_jsonl
 from fireviz.model import CheckpointError
 
@@ -261,8 +262,6 @@ class CheckpointInfo:
         """True for a published causal LM — a local folder written by transformers, or a Hub id
         whose config.json names a …ForCausalLM (``fireviz.checkpoints.causal_lm``): the whole model
         loads, so it can be evaluated and its attention drawn, besides its position encoding."""
-        from fireviz.checkpoints.causal_lm import is_causal_lm_folder
-
         if not self.is_published:
             return False
         if Path(self.path).is_dir():

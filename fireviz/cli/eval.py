@@ -15,8 +15,7 @@ import time
 from typing import Any, Sequence
 
 from fireviz import plots
-from fireviz.checkpoints import Checkpoint
-from fireviz.checkpoints.causal_lm import resolve_any
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint, resolve_any
 from fireviz.core import output_path_problem, write_json_atomic
 from fireviz.data import DOMAINS, DataError, synthetic
 from fireviz.data.tokenizers import BOS_MODES
@@ -561,7 +560,7 @@ def _write_figure(results: Sequence[EvalResult], path: str) -> bool:
     return True
 
 
-def _lengths(args, checkpoints: list[Checkpoint]) -> list[int | str] | None:
+def _lengths(args, checkpoints: Sequence[Checkpoint | CausalLMCheckpoint]) -> list[int | str] | None:
     """The lengths asked for; without ``--lengths``: None (the settings' defaults: 128 … 8192, or in
     mode context 128 … 4096 and full), or on a synthetic task (``synthetic:copy``, whose models
     train on short sequences) L/4 … 16·L around the first checkpoint's training length L, as the
@@ -575,7 +574,7 @@ def _lengths(args, checkpoints: list[Checkpoint]) -> list[int | str] | None:
     return sorted({n for n in (seq_len * k // 4 for k in (1, 2, 4, 8, 16, 32, 64)) if n >= 4} | {seq_len})
 
 
-def settings_from_args(args, checkpoints: list[Checkpoint]) -> EvalSettings:
+def settings_from_args(args, checkpoints: Sequence[Checkpoint | CausalLMCheckpoint]) -> EvalSettings:
     """The one :class:`EvalSettings` of a command line: ``--data``, the lengths and every setting
     flag (their ``dest`` names are ``SETTING_NAMES``). Raises: EvaluationError."""
     return EvalSettings.make(args.data, _lengths(args, checkpoints), **{k: getattr(args, k) for k in SETTING_NAMES})

@@ -64,10 +64,10 @@ def _utf8_ends(text: str) -> np.ndarray:
 
 
 class ByteTokenizer:
-    """fireviz's byte-level tokenizer: ``[BOS=256] + UTF-8 bytes``; identity ``"byte"``."""
+    """fireviz's byte-level tokenizer: ``[BOS=256] + UTF-8 bytes``; key ``"byte"``."""
 
     name = "byte"
-    identity = "byte"
+    key = "byte"
     bos_token_id = BOS_ID
     adds_bos = True
 
@@ -93,18 +93,18 @@ def _check_bos(bos: str | None) -> str | None:
 class HFTokenizer:
     """A Hugging Face fast tokenizer (``transformers.PreTrainedTokenizerFast``) for evaluation.
 
-    Args: ``tokenizer`` the loaded tokenizer; ``identity`` (sha256 of its files: part of every
-      cache key through the checkpoint's identity and the text's); ``name`` for messages.
+    Args: ``tokenizer`` the loaded tokenizer; ``key`` what tells it from other tokenizers (its
+      model's ``sha256``, which covers its files); ``name`` for messages.
     Raises: DataError for a tokenizer without offset mapping (a slow, Python tokenizer).
     """
 
-    def __init__(self, tokenizer: Any, identity: str, name: str = "tokenizer"):
+    def __init__(self, tokenizer: Any, key: str, name: str = "tokenizer"):
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(
                 f"{name}: the tokenizer is not a fast (Rust) tokenizer, so it reports no byte offsets; "
                 "give a model folder with a tokenizer.json"
             )
-        self._tok, self.identity, self.name = tokenizer, identity, name
+        self._tok, self.key, self.name = tokenizer, key, name
         self.bos_token_id: int | None = tokenizer.bos_token_id
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         self.adds_bos = bool(self.bos_token_id is not None and probe and probe[0] == self.bos_token_id)
@@ -137,7 +137,7 @@ class HFTokenizer:
 
 
 def files_sha256(paths) -> str:
-    """sha256 (hex) over ``(name, bytes)`` of each file, in name order: a tokenizer's identity.
+    """sha256 (hex) over ``(name, bytes)`` of each file, in name order (a published model's ``sha256``).
     Raises: OSError for a file that cannot be read."""
     h = hashlib.sha256()
     for p in sorted(paths, key=lambda p: p.name):

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from fireviz import __version__
-from fireviz.checkpoints import Checkpoint
-from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS, CausalLMCheckpoint, resolve_any
+from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint, resolve_any
+from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS
 from fireviz.core import write_json_atomic
 from fireviz.core.distributed import init_distributed
 from fireviz.data.tokenizers import BYTE_TOKENIZER
@@ -269,6 +269,21 @@ def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntr
     return cast(EvalResult, out)
 
 
+def _refuse_nonfinite_loss(c: _Loaded, model, n: int, mean: float) -> None:
+    """Raises: NonFiniteLossError for a NaN/inf mean loss (or a perplexity beyond float range),
+    naming the non-finite weights behind it if any."""
+    if math.isfinite(mean) and mean < 700:
+        return
+    bad = nonfinite_parameters(model)
+    why = (
+        f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
+        "restore or retrain the checkpoint"
+        if bad
+        else "the weights are finite, so the logits overflow on this text at this length"
+    )
+    raise NonFiniteLossError(f"{c.name}: loss is {mean:.6g} at length {n}: {why} (nothing was cached)")
+
+
 def _score_length(
     c: _Loaded,
     model: GPT,
@@ -308,16 +323,7 @@ def _score_length(
         shard=shard,
     )
     prog.done = done_before + n_tokens
-    mean = float(nats.sum() / max(int(counts.sum()), 1))
-    if not (math.isfinite(mean) and mean < 700):  # NaN/inf, or a perplexity beyond float range
-        bad = nonfinite_parameters(model)
-        why = (
-            f"the weights contain NaN/inf in {', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}; "
-            "restore or retrain the checkpoint"
-            if bad
-            else "the weights are finite, so the logits overflow on this text at this length"
-        )
-        raise NonFiniteLossError(f"{c.name}: loss is {mean:.6g} at length {n}: {why} (nothing was cached)")
+    _refuse_nonfinite_loss(c, model, n, float(nats.sum() / max(int(counts.sum()), 1)))
     order = sorted(doc_nats, key=lambda i: (plan.ids[i], i))
     per_document = {
         "doc": [plan.ids[i] for i in order],
@@ -354,6 +360,33 @@ def _score_length(
     if c.cap is not None:
         entry["normalizer_cap"] = c.cap
     return entry
+
+
+def _write_entry(
+    entry_path: Path, key: str, c: _Loaded, plan: Plan, length_settings: dict, entry: dict, n: int
+) -> None:
+    """One length's cache entry, written atomically; a full disk costs the entry, not the evaluation
+    (issue #38: a RuntimeWarning says so)."""
+    try:
+        write_json_atomic(
+            entry_path,
+            {
+                "key": key,
+                "checkpoint_sha256": c.ckpt.sha256,
+                "data_fingerprint": plan.fingerprint,
+                "settings": length_settings,
+                "fireviz_version": __version__,
+                "result": entry,
+            },
+        )
+    except OSError as e:
+        warnings.warn(
+            f"could not cache {c.name} at length {n} ({e.strerror or type(e).__name__}); the number "
+            "is kept in this result but will be computed again next time: free space in the cache "
+            "folder ($FIREVIZ_CACHE_DIR/eval or ~/.cache/fireviz/eval)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _evaluate_one(
@@ -410,26 +443,7 @@ def _evaluate_one(
         entry.update(extra)
         entry["seconds"] = time.perf_counter() - t0
         if cache.enabled and shard[0] == 0:
-            try:
-                write_json_atomic(
-                    entry_path,
-                    {
-                        "key": key,
-                        "checkpoint_sha256": c.ckpt.sha256,
-                        "data_fingerprint": plan.fingerprint,
-                        "settings": length_settings,
-                        "fireviz_version": __version__,
-                        "result": entry,
-                    },
-                )
-            except OSError as e:  # a full disk costs the cache entry, not the evaluation (issue #38)
-                warnings.warn(
-                    f"could not cache {c.name} at length {n} ({e.strerror or type(e).__name__}); the number "
-                    "is kept in this result but will be computed again next time: free space in the cache "
-                    "folder ($FIREVIZ_CACHE_DIR/eval or ~/.cache/fireviz/eval)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            _write_entry(entry_path, key, c, plan, length_settings, entry, n)
         if shard[1] > 1:  # the entry is on disk before any process looks this key up again
             import torch.distributed as dist
 
@@ -442,7 +456,7 @@ def _evaluate_one(
 
 
 def evaluate(
-    checkpoints: Sequence[Checkpoint],
+    checkpoints: Sequence[Checkpoint | CausalLMCheckpoint],
     settings: EvalSettings,
     *,
     cache: EvalCache | None = None,
@@ -515,7 +529,7 @@ def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: i
         tokenizers: list[Any] = [BYTE_TOKENIZER if c.kind == "fireviz" else c.tokenizer for c in ckpts]
         plans = plan_tokenized(settings, tokenizers)
         for c, tok in zip(items, tokenizers, strict=True):
-            c.plan = plans[tok.identity]
+            c.plan = plans[tok.key]
     return cache_root, items, ref
 
 
@@ -525,7 +539,7 @@ def _plan_of(c: _Loaded) -> Plan:
 
 
 def lookup(
-    checkpoints: Sequence[Checkpoint],
+    checkpoints: Sequence[Checkpoint | CausalLMCheckpoint],
     settings: EvalSettings,
     *,
     cache: EvalCache | None = None,

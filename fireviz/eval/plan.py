@@ -262,7 +262,7 @@ _ENCODED_KEPT = 8
 
 
 def _encoded(docs: list[Document], fingerprint: str, tokenizer, bos: str | None) -> list:
-    memo = (fingerprint, tokenizer.identity, bos)
+    memo = (fingerprint, tokenizer.key, bos)
     with _DOCUMENTS_LOCK:
         if memo in _ENCODED:
             _ENCODED.move_to_end(memo)
@@ -277,7 +277,7 @@ def _encoded(docs: list[Document], fingerprint: str, tokenizer, bos: str | None)
 
 def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
     """The text of an evaluation whose checkpoints do not all read fireviz's bytes: one
-    :class:`Plan` per tokenizer identity (``fireviz.data.tokenizers``), lengths in that tokenizer's
+    :class:`Plan` per tokenizer (its ``key``; ``fireviz.data.tokenizers``), lengths in that tokenizer's
     tokens. Mode ``same_text``: one text per document in bytes for all of them
     (``windows.plan_shared_text``), so they pair per document in bits per byte. Modes
     ``nonoverlapping`` and ``sliding``: each tokenizer's own windows (not paired across tokenizers).
@@ -291,7 +291,7 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
             f"{s.data} is a task of byte sequences: only fireviz's byte-level checkpoints read it; evaluate a "
             "published model on text"
         )
-    unique = {t.identity: t for t in tokenizers}
+    unique = {t.key: t for t in tokenizers}
     if s.mode == "context" and len(unique) > 1:
         raise EvaluationError(
             "mode context measures each checkpoint against its own full context, in its own tokens: give "

@@ -73,74 +73,20 @@ def score_windows(
     Raises: ValueError from the model (e.g. absolute embeddings past ``seq_len``).
     """
     device = torch.device(device)
-    nats = torch.zeros(length, dtype=torch.float64)
-    counts = torch.zeros(length, dtype=torch.int64)
+    totals = _Totals(length, with_accuracy, bytes_out)
     per_batch = max(1, int(batch_tokens) // length)
-    pos = torch.arange(1, length)  # target positions
-    doc_nats: dict[int, float] = {}
-    doc_tokens_scored: dict[int, int] = {}
-    doc_correct: dict[int, int] = {}
-    use_autocast = device.type == "cuda"
     rank, world = shard
-    parts: list[tuple] = []  # torchrun: per batch scored here (index, Σ nats by position, counts, rows, bytes)
-
-    def add(part: tuple) -> None:  # one batch's sums into the totals
-        _, pos_nats, pos_counts, rows, row_bytes = part
-        nats[1:] += pos_nats
-        counts[1:] += pos_counts
-        for doc, row_nats, row_count, h in rows:
-            doc_nats[doc] = doc_nats.get(doc, 0.0) + row_nats
-            doc_tokens_scored[doc] = doc_tokens_scored.get(doc, 0) + row_count
-            if with_accuracy:
-                doc_correct[doc] = doc_correct.get(doc, 0) + h
-        if bytes_out is not None:
-            for doc, scored in row_bytes:
-                bytes_out[doc] = bytes_out.get(doc, 0) + scored
-
+    parts: list[tuple] = []  # torchrun: the batches scored here, added with the others' below
     with torch.inference_mode():
         for b in range(0, len(windows), per_batch):
             if (b // per_batch) % world != rank:
                 continue
             batch = windows[b : b + per_batch]
-            x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
-            if bos_window is not None:
-                x[:, 0] = bos_window
-            first = torch.tensor([w.first_target for w in batch])
-            row_bytes = []
-            if doc_bytes is not None and bytes_out is not None:
-                for w in batch:
-                    per_token = doc_bytes(w.doc)
-                    if per_token is not None:
-                        row_bytes.append((w.doc, int(per_token[w.start + w.first_target : w.start + length].sum())))
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
-                logits = model(x)
-            nll = (
-                F.cross_entropy(
-                    logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
-                )
-                .view(len(batch), length - 1)
-                .double()
-                .cpu()
-            )
-            keep = pos[None, :] >= first[:, None]  # [batch, length − 1]
-            kept = nll * keep
-            hit = (
-                ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist()
-                if with_accuracy
-                else [0] * len(batch)
-            )
-            rows = [
-                (w.doc, row_nats, int(row_count), int(h))
-                for w, row_nats, row_count, h in zip(
-                    batch, kept.sum(1).tolist(), keep.sum(1).tolist(), hit, strict=True
-                )
-            ]
-            part = (b, kept.sum(0), keep.sum(0), rows, row_bytes)
+            part = _score_batch(model, doc_tokens, batch, length, device, with_accuracy, doc_bytes, bos_window)
             if world > 1:
-                parts.append(part)  # added below, with the other processes' batches
+                parts.append((b, *part))
             else:
-                add(part)
-            del logits, nll
+                totals.add(*part)
             if on_batch is not None:
                 on_batch(len(batch))
     if world > 1:  # every process adds every batch, in batch order: one process's sums, bit for bit
@@ -149,10 +95,64 @@ def score_windows(
         gathered: list = [None] * world
         dist.all_gather_object(gathered, parts)
         for part in sorted((part for got in gathered for part in got), key=lambda part: part[0]):
-            add(part)
-    if with_accuracy:
-        return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored, doc_correct
-    return nats.numpy(), counts.numpy(), doc_nats, doc_tokens_scored
+            totals.add(*part[1:])
+    out = (totals.nats.numpy(), totals.counts.numpy(), totals.doc_nats, totals.doc_tokens)
+    return (*out, totals.doc_correct) if with_accuracy else out
+
+
+class _Totals:
+    """The sums ``score_windows`` returns, one batch added at a time (in batch order)."""
+
+    def __init__(self, length: int, with_accuracy: bool, bytes_out: dict | None):
+        self.nats = torch.zeros(length, dtype=torch.float64)
+        self.counts = torch.zeros(length, dtype=torch.int64)
+        self.doc_nats: dict[int, float] = {}
+        self.doc_tokens: dict[int, int] = {}
+        self.doc_correct: dict[int, int] = {}
+        self.with_accuracy, self.bytes_out = with_accuracy, bytes_out
+
+    def add(self, pos_nats: torch.Tensor, pos_counts: torch.Tensor, rows: list, row_bytes: list) -> None:
+        self.nats[1:] += pos_nats
+        self.counts[1:] += pos_counts
+        for doc, row_nats, row_count, hit in rows:
+            self.doc_nats[doc] = self.doc_nats.get(doc, 0.0) + row_nats
+            self.doc_tokens[doc] = self.doc_tokens.get(doc, 0) + row_count
+            if self.with_accuracy:
+                self.doc_correct[doc] = self.doc_correct.get(doc, 0) + hit
+        if self.bytes_out is not None:
+            for doc, scored in row_bytes:
+                self.bytes_out[doc] = self.bytes_out.get(doc, 0) + scored
+
+
+def _score_batch(model, doc_tokens, batch, length: int, device: torch.device, with_accuracy, doc_bytes, bos_window):
+    """One batch of windows through the model: ``(Σ nats by target position float64 [length − 1],
+    targets by position, [(doc, nats, targets, right)] per window, [(doc, target bytes)])``."""
+    x = torch.stack([_as_long(doc_tokens(w.doc)[w.start : w.start + length]) for w in batch]).to(device)
+    if bos_window is not None:
+        x[:, 0] = bos_window
+    first = torch.tensor([w.first_target for w in batch])
+    row_bytes = []
+    if doc_bytes is not None:
+        for w in batch:
+            per_token = doc_bytes(w.doc)
+            if per_token is not None:
+                row_bytes.append((w.doc, int(per_token[w.start + w.first_target : w.start + length].sum())))
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(x)
+    nll = (
+        F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none")
+        .view(len(batch), length - 1)
+        .double()
+        .cpu()
+    )
+    keep = torch.arange(1, length)[None, :] >= first[:, None]  # [batch, length − 1]
+    kept = nll * keep
+    hit = ((logits[:, :-1].argmax(-1) == x[:, 1:]).cpu() & keep).sum(1).tolist() if with_accuracy else [0] * len(batch)
+    rows = [
+        (w.doc, row_nats, int(row_count), int(h))
+        for w, row_nats, row_count, h in zip(batch, kept.sum(1).tolist(), keep.sum(1).tolist(), hit, strict=True)
+    ]
+    return kept.sum(0), keep.sum(0), rows, row_bytes
 
 
 def summarize(

@@ -320,6 +320,25 @@ UNIFORM_BYTE_PERPLEXITY = 256.0
 UNIFORM_MARK = "uniform bytes"
 
 
+def _line_style(k: int, name: str, n: int, published: bool) -> dict:
+    """A curve's line, markers, name and meta: a published model's dotted, with diamonds."""
+    return {
+        "line": dict(color=_color(k), dash="dot" if published else None),
+        "marker": dict(symbol="diamond", size=9) if published else None,
+        "name": name + (" (published)" if published else "") + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
+        "meta": {"group": name, "n": n, "published": published},
+    }
+
+
+def _published_groups(results: Sequence[Mapping], group_key: str | None) -> tuple[set[str], bool]:
+    """(the groups of published models — ``checkpoint_kind`` set —, whether any entry reads its own
+    tokens and so the curves are per byte)."""
+    plain = [_as_dict(r) for r in results]
+    published = {_group_name(r, group_key) for r in plain if r.get("checkpoint_kind")}
+    per_byte = any("bytes_scored" in e for r in plain for e in r.get("per_length", []) if "error" not in e)
+    return published, per_byte
+
+
 def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, log_x: bool = True) -> go.Figure:
     """Perplexity vs evaluation length: log y, one line per checkpoint (or group of seeds).
 
@@ -344,9 +363,7 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
     fig = go.Figure()
     names = list(OrderedDict.fromkeys(r["group"] for r in rows))
     # published models (a tokenizer of their own): a distinct marker and a dotted line, per byte
-    plain = [_as_dict(r) for r in results]
-    published = {_group_name(r, group_key) for r in plain if r.get("checkpoint_kind")}
-    per_byte = any("bytes_scored" in e for r in plain for e in r.get("per_length", []) if "error" not in e)
+    published, per_byte = _published_groups(results, group_key)
     for k, name in enumerate(names):
         g = [r for r in rows if r["group"] == name]
         n = max(r["n"] for r in g)
@@ -368,12 +385,7 @@ def perplexity_figure(results: Sequence[Mapping], group_key: str | None = None, 
                 y=np.array([r["perplexity"] for r in g]),
                 error_y=err,
                 mode="lines+markers",
-                line=dict(color=_color(k), dash="dot" if name in published else None),
-                marker=dict(symbol="diamond", size=9) if name in published else None,
-                name=name
-                + (" (published)" if name in published else "")
-                + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
-                meta={"group": name, "n": n, "published": name in published},
+                **_line_style(k, name, n, name in published),
             )
         )
     trains = sorted({r["train_seq_len"] for r in rows if r["train_seq_len"]})

@@ -203,6 +203,30 @@ def _add_extra(ref: str) -> ck.CheckpointInfo | None:
     return info
 
 
+def _drop_what_cannot_run(by_name: dict, allow_published: bool, allow_causal_lm: bool, where) -> None:
+    """Leave out of ``by_name`` (and say why) the published models a page cannot use: position
+    encodings only where whole models run, a model with no bias to read on the bias pages."""
+    if not allow_published:  # published models have position encodings only: no evaluation, no logs
+        for n in [n for n, i in by_name.items() if i.is_published and not (allow_causal_lm and i.is_causal_lm)]:
+            del by_name[n]
+            where.info(
+                f"`{plain(n)}` is a published model: its position bias is on the Learned biases and Fit FIRE pages"
+                + (
+                    "; a causal LM (a transformers folder, a GGUF file or a Hub id) is also evaluated on the "
+                    "Length generalization and Attention pages."
+                    if not allow_causal_lm
+                    else "; only a causal LM (a transformers folder, a GGUF file or a Hub id) runs here."
+                )
+            )
+    if allow_published and not allow_causal_lm:  # a bias page: a model with no bias to read is said, not listed
+        for n in [n for n, i in by_name.items() if i.causal_lm_only]:
+            del by_name[n]
+            where.info(
+                f"`{plain(n)}` has learned absolute positions: no bias or rotary kernel to show here; it is "
+                "evaluated on the Length generalization page and its attention drawn on the Attention page."
+            )
+
+
 def checkpoint_picker(
     page: str,
     multi: bool = True,
@@ -251,26 +275,7 @@ def checkpoint_picker(
             info = _add_extra(ref)
             if info is not None:
                 by_name[ref] = info
-    if not allow_published:  # published models have position encodings only: no evaluation, no logs
-        for n in [n for n, i in by_name.items() if i.is_published and not (allow_causal_lm and i.is_causal_lm)]:
-            del by_name[n]
-            where.info(
-                f"`{plain(n)}` is a published model: its position bias is on the Learned biases and Fit FIRE pages"
-                + (
-                    "; a causal LM saved in a local folder with transformers (weights and tokenizer) is also "
-                    "evaluated on the Length generalization and Attention pages."
-                    if not allow_causal_lm
-                    else "; only a causal LM saved in a local folder with transformers (weights and tokenizer) "
-                    "runs here."
-                )
-            )
-    if allow_published and not allow_causal_lm:  # a bias page: a model with no bias to read is said, not listed
-        for n in [n for n, i in by_name.items() if i.causal_lm_only]:
-            del by_name[n]
-            where.info(
-                f"`{plain(n)}` has learned absolute positions: no bias or rotary kernel to show here; it is "
-                "evaluated on the Length generalization page and its attention drawn on the Attention page."
-            )
+    _drop_what_cannot_run(by_name, allow_published, allow_causal_lm, where)
     if filter_fn is not None:
         by_name = {n: i for n, i in by_name.items() if filter_fn(i)}
     names = list(by_name)

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from causal_lm_folders import write_causal_lm  # noqa: E402
 
-from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, resolve_any  # noqa: E402
+from fireviz.checkpoints import CausalLMCheckpoint, resolve_any  # noqa: E402
 from fireviz.cli.eval import main as eval_main  # noqa: E402
 from fireviz.data import load_documents  # noqa: E402
 from fireviz.eval import EvalCache, EvalSettings, evaluate  # noqa: E402
@@ -222,7 +222,7 @@ def test_documents_are_tokenized_with_byte_ends_that_cover_the_text():
         from causal_lm_folders import save_tokenizer
 
         save_tokenizer(Path(tmp))
-        tok = HFTokenizer(AutoTokenizer.from_pretrained(tmp), identity="t")
+        tok = HFTokenizer(AutoTokenizer.from_pretrained(tmp), key="t")
     for doc in load_documents("prose")[:5] + load_documents("code")[:3]:
         td = tok.encode(doc)
         ends = td.byte_ends
@@ -390,3 +390,20 @@ def test_a_built_in_scaling_in_either_config_layout_is_read_and_replaced(tmp_pat
         [ckpt], EvalSettings.make("prose", [128], token_budget=DOCS * 127), cache=EvalCache(tmp_path / "c")
     )
     assert plain["per_length"][0]["bits_per_byte"] != pytest.approx(e["bits_per_byte"], abs=1e-5)
+
+
+def test_a_gguf_file_scores_as_the_model_it_was_converted_from(folders, tmp_path):
+    """llama.cpp's format: the tiny Llama written as one float32 GGUF file (its tensor names, q/k
+    permuted, the tokenizer in the metadata) gives the folder's per-document losses."""
+    from causal_lm_folders import write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny-llama.gguf", folders["llama"])
+    ckpt = resolve_any(gguf)
+    assert isinstance(ckpt, CausalLMCheckpoint) and ckpt.gguf_file == "tiny-llama.gguf"
+    assert ckpt.config.model_type == "llama" and ckpt.config.seq_len == 64
+    s = EvalSettings.make("prose", [48], token_budget=DOCS * 47)
+    (g,) = evaluate([ckpt], s, cache=EvalCache(tmp_path / "c1"))
+    (f,) = evaluate([resolve_any(folders["llama"])], s, cache=EvalCache(tmp_path / "c2"))
+    a, b = g["per_length"][0]["per_document"], f["per_length"][0]["per_document"]
+    assert a["doc"] == b["doc"] and a["tokens"] == b["tokens"] and a["bytes"] == b["bytes"]
+    np.testing.assert_allclose(a["nats"], b["nats"], rtol=1e-6)

@@ -78,3 +78,13 @@ def test_dilution_of_a_published_model_is_measured_in_its_own_tokens(app_env, pu
     at = _click_and_wait(at, "Measure dilution", lambda a: any("each point averages" in c.value for c in a.caption))
     _ok(at)
     assert any("multiples of its own length" in c.value for c in at.caption)
+
+
+def test_a_gguf_file_added_in_the_picker_runs_on_the_attention_page(app_env, published, tmp_path):
+    from causal_lm_folders import write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", published["llama"])
+    at = _page("5_Attention.py", ckpt=[str(gguf)], alen="30")
+    _ok(at)
+    assert len(at.get("plotly_chart")) == 1
+    assert "own tokenizer" in " ".join(m.value for m in at.markdown)
