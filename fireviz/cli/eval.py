@@ -163,6 +163,8 @@ def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[
         for label, key in shown_rows
     ]
     head = "context c" if s0.get("mode") == "context" else "length"
+    if _shared_text(results) and results:  # each checkpoint reads its own tokens: say whose these are
+        head = f"length ({results[0]['checkpoint']})"
     out = [text] + _render([head, "", ""] + [_length_head(s0, n) for n in lengths], rows)
     if _shared_text(results):
         out += _tokenizer_lines(results, lengths)

@@ -136,6 +136,24 @@ class HFTokenizer:
         return TokenizedDocument(ids, ends)
 
 
+def bos_description(tokenizer, bos: str | None) -> str:
+    """The BOS convention a checkpoint was scored with, in words (saved as a result's ``settings.bos``):
+    ``tokenizer`` (:data:`BYTE_TOKENIZER` or an :class:`HFTokenizer`) under ``bos`` (:data:`BOS_MODES`
+    or None for the model's own)."""
+    bos_id = tokenizer.bos_token_id
+    token = "BOS (id 256)" if tokenizer.key == "byte" else f"BOS (id {bos_id})"
+    own = tokenizer.adds_bos
+    if bos == "none" or (bos is None and not own):
+        start = "no BOS: each document's tokens alone" + (" (its tokenizer adds none)" if bos is None else "")
+    elif bos == "window":
+        start = f"{token} first in every window (the window's first, context-only position replaced by it)"
+    else:
+        start = f"{token} at each document's start" + (
+            " (the model's own convention)" if bos is None else " (asked for: bos document)"
+        )
+    return start + "; windows never cross documents; the first token of a window is context only"
+
+
 def files_sha256(paths) -> str:
     """sha256 (hex) over ``(name, bytes)`` of each file, in name order (a published model's ``sha256``).
     Raises: OSError for a file that cannot be read."""
@@ -148,4 +166,12 @@ def files_sha256(paths) -> str:
     return h.hexdigest()
 
 
-__all__ = ["BOS_MODES", "BYTE_TOKENIZER", "ByteTokenizer", "HFTokenizer", "TokenizedDocument", "files_sha256"]
+__all__ = [
+    "BOS_MODES",
+    "BYTE_TOKENIZER",
+    "ByteTokenizer",
+    "HFTokenizer",
+    "TokenizedDocument",
+    "bos_description",
+    "files_sha256",
+]

@@ -39,7 +39,7 @@ from fireviz.checkpoints import CausalLMCheckpoint, Checkpoint, resolve_any
 from fireviz.checkpoints.causal_lm import HF_ROPE_SCALINGS
 from fireviz.core import write_json_atomic
 from fireviz.core.distributed import init_distributed
-from fireviz.data.tokenizers import BYTE_TOKENIZER
+from fireviz.data.tokenizers import BYTE_TOKENIZER, bos_description
 from fireviz.encodings import fire_modules
 from fireviz.eval.cache import EvalCache, _lookup, cache_key, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
@@ -266,6 +266,9 @@ def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntr
     if c.ckpt.kind != "fireviz":  # a published model: its kind and model type (its own tokenizer)
         out["checkpoint_kind"] = c.ckpt.kind
         out["model_type"] = getattr(c.config, "model_type", None)
+    if c.ckpt.kind != "fireviz" or s.bos_mode is not None:  # the BOS this checkpoint was scored with
+        tokenizer = BYTE_TOKENIZER if c.ckpt.kind == "fireviz" else c.ckpt.tokenizer
+        out["settings"] = {**out["settings"], "bos": bos_description(tokenizer, s.bos_mode)}
     return cast(EvalResult, out)
 
 

@@ -326,7 +326,7 @@ def _line_style(k: int, name: str, n: int, published: bool) -> dict:
         "line": dict(color=_color(k), dash="dot" if published else None),
         "marker": dict(symbol="diamond", size=9) if published else None,
         "name": name + (" (published)" if published else "") + (f" (mean ± std, {n} seeds)" if n > 1 else ""),
-        "meta": {"group": name, "n": n, "published": published},
+        "meta": {"group": name, "n": n, **({"published": True} if published else {})},
     }
 
 

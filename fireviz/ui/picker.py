@@ -192,8 +192,9 @@ def _add_extra(ref: str) -> ck.CheckpointInfo | None:
         info = resolve(ref)
     except ck.CheckpointNotFoundError:  # one message: the app does not tell which server paths exist
         st.error(
-            f"**Cannot use checkpoint {plain(ref)}.** There is no readable fireviz checkpoint there: give a folder "
-            "holding config.json and model.safetensors, or a Hugging Face repo id (owner/name)."
+            f"**Cannot use checkpoint {plain(ref)}.** There is no readable checkpoint there: give a fireviz folder "
+            "holding config.json and model.safetensors, a folder transformers wrote (with its tokenizer), a GGUF "
+            "file, or a Hugging Face repo id (owner/name)."
         )
         return None
     except CheckpointError as e:

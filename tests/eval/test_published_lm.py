@@ -338,7 +338,7 @@ def test_the_length_figure_draws_a_published_model_per_byte_with_its_own_marker(
     assert (
         by["llama"].marker.symbol == "diamond" and by["llama"].meta["published"] and "(published)" in by["llama"].name
     )
-    assert not by["alibi"].meta["published"] and by["alibi"].marker.symbol is None
+    assert not by["alibi"].meta.get("published") and by["alibi"].marker.symbol is None
     llama = {e["length"]: e for e in results[1]["per_length"]}
     assert list(by["llama"].y) == pytest.approx([2 ** llama[n]["bits_per_byte"] for n in (16, 48)])
     assert "per byte" in fig.layout.yaxis.title.text

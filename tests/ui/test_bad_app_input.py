@@ -86,7 +86,7 @@ def test_adding_a_server_path_does_not_tell_which_paths_exist(app_env, tmp_path)
         at.sidebar.button(key="train_add_btn").click().run()
         assert not at.exception
         messages.append(" ".join(e.value for e in at.sidebar.error).replace(plain(ref), "REF"))
-    assert len(set(messages)) == 1 and "no readable fireviz checkpoint" in messages[0]
+    assert len(set(messages)) == 1 and "no readable checkpoint there" in messages[0]
 
 
 # -- progress for every long call -------------------------------------------------------------------
