@@ -48,12 +48,12 @@ def save_tokenizer(folder: Path, add_bos: bool = True) -> None:
 
 
 def write_causal_lm(folder: Path, kind: str = "llama", seed: int = 0, add_bos: bool = True, **config) -> Path:
-    """A tiny random ``kind`` model (llama, neox, mistral, bloom, gpt2) saved as safetensors with
+    """A tiny random ``kind`` model (llama, neox, mistral, bloom, gptneo, gptj, gpt2) saved as safetensors with
     its tokenizer into ``folder``; ``config`` overrides the model config's fields."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=1)
+    common = dict(vocab_size=config.pop("vocab_size", VOCAB), bos_token_id=0, eos_token_id=1)
     if kind == "llama":
         cfg = tf.LlamaConfig(
             hidden_size=32,
@@ -94,6 +94,15 @@ def write_causal_lm(folder: Path, kind: str = "llama", seed: int = 0, add_bos: b
     elif kind == "bloom":
         cfg = tf.BloomConfig(hidden_size=32, n_layer=2, n_head=4, **common, **config)
         model = tf.BloomForCausalLM(cfg)
+    elif kind == "gptneo":  # learned absolute positions, like GPT-2
+        cfg = tf.GPTNeoConfig(
+            hidden_size=32, num_layers=2, num_heads=4, attention_types=[[["global"], 2]], max_position_embeddings=64,
+            **common, **config,
+        )  # fmt: skip
+        model = tf.GPTNeoForCausalLM(cfg)
+    elif kind == "gptj":  # rotary, with its sin/cos table built once for n_positions
+        cfg = tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, **common, **config)
+        model = tf.GPTJForCausalLM(cfg)
     elif kind == "gpt2":
         cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common, **config)
         model = tf.GPT2LMHeadModel(cfg)

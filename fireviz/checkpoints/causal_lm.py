@@ -30,6 +30,7 @@ from torch import nn
 from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
+from fireviz.data import DataError
 from fireviz.data.tokenizers import HFTokenizer, files_sha256
 from fireviz.model import CheckpointError
 
@@ -42,13 +43,20 @@ TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",
     "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
     "vocab.json",
+    "vocab.txt",
     "merges.txt",
 )
 #: position encodings by ``model_type`` (what the evaluation says and what RoPE scaling may apply to)
 _ALIBI_TYPES = ("bloom", "mpt", "falcon_alibi")
-_LEARNED_TYPES = ("gpt2", "opt", "gpt_bigcode", "biogpt", "xglm")
+_LEARNED_TYPES = ("gpt2", "opt", "gpt_bigcode", "biogpt", "gpt_neo", "openai-gpt", "ctrl", "xglm")
+#: rotary models whose sin/cos table is built once for max_position_embeddings and that apply no
+#: ``rope_parameters``: nothing is run past that length, and they are not scaled
+_FIXED_ROTARY_TYPES = ("gptj", "codegen")
 
 
 def is_gguf_file(path: str | os.PathLike) -> bool:
@@ -110,6 +118,12 @@ class CausalLMConfig:
         return 1
 
     @property
+    def rope_scalable(self) -> bool:
+        """Whether zero-shot RoPE scaling applies: a rotary model whose transformers code builds its
+        table from ``rope_parameters`` (not GPT-J/CodeGen's fixed table)."""
+        return self.position_encoding == "rope" and self.model_type not in _FIXED_ROTARY_TYPES
+
+    @property
     def n_layer(self) -> int:
         return self._int("num_hidden_layers", "n_layer", "num_layers")
 
@@ -148,7 +162,9 @@ def _config(cfg: dict, where: str) -> CausalLMConfig:
             f"{where}: config.json names no maximum length (max_position_embeddings or n_positions); "
             "add the model's training length there"
         )
-    return CausalLMConfig(model_type, length, encoding, encoding == "learned", cfg)
+    # positions in a table of fixed size (learned, or a rotary table built once): none past it
+    fixed = encoding == "learned" or model_type in _FIXED_ROTARY_TYPES
+    return CausalLMConfig(model_type, length, encoding, fixed, cfg)
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -322,18 +338,55 @@ class CausalLMCheckpoint:
             if rope_scaling is not None:
                 extra = scale_rope(config, self.config, rope_scaling, length or self.config.seq_len)
             with _MODELS_LOCK:
-                model = AutoModelForCausalLM.from_pretrained(
-                    self.folder, config=config, dtype=torch.float32, local_files_only=True, **gguf
+                loaded: Any = AutoModelForCausalLM.from_pretrained(
+                    self.folder,
+                    config=config,
+                    dtype=torch.float32,
+                    local_files_only=True,
+                    output_loading_info=True,
+                    **gguf,
                 )
-        except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
-            if isinstance(e, ValueError) and rope_scaling is not None and "rope" in str(e).lower():
+            model, info = loaded
+        except ValueError as e:
+            if rope_scaling is not None and "rope" in str(e).lower():
                 raise
             raise CheckpointError(f"transformers cannot load {self.folder}: {type(e).__name__}: {e}") from e
+        except Exception as e:  # a corrupt file, a config transformers cannot build: one error, naming it
+            raise CheckpointError(f"transformers cannot load {self.folder}: {type(e).__name__}: {e}") from e
+        _refuse_incomplete(self.folder, info)
+        if rope_scaling is not None:
+            _check_scaled(model, self.config, extra["rope_scaling"]["rope_type"])
         module: nn.Module = model
         return CausalLMModule(module.to(device).eval(), extra, self.config)
 
 
 _TOKENIZERS: dict[str, HFTokenizer] = {}
+
+
+def _refuse_incomplete(folder: Path, info: dict) -> None:
+    """Raises: CheckpointError when the weights miss tensors the model needs (transformers would
+    fill them with random values) or hold tensors of other shapes."""
+    missing = list(info.get("missing_keys") or [])
+    mismatched = [str(k[0]) if isinstance(k, (tuple, list)) else str(k) for k in info.get("mismatched_keys") or []]
+    if missing or mismatched:
+        what = (f"missing {', '.join(sorted(missing)[:3])}" if missing else "") + (
+            f"{'; ' if missing else ''}other shapes for {', '.join(mismatched[:3])}" if mismatched else ""
+        )
+        raise CheckpointError(
+            f"{folder}: the weights do not fit the model its config.json describes ({what}); transformers would "
+            "fill those with random values — restore the weights (nothing was evaluated)"
+        )
+
+
+def _check_scaled(model: nn.Module, info: CausalLMConfig, rope_type: str) -> None:
+    """Raises: CheckpointError unless the model built its rotary embedding from ``rope_parameters``
+    (transformers' ROPE_INIT_FUNCTIONS: a module with ``rope_type``), so a scaled row is scaled."""
+    types = {getattr(m, "rope_type", None) for m in model.modules()} - {None}
+    if rope_type not in types:
+        raise CheckpointError(
+            f"rope scaling {rope_type!r} does not apply to {info.model_type}: its transformers code builds its "
+            "rotary table without rope_parameters, so a scaled row would be the unscaled model"
+        )
 
 
 def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
@@ -345,12 +398,30 @@ def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
         try:
             extra = {"gguf_file": ckpt.gguf_file} if ckpt.gguf_file else {}
             hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True, **extra)
-        except (OSError, ValueError, KeyError, ImportError) as e:
-            raise CheckpointError(f"transformers cannot load the tokenizer of {ckpt.folder}: {e}") from e
-        tok = HFTokenizer(hf, key=ckpt.sha256, name=ckpt.name)
+        except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
+            raise CheckpointError(
+                f"transformers cannot load the tokenizer of {ckpt.folder}: {type(e).__name__}: {e}"
+            ) from e
+        try:
+            tok = HFTokenizer(hf, key=_tokenizer_key(ckpt), name=ckpt.name)
+        except DataError as e:
+            raise CheckpointError(str(e)) from e
+        if tok.vocab_size > ckpt.config.vocab_size > 1:
+            raise CheckpointError(
+                f"{ckpt.name}: its tokenizer has {tok.vocab_size:,} tokens but the model's embedding only "
+                f"{ckpt.config.vocab_size:,} (config.json vocab_size): they do not belong together"
+            )
         with _MODELS_LOCK:
             _TOKENIZERS[ckpt.sha256] = tok
     return tok
+
+
+def _tokenizer_key(ckpt: CausalLMCheckpoint) -> str:
+    """What tells this tokenizer from another: the sha256 of its own files (two models that ship
+    the same tokenizer read the same tokens), or of the GGUF file that holds it."""
+    if ckpt.gguf_file:
+        return ckpt.sha256
+    return files_sha256([ckpt.folder / f for f in TOKENIZER_FILES if (ckpt.folder / f).is_file()])
 
 
 def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> dict:
@@ -418,9 +489,16 @@ class CausalLMModule(nn.Module):
             )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Logits float32 ``(B, T, vocab)`` of ids ``(B, T)``. Raises: ValueError past learned positions."""
+        """Logits float32 ``(B, T, vocab)`` of ids ``(B, T)``. Raises: ValueError past learned
+        positions; CheckpointError (one line) when transformers' code fails on them."""
         self._check_length(ids)
-        return self.model(input_ids=ids, use_cache=False).logits.float()
+        try:
+            return self.model(input_ids=ids, use_cache=False).logits.float()
+        except (IndexError, ZeroDivisionError, RuntimeError) as e:  # transformers' code on these tokens
+            kind = self.config.model_type if self.config is not None else "the model"
+            raise CheckpointError(
+                f"{kind} cannot run {ids.shape[-1]} tokens here ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"
+            ) from e
 
     def set_attention_backend(self, backend: str) -> None:
         """Kept for the evaluation's interface: a published model keeps its own attention."""

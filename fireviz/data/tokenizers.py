@@ -10,7 +10,9 @@ bytes the scored targets cover and models with different tokenizers pair on one 
 * :class:`HFTokenizer` — a Hugging Face tokenizer (``transformers.AutoTokenizer``, a fast
   tokenizer with offset mapping). Its ids are the tokenizer's own; byte ends come from the
   character offsets it reports (a token inside a multi-byte character ends where that
-  character ends). Special tokens (BOS) cover no bytes.
+  character ends). Special tokens (BOS) cover no bytes; the text of a special token inside a
+  document ("<s>" in LaTeX) is tokenized as text. Bytes that are not UTF-8 reach the model as
+  U+FFFD and count as the one byte each they are.
 
 BOS conventions (``bos`` of an evaluation, :data:`BOS_MODES`): ``None`` — the model's own
 (what its tokenizer adds with ``add_special_tokens=True``; fireviz checkpoints: BOS 256 at each
@@ -63,6 +65,14 @@ def _utf8_ends(text: str) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
 
 
+def _has_surrogates(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
 class ByteTokenizer:
     """fireviz's byte-level tokenizer: ``[BOS=256] + UTF-8 bytes``; key ``"byte"``."""
 
@@ -111,7 +121,9 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self._tok)
+        """Ids text can encode to: the base vocabulary (added special tokens not counted, as text
+        never becomes them here)."""
+        return int(self._tok.vocab_size)
 
     def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
         """``doc.text`` in this tokenizer's ids, with byte ends; BOS first when the convention
@@ -119,7 +131,15 @@ class HFTokenizer:
         Raises: DataError for an unknown ``bos``, or a BOS asked of a tokenizer that has none."""
         mode = _check_bos(bos)
         text = doc.text
-        enc = self._tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        # bytes that are not UTF-8 (decoded as lone surrogates) reach the model as U+FFFD, one
+        # character each, so character offsets still map to the document's own bytes
+        readable = (
+            "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text) if _has_surrogates(text) else text
+        )
+        # split_special_tokens: a literal "<s>" in the text is text, never a control token
+        enc = self._tok(
+            readable, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True, verbose=False
+        )
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
         char_ends = np.asarray([e for _, e in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
         ends = _utf8_ends(text)[char_ends] if len(ids) else np.zeros(0, dtype=np.int64)

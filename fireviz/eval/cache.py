@@ -156,7 +156,7 @@ def _valid_per_document(entry: dict) -> bool:
     if ("bytes" in pd or "bytes_scored" in entry) and not (
         isinstance(pd.get("bytes"), list)
         and len(pd["bytes"]) == len(pd["doc"])
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in pd["bytes"])
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pd["bytes"])
         and sum(pd["bytes"]) == entry.get("bytes_scored")
     ):
         return False

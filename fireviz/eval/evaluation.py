@@ -136,6 +136,16 @@ def _check_scaling(ckpt: Checkpoint, s: EvalSettings) -> None:
                 f"rope_scaling={s.rope_scaling!r} does not apply to {ckpt.path} ({ckpt.kind} checkpoint); "
                 f"it takes {', '.join(kinds)}"
             )
+    cfg: Any = ckpt.config  # a published model's CausalLMConfig says whether its RoPE can be scaled
+    if s.rope_scaling is not None and ckpt.kind != "fireviz" and not cfg.rope_scalable:
+        raise EvaluationError(
+            f"rope_scaling={s.rope_scaling!r} does not apply to {ckpt.path}: "
+            + (
+                f"its {cfg.model_type} code builds a fixed rotary table without rope_parameters"
+                if ckpt.config.position_encoding == "rope"
+                else f"it uses position_encoding={ckpt.config.position_encoding!r}, not RoPE (needs a RoPE model)"
+            )
+        )
     if s.rope_scaling is not None and ckpt.config.position_encoding != "rope":
         raise EvaluationError(
             f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt.path} uses "

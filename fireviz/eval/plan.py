@@ -288,8 +288,8 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
       DataError as :func:`load_eval_documents` and for a BOS the tokenizer lacks."""
     if s.mode == "synthetic":
         raise EvaluationError(
-            f"{s.data} is a task of byte sequences: only fireviz's byte-level checkpoints read it; evaluate a "
-            "published model on text"
+            f"{s.data} is a task of byte sequences, scored as in training: only fireviz's byte-level checkpoints "
+            "read it, with no BOS convention to change (drop --bos); evaluate a published model on text"
         )
     unique = {t.key: t for t in tokenizers}
     if s.mode == "context" and len(unique) > 1:

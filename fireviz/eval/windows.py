@@ -300,7 +300,8 @@ def plan_shared_text(
     first ``M`` tokens cover; every tokenizer then scores all its tokens that end within those
     bytes (at least ``M``), cut at each length as :func:`plan_same_text` cuts ``M``. So every
     tokenizer scores the same document prefix at every length, to within the bytes of one token
-    at its end (a token that crosses ``P_d`` is left out); per document the bytes covered are
+    at its end (a token that crosses ``P_d`` is left out) and, for a model without BOS, of its first
+    token (context only, never predicted); per document the bytes covered are
     what bits per byte divide by. The byte tokenizer alone gets exactly :func:`plan_same_text`'s windows.
     Returns: ``({tokenizer: SameTextPlan}, [P_d per document index, 0 if not scored])``.
     Raises: EvaluationError for a bad length, budget or prefix, or no length every tokenizer can evaluate.

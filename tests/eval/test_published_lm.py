@@ -407,3 +407,70 @@ def test_a_gguf_file_scores_as_the_model_it_was_converted_from(folders, tmp_path
     a, b = g["per_length"][0]["per_document"], f["per_length"][0]["per_document"]
     assert a["doc"] == b["doc"] and a["tokens"] == b["tokens"] and a["bytes"] == b["bytes"]
     np.testing.assert_allclose(a["nats"], b["nats"], rtol=1e-6)
+
+
+def test_text_that_is_not_utf8_or_names_special_tokens_is_scored_as_text(folders, tmp_path):
+    """Bytes that are not UTF-8 reach the model as U+FFFD and count as the bytes they are; a
+    literal "<s>" (LaTeX has them) is text, never a BOS in mid-document."""
+    from fireviz.data import Document
+    from fireviz.data.tokenizers import HFTokenizer  # noqa: F401  (the class under test)
+
+    tok = resolve_any(folders["llama"]).tokenizer
+    raw = b"caf\xe9 <s>x</s> \xff\xfeend \xe2\x9c\x93"
+    doc = Document("d", raw.decode("utf-8", errors="surrogateescape"))
+    td = tok.encode(doc, bos="none")
+    assert int(td.token_bytes().sum()) == len(raw) and td.byte_ends[-1] == len(raw)
+    assert 0 not in td.ids.tolist() and 1 not in td.ids.tolist()  # <s> and </s> stay text
+    data = tmp_path / "odd.txt"
+    data.write_bytes((raw + b" The text goes on. ") * 40)
+    s = EvalSettings.make(str(data), [32], split="all", mode="nonoverlapping", token_budget=200)
+    (r,) = evaluate([resolve_any(folders["llama"])], s, cache=EvalCache(tmp_path / "c"))
+    assert math.isfinite(r["per_length"][0]["bits_per_byte"])
+
+
+@pytest.mark.parametrize("kind", ["gptneo", "gptj"])
+def test_fixed_position_tables_are_refused_past_their_length_and_not_scaled(tmp_path, kind):
+    """GPT-Neo (learned positions) and GPT-J (a rotary table built once, no rope_parameters): an
+    error entry past their 64 positions, never a crash; a RoPE scaling GPT-J would ignore is refused."""
+    from fireviz.eval import EvaluationError
+
+    ckpt = resolve_any(write_causal_lm(tmp_path / kind, kind))
+    (r,) = _evaluate([ckpt], [32, 128], tmp_path / "c")
+    by = {e["length"]: e for e in r["per_length"]}
+    assert "error" not in by[32] and "cover 64 tokens" in by[128]["error"]
+    if kind == "gptj":
+        with pytest.raises(EvaluationError, match="fixed rotary table without rope_parameters"):
+            _evaluate([ckpt], [32], tmp_path / "s", rope_scaling="linear")
+
+
+def test_weights_missing_tensors_and_a_tokenizer_too_big_are_refused(folders, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "missing"
+    bad.mkdir()
+    for f in folders["llama"].iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    state = load_file(str(bad / "model.safetensors"))
+    del state["model.layers.0.mlp.up_proj.weight"]
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="missing model.layers.0.mlp.up_proj.weight"):
+        resolve_any(bad).load()
+    small = write_causal_lm(tmp_path / "small", "llama", vocab_size=200)
+    with pytest.raises(CheckpointError, match="tokenizer has 300 tokens"):
+        _ = resolve_any(small).tokenizer
+
+
+def test_a_tokenizer_file_is_part_of_the_identity_and_a_shared_tokenizer_is_one_text(folders, tmp_path):
+    import json
+
+    folder = write_causal_lm(tmp_path / "m", "llama")
+    before = resolve_any(folder).sha256
+    (folder / "added_tokens.json").write_text(json.dumps({" the": 300}))
+    assert resolve_any(folder).sha256 != before
+    # llama and neox ship the same tokenizer files: one text in their tokens, the context protocol runs
+    s = EvalSettings.make(
+        "prose", [8, "full"], mode="context", prefix_tokens=64, context_targets=16, stride=8, token_budget=160
+    )
+    a, b = evaluate([resolve_any(folders["llama"]), resolve_any(folders["neox"])], s, cache=EvalCache(tmp_path / "c"))
+    assert a["per_length"][0]["per_document"]["bytes"] == b["per_length"][0]["per_document"]["bytes"]
+    assert "paired_delta_bpb" in b["per_length"][0]
