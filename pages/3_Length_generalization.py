@@ -455,7 +455,7 @@ def scaling_input(chosen) -> list[str]:
         return []
     # pi and yarn apply to both kinds; dynamic NTK and llama3 to published models (as transformers has them)
     options = list(ROPE_SCALINGS) + (
-        [s for s in HF_ROPE_SCALINGS if s not in ROPE_SCALINGS and s != "linear"]
+        [s for s in HF_ROPE_SCALINGS if s not in ROPE_SCALINGS and s not in ("linear", "longrope")]
         if any(i.is_causal_lm and i.position_encoding == "rope" for i in chosen)
         else []
     )

@@ -103,6 +103,15 @@ def write_causal_lm(folder: Path, kind: str = "llama", seed: int = 0, add_bos: b
     elif kind == "gptj":  # rotary, with its sin/cos table built once for n_positions
         cfg = tf.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, **common, **config)
         model = tf.GPTJForCausalLM(cfg)
+    elif kind == "phi3":  # LongRoPE: its own short and long factors, original length 32
+        cfg = tf.Phi3Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            max_position_embeddings=128, original_max_position_embeddings=32, pad_token_id=0,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0, 2.0, 4.0, 8.0],
+                          "original_max_position_embeddings": 32},
+            **common, **config,
+        )  # fmt: skip
+        model = tf.Phi3ForCausalLM(cfg)
     elif kind == "gpt2":
         cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common, **config)
         model = tf.GPT2LMHeadModel(cfg)

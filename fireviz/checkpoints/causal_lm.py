@@ -9,7 +9,7 @@ float32, with the model's own attention implementation; its text is its own toke
 decides a number: config.json, the weights and the tokenizer's files.
 
 Zero-shot RoPE scaling (:data:`HF_ROPE_SCALINGS`: linear = position interpolation, dynamic NTK,
-yarn, llama3) is applied as transformers defines it, by writing ``rope_parameters`` (transformers
+yarn, llama3, and longrope for a model that ships its factors) is applied as transformers defines it, by writing ``rope_parameters`` (transformers
 ≥ 5; older folders' ``rope_scaling`` and ``rope_theta`` are read by transformers itself) with
 ``factor = length / original maximum`` (at least 1) before the weights load.
 
@@ -35,7 +35,7 @@ from fireviz.data.tokenizers import HFTokenizer, files_sha256
 from fireviz.model import CheckpointError
 
 #: zero-shot RoPE scalings for a published model, as transformers names its rope_type
-HF_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3")
+HF_ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
 #: fireviz's own names that mean the same (``pi`` is position interpolation: transformers' linear)
 _ALIASES = {"pi": "linear"}
 #: the files of a tokenizer (their bytes are part of the identity)
@@ -150,6 +150,8 @@ def _config(cfg: dict, where: str) -> CausalLMConfig:
             break
     if isinstance(rope, dict) and isinstance(rope.get("original_max_position_embeddings"), int):
         length = int(rope["original_max_position_embeddings"])
+    elif isinstance(cfg.get("original_max_position_embeddings"), int) and rope:  # Phi-3 keeps it at the top
+        length = int(cfg["original_max_position_embeddings"])
     if model_type in _ALIBI_TYPES or cfg.get("alibi") or (cfg.get("attn_config") or {}).get("alibi"):
         encoding = "alibi"
         length = length or 2048
@@ -428,7 +430,8 @@ def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> 
     """Write zero-shot RoPE scaling into a transformers ``config`` (its ``rope_parameters``):
     ``scaling`` in :data:`HF_ROPE_SCALINGS` (or ``pi`` = linear), ``factor = max(1, length /
     info.seq_len)``, ``original_max_position_embeddings = info.seq_len`` (yarn, llama3, dynamic);
-    llama3 with Meta's ``low_freq_factor`` 1 and ``high_freq_factor`` 4. Source: transformers'
+    llama3 with Meta's ``low_freq_factor`` 1 and ``high_freq_factor`` 4; longrope with the model's own
+    ``short_factor`` / ``long_factor`` (refused without them). Source: transformers'
     ``modeling_rope_utils.ROPE_INIT_FUNCTIONS``. A built-in scaling of the config is replaced.
     Returns: ``{"rope_scaling": {...}}``, the parameters applied (saved with the numbers).
     Raises: ValueError for a model without RoPE or an unknown scaling."""
@@ -443,10 +446,17 @@ def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> 
     base = dict(getattr(config, "rope_parameters", None) or {})
     theta = base.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
     params: dict = {"rope_type": name, "factor": factor, "rope_theta": theta}
-    if name in ("yarn", "llama3", "dynamic"):
+    if name in ("yarn", "llama3", "dynamic", "longrope"):
         params["original_max_position_embeddings"] = info.seq_len
     if name == "llama3":
         params.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    if name == "longrope":  # its per-frequency factors are searched for a model, not derived: the model's own
+        if not (isinstance(base.get("short_factor"), list) and isinstance(base.get("long_factor"), list)):
+            raise ValueError(
+                f"rope scaling 'longrope' needs the model's own short_factor and long_factor (Phi-3 ships them); "
+                f"{info.model_type}'s config has none — use yarn, dynamic, linear or llama3"
+            )
+        params.update(short_factor=base["short_factor"], long_factor=base["long_factor"])
     if "partial_rotary_factor" in base:
         params["partial_rotary_factor"] = base["partial_rotary_factor"]
     config.rope_parameters = params

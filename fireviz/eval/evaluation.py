@@ -146,6 +146,13 @@ def _check_scaling(ckpt: Checkpoint, s: EvalSettings) -> None:
                 else f"it uses position_encoding={ckpt.config.position_encoding!r}, not RoPE (needs a RoPE model)"
             )
         )
+    if s.rope_scaling == "longrope" and ckpt.kind != "fireviz":
+        rope = cfg.raw.get("rope_parameters") or cfg.raw.get("rope_scaling") or {}
+        if not (isinstance(rope, dict) and rope.get("short_factor") and rope.get("long_factor")):
+            raise EvaluationError(
+                f"rope_scaling='longrope' needs the model's own short_factor and long_factor (Phi-3 ships them); "
+                f"{ckpt.path} has none — use yarn, dynamic, linear or llama3"
+            )
     if s.rope_scaling is not None and ckpt.config.position_encoding != "rope":
         raise EvaluationError(
             f"rope_scaling={s.rope_scaling!r} needs a RoPE checkpoint; {ckpt.path} uses "

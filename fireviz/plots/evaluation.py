@@ -255,10 +255,10 @@ def paired_difference_figure(
 
 def _settings_caption(results: Sequence[Mapping]) -> str:
     # fireviz.evaluate writes the data source as "data" (older results: "domain")
-    keys = ("data", "domain", "split", "mode", "stride", "token_budget", "seed")
+    keys = ("data", "domain", "split", "mode", "stride", "token_budget", "seed", "bos_mode")
     settings = [(_as_dict(r).get("settings") or {}) for r in results]
     # "seed" here picks the evaluation windows; say so, since checkpoints have training seeds too
-    names = {"seed": "window seed"}
+    names = {"seed": "window seed", "bos_mode": "BOS"}
     parts = []
     for k in keys:
         if k == "seed" and all(s.get("mode") == "same_text" and s.get("token_budget") is None for s in settings):

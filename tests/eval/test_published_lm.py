@@ -474,3 +474,28 @@ def test_a_tokenizer_file_is_part_of_the_identity_and_a_shared_tokenizer_is_one_
     a, b = evaluate([resolve_any(folders["llama"]), resolve_any(folders["neox"])], s, cache=EvalCache(tmp_path / "c"))
     assert a["per_length"][0]["per_document"]["bytes"] == b["per_length"][0]["per_document"]["bytes"]
     assert "paired_delta_bpb" in b["per_length"][0]
+
+
+def test_longrope_takes_the_models_own_factors_and_is_refused_without_them(folders, tmp_path):
+    """LongRoPE's per-frequency factors are searched for a model: a Phi-3-style config ships them
+    (original length 32, built for 128) and ``longrope`` rescales it for the length asked — at 64,
+    factor 2 instead of the built-in 4, so the numbers change; a model without them is refused."""
+    from fireviz.eval import EvaluationError
+
+    phi = resolve_any(write_causal_lm(tmp_path / "phi3", "phi3", initializer_range=0.3))
+    assert phi.config.seq_len == 32 and phi.config.rope_scalable
+    (plain,) = _evaluate([phi], [64], tmp_path / "p")
+    (scaled,) = _evaluate([phi], [64], tmp_path / "s", rope_scaling="longrope")
+    e = scaled["per_length"][0]
+    assert e["rope_scaling"]["rope_type"] == "longrope" and e["rope_scaling"]["factor"] == 2.0
+    assert e["rope_scaling"]["long_factor"] == [1.0, 2.0, 4.0, 8.0]
+    assert e["bits_per_byte"] != pytest.approx(plain["per_length"][0]["bits_per_byte"], abs=1e-6)
+    with pytest.raises(EvaluationError, match="short_factor and long_factor"):
+        _evaluate([folders["llama"]], [32], tmp_path / "l", rope_scaling="longrope")
+
+
+def test_the_bos_convention_asked_for_is_on_the_figure(folders, tmp_path):
+    from fireviz import plots
+
+    results = _evaluate([folders["llama"]], [16, 48], tmp_path, bos_mode="window")
+    assert "BOS window" in plots.perplexity_figure(results).layout.title.subtitle.text
