@@ -4,7 +4,7 @@ Thin over ``fireviz.analysis.biases.run_bias_report`` (curves, heatmap matrix, l
 ``analysis.BiasSettings`` built from the sidebar is the call, the cache key and the caption) and
 ``fireviz.plots`` (figures); the dilution panel runs ``fireviz.ui.jobs.submit_dilution`` in the
 background (cached on disk by ``text_attention.cached_attention_dilution``). State in the URL: ckpt,
-view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear.
+view, layer, head, pos, x, clip, cap, dtext, ddoc, dnear, dscale.
 """
 
 import streamlit as st
@@ -254,6 +254,15 @@ dtext = dc1.selectbox(
     format_func=lambda d: "your own file" if d == "upload" else f"{d} validation document",
 )
 near = int(dc3.number_input("k nearest keys", 1, 4096, key=ui.url_state(P, "dnear", 16, int, lo=1, hi=4096)))
+scaling = None
+if any(i.is_causal_lm and i.position_encoding == "rope" for i in chosen):  # with and without zero-shot scaling
+    options = ["none", "yarn", "dynamic", "linear", "llama3"]
+    picked_scaling = st.selectbox(
+        "Also the published RoPE model(s) with zero-shot scaling (factor = largest query position / its length)",
+        options,
+        key=ui.url_state(P, "dscale", "none", options=options),
+    )
+    scaling = None if picked_scaling == "none" else picked_scaling
 own = [i for i in chosen if not i.is_published]  # fireviz checkpoints: one measurement on [BOS] + bytes
 seq = max((int(i.config.get("seq_len", 512)) for i in own), default=1)
 dil_positions = analysis.default_query_positions(seq, analysis.DEFAULT_DILUTION_MULTIPLES)
@@ -280,7 +289,7 @@ elif long_docs:
     doc_id = dc2.selectbox(
         f"Document ({len(ids)} hold {need} tokens)", ids, key=ui.url_state(P, "ddoc", ids[0], options=ids)
     )
-    ui.sync_url(P, ["dtext", "ddoc", "dnear"])
+    ui.sync_url(P, ["dtext", "ddoc", "dnear", "dscale"])
     doc = long_docs[ids.index(doc_id)]
     resolved = ui.resolve_checkpoints(chosen)  # once; one that cannot be read is said and left out
     # one measurement per text: fireviz checkpoints share [BOS] + bytes, each published model its own tokens
@@ -304,12 +313,14 @@ elif long_docs:
         fire_ckpts = [
             c for c in run_ckpts if cap and c.kind == "fireviz" and has_normalizer(c.config.position_encoding)
         ]
-        plan = [(c, None) for c in run_ckpts] + [(c, cap) for c in fire_ckpts]
+        scaled = [c for c in run_ckpts if scaling and c.kind != "fireviz" and c.config.rope_scalable]
+        plan = [(c, None, None) for c in run_ckpts] + [(c, cap, None) for c in fire_ckpts]
+        plan += [(c, None, scaling) for c in scaled]
         got = [
             text_attention.cached_attention_dilution(
-                c, run_tokens, run_positions, near=near, normalizer_cap=n, compute=False
+                c, run_tokens, run_positions, near=near, normalizer_cap=n, compute=False, rope_scaling=sc
             )
-            for c, n in plan
+            for c, n, sc in plan
         ]
         found += got
         if any(r is None for r in got):
@@ -320,7 +331,12 @@ elif long_docs:
         for job in [
             jobs.default_queue("evaluate").find(
                 jobs.dilution_description(
-                    run_ckpts, f"{source}:{doc_id}", run_positions, near, normalizer_cap=cap or None
+                    run_ckpts,
+                    f"{source}:{doc_id}",
+                    run_positions,
+                    near,
+                    normalizer_cap=cap or None,
+                    rope_scaling=scaling,
                 )
             )
         ]
@@ -339,6 +355,7 @@ elif long_docs:
                 else ""
             )
             + "; each point averages 8 query rows."
+            + (f" '+ {scaling}': the published RoPE model with that zero-shot scaling." if scaling else "")
             + (f" Dashed: FIRE with its normalizer capped at {cap}." if cap and fire_chosen else ""),
             P,
             "dilution",
@@ -354,7 +371,13 @@ elif long_docs:
         if st.button("Measure dilution", key=ui.key(P, "dilution_run")):
             submitted = [
                 jobs.submit_dilution(
-                    run_ckpts, run_tokens, f"{source}:{doc_id}", run_positions, near, normalizer_cap=cap or None
+                    run_ckpts,
+                    run_tokens,
+                    f"{source}:{doc_id}",
+                    run_positions,
+                    near,
+                    normalizer_cap=cap or None,
+                    rope_scaling=scaling,
                 )
                 for run_ckpts, run_tokens, run_positions in waiting
             ]

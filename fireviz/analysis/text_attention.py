@@ -200,10 +200,11 @@ def dilution_cache_path(
     rows: int,
     normalizer_cap: int | None,
     cache_dir: str | os.PathLike | None = None,
+    rope_scaling: str | None = None,
 ) -> Path:
     """Where ``cached_attention_dilution`` keeps one result: ``<cache>/dilution/<sha256>.json``,
     the key made of the checkpoint's identity (``Checkpoint.sha256``: weights + config), the
-    tokens' sha256 and the settings. ``cache_dir`` defaults to ``fireviz.eval.default_cache_dir()``.
+    tokens' sha256 and the settings (a published model's zero-shot ``rope_scaling`` too, when set). ``cache_dir`` defaults to ``fireviz.eval.default_cache_dir()``.
     Raises: TypeError for a checkpoint that is not a resolved :class:`Checkpoint`."""
 
     if not isinstance(checkpoint, (Checkpoint, CausalLMCheckpoint)):
@@ -223,6 +224,7 @@ def dilution_cache_path(
             "near": int(near),
             "rows": int(rows),
             "normalizer_cap": None if normalizer_cap is None else int(normalizer_cap),
+            **({"rope_scaling": rope_scaling} if rope_scaling else {}),
         },
         sort_keys=True,
     )
@@ -239,6 +241,7 @@ def cached_attention_dilution(
     normalizer_cap: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     compute: bool = True,
+    rope_scaling: str | None = None,
 ) -> dict | None:
     """``attention_dilution(...).to_dict()`` for a resolved :class:`Checkpoint` (or a published
     ``CausalLMCheckpoint``, on tokens of its own tokenizer: :func:`published_dilution_input`), cached on disk.
@@ -246,6 +249,8 @@ def cached_attention_dilution(
     Reads the cached result when one exists for exactly these weights, tokens and settings
     (``dilution_cache_path``); else, with ``compute``, loads the checkpoint, measures and
     writes the result atomically. A damaged cache file is recomputed (never shown).
+    ``rope_scaling``: a published RoPE model measured with that zero-shot scaling, its factor set
+    by the largest query position (``CausalLMCheckpoint.load``), named ``<name> + <scaling>``.
     Returns: the result dict (``"cached"``: whether it was read), or None when not cached
       and ``compute`` is False.
     Raises: ValueError as ``attention_dilution`` (bad query positions before anything is read);
@@ -255,7 +260,8 @@ def cached_attention_dilution(
     """
 
     positions = _check_positions(query_positions)
-    path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir)
+    path = dilution_cache_path(checkpoint, tokens, positions, near, rows, normalizer_cap, cache_dir, rope_scaling)
+    name = checkpoint.name + (f" + {rope_scaling}" if rope_scaling else "")  # its own line on the figure
     try:
         obj = read_json(path, expect=dict)
         share = np.asarray(obj["share"], dtype=np.float64)
@@ -266,15 +272,22 @@ def cached_attention_dilution(
             and obj.get("query_positions") == positions
         ):
             # the same weights may sit in another folder: name the one asked for
-            return {**obj, "checkpoint": checkpoint.name, "cached": True}
+            return {**obj, "checkpoint": name, "cached": True}
     except (ValueError, KeyError, TypeError):  # FileFormatError is a ValueError: recompute
         pass
     if not compute:
         return None
-    model = checkpoint.load("cpu")
+    if rope_scaling:  # a published model's RoPE scaled zero-shot for its longest query (transformers' method)
+        if not isinstance(checkpoint, CausalLMCheckpoint):
+            raise ValueError("rope_scaling applies to a published causal LM's dilution (fireviz checkpoints: none)")
+        model = checkpoint.load("cpu", rope_scaling, positions[-1] + 1)
+    else:
+        model = checkpoint.load("cpu")
     out = attention_dilution(
-        model, tokens, positions, near=near, rows=rows, checkpoint=checkpoint.name, normalizer_cap=normalizer_cap
+        model, tokens, positions, near=near, rows=rows, checkpoint=name, normalizer_cap=normalizer_cap
     ).to_dict()
+    if rope_scaling:
+        out["rope_scaling"] = rope_scaling
     write_json_atomic(path, out)
     return {**out, "cached": False}
 

@@ -396,8 +396,10 @@ def dilution_description(
     near: int,
     rows: int = 8,
     normalizer_cap: int | None = None,
+    rope_scaling: str | None = None,
 ) -> dict:
-    """The description (hence the key) of a ``submit_dilution`` job; the checkpoints' identities
+    """The description (hence the key) of a ``submit_dilution`` job (``rope_scaling``: published
+    models measured with it as well); the checkpoints' identities
     (``Checkpoint.sha256``) make a retrained checkpoint a new job; the settings are
     ``DilutionSettings.describe()`` (validated, positions sorted). Raises: ValueError for bad settings."""
 
@@ -407,6 +409,7 @@ def dilution_description(
         "checkpoints": [{"path": c.path, "sha256": c.sha256} for c in checkpoints],
         "source": str(source),
         **settings.describe(),
+        **({"rope_scaling": rope_scaling} if rope_scaling else {}),
     }
 
 
@@ -419,6 +422,7 @@ def submit_dilution(
     rows: int = 8,
     normalizer_cap: int | None = None,
     queue_: JobQueue | None = None,
+    rope_scaling: str | None = None,
 ) -> Job:
     """Measure ``fireviz.analysis.text_attention.attention_dilution`` for each checkpoint in the background
     (the "evaluate" queue), plain and — for FIRE checkpoints when ``normalizer_cap`` is set —
@@ -431,26 +435,30 @@ def submit_dilution(
     Returns: the :class:`Job`; its result is a list of ``DilutionResult.to_dict()``.
     Raises: ValueError for bad settings (before queueing).
     """
-    description = dilution_description(checkpoints, source, query_positions, near, rows, normalizer_cap)
+    description = dilution_description(checkpoints, source, query_positions, near, rows, normalizer_cap, rope_scaling)
     work = functools.partial(
-        _dilution_work, list(checkpoints), tokens, list(query_positions), near, rows, normalizer_cap
+        _dilution_work, list(checkpoints), tokens, list(query_positions), near, rows, normalizer_cap, rope_scaling
     )
     return (queue_ or default_queue("evaluate")).submit(description, work, label="attention dilution")
 
 
-def _dilution_work(checkpoints, tokens, query_positions, near, rows, normalizer_cap, progress, should_stop) -> list:
+def _dilution_work(
+    checkpoints, tokens, query_positions, near, rows, normalizer_cap, rope_scaling, progress, should_stop
+) -> list:
     """The work of ``submit_dilution`` (module level, so a worker process can run it)."""
     out = []
-    plan: list[tuple[Checkpoint, int | None]] = [(c, None) for c in checkpoints]
+    plan: list[tuple[Checkpoint, int | None, str | None]] = [(c, None, None) for c in checkpoints]
     if normalizer_cap:  # capped rows for FIRE checkpoints only (their config says which)
-        plan += [(c, int(normalizer_cap)) for c in checkpoints if has_normalizer(c.config.position_encoding)]
-    for k, (ckpt, cap) in enumerate(plan):
+        plan += [(c, int(normalizer_cap), None) for c in checkpoints if has_normalizer(c.config.position_encoding)]
+    if rope_scaling:  # scaled rows for published RoPE models only
+        plan += [(c, None, rope_scaling) for c in checkpoints if c.kind != "fireviz" and c.config.rope_scalable]
+    for k, (ckpt, cap, scaling) in enumerate(plan):
         if should_stop():
             raise JobCancelled()
-        progress(k, len(plan), ckpt.name + (f" (cap {cap})" if cap else ""))
+        progress(k, len(plan), ckpt.name + (f" (cap {cap})" if cap else "") + (f" + {scaling}" if scaling else ""))
         out.append(
             text_attention.cached_attention_dilution(
-                ckpt, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap
+                ckpt, tokens, query_positions, near=near, rows=rows, normalizer_cap=cap, rope_scaling=scaling
             )
         )
     progress(len(plan), len(plan), "done")

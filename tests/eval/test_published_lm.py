@@ -499,3 +499,23 @@ def test_the_bos_convention_asked_for_is_on_the_figure(folders, tmp_path):
 
     results = _evaluate([folders["llama"]], [16, 48], tmp_path, bos_mode="window")
     assert "BOS window" in plots.perplexity_figure(results).layout.title.subtitle.text
+
+
+def test_dilution_with_a_zero_shot_scaling_is_its_own_measurement(folders, tmp_path):
+    from fireviz.analysis import text_attention
+    from fireviz.data import load_documents
+
+    ckpt = resolve_any(folders["llama_sharp"])
+    doc = max(load_documents("prose")[:20], key=lambda d: d.num_tokens)
+    tokens, positions, _ = text_attention.published_dilution_input(ckpt, doc, multiples=(1, 2, 4))
+    plain = text_attention.cached_attention_dilution(ckpt, tokens, positions, near=4, rows=2, cache_dir=tmp_path)
+    yarn = text_attention.cached_attention_dilution(
+        ckpt, tokens, positions, near=4, rows=2, cache_dir=tmp_path, rope_scaling="yarn"
+    )
+    assert plain["checkpoint"] == "llama_sharp" and yarn["checkpoint"] == "llama_sharp + yarn"
+    assert positions == [63, 127, 255] and yarn["rope_scaling"] == "yarn"
+    assert not np.allclose(np.asarray(plain["share"])[..., -1], np.asarray(yarn["share"])[..., -1])
+    again = text_attention.cached_attention_dilution(
+        ckpt, tokens, positions, near=4, rows=2, cache_dir=tmp_path, rope_scaling="yarn", compute=False
+    )
+    assert again is not None and again["cached"] and again["share"] == yarn["share"]

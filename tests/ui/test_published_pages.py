@@ -88,3 +88,11 @@ def test_a_gguf_file_added_in_the_picker_runs_on_the_attention_page(app_env, pub
     _ok(at)
     assert len(at.get("plotly_chart")) == 1
     assert "own tokenizer" in " ".join(m.value for m in at.markdown)
+
+
+def test_dilution_of_a_published_rope_model_is_drawn_with_and_without_a_scaling(app_env, published):
+    at = _page("1_Learned_biases.py", ckpt=[str(published["llama"])], dscale="yarn")
+    _ok(at)
+    at = _click_and_wait(at, "Measure dilution", lambda a: any("each point averages" in c.value for c in a.caption))
+    _ok(at)
+    assert any("'+ yarn'" in c.value for c in at.caption)
