@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -174,16 +175,28 @@ def bos_description(tokenizer, bos: str | None) -> str:
     return start + "; windows never cross documents; the first token of a window is context only"
 
 
+#: files_sha256 per file state (path, size, modification time, inode of each file)
+_FILES_SHA256: dict[tuple, str] = {}
+
+
 def files_sha256(paths) -> str:
-    """sha256 (hex) over ``(name, bytes)`` of each file, in name order (a published model's ``sha256``).
+    """sha256 (hex) over ``(name, bytes)`` of each file, in name order (a published model's
+    ``sha256``), read in 1 MiB chunks and memoized per file state: asking again for unchanged
+    files costs a ``stat`` each, not a read of gigabytes of weights.
     Raises: OSError for a file that cannot be read."""
-    h = hashlib.sha256()
-    for p in sorted(paths, key=lambda p: p.name):
-        h.update(p.name.encode())
-        h.update(b"\0")
-        h.update(p.read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
+    files = sorted((Path(p) for p in paths), key=lambda p: p.name)
+    state = tuple((str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ino) for p in files for st in (p.stat(),))
+    if state not in _FILES_SHA256:
+        h = hashlib.sha256()
+        for p in files:
+            h.update(p.name.encode())
+            h.update(b"\0")
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            h.update(b"\0")
+        _FILES_SHA256[state] = h.hexdigest()
+    return _FILES_SHA256[state]
 
 
 __all__ = [
