@@ -1,7 +1,7 @@
 """``python -m fireviz <command>`` / ``fireviz <command>``: one entry point, one module per command.
 
 Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
-``biases`` (fireviz.biases_cli). Each module exposes ``main(argv) -> int``.
+``biases`` (fireviz.biases_cli), ``tokenizer`` (fireviz.cli.tokenizer). Each module exposes ``main(argv) -> int``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ COMMANDS = {
     "eval": ("fireviz.cli.eval", "perplexity vs evaluation length for checkpoints"),
     "fit": ("fireviz.cli.fit", "fit FIRE to a T5/ALiBi/Kerple/Sandwich bias (Theorem 3.1)"),
     "biases": ("fireviz.cli.biases", "learned biases and per-head locality of a checkpoint"),
+    "tokenizer": ("fireviz.cli.tokenizer", "train a byte-level BPE tokenizer on a corpus"),
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fireviz.data.corpus import BOS_ID, DataError, Document
+from fireviz.data.corpus import BOS_ID, DataError, Document, load_documents, split_documents
 
 #: BOS conventions of an evaluation besides the model's own (None); see the module docstring
 BOS_MODES = ("document", "window", "none")
@@ -199,6 +199,61 @@ def files_sha256(paths) -> str:
     return _FILES_SHA256[state]
 
 
+#: special tokens of a tokenizer fireviz trains: BOS, EOS
+TRAINED_SPECIALS = ("<s>", "</s>")
+
+
+def train_bpe(data, vocab_size: int, out, split: str = "train") -> dict:
+    """Train a byte-level BPE tokenizer (Hugging Face ``tokenizers``; GPT-2's byte-to-character
+    map, so every UTF-8 text encodes and decodes back exactly, whatever it holds) on the documents
+    of ``data`` and save it as a transformers tokenizer folder at ``out`` (BOS ``<s>`` added at
+    each text's start, EOS ``</s>``).
+
+    Args: ``data`` a bundled domain or a path, or a list of them; ``vocab_size`` tokens (>= 260:
+      the 256 bytes, the two specials and some merges); ``split`` ``"train"`` (default: the
+      validation documents are not learned) or ``"all"``.
+    Returns: ``{"vocab_size", "documents", "bytes", "tokens_per_byte"}`` (on the training text).
+    Raises: ValueError for a vocabulary below 260; DataError for data that does not load or an
+      empty split; OSError when ``out`` cannot be written.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 260:
+        raise ValueError(
+            f"--vocab-size must be an integer >= 260 (the 256 bytes, 2 specials, merges); got {vocab_size!r}"
+        )
+    docs = []
+    for source in [data] if isinstance(data, (str, Path)) else list(data):
+        loaded = load_documents(source)
+        docs += loaded if split == "all" else split_documents(loaded, "train")
+    if not docs:
+        raise DataError(f"no documents to learn from in {data!r} ({split} split)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(TRAINED_SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator((d.text for d in docs), trainer, length=len(docs))
+    bos = tok.token_to_id(TRAINED_SPECIALS[0])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=TRAINED_SPECIALS[0], eos_token=TRAINED_SPECIALS[1])
+    Path(out).mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    n_bytes = sum(len(d.raw_bytes()[:]) for d in docs)
+    n_tokens = sum(len(tok.encode(d.text, add_special_tokens=False).ids) for d in docs)
+    return {
+        "vocab_size": tok.get_vocab_size(),
+        "documents": len(docs),
+        "bytes": n_bytes,
+        "tokens_per_byte": n_tokens / max(n_bytes, 1),
+    }
+
+
 __all__ = [
     "BOS_MODES",
     "BYTE_TOKENIZER",
@@ -207,4 +262,5 @@ __all__ = [
     "TokenizedDocument",
     "bos_description",
     "files_sha256",
+    "train_bpe",
 ]
