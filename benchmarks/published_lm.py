@@ -62,24 +62,13 @@ def write_model(folder: Path, shape: dict, vocab: int) -> int:
     """A random Llama of ``shape`` and a BPE tokenizer of ``vocab`` tokens (trained on the bundled
     prose) saved into ``folder``. Returns the parameter count."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from fireviz.data import load_documents
+    from fireviz.data.tokenizers import train_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     docs = load_documents("prose")
-    tok.train_from_iterator([d.text for d in (docs[:100] if vocab <= 1024 else docs)], trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    train_bpe(docs[:100] if vocab <= 1024 else docs, vocab, folder)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(bos_token_id=0, eos_token_id=1, **shape))
     model.save_pretrained(folder, safe_serialization=True)

@@ -147,3 +147,18 @@ def small_corpora_get_intervals(monkeypatch):
     import fireviz.eval.stats as stats
 
     monkeypatch.setattr(stats, "MIN_INTERVAL_DOCUMENTS", 2)
+
+
+@pytest.fixture
+def hub_env(tmp_path, monkeypatch):
+    """A fresh Hugging Face cache and fireviz cache under ``tmp_path``, online, no token: the Hub path
+    against the loopback server (``tests/hub_server.py``). Returns ``tmp_path``."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "fireviz_cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
+    return tmp_path

@@ -355,26 +355,39 @@ def published_info(ref: str, stack: str = "decoder", revision: str | None = None
         except CheckpointError:
             raise e from None
     c = model.config
+    in_folder = Path(ref).expanduser().is_dir()
+    return _published_record(
+        Path(ref).name if in_folder else ref,
+        str(Path(ref).expanduser().resolve()) if in_folder else ref,
+        ref if hub.looks_like_hub_id(ref) else None,
+        c,
+        {"family": c.family, "revision": c.revision, "stack": c.stack},
+        published=model,
+    )
+
+
+def _published_record(name: str, path: str, repo_id: str | None, c, extra: dict, **fields) -> CheckpointInfo:
+    """The :class:`CheckpointInfo` of a published model: ``c`` its config (``n_layer``, ``n_head``,
+    ``seq_len``, ``position_encoding``, ``model_type``), ``extra`` more config entries, ``fields``
+    the record's own (``published`` or ``causal_lm_only``)."""
     return CheckpointInfo(
-        name=ref if not Path(ref).expanduser().is_dir() else Path(ref).name,
-        path=str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().is_dir() else ref,
+        name=name,
+        path=path,
+        repo_id=repo_id,
         source="published",
         config={
             "n_layer": c.n_layer,
             "n_head": c.n_head,
             "seq_len": c.seq_len,
             "position_encoding": c.position_encoding,
-            "family": c.family,
             "model_type": c.model_type,
-            "revision": c.revision,
-            "stack": c.stack,
+            **extra,
         },
         position_encoding=c.position_encoding,
         num_parameters=0,
         seq_len=c.seq_len,
         data="(published model)",
-        repo_id=ref if hub.looks_like_hub_id(ref) else None,
-        published=model,
+        **fields,
     )
 
 
@@ -382,25 +395,13 @@ def _causal_lm_only_info(ckpt: CausalLMCheckpoint) -> CheckpointInfo:
     """A :class:`CheckpointInfo` for a published causal LM whose position encoding
     ``fireviz.checkpoints.hub`` cannot read as a bias (learned absolute positions): what
     ``CausalLMCheckpoint`` reads of its config (a folder: its absolute path; a Hub id as given)."""
-    c = ckpt.config
     where = ckpt.folder / ckpt.gguf_file if ckpt.gguf_file else ckpt.folder
-    return CheckpointInfo(
-        name=ckpt.path if ckpt.repo_id else where.name,
-        path=ckpt.path if ckpt.repo_id else str(where.resolve()),
-        repo_id=ckpt.repo_id,
-        source="published",
-        config={
-            "n_layer": c.n_layer,
-            "n_head": c.n_head,
-            "seq_len": c.seq_len,
-            "position_encoding": c.position_encoding,
-            "family": c.model_type,
-            "model_type": c.model_type,
-        },
-        position_encoding=c.position_encoding,
-        num_parameters=0,
-        seq_len=c.seq_len,
-        data="(published model)",
+    return _published_record(
+        ckpt.path if ckpt.repo_id else where.name,
+        ckpt.path if ckpt.repo_id else str(where.resolve()),
+        ckpt.repo_id,
+        ckpt.config,
+        {"family": ckpt.config.model_type},
         causal_lm_only=True,
     )
 

@@ -203,15 +203,15 @@ def files_sha256(paths) -> str:
 TRAINED_SPECIALS = ("<s>", "</s>")
 
 
-def train_bpe(data, vocab_size: int, out, split: str = "train") -> dict:
+def train_bpe(data, vocab_size: int, out, split: str = "train", add_bos: bool = True) -> dict:
     """Train a byte-level BPE tokenizer (Hugging Face ``tokenizers``; GPT-2's byte-to-character
     map, so every UTF-8 text encodes and decodes back exactly, whatever it holds) on the documents
-    of ``data`` and save it as a transformers tokenizer folder at ``out`` (BOS ``<s>`` added at
-    each text's start, EOS ``</s>``).
+    of ``data`` and save it as a transformers tokenizer folder at ``out`` (BOS ``<s>``, id 0, added
+    at each text's start unless ``add_bos`` is False, as GPT-2's tokenizer adds none; EOS ``</s>``, id 1).
 
-    Args: ``data`` a bundled domain or a path, or a list of them; ``vocab_size`` tokens (>= 260:
-      the 256 bytes, the two specials and some merges); ``split`` ``"train"`` (default: the
-      validation documents are not learned) or ``"all"``.
+    Args: ``data`` a bundled domain or a path, or a list of them, or a list of ``Document`` (learned
+      as given); ``vocab_size`` tokens (>= 260: the 256 bytes, the two specials and some merges);
+      ``split`` ``"train"`` (default: the validation documents are not learned) or ``"all"``.
     Returns: ``{"vocab_size", "documents", "bytes", "tokens_per_byte"}`` (on the training text).
     Raises: ValueError for a vocabulary below 260; DataError for data that does not load or an
       empty split; OSError when ``out`` cannot be written.
@@ -225,6 +225,9 @@ def train_bpe(data, vocab_size: int, out, split: str = "train") -> dict:
         )
     docs = []
     for source in [data] if isinstance(data, (str, Path)) else list(data):
+        if isinstance(source, Document):
+            docs.append(source)
+            continue
         loaded = load_documents(source)
         docs += loaded if split == "all" else split_documents(loaded, "train")
     if not docs:
@@ -239,8 +242,9 @@ def train_bpe(data, vocab_size: int, out, split: str = "train") -> dict:
         show_progress=False,
     )
     tok.train_from_iterator((d.text for d in docs), trainer, length=len(docs))
-    bos = tok.token_to_id(TRAINED_SPECIALS[0])
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    if add_bos:
+        bos = tok.token_to_id(TRAINED_SPECIALS[0])
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=TRAINED_SPECIALS[0], eos_token=TRAINED_SPECIALS[1])
     Path(out).mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))

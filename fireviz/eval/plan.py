@@ -196,15 +196,9 @@ _PLANS: OrderedDict[tuple, tuple[dict, SameTextPlan | None, ContextPlan | None]]
 _PLANS_KEPT = 8
 
 
-def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint: str):
-    """``(windows per length, same-text plan or None, context plan or None)`` for these documents:
-    a pure function of their ids and sizes (fixed by ``fingerprint``) and the settings, so it is
-    planned once."""
-    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens, s.context_targets)
-    with _DOCUMENTS_LOCK:
-        if memo in _PLANS:
-            _PLANS.move_to_end(memo)
-            return _PLANS[memo]
+def _windows_for(s: EvalSettings, ids: list[str], sizes: list[int]):
+    """``(windows per length, same-text plan or None, context plan or None)`` of documents of these
+    ``sizes`` (tokens, in whatever tokenizer) under ``s``; a length without windows holds why."""
     same_text, context, windows = None, None, {}
     if s.mode == "context":
         assert s.prefix_tokens is not None and s.context_targets is not None and s.stride is not None  # by make
@@ -232,6 +226,19 @@ def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint
                 )
             except EvaluationError as e:
                 windows[n] = str(e)
+    return windows, same_text, context
+
+
+def _plan_windows(s: EvalSettings, ids: list[str], sizes: list[int], fingerprint: str):
+    """``(windows per length, same-text plan or None, context plan or None)`` for these documents:
+    a pure function of their ids and sizes (fixed by ``fingerprint``) and the settings, so it is
+    planned once."""
+    memo = (fingerprint, s.mode, s.stride, s.token_budget, s.seed, s.lengths, s.prefix_tokens, s.context_targets)
+    with _DOCUMENTS_LOCK:
+        if memo in _PLANS:
+            _PLANS.move_to_end(memo)
+            return _PLANS[memo]
+    windows, same_text, context = _windows_for(s, ids, sizes)
     with _DOCUMENTS_LOCK:
         _PLANS[memo] = windows, same_text, context
         while len(_PLANS) > _PLANS_KEPT:
@@ -317,34 +324,11 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
             sizes = [len(e) for e in encoded[k]]
             out[k] = Plan(dict(same.windows), ids, sizes, fingerprint, split, len(docs), same_text=same, docs=docs)
             keys[k] = f"bytes:{text.hexdigest()[:16]}|bos={s.bos_mode}"
-    elif s.mode == "context":  # one tokenizer: the context-use protocol in its tokens
-        assert s.prefix_tokens is not None and s.context_targets is not None and s.stride is not None  # by make
-        ((k, enc),) = encoded.items()
-        sizes = [len(e) for e in enc]
-        context = plan_context(
-            ids,
-            sizes,
-            list(s.lengths),
-            prefix_tokens=s.prefix_tokens,
-            targets=s.context_targets,
-            stride=s.stride,
-            token_budget=s.token_budget,
-            seed=s.seed,
-        )
-        out[k] = Plan(dict(context.windows), ids, sizes, fingerprint, split, len(docs), docs=docs, context=context)
-        keys[k] = f"tokens:{k}|bos={s.bos_mode}"
-    else:
+    else:  # context use (one tokenizer, refused above otherwise) and random windows: each tokenizer's own
         for k, enc in encoded.items():
             sizes = [len(e) for e in enc]
-            windows: dict[int, list[Window] | str] = {}
-            for n in s.lengths:
-                try:
-                    windows[n] = plan_windows(
-                        ids, sizes, n, mode=s.mode, stride=s.stride, token_budget=s.token_budget, seed=s.seed
-                    )
-                except EvaluationError as e:
-                    windows[n] = str(e)
-            out[k] = Plan(windows, ids, sizes, fingerprint, split, len(docs), docs=docs)
+            windows, _, context = _windows_for(s, ids, sizes)
+            out[k] = Plan(windows, ids, sizes, fingerprint, split, len(docs), docs=docs, context=context)
             keys[k] = f"tokens:{k}|bos={s.bos_mode}"  # each tokenizer's own windows: paired within it only
     for k, plan in out.items():
         plan.encoded = dict(enumerate(encoded[k]))

@@ -330,17 +330,26 @@ def plan_shared_text(
     plans = {}
     for t in names:
         counts = {d: int(np.searchsorted(np.asarray(byte_ends[t][d]), span[d], side="right")) for d in eligible}
-        windows: dict = {}
-        for n in dict.fromkeys(lengths):
-            if n > M:
-                windows[n] = (
-                    f"no document has {n} tokens in every tokenizer (the longest has {longest}); windows never "
-                    "cross documents, so this length cannot be evaluated on this data"
-                )
-                continue
-            windows[n] = [Window(d, a, f) for d in eligible for a, f in sliding_windows(counts[d], n, n - 1)]
+        windows = _cut_prefixes(lengths, M, counts, longest, " in every tokenizer")
         plans[t] = SameTextPlan(M, tuple(eligible), skipped, windows)
     return plans, span
+
+
+def _cut_prefixes(lengths, M: int, counts: dict[int, int], longest: int, where: str = "") -> dict:
+    """Per length ``n``: each document's first ``counts[d]`` tokens (``d`` in ``counts``' order) cut
+    into windows overlapping by one token (``sliding_windows(counts[d], n, n − 1)``: every target
+    once); a length above ``M`` holds why it has none (``where`` qualifies "tokens")."""
+    windows: dict = {}
+    for n in dict.fromkeys(lengths):
+        if n > M:
+            windows[n] = (
+                f"no document has {n} tokens{where} (the longest has {longest}); windows never cross documents, "
+                "so this length cannot be evaluated on this data"
+            )
+            continue
+        cuts = {size: sliding_windows(size, n, n - 1) for size in set(counts.values())}  # once per size
+        windows[n] = [Window(d, start, first) for d, size in counts.items() for start, first in cuts[size]]
+    return windows
 
 
 def check_prefix_tokens(prefix_tokens, lengths: Sequence[int]) -> int:
@@ -375,16 +384,7 @@ def _prefix_documents(doc_ids, doc_num_tokens, M: int, token_budget, seed: int, 
 def _plan_prefix(doc_ids, doc_num_tokens, lengths: list[int], token_budget, seed: int, M: int) -> SameTextPlan:
     longest = max(doc_num_tokens, default=0)
     eligible = _prefix_documents(doc_ids, doc_num_tokens, M, token_budget, seed, M - 1)
-    windows: dict = {}
-    for n in dict.fromkeys(lengths):
-        if n > M:
-            windows[n] = (
-                f"no document has {n} tokens (the longest has {longest}); windows never cross documents, "
-                "so this length cannot be evaluated on this data"
-            )
-            continue
-        per_doc = sliding_windows(M, n, n - 1)  # every target 1 … M − 1 once, at every length
-        windows[n] = [Window(d, start, first) for d in eligible for start, first in per_doc]
+    windows = _cut_prefixes(lengths, M, dict.fromkeys(eligible, M), longest)  # every target 1 … M − 1 once
     skipped = sum(1 for n in doc_num_tokens if n < M)
     return SameTextPlan(M, tuple(eligible), skipped, windows)
 

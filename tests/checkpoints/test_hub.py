@@ -293,19 +293,6 @@ def test_pickled_only_and_missing_tensor(tmp_path):
 
 
 # -- the Hub path, for real, against a loopback server ---------------------------------------------
-@pytest.fixture
-def hub_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "fireviz_cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    import huggingface_hub.constants as hc
-
-    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
-    return tmp_path
-
-
 def test_hub_reads_only_the_header_and_the_bias_tensors(hub_env, monkeypatch):
     big = t5_folder(hub_env / "repo", d_model=256, vocab=4000, layers=2, dec_layers=2)
     size = (big / "model.safetensors").stat().st_size

@@ -231,18 +231,6 @@ def test_documents_are_tokenized_with_byte_ends_that_cover_the_text():
 
 
 # -- the Hub path, against the loopback server the hub tests use ------------------------------------
-@pytest.fixture
-def hub_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    import huggingface_hub.constants as hc
-
-    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)
-    return tmp_path
-
-
 def test_a_hub_id_fetches_safetensors_and_tokenizer_and_scores_as_the_folder(folders, hub_env, monkeypatch):
     from hub_server import HubServer
 
