@@ -696,6 +696,9 @@ def perplexity_table_section(shown: list[dict], pool: bool) -> None:
     if not any((r.get("n") or 1) > 1 for r in table):  # nothing pooled: no std columns of None
         table = [{k: v for k, v in r.items() if not k.endswith("_std") and k != "n"} for r in table]
     four = {"format": "%.4f"}
+    # a published model reads its own tokens: every row is then per byte (fireviz's tokens are bytes)
+    per_byte = any("bytes_scored" in e for r in shown for e in r.get("per_length", []))
+    unit = "byte" if per_byte else "token"
     st.dataframe(
         table,
         hide_index=True,
@@ -713,9 +716,12 @@ def perplexity_table_section(shown: list[dict], pool: bool) -> None:
             ),
             "ci95_high": st.column_config.NumberColumn("95 % high", **four),
             "tokens_scored": st.column_config.NumberColumn("tokens scored"),
-            "nats_per_token": st.column_config.NumberColumn("nats/token", **four),
+            "nats_per_token": st.column_config.NumberColumn(f"nats/{unit}", **four),
             "perplexity": st.column_config.NumberColumn(
-                format="%.3f", help="exp(mean nats/token): the perplexity of the mean loss over pooled seeds"
+                f"perplexity per {unit}" if per_byte else "perplexity",
+                format="%.3f",
+                help=f"exp(mean nats/{unit}): the perplexity of the mean loss over pooled seeds"
+                + (" — per byte, so checkpoints with different tokenizers compare" if per_byte else ""),
             ),
             "perplexity_std": st.column_config.NumberColumn(
                 "perplexity std", format="%.3f", help="sample standard deviation over pooled seeds"

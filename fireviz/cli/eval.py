@@ -126,7 +126,7 @@ def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[
         d = s0.get("documents_scored")
         text += (
             f": one text for every checkpoint — of each of {d} document{'s' if d != 1 else ''}, the bytes that the "
-            f"first {s0.get('prefix_tokens')} tokens of the most byte-hungry tokenizer cover; each checkpoint scores "
+            f"first {s0.get('prefix_tokens')} tokens cover in the tokenizer where they cover the most; each checkpoint scores "
             f"its own tokens there, lengths in its own tokens ({s0.get('documents_skipped')} documents shorter "
             f"than {s0.get('prefix_tokens')} tokens in some tokenizer skipped)"
         )

@@ -170,7 +170,7 @@ def _eval_caption(results: Sequence[dict]) -> str:
     if own and s.get("mode") == "same_text":  # tokenizers of their own: one text in bytes
         parts.append(
             f"same text at every length and for every checkpoint: of {s.get('documents_scored')} documents, the "
-            f"bytes the first {s.get('prefix_tokens')} tokens of the most byte-hungry tokenizer cover "
+            f"bytes the first {s.get('prefix_tokens')} tokens cover in the tokenizer where they cover the most "
             f"({s.get('documents_skipped')} shorter ones skipped"
             + (f"; drawn with seed {s.get('seed')}" if s.get("token_budget") else "")
             + "); lengths in each checkpoint's own tokens; curves per byte (perplexity = 2^bits per byte)"
