@@ -154,6 +154,24 @@ def _open(browser, url: str, width: int = 1400):
     return page
 
 
+def _click_stop(page) -> None:
+    """Click the job panel's Stop button. While its fragment redraws every 0.5 s the page can hold,
+    for a moment, the outgoing copy beside the new one (CI once found two): click when one is there."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    stop = page.get_by_role("button", name="Stop", exact=True)
+    for _ in range(50):
+        stop.first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        if stop.count() == 1:
+            try:
+                stop.click(timeout=5_000)  # strict: fails rather than click a copy on its way out
+                return
+            except PlaywrightError:
+                pass
+        page.wait_for_timeout(100)
+    raise AssertionError("the Stop button never stood alone on the page for a click")
+
+
 def _settle(page) -> None:
     """Wait until Streamlit has finished running the script.
 
@@ -286,7 +304,7 @@ def test_fit_stop_shows_the_stopped_fit_every_time(server, browser):
         assert other.get_by_role("button", name="Stop", exact=True).count() >= 1  # seen while it runs
         other_browser.close()
         started = time.time()
-        page.get_by_role("button", name="Stop", exact=True).click()
+        _click_stop(page)
         _wait_text(page, "Stopped after", 60_000)
         assert time.time() - started < 60
         assert page.locator('[data-testid="stException"]').count() == 0
@@ -302,7 +320,7 @@ def test_stop_during_the_closed_form_start_shows_the_stopped_fit(server, browser
     _click_when_idle(page, "Fit", ready_text="Pick a target and")
     _wait_text(page, "closed-form start: candidate")
     started = time.time()
-    page.get_by_role("button", name="Stop", exact=True).click()
+    _click_stop(page)
     _wait_text(page, "Stopped after", 60_000)
     assert time.time() - started < 60
     assert page.locator('[data-testid="stException"]').count() == 0
