@@ -31,7 +31,7 @@ from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
 from fireviz.data import DataError
-from fireviz.data.tokenizers import HFTokenizer, files_sha256
+from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, files_sha256
 from fireviz.model import CheckpointError
 
 #: zero-shot RoPE scalings for a published model, as transformers names its rope_type
@@ -424,6 +424,70 @@ def _tokenizer_key(ckpt: CausalLMCheckpoint) -> str:
     if ckpt.gguf_file:
         return ckpt.sha256
     return files_sha256([ckpt.folder / f for f in TOKENIZER_FILES if (ckpt.folder / f).is_file()])
+
+
+#: tokenizers loaded by :func:`load_tokenizer`, per the sha256 of their files
+_LOADED_TOKENIZERS: dict[str, HFTokenizer] = {}
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer files a folder holds (:data:`TOKENIZER_FILES` that exist)."""
+    return [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+
+
+def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteTokenizer | HFTokenizer:
+    """A tokenizer to prepare token shards with (issue #37), resolved once at the edge.
+
+    Args: ``ref`` — ``"byte"`` (fireviz's bytes, BOS 256); a folder holding a Hugging Face
+      tokenizer (tokenizer.json and its config: what ``python -m fireviz tokenizer train`` or
+      ``tokenizer.save_pretrained`` writes, a published model's folder); a ``tokenizer.json`` file;
+      or a Hub id (its tokenizer files alone are fetched, through ``fireviz.checkpoints.hub``).
+    Returns: ``BYTE_TOKENIZER`` or an :class:`HFTokenizer` whose ``key`` is the sha256 of its files
+      (two copies of one tokenizer are one tokenizer) and ``files`` those files.
+    Raises: CheckpointError naming the problem: nothing there, no tokenizer.json (a slow,
+      Python-only tokenizer reports no byte offsets), a file transformers cannot read, offline."""
+    if str(ref) == "byte":
+        return BYTE_TOKENIZER
+    path = Path(str(ref)).expanduser()
+    if path.is_file() and path.name.endswith(".json"):
+        folder, files = path.parent, [path]
+        files += [f for f in tokenizer_files(folder) if f.name in ("tokenizer_config.json", "special_tokens_map.json")]
+    elif path.is_dir():
+        folder, files = path, tokenizer_files(path)
+    elif looks_like_hub_id(str(ref)):
+        found = [hub_file(str(ref), name, revision, required=False) for name in TOKENIZER_FILES]
+        files = [f for f in found if f is not None]
+        folder = files[0].parent if files else path
+    else:
+        raise CheckpointError(
+            f"tokenizer {str(ref)!r} not found; give byte, a folder holding tokenizer.json, a tokenizer.json file or a "
+            "Hub id (python -m fireviz tokenizer train writes one)"
+        )
+    if not any(f.name == "tokenizer.json" for f in files):
+        raise CheckpointError(
+            f"{ref}: no tokenizer.json there (a fast tokenizer is needed, for its byte offsets); save one with "
+            "tokenizer.save_pretrained(folder) or train one with python -m fireviz tokenizer train"
+        )
+    key = files_sha256(files)
+    if key not in _LOADED_TOKENIZERS:
+        _LOADED_TOKENIZERS[key] = _hf_tokenizer(folder, files, key, str(ref))
+    return _LOADED_TOKENIZERS[key]
+
+
+def _hf_tokenizer(folder: Path, files: list[Path], key: str, name: str) -> HFTokenizer:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        if any(f.name == "tokenizer_config.json" for f in files):
+            hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        else:  # a bare tokenizer.json
+            hf = PreTrainedTokenizerFast(tokenizer_file=str(files[0]))
+    except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
+        raise CheckpointError(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
+    try:
+        return HFTokenizer(hf, key=key, name=name, files=tuple(files))
+    except DataError as e:
+        raise CheckpointError(str(e)) from e
 
 
 def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> dict:

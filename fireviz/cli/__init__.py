@@ -1,7 +1,7 @@
 """``python -m fireviz <command>`` / ``fireviz <command>``: one entry point, one module per command.
 
 Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
-``biases`` (fireviz.biases_cli), ``tokenizer`` (fireviz.cli.tokenizer). Each module exposes ``main(argv) -> int``.
+``biases`` (fireviz.biases_cli), ``tokenizer`` (fireviz.cli.tokenizer), ``prepare`` (fireviz.cli.prepare). Each module exposes ``main(argv) -> int``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ COMMANDS = {
     "fit": ("fireviz.cli.fit", "fit FIRE to a T5/ALiBi/Kerple/Sandwich bias (Theorem 3.1)"),
     "biases": ("fireviz.cli.biases", "learned biases and per-head locality of a checkpoint"),
     "tokenizer": ("fireviz.cli.tokenizer", "train a byte-level BPE tokenizer on a corpus"),
+    "prepare": ("fireviz.cli.prepare", "tokenize a corpus once into token shards for training"),
 }
 
 

@@ -295,7 +295,14 @@ def _open_text(path: Path):
 
 
 def _read_jsonl(path: Path) -> list[Document]:
-    docs, spool = [], _Spool()
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: Path):
+    """The documents of a JSONL file (plain, .gz or .xz), one at a time in file order, as
+    :func:`load_documents` reads them (a large one spooled to disk): a file of any size streams
+    in the memory of its largest line. Raises: DataError naming the file and line."""
+    spool = _Spool()
     try:
         with _open_text(path) as f:
             for lineno, line in enumerate(f, 1):
@@ -313,7 +320,7 @@ def _read_jsonl(path: Path) -> list[Document]:
                         f"{path}:{lineno} has no string 'text' field; each line must be a "
                         'JSON object like {"id": ..., "text": ...}'
                     )
-                docs.append(
+                yield (
                     _text_document(
                         str(obj.get("id", f"{path.name}#{lineno}")),
                         obj["text"],
@@ -326,7 +333,6 @@ def _read_jsonl(path: Path) -> list[Document]:
                 del obj, line  # a spooled document's str goes now, not at the next line
     except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
-    return docs
 
 
 def _is_text(path: Path) -> bool:

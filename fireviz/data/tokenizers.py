@@ -81,6 +81,10 @@ class ByteTokenizer:
     key = "byte"
     bos_token_id = BOS_ID
     adds_bos = True
+    #: ids it produces: 256 bytes and BOS
+    num_ids = BOS_ID + 1
+    #: no files: it is part of fireviz
+    files: tuple[Path, ...] = ()
 
     def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
         """``doc`` as ``[BOS] + bytes`` (``bos`` ``"none"``: bytes only). Raises: DataError for an
@@ -104,18 +108,19 @@ def _check_bos(bos: str | None) -> str | None:
 class HFTokenizer:
     """A Hugging Face fast tokenizer (``transformers.PreTrainedTokenizerFast``) for evaluation.
 
-    Args: ``tokenizer`` the loaded tokenizer; ``key`` what tells it from other tokenizers (its
-      model's ``sha256``, which covers its files); ``name`` for messages.
+    Args: ``tokenizer`` the loaded tokenizer; ``key`` what tells it from other tokenizers (the
+      sha256 of its files); ``name`` for messages; ``files`` the files it was loaded from (what a
+      shard folder and a checkpoint copy to store it).
     Raises: DataError for a tokenizer without offset mapping (a slow, Python tokenizer).
     """
 
-    def __init__(self, tokenizer: Any, key: str, name: str = "tokenizer"):
+    def __init__(self, tokenizer: Any, key: str, name: str = "tokenizer", files: tuple[Path, ...] = ()):
         if not getattr(tokenizer, "is_fast", False):
             raise DataError(
                 f"{name}: the tokenizer is not a fast (Rust) tokenizer, so it reports no byte offsets; "
                 "give a model folder with a tokenizer.json"
             )
-        self._tok, self.key, self.name = tokenizer, key, name
+        self._tok, self.key, self.name, self.files = tokenizer, key, name, tuple(files)
         self.bos_token_id: int | None = tokenizer.bos_token_id
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         self.adds_bos = bool(self.bos_token_id is not None and probe and probe[0] == self.bos_token_id)
@@ -125,6 +130,11 @@ class HFTokenizer:
         """Ids text can encode to: the base vocabulary (added special tokens not counted, as text
         never becomes them here)."""
         return int(self._tok.vocab_size)
+
+    @property
+    def num_ids(self) -> int:
+        """Ids it can produce: the base vocabulary and its added (special) tokens."""
+        return int(len(self._tok))
 
     def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
         """``doc.text`` in this tokenizer's ids, with byte ends; BOS first when the convention

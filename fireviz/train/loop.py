@@ -70,6 +70,7 @@ from fireviz.train.setup import (
     load_run_data,
     open_log,
     provenance,
+    store_tokenizer,
     wrap_model,
 )
 from fireviz.train.state import _write_checkpoint
@@ -153,6 +154,7 @@ def _train(
         del tensors
         start_step = state["step"] if resume else 0
         barrier(d)  # every rank passed its checks before rank 0 writes anything
+        store_tokenizer(data, out, d)
         model, autocast = wrap_model(raw_model, tc, d, device)
         record = provenance(mc, tc, data, eval_lengths, d, raw_model, command)
         log = open_log(out, d, resume, start_step)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import math
 
+import numpy as np
 import torch
 
-from fireviz.data import DataError, Document, document_tokens
+from fireviz.data import DataError, Document, DocumentTokens
 from fireviz.train.config import TrainConfig, TrainingError
 
 
@@ -63,16 +64,26 @@ def position_offsets(step: int, tc: TrainConfig, rank: int = 0) -> list[int] | N
     return torch.randint(0, tc.random_position_offset + 1, (tc.grad_accum,), generator=g).tolist()
 
 
-def validation_windows(docs: list[Document], length: int, count: int) -> torch.Tensor:
+def _token_docs(docs) -> list:
+    """Documents as sliceable token sequences sorted by id: ``Document`` s (``[BOS] + bytes``,
+    read lazily) sorted here, or token documents of a shard folder (``fireviz.data.shards``), which
+    come sorted by id already."""
+    if docs and isinstance(docs[0], Document):
+        return [DocumentTokens(d) for d in sorted(docs, key=lambda d: d.id)]
+    return list(docs)
+
+
+def validation_windows(docs: list, length: int, count: int) -> torch.Tensor:
     """A fixed, deterministic validation set: int64 ``[n, length + 1]`` token windows, n ≤ count.
 
+    ``docs``: ``Document`` s, or a shard folder's token documents (``TokenShards.documents``).
     Windows lie inside single documents (never crossing a boundary). Round k takes the
     window at offset k·length of every document (sorted by id) that still has length + 1
     tokens there, so round 0 windows start with the document's BOS. Rounds continue until
     ``count`` windows are taken or no document has room.
     Raises: DataError if no document holds length + 1 tokens.
     """
-    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
+    toks = _token_docs(docs)
     out: list[torch.Tensor] = []
     k = 0
     while len(out) < count:
@@ -91,19 +102,26 @@ def validation_windows(docs: list[Document], length: int, count: int) -> torch.T
     return torch.stack(out)
 
 
-def random_validation_windows(docs: list[Document], length: int, count: int, seed: int = 0) -> torch.Tensor:
+def random_validation_windows(docs: list, length: int, count: int, seed: int = 0) -> torch.Tensor:
     """A fixed validation set drawn like the evaluation's random windows: int64 ``[n, length + 1]``.
 
     Candidates are the non-overlapping windows of ``length + 1`` tokens of every document that
-    holds one (windows never cross a boundary); ``count`` of them are drawn with
-    ``torch.Generator().manual_seed(seed)`` (n = min(count, candidates)), so, unlike
-    ``validation_windows`` (document starts), a window's position in its document is spread
-    like the text's. Raises: DataError if no document holds ``length + 1`` tokens.
+    holds one (windows never cross a boundary), in document (id) then position order; ``count``
+    of them are drawn with ``torch.Generator().manual_seed(seed)`` (n = min(count, candidates)), so,
+    unlike ``validation_windows`` (document starts), a window's position in its document is spread
+    like the text's. The candidates are counted, never listed: memory does not grow with the corpus.
+    ``docs``: as :func:`validation_windows`. Raises: DataError if no document holds ``length + 1`` tokens.
     """
-    toks = [document_tokens(d) for d in sorted(docs, key=lambda d: d.id)]
-    cands = [(i, s) for i, t in enumerate(toks) for s in range(0, len(t) - length, length + 1)]
-    if not cands:
-        longest = max(len(t) for t in toks)
-        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {longest})")
-    pick = torch.randperm(len(cands), generator=torch.Generator().manual_seed(int(seed)))[:count].tolist()
-    return torch.stack([toks[cands[k][0]][cands[k][1] : cands[k][1] + length + 1] for k in sorted(pick)])
+    toks = _token_docs(docs)
+    sizes = np.asarray([len(t) for t in toks], dtype=np.int64)
+    per_doc = np.maximum(0, -(-(sizes - length) // (length + 1)))  # len(range(0, size − length, length + 1))
+    first = np.concatenate([[0], np.cumsum(per_doc)])
+    if first[-1] == 0:
+        raise DataError(f"no validation document holds {length + 1} tokens (the longest has {int(sizes.max())})")
+    pick = torch.randperm(int(first[-1]), generator=torch.Generator().manual_seed(int(seed)))[:count].tolist()
+    out = []
+    for k in sorted(pick):
+        i = int(np.searchsorted(first, k, side="right")) - 1
+        s = int(k - first[i]) * (length + 1)
+        out.append(toks[i][s : s + length + 1])
+    return torch.stack(out)

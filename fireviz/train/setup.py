@@ -25,6 +25,8 @@ from fireviz import __version__
 from fireviz.core import FileFormatError, read_json
 from fireviz.core.distributed import Dist, all_reduce_sum
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
+from fireviz.data.prepare import copy_tokenizer
+from fireviz.data.shards import TokenShards, is_shard_folder
 from fireviz.model import (
     GPT,
     CheckpointError,
@@ -228,6 +230,7 @@ class RunData:
     val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)
     val_random: torch.Tensor | None  # windows drawn like the evaluation's (text only)
     answers_from: Callable[[int], int]  # window length → first scored target (1 for text: every target counts)
+    shards: TokenShards | None = None  # the token shards read (train.data a prepared folder)
 
 
 def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int]) -> RunData:
@@ -246,6 +249,8 @@ def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int])
             None,
             task.split,
         )
+    if is_shard_folder(tc.data):
+        return _shard_run_data(mc, tc, eval_lengths, n_val)
     docs = load_documents(tc.data)
     train_docs, val_docs = split_documents(docs, "train"), split_documents(docs, "validation")
     # also windows drawn like the evaluation's (logged as val_loss_random): document starts read high
@@ -258,6 +263,35 @@ def load_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int])
         random_validation_windows(val_docs, mc.seq_len, n_val),
         lambda length: 1,
     )
+
+
+def _shard_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int], n_val: int) -> RunData:
+    """A prepared shard folder's training stream (memory-mapped, in id order) and validation sets
+    (from its validation shards, as from a corpus's documents). Raises: DataError, TrainingError
+    for a vocabulary smaller than the tokenizer's ids."""
+    shards = TokenShards(tc.data)
+    if shards.num_ids > mc.vocab_size:
+        raise TrainingError(
+            f"train.data {tc.data} holds tokens of {shards.tokenizer['name']} (ids 0..{shards.num_ids - 1}) but "
+            f"model.vocab_size is {mc.vocab_size}; set --set model.vocab_size={shards.num_ids}"
+        )
+    val_docs = shards.documents("validation")
+    return RunData(
+        shards.stream("train", min_tokens=mc.seq_len + 1),
+        shards.fingerprint("train"),
+        shards.fingerprint("validation"),
+        {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
+        random_validation_windows(val_docs, mc.seq_len, n_val),
+        lambda length: 1,
+        shards,
+    )
+
+
+def store_tokenizer(data: RunData, out: Path, d: Dist) -> None:
+    """A checkpoint stores its tokenizer: a shard folder's Hugging Face tokenizer files are copied
+    beside config.json (rank 0; the byte tokenizer has none)."""
+    if d.master and data.shards is not None:
+        copy_tokenizer(data.shards.path, out)
 
 
 def check_step_memory(mc: GPTConfig, micro: int, device: torch.device) -> None:
@@ -347,6 +381,7 @@ def provenance(mc: GPTConfig, tc: TrainConfig, data: RunData, eval_lengths, d: D
         "data": tc.data,
         "data_split": "train",
         "data_fingerprint": data.fingerprint,
+        "tokenizer": data.shards.tokenizer if data.shards is not None else {"name": "byte", "key": "byte"},
         "train_tokens_available": data.stream.num_tokens,
         "validation_fingerprint": data.val_fingerprint,
         "validation_lengths": list(eval_lengths),

@@ -1,0 +1,346 @@
+"""Tokenize a corpus once into token shards: ``python -m fireviz prepare`` (issue #37).
+
+:func:`prepare` reads a source with :func:`fireviz.data.sources.iter_documents` (one document at
+a time), cuts it into chunks of about ``chunk_bytes`` of text (whole documents, in source
+order), tokenizes each chunk (in ``num_proc`` worker processes) and writes its two shards
+(train, validation) and then its document table, each atomically (a temp file, fsync, rename:
+``fireviz.core.atomic_write``). A chunk whose table is there and whose shards match it is done:
+a killed ``prepare`` run again with the same settings skips those chunks (checking that their
+source text is unchanged) and writes byte-identical files for the rest. The orders and the
+manifest come last (format: :mod:`fireviz.data.shards`).
+
+Memory: the chunks in flight (``2 × num_proc`` of them) and a table of ids, never the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from fireviz import __version__
+from fireviz.core import FileFormatError, atomic_write, read_json, write_json_atomic
+from fireviz.data.corpus import SPLITS, DataError, Document, is_validation, text_bytes
+from fireviz.data.shards import (
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    MAGIC,
+    MANIFEST,
+    SETTINGS,
+    TOKENIZER_DIR,
+    TokenShards,
+    chunk_name,
+    file_sha256,
+    itemsize_for,
+    order_name,
+    read_shard_header,
+    shard_name,
+    tokenizer_digest,
+)
+from fireviz.data.sources import iter_documents
+
+#: source text per chunk (and so per pair of shards); recorded, and fixed for a resumed run
+DEFAULT_CHUNK_BYTES = 16 << 20
+
+
+def tokenizer_record(tokenizer: Any) -> dict:
+    """What a shard folder (and a checkpoint trained on it) records of its tokenizer: ``name``,
+    ``key`` (``"byte"`` or the sha256 of its files), ``num_ids`` (ids it can produce),
+    ``bos_token_id``, ``adds_bos``."""
+    return {
+        "name": tokenizer.name,
+        "key": tokenizer.key,
+        "num_ids": int(tokenizer.num_ids),
+        "bos_token_id": tokenizer.bos_token_id,
+        "adds_bos": bool(tokenizer.adds_bos),
+    }
+
+
+def _digest_doc(doc: Document) -> tuple[int, str]:
+    raw, inner = doc.raw_bytes(), hashlib.sha256()
+    for a in range(0, len(raw), 1 << 20):
+        inner.update(raw[a : a + (1 << 20)])  # type: ignore[arg-type]  # an ndarray is a buffer
+    return len(raw), inner.hexdigest()
+
+
+def _chunks(docs: Iterator[Document], chunk_bytes: int) -> Iterator[tuple[int, list[Document], list[list], str]]:
+    """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk."""
+    k, batch, rows, size = 0, [], [], 0
+    for doc in docs:
+        n, sha = _digest_doc(doc)
+        batch.append(doc if not doc.on_disk else Document(doc.id, doc.text))  # sent to a worker: in memory
+        rows.append([doc.id, int(is_validation(doc.id)), n, sha])
+        size += n
+        if size >= chunk_bytes:
+            yield k, batch, rows, _rows_sha256(rows)
+            k, batch, rows, size = k + 1, [], [], 0
+    if batch:
+        yield k, batch, rows, _rows_sha256(rows)
+
+
+def _rows_sha256(rows) -> str:
+    """``data_fingerprint`` of a chunk's documents (sha256 over id, NUL, sha256 of the bytes)."""
+    h = hashlib.sha256()
+    for doc_id, _, _, sha in rows:
+        h.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+    return h.hexdigest()
+
+
+def _write_shard(path: Path, tokens: np.ndarray, n_docs: int, itemsize: int, digest: bytes) -> str:
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, itemsize, len(tokens), n_docs, digest)
+    data = tokens.astype("<u2" if itemsize == 2 else "<u4").tobytes()
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(data)
+
+    atomic_write(path, write)
+    return hashlib.sha256(header + data).hexdigest()
+
+
+def write_chunk(out: Path, k: int, docs: list[Document], rows: list[list], source_sha256: str, tokenizer) -> dict:
+    """Tokenize one chunk and write its shards, then its table (what a worker process runs).
+    Returns the table written."""
+    itemsize, digest = itemsize_for(tokenizer.num_ids), tokenizer_digest(tokenizer.key)
+    parts: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    table = []
+    for doc, (doc_id, split, n_bytes, sha) in zip(docs, rows, strict=True):
+        ids = tokenizer.encode(doc).ids
+        if len(ids) and (ids.min() < 0 or ids.max() >= tokenizer.num_ids):
+            raise DataError(f"{tokenizer.name} gave ids outside 0..{tokenizer.num_ids - 1} for document {doc_id!r}")
+        parts[split].append(ids)
+        table.append([doc_id, split, len(ids), n_bytes, sha])
+    shards = {}
+    for split_index, split in enumerate(SPLITS):
+        toks = np.concatenate(parts[split_index]) if parts[split_index] else np.zeros(0, dtype=np.int64)
+        sha = _write_shard(out / shard_name(split, k), toks, len(parts[split_index]), itemsize, digest)
+        shards[split] = {"tokens": len(toks), "documents": len(parts[split_index]), "sha256": sha}
+    record = {"chunk": k, "source_sha256": source_sha256, "tokenizer": tokenizer.key, "shards": shards, "documents": table}
+    write_json_atomic(out / chunk_name(k), record)
+    return record
+
+
+def _done_chunk(out: Path, k: int, source_sha256: str, key: str) -> dict | None:
+    """The table of chunk ``k`` when it is done and its shards match it; None to (re)write it.
+    Raises: DataError when the chunk was written from other source text (the source changed)."""
+    path = out / chunk_name(k)
+    if not path.is_file():
+        return None
+    try:
+        rec = read_json(path, expect=dict)
+    except FileFormatError:
+        return None
+    if rec.get("tokenizer") != key:
+        return None
+    if rec.get("source_sha256") != source_sha256:
+        raise DataError(
+            f"the source text of chunk {k} differs from when {out} was prepared (the data changed); prepare it into "
+            "a new --out folder, or delete this one (nothing was changed)"
+        )
+    for split in SPLITS:
+        p = out / shard_name(split, k)
+        try:
+            head = read_shard_header(p)
+            ok = head["tokens"] == rec["shards"][split]["tokens"] and file_sha256(p) == rec["shards"][split]["sha256"]
+        except (DataError, OSError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            return None
+    return rec
+
+
+def _settings(source, tokenizer, chunk_bytes: int, columns: dict) -> dict:
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "source": str(source),
+        "tokenizer": tokenizer_record(tokenizer),
+        "chunk_bytes": int(chunk_bytes),
+        **columns,
+    }
+
+
+def _start(out: Path, settings: dict, tokenizer) -> None:
+    """Claim ``out`` for these settings (or check a resumed run's are the same) and copy the
+    tokenizer's files. Raises: DataError for a folder holding something else."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} exists and is not a folder")
+    if (out / SETTINGS).is_file():
+        try:
+            before = read_json(out / SETTINGS, expect=dict)
+        except FileFormatError as e:
+            raise DataError(f"{e}; delete {out} and prepare again") from e
+        if before != settings:
+            diff = [f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in settings.items() if before.get(k) != v]
+            raise DataError(
+                f"{out} holds shards prepared with other settings ({'; '.join(diff)}); prepare into another --out, or "
+                "delete it (nothing was changed)"
+            )
+    elif out.is_dir() and any(out.iterdir()):
+        raise DataError(f"--out {out} is a folder that holds other files; give a new or empty folder (nothing was changed)")
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp-*"):
+        stray.unlink()  # temp files of a killed run (ours)
+    write_json_atomic(out / SETTINGS, settings)
+    files = getattr(tokenizer, "files", ())
+    for f in files:
+        data = Path(f).read_bytes()
+        atomic_write(out / TOKENIZER_DIR / Path(f).name, lambda tmp, data=data: Path(tmp).write_bytes(data))
+
+
+def prepare(
+    source: str | os.PathLike,
+    tokenizer: Any,
+    out: str | os.PathLike,
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    num_proc: int = 1,
+    text_column: str = "text",
+    id_column: str = "id",
+    hf_config: str | None = None,
+    hf_split: str = "train",
+    progress: bool | None = None,
+) -> dict:
+    """Tokenize ``source`` into token shards in ``out`` (format: :mod:`fireviz.data.shards`).
+
+    Args:
+      source: a bundled domain, a JSONL / text / Parquet file or a folder of them, or
+        ``hf:<dataset>`` (:func:`fireviz.data.sources.iter_documents`; ``text_column``,
+        ``id_column``, ``hf_config``, ``hf_split`` go there).
+      tokenizer: ``fireviz.data.tokenizers.BYTE_TOKENIZER`` or an ``HFTokenizer`` (its ``files``
+        are copied into ``out/tokenizer``); each document is encoded with its own BOS convention.
+      out: a new or empty folder, or one an interrupted ``prepare`` with the same settings left
+        (resumed: finished chunks are checked and kept).
+      chunk_bytes: source text per chunk (≥ 1). num_proc: worker processes (1: in this one).
+      progress: a tqdm bar (None: on a terminal).
+    Returns: the manifest written (``manifest.json``).
+    Raises: DataError (the source, a folder of something else or of other settings, a source
+      that changed under a resumed run), ValueError for bad ``chunk_bytes`` / ``num_proc``, OSError.
+    """
+    import sys
+
+    from tqdm import tqdm
+
+    if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be a positive integer (got {chunk_bytes!r})")
+    if not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"--num-proc must be a positive integer (got {num_proc!r})")
+    out = Path(out).expanduser()
+    columns = {"text_column": text_column, "id_column": id_column, "hf_config": hf_config, "hf_split": hf_split}
+    settings = _settings(source, tokenizer, chunk_bytes, columns)
+    _start(out, settings, tokenizer)
+    if (out / MANIFEST).is_file():
+        TokenShards(out)  # finished before: checked, not redone
+        return read_json(out / MANIFEST, expect=dict)
+    docs = iter_documents(source, text_column, id_column, hf_config, hf_split)
+    bar = tqdm(unit="B", unit_scale=True, desc=f"prepare {out.name}", disable=not (progress or (progress is None and sys.stderr.isatty())))
+    records: dict[int, dict] = {}
+    pool = ProcessPoolExecutor(num_proc, mp_context=_spawn()) if num_proc > 1 else None
+    pending: dict[int, Future] = {}
+    try:
+        for k, batch, rows, sha in _chunks(docs, chunk_bytes):
+            done = _done_chunk(out, k, sha, tokenizer.key)
+            if done is not None:
+                records[k] = done
+            elif pool is None:
+                records[k] = write_chunk(out, k, batch, rows, sha, tokenizer)
+            else:
+                pending[k] = pool.submit(write_chunk, out, k, batch, rows, sha, tokenizer)
+                while len(pending) >= 2 * num_proc:  # memory: the chunks in flight, never the corpus
+                    first = min(pending)
+                    records[first] = pending.pop(first).result()
+            bar.update(sum(r[2] for r in rows))
+        for k in sorted(pending):
+            records[k] = pending.pop(k).result()
+    finally:
+        for f in pending.values():
+            f.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    return _finish(out, settings, [records[k] for k in range(len(records))])
+
+
+def _spawn():
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")  # no fork of a process holding threads (torch, tokenizers)
+
+
+def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
+    """The orders (documents sorted by id), the fingerprints and the manifest, written last."""
+    n = len(records)
+    for stale in out.glob("chunk-*.json"):  # chunks past the end: a source that has shrunk
+        k = int(stale.stem.split("-")[1])
+        if k >= n:
+            for p in [stale] + [out / shard_name(s, k) for s in SPLITS]:
+                p.unlink(missing_ok=True)
+    splits = {}
+    for split_index, split in enumerate(SPLITS):
+        entries, fp = [], hashlib.sha256()
+        n_bytes = 0
+        for rec in records:
+            offset = 0
+            for doc_id, s, n_tok, nb, sha in rec["documents"]:
+                if s == split_index:
+                    entries.append((doc_id, rec["chunk"], offset, n_tok))
+                    fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+                    offset += n_tok
+                    n_bytes += nb
+        entries.sort(key=lambda e: e[0])  # stable: equal ids keep source order, as TokenStream's sort
+        order = np.asarray([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
+        atomic_write(out / order_name(split), lambda tmp, order=order: _save_npy(tmp, order))
+        splits[split] = {
+            "documents": len(entries),
+            "tokens": int(order[:, 2].sum()),
+            "bytes": n_bytes,
+            "fingerprint": fp.hexdigest(),
+            "shards": [{"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records],
+        }
+    source_fp = hashlib.sha256()
+    for rec in records:
+        for doc_id, _, _, _, sha in rec["documents"]:
+            source_fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "tokenizer": settings["tokenizer"],
+        "source": {"data": settings["source"], "fingerprint": source_fp.hexdigest(), **{
+            k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split")}},
+        "chunk_bytes": settings["chunk_bytes"],
+        "chunks": n,
+        "dtype": "uint16" if itemsize_for(settings["tokenizer"]["num_ids"]) == 2 else "uint32",
+        "splits": splits,
+        "fireviz_version": __version__,
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
+def copy_tokenizer(shards_dir: str | os.PathLike, out: str | os.PathLike) -> list[Path]:
+    """Copy a shard folder's tokenizer files into ``out`` (a checkpoint stores its tokenizer);
+    the files copied (none for ``byte``)."""
+    src = Path(shards_dir) / TOKENIZER_DIR
+    copied = []
+    if src.is_dir():
+        for f in sorted(src.iterdir()):
+            if f.is_file():
+                dest = Path(out) / f.name
+                atomic_write(dest, lambda tmp, f=f: shutil.copyfile(f, tmp))
+                copied.append(dest)
+    return copied
+
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "copy_tokenizer", "prepare", "tokenizer_record", "write_chunk"]

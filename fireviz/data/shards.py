@@ -1,0 +1,293 @@
+"""Token shards: a corpus tokenized once (``python -m fireviz prepare``), read by memory map.
+
+The layout of a shard folder (issue #37; the idea of nanoGPT's and modded-nanogpt's ``.bin``
+shards — a small header, then the tokens — with a document index beside them):
+
+* ``prepare.json`` — the settings the folder was prepared with (source, tokenizer sha256,
+  chunk size), written first: a resumed ``prepare`` must give the same ones;
+* ``train-NNNNN.bin`` / ``validation-NNNNN.bin`` — one pair per chunk of the source (about
+  ``chunk_bytes`` of its text, whole documents, in source order): a 64-byte header
+  (:data:`HEADER`: magic ``FVZTOKS\\0``, format version, bytes per token, tokens, documents, the
+  tokenizer's sha256) then the tokens, little-endian uint16 (or uint32 for a vocabulary over
+  65,536), each document's tokens as its tokenizer makes them (``[BOS] + bytes`` for ``byte``);
+* ``chunk-NNNNN.json`` — the chunk's documents (id, split, tokens, bytes, sha256 of its bytes),
+  the sha256 of its source text and of its two shard files; written after the shards, it marks
+  the chunk done (a killed ``prepare`` resumes from the chunks without one);
+* ``train.order.npy`` / ``validation.order.npy`` — int64 ``[documents, 3]``: (chunk, token
+  offset in the shard, tokens) of each document of the split **sorted by id**, the order of
+  fireviz's training stream (``fireviz.data.corpus.TokenStream``): with the byte tokenizer a
+  run reads the same tokens from shards as from the corpus;
+* ``manifest.json`` — written last: the tokenizer (its name, sha256, ids, BOS), the source and
+  its fingerprint, per split the documents, tokens, bytes and the ``data_fingerprint`` of its
+  documents, and every shard's tokens and sha256;
+* ``tokenizer/`` — a copy of a Hugging Face tokenizer's files (absent for ``byte``).
+
+Splits follow ``fireviz.data.corpus.is_validation`` (sha256 of the id), as everywhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fireviz.core import FileFormatError, read_json
+from fireviz.data.corpus import SPLITS, DataError
+
+FORMAT = "fireviz-token-shards"
+FORMAT_VERSION = 1
+MAGIC = b"FVZTOKS\0"
+#: magic, format version, bytes per token, tokens, documents, sha256 of the tokenizer's identity
+HEADER = struct.Struct("<8sIIQQ32s")
+MANIFEST = "manifest.json"
+SETTINGS = "prepare.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+def shard_name(split: str, chunk: int) -> str:
+    """``train-00012.bin``: the shard file of ``split`` for source chunk ``chunk``."""
+    return f"{split}-{chunk:05d}.bin"
+
+
+def chunk_name(chunk: int) -> str:
+    """``chunk-00012.json``: the document table that marks chunk ``chunk`` done."""
+    return f"chunk-{chunk:05d}.json"
+
+
+def order_name(split: str) -> str:
+    return f"{split}.order.npy"
+
+
+def tokenizer_digest(key: str) -> bytes:
+    """The 32 bytes a shard header holds for a tokenizer: sha256 of its identity ``key``
+    (``"byte"``, or the sha256 of a Hugging Face tokenizer's files)."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+def itemsize_for(num_ids: int) -> int:
+    """Bytes per token for ids ``0 .. num_ids − 1``: 2 (uint16) up to 65,536 ids, else 4."""
+    return 2 if num_ids <= 1 << 16 else 4
+
+
+def is_shard_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder ``prepare`` wrote into (finished or not)."""
+    p = Path(path).expanduser()
+    return p.is_dir() and ((p / MANIFEST).is_file() or (p / SETTINGS).is_file())
+
+
+def read_shard_header(path: Path) -> dict:
+    """The header of one shard file: ``{"version", "itemsize", "tokens", "documents", "tokenizer"}``.
+    Raises: DataError for a file that is not a fireviz shard (foreign), of a later format, or
+    whose size does not match its header (truncated)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER.size)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise DataError(f"cannot read the shard {path}: {e}") from e
+    if len(raw) < HEADER.size or raw[:8] != MAGIC:
+        raise DataError(f"{path} is not a fireviz token shard (no {MAGIC[:7].decode()} header); prepare the data again")
+    magic, version, itemsize, n_tokens, n_docs, digest = HEADER.unpack(raw)
+    if version != FORMAT_VERSION or itemsize not in (2, 4):
+        raise DataError(
+            f"{path} is a shard of format {version} with {itemsize}-byte tokens; this fireviz reads format "
+            f"{FORMAT_VERSION}: prepare the data again"
+        )
+    if size != HEADER.size + n_tokens * itemsize:
+        raise DataError(
+            f"{path} is {size:,} bytes but its header says {n_tokens:,} tokens ({HEADER.size + n_tokens * itemsize:,} "
+            "bytes): it is truncated or corrupt; prepare the data again"
+        )
+    return {"version": version, "itemsize": itemsize, "tokens": n_tokens, "documents": n_docs, "tokenizer": digest}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file, read in 4 MiB chunks. Raises: OSError."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(4 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class TokenShards:
+    """A prepared shard folder, checked once: what training and validation read.
+
+    Args: ``path`` the folder; ``verify`` also compare every shard's sha256 with the manifest
+      (reads each file once, in chunks; memory stays flat).
+    Attributes: ``path``, ``manifest`` (the parsed manifest.json), ``tokenizer`` (its record:
+      ``name``, ``key``, ``num_ids``, ``bos_token_id``), ``num_ids``, ``itemsize``.
+    Raises: DataError naming the problem and the fix: not a shard folder, a ``prepare`` that did
+      not finish (run it again to resume), a foreign, truncated or corrupt shard, an order file
+      that does not match. Nothing is changed.
+    """
+
+    def __init__(self, path: str | os.PathLike, verify: bool = True):
+        self.path = Path(path).expanduser()
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            if (self.path / SETTINGS).is_file():
+                raise DataError(
+                    f"{self.path}: its prepare did not finish (no {MANIFEST}); run the same `python -m fireviz "
+                    "prepare` command again to resume it"
+                )
+            raise DataError(f"{self.path} is not a token-shard folder (no {MANIFEST}); write one with python -m fireviz prepare")
+        try:
+            self.manifest = read_json(manifest_path, expect=dict)
+        except FileFormatError as e:
+            raise DataError(f"{e}; prepare the data again") from e
+        m = self.manifest
+        if m.get("format") != FORMAT or m.get("version") != FORMAT_VERSION:
+            raise DataError(
+                f"{manifest_path} is not a fireviz token-shard manifest of version {FORMAT_VERSION} (format "
+                f"{m.get('format')!r}, version {m.get('version')!r}); prepare the data again"
+            )
+        self.tokenizer = m["tokenizer"]
+        self.num_ids = int(self.tokenizer["num_ids"])
+        self.itemsize = itemsize_for(self.num_ids)
+        self._digest = tokenizer_digest(self.tokenizer["key"])
+        self.shards: dict[str, list[dict]] = {s: m["splits"][s]["shards"] for s in SPLITS}
+        for split in SPLITS:
+            for k, rec in enumerate(self.shards[split]):
+                self._check_shard(split, k, rec, verify)
+        self.orders = {s: self._order(s) for s in SPLITS}
+
+    def _check_shard(self, split: str, k: int, rec: dict, verify: bool) -> None:
+        path = self.path / shard_name(split, k)
+        head = read_shard_header(path)
+        if head["tokenizer"] != self._digest or head["itemsize"] != self.itemsize:
+            raise DataError(
+                f"{path} was written with another tokenizer than {self.path / MANIFEST} names (a foreign shard); "
+                "prepare the data again into a new folder"
+            )
+        if head["tokens"] != rec["tokens"] or (verify and file_sha256(path) != rec["sha256"]):
+            raise DataError(
+                f"{path} does not match {MANIFEST} (its bytes changed since prepare wrote it: corrupt or replaced); "
+                "prepare the data again"
+            )
+
+    def _order(self, split: str) -> np.ndarray:
+        path = self.path / order_name(split)
+        try:
+            order = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {path}: {e}; prepare the data again") from e
+        tokens = np.asarray([r["tokens"] for r in self.shards[split]], dtype=np.int64)
+        ok = order.dtype == np.int64 and order.ndim == 2 and order.shape[1] == 3
+        ok = ok and order.shape[0] == self.manifest["splits"][split]["documents"]
+        if ok and len(order):
+            chunk, off, n = order[:, 0], order[:, 1], order[:, 2]
+            ok = bool(chunk.min() >= 0 and chunk.max() < len(tokens) and off.min() >= 0 and n.min() >= 1)
+            ok = ok and bool(np.all(off + n <= tokens[chunk]))
+        if not ok:
+            raise DataError(f"{path} does not match {MANIFEST} (corrupt); prepare the data again")
+        return order
+
+    def fingerprint(self, split: str) -> str:
+        """``data_fingerprint`` of the split's documents in source order (equal to the one of the
+        same documents read from the corpus)."""
+        return str(self.manifest["splits"][split]["fingerprint"])
+
+    def map(self, split: str, chunk: int) -> np.ndarray:
+        """The tokens of one shard as a read-only memory map (uint16 or uint32 ``[tokens]``)."""
+        dtype = np.dtype("<u2" if self.itemsize == 2 else "<u4")
+        n = int(self.shards[split][chunk]["tokens"])
+        if n == 0:
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(self.path / shard_name(split, chunk), dtype=dtype, mode="r", offset=HEADER.size, shape=(n,))
+
+    def stream(self, split: str = "train", min_tokens: int = 2) -> ShardStream:
+        """The split's documents concatenated in id order, for training windows (:class:`ShardStream`).
+        Raises: DataError if it holds fewer than ``min_tokens`` tokens."""
+        return ShardStream(self, split, min_tokens)
+
+    def documents(self, split: str) -> list[ShardDocument]:
+        """The split's documents, sorted by id, each sliceable into int64 token tensors."""
+        return [ShardDocument(self, split, int(c), int(o), int(n)) for c, o, n in self.orders[split]]
+
+
+class ShardDocument:
+    """One document's tokens in a shard: ``doc[a:b]`` → int64 tensor ``[b − a]`` (read then, through
+    a memory map), ``len(doc)`` its tokens."""
+
+    __slots__ = ("shards", "split", "chunk", "offset", "n")
+
+    def __init__(self, shards: TokenShards, split: str, chunk: int, offset: int, n: int):
+        self.shards, self.split, self.chunk, self.offset, self.n = shards, split, chunk, offset, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: slice) -> torch.Tensor:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("ShardDocument takes step-1 slices only")
+        a, b, _ = key.indices(self.n)
+        b = max(a, b)
+        m = self.shards.map(self.split, self.chunk)
+        out = np.asarray(m[self.offset + a : self.offset + b], dtype=np.int64)
+        del m
+        return torch.from_numpy(out)
+
+
+class ShardStream:
+    """The documents of one split of a :class:`TokenShards`, concatenated in id order: the same
+    interface and, for the byte tokenizer, the same tokens as ``fireviz.data.corpus.TokenStream``
+    (``num_tokens``, ``batch(starts, length)``).
+
+    Memory: the document table (24 bytes a document), never the tokens; each batch maps the
+    shards its windows touch and lets them go, so a long run's resident memory does not grow with
+    the corpus (nanoGPT re-creates its memmap per batch for the same reason).
+    Raises: DataError if the split holds fewer than ``min_tokens`` tokens.
+    """
+
+    def __init__(self, shards: TokenShards, split: str = "train", min_tokens: int = 2):
+        self.shards, self.split = shards, split
+        self.order = shards.orders[split]
+        self.cum = np.concatenate([[0], np.cumsum(self.order[:, 2])]).astype(np.int64)
+        if self.num_tokens < min_tokens:
+            raise DataError(
+                f"{shards.path} holds {self.num_tokens} {split} tokens, fewer than one window of {min_tokens}; "
+                "use more or longer documents, or a shorter seq_len"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the split (every document's tokens, BOS included)."""
+        return int(self.cum[-1])
+
+    def batch(self, starts: torch.Tensor, length: int) -> torch.Tensor:
+        """Windows at ``starts [batch]`` (int64, in ``[0, num_tokens − length]``) of ``length``
+        tokens → int64 ``[batch, length]``; a window may run across documents (and shards)."""
+        s = starts.numpy().astype(np.int64)
+        out = np.empty((len(s), length), dtype=np.int64)
+        maps: dict[int, np.ndarray] = {}
+        for row, start in enumerate(s):
+            i = int(np.searchsorted(self.cum, start, side="right")) - 1
+            pos, filled = int(start - self.cum[i]), 0
+            while filled < length:
+                chunk, off, n = (int(v) for v in self.order[i])
+                take = min(n - pos, length - filled)
+                if chunk not in maps:
+                    maps[chunk] = self.shards.map(self.split, chunk)
+                out[row, filled : filled + take] = maps[chunk][off + pos : off + pos + take]
+                filled += take
+                i, pos = i + 1, 0
+        maps.clear()  # unmapped: the pages read stay in the page cache, not in this process
+        return torch.from_numpy(out)
+
+
+__all__ = [
+    "FORMAT",
+    "HEADER",
+    "MAGIC",
+    "MANIFEST",
+    "ShardDocument",
+    "ShardStream",
+    "TokenShards",
+    "is_shard_folder",
+    "read_shard_header",
+]

@@ -1,0 +1,156 @@
+"""Documents from any source, one at a time (``fireviz prepare`` reads corpora of any size this way).
+
+:func:`iter_documents` yields :class:`fireviz.data.corpus.Document` s in a fixed order, holding
+at most one file (or one Parquet row group, one streamed record) in memory:
+
+* a bundled domain (``prose``, ``latex``, ``code``) or a JSONL file (plain, .gz, .xz): line by line;
+* a text file (.txt, .md, .tex, .py, optionally .gz/.xz): one document (id = its name);
+* a folder: its JSONL, text and Parquet files, recursively, in sorted path order (a text file's id
+  is its path inside the folder, as :func:`fireviz.data.corpus.load_documents` names it);
+* a Parquet file (``.parquet``; read with pyarrow, row group by row group): a string column
+  ``text`` (``text_column``), ids from ``id_column`` when present, else ``<file>#<row>``;
+* ``hf:<dataset>`` — a Hugging Face dataset, streamed with ``datasets.load_dataset(…,
+  streaming=True)`` (``hf_config``, ``hf_split``; ``datasets`` must be installed): ids from
+  ``id_column`` when present, else ``<dataset>#<row>``.
+
+Documents with no text are skipped, as :func:`load_documents` does.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from fireviz.data.corpus import DATA_DIR, DOMAINS, DataError, Document, _is_jsonl, _is_text, iter_jsonl, load_documents
+
+HF_PREFIX = "hf:"
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.name.endswith(".parquet")
+
+
+def iter_documents(
+    source: str | os.PathLike,
+    text_column: str = "text",
+    id_column: str = "id",
+    hf_config: str | None = None,
+    hf_split: str = "train",
+) -> Iterator[Document]:
+    """The documents of ``source`` in a fixed order (see the module docstring), one at a time.
+
+    Raises: DataError for a source that does not exist, cannot be read, has no ``text_column``,
+      a ``hf:`` source without ``datasets`` installed, or no document at all (raised at the end).
+    """
+    n = 0
+    for doc in _iter_any(source, text_column, id_column, hf_config, hf_split):
+        if len(doc):
+            n += 1
+            yield doc
+    if not n:
+        raise DataError(f"{source} contains no text (no documents with a non-empty {text_column!r})")
+
+
+def _iter_any(source, text_column, id_column, hf_config, hf_split) -> Iterator[Document]:
+    if isinstance(source, str) and source.startswith(HF_PREFIX):
+        yield from _iter_hf(source[len(HF_PREFIX) :], text_column, id_column, hf_config, hf_split)
+        return
+    if isinstance(source, str) and source in DOMAINS:
+        path = DATA_DIR / f"{source}.jsonl.xz"
+        if not path.exists():
+            raise DataError(f"bundled corpus {path} is missing; restore data/ from the repository")
+        yield from iter_jsonl(path)
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(
+            f"data source {str(source)!r} not found; give a bundled domain ({', '.join(DOMAINS)}), a .jsonl, .txt or "
+            ".parquet file, a folder of them, or hf:<dataset name>"
+        )
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and (_is_jsonl(p) or _is_text(p) or _is_parquet(p)))
+        for p in files:
+            if p.stat().st_size == 0:
+                continue
+            for d in _iter_file(p, text_column, id_column):
+                if _is_text(p):
+                    d.id = p.relative_to(path).as_posix()
+                yield d
+        return
+    yield from _iter_file(path, text_column, id_column)
+
+
+def _iter_file(path: Path, text_column: str, id_column: str) -> Iterator[Document]:
+    if _is_parquet(path):
+        yield from _iter_parquet(path, text_column, id_column)
+    elif _is_jsonl(path):
+        yield from iter_jsonl(path)
+    else:
+        yield from load_documents(path)  # one text document (read where its windows lie)
+
+
+def _document(doc_id, text, where: str, text_column: str) -> Document:
+    if not isinstance(text, str):
+        raise DataError(
+            f"{where}: column {text_column!r} holds {type(text).__name__}, not text; name the text column "
+            "with --text-column"
+        )
+    return Document(str(doc_id), text)
+
+
+def _iter_parquet(path: Path, text_column: str, id_column: str) -> Iterator[Document]:
+    try:
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # not Parquet, truncated: one message naming the file
+        raise DataError(f"cannot read {path} as Parquet: {e}") from e
+    names = pf.schema_arrow.names
+    if text_column not in names:
+        raise DataError(
+            f"{path} has no column {text_column!r} (its columns: {', '.join(names)}); name the text column with "
+            "--text-column"
+        )
+    columns = [text_column] + ([id_column] if id_column in names else [])
+    row = 0
+    try:
+        for batch in pf.iter_batches(columns=columns, batch_size=1024):
+            texts = batch.column(text_column).to_pylist()
+            ids = batch.column(id_column).to_pylist() if id_column in names else None
+            for k, text in enumerate(texts):
+                doc_id = ids[k] if ids is not None and ids[k] is not None else f"{path.name}#{row + k}"
+                if text:
+                    yield _document(doc_id, text, f"{path} row {row + k}", text_column)
+            row += len(texts)
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"cannot read {path} as Parquet (row {row}): {e}") from e
+
+
+def _iter_hf(name: str, text_column: str, id_column: str, config: str | None, split: str) -> Iterator[Document]:
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise DataError(
+            f"hf:{name} needs the Hugging Face `datasets` package: pip install datasets (or give a local "
+            "JSONL, text or Parquet file)"
+        ) from e
+    try:
+        stream = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as e:  # offline, no such dataset or split: its own words
+        raise DataError(f"cannot open the Hugging Face dataset {name!r} (config {config}, split {split}): {e}") from e
+    for row, rec in enumerate(stream):
+        if text_column not in rec:
+            raise DataError(
+                f"hf:{name} has no column {text_column!r} (its columns: {', '.join(rec)}); name the text column "
+                "with --text-column"
+            )
+        text = rec[text_column]
+        if text:
+            doc_id = rec.get(id_column)
+            yield _document(f"{name}#{row}" if doc_id is None else doc_id, text, f"hf:{name} row {row}", text_column)
+
+
+__all__ = ["HF_PREFIX", "iter_documents"]
