@@ -263,7 +263,7 @@ if any(i.is_causal_lm and i.position_encoding == "rope" for i in chosen):  # wit
         key=ui.url_state(P, "dscale", "none", options=options),
     )
     scaling = None if picked_scaling == "none" else picked_scaling
-own = [i for i in chosen if not i.is_published]  # fireviz checkpoints: one measurement on [BOS] + bytes
+own = [i for i in chosen if ui.reads_bytes(i)]  # fireviz byte checkpoints: one measurement on [BOS] + bytes
 seq = max((int(i.config.get("seq_len", 512)) for i in own), default=1)
 dil_positions = analysis.default_query_positions(seq, analysis.DEFAULT_DILUTION_MULTIPLES)
 need = dil_positions[-1] + 1 if own else 2
@@ -292,14 +292,14 @@ elif long_docs:
     ui.sync_url(P, ["dtext", "ddoc", "dnear", "dscale"])
     doc = long_docs[ids.index(doc_id)]
     resolved = ui.resolve_checkpoints(chosen)  # once; one that cannot be read is said and left out
-    # one measurement per text: fireviz checkpoints share [BOS] + bytes, each published model its own tokens
+    # one measurement per text: fireviz byte checkpoints share [BOS] + bytes, each other model its own tokens
     runs: list[tuple[list, object, list[int]]] = []
     ckpts = [resolved[i.path] for i in own if i.path in resolved]
     if ckpts:
         tokens = DocumentTokens(doc)[0:need]  # the prefix the dilution positions need, read from disk if it is there
         runs.append((ckpts, tokens, dil_positions))
     for i in chosen:
-        if i.is_published and i.path in resolved:
+        if i not in own and i.path in resolved:
             try:
                 p_tokens, p_positions, note = text_attention.published_dilution_input(resolved[i.path], doc)
             except ValueError as e:

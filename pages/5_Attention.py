@@ -47,7 +47,13 @@ fires, cap = ui.normalizer_cap_input(
     help="ψ(min(max(L, i), N)): drawn beside the plain pattern; it changes queries "
     "past N only, so choose a text longer than N.",
 )
-TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS] if not published else []  # tasks are byte sequences
+try:
+    tokenizer = ui.text_tokenizer(info)  # bytes, a BPE tokenizer it was trained with, a published model's own
+except ui.CheckpointError as e:
+    ui.error(f"Cannot read {info.name}'s tokenizer: {e}")
+    st.stop()
+own_tokens = tokenizer.key != "byte"
+TASKS = [synthetic.PREFIX + t for t in synthetic.TASKS] if not own_tokens else []  # tasks are byte sequences
 sources = list(DOMAINS) + TASKS + ["upload"]
 atext = sb.selectbox(
     "Text",
@@ -87,10 +93,10 @@ else:
     doc_id = sb.selectbox(f"Document ({len(ids)})", ids, key=ui.url_state(P, "adoc", ids[0], options=ids))
     doc = docs[ids.index(doc_id)]
     own = None
-    if published:  # the document in the model's own tokens (its BOS convention)
+    if own_tokens:  # the document in the model's own tokens (its BOS convention)
         try:
-            own = ui.causal_lm(info).tokenizer.encode(doc).ids
-        except (ui.CheckpointError, DataError) as e:
+            own = tokenizer.encode(doc).ids
+        except DataError as e:
             ui.error(f"Cannot read {info.name}'s tokenizer: {e}")
             st.stop()
     doc_tokens = len(own) if own is not None else doc.num_tokens

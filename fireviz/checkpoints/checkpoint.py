@@ -21,9 +21,9 @@ import hashlib
 import io
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -35,9 +35,16 @@ from fireviz.checkpoints.catalog import (
     _safetensors_entries,
     checkpoint_files,
 )
-from fireviz.checkpoints.causal_lm import CausalLMCheckpoint, is_causal_lm_folder, is_gguf_file
+from fireviz.checkpoints.causal_lm import (
+    CausalLMCheckpoint,
+    is_causal_lm_folder,
+    is_gguf_file,
+    load_tokenizer,
+    tokenizer_files,
+)
 from fireviz.checkpoints.hub import looks_like_hub_id
 from fireviz.core import MAX_JSON_BYTES, FileFormatError, read_json
+from fireviz.data.tokenizers import BYTE_TOKENIZER, files_sha256
 from fireviz.model import GPT, CheckpointError, GPTConfig, load_checked
 
 #: per identity: the config checked against its weights' header (a meta-device model build)
@@ -59,8 +66,11 @@ class Checkpoint:
         safetensors header (names and shapes; no tensor read).
       sha256: the one identity: sha256 (hex) of model.safetensors followed by config.json.
       source: ``"local"`` or ``"hub"`` (then ``repo_id`` is the Hub id).
-      kind: ``"fireviz"`` (the byte-level GPT of ``fireviz.model``); tokenizer: ``"byte"``
-        (one token per byte, BOS = 256).
+      kind: ``"fireviz"`` (the GPT of ``fireviz.model``).
+      tokenizer: ``fireviz.data.tokenizers.BYTE_TOKENIZER`` (one token per byte, BOS = 256), or
+        the ``HFTokenizer`` stored beside its config.json when it was trained on token shards of
+        one (issue #37; config.json's ``training.tokenizer.key`` names its files' sha256, so the
+        identity covers it).
     """
 
     name: str
@@ -70,8 +80,8 @@ class Checkpoint:
     sha256: str
     source: str = "local"
     repo_id: str | None = None
+    tokenizer: Any = field(default=BYTE_TOKENIZER, repr=False)
     kind: ClassVar[str] = "fireviz"
-    tokenizer: ClassVar[str] = "byte"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Checkpoint) and (self.path, self.sha256) == (other.path, other.sha256)
@@ -108,6 +118,7 @@ class Checkpoint:
             sha256=sha256,
             source="hub" if hub_id else "local",
             repo_id=hub_id,
+            tokenizer=_stored_tokenizer(config, config_path.parent),
         )
 
     @property
@@ -136,6 +147,28 @@ class Checkpoint:
         _safetensors_entries(io.BytesIO(weights), len(weights), str(self.weights_path))  # junk: one message
         model = load_checked(GPT, self.config, weights, str(self.weights_path))
         return model.to(device).eval()
+
+
+def _stored_tokenizer(config: GPTConfig, folder: Path):
+    """The tokenizer a checkpoint was trained with: the byte tokenizer, or the Hugging Face one
+    whose files lie beside config.json and hash to what config.json records.
+    Raises: CheckpointError for missing or changed tokenizer files."""
+    record = (config.training or {}).get("tokenizer") or {}
+    key = record.get("key", "byte") if isinstance(record, dict) else "byte"
+    if key == "byte":
+        return BYTE_TOKENIZER
+    files = tokenizer_files(folder)
+    try:
+        found = files_sha256(files) if files else None
+    except OSError as e:
+        raise CheckpointError(f"cannot read the tokenizer of {folder}: {e}") from e
+    if found != key:
+        raise CheckpointError(
+            f"{folder} was trained with the tokenizer {record.get('name')!r} (files sha256 {str(key)[:12]}…) but "
+            + ("holds no tokenizer files" if not files else f"its tokenizer files hash to {str(found)[:12]}…")
+            + "; restore the tokenizer files the run copied beside config.json"
+        )
+    return load_tokenizer(folder)
 
 
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:

@@ -38,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="a new or empty folder (or one a killed prepare left: resumed)")
     p.add_argument("--num-proc", type=int, default=1, help="tokenizing processes (default 1)")
     p.add_argument(
-        "--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / 2**20, help="MiB of text per pair of shards (default 16)"
+        "--chunk-mb",
+        type=float,
+        default=DEFAULT_CHUNK_BYTES / 2**20,
+        help="MiB of text per pair of shards (default 16)",
     )
     p.add_argument("--text-column", default="text", help="Parquet / datasets column holding the text (default text)")
     p.add_argument("--id-column", default="id", help="column holding a document id, when there is one (default id)")

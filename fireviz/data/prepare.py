@@ -14,9 +14,9 @@ Memory: the chunks in flight (``2 × num_proc`` of them) and a table of ids, nev
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-import shutil
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
@@ -73,9 +73,9 @@ def _chunks(docs: Iterator[Document], chunk_bytes: int) -> Iterator[tuple[int, l
     """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk."""
     k, batch, rows, size = 0, [], [], 0
     for doc in docs:
-        n, sha = _digest_doc(doc)
+        n, digest = _digest_doc(doc)
         batch.append(doc if not doc.on_disk else Document(doc.id, doc.text))  # sent to a worker: in memory
-        rows.append([doc.id, int(is_validation(doc.id)), n, sha])
+        rows.append([doc.id, int(is_validation(doc.id)), n, digest])
         size += n
         if size >= chunk_bytes:
             yield k, batch, rows, _rows_sha256(rows)
@@ -87,8 +87,8 @@ def _chunks(docs: Iterator[Document], chunk_bytes: int) -> Iterator[tuple[int, l
 def _rows_sha256(rows) -> str:
     """``data_fingerprint`` of a chunk's documents (sha256 over id, NUL, sha256 of the bytes)."""
     h = hashlib.sha256()
-    for doc_id, _, _, sha in rows:
-        h.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+    for doc_id, _, _, digest in rows:
+        h.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
     return h.hexdigest()
 
 
@@ -108,21 +108,27 @@ def _write_shard(path: Path, tokens: np.ndarray, n_docs: int, itemsize: int, dig
 def write_chunk(out: Path, k: int, docs: list[Document], rows: list[list], source_sha256: str, tokenizer) -> dict:
     """Tokenize one chunk and write its shards, then its table (what a worker process runs).
     Returns the table written."""
-    itemsize, digest = itemsize_for(tokenizer.num_ids), tokenizer_digest(tokenizer.key)
+    itemsize, tok_digest = itemsize_for(tokenizer.num_ids), tokenizer_digest(tokenizer.key)
     parts: dict[int, list[np.ndarray]] = {0: [], 1: []}
     table = []
-    for doc, (doc_id, split, n_bytes, sha) in zip(docs, rows, strict=True):
+    for doc, (doc_id, split, n_bytes, doc_sha256) in zip(docs, rows, strict=True):
         ids = tokenizer.encode(doc).ids
         if len(ids) and (ids.min() < 0 or ids.max() >= tokenizer.num_ids):
             raise DataError(f"{tokenizer.name} gave ids outside 0..{tokenizer.num_ids - 1} for document {doc_id!r}")
         parts[split].append(ids)
-        table.append([doc_id, split, len(ids), n_bytes, sha])
+        table.append([doc_id, split, len(ids), n_bytes, doc_sha256])
     shards = {}
     for split_index, split in enumerate(SPLITS):
         toks = np.concatenate(parts[split_index]) if parts[split_index] else np.zeros(0, dtype=np.int64)
-        sha = _write_shard(out / shard_name(split, k), toks, len(parts[split_index]), itemsize, digest)
-        shards[split] = {"tokens": len(toks), "documents": len(parts[split_index]), "sha256": sha}
-    record = {"chunk": k, "source_sha256": source_sha256, "tokenizer": tokenizer.key, "shards": shards, "documents": table}
+        shard_sha256 = _write_shard(out / shard_name(split, k), toks, len(parts[split_index]), itemsize, tok_digest)
+        shards[split] = {"tokens": len(toks), "documents": len(parts[split_index]), "sha256": shard_sha256}
+    record = {
+        "chunk": k,
+        "source_sha256": source_sha256,
+        "tokenizer": tokenizer.key,
+        "shards": shards,
+        "documents": table,
+    }
     write_json_atomic(out / chunk_name(k), record)
     return record
 
@@ -184,15 +190,16 @@ def _start(out: Path, settings: dict, tokenizer) -> None:
                 "delete it (nothing was changed)"
             )
     elif out.is_dir() and any(out.iterdir()):
-        raise DataError(f"--out {out} is a folder that holds other files; give a new or empty folder (nothing was changed)")
+        raise DataError(
+            f"--out {out} is a folder that holds other files; give a new or empty folder (nothing was changed)"
+        )
     out.mkdir(parents=True, exist_ok=True)
     for stray in out.glob(".*.tmp-*"):
         stray.unlink()  # temp files of a killed run (ours)
     write_json_atomic(out / SETTINGS, settings)
     files = getattr(tokenizer, "files", ())
     for f in files:
-        data = Path(f).read_bytes()
-        atomic_write(out / TOKENIZER_DIR / Path(f).name, lambda tmp, data=data: Path(tmp).write_bytes(data))
+        atomic_write(out / TOKENIZER_DIR / Path(f).name, functools.partial(_write_bytes, data=Path(f).read_bytes()))
 
 
 def prepare(
@@ -240,19 +247,24 @@ def prepare(
         TokenShards(out)  # finished before: checked, not redone
         return read_json(out / MANIFEST, expect=dict)
     docs = iter_documents(source, text_column, id_column, hf_config, hf_split)
-    bar = tqdm(unit="B", unit_scale=True, desc=f"prepare {out.name}", disable=not (progress or (progress is None and sys.stderr.isatty())))
+    bar = tqdm(
+        unit="B",
+        unit_scale=True,
+        desc=f"prepare {out.name}",
+        disable=not (progress or (progress is None and sys.stderr.isatty())),
+    )
     records: dict[int, dict] = {}
     pool = ProcessPoolExecutor(num_proc, mp_context=_spawn()) if num_proc > 1 else None
     pending: dict[int, Future] = {}
     try:
-        for k, batch, rows, sha in _chunks(docs, chunk_bytes):
-            done = _done_chunk(out, k, sha, tokenizer.key)
+        for k, batch, rows, digest in _chunks(docs, chunk_bytes):
+            done = _done_chunk(out, k, digest, tokenizer.key)
             if done is not None:
                 records[k] = done
             elif pool is None:
-                records[k] = write_chunk(out, k, batch, rows, sha, tokenizer)
+                records[k] = write_chunk(out, k, batch, rows, digest, tokenizer)
             else:
-                pending[k] = pool.submit(write_chunk, out, k, batch, rows, sha, tokenizer)
+                pending[k] = pool.submit(write_chunk, out, k, batch, rows, digest, tokenizer)
                 while len(pending) >= 2 * num_proc:  # memory: the chunks in flight, never the corpus
                     first = min(pending)
                     records[first] = pending.pop(first).result()
@@ -288,32 +300,37 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
         n_bytes = 0
         for rec in records:
             offset = 0
-            for doc_id, s, n_tok, nb, sha in rec["documents"]:
+            for doc_id, s, n_tok, nb, digest in rec["documents"]:
                 if s == split_index:
                     entries.append((doc_id, rec["chunk"], offset, n_tok))
-                    fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+                    fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
                     offset += n_tok
                     n_bytes += nb
         entries.sort(key=lambda e: e[0])  # stable: equal ids keep source order, as TokenStream's sort
         order = np.asarray([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
-        atomic_write(out / order_name(split), lambda tmp, order=order: _save_npy(tmp, order))
+        atomic_write(out / order_name(split), functools.partial(_save_npy, array=order))
         splits[split] = {
             "documents": len(entries),
             "tokens": int(order[:, 2].sum()),
             "bytes": n_bytes,
             "fingerprint": fp.hexdigest(),
-            "shards": [{"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records],
+            "shards": [
+                {"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records
+            ],
         }
     source_fp = hashlib.sha256()
     for rec in records:
-        for doc_id, _, _, _, sha in rec["documents"]:
-            source_fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(sha))
+        for doc_id, _, _, _, digest in rec["documents"]:
+            source_fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "tokenizer": settings["tokenizer"],
-        "source": {"data": settings["source"], "fingerprint": source_fp.hexdigest(), **{
-            k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split")}},
+        "source": {
+            "data": settings["source"],
+            "fingerprint": source_fp.hexdigest(),
+            **{k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split")},
+        },
         "chunk_bytes": settings["chunk_bytes"],
         "chunks": n,
         "dtype": "uint16" if itemsize_for(settings["tokenizer"]["num_ids"]) == 2 else "uint32",
@@ -322,6 +339,10 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
     }
     write_json_atomic(out / MANIFEST, manifest)
     return manifest
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    Path(path).write_bytes(data)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -338,7 +359,7 @@ def copy_tokenizer(shards_dir: str | os.PathLike, out: str | os.PathLike) -> lis
         for f in sorted(src.iterdir()):
             if f.is_file():
                 dest = Path(out) / f.name
-                atomic_write(dest, lambda tmp, f=f: shutil.copyfile(f, tmp))
+                atomic_write(dest, functools.partial(_write_bytes, data=f.read_bytes()))
                 copied.append(dest)
     return copied
 

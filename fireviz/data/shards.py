@@ -135,7 +135,9 @@ class TokenShards:
                     f"{self.path}: its prepare did not finish (no {MANIFEST}); run the same `python -m fireviz "
                     "prepare` command again to resume it"
                 )
-            raise DataError(f"{self.path} is not a token-shard folder (no {MANIFEST}); write one with python -m fireviz prepare")
+            raise DataError(
+                f"{self.path} is not a token-shard folder (no {MANIFEST}); write one with python -m fireviz prepare"
+            )
         try:
             self.manifest = read_json(manifest_path, expect=dict)
         except FileFormatError as e:

@@ -101,7 +101,7 @@ def _document(doc_id, text, where: str, text_column: str) -> Document:
 
 def _iter_parquet(path: Path, text_column: str, id_column: str) -> Iterator[Document]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
         pf = pq.ParquetFile(path)
     except Exception as e:  # not Parquet, truncated: one message naming the file

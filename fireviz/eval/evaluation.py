@@ -283,8 +283,8 @@ def _result(c: _Loaded, s: EvalSettings, plan: Plan, per_length: list[LengthEntr
     if c.ckpt.kind != "fireviz":  # a published model: its kind and model type (its own tokenizer)
         out["checkpoint_kind"] = c.ckpt.kind
         out["model_type"] = getattr(c.config, "model_type", None)
-    if c.ckpt.kind != "fireviz" or s.bos_mode is not None:  # the BOS this checkpoint was scored with
-        tokenizer = BYTE_TOKENIZER if c.ckpt.kind == "fireviz" else c.ckpt.tokenizer
+    if c.ckpt.tokenizer is not BYTE_TOKENIZER or s.bos_mode is not None:  # the BOS this checkpoint was scored with
+        tokenizer = c.ckpt.tokenizer
         out["settings"] = {**out["settings"], "bos": bos_description(tokenizer, s.bos_mode)}
     return cast(EvalResult, out)
 
@@ -541,12 +541,12 @@ def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: i
     cache_root = cache.checked_root(write=load)
     items = _load_checkpoints(ckpts, settings) if load else _describe_checkpoints(ckpts, settings)
     ref = _reference(items, reference)
-    if all(c.kind == "fireviz" for c in ckpts) and settings.bos_mode is None:
+    if all(c.tokenizer is BYTE_TOKENIZER for c in ckpts) and settings.bos_mode is None:
         plan = plan_text(settings)
         for c in items:
             c.plan = plan
     else:
-        tokenizers: list[Any] = [BYTE_TOKENIZER if c.kind == "fireviz" else c.tokenizer for c in ckpts]
+        tokenizers: list[Any] = [c.tokenizer for c in ckpts]
         plans = plan_tokenized(settings, tokenizers)
         for c, tok in zip(items, tokenizers, strict=True):
             c.plan = plans[tok.key]

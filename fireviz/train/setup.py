@@ -26,7 +26,7 @@ from fireviz.core import FileFormatError, read_json
 from fireviz.core.distributed import Dist, all_reduce_sum
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
 from fireviz.data.prepare import copy_tokenizer
-from fireviz.data.shards import TokenShards, is_shard_folder
+from fireviz.data.shards import ShardStream, TokenShards, is_shard_folder
 from fireviz.model import (
     GPT,
     CheckpointError,
@@ -224,7 +224,7 @@ def _check_new_out(out: Path, held: bool = False) -> None:
 class RunData:
     """The training stream and the fixed validation sets of a run (a corpus or a synthetic task)."""
 
-    stream: TokenStream | synthetic.SyntheticStream  # num_tokens, batch(starts, length)
+    stream: TokenStream | ShardStream | synthetic.SyntheticStream  # num_tokens, batch(starts, length)
     fingerprint: str
     val_fingerprint: str
     val_sets: dict  # validation length → int64 [n_val, L + 1] windows (document starts / fixed task sequences)

@@ -61,7 +61,9 @@ from fireviz.ui.picker import (
     load_causal_lm,
     load_model,
     no_checkpoints_message,
+    reads_bytes,
     resolve,
+    text_tokenizer,
 )
 from fireviz.ui.state import (
     EXTRA_KEY,

@@ -158,6 +158,33 @@ def _causal_lm(path: str) -> CausalLMCheckpoint:
     return CausalLMCheckpoint.resolve(path)
 
 
+def text_tokenizer(info: ck.CheckpointInfo):
+    """The tokenizer a checkpoint reads text with: a published causal LM's own, a fireviz
+    checkpoint's stored one (``Checkpoint.tokenizer``: the byte tokenizer, or the BPE tokenizer
+    it was trained with). Raises: CheckpointError."""
+    if info.is_causal_lm:
+        return causal_lm(info).tokenizer
+    return _fireviz_checkpoint(info.path).tokenizer
+
+
+def reads_bytes(info: ck.CheckpointInfo) -> bool:
+    """Whether a checkpoint reads text as fireviz's bytes (``[BOS] + bytes``): a fireviz checkpoint
+    trained on bytes. False for a published causal LM and for one trained on a BPE tokenizer's
+    shards (each reads its own tokens). One that cannot be read counts as bytes here (the page
+    that resolves it says why)."""
+    if info.is_published:
+        return False
+    try:
+        return text_tokenizer(info).key == "byte"
+    except CheckpointError:
+        return True
+
+
+@st.cache_resource(ttl=5, show_spinner=False)
+def _fireviz_checkpoint(path: str) -> Checkpoint:
+    return Checkpoint.resolve(path)
+
+
 def load_causal_lm(info: ck.CheckpointInfo):
     """The model (``CausalLMModule``, float32 on CPU) of a published causal LM, loaded once per
     process and identity (shared by every session). Raises: CheckpointError."""
