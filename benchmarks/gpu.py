@@ -22,6 +22,10 @@ Steps (each one reports what failed and the script goes on with the rest):
 7. ``published``: a published causal LM through fireviz's evaluation (issue #36,
    ``benchmarks/published_lm.py``: SmolLM2-135M's Llama shape, random weights, bf16 autocast) at
    8k and 32k tokens — tokens/s and peak memory; ``--dry-run``: a 2-layer model at 64 and 128 on the CPU.
+8. ``shards``: issue #37's path at scale — a BPE tokenizer (8k; ``--dry-run``: 300) trained on the
+   bundled prose, its token shards written by ``prepare`` (tokens/s, several processes), and the small
+   GPU recipe (configs/gpu_small.toml, ~29M parameters at 2048 tokens) trained from those shards on
+   the device: tokens/s, peak memory, the last loss; ``--dry-run``: a 1-layer model at 64 tokens.
 
     python benchmarks/gpu.py [--out DIR] [--budget-s 540] [--peak-tflops F] [--only STEP,…]
     python benchmarks/gpu.py --dry-run      # every step at toy sizes on the CPU (~4 min on 2 cores)
@@ -57,7 +61,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
 
-STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published")
+STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published", "shards")
 #: dense bf16 peak (TFLOP/s) by GPU name fragment, for MFU; --peak-tflops overrides
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 #: float32 logits against float64: rounding alone is ~1e-6 here; an indexing or formula bug is O(0.1)
@@ -83,6 +87,9 @@ class Sizes:
     eval_lengths: tuple[int, ...]
     trainer_steps: int
     trainer_model: tuple[str, ...]  # extra --set options for the tiny recipe
+    shard_vocab: int = 8192  # the BPE tokenizer of the shards step
+    shard_steps: int = 30  # optimizer steps of configs/gpu_small.toml from the shards
+    shard_model: tuple[str, ...] = ()  # --set options for configs/gpu_small.toml
 
 
 FULL = Sizes((2, 4, 64, 128), 300, (12, 12, 768), 2048, 8, 10, 3, (8192, 32768), 200, ())
@@ -97,6 +104,16 @@ TOY = Sizes(
     (256, 1024),
     4,
     ("model.n_layer=1", "model.d_model=32", "model.n_head=2", "model.seq_len=64", "train.batch_size=4"),
+    shard_vocab=300,
+    shard_steps=4,
+    shard_model=(
+        "model.n_layer=1",
+        "model.d_model=32",
+        "model.n_head=2",
+        "model.seq_len=64",
+        "model.vocab_size=300",
+        "train.batch_size=4",
+    ),
 )
 
 
@@ -494,6 +511,49 @@ def published(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
     return {"status": "failed" if failed else "ok", **result, **({"error": failed[0].get("error")} if failed else {})}
 
 
+def shards(dev: torch.device, sizes: Sizes, budget: Budget, work: Path) -> dict:
+    """Tokenizer → ``prepare`` → training from shards (configs/gpu_small.toml) on ``dev``."""
+    from fireviz.checkpoints.causal_lm import load_tokenizer
+    from fireviz.data.prepare import prepare
+    from fireviz.data.tokenizers import train_bpe
+    from fireviz.train import load_config, train
+
+    if not budget.ok(90):
+        return {"status": "skipped", "error": "time budget"}
+    out: dict = {"vocab_size": sizes.shard_vocab}
+    t = time.perf_counter()
+    train_bpe("prose", sizes.shard_vocab, work / "tokenizer")
+    out["tokenizer_s"] = round(time.perf_counter() - t, 1)
+    procs = max(1, min(8, os.cpu_count() or 1))
+    t = time.perf_counter()
+    m = prepare("prose", load_tokenizer(work / "tokenizer"), work / "shards", num_proc=procs, chunk_bytes=2 << 20)
+    sec = time.perf_counter() - t
+    tokens = m["splits"]["train"]["tokens"] + m["splits"]["validation"]["tokens"]
+    out.update(prepare_processes=procs, prepare_s=round(sec, 1), prepare_tokens_per_s=round(tokens / sec))
+    out["tokens_per_byte"] = round(m["splits"]["train"]["tokens"] / m["splits"]["train"]["bytes"], 4)
+    steps = sizes.shard_steps
+    sets = [f"train.data={work / 'shards'}", f"train.max_steps={steps}", f"train.warmup_steps={max(1, steps // 10)}"]
+    sets += [f"train.eval_interval={steps}", f"train.checkpoint_interval={steps}", "train.eval_batches=1"]
+    sets += [f"train.device={dev.type}", f"train.compile={'true' if COMPILE[0] and dev.type == 'cuda' else 'false'}"]
+    mc, tc = load_config(REPO / "configs" / "gpu_small.toml", [*sets, *sizes.shard_model])
+    base = _reset_peak(dev)
+    t = time.perf_counter()
+    result = train(mc, tc, work / "small", progress=False)
+    sec = time.perf_counter() - t
+    last = _last_log(work / "small")
+    out.update(
+        status="ok",
+        model=f"{mc.n_layer} layers, {mc.n_head} heads, d = {mc.d_model}, {mc.seq_len} tokens, vocab {mc.vocab_size}",
+        train_s=round(sec, 1),
+        steps=result["step"],
+        tokens_per_s=round(last["tokens_per_s"]) if "tokens_per_s" in last else None,
+        peak_mib=_peak_mib(dev, base),
+        last_loss=result["loss"],
+        val_loss=result["val_loss"],
+    )
+    return out
+
+
 def _fmt(v) -> str:
     if v is None:
         return "–"
@@ -522,9 +582,10 @@ def _not_run(results: dict) -> list[str]:
             if row.get("status") in ("skipped", "unavailable"):
                 what = " ".join(str(row[k]) for k in ("encoding", "length", "attention") if k in row)
                 reasons.setdefault(f"{row['status']}: {row.get('error')}", []).append(f"{step} {what}".strip())
-    d = results.get("ddp", {})
-    if d.get("status") == "skipped":
-        reasons.setdefault(f"skipped: {d.get('error')}", []).append("ddp")
+    for step in ("ddp", "shards"):
+        d = results.get(step, {})
+        if d.get("status") == "skipped":
+            reasons.setdefault(f"skipped: {d.get('error')}", []).append(step)
     asked = results.get("asked", {})
     left = [s for s in STEPS if s not in asked.get("only", STEPS)]
     if left:
@@ -614,6 +675,18 @@ def report(results: dict) -> str:
             ),
             "",
         ]
+    if results.get("shards", {}).get("status") == "ok":
+        sh = results["shards"]
+        lines += [
+            "## Token shards (issue #37)",
+            "",
+            f"BPE tokenizer of {sh['vocab_size']:,} tokens on the bundled prose in {sh['tokenizer_s']} s "
+            f"({sh['tokens_per_byte']} tokens per byte); `prepare` with {sh['prepare_processes']} processes: "
+            f"{sh['prepare_s']} s, {_fmt(sh['prepare_tokens_per_s'])} tokens/s. configs/gpu_small.toml ({sh['model']}) "
+            f"from the shards on {device}: {sh['steps']} steps in {sh['train_s']} s, {_fmt(sh['tokens_per_s'])} "
+            f"tokens/s, peak {_fmt(sh['peak_mib'])} MiB, last loss {_fmt(sh['last_loss'])}.",
+            "",
+        ]
     for step in STEPS:
         r = results.get(step)
         if isinstance(r, dict) and r.get("status") == "failed":
@@ -696,6 +769,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[step] = _run(ddp, dev, sizes, budget, work, rows[0] if rows else None)
             elif step == "published":
                 results[step] = _run(published, dev, sizes, budget)
+            elif step == "shards":
+                results[step] = _run(shards, dev, sizes, budget, work)
             results["seconds"] = time.perf_counter() - t0
             _write(out_dir, results)  # after every step: a killed call keeps what it measured
     results["seconds"] = time.perf_counter() - t0

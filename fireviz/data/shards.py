@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from fireviz.core import FileFormatError, read_json
-from fireviz.data.corpus import SPLITS, DataError
+from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes
 
 FORMAT = "fireviz-token-shards"
 FORMAT_VERSION = 1
@@ -212,6 +212,52 @@ class TokenShards:
         return [ShardDocument(self, split, int(c), int(o), int(n)) for c, o, n in self.orders[split]]
 
 
+class _ShardBytes(FileBytes):
+    """A byte-tokenized document's bytes in its shard (its tokens after BOS), read through a
+    memory map when sliced: ``fb[a:b]`` → uint8 ``[b − a]``."""
+
+    __slots__ = ("shards", "split", "chunk", "start")
+
+    def __init__(self, shards: TokenShards, split: str, chunk: int, start: int, size: int):
+        self.path, self.fileobj, self.offset, self.size, self.stamp = None, None, 0, int(size), None
+        self.shards, self.split, self.chunk, self.start = shards, split, chunk, start
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("FileBytes takes step-1 slices only")
+        a, b, _ = key.indices(self.size)
+        m = self.shards.map(self.split, self.chunk)
+        out = np.asarray(m[self.start + a : self.start + max(a, b)], dtype=np.uint8)
+        del m
+        return out
+
+
+def shard_documents(path: str | os.PathLike) -> list[Document]:
+    """The documents of a byte-tokenized shard folder, in source order, as ``Document`` s whose
+    bytes are read from the shards where a window lies (what evaluation reads for ``--data
+    <shard folder>``: the same documents, ids and fingerprint as the corpus they were prepared from).
+    Raises: DataError as :class:`TokenShards`, or for shards of another tokenizer (they hold its
+    token ids, not the text: evaluate on their source, which the manifest names)."""
+    shards = TokenShards(path)
+    if shards.tokenizer["key"] != "byte":
+        raise DataError(
+            f"{shards.path} holds token ids of {shards.tokenizer['name']}, not text; evaluate on the corpus it was "
+            f"prepared from (--data {shards.manifest['source']['data']})"
+        )
+    docs: list[Document] = []
+    for k in range(int(shards.manifest["chunks"])):
+        try:
+            table = read_json(shards.path / chunk_name(k), expect=dict)["documents"]
+        except (FileFormatError, KeyError) as e:
+            raise DataError(f"{shards.path / chunk_name(k)} does not read ({e}); prepare the data again") from e
+        offsets = {0: 0, 1: 0}
+        for doc_id, split_index, n_tok, n_bytes, _ in table:
+            raw = _ShardBytes(shards, SPLITS[split_index], k, offsets[split_index] + 1, n_bytes)
+            docs.append(Document(str(doc_id), raw=raw))
+            offsets[split_index] += n_tok
+    return docs
+
+
 class ShardDocument:
     """One document's tokens in a shard: ``doc[a:b]`` → int64 tensor ``[b − a]`` (read then, through
     a memory map), ``len(doc)`` its tokens."""
@@ -292,4 +338,5 @@ __all__ = [
     "TokenShards",
     "is_shard_folder",
     "read_shard_header",
+    "shard_documents",
 ]

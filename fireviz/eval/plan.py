@@ -29,6 +29,7 @@ from fireviz.data import (
     split_documents,
     synthetic,
 )
+from fireviz.data.shards import is_shard_folder, shard_documents
 from fireviz.eval.settings import SPLITS, EvalSettings
 from fireviz.eval.windows import (
     ContextPlan,
@@ -149,7 +150,7 @@ def load_eval_documents(data: str | os.PathLike, split: str | None) -> tuple[lis
         if state is not None and memo in _DOCUMENTS:
             _DOCUMENTS.move_to_end(memo)
             return _DOCUMENTS[memo]
-    docs = load_documents(data)
+    docs = shard_documents(data) if is_shard_folder(data) else load_documents(data)
     if split != "all":
         try:
             docs = split_documents(docs, split)

@@ -252,3 +252,27 @@ def test_a_bpe_tokenizers_shards_hold_its_own_ids_and_its_files(corpus, tmp_path
     assert stream.num_tokens == len(want) < sum(d.num_tokens for d in docs)
     assert np.array_equal(stream.batch(torch.tensor([0]), len(want))[0].numpy(), want)
     assert m["splits"]["train"]["bytes"] == sum(len(d) for d in docs)
+    from fireviz.data.shards import shard_documents
+
+    with pytest.raises(DataError, match="not text"):  # token ids: evaluation reads its source instead
+        shard_documents(tmp_path / "s")
+
+
+def test_evaluation_reads_the_same_documents_from_byte_shards_and_refuses_token_ids(corpus, tmp_path):
+    from fireviz.data.shards import shard_documents
+    from fireviz.eval.plan import load_eval_documents
+
+    prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "s", chunk_bytes=25_000)
+    for split in ("validation", "all"):
+        a, _, fp_a = load_eval_documents(str(corpus), split)
+        b, _, fp_b = load_eval_documents(str(tmp_path / "s"), split)
+        assert fp_a == fp_b and [d.id for d in a] == [d.id for d in b]
+        assert all(
+            d.on_disk and d.text == e.text and d.raw_bytes()[3:9].tobytes() == e.text.encode()[3:9]
+            for d, e in zip(b, a)
+        )
+    (tmp_path / "s" / "manifest.json").write_text(
+        (tmp_path / "s" / "manifest.json").read_text().replace('"key": "byte"', '"key": "0123"', 1)
+    )
+    with pytest.raises(DataError):  # a manifest naming another tokenizer than its shards: foreign
+        shard_documents(tmp_path / "s")

@@ -32,13 +32,16 @@ def dry_run(tmp_path_factory):
 def test_every_step_runs_and_nothing_fails(dry_run):
     results, report = dry_run
     assert results["dry_run"] is True
-    for step in ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published"):
+    for step in ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published", "shards"):
         assert step in results and results[step].get("status") != "failed", (step, results.get(step))
     for step in ("train_step", "eval_memory", "trainer", "published"):
         rows = results[step]["rows"]
         assert rows and all(r["status"] == "ok" for r in rows), rows
     assert "## Failures\n\nnone" in report
     assert "Published causal LM through the evaluation" in report
+    sh = results["shards"]  # issue #37: tokenizer → prepare → training from shards, at toy sizes
+    assert sh["status"] == "ok" and sh["steps"] == 4 and sh["prepare_tokens_per_s"] > 0 and sh["last_loss"] > 0
+    assert sh["tokens_per_byte"] < 1 and "## Token shards" in report
     assert [r["length"] for r in results["published"]["rows"]] == [64, 128]
     assert all(r["tokens_per_s"] > 0 and r["peak_bytes"] > r["weights_bytes"] for r in results["published"]["rows"])
 
