@@ -10,7 +10,8 @@ configs/tiny.toml (the bundled recipe's model) from the shards for ``--steps`` s
 validation at the start and end, each in a fresh process, and prints its peak RSS. Beside them:
 the same training on the synthetic copy task (no corpus at all: the model's own memory) and, for
 k ≤ 10, on the JSONL read the old way (the whole corpus in memory as one uint16 stream).
-Figures are for one run each: no interval; the disk needs ~7 GB per 100× (JSONL and shards).
+``--tokenizer`` prepares with a BPE tokenizer instead (training then sets ``model.vocab_size`` to
+its ids). Figures are for one run each: no interval; the disk needs ~7 GB per 100× (JSONL and shards).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def write_repeated(path: Path, factor: int) -> int:
     return n
 
 
-def train_args(data: str, out: Path, steps: int) -> list[str]:
+def train_args(data: str, out: Path, steps: int, vocab_size: int | None = None) -> list[str]:
     sets = [f"train.data={data}", f"train.max_steps={steps}", "train.warmup_steps=2"]
+    sets += [f"model.vocab_size={vocab_size}"] if vocab_size else []
     sets += [f"train.eval_interval={steps}", f"train.checkpoint_interval={steps}", "train.device=cpu"]
     args = ["train", "--config", str(ROOT / "configs" / "tiny.toml"), "--out", str(out), "--no-progress"]
     for s in sets:
@@ -80,15 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factors", default="1,10,100", help="corpus sizes as multiples of the bundled prose")
     ap.add_argument("--num-proc", type=int, default=2, help="prepare's processes")
     ap.add_argument("--steps", type=int, default=20, help="training steps per run")
+    ap.add_argument("--tokenizer", default="byte", help="prepare's --tokenizer (default byte; a BPE folder too)")
     ap.add_argument("--workdir", default=None, help="where the corpora and shards go (default: a temp folder)")
     args = ap.parse_args(argv)
     factors = [int(f) for f in args.factors.split(",")]
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fireviz-shards-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"{cpu_model()}; prepare with {args.num_proc} process(es); training: configs/tiny.toml, {args.steps} steps")
+    from fireviz.checkpoints.causal_lm import load_tokenizer
+
+    tok = load_tokenizer(args.tokenizer)
+    vocab = None if tok.key == "byte" else tok.num_ids
+    print(
+        f"{cpu_model()}; prepare --tokenizer {args.tokenizer} with {args.num_proc} process(es); training: "
+        f"configs/tiny.toml{f' with vocab_size {vocab}' if vocab else ''}, {args.steps} steps"
+    )
     sec, rss, _, _ = _child(train_args("synthetic:copy", work / "t-copy", args.steps))
     print(f"\nno corpus (synthetic copy task): training peak RSS {rss:,.0f} MiB — the model's own memory\n")
-    print("| corpus | text MB | prepare s | tokens/s | prepare RSS MiB (main / worker) | shards MB | train RSS MiB | old way RSS MiB |")
+    print(
+        "| corpus | text MB | prepare s | tokens/s | prepare RSS MiB (main / worker) | shards MB | train RSS MiB | old way RSS MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     try:
         for k in factors:
@@ -96,14 +108,15 @@ def main(argv: list[str] | None = None) -> int:
             n_bytes = write_repeated(corpus, k)
             shards = work / f"shards-x{k}"
             p_sec, p_rss, p_kids, _ = _child(
-                ["prepare", "--data", str(corpus), "--out", str(shards), "--num-proc", str(args.num_proc), "--no-progress"]
+                ["prepare", "--data", str(corpus), "--tokenizer", args.tokenizer, "--out", str(shards)]
+                + ["--num-proc", str(args.num_proc), "--no-progress"]
             )
             m = json.loads((shards / "manifest.json").read_text())
             tokens = sum(m["splits"][s]["tokens"] for s in ("train", "validation"))
             size = sum(p.stat().st_size for p in shards.glob("*.bin")) / 1e6
-            _, t_rss, _, _ = _child(train_args(str(shards), work / f"t-shards-x{k}", args.steps))
+            _, t_rss, _, _ = _child(train_args(str(shards), work / f"t-shards-x{k}", args.steps, vocab))
             old = "–"
-            if k <= 10:
+            if k <= 10 and vocab is None:
                 _, o_rss, _, _ = _child(train_args(str(corpus), work / f"t-old-x{k}", args.steps))
                 old = f"{o_rss:,.0f}"
             print(

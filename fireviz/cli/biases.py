@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 from fireviz import plots
 from fireviz.analysis import (
     DEFAULT_NEAR,
@@ -27,8 +29,9 @@ from fireviz.analysis import (
     run_bias_report,
     text_tokens,
 )
-from fireviz.checkpoints import load_model_or_published
+from fireviz.checkpoints import Checkpoint, load_model_or_published
 from fireviz.core import atomic_write_text, output_path_problem
+from fireviz.data import Document
 from fireviz.model import GPT, CheckpointError
 from fireviz.plots.export import figure_path_problem
 
@@ -173,10 +176,12 @@ def _print_report(out: dict, args) -> None:
 
 
 def _text_tokens(args, model, need: int):
-    """The tokens of --text (its raw bytes: text that is not UTF-8 is measured as it is), or an
-    error message (``attention_dilution`` checks that they are enough). Only the first ``need``
-    tokens are ever used (BOS + the bytes up to the largest query position), so only those bytes
-    are read: a huge file, a pipe or /dev/zero costs ``need`` bytes, not the file (issue #38)."""
+    """The tokens of --text, or an error message (``attention_dilution`` checks that they are
+    enough). A byte-level checkpoint reads its raw bytes (text that is not UTF-8 is measured as it
+    is); one trained on a BPE tokenizer's shards reads the text in that tokenizer
+    (``Checkpoint.tokenizer``). Only the first ``need`` tokens are ever used (BOS and the tokens up to
+    the largest query position), so only the bytes they can cover are read (``need`` bytes; 16 per
+    token for a BPE tokenizer): a huge file, a pipe or /dev/zero costs that, not the file (issue #38)."""
 
     if not isinstance(model, GPT):
         return None, (
@@ -184,12 +189,18 @@ def _text_tokens(args, model, need: int):
             "for its position encoding only"
         )
     try:
+        tokenizer = Checkpoint.resolve(args.checkpoint).tokenizer
+    except CheckpointError as e:
+        return None, str(e)
+    try:
         with open(args.text, "rb") as f:
-            raw = f.read(max(need - 1, 0))  # BOS is the first token
-        tokens = text_tokens(raw.decode("utf-8", errors="surrogateescape"))
+            raw = f.read(max(need - 1, 0) if tokenizer.key == "byte" else 16 * need)  # BOS is the first token
     except OSError as e:
         return None, f"cannot read --text {args.text}: {e}"
-    return tokens, None
+    text = raw.decode("utf-8", errors="surrogateescape")
+    if tokenizer.key == "byte":
+        return text_tokens(text), None
+    return torch.from_numpy(tokenizer.encode(Document("text", text)).ids[:need].copy()), None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -260,17 +260,17 @@ def prepare(
         for k, batch, rows, digest in _chunks(docs, chunk_bytes):
             done = _done_chunk(out, k, digest, tokenizer.key)
             if done is not None:
-                records[k] = done
+                records[k] = _summary(done)
             elif pool is None:
-                records[k] = write_chunk(out, k, batch, rows, digest, tokenizer)
+                records[k] = _summary(write_chunk(out, k, batch, rows, digest, tokenizer))
             else:
                 pending[k] = pool.submit(write_chunk, out, k, batch, rows, digest, tokenizer)
                 while len(pending) >= 2 * num_proc:  # memory: the chunks in flight, never the corpus
                     first = min(pending)
-                    records[first] = pending.pop(first).result()
+                    records[first] = _summary(pending.pop(first).result())
             bar.update(sum(r[2] for r in rows))
         for k in sorted(pending):
-            records[k] = pending.pop(k).result()
+            records[k] = _summary(pending.pop(k).result())
     finally:
         for f in pending.values():
             f.cancel()
@@ -286,42 +286,58 @@ def _spawn():
     return multiprocessing.get_context("spawn")  # no fork of a process holding threads (torch, tokenizers)
 
 
+def _summary(record: dict) -> dict:
+    """What the manifest needs of a chunk's table (its shards), not its documents."""
+    return {"chunk": record["chunk"], "shards": record["shards"]}
+
+
 def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
-    """The orders (documents sorted by id), the fingerprints and the manifest, written last."""
+    """The orders (documents sorted by id), the fingerprints and the manifest, written last. The
+    chunk tables are read back one at a time; what is held is per document an id (as UTF-8 bytes
+    in one numpy array) and three integers, for the sort."""
     n = len(records)
     for stale in out.glob("chunk-*.json"):  # chunks past the end: a source that has shrunk
         k = int(stale.stem.split("-")[1])
         if k >= n:
             for p in [stale] + [out / shard_name(s, k) for s in SPLITS]:
                 p.unlink(missing_ok=True)
+    ids: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    rows: dict[int, list[np.ndarray]] = {0: [], 1: []}
+    fps = {0: hashlib.sha256(), 1: hashlib.sha256()}
+    n_bytes = {0: 0, 1: 0}
+    source_fp = hashlib.sha256()
+    for k in range(n):
+        table = read_json(out / chunk_name(k), expect=dict)["documents"]
+        offsets = {0: 0, 1: 0}
+        chunk_ids: dict[int, list[bytes]] = {0: [], 1: []}
+        chunk_rows: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
+        for doc_id, s, n_tok, nb, doc_sha256 in table:
+            key = text_bytes(doc_id) + b"\0" + bytes.fromhex(doc_sha256)
+            fps[s].update(key)
+            source_fp.update(key)
+            chunk_ids[s].append(text_bytes(doc_id))
+            chunk_rows[s].append((k, offsets[s], n_tok))
+            offsets[s] += n_tok
+            n_bytes[s] += nb
+        for s in (0, 1):
+            ids[s].append(np.array(chunk_ids[s], dtype=object))
+            rows[s].append(np.asarray(chunk_rows[s], dtype=np.int64).reshape(-1, 3))
     splits = {}
     for split_index, split in enumerate(SPLITS):
-        entries, fp = [], hashlib.sha256()
-        n_bytes = 0
-        for rec in records:
-            offset = 0
-            for doc_id, s, n_tok, nb, digest in rec["documents"]:
-                if s == split_index:
-                    entries.append((doc_id, rec["chunk"], offset, n_tok))
-                    fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
-                    offset += n_tok
-                    n_bytes += nb
-        entries.sort(key=lambda e: e[0])  # stable: equal ids keep source order, as TokenStream's sort
-        order = np.asarray([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
+        all_ids = np.concatenate(ids[split_index]) if ids[split_index] else np.zeros(0, dtype=object)
+        order = np.concatenate(rows[split_index]) if rows[split_index] else np.zeros((0, 3), dtype=np.int64)
+        # stable: equal ids keep source order, as TokenStream's sort; UTF-8 byte order is code point order
+        order = order[np.argsort(all_ids.astype(bytes), kind="stable")] if len(order) else order
         atomic_write(out / order_name(split), functools.partial(_save_npy, array=order))
         splits[split] = {
-            "documents": len(entries),
+            "documents": len(order),
             "tokens": int(order[:, 2].sum()),
-            "bytes": n_bytes,
-            "fingerprint": fp.hexdigest(),
+            "bytes": n_bytes[split_index],
+            "fingerprint": fps[split_index].hexdigest(),
             "shards": [
                 {"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records
             ],
         }
-    source_fp = hashlib.sha256()
-    for rec in records:
-        for doc_id, _, _, _, digest in rec["documents"]:
-            source_fp.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

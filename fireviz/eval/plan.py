@@ -303,7 +303,7 @@ def plan_tokenized(s: EvalSettings, tokenizers: list) -> dict[str, Plan]:
     if s.mode == "context" and len(unique) > 1:
         raise EvaluationError(
             "mode context measures each checkpoint against its own full context, in its own tokens: give "
-            "checkpoints that share one tokenizer (a published model alone, or fireviz checkpoints together)"
+            "checkpoints that share one tokenizer (byte-level fireviz checkpoints together; a model with a tokenizer of its own in a run of its own)"
         )
     docs, split, fingerprint = load_eval_documents(s.data, s.split)
     ids = [d.id for d in docs]

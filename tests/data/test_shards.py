@@ -17,7 +17,7 @@ import torch
 from fireviz.cli import main as fireviz_main
 from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents
 from fireviz.data import prepare as prepare_module
-from fireviz.data.corpus import DataError
+from fireviz.data.corpus import DataError, is_validation
 from fireviz.data.prepare import prepare
 from fireviz.data.shards import HEADER, ShardStream, TokenShards
 from fireviz.data.tokenizers import BYTE_TOKENIZER
@@ -269,10 +269,25 @@ def test_evaluation_reads_the_same_documents_from_byte_shards_and_refuses_token_
         assert fp_a == fp_b and [d.id for d in a] == [d.id for d in b]
         assert all(
             d.on_disk and d.text == e.text and d.raw_bytes()[3:9].tobytes() == e.text.encode()[3:9]
-            for d, e in zip(b, a)
+            for d, e in zip(b, a, strict=True)
         )
     (tmp_path / "s" / "manifest.json").write_text(
         (tmp_path / "s" / "manifest.json").read_text().replace('"key": "byte"', '"key": "0123"', 1)
     )
     with pytest.raises(DataError):  # a manifest naming another tokenizer than its shards: foreign
         shard_documents(tmp_path / "s")
+
+
+def test_ids_of_any_script_and_repeated_ids_give_the_corpus_stream_order(tmp_path):
+    ids = ["b", "a", "Z", "a", "日本", "ä", "a b", "ab", "é1", "𝔽", "a", "10", "9", "", "~"]
+    src = tmp_path / "ids.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "text": f"text of {k} " * (k + 5)}) + "\n" for k, i in enumerate(ids)))
+    prepare(str(src), BYTE_TOKENIZER, tmp_path / "s", chunk_bytes=200)
+    shards, docs = TokenShards(tmp_path / "s"), load_documents(src)
+    for split in ("train", "validation"):
+        part = [d for d in docs if (split == "validation") == is_validation(d.id)]
+        if not part:
+            continue
+        ref = TokenStream(part)
+        got = shards.stream(split)
+        assert torch.equal(got.batch(torch.tensor([0]), ref.num_tokens), ref.batch(torch.tensor([0]), ref.num_tokens))

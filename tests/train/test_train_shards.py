@@ -173,7 +173,14 @@ def test_a_bpe_model_goes_through_eval_biases_and_fit_on_the_command_line(bpe, t
     res = json.loads((tmp_path / "r.json").read_text())
     rows = res["results"] if isinstance(res, dict) and "results" in res else res
     assert all(math.isfinite(e["bits_per_byte"]) for e in rows[0]["per_length"])
-    assert fireviz_main(["biases", ck, "--out", str(tmp_path / "b.json")]) == 0
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(json.loads(line)["text"] for line in bpe["corpus"].read_text().splitlines()[:20]))
+    assert fireviz_main(["biases", ck, "--text", str(text), "--out", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["dilution"]["tokens"] == 24 * 16
+    short = tmp_path / "short.txt"  # 600 bytes hold 16 × 24 byte tokens, not 384 of its BPE tokens
+    short.write_text(text.read_text()[:600])
+    assert fireviz_main(["biases", ck, "--text", str(short), "--out", str(tmp_path / "s.json")]) == 2
+    assert "tokens" in capsys.readouterr().err
     fit = [
         "fit",
         "--target",
