@@ -85,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="query position of the headline locality (default: smallest query position)",
     )
     ap.add_argument("--matrix", default=None, help="query x key matrix grid START:STOP[:STRIDE] in tokens")
-    ap.add_argument("--text", default=None, help="text file: also measure attention dilution on it (its bytes)")
+    ap.add_argument(
+        "--text",
+        default=None,
+        help="text file: also measure attention dilution on it (in the checkpoint's tokens: its bytes, or the BPE "
+        "tokenizer it was trained with)",
+    )
     ap.add_argument(
         "--near", type=int, default=DEFAULT_NEAR, help=f"keys counted as near for dilution (default {DEFAULT_NEAR})"
     )
@@ -257,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         if measured is not None:
             out["dilution"] = measured
     except ValueError as e:
+        if tokens is not None and "give a longer text" in str(e):  # say whose tokens, and the option
+            return _fail(
+                f"--text {args.text}: {e} (positions count {name}'s own tokens: bytes, or those of the BPE "
+                "tokenizer it was trained with; --dilution-positions sets smaller ones)"
+            )
         return _fail(str(e))
     try:
         atomic_write_text(out_path, json.dumps(out, allow_nan=False))  # folders made, never half-written

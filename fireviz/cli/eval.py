@@ -344,7 +344,8 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         default="prose",
-        help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, or synthetic:copy (a task: "
+        help=f"{', '.join(DOMAINS)}, a PATH.jsonl[.gz|.xz] / .txt / folder, a folder of byte token shards "
+        "(python -m fireviz prepare --tokenizer byte: the same documents), or synthetic:copy (a task: "
         f"--token-budget is then the sequences per length, default {SYNTHETIC_SEQUENCES}) (default "
         "%(default)s, the "
         "bundled checkpoints' training domain)",

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from fireviz.checkpoints.causal_lm import load_tokenizer
 from fireviz.data import DataError
 from fireviz.data.prepare import DEFAULT_CHUNK_BYTES, prepare
+from fireviz.data.shards import MANIFEST
 from fireviz.model import CheckpointError
 
 
@@ -47,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-column", default="id", help="column holding a document id, when there is one (default id)")
     p.add_argument("--hf-config", default=None, help="hf: sources: the dataset's configuration (e.g. en)")
     p.add_argument("--hf-split", default="train", help="hf: sources: the split to read (default train)")
+    p.add_argument(
+        "--max-documents", type=int, default=None, help="the source's first N documents only (e.g. of hf:allenai/c4)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -54,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Returns 0 on success, 2 for bad input (one stderr line)."""
     args = build_parser().parse_args(argv)
+    done_before = (Path(args.out) / MANIFEST).is_file()
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         manifest = prepare(
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             id_column=args.id_column,
             hf_config=args.hf_config,
             hf_split=args.hf_split,
+            max_documents=args.max_documents,
             progress=False if args.no_progress else None,
         )
     except (DataError, CheckpointError, ValueError, OSError) as e:
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sp = manifest["splits"]
     print(
-        f"wrote {os.path.normpath(args.out)}: {manifest['chunks']} chunk(s) of {manifest['tokenizer']['name']} tokens "
+        f"{'already prepared (checked, nothing rewritten)' if done_before else 'wrote'} {os.path.normpath(args.out)}: {manifest['chunks']} chunk(s) of {manifest['tokenizer']['name']} tokens "
         f"({manifest['dtype']}); train {sp['train']['documents']:,} documents, {sp['train']['tokens']:,} tokens "
         f"({sp['train']['tokens'] / max(sp['train']['bytes'], 1):.3f} per byte); validation "
         f"{sp['validation']['documents']:,} documents, {sp['validation']['tokens']:,} tokens. Train on it with "

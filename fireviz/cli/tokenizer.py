@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from fireviz.data import DataError
-from fireviz.data.tokenizers import train_bpe
+from fireviz.data.tokenizers import TOKENS_PER_BYTE_SAMPLE, train_bpe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         action="append",
         required=True,
-        help="a bundled domain (prose, latex, code) or a .txt/.jsonl file or folder; repeat for several",
+        help="a bundled domain (prose, latex, code), a .txt/.jsonl/.parquet file or a folder of them, or "
+        "hf:<dataset> (streamed; needs the datasets package); repeat for several",
     )
     t.add_argument(
         "--split",
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("train", "all"),
         help="documents to learn from (default train: validation text stays unseen)",
     )
+    t.add_argument("--max-documents", type=int, default=None, help="learn from the first N documents only")
     t.add_argument("--out", required=True, help="folder to write the tokenizer into (created)")
     return p
 
@@ -42,12 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     """Returns 0 on success, 2 for bad input (one stderr line)."""
     args = build_parser().parse_args(argv)
     try:
-        summary = train_bpe(args.data, args.vocab_size, args.out, split=args.split)
+        summary = train_bpe(args.data, args.vocab_size, args.out, split=args.split, max_documents=args.max_documents)
     except (DataError, ValueError, OSError) as e:
         print(f"fireviz tokenizer: error: {e}", file=sys.stderr)
         return 2
     print(
         f"wrote {args.out}: {summary['vocab_size']:,} tokens learned from {summary['documents']:,} documents "
-        f"({summary['bytes']:,} bytes); {summary['tokens_per_byte']:.3f} tokens per byte on them"
+        f"({summary['bytes']:,} bytes); {summary['tokens_per_byte']:.3f} tokens per byte on them (the first "
+        f"{min(summary['documents'], TOKENS_PER_BYTE_SAMPLE):,}); <s> (BOS, id 0) and </s> (id 1) are among the tokens"
     )
     return 0

@@ -15,7 +15,8 @@ from fireviz.train import TrainingError, TrainingInterrupted, load_config, train
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m fireviz train`` argument parser."""
     p = argparse.ArgumentParser(
-        prog="python -m fireviz train", description="Train a byte-level GPT with one position encoding."
+        prog="python -m fireviz train",
+        description="Train a GPT with one position encoding (on a corpus's bytes, or on token shards).",
     )
     p.add_argument("--config", help="TOML file with [model] and [train] tables (optional with --resume)")
     p.add_argument(

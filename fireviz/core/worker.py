@@ -72,7 +72,7 @@ _MAIN_SWAP = threading.Lock()
 
 
 @contextlib.contextmanager
-def _bare_main():
+def bare_main():
     """Start a spawned child without re-running this process's ``__main__`` in it.
 
     ``spawn`` re-imports the parent's ``__main__`` (its file, or its module name) in the child
@@ -239,7 +239,7 @@ class WorkerProcess:
         proc = self._ctx.Process(
             target=_child_main, args=(child_conn, self._cancel, self.threads, self.nice), name=self.name, daemon=True
         )
-        with _bare_main():
+        with bare_main():
             proc.start()
         child_conn.close()
         self._proc, self._conn = proc, parent_conn

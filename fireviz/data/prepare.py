@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from fireviz import __version__
 from fireviz.core import FileFormatError, atomic_write, read_json, write_json_atomic
+from fireviz.core.worker import bare_main
 from fireviz.data.corpus import SPLITS, DataError, Document, is_validation, text_bytes
 from fireviz.data.shards import (
     FORMAT,
@@ -173,6 +174,13 @@ def _settings(source, tokenizer, chunk_bytes: int, columns: dict) -> dict:
     }
 
 
+def _said(value) -> str:
+    """A setting as a message says it (a tokenizer by its name and the start of its sha256)."""
+    if isinstance(value, dict) and "key" in value:
+        return f"tokenizer {value.get('name')!r} ({str(value['key'])[:12]})"
+    return repr(value)
+
+
 def _start(out: Path, settings: dict, tokenizer) -> None:
     """Claim ``out`` for these settings (or check a resumed run's are the same) and copy the
     tokenizer's files. Raises: DataError for a folder holding something else."""
@@ -184,7 +192,9 @@ def _start(out: Path, settings: dict, tokenizer) -> None:
         except FileFormatError as e:
             raise DataError(f"{e}; delete {out} and prepare again") from e
         if before != settings:
-            diff = [f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in settings.items() if before.get(k) != v]
+            diff = [
+                f"{k}: {_said(before.get(k))} then, {_said(v)} now" for k, v in settings.items() if before.get(k) != v
+            ]
             raise DataError(
                 f"{out} holds shards prepared with other settings ({'; '.join(diff)}); prepare into another --out, or "
                 "delete it (nothing was changed)"
@@ -213,6 +223,7 @@ def prepare(
     id_column: str = "id",
     hf_config: str | None = None,
     hf_split: str = "train",
+    max_documents: int | None = None,
     progress: bool | None = None,
 ) -> dict:
     """Tokenize ``source`` into token shards in ``out`` (format: :mod:`fireviz.data.shards`).
@@ -226,6 +237,8 @@ def prepare(
       out: a new or empty folder, or one an interrupted ``prepare`` with the same settings left
         (resumed: finished chunks are checked and kept).
       chunk_bytes: source text per chunk (≥ 1). num_proc: worker processes (1: in this one).
+      max_documents: the first N documents of the source only (None: all; for a large streamed
+        dataset); recorded with the settings.
       progress: a tqdm bar (None: on a terminal).
     Returns: the manifest written (``manifest.json``).
     Raises: DataError (the source, a folder of something else or of other settings, a source
@@ -240,13 +253,21 @@ def prepare(
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"--num-proc must be a positive integer (got {num_proc!r})")
     out = Path(out).expanduser()
-    columns = {"text_column": text_column, "id_column": id_column, "hf_config": hf_config, "hf_split": hf_split}
+    if max_documents is not None and (not isinstance(max_documents, int) or max_documents < 1):
+        raise ValueError(f"--max-documents must be a positive integer (got {max_documents!r})")
+    columns = {
+        "text_column": text_column,
+        "id_column": id_column,
+        "hf_config": hf_config,
+        "hf_split": hf_split,
+        "max_documents": max_documents,
+    }
     settings = _settings(source, tokenizer, chunk_bytes, columns)
     _start(out, settings, tokenizer)
     if (out / MANIFEST).is_file():
         TokenShards(out)  # finished before: checked, not redone
         return read_json(out / MANIFEST, expect=dict)
-    docs = iter_documents(source, text_column, id_column, hf_config, hf_split)
+    docs = itertools.islice(iter_documents(source, text_column, id_column, hf_config, hf_split), max_documents)
     bar = tqdm(
         unit="B",
         unit_scale=True,
@@ -254,8 +275,8 @@ def prepare(
         disable=not (progress or (progress is None and sys.stderr.isatty())),
     )
     records: dict[int, dict] = {}
-    pool = ProcessPoolExecutor(num_proc, mp_context=_spawn()) if num_proc > 1 else None
-    pending: dict[int, Future] = {}
+    pool = _pool(num_proc) if num_proc > 1 else None
+    pending: dict[int, Any] = {}
     try:
         for k, batch, rows, digest in _chunks(docs, chunk_bytes):
             done = _done_chunk(out, k, digest, tokenizer.key)
@@ -264,26 +285,29 @@ def prepare(
             elif pool is None:
                 records[k] = _summary(write_chunk(out, k, batch, rows, digest, tokenizer))
             else:
-                pending[k] = pool.submit(write_chunk, out, k, batch, rows, digest, tokenizer)
+                pending[k] = pool.apply_async(write_chunk, (out, k, batch, rows, digest, tokenizer))
                 while len(pending) >= 2 * num_proc:  # memory: the chunks in flight, never the corpus
                     first = min(pending)
-                    records[first] = _summary(pending.pop(first).result())
+                    records[first] = _summary(pending.pop(first).get())
             bar.update(sum(r[2] for r in rows))
         for k in sorted(pending):
-            records[k] = _summary(pending.pop(k).result())
+            records[k] = _summary(pending.pop(k).get())
     finally:
-        for f in pending.values():
-            f.cancel()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.close() if not pending else pool.terminate()  # an error: the chunks in flight are dropped
+            pool.join()
         bar.close()
     return _finish(out, settings, [records[k] for k in range(len(records))])
 
 
-def _spawn():
+def _pool(num_proc: int):
+    """``num_proc`` spawned worker processes (no fork of a process holding threads: torch,
+    tokenizers), started without re-running this process's ``__main__`` (a Streamlit page, a
+    script) in them (``fireviz.core.worker.bare_main``)."""
     import multiprocessing
 
-    return multiprocessing.get_context("spawn")  # no fork of a process holding threads (torch, tokenizers)
+    with bare_main():
+        return multiprocessing.get_context("spawn").Pool(num_proc)
 
 
 def _summary(record: dict) -> dict:
@@ -345,7 +369,7 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
         "source": {
             "data": settings["source"],
             "fingerprint": source_fp.hexdigest(),
-            **{k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split")},
+            **{k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split", "max_documents")},
         },
         "chunk_bytes": settings["chunk_bytes"],
         "chunks": n,

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from fireviz.data.corpus import BOS_ID, DataError, Document, load_documents, split_documents
+from fireviz.data.corpus import BOS_ID, DataError, Document, is_validation
+from fireviz.data.sources import iter_documents
 
 #: BOS conventions of an evaluation besides the model's own (None); see the module docstring
 BOS_MODES = ("document", "window", "none")
@@ -213,18 +214,46 @@ def files_sha256(paths) -> str:
 TRAINED_SPECIALS = ("<s>", "</s>")
 
 
-def train_bpe(data, vocab_size: int, out, split: str = "train", add_bos: bool = True) -> dict:
+#: documents whose tokens per byte ``train_bpe`` reports (the first ones it learned from)
+TOKENS_PER_BYTE_SAMPLE = 2000
+
+
+def _learned_documents(data, split: str, max_documents: int | None, seen: list[Document]):
+    """The documents ``train_bpe`` learns from, one at a time: each source streamed
+    (``fireviz.data.sources.iter_documents``), its validation documents left out unless ``split``
+    is ``"all"``; ``Document`` s as given. The first ``TOKENS_PER_BYTE_SAMPLE`` are kept in ``seen``."""
+    n = 0
+    for source in [data] if isinstance(data, (str, Path)) else list(data):
+        docs = [source] if isinstance(source, Document) else iter_documents(source)
+        for d in docs:
+            if split != "all" and not isinstance(source, Document) and is_validation(d.id):
+                continue
+            if max_documents is not None and n >= max_documents:
+                return
+            n += 1
+            if len(seen) < TOKENS_PER_BYTE_SAMPLE:
+                seen.append(d)
+            yield d
+
+
+def train_bpe(
+    data, vocab_size: int, out, split: str = "train", add_bos: bool = True, max_documents: int | None = None
+) -> dict:
     """Train a byte-level BPE tokenizer (Hugging Face ``tokenizers``; GPT-2's byte-to-character
     map, so every UTF-8 text encodes and decodes back exactly, whatever it holds) on the documents
-    of ``data`` and save it as a transformers tokenizer folder at ``out`` (BOS ``<s>``, id 0, added
-    at each text's start unless ``add_bos`` is False, as GPT-2's tokenizer adds none; EOS ``</s>``, id 1).
+    of ``data`` and save it as a transformers tokenizer folder at ``out``. Its special tokens are
+    part of ``vocab_size``: BOS ``<s>`` (id 0, added at each text's start unless ``add_bos`` is
+    False, as GPT-2's tokenizer adds none) and EOS ``</s>`` (id 1).
 
-    Args: ``data`` a bundled domain or a path, or a list of them, or a list of ``Document`` (learned
-      as given); ``vocab_size`` tokens (>= 260: the 256 bytes, the two specials and some merges);
-      ``split`` ``"train"`` (default: the validation documents are not learned) or ``"all"``.
-    Returns: ``{"vocab_size", "documents", "bytes", "tokens_per_byte"}`` (on the training text).
-    Raises: ValueError for a vocabulary below 260; DataError for data that does not load or an
-      empty split; OSError when ``out`` cannot be written.
+    Args: ``data`` a source ``fireviz.data.sources.iter_documents`` reads (a bundled domain, JSONL,
+      text or Parquet files or folders, ``hf:<dataset>``; streamed, never held whole), or a list of
+      them, or a list of ``Document`` (learned as given); ``vocab_size`` tokens (>= 260: the 256
+      bytes, the two specials and some merges); ``split`` ``"train"`` (default: the validation
+      documents are not learned) or ``"all"``; ``max_documents`` the first N learned documents only.
+    Returns: ``{"vocab_size", "documents", "bytes", "tokens_per_byte"}``; tokens per byte on the
+      first ``TOKENS_PER_BYTE_SAMPLE`` documents learned.
+    Raises: ValueError for a vocabulary below 260; DataError for data that does not load or no
+      document to learn from; OSError when ``out`` cannot be written.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -233,15 +262,8 @@ def train_bpe(data, vocab_size: int, out, split: str = "train", add_bos: bool = 
         raise ValueError(
             f"--vocab-size must be an integer >= 260 (the 256 bytes, 2 specials, merges); got {vocab_size!r}"
         )
-    docs = []
-    for source in [data] if isinstance(data, (str, Path)) else list(data):
-        if isinstance(source, Document):
-            docs.append(source)
-            continue
-        loaded = load_documents(source)
-        docs += loaded if split == "all" else split_documents(loaded, "train")
-    if not docs:
-        raise DataError(f"no documents to learn from in {data!r} ({split} split)")
+    if max_documents is not None and (not isinstance(max_documents, int) or max_documents < 1):
+        raise ValueError(f"--max-documents must be a positive integer (got {max_documents!r})")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -251,20 +273,31 @@ def train_bpe(data, vocab_size: int, out, split: str = "train", add_bos: bool = 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator((d.text for d in docs), trainer, length=len(docs))
+    seen: list[Document] = []
+    counts = {"documents": 0, "bytes": 0}
+
+    def texts():
+        for d in _learned_documents(data, split, max_documents, seen):
+            counts["documents"] += 1
+            counts["bytes"] += len(d)
+            yield d.text
+
+    tok.train_from_iterator(texts(), trainer)
+    if not counts["documents"]:
+        raise DataError(f"no documents to learn from in {data!r} ({split} split)")
     if add_bos:
         bos = tok.token_to_id(TRAINED_SPECIALS[0])
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=TRAINED_SPECIALS[0], eos_token=TRAINED_SPECIALS[1])
     Path(out).mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
-    n_bytes = sum(len(d.raw_bytes()[:]) for d in docs)
-    n_tokens = sum(len(tok.encode(d.text, add_special_tokens=False).ids) for d in docs)
+    sample_bytes = sum(len(d) for d in seen)
+    sample_tokens = sum(len(tok.encode(d.text, add_special_tokens=False).ids) for d in seen)
     return {
         "vocab_size": tok.get_vocab_size(),
-        "documents": len(docs),
-        "bytes": n_bytes,
-        "tokens_per_byte": n_tokens / max(n_bytes, 1),
+        "documents": counts["documents"],
+        "bytes": counts["bytes"],
+        "tokens_per_byte": sample_tokens / max(sample_bytes, 1),
     }
 
 

@@ -1,4 +1,4 @@
-"""Train a byte-level GPT with one position encoding: ``python -m fireviz train``.
+"""Train a GPT with one position encoding: ``python -m fireviz train``.
 
 A training loop with no framework, in the spirit of nanoGPT's train.py (Karpathy): AdamW
 (Loshchilov & Hutter 2019) with decoupled weight decay on matrices only, linear warmup then

@@ -291,3 +291,17 @@ def test_ids_of_any_script_and_repeated_ids_give_the_corpus_stream_order(tmp_pat
         ref = TokenStream(part)
         got = shards.stream(split)
         assert torch.equal(got.batch(torch.tensor([0]), ref.num_tokens), ref.batch(torch.tensor([0]), ref.num_tokens))
+
+
+def test_max_documents_takes_the_first_documents_of_a_stream_and_is_part_of_the_settings(corpus, tmp_path):
+    from fireviz.data.tokenizers import train_bpe
+
+    m = prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "s", max_documents=10)
+    assert m["splits"]["train"]["documents"] + m["splits"]["validation"]["documents"] == 10
+    assert m["source"]["max_documents"] == 10
+    with pytest.raises(DataError, match="max_documents: 10 then, 11 now"):
+        prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "s", max_documents=11)
+    with pytest.raises(ValueError, match="max-documents"):
+        prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "t", max_documents=0)
+    summary = train_bpe(str(corpus), 280, tmp_path / "tok", max_documents=7)
+    assert summary["documents"] == 7 and 0 < summary["tokens_per_byte"] < 1
