@@ -449,19 +449,27 @@ def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteT
     if str(ref) == "byte":
         return BYTE_TOKENIZER
     path = Path(str(ref)).expanduser()
-    if path.is_file() and path.name.endswith(".json"):
-        folder, files = path.parent, [path]
-        files += [f for f in tokenizer_files(folder) if f.name in ("tokenizer_config.json", "special_tokens_map.json")]
-    elif path.is_dir():
+    if path.is_file():  # a bare tokenizer.json: read by the tokenizers library alone
+        if path.name != "tokenizer.json":
+            raise CheckpointError(
+                f"{path} is not named tokenizer.json; a tokenizer file is stored and found by that name (in shards "
+                "and checkpoints): rename or copy it to tokenizer.json, or give its folder"
+            )
+        key = files_sha256([path])
+        if key not in _LOADED_TOKENIZERS:
+            _LOADED_TOKENIZERS[key] = _hf_tokenizer(path.parent, [path], key, str(ref))
+        return _LOADED_TOKENIZERS[key]
+    if path.is_dir():
         folder, files = path, tokenizer_files(path)
     elif looks_like_hub_id(str(ref)):
-        found = [hub_file(str(ref), name, revision, required=False) for name in TOKENIZER_FILES]
-        files = [f for f in found if f is not None]
+        first = hub_file(str(ref), "tokenizer.json", revision, required=False)  # offline: said at once
+        found = [hub_file(str(ref), name, revision, required=False) for name in TOKENIZER_FILES[1:]] if first else []
+        files = [f for f in [first, *found] if f is not None]
         folder = files[0].parent if files else path
     else:
         raise CheckpointError(
             f"tokenizer {str(ref)!r} not found; give byte, a folder holding tokenizer.json, a tokenizer.json file or a "
-            "Hub id (python -m fireviz tokenizer train writes one)"
+            "Hub id (owner/name; python -m fireviz tokenizer train writes a folder)"
         )
     if not any(f.name == "tokenizer.json" for f in files):
         raise CheckpointError(
@@ -482,12 +490,24 @@ def _hf_tokenizer(folder: Path, files: list[Path], key: str, name: str) -> HFTok
             hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         else:  # a bare tokenizer.json
             hf = PreTrainedTokenizerFast(tokenizer_file=str(files[0]))
+        if hf.bos_token is None and files[0].suffix == ".json":  # a bare file: BOS as its own template adds it
+            hf.bos_token = _template_bos(files[0])
     except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
         raise CheckpointError(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
     try:
         return HFTokenizer(hf, key=key, name=name, files=tuple(files))
     except DataError as e:
         raise CheckpointError(str(e)) from e
+
+
+def _template_bos(path: Path) -> str | None:
+    """The special token a tokenizer.json's post-processor puts first (its BOS), if any."""
+    try:
+        proc = (read_json(path, expect=dict).get("post_processor") or {}).get("single") or []
+        first = proc[0].get("SpecialToken", {}).get("id") if proc and isinstance(proc[0], dict) else None
+        return first if isinstance(first, str) else None
+    except (FileFormatError, AttributeError, TypeError):
+        return None
 
 
 def scale_rope(config: Any, info: CausalLMConfig, scaling: str, length: int) -> dict:

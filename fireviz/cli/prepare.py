@@ -12,6 +12,7 @@ Run the same command again after a kill: finished chunks are kept, the rest writ
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Returns 0 on success, 2 for bad input (one stderr line)."""
     args = build_parser().parse_args(argv)
+    if not (math.isfinite(args.chunk_mb) and args.chunk_mb * 2**20 >= 1):
+        print(
+            f"fireviz prepare: error: --chunk-mb must be a positive number of MiB (got {args.chunk_mb}); e.g. 16",
+            file=sys.stderr,
+        )
+        return 2
     done_before = (Path(args.out) / MANIFEST).is_file()
     try:
         tokenizer = load_tokenizer(args.tokenizer)
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             args.data,
             tokenizer,
             args.out,
-            chunk_bytes=max(1, int(args.chunk_mb * 2**20)),
+            chunk_bytes=int(args.chunk_mb * 2**20),
             num_proc=args.num_proc,
             text_column=args.text_column,
             id_column=args.id_column,

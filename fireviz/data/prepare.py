@@ -18,6 +18,7 @@ import functools
 import hashlib
 import itertools
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -44,7 +45,7 @@ from fireviz.data.shards import (
     shard_name,
     tokenizer_digest,
 )
-from fireviz.data.sources import iter_documents
+from fireviz.data.sources import iter_documents, source_spec, source_state
 
 #: source text per chunk (and so per pair of shards); recorded, and fixed for a resumed run
 DEFAULT_CHUNK_BYTES = 16 << 20
@@ -70,12 +71,22 @@ def _digest_doc(doc: Document) -> tuple[int, str]:
     return len(raw), inner.hexdigest()
 
 
-def _chunks(docs: Iterator[Document], chunk_bytes: int) -> Iterator[tuple[int, list[Document], list[list], str]]:
-    """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk."""
+def _portable(doc: Document) -> Document:
+    """``doc`` as it can be sent to a worker process: a document in memory or in a file of its own
+    (read there) as it is; one in a load's spool file (an unlinked temp file) as its text."""
+    raw = doc.raw_bytes()
+    return doc if not doc.on_disk or getattr(raw, "path", None) is not None else Document(doc.id, doc.text)
+
+
+def _chunks(
+    docs: Iterator[Document], chunk_bytes: int, portable: bool
+) -> Iterator[tuple[int, list[Document], list[list], str]]:
+    """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk
+    (``portable``: documents made sendable to a worker process)."""
     k, batch, rows, size = 0, [], [], 0
     for doc in docs:
         n, digest = _digest_doc(doc)
-        batch.append(doc if not doc.on_disk else Document(doc.id, doc.text))  # sent to a worker: in memory
+        batch.append(_portable(doc) if portable else doc)
         rows.append([doc.id, int(is_validation(doc.id)), n, digest])
         size += n
         if size >= chunk_bytes:
@@ -95,7 +106,8 @@ def _rows_sha256(rows) -> str:
 
 def _write_shard(path: Path, tokens: np.ndarray, n_docs: int, itemsize: int, digest: bytes) -> str:
     header = HEADER.pack(MAGIC, FORMAT_VERSION, itemsize, len(tokens), n_docs, digest)
-    data = tokens.astype("<u2" if itemsize == 2 else "<u4").tobytes()
+    array = np.ascontiguousarray(tokens.astype("<u2" if itemsize == 2 else "<u4", copy=False))
+    data = memoryview(array).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -103,7 +115,9 @@ def _write_shard(path: Path, tokens: np.ndarray, n_docs: int, itemsize: int, dig
             f.write(data)
 
     atomic_write(path, write)
-    return hashlib.sha256(header + data).hexdigest()
+    h = hashlib.sha256(header)
+    h.update(data)
+    return h.hexdigest()
 
 
 def write_chunk(out: Path, k: int, docs: list[Document], rows: list[list], source_sha256: str, tokenizer) -> dict:
@@ -112,15 +126,18 @@ def write_chunk(out: Path, k: int, docs: list[Document], rows: list[list], sourc
     itemsize, tok_digest = itemsize_for(tokenizer.num_ids), tokenizer_digest(tokenizer.key)
     parts: dict[int, list[np.ndarray]] = {0: [], 1: []}
     table = []
+    dtype = np.uint16 if itemsize == 2 else np.uint32
     for doc, (doc_id, split, n_bytes, doc_sha256) in zip(docs, rows, strict=True):
-        ids = tokenizer.encode(doc).ids
-        if len(ids) and (ids.min() < 0 or ids.max() >= tokenizer.num_ids):
+        ids = tokenizer.ids(doc)  # a document that gives no token (whitespace in WordPiece) is kept, empty
+        if len(ids) and int(ids.max()) >= tokenizer.num_ids:
             raise DataError(f"{tokenizer.name} gave ids outside 0..{tokenizer.num_ids - 1} for document {doc_id!r}")
-        parts[split].append(ids)
+        parts[split].append(ids.astype(dtype, copy=False))
         table.append([doc_id, split, len(ids), n_bytes, doc_sha256])
+        del ids
     shards = {}
     for split_index, split in enumerate(SPLITS):
-        toks = np.concatenate(parts[split_index]) if parts[split_index] else np.zeros(0, dtype=np.int64)
+        toks = np.concatenate(parts[split_index]) if parts[split_index] else np.zeros(0, dtype=dtype)
+        parts[split_index] = []
         shard_sha256 = _write_shard(out / shard_name(split, k), toks, len(parts[split_index]), itemsize, tok_digest)
         shards[split] = {"tokens": len(toks), "documents": len(parts[split_index]), "sha256": shard_sha256}
     record = {
@@ -206,10 +223,13 @@ def _start(out: Path, settings: dict, tokenizer) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stray in out.glob(".*.tmp-*"):
         stray.unlink()  # temp files of a killed run (ours)
-    write_json_atomic(out / SETTINGS, settings)
+    if not (out / SETTINGS).is_file():
+        write_json_atomic(out / SETTINGS, settings)
     files = getattr(tokenizer, "files", ())
     for f in files:
-        atomic_write(out / TOKENIZER_DIR / Path(f).name, functools.partial(_write_bytes, data=Path(f).read_bytes()))
+        dest, data = out / TOKENIZER_DIR / Path(f).name, Path(f).read_bytes()
+        if not dest.is_file() or dest.read_bytes() != data:
+            atomic_write(dest, functools.partial(_write_bytes, data=data))
 
 
 def prepare(
@@ -244,17 +264,13 @@ def prepare(
     Raises: DataError (the source, a folder of something else or of other settings, a source
       that changed under a resumed run), ValueError for bad ``chunk_bytes`` / ``num_proc``, OSError.
     """
-    import sys
-
-    from tqdm import tqdm
-
-    if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be a positive integer (got {chunk_bytes!r})")
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"--num-proc must be a positive integer (got {num_proc!r})")
-    out = Path(out).expanduser()
     if max_documents is not None and (not isinstance(max_documents, int) or max_documents < 1):
         raise ValueError(f"--max-documents must be a positive integer (got {max_documents!r})")
+    out = Path(out).expanduser()
     columns = {
         "text_column": text_column,
         "id_column": id_column,
@@ -262,12 +278,58 @@ def prepare(
         "hf_split": hf_split,
         "max_documents": max_documents,
     }
-    settings = _settings(source, tokenizer, chunk_bytes, columns)
+    settings = _settings(source_spec(source), tokenizer, chunk_bytes, columns)
+    state = source_state(source)
+    if (out / MANIFEST).is_file() and (out / SETTINGS).is_file():
+        finished = _finished(out, settings, state)
+        if finished is not None:  # done before from this very source: checked, not redone
+            return finished
+    fresh = not (out / SETTINGS).exists()
     _start(out, settings, tokenizer)
-    if (out / MANIFEST).is_file():
-        TokenShards(out)  # finished before: checked, not redone
-        return read_json(out / MANIFEST, expect=dict)
-    docs = itertools.islice(iter_documents(source, text_column, id_column, hf_config, hf_split), max_documents)
+    try:
+        docs = itertools.islice(iter_documents(source, text_column, id_column, hf_config, hf_split), max_documents)
+        records = _tokenize_all(out, docs, tokenizer, chunk_bytes, num_proc, progress)
+    except BaseException:
+        if fresh and not any(out.glob("chunk-*.json")):  # nothing done: the folder is left as it was
+            _unclaim(out)
+        raise
+    return _finish(out, settings, records, state)
+
+
+def _finished(out: Path, settings: dict, state) -> dict | None:
+    """The manifest of a finished folder of these settings whose source is unchanged since (its
+    files' sizes and times; a streamed dataset is always read again); None to go through it again
+    (each chunk is then checked against the source: a changed one is refused)."""
+    try:
+        before = read_json(out / SETTINGS, expect=dict)
+        manifest = read_json(out / MANIFEST, expect=dict)
+    except FileFormatError:
+        return None
+    if before != settings or state is None or manifest.get("source", {}).get("state") != state:
+        return None
+    TokenShards(out)  # every shard checked
+    return manifest
+
+
+def _unclaim(out: Path) -> None:
+    """Undo ``_start`` of a run that wrote no chunk (a source that failed at once): a retry with
+    other settings is not refused for a folder that holds nothing."""
+    (out / SETTINGS).unlink(missing_ok=True)
+    tok = out / TOKENIZER_DIR
+    if tok.is_dir():
+        for f in tok.iterdir():
+            f.unlink()
+        tok.rmdir()
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+
+
+def _tokenize_all(out: Path, docs, tokenizer, chunk_bytes: int, num_proc: int, progress: bool | None) -> list[dict]:
+    """Every chunk of ``docs`` written (or found done), in ``num_proc`` processes; their summaries."""
+    import sys
+
+    from tqdm import tqdm
+
     bar = tqdm(
         unit="B",
         unit_scale=True,
@@ -278,7 +340,7 @@ def prepare(
     pool = _pool(num_proc) if num_proc > 1 else None
     pending: dict[int, Any] = {}
     try:
-        for k, batch, rows, digest in _chunks(docs, chunk_bytes):
+        for k, batch, rows, digest in _chunks(docs, chunk_bytes, portable=pool is not None):
             done = _done_chunk(out, k, digest, tokenizer.key)
             if done is not None:
                 records[k] = _summary(done)
@@ -294,10 +356,13 @@ def prepare(
             records[k] = _summary(pending.pop(k).get())
     finally:
         if pool is not None:
-            pool.close() if not pending else pool.terminate()  # an error: the chunks in flight are dropped
+            if pending:  # an error: the chunks in flight are dropped
+                pool.terminate()
+            else:
+                pool.close()
             pool.join()
         bar.close()
-    return _finish(out, settings, [records[k] for k in range(len(records))])
+    return [records[k] for k in range(len(records))]
 
 
 def _pool(num_proc: int):
@@ -307,7 +372,19 @@ def _pool(num_proc: int):
     import multiprocessing
 
     with bare_main():
-        return multiprocessing.get_context("spawn").Pool(num_proc)
+        return multiprocessing.get_context("spawn").Pool(num_proc, initializer=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    """A worker ends when the process that started it dies (Linux ``PR_SET_PDEATHSIG``): a
+    ``prepare`` killed with SIGKILL leaves no orphans holding memory. Elsewhere: nothing."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _summary(record: dict) -> dict:
@@ -315,14 +392,15 @@ def _summary(record: dict) -> dict:
     return {"chunk": record["chunk"], "shards": record["shards"]}
 
 
-def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
+def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
     """The orders (documents sorted by id), the fingerprints and the manifest, written last. The
     chunk tables are read back one at a time; what is held is per document an id (as UTF-8 bytes
     in one numpy array) and three integers, for the sort."""
     n = len(records)
     for stale in out.glob("chunk-*.json"):  # chunks past the end: a source that has shrunk
-        k = int(stale.stem.split("-")[1])
-        if k >= n:
+        found = re.fullmatch(r"chunk-(\d{5,})\.json", stale.name)
+        if found and int(found.group(1)) >= n:
+            k = int(found.group(1))
             for p in [stale] + [out / shard_name(s, k) for s in SPLITS]:
                 p.unlink(missing_ok=True)
     ids: dict[int, list[np.ndarray]] = {0: [], 1: []}
@@ -330,16 +408,18 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
     fps = {0: hashlib.sha256(), 1: hashlib.sha256()}
     n_bytes = {0: 0, 1: 0}
     source_fp = hashlib.sha256()
+    tables = []
     for k in range(n):
+        tables.append(file_sha256(out / chunk_name(k)))
         table = read_json(out / chunk_name(k), expect=dict)["documents"]
         offsets = {0: 0, 1: 0}
-        chunk_ids: dict[int, list[bytes]] = {0: [], 1: []}
+        chunk_ids: dict[int, list[str]] = {0: [], 1: []}
         chunk_rows: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
         for doc_id, s, n_tok, nb, doc_sha256 in table:
             key = text_bytes(doc_id) + b"\0" + bytes.fromhex(doc_sha256)
             fps[s].update(key)
             source_fp.update(key)
-            chunk_ids[s].append(text_bytes(doc_id))
+            chunk_ids[s].append(str(doc_id))
             chunk_rows[s].append((k, offsets[s], n_tok))
             offsets[s] += n_tok
             n_bytes[s] += nb
@@ -350,10 +430,11 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
     for split_index, split in enumerate(SPLITS):
         all_ids = np.concatenate(ids[split_index]) if ids[split_index] else np.zeros(0, dtype=object)
         order = np.concatenate(rows[split_index]) if rows[split_index] else np.zeros((0, 3), dtype=np.int64)
-        # stable: equal ids keep source order, as TokenStream's sort; UTF-8 byte order is code point order
-        order = order[np.argsort(all_ids.astype(bytes), kind="stable")] if len(order) else order
+        # Python's str order (TokenStream's sort, also for ids of raw bytes), stable: equal ids keep source order
+        order = order[np.argsort(all_ids, kind="stable")] if len(order) else order
         atomic_write(out / order_name(split), functools.partial(_save_npy, array=order))
         splits[split] = {
+            "order_sha256": file_sha256(out / order_name(split)),
             "documents": len(order),
             "tokens": int(order[:, 2].sum()),
             "bytes": n_bytes[split_index],
@@ -370,9 +451,11 @@ def _finish(out: Path, settings: dict, records: list[dict]) -> dict:
             "data": settings["source"],
             "fingerprint": source_fp.hexdigest(),
             **{k: settings[k] for k in ("text_column", "id_column", "hf_config", "hf_split", "max_documents")},
+            "state": state,
         },
         "chunk_bytes": settings["chunk_bytes"],
         "chunks": n,
+        "chunk_tables": tables,
         "dtype": "uint16" if itemsize_for(settings["tokenizer"]["num_ids"]) == 2 else "uint32",
         "splits": splits,
         "fireviz_version": __version__,

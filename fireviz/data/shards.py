@@ -37,6 +37,7 @@ import torch
 
 from fireviz.core import FileFormatError, read_json
 from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes
+from fireviz.data.tokenizers import files_sha256
 
 FORMAT = "fireviz-token-shards"
 FORMAT_VERSION = 1
@@ -46,6 +47,8 @@ HEADER = struct.Struct("<8sIIQQ32s")
 MANIFEST = "manifest.json"
 SETTINGS = "prepare.json"
 TOKENIZER_DIR = "tokenizer"
+#: what a refusal of a damaged folder says to do (the same command would refuse it again)
+AGAIN = "prepare the data again into a new --out (or delete this folder first)"
 
 
 def shard_name(split: str, chunk: int) -> str:
@@ -90,17 +93,17 @@ def read_shard_header(path: Path) -> dict:
     except OSError as e:
         raise DataError(f"cannot read the shard {path}: {e}") from e
     if len(raw) < HEADER.size or raw[:8] != MAGIC:
-        raise DataError(f"{path} is not a fireviz token shard (no {MAGIC[:7].decode()} header); prepare the data again")
+        raise DataError(f"{path} is not a fireviz token shard (no {MAGIC[:7].decode()} header); {AGAIN}")
     magic, version, itemsize, n_tokens, n_docs, digest = HEADER.unpack(raw)
     if version != FORMAT_VERSION or itemsize not in (2, 4):
         raise DataError(
             f"{path} is a shard of format {version} with {itemsize}-byte tokens; this fireviz reads format "
-            f"{FORMAT_VERSION}: prepare the data again"
+            f"{FORMAT_VERSION}: {AGAIN}"
         )
     if size != HEADER.size + n_tokens * itemsize:
         raise DataError(
             f"{path} is {size:,} bytes but its header says {n_tokens:,} tokens ({HEADER.size + n_tokens * itemsize:,} "
-            "bytes): it is truncated or corrupt; prepare the data again"
+            f"bytes): it is truncated or corrupt; {AGAIN}"
         )
     return {"version": version, "itemsize": itemsize, "tokens": n_tokens, "documents": n_docs, "tokenizer": digest}
 
@@ -141,22 +144,49 @@ class TokenShards:
         try:
             self.manifest = read_json(manifest_path, expect=dict)
         except FileFormatError as e:
-            raise DataError(f"{e}; prepare the data again") from e
+            raise DataError(f"{e}; {AGAIN}") from e
         m = self.manifest
         if m.get("format") != FORMAT or m.get("version") != FORMAT_VERSION:
             raise DataError(
                 f"{manifest_path} is not a fireviz token-shard manifest of version {FORMAT_VERSION} (format "
-                f"{m.get('format')!r}, version {m.get('version')!r}); prepare the data again"
+                f"{m.get('format')!r}, version {m.get('version')!r}); {AGAIN}"
             )
-        self.tokenizer = m["tokenizer"]
-        self.num_ids = int(self.tokenizer["num_ids"])
+        try:
+            self.tokenizer = dict(m["tokenizer"])
+            self.num_ids = int(self.tokenizer["num_ids"])
+            self._digest = tokenizer_digest(str(self.tokenizer["key"]))
+            self.shards: dict[str, list[dict]] = {s: list(m["splits"][s]["shards"]) for s in SPLITS}
+            counts = {s: int(m["splits"][s]["documents"]) for s in SPLITS}
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{manifest_path} lacks or garbles {e} (it is not as prepare wrote it); {AGAIN}") from e
         self.itemsize = itemsize_for(self.num_ids)
-        self._digest = tokenizer_digest(self.tokenizer["key"])
-        self.shards: dict[str, list[dict]] = {s: m["splits"][s]["shards"] for s in SPLITS}
+        if len(self.shards["train"]) != len(self.shards["validation"]):
+            raise DataError(f"{manifest_path} lists unequal train and validation shards (corrupt); {AGAIN}")
         for split in SPLITS:
             for k, rec in enumerate(self.shards[split]):
                 self._check_shard(split, k, rec, verify)
-        self.orders = {s: self._order(s) for s in SPLITS}
+        if verify:
+            self._check_tokenizer_files()
+        self.orders = {s: self._order(s, counts[s], verify) for s in SPLITS}
+
+    def _check_tokenizer_files(self) -> None:
+        """A Hugging Face tokenizer's copy in ``tokenizer/`` is what the manifest names (a run trained
+        on these shards stores it: a missing or changed copy would make a checkpoint no one can read)."""
+        key = self.tokenizer["key"]
+        if key == "byte":
+            return
+        folder = self.path / TOKENIZER_DIR
+        files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+        try:
+            found = files_sha256(files) if files else None
+        except OSError as e:
+            raise DataError(f"cannot read {folder}: {e}") from e
+        if found != key:
+            raise DataError(
+                f"{folder} {'is missing' if not files else 'does not hold the tokenizer these shards were made with'} "
+                f"(the manifest names {self.tokenizer.get('name')!r}, files sha256 {str(key)[:12]}…); copy the shard "
+                f"folder whole, or {AGAIN}"
+            )
 
     def _check_shard(self, split: str, k: int, rec: dict, verify: bool) -> None:
         path = self.path / shard_name(split, k)
@@ -164,29 +194,32 @@ class TokenShards:
         if head["tokenizer"] != self._digest or head["itemsize"] != self.itemsize:
             raise DataError(
                 f"{path} was written with another tokenizer than {self.path / MANIFEST} names (a foreign shard); "
-                "prepare the data again into a new folder"
+                f"{AGAIN}"
             )
         if head["tokens"] != rec["tokens"] or (verify and file_sha256(path) != rec["sha256"]):
             raise DataError(
                 f"{path} does not match {MANIFEST} (its bytes changed since prepare wrote it: corrupt or replaced); "
-                "prepare the data again"
+                f"{AGAIN}"
             )
 
-    def _order(self, split: str) -> np.ndarray:
+    def _order(self, split: str, documents: int, verify: bool) -> np.ndarray:
         path = self.path / order_name(split)
+        want = self.manifest["splits"][split].get("order_sha256")
         try:
+            if verify and want is not None and file_sha256(path) != want:
+                raise DataError(f"{path} does not match {MANIFEST} (changed since prepare wrote it); {AGAIN}")
             order = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {path}: {e}; prepare the data again") from e
+            raise DataError(f"cannot read {path}: {e}; {AGAIN}") from e
         tokens = np.asarray([r["tokens"] for r in self.shards[split]], dtype=np.int64)
         ok = order.dtype == np.int64 and order.ndim == 2 and order.shape[1] == 3
-        ok = ok and order.shape[0] == self.manifest["splits"][split]["documents"]
+        ok = ok and order.shape[0] == documents
         if ok and len(order):
             chunk, off, n = order[:, 0], order[:, 1], order[:, 2]
-            ok = bool(chunk.min() >= 0 and chunk.max() < len(tokens) and off.min() >= 0 and n.min() >= 1)
+            ok = bool(chunk.min() >= 0 and chunk.max() < len(tokens) and off.min() >= 0 and n.min() >= 0)
             ok = ok and bool(np.all(off + n <= tokens[chunk]))
         if not ok:
-            raise DataError(f"{path} does not match {MANIFEST} (corrupt); prepare the data again")
+            raise DataError(f"{path} does not match {MANIFEST} (corrupt); {AGAIN}")
         return order
 
     def fingerprint(self, split: str) -> str:
@@ -245,11 +278,15 @@ def shard_documents(path: str | os.PathLike) -> list[Document]:
             f"prepared from (--data {shards.manifest['source']['data']})"
         )
     docs: list[Document] = []
-    for k in range(int(shards.manifest["chunks"])):
+    tables = shards.manifest.get("chunk_tables") or []
+    for k in range(len(shards.shards["train"])):
+        path = shards.path / chunk_name(k)
         try:
-            table = read_json(shards.path / chunk_name(k), expect=dict)["documents"]
-        except (FileFormatError, KeyError) as e:
-            raise DataError(f"{shards.path / chunk_name(k)} does not read ({e}); prepare the data again") from e
+            if k >= len(tables) or file_sha256(path) != tables[k]:
+                raise DataError(f"{path} does not match {MANIFEST} (changed since prepare wrote it); {AGAIN}")
+            table = read_json(path, expect=dict)["documents"]
+        except (FileFormatError, KeyError, TypeError, OSError) as e:
+            raise DataError(f"{path} does not read ({e}); {AGAIN}") from e
         offsets = {0: 0, 1: 0}
         for doc_id, split_index, n_tok, n_bytes, _ in table:
             raw = _ShardBytes(shards, SPLITS[split_index], k, offsets[split_index] + 1, n_bytes)

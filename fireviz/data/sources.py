@@ -31,6 +31,34 @@ def _is_parquet(path: Path) -> bool:
     return path.name.endswith(".parquet")
 
 
+def source_spec(source: str | os.PathLike) -> str:
+    """How a source is recorded (what a resumed ``prepare`` compares): a bundled name or ``hf:…`` as
+    it is, a path that exists as its absolute path (``data.jsonl`` and ``./data.jsonl`` are one source)."""
+    if isinstance(source, str) and (source in DOMAINS or source.startswith(HF_PREFIX)):
+        return source
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.exists() else str(source)
+
+
+def source_state(source: str | os.PathLike) -> list | None:
+    """What tells whether a local source changed without reading it: ``[name, size, mtime_ns]``
+    of its file (of every file under a folder, sorted); None for a streamed dataset or a path
+    that cannot be read."""
+    if isinstance(source, str) and source.startswith(HF_PREFIX):
+        return None
+    path = DATA_DIR / f"{source}.jsonl.xz" if isinstance(source, str) and source in DOMAINS else Path(source)
+    try:
+        path = path.expanduser()
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        return [
+            [p.relative_to(path).as_posix() if p != path else p.name, st.st_size, st.st_mtime_ns]
+            for p in files
+            for st in (p.stat(),)
+        ]
+    except OSError:
+        return None
+
+
 def iter_documents(
     source: str | os.PathLike,
     text_column: str = "text",
@@ -73,7 +101,7 @@ def _iter_any(source, text_column, id_column, hf_config, hf_split) -> Iterator[D
         for p in files:
             if p.stat().st_size == 0:
                 continue
-            for d in _iter_file(p, text_column, id_column):
+            for d in _iter_file(p, text_column, id_column, p.relative_to(path).as_posix()):
                 if _is_text(p):
                     d.id = p.relative_to(path).as_posix()
                 yield d
@@ -81,9 +109,9 @@ def _iter_any(source, text_column, id_column, hf_config, hf_split) -> Iterator[D
     yield from _iter_file(path, text_column, id_column)
 
 
-def _iter_file(path: Path, text_column: str, id_column: str) -> Iterator[Document]:
+def _iter_file(path: Path, text_column: str, id_column: str, name: str | None = None) -> Iterator[Document]:
     if _is_parquet(path):
-        yield from _iter_parquet(path, text_column, id_column)
+        yield from _iter_parquet(path, text_column, id_column, name or path.name)
     elif _is_jsonl(path):
         yield from iter_jsonl(path)
     else:
@@ -99,7 +127,8 @@ def _document(doc_id, text, where: str, text_column: str) -> Document:
     return Document(str(doc_id), text)
 
 
-def _iter_parquet(path: Path, text_column: str, id_column: str) -> Iterator[Document]:
+def _iter_parquet(path: Path, text_column: str, id_column: str, name: str) -> Iterator[Document]:
+    """Row group by row group; a row without an id is ``<name>#<row>`` (``name``: its path in a folder)."""
     try:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
@@ -119,7 +148,7 @@ def _iter_parquet(path: Path, text_column: str, id_column: str) -> Iterator[Docu
             texts = batch.column(text_column).to_pylist()
             ids = batch.column(id_column).to_pylist() if id_column in names else None
             for k, text in enumerate(texts):
-                doc_id = ids[k] if ids is not None and ids[k] is not None else f"{path.name}#{row + k}"
+                doc_id = ids[k] if ids is not None and ids[k] is not None else f"{name}#{row + k}"
                 if text:
                     yield _document(doc_id, text, f"{path} row {row + k}", text_column)
             row += len(texts)
@@ -153,4 +182,4 @@ def _iter_hf(name: str, text_column: str, id_column: str, config: str | None, sp
             yield _document(f"{name}#{row}" if doc_id is None else doc_id, text, f"hf:{name} row {row}", text_column)
 
 
-__all__ = ["HF_PREFIX", "iter_documents"]
+__all__ = ["HF_PREFIX", "iter_documents", "source_spec", "source_state"]

@@ -96,6 +96,15 @@ class ByteTokenizer:
             return TokenizedDocument(raw, ends)
         return TokenizedDocument(np.concatenate([[BOS_ID], raw]), np.concatenate([[0], ends]))
 
+    def ids(self, doc: Document) -> np.ndarray:
+        """``encode(doc).ids`` (``[BOS] + bytes``) as uint16, without the byte ends: what token
+        shards store, at 2 bytes a token (a document read from disk is read once)."""
+        raw = doc.raw_bytes()[:]
+        out = np.empty(len(raw) + 1, dtype=np.uint16)
+        out[0] = BOS_ID
+        out[1:] = raw
+        return out
+
 
 BYTE_TOKENIZER = ByteTokenizer()
 
@@ -137,17 +146,30 @@ class HFTokenizer:
         """Ids it can produce: the base vocabulary and its added (special) tokens."""
         return int(len(self._tok))
 
+    @staticmethod
+    def _readable(text: str) -> str:
+        # bytes that are not UTF-8 (decoded as lone surrogates) reach the model as U+FFFD, one
+        # character each, so character offsets still map to the document's own bytes
+        return (
+            "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text) if _has_surrogates(text) else text
+        )
+
+    def ids(self, doc: Document) -> np.ndarray:
+        """``encode(doc).ids`` (the model's own BOS convention) as uint32, without offsets: what
+        token shards store (no per-token offset list is built)."""
+        ids = self._tok(self._readable(doc.text), add_special_tokens=False, split_special_tokens=True, verbose=False)
+        out = np.asarray(ids["input_ids"], dtype=np.uint32)
+        if self.adds_bos:
+            out = np.concatenate([np.asarray([self.bos_token_id], dtype=np.uint32), out])
+        return out
+
     def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
         """``doc.text`` in this tokenizer's ids, with byte ends; BOS first when the convention
         (``bos``, see the module docstring) adds one (``"window"`` starts documents with BOS too).
         Raises: DataError for an unknown ``bos``, or a BOS asked of a tokenizer that has none."""
         mode = _check_bos(bos)
         text = doc.text
-        # bytes that are not UTF-8 (decoded as lone surrogates) reach the model as U+FFFD, one
-        # character each, so character offsets still map to the document's own bytes
-        readable = (
-            "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text) if _has_surrogates(text) else text
-        )
+        readable = self._readable(text)
         # split_special_tokens: a literal "<s>" in the text is text, never a control token
         enc = self._tok(
             readable, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True, verbose=False

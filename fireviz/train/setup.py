@@ -24,7 +24,7 @@ import torch
 from fireviz import __version__
 from fireviz.core import FileFormatError, read_json
 from fireviz.core.distributed import Dist, all_reduce_sum
-from fireviz.data import TokenStream, data_fingerprint, load_documents, split_documents, synthetic
+from fireviz.data import DataError, TokenStream, data_fingerprint, load_documents, split_documents, synthetic
 from fireviz.data.prepare import copy_tokenizer
 from fireviz.data.shards import ShardStream, TokenShards, is_shard_folder
 from fireviz.model import (
@@ -274,6 +274,11 @@ def _shard_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int
         raise TrainingError(
             f"train.data {tc.data} holds tokens of {shards.tokenizer['name']} (ids 0..{shards.num_ids - 1}) but "
             f"model.vocab_size is {mc.vocab_size}; set --set model.vocab_size={shards.num_ids}"
+        )
+    if not shards.manifest["splits"]["validation"]["documents"]:
+        raise DataError(
+            f"the validation split of {tc.data} is empty (none of its documents' ids fell there); prepare more "
+            "documents (the split puts ~10% of ids in validation)"
         )
     val_docs = shards.documents("validation")
     return RunData(
