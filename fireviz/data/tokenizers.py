@@ -157,8 +157,17 @@ class HFTokenizer:
     def ids(self, doc: Document) -> np.ndarray:
         """``encode(doc).ids`` (the model's own BOS convention) as uint32, without offsets: what
         token shards store (no per-token offset list is built)."""
-        ids = self._tok(self._readable(doc.text), add_special_tokens=False, split_special_tokens=True, verbose=False)
-        out = np.asarray(ids["input_ids"], dtype=np.uint32)
+        # the Rust tokenizer itself, as transformers calls it with split_special_tokens (a literal "<s>"
+        # is text): only the ids become Python objects, not every field of a BatchEncoding
+        backend = self._tok.backend_tokenizer
+        before = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            enc = backend.encode(self._readable(doc.text), add_special_tokens=False)
+        finally:
+            backend.encode_special_tokens = before
+        out = np.asarray(enc.ids, dtype=np.uint32)
+        del enc
         if self.adds_bos:
             out = np.concatenate([np.asarray([self.bos_token_id], dtype=np.uint32), out])
         return out
