@@ -173,6 +173,12 @@ def test_a_bpe_model_goes_through_eval_biases_and_fit_on_the_command_line(bpe, t
     res = json.loads((tmp_path / "r.json").read_text())
     rows = res["results"] if isinstance(res, dict) and "results" in res else res
     assert all(math.isfinite(e["bits_per_byte"]) for e in rows[0]["per_length"])
+    ctx = ["eval", ck, "--data", str(bpe["corpus"]), "--mode", "context", "--lengths", "8,full", "--split", "all"]
+    ctx += ["--prefix-tokens", "96", "--context-targets", "16", "--stride", "8"]
+    assert fireviz_main(ctx + ["--out", str(tmp_path / "c.json"), "--quiet"]) == 0  # in its own tokens
+    crow = json.loads((tmp_path / "c.json").read_text())
+    crow = (crow["results"] if isinstance(crow, dict) and "results" in crow else crow)[0]
+    assert len(crow["per_length"]) == 2 and all("bytes_scored" in e for e in crow["per_length"])
     text = tmp_path / "t.txt"
     text.write_text(" ".join(json.loads(line)["text"] for line in bpe["corpus"].read_text().splitlines()[:20]))
     assert fireviz_main(["biases", ck, "--text", str(text), "--out", str(tmp_path / "b.json")]) == 0
