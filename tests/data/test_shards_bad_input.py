@@ -6,7 +6,6 @@ line or the right result, and nothing lost."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def test_a_prepare_that_fails_at_once_leaves_nothing_and_the_fix_is_taken(tmp_pa
     assert fireviz_main(args + ["--text-column", "body"]) == 0
 
 
-def test_a_finished_prepare_sees_a_changed_source(corpus, tmp_path, capsys):
+def test_a_finished_prepare_sees_a_changed_source(corpus, tmp_path, capsys, monkeypatch):
     mine = tmp_path / "mine.jsonl"
     mine.write_text(corpus.read_text())
     args = ["prepare", "--data", str(mine), "--out", str(tmp_path / "s"), "--no-progress"]
@@ -118,7 +117,7 @@ def test_a_finished_prepare_sees_a_changed_source(corpus, tmp_path, capsys):
     before = _files(tmp_path / "s")
     assert fireviz_main(args) == 0 and "already prepared" in capsys.readouterr().out
     assert _files(tmp_path / "s") == before
-    os.chdir(tmp_path)  # the same file by a relative path is the same source
+    monkeypatch.chdir(tmp_path)  # the same file by a relative path is the same source
     assert fireviz_main(["prepare", "--data", "mine.jsonl", "--out", "s", "--no-progress"]) == 0
     with open(mine, "a") as f:
         f.write(json.dumps({"id": "late", "text": "a document added afterwards"}) + "\n")
