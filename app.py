@@ -52,7 +52,8 @@ def _checkpoints_table(found) -> None:
         else []
     )
     st.caption(
-        f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (= bytes); "
+        f"{len(found)} checkpoint(s) in `{ui.checkpoints_root()}`. Lengths in tokens (bytes, for a byte-level "
+        "checkpoint; its own tokenizer's, for one trained on BPE shards); "
         + "; ".join(units + ["progress = optimizer steps done / planned, marked interim while training is unfinished"])
         + "."
     )
