@@ -112,6 +112,17 @@ def make_tiny_checkpoint(
     return folder
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    tiny models on a shared 2-core machine run ~10× faster so, and subprocesses given
+    OMP_NUM_THREADS=1 then match in-process runs bitwise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints_dir(tmp_path_factory) -> Path:
     """A folder holding tiny checkpoints ``fire`` (with results JSON), ``alibi`` and ``rope``."""

@@ -188,11 +188,16 @@ def _weight_files(folder: Path) -> list[Path]:
 _MODELS_LOCK = threading.Lock()
 
 
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer files a folder holds (:data:`TOKENIZER_FILES` that exist)."""
+    return [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+
+
 def _folder_identity(folder: Path) -> str:
     """sha256 over config.json, the safetensors weights and the tokenizer's files (by name and
     bytes). Raises: CheckpointError for pickle-only weights, no tokenizer, an unreadable file."""
     weights = _weight_files(folder)
-    tok_files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+    tok_files = tokenizer_files(folder)
     if not tok_files:
         raise CheckpointError(
             f"{folder} has no tokenizer (tokenizer.json); save it beside the model with tokenizer.save_pretrained(folder)"
@@ -423,16 +428,11 @@ def _tokenizer_key(ckpt: CausalLMCheckpoint) -> str:
     the same tokenizer read the same tokens), or of the GGUF file that holds it."""
     if ckpt.gguf_file:
         return ckpt.sha256
-    return files_sha256([ckpt.folder / f for f in TOKENIZER_FILES if (ckpt.folder / f).is_file()])
+    return files_sha256(tokenizer_files(ckpt.folder))
 
 
 #: tokenizers loaded by :func:`load_tokenizer`, per the sha256 of their files
 _LOADED_TOKENIZERS: dict[str, HFTokenizer] = {}
-
-
-def tokenizer_files(folder: Path) -> list[Path]:
-    """The tokenizer files a folder holds (:data:`TOKENIZER_FILES` that exist)."""
-    return [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
 
 
 def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteTokenizer | HFTokenizer:
@@ -455,11 +455,8 @@ def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteT
                 f"{path} is not named tokenizer.json; a tokenizer file is stored and found by that name (in shards "
                 "and checkpoints): rename or copy it to tokenizer.json, or give its folder"
             )
-        key = files_sha256([path])
-        if key not in _LOADED_TOKENIZERS:
-            _LOADED_TOKENIZERS[key] = _hf_tokenizer(path.parent, [path], key, str(ref))
-        return _LOADED_TOKENIZERS[key]
-    if path.is_dir():
+        folder, files = path.parent, [path]
+    elif path.is_dir():
         folder, files = path, tokenizer_files(path)
     elif looks_like_hub_id(str(ref)):
         first = hub_file(str(ref), "tokenizer.json", revision, required=False)  # offline: said at once

@@ -44,7 +44,7 @@ from fireviz.checkpoints.causal_lm import (
 )
 from fireviz.checkpoints.hub import looks_like_hub_id
 from fireviz.core import MAX_JSON_BYTES, FileFormatError, read_json
-from fireviz.data.tokenizers import BYTE_TOKENIZER, files_sha256
+from fireviz.data.tokenizers import BYTE_TOKENIZER, stored_tokenizer_problem
 from fireviz.model import GPT, CheckpointError, GPTConfig, load_checked
 
 #: per identity: the config checked against its weights' header (a meta-device model build)
@@ -157,16 +157,14 @@ def _stored_tokenizer(config: GPTConfig, folder: Path):
     key = record.get("key", "byte") if isinstance(record, dict) else "byte"
     if key == "byte":
         return BYTE_TOKENIZER
-    files = tokenizer_files(folder)
     try:
-        found = files_sha256(files) if files else None
+        problem = stored_tokenizer_problem(tokenizer_files(folder), key)
     except OSError as e:
         raise CheckpointError(f"cannot read the tokenizer of {folder}: {e}") from e
-    if found != key:
+    if problem:
         raise CheckpointError(
             f"{folder} was trained with the tokenizer {record.get('name')!r} (files sha256 {str(key)[:12]}…) but "
-            + ("holds no tokenizer files" if not files else f"its tokenizer files hash to {str(found)[:12]}…")
-            + "; restore the tokenizer files the run copied beside config.json"
+            f"{problem}; restore the tokenizer files the run copied beside config.json"
         )
     return load_tokenizer(folder)
 

@@ -202,6 +202,10 @@ class FileBytes:
         a, b, _ = key.indices(self.size)
         if b <= a:
             return np.zeros(0, dtype=np.uint8)
+        return self._read(a, b)
+
+    def _read(self, a: int, b: int) -> np.ndarray:
+        """Bytes ``a … b − 1`` (0 <= a < b <= size) as a fresh uint8 array."""
         if self.fileobj is not None:
             return np.frombuffer(_pread_all(self.fileobj.fileno(), b - a, self.offset + a), dtype=np.uint8)
         changed = (
@@ -476,14 +480,26 @@ class DocumentTokens:
         return torch.from_numpy(out)
 
 
+def document_sha256(doc: Document) -> bytes:
+    """sha256 (raw 32 bytes) of a document's bytes, read in 1 MiB chunks (a document on disk is
+    never held whole)."""
+    raw, inner = doc.raw_bytes(), hashlib.sha256()
+    for a in range(0, len(raw), _CHUNK):  # the same digest as of the whole bytes, in chunks
+        inner.update(raw[a : a + _CHUNK])  # type: ignore[arg-type]  # an ndarray is a buffer
+    return inner.digest()
+
+
+def fingerprint_entry(doc_id: str, digest: bytes) -> bytes:
+    """What :func:`data_fingerprint` hashes for one document: its id, NUL, the sha256 of its bytes
+    (:func:`document_sha256`). Token shards build the same fingerprint from these entries."""
+    return text_bytes(doc_id) + b"\0" + digest
+
+
 def data_fingerprint(docs: list[Document]) -> str:
     """sha256 over ids and texts in order: identifies exactly which data a number came from."""
     h = hashlib.sha256()
     for d in docs:
-        raw, inner = d.raw_bytes(), hashlib.sha256()
-        for a in range(0, len(raw), _CHUNK):  # the same digest as of the whole bytes, in chunks
-            inner.update(raw[a : a + _CHUNK])  # type: ignore[arg-type]  # an ndarray is a buffer
-        h.update(text_bytes(d.id) + b"\0" + inner.digest())
+        h.update(fingerprint_entry(d.id, document_sha256(d)))
     return h.hexdigest()
 
 

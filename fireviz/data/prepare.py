@@ -25,9 +25,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from fireviz import __version__
-from fireviz.core import FileFormatError, atomic_write, read_json, write_json_atomic
+from fireviz.core import FileFormatError, atomic_write, read_json, sha256_files, write_json_atomic
 from fireviz.core.worker import bare_main
-from fireviz.data.corpus import SPLITS, DataError, Document, is_validation, text_bytes
+from fireviz.data.corpus import SPLITS, DataError, Document, document_sha256, fingerprint_entry, is_validation
 from fireviz.data.shards import (
     FORMAT,
     FORMAT_VERSION,
@@ -38,7 +38,6 @@ from fireviz.data.shards import (
     TOKENIZER_DIR,
     TokenShards,
     chunk_name,
-    file_sha256,
     itemsize_for,
     order_name,
     read_shard_header,
@@ -64,13 +63,6 @@ def tokenizer_record(tokenizer: Any) -> dict:
     }
 
 
-def _digest_doc(doc: Document) -> tuple[int, str]:
-    raw, inner = doc.raw_bytes(), hashlib.sha256()
-    for a in range(0, len(raw), 1 << 20):
-        inner.update(raw[a : a + (1 << 20)])  # type: ignore[arg-type]  # an ndarray is a buffer
-    return len(raw), inner.hexdigest()
-
-
 def _portable(doc: Document) -> Document:
     """``doc`` as it can be sent to a worker process: a document in memory or in a file of its own
     (read there) as it is; one in a load's spool file (an unlinked temp file) as its text."""
@@ -85,7 +77,7 @@ def _chunks(
     (``portable``: documents made sendable to a worker process)."""
     k, batch, rows, size = 0, [], [], 0
     for doc in docs:
-        n, digest = _digest_doc(doc)
+        n, digest = len(doc), document_sha256(doc).hex()
         batch.append(_portable(doc) if portable else doc)
         rows.append([doc.id, int(is_validation(doc.id)), n, digest])
         size += n
@@ -100,7 +92,7 @@ def _rows_sha256(rows) -> str:
     """``data_fingerprint`` of a chunk's documents (sha256 over id, NUL, sha256 of the bytes)."""
     h = hashlib.sha256()
     for doc_id, _, _, digest in rows:
-        h.update(text_bytes(doc_id) + b"\0" + bytes.fromhex(digest))
+        h.update(fingerprint_entry(doc_id, bytes.fromhex(digest)))
     return h.hexdigest()
 
 
@@ -172,7 +164,7 @@ def _done_chunk(out: Path, k: int, source_sha256: str, key: str) -> dict | None:
         p = out / shard_name(split, k)
         try:
             head = read_shard_header(p)
-            ok = head["tokens"] == rec["shards"][split]["tokens"] and file_sha256(p) == rec["shards"][split]["sha256"]
+            ok = head["tokens"] == rec["shards"][split]["tokens"] and sha256_files(p) == rec["shards"][split]["sha256"]
         except (DataError, OSError, KeyError, TypeError):
             ok = False
         if not ok:
@@ -225,11 +217,7 @@ def _start(out: Path, settings: dict, tokenizer) -> None:
         stray.unlink()  # temp files of a killed run (ours)
     if not (out / SETTINGS).is_file():
         write_json_atomic(out / SETTINGS, settings)
-    files = getattr(tokenizer, "files", ())
-    for f in files:
-        dest, data = out / TOKENIZER_DIR / Path(f).name, Path(f).read_bytes()
-        if not dest.is_file() or dest.read_bytes() != data:
-            atomic_write(dest, functools.partial(_write_bytes, data=data))
+    _copy_files(getattr(tokenizer, "files", ()), out / TOKENIZER_DIR)
 
 
 def prepare(
@@ -337,7 +325,7 @@ def _tokenize_all(out: Path, docs, tokenizer, chunk_bytes: int, num_proc: int, p
         disable=not (progress or (progress is None and sys.stderr.isatty())),
     )
     records: dict[int, dict] = {}
-    pool = _pool(num_proc) if num_proc > 1 else None
+    pool = _pool(num_proc, tokenizer) if num_proc > 1 else None
     pending: dict[int, Any] = {}
     try:
         for k, batch, rows, digest in _chunks(docs, chunk_bytes, portable=pool is not None):
@@ -347,7 +335,7 @@ def _tokenize_all(out: Path, docs, tokenizer, chunk_bytes: int, num_proc: int, p
             elif pool is None:
                 records[k] = _summary(write_chunk(out, k, batch, rows, digest, tokenizer))
             else:
-                pending[k] = pool.apply_async(write_chunk, (out, k, batch, rows, digest, tokenizer))
+                pending[k] = pool.apply_async(_write_chunk_in_worker, (out, k, batch, rows, digest))
                 while len(pending) >= 2 * num_proc:  # memory: the chunks in flight, never the corpus
                     first = min(pending)
                     records[first] = _summary(pending.pop(first).get())
@@ -365,26 +353,37 @@ def _tokenize_all(out: Path, docs, tokenizer, chunk_bytes: int, num_proc: int, p
     return [records[k] for k in range(len(records))]
 
 
-def _pool(num_proc: int):
+def _pool(num_proc: int, tokenizer):
     """``num_proc`` spawned worker processes (no fork of a process holding threads: torch,
     tokenizers), started without re-running this process's ``__main__`` (a Streamlit page, a
-    script) in them (``fireviz.core.worker.bare_main``)."""
+    script) in them (``fireviz.core.worker.bare_main``); each receives ``tokenizer`` once."""
     import multiprocessing
 
     with bare_main():
-        return multiprocessing.get_context("spawn").Pool(num_proc, initializer=_die_with_parent)
+        return multiprocessing.get_context("spawn").Pool(num_proc, initializer=_start_worker, initargs=(tokenizer,))
 
 
-def _die_with_parent() -> None:
-    """A worker ends when the process that started it dies (Linux ``PR_SET_PDEATHSIG``): a
-    ``prepare`` killed with SIGKILL leaves no orphans holding memory. Elsewhere: nothing."""
+#: a worker process's tokenizer, given once when it starts (not with every chunk)
+_WORKER_TOKENIZER: Any = None
+
+
+def _start_worker(tokenizer) -> None:
+    """A worker keeps its tokenizer and ends when the process that started it dies (Linux
+    ``PR_SET_PDEATHSIG``): a ``prepare`` killed with SIGKILL leaves no orphans holding memory."""
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer
     try:
         import ctypes
         import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # not Linux: nothing
         pass
+
+
+def _write_chunk_in_worker(out: Path, k: int, docs: list[Document], rows: list[list], source_sha256: str) -> dict:
+    """:func:`write_chunk` with the worker's tokenizer."""
+    return write_chunk(out, k, docs, rows, source_sha256, _WORKER_TOKENIZER)
 
 
 def _summary(record: dict) -> dict:
@@ -410,13 +409,13 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
     source_fp = hashlib.sha256()
     tables = []
     for k in range(n):
-        tables.append(file_sha256(out / chunk_name(k)))
+        tables.append(sha256_files(out / chunk_name(k)))
         table = read_json(out / chunk_name(k), expect=dict)["documents"]
         offsets = {0: 0, 1: 0}
         chunk_ids: dict[int, list[str]] = {0: [], 1: []}
         chunk_rows: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
         for doc_id, s, n_tok, nb, doc_sha256 in table:
-            key = text_bytes(doc_id) + b"\0" + bytes.fromhex(doc_sha256)
+            key = fingerprint_entry(doc_id, bytes.fromhex(doc_sha256))
             fps[s].update(key)
             source_fp.update(key)
             chunk_ids[s].append(str(doc_id))
@@ -434,7 +433,7 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
         order = order[np.argsort(all_ids, kind="stable")] if len(order) else order
         atomic_write(out / order_name(split), functools.partial(_save_npy, array=order))
         splits[split] = {
-            "order_sha256": file_sha256(out / order_name(split)),
+            "order_sha256": sha256_files(out / order_name(split)),
             "documents": len(order),
             "tokens": int(order[:, 2].sum()),
             "bytes": n_bytes[split_index],
@@ -477,13 +476,18 @@ def copy_tokenizer(shards_dir: str | os.PathLike, out: str | os.PathLike) -> lis
     """Copy a shard folder's tokenizer files into ``out`` (a checkpoint stores its tokenizer);
     the files copied (none for ``byte``)."""
     src = Path(shards_dir) / TOKENIZER_DIR
+    return _copy_files(sorted(f for f in src.iterdir() if f.is_file()) if src.is_dir() else [], Path(out))
+
+
+def _copy_files(files, dest_dir: Path) -> list[Path]:
+    """Each file copied by name into ``dest_dir``, atomically; one already there with the same bytes
+    is left as it is (a resumed run on read-only media writes nothing). Returns the copies."""
     copied = []
-    if src.is_dir():
-        for f in sorted(src.iterdir()):
-            if f.is_file():
-                dest = Path(out) / f.name
-                atomic_write(dest, functools.partial(_write_bytes, data=f.read_bytes()))
-                copied.append(dest)
+    for f in files:
+        dest, data = dest_dir / Path(f).name, Path(f).read_bytes()
+        if not dest.is_file() or dest.read_bytes() != data:
+            atomic_write(dest, functools.partial(_write_bytes, data=data))
+        copied.append(dest)
     return copied
 
 

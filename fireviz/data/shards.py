@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fireviz.core import FileFormatError, read_json
+from fireviz.core import FileFormatError, read_json, sha256_files
 from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes
-from fireviz.data.tokenizers import files_sha256
+from fireviz.data.tokenizers import stored_tokenizer_problem
 
 FORMAT = "fireviz-token-shards"
 FORMAT_VERSION = 1
@@ -108,15 +108,6 @@ def read_shard_header(path: Path) -> dict:
     return {"version": version, "itemsize": itemsize, "tokens": n_tokens, "documents": n_docs, "tokenizer": digest}
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file, read in 4 MiB chunks. Raises: OSError."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(4 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class TokenShards:
     """A prepared shard folder, checked once: what training and validation read.
 
@@ -178,10 +169,10 @@ class TokenShards:
         folder = self.path / TOKENIZER_DIR
         files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
         try:
-            found = files_sha256(files) if files else None
+            problem = stored_tokenizer_problem(files, key)
         except OSError as e:
             raise DataError(f"cannot read {folder}: {e}") from e
-        if found != key:
+        if problem:
             raise DataError(
                 f"{folder} {'is missing' if not files else 'does not hold the tokenizer these shards were made with'} "
                 f"(the manifest names {self.tokenizer.get('name')!r}, files sha256 {str(key)[:12]}…); copy the shard "
@@ -196,7 +187,7 @@ class TokenShards:
                 f"{path} was written with another tokenizer than {self.path / MANIFEST} names (a foreign shard); "
                 f"{AGAIN}"
             )
-        if head["tokens"] != rec["tokens"] or (verify and file_sha256(path) != rec["sha256"]):
+        if head["tokens"] != rec["tokens"] or (verify and sha256_files(path) != rec["sha256"]):
             raise DataError(
                 f"{path} does not match {MANIFEST} (its bytes changed since prepare wrote it: corrupt or replaced); "
                 f"{AGAIN}"
@@ -206,7 +197,7 @@ class TokenShards:
         path = self.path / order_name(split)
         want = self.manifest["splits"][split].get("order_sha256")
         try:
-            if verify and want is not None and file_sha256(path) != want:
+            if verify and want is not None and sha256_files(path) != want:
                 raise DataError(f"{path} does not match {MANIFEST} (changed since prepare wrote it); {AGAIN}")
             order = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
@@ -255,12 +246,9 @@ class _ShardBytes(FileBytes):
         self.path, self.fileobj, self.offset, self.size, self.stamp = None, None, 0, int(size), None
         self.shards, self.split, self.chunk, self.start = shards, split, chunk, start
 
-    def __getitem__(self, key: slice) -> np.ndarray:
-        if not isinstance(key, slice) or key.step not in (None, 1):
-            raise TypeError("FileBytes takes step-1 slices only")
-        a, b, _ = key.indices(self.size)
+    def _read(self, a: int, b: int) -> np.ndarray:
         m = self.shards.map(self.split, self.chunk)
-        out = np.asarray(m[self.start + a : self.start + max(a, b)], dtype=np.uint8)
+        out = np.array(m[self.start + a : self.start + b], dtype=np.uint8)
         del m
         return out
 
@@ -282,7 +270,7 @@ def shard_documents(path: str | os.PathLike) -> list[Document]:
     for k in range(len(shards.shards["train"])):
         path = shards.path / chunk_name(k)
         try:
-            if k >= len(tables) or file_sha256(path) != tables[k]:
+            if k >= len(tables) or sha256_files(path) != tables[k]:
                 raise DataError(f"{path} does not match {MANIFEST} (changed since prepare wrote it); {AGAIN}")
             table = read_json(path, expect=dict)["documents"]
         except (FileFormatError, KeyError, TypeError, OSError) as e:

@@ -241,6 +241,18 @@ def files_sha256(paths) -> str:
     return _FILES_SHA256[state]
 
 
+def stored_tokenizer_problem(files, key: str) -> str | None:
+    """What is wrong with a stored copy of a tokenizer (a shard folder's ``tokenizer/``, a
+    checkpoint's files beside config.json) whose identity should be ``key`` (:func:`files_sha256`):
+    ``"holds no tokenizer files"``, ``"its tokenizer files hash to <sha256>…"``, or None when they
+    are the tokenizer. Raises: OSError for a file that cannot be read."""
+    files = list(files)
+    if not files:
+        return "holds no tokenizer files"
+    found = files_sha256(files)
+    return None if found == key else f"its tokenizer files hash to {found[:12]}…"
+
+
 #: special tokens of a tokenizer fireviz trains: BOS, EOS
 TRAINED_SPECIALS = ("<s>", "</s>")
 
@@ -340,5 +352,6 @@ __all__ = [
     "TokenizedDocument",
     "bos_description",
     "files_sha256",
+    "stored_tokenizer_problem",
     "train_bpe",
 ]

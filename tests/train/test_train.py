@@ -45,14 +45,7 @@ def _write_corpus(path: Path, n_docs: int = 60, seed: int = 0) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine run ~10× faster on one intra-op thread; the
-    subprocesses get OMP_NUM_THREADS=1 too, so in- and out-of-process runs match bitwise."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module")

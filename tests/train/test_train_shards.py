@@ -24,18 +24,16 @@ from fireviz.train import load_config, train
 from fireviz.train.config import TrainingError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app_pages import click_and_wait as _click_and_wait  # noqa: E402
+from app_pages import ok as _ok  # noqa: E402
+from app_pages import page as _page  # noqa: E402
 from data.test_shards import write_corpus  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LOSSES = ("loss", "val_loss", "val_loss_4x", "val_loss_random")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module")
@@ -202,29 +200,6 @@ def test_a_bpe_model_goes_through_eval_biases_and_fit_on_the_command_line(bpe, t
     ]
     assert fireviz_main(fit + ["--quiet"]) == 0
     assert (tmp_path / "b.json").is_file() and (tmp_path / "f.json").is_file()
-
-
-def _page(name: str, **params):
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(REPO / ("app.py" if name == "app.py" else f"pages/{name}")), default_timeout=120)
-    for k, v in params.items():
-        at.query_params[k] = v
-    return at.run()
-
-
-def _ok(at):
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def _click_and_wait(at, label: str, done, seconds: float = 120):
-    next(b for b in at.button if b.label == label).click().run()
-    end = time.time() + seconds
-    while not done(at) and time.time() < end:
-        time.sleep(0.5)
-        at.run()
-    return at
 
 
 @pytest.mark.slow

@@ -4,12 +4,14 @@ beside a fireviz checkpoint's, its attention on text, its dilution — with no e
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app_pages import click_and_wait as _click_and_wait  # noqa: E402
+from app_pages import ok as _ok  # noqa: E402
+from app_pages import page as _page  # noqa: E402
 from causal_lm_folders import write_causal_lm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,29 +22,6 @@ pytest.importorskip("transformers")
 def published(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("published_app")
     return {"llama": write_causal_lm(root / "llama", "llama"), "gpt2": write_causal_lm(root / "gpt2", "gpt2")}
-
-
-def _page(name: str, **params):
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(ROOT / "pages" / name), default_timeout=120)
-    for k, v in params.items():
-        at.query_params[k] = v
-    return at.run()
-
-
-def _click_and_wait(at, label: str, done, seconds: float = 120):
-    next(b for b in at.button if b.label == label).click().run()
-    end = time.time() + seconds
-    while not done(at) and time.time() < end:
-        time.sleep(0.5)
-        at.run()
-    return at
-
-
-def _ok(at):
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
 
 
 def test_length_page_draws_a_published_model_beside_a_fireviz_one_on_one_text(app_env, published):
