@@ -485,10 +485,10 @@ def _hf_tokenizer(folder: Path, files: list[Path], key: str, name: str) -> HFTok
     try:
         if any(f.name == "tokenizer_config.json" for f in files):
             hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        else:  # a bare tokenizer.json
+        else:  # a bare tokenizer.json: no config names its BOS, so the one its own template adds
             hf = PreTrainedTokenizerFast(tokenizer_file=str(files[0]))
-        if hf.bos_token is None and files[0].suffix == ".json":  # a bare file: BOS as its own template adds it
-            hf.bos_token = _template_bos(files[0])
+            if hf.bos_token is None:
+                hf.bos_token = _template_bos(files[0])
     except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
         raise CheckpointError(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
     try:
