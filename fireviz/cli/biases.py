@@ -264,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         if tokens is not None and "give a longer text" in str(e):  # say whose tokens, and the option
             return _fail(
-                f"--text {args.text}: {e} (positions count {name}'s own tokens: bytes, or those of the BPE "
-                "tokenizer it was trained with; --dilution-positions sets smaller ones)"
+                f"--text {args.text}: {e} (positions count {name}'s tokens: "
+                + ("bytes" if Checkpoint.resolve(args.checkpoint).tokenizer.key == "byte" else "its BPE tokenizer's")
+                + "; --dilution-positions sets smaller ones)"
             )
         return _fail(str(e))
     try:

@@ -50,7 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(
         f"wrote {args.out}: {summary['vocab_size']:,} tokens learned from {summary['documents']:,} documents "
-        f"({summary['bytes']:,} bytes); {summary['tokens_per_byte']:.3f} tokens per byte on them (the first "
-        f"{min(summary['documents'], TOKENS_PER_BYTE_SAMPLE):,}); <s> (BOS, id 0) and </s> (id 1) are among the tokens"
+        f"({summary['bytes']:,} bytes); {summary['tokens_per_byte']:.3f} tokens per byte on "
+        + (
+            "them"
+            if summary["documents"] <= TOKENS_PER_BYTE_SAMPLE
+            else f"the first {TOKENS_PER_BYTE_SAMPLE:,} of them"
+        )
+        + "; <s> (BOS, id 0) and </s> (id 1) are among the tokens"
     )
     return 0
