@@ -1,5 +1,4 @@
-import sys
-
 from fireviz.cli import main
+from fireviz.core.distributed import exit_process
 
-sys.exit(main())
+exit_process(main())
