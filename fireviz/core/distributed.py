@@ -3,7 +3,7 @@ world size and the two collectives the trainer uses."""
 
 from __future__ import annotations
 
-import logging
+import atexit
 import os
 import sys
 from dataclasses import dataclass
@@ -74,11 +74,12 @@ def exit_process(code: int) -> NoReturn:
     process aborts ("terminate called without an active exception", SIGABRT) after a
     successful run — 18 of 130 two-process CPU trainings of a tiny model here, and torchrun then
     reports the whole run failed. Everything the commands write is closed (atomic writes,
-    ``destroy_process_group`` in training) before this call. Other processes exit normally.
+    ``destroy_process_group`` in training) before this call; the ``atexit`` handlers still run
+    (logging's flush, the figure exporter's browser stop). Other processes exit normally.
     """
     if not _CREATED_GROUP:
         sys.exit(code)
-    logging.shutdown()
+    atexit._run_exitfuncs()  # what a normal exit runs before finalizing; gloo's threads can still take the GIL here
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -68,13 +68,13 @@ def test_a_process_without_a_group_exits_normally_with_its_status(tmp_path):
     assert proc.stdout == "bodyteardown ran\n"
 
 
-def test_a_worker_that_made_a_group_skips_teardown_but_keeps_its_output(tmp_path):
+def test_a_worker_that_made_a_group_runs_its_exit_handlers_and_keeps_its_output(tmp_path):
     script = """
         import atexit, logging, sys
         import fireviz.core.distributed as distributed
 
         distributed._CREATED_GROUP = True  # as init_distributed sets it under torchrun
-        atexit.register(lambda: print("teardown ran"))
+        atexit.register(lambda: print("exit handler ran", end=""))
         logging.basicConfig(stream=sys.stderr, format="%(message)s")
         logging.getLogger("x").warning("logged")
         print("body", end="")
@@ -82,4 +82,4 @@ def test_a_worker_that_made_a_group_skips_teardown_but_keeps_its_output(tmp_path
     """
     proc = _run(script, tmp_path, sys.executable)
     assert proc.returncode == 5
-    assert proc.stdout == "body" and proc.stderr == "logged\n"
+    assert proc.stdout == "bodyexit handler ran" and proc.stderr == "logged\n"
