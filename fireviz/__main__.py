@@ -1,4 +1,3 @@
-from fireviz.cli import main
-from fireviz.core.distributed import exit_process
+from fireviz.cli import run
 
-exit_process(main())
+run()

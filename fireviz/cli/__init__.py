@@ -1,15 +1,17 @@
 """``python -m fireviz <command>`` / ``fireviz <command>``: one entry point, one module per command.
 
-Commands: ``train`` (fireviz.train_cli), ``eval`` (fireviz.eval_cli), ``fit`` (fireviz.fit_cli),
-``biases`` (fireviz.biases_cli), ``tokenizer`` (fireviz.cli.tokenizer), ``prepare`` (fireviz.cli.prepare). Each module exposes ``main(argv) -> int``.
+Commands: ``train``, ``eval``, ``fit``, ``biases``, ``tokenizer``, ``prepare`` — one module each
+under ``fireviz.cli``, exposing ``main(argv) -> int``. Both entry points end in :func:`run`.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from typing import NoReturn
 
 from fireviz import __version__
+from fireviz.core.distributed import exit_process
 
 COMMANDS = {
     "train": ("fireviz.cli.train", "train a GPT with one position encoding (TOML config)"),
@@ -38,3 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
+
+
+def run() -> NoReturn:
+    """The process entry point (``python -m fireviz``, the ``fireviz`` script): :func:`main`, then
+    :func:`fireviz.core.distributed.exit_process` with its code (a ``torchrun`` worker ends
+    without the interpreter's teardown, where gloo's threads could abort it)."""
+    exit_process(main())

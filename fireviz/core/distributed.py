@@ -82,7 +82,8 @@ def exit_process(code: int) -> NoReturn:
     atexit._run_exitfuncs()  # what a normal exit runs before finalizing; gloo's threads can still take the GIL here
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: the process was started with that stream closed
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing left to deliver
             pass
     os._exit(code)

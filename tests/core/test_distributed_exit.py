@@ -10,6 +10,7 @@ two-process trainings of a tiny FIRE model aborted after writing their checkpoin
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -83,3 +84,49 @@ def test_a_worker_that_made_a_group_runs_its_exit_handlers_and_keeps_its_output(
     proc = _run(script, tmp_path, sys.executable)
     assert proc.returncode == 5
     assert proc.stdout == "bodyexit handler ran" and proc.stderr == "logged\n"
+
+
+def test_a_worker_started_with_its_output_closed_still_ends_with_its_status(tmp_path):
+    script = """
+        import sys
+        import fireviz.core.distributed as distributed
+
+        assert sys.stdout is None and sys.stderr is None  # started with both closed
+        distributed._CREATED_GROUP = True
+        distributed.exit_process(4)
+    """
+    path = tmp_path / "closed.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" "{path}" >&- 2>&-'], env=env, timeout=60)
+    assert proc.returncode == 4
+
+
+# Both entry points end in fireviz.cli.run: an object alive at the end is finalized by a normal
+# exit, never by a torchrun worker's.
+ENTRY = """
+    import importlib.metadata, runpy, sys
+    import fireviz.core.distributed as distributed
+
+    class Finalized:
+        def __del__(self):
+            print("finalized", end="")
+
+    keep = Finalized()
+    distributed._CREATED_GROUP = {group}
+    sys.argv = ["fireviz", "--version"]
+    if "{entry}" == "module":
+        runpy.run_module("fireviz", run_name="__main__")
+    else:
+        (script,) = importlib.metadata.entry_points(group="console_scripts", name="fireviz")
+        sys.exit(script.load()())  # what pip's generated `fireviz` script does
+"""
+
+
+@pytest.mark.parametrize("entry", ["module", "script"])
+def test_both_entry_points_end_a_worker_without_teardown(tmp_path, entry):
+    version = f"fireviz {importlib.metadata.version('fireviz')}\n"
+    for group, tail in ((False, "finalized"), (True, "")):
+        proc = _run(ENTRY.format(group=group, entry=entry), tmp_path, sys.executable)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout == version + tail
