@@ -624,13 +624,17 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     if follower:
         return 0
-    print(format_table(results))
-    if args.out:
+    write_error = None
+    if args.out:  # written before anything is printed: a reader that closes the pipe early loses no file
         try:
             write_json_atomic(args.out, results)
         except OSError as e:  # a place that takes no file (/proc, a full disk); the numbers stay cached
-            print(f"fireviz eval: error: cannot write {args.out}: {e}; the results are cached", file=sys.stderr)
-            return 2
+            write_error = e
+    print(format_table(results))
+    if write_error is not None:
+        print(f"fireviz eval: error: cannot write {args.out}: {write_error}; the results are cached", file=sys.stderr)
+        return 2
+    if args.out:
         print(f"wrote {args.out}")
     evaluated = any("error" not in e for r in results for e in r["per_length"])
     if args.figure and evaluated and not _write_figure(results, args.figure):

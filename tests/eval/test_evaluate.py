@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -737,6 +739,21 @@ def test_absolute_embedding_past_training_length(tmp_path, corpus, cache):
 # ---------------------------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------------------------
+def test_cli_writes_its_json_even_when_the_reader_closes_the_pipe(ckpts, corpus, tmp_path, cache, monkeypatch):
+    """A breaker's finding: `fireviz eval … --out r.json | head -1` lost r.json, printed before written."""
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    out = tmp_path / "results.json"
+    argv = [str(ckpts["fire"]), "--data", str(corpus), "--split", "all", "--lengths", "8,16"]
+    with pytest.raises(BrokenPipeError):
+        eval_cli.main(argv + ["--cache-dir", str(cache), "--out", str(out), "--device", "cpu", "--quiet"])
+    assert [r["checkpoint"] for r in json.loads(out.read_text())] == ["fire"]
+
+
 def test_cli_end_to_end(ckpts, corpus, tmp_path, cache, capsys):
     out = tmp_path / "results.json"
     from fireviz.cli import main as cli_main
