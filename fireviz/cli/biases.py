@@ -180,28 +180,32 @@ def _print_report(out: dict, args) -> None:
             print(f"{layer:5d} " + " ".join(f"{m:8.3f}" for m in means))
 
 
-def _text_tokens(args, model, need: int):
-    """The tokens of --text, or an error message (``attention_dilution`` checks that they are
-    enough). A byte-level checkpoint reads its raw bytes (text that is not UTF-8 is measured as it
-    is); one trained on a BPE tokenizer's shards reads the text in that tokenizer
-    (``Checkpoint.tokenizer``). Only the first ``need`` tokens are ever used (BOS and the tokens up to
-    the largest query position), so only the bytes they can cover are read (``need`` bytes; 16 per
-    token for a BPE tokenizer): a huge file, a pipe or /dev/zero costs that, not the file (issue #38)."""
-
+def _text_tokenizer(args, model):
+    """The tokenizer --text is read in, or an error message: a byte-level checkpoint's bytes, or
+    the BPE tokenizer a checkpoint trained on shards stores (``Checkpoint.tokenizer``)."""
     if not isinstance(model, GPT):
         return None, (
             "--text measures attention dilution, which needs the whole model; a published model is read "
             "for its position encoding only"
         )
     try:
-        tokenizer = Checkpoint.resolve(args.checkpoint).tokenizer
+        return Checkpoint.resolve(args.checkpoint).tokenizer, None
     except CheckpointError as e:
         return None, str(e)
+
+
+def _text_tokens(path: str, tokenizer, need: int):
+    """The tokens of the --text file ``path`` in ``tokenizer``, or an error message
+    (``attention_dilution`` checks that they are enough). A byte-level checkpoint reads its raw
+    bytes (text that is not UTF-8 is measured as it is). Only the first ``need`` tokens are ever
+    used (BOS and the tokens up to the largest query position), so only the bytes they can cover
+    are read (``need`` bytes; 16 per token for a BPE tokenizer): a huge file, a pipe or /dev/zero
+    costs that, not the file (issue #38)."""
     try:
-        with open(args.text, "rb") as f:
+        with open(path, "rb") as f:
             raw = f.read(max(need - 1, 0) if tokenizer.key == "byte" else 16 * need)  # BOS is the first token
     except OSError as e:
-        return None, f"cannot read --text {args.text}: {e}"
+        return None, f"cannot read --text {path}: {e}"
     text = raw.decode("utf-8", errors="surrogateescape")
     if tokenizer.key == "byte":
         return text_tokens(text), None
@@ -239,16 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         model = load_model_or_published(args.checkpoint, args.stack, args.revision)
     except CheckpointError as e:  # missing folder, corrupt weights, bad config, a Hub problem: its message
         return _fail(str(e) or type(e).__name__)
-    tokens = None
+    tokens = tokenizer = None
     if args.text is not None:
         d = dilution.resolve(model.config.seq_len)
-        tokens, problem = _text_tokens(args, model, max(d.query_positions or (0,)) + 1)
+        tokenizer, problem = _text_tokenizer(args, model)
+        if tokenizer is not None:
+            tokens, problem = _text_tokens(args.text, tokenizer, max(d.query_positions or (0,)) + 1)
         if problem:
             return _fail(problem)
     try:
         measured = None
         if tokens is not None:  # first: a text too short is refused before the report's work
-            d = dilution.resolve(model.config.seq_len)
             measured = attention_dilution(
                 model,
                 tokens,
@@ -262,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         if measured is not None:
             out["dilution"] = measured
     except ValueError as e:
-        if tokens is not None and "give a longer text" in str(e):  # say whose tokens, and the option
+        if tokenizer is not None and "give a longer text" in str(e):  # say whose tokens, and the option
             return _fail(
                 f"--text {args.text}: {e} (positions count {name}'s tokens: "
-                + ("bytes" if Checkpoint.resolve(args.checkpoint).tokenizer.key == "byte" else "its BPE tokenizer's")
+                + ("bytes" if tokenizer.key == "byte" else "its BPE tokenizer's")
                 + "; --dilution-positions sets smaller ones)"
             )
         return _fail(str(e))
