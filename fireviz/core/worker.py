@@ -121,7 +121,7 @@ def _raised(e: BaseException, text: str) -> tuple:
     return ("raised", pickle.dumps(RuntimeError(said)), text)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the kernel sends this process SIGTERM when its parent dies (``PR_SET_PDEATHSIG``)."""
     try:
         import ctypes
@@ -136,7 +136,7 @@ def _child_main(conn, cancel, threads: int, nice: int) -> None:
     EOF. Anything that goes wrong outside the function (its arguments do not rebuild here, an
     environment that cannot be set) is sent back as its error; the child lives on."""
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     if nice:
         try:
             os.nice(nice)

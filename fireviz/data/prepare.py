@@ -26,7 +26,7 @@ import numpy as np
 
 from fireviz import __version__
 from fireviz.core import FileFormatError, atomic_write, read_json, sha256_files, write_json_atomic
-from fireviz.core.worker import bare_main
+from fireviz.core.worker import bare_main, die_with_parent
 from fireviz.data.corpus import SPLITS, DataError, Document, document_sha256, fingerprint_entry, is_validation
 from fireviz.data.shards import (
     FORMAT,
@@ -372,13 +372,7 @@ def _start_worker(tokenizer) -> None:
     ``PR_SET_PDEATHSIG``): a ``prepare`` killed with SIGKILL leaves no orphans holding memory."""
     global _WORKER_TOKENIZER
     _WORKER_TOKENIZER = tokenizer
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: nothing
-        pass
+    die_with_parent()
 
 
 def _write_chunk_in_worker(out: Path, k: int, docs: list[Document], rows: list[list], source_sha256: str) -> dict:
