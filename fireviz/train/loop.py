@@ -48,7 +48,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -195,11 +195,12 @@ def _ctrl_c_requests():
         if seen:
             raise KeyboardInterrupt
         seen.append(signum)
-        print(
-            "\nfireviz train: Ctrl-C: stopping after this step with its checkpoint (Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        with suppress(OSError):  # a closed stderr (… 2>&1 | head) must not turn this into a crash
+            print(
+                "\nfireviz train: Ctrl-C: stopping after this step with its checkpoint (Ctrl-C again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
@@ -310,7 +311,9 @@ class _Run:
 
     def progress_line(self, rec: dict, start_step: int, t_start: float) -> None:
         """One plain line on stderr at each validation when no progress bar is drawn (output to a
-        file or a pipe): step, training and validation loss (nats/token), throughput, time left."""
+        file or a pipe): step, training and validation loss (nats/token), throughput, time left.
+        Where stderr no longer takes it (a reader that closed the pipe: ``… 2>&1 | head``), the
+        lines stop and the run goes on to its checkpoints."""
         done, total = rec["step"], self.tc.max_steps
         per_step = (time.perf_counter() - t_start) / max(1, done - start_step)
         left = per_step * (total - done)
@@ -319,12 +322,15 @@ class _Run:
             for k, n in zip(("val_loss", "val_loss_4x"), self.eval_lengths, strict=True)
             if self.last.get(k) is not None
         )
-        print(
-            f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f} · {val} "
-            f"(nats/token) · {rec['tokens_per_s'] or 0:,.0f} tokens/s · ~{duration(left)} left",
-            file=sys.stderr,
-            flush=True,
-        )
+        try:
+            print(
+                f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f} · {val} "
+                f"(nats/token) · {rec['tokens_per_s'] or 0:,.0f} tokens/s · ~{duration(left)} left",
+                file=sys.stderr,
+                flush=True,
+            )
+        except OSError:  # BrokenPipeError and the like: progress is not worth the run
+            self.plain_progress = False
 
     def micro_batches(self, step: int) -> list[torch.Tensor]:
         """This process's ``grad_accum`` micro-batches of step ``step``: int64 ``[micro, seq_len + 1]``

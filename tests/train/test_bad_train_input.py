@@ -235,6 +235,26 @@ def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
     assert q.returncode == 0 and "train alibi: step" not in q.stderr
 
 
+def test_a_reader_that_closes_the_pipe_costs_the_progress_lines_not_the_checkpoint(tmp_path):
+    """A new user's finding: `train … 2>&1 | head -1` ended the run at its next progress line with
+    BrokenPipeError, before the final checkpoint (and under torchrun before the first one)."""
+    import subprocess
+    import sys
+
+    cfg = _tiny_run_config(
+        tmp_path,
+        'n_layer = 1\nn_head = 1\nd_model = 8\nseq_len = 16\nposition_encoding = "alibi"\n',
+        "max_steps = 6\nwarmup_steps = 1\nbatch_size = 2\neval_interval = 2\ncheckpoint_interval = 6\neval_batches = 1\n",
+    )
+    cmd = [sys.executable, "-m", "fireviz", "train", "--config", str(cfg), "--out", str(tmp_path / "run")]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert p.stderr is not None
+    p.stderr.close()  # the reader is gone before the first progress line
+    assert p.wait(timeout=300) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["training"]["steps"] == 6
+
+
 def test_ctrl_c_stops_after_a_whole_step_with_its_checkpoint_and_resume_is_exact(tmp_path):
     """Issue #40: Ctrl-C in `fireviz train` printed a traceback and wrote nothing. Now the first one
     ends the run after the step in progress, writes that step's checkpoint, says how to resume and
