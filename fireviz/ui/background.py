@@ -23,6 +23,13 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
     Runs as an ``st.fragment`` re-run every ``poll_s`` seconds while the job is queued or
     running; when it finishes it reruns the whole page, which then draws the result. Call
     it only for an unfinished job.
+
+    The cancel button only asks the job to stop (its panel then says "stopping"); the page is
+    rerun by the poll that finds the job finished, never while the job still runs. A whole-page
+    rerun while the poll's timer is armed can lose the timer in Streamlit (1.67): a poll that
+    arrives just as that run ends starts a new script runner, the finished run's last messages —
+    the timer's re-arming among them — are dropped, and the page stays on its progress bar. A
+    rerun for a finished job draws no panel, so nothing is lost there.
     """
 
     q = jobs.default_queue(queue_name)
@@ -41,11 +48,17 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
                 f"{plain(snap['label'])}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
                 "the page or opening it in another tab finds it here."
             )
-        text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s"
+        stopping = " · stopping (the page shows what it finished once it has)" if job.cancel_requested else ""
+        text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s{stopping}"
         st.progress(snap["fraction"], text=text)
-        if cancel_label and st.button(cancel_label, key=key(page, f"cancel_{job_key}")):
-            q.cancel(job_key)
-            st.rerun(scope="app")
+        if cancel_label:
+            st.button(
+                cancel_label,
+                key=key(page, f"cancel_{job_key}"),
+                on_click=q.cancel,  # before this run draws, so the text above already says "stopping"
+                args=(job_key,),
+                disabled=job.cancel_requested,
+            )
 
     _panel()
 

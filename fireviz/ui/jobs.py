@@ -103,6 +103,11 @@ class Job:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
+    def cancel_requested(self) -> bool:
+        """Whether :meth:`JobQueue.cancel` has asked this job to stop (it may still be running)."""
+        return self._cancel.is_set()
+
+    @property
     def fraction(self) -> float:
         """Progress in [0, 1] (0 while the total is unknown)."""
         return min(1.0, self.done / self.total) if self.total else (1.0 if self.status == DONE else 0.0)

@@ -869,6 +869,27 @@ def test_fit_shared_url_opens_on_the_finished_fit(app_env):
     assert next(m for m in other.metric if m.label == "fit time").value == "cached"
 
 
+def test_fit_stop_asks_the_job_to_stop_and_the_page_then_draws_the_stopped_fit(app_env):
+    """Stop only asks the running fit to stop (the panel says so and its button is disabled); the
+    page draws the stopped fit once the job has finished (the poll's whole-page rerun)."""
+    from fireviz.ui import jobs
+
+    # a stopped fit still measures its best parameters (~2 s here at 1024 tokens, width 256), so the
+    # job is running when the page draws right after the click
+    query = dict(target="alibi", heads="16", max_len="1024", steps="5000", width="256", seed="7")
+    job = jobs.submit_fit("alibi", {}, 1024, 16, 256, 5000, seed=7)
+    at = page("pages/2_Fit_FIRE.py", **query)
+    run_until(at, lambda a: any("step " in p.text for p in a.get("progress")))  # optimising
+    at.button(key=f"fit_cancel_{job.key}").click().run()
+    no_exception(at)
+    assert job.cancel_requested
+    assert job.status == jobs.RUNNING  # still in its step: the panel says it is stopping
+    assert "stopping" in at.get("progress")[0].text
+    assert at.button(key=f"fit_cancel_{job.key}").disabled
+    run_until(at, lambda a: any("Stopped after" in w.value for w in a.warning))
+    assert job.status == jobs.CANCELLED
+
+
 @pytest.mark.slow
 def test_fit_stop_during_the_closed_form_start(app_env):
     from fireviz.ui import jobs
