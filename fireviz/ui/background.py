@@ -48,8 +48,9 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
                 f"{plain(snap['label'])}: queued ({ahead} job(s) ahead). It runs in the background: reloading "
                 "the page or opening it in another tab finds it here."
             )
-        stopping = " · stopping (the page shows what it finished once it has)" if job.cancel_requested else ""
-        text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s{stopping}"
+        stopping = job.cancel_requested  # read once: the text and the button agree
+        said = " · stopping (the page shows what it finished once it has)" if stopping else ""
+        text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s{said}"
         st.progress(snap["fraction"], text=text)
         if cancel_label:
             st.button(
@@ -57,7 +58,7 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
                 key=key(page, f"cancel_{job_key}"),
                 on_click=q.cancel,  # before this run draws, so the text above already says "stopping"
                 args=(job_key,),
-                disabled=job.cancel_requested,
+                disabled=stopping,
             )
 
     _panel()

@@ -253,7 +253,7 @@ class JobQueue:
                 job.message = str(message)
 
         def should_stop() -> bool:
-            return job._cancel.is_set()
+            return job.cancel_requested
 
         try:
             if self._worker is None:
@@ -275,7 +275,7 @@ class JobQueue:
             job.traceback_text = getattr(e, "remote_traceback", None) or traceback.format_exc()
         else:
             job.result = result
-            if job._cancel.is_set():
+            if job.cancel_requested:
                 job.status, job.message = CANCELLED, "cancelled (partial result kept)"
             else:
                 job.status, job.message = DONE, "finished"
