@@ -49,7 +49,7 @@ def job_panel(job_key: str, queue_name: str, page: str, cancel_label: str | None
                 "the page or opening it in another tab finds it here."
             )
         stopping = job.cancel_requested  # read once: the text and the button agree
-        said = " · stopping (the page shows what it finished once it has)" if stopping else ""
+        said = " · stopping: what it finished is shown when it ends" if stopping else ""
         text = f"{plain(snap['label'])}: {plain(snap['message'])} · {snap['elapsed_s']:.0f} s{said}"
         st.progress(snap["fraction"], text=text)
         if cancel_label:
