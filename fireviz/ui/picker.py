@@ -15,24 +15,15 @@ from fireviz.plots.presentation import human_count
 from fireviz.ui.state import EXTRA_KEY, GROUP_KEY, key, plain, url_state
 
 
-@st.cache_resource(ttl=5, show_spinner=False)
-def _scan(root: str) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
-    return ck.scan_checkpoints(root)
-
-
 def checkpoints_root() -> Path:
     """The checkpoints root folder (``FIREVIZ_CHECKPOINTS_DIR`` or ``<repo>/checkpoints``)."""
     return ck.checkpoints_root()
 
 
-@st.cache_resource(ttl=5, show_spinner=False)
-def _groups(root: str) -> dict[str, Path]:
-    return ck.checkpoint_groups(root)
-
-
 def checkpoint_groups() -> dict[str, Path]:
-    """``{group: folder}`` under the root (``ck.checkpoint_groups``; re-scanned every 5 s)."""
-    return _groups(str(checkpoints_root()))
+    """``{group: folder}`` under the root (``ck.checkpoint_groups``: one listing of the root, a
+    few milliseconds, so a new group shows on the next rerun)."""
+    return ck.checkpoint_groups(checkpoints_root())
 
 
 def current_group() -> str:
@@ -49,9 +40,11 @@ def group_root(group: str | None = None) -> Path:
 
 def list_checkpoints(group: str | None = None) -> tuple[list[ck.CheckpointInfo], dict[str, str]]:
     """Checkpoints of ``group`` (default: the one chosen in the sidebar; "" = the root's own),
-    re-scanned at most every 5 s, and ``{folder: problem}`` for folders that could not be read.
+    and ``{folder: problem}`` for folders that could not be read. ``ck.scan_checkpoints`` reads a
+    folder once per process and file state (one ``stat`` per file on a rerun), so a trainer's new
+    checkpoint or a new results file shows on the next rerun with no timer (issue #48).
     Returns ([], {}) if there are none."""
-    return _scan(str(group_root(group)))
+    return ck.scan_checkpoints(group_root(group))
 
 
 def group_label(group: str) -> str:
@@ -153,9 +146,8 @@ def causal_lm(info: ck.CheckpointInfo) -> CausalLMCheckpoint:
     return _causal_lm(info.path)
 
 
-@st.cache_resource(ttl=5, show_spinner=False)
 def _causal_lm(path: str) -> CausalLMCheckpoint:
-    return CausalLMCheckpoint.resolve(path)
+    return CausalLMCheckpoint.resolve(path)  # read once per process and file state
 
 
 def text_tokenizer(info: ck.CheckpointInfo):
@@ -180,9 +172,8 @@ def reads_bytes(info: ck.CheckpointInfo) -> bool:
         return True
 
 
-@st.cache_resource(ttl=5, show_spinner=False)
 def _fireviz_checkpoint(path: str) -> Checkpoint:
-    return Checkpoint.resolve(path)
+    return Checkpoint.resolve(path)  # memoized per file state (its sha256 and checked config)
 
 
 def load_causal_lm(info: ck.CheckpointInfo):
