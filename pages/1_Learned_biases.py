@@ -12,7 +12,7 @@ import streamlit as st
 from fireviz import plots, ui
 from fireviz.analysis import biases as analysis
 from fireviz.analysis import text_attention
-from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents
+from fireviz.data import DOMAINS, DataError, DocumentTokens
 from fireviz.encodings import has_normalizer
 from fireviz.ui import jobs
 
@@ -137,12 +137,12 @@ for col, info in zip(cols, chosen, strict=True):
         if rep["kind"] != "additive":
             fig = plots.bias_grid_figure(rep)
             ui.show_figure(fig, rep.get("note") or caption, P, f"grid_{info.name}")
-            ui.downloads(P, f"{info.name}_kernel", plots.figure_to_csv(fig), plots.figure_data(fig))
+            ui.figure_table_downloads(P, f"{info.name}_kernel", fig)
             continue
         if view == "grid":
             fig = plots.bias_grid_figure(rep, x_axis=grid_x)
             ui.show_figure(fig, caption, P, f"grid_{info.name}")
-            ui.downloads(P, f"{info.name}_bias_grid", plots.figure_to_csv(fig), plots.figure_data(fig))
+            ui.figure_table_downloads(P, f"{info.name}_bias_grid", fig)
             continue
         if layer >= rep["n_layer"] or head >= rep["n_head"]:
             ui.error(
@@ -168,7 +168,7 @@ for col, info in zip(cols, chosen, strict=True):
                 f"sees the curve of query {cap} for distances below {cap}."
             )
         ui.show_figure(fig, caption, P, f"{info.name}_L{layer}H{head}_bias")
-        ui.downloads(P, f"{info.name}_L{layer}H{head}_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
+        ui.figure_table_downloads(P, f"{info.name}_L{layer}H{head}_curves", fig)
         if is_fire:
             fi = plots.fire_input_figure(rep, layer, capped=capped)
             L = (next((lay for lay in rep["layers"] if lay.get("layer") == layer), {}).get("fire") or {}).get(
@@ -186,7 +186,7 @@ for col, info in zip(cols, chosen, strict=True):
                 P,
                 f"fire_input_{info.name}",
             )
-            ui.downloads(P, f"{info.name}_L{layer}_fire_input", plots.figure_to_csv(fi), plots.figure_data(fi))
+            ui.figure_table_downloads(P, f"{info.name}_L{layer}_fire_input", fi)
         hm = plots.bias_heatmap_figure(rep, layer, head, color_limit=clip or None)
         two_sided = (rep.get("published") or {}).get("stack") == "encoder"
         ui.show_figure(
@@ -200,7 +200,7 @@ for col, info in zip(cols, chosen, strict=True):
             P,
             f"heatmap_{info.name}",
         )
-        ui.downloads(P, f"{info.name}_L{layer}H{head}_heatmap", plots.figure_to_csv(hm), plots.figure_data(hm))
+        ui.figure_table_downloads(P, f"{info.name}_L{layer}H{head}_heatmap", hm)
 
 if reports:
     st.subheader("Locality per head")
@@ -222,7 +222,7 @@ if reports:
             "1 = the farthest."
         )
         st.dataframe(table, hide_index=True, key=ui.key(P, "table"))
-        ui.downloads(P, "locality", ui.rows_to_csv(table), {"summary": summary, "heads": table})
+        ui.downloads(P, "locality", lambda table=table: ui.rows_to_csv(table), {"summary": summary, "heads": table})
     else:
         st.caption("No additive bias in the chosen checkpoint(s), so no locality to classify.")
     with st.expander("Full bias report (JSON)"):
@@ -273,9 +273,9 @@ try:
         up = dc2.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "dupload"))
         if up is not None:
             path = ui.save_upload(up.name, up.getvalue())
-            docs, source = load_documents(path), f"upload:{path.parent.name}"
+            docs, source = ui.documents(path), f"upload:{path.parent.name}"
     else:
-        docs, source = split_documents(load_documents(dtext), "validation"), f"{dtext}:validation"
+        docs, source = ui.documents(dtext, "validation"), f"{dtext}:validation"
 except DataError as e:
     ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
 long_docs = [d for d in docs if d.num_tokens >= need]
@@ -360,7 +360,7 @@ elif long_docs:
             P,
             "dilution",
         )
-        ui.downloads(P, "attention_dilution", plots.figure_to_csv(dfig), found)
+        ui.downloads(P, "attention_dilution", lambda dfig=dfig: plots.figure_to_csv(dfig), found)
     elif any(job.status not in jobs.FINISHED for job in running):
         job = next(job for job in running if job.status not in jobs.FINISHED)
         ui.job_panel(job.key, "evaluate", P, cancel_label="Cancel")

@@ -102,7 +102,7 @@ def context_table(ctx: list[dict]) -> None:
             "tokens_scored": st.column_config.NumberColumn("targets scored"),
         },
     )
-    ui.downloads(P, "context_use", ui.rows_to_csv(rows), rows)
+    ui.downloads(P, "context_use", lambda rows=rows: ui.rows_to_csv(rows), rows)
 
 
 def curve_or_note(results: list[dict], figure, sentence: str, name: str) -> None:
@@ -146,7 +146,7 @@ def paired_section(shown: list[dict], caption: str) -> None:
                 P,
                 "paired",
             )
-            ui.downloads(P, "paired_differences", plots.figure_to_csv(pfig), paired)
+            ui.downloads(P, "paired_differences", lambda pfig=pfig: plots.figure_to_csv(pfig), paired)
             st.dataframe(
                 paired,
                 hide_index=True,
@@ -643,7 +643,7 @@ def task_view(clean: list[dict], caption: str, domain: str) -> None:
         P,
         "accuracy",
     )
-    ui.downloads(P, "accuracy_vs_length", plots.figure_to_csv(afig), plots.figure_data(afig))
+    ui.figure_table_downloads(P, "accuracy_vs_length", afig)
     rows = [
         {
             "checkpoint": r.get("label") or r["checkpoint"],
@@ -668,7 +668,7 @@ def task_view(clean: list[dict], caption: str, domain: str) -> None:
         height=ui.table_height(len(rows)),
         column_config={k: three for k in numbers},
     )
-    ui.downloads(P, "task_results", ui.rows_to_csv(rows), rows)
+    ui.downloads(P, "task_results", lambda rows=rows: ui.rows_to_csv(rows), rows)
 
 
 def perplexity_caption(clean: list[dict], caption: str, c: Choices) -> str:
@@ -750,7 +750,7 @@ def loss_by_position_section(clean: list[dict], shown: list[dict], caption: str,
         P,
         "lbp",
     )
-    ui.downloads(P, "loss_by_position", plots.figure_to_csv(lbp), plots.figure_data(lbp))
+    ui.figure_table_downloads(P, "loss_by_position", lbp)
 
 
 def same_text_view(clean: list[dict], caption: str, c: Choices) -> None:
@@ -758,7 +758,7 @@ def same_text_view(clean: list[dict], caption: str, c: Choices) -> None:
     shown = ui.pool_seeds(clean) if c.pool else clean
     fig = plots.perplexity_figure(shown)
     ui.show_figure(fig, perplexity_caption(clean, caption, c), P, "ppl")
-    ui.downloads(P, "perplexity_vs_length", plots.figure_to_csv(fig), shown)
+    ui.downloads(P, "perplexity_vs_length", lambda fig=fig: plots.figure_to_csv(fig), shown)
     perplexity_table_section(shown, c.pool)
     paired_section(shown, caption)
     loss_by_position_section(clean, shown, caption, c.pool)

@@ -62,7 +62,7 @@ if logs:
         P,
         "curves",
     )
-    ui.downloads(P, "training_curves", plots.figure_to_csv(fig), plots.figure_data(fig))
+    ui.figure_table_downloads(P, "training_curves", fig)
     VAL_HELP = (
         "validation during training: the first windows of the validation documents (each document's "
         "start, BOS first, then the next window of each), a fixed set; a document's start has the least "
@@ -118,7 +118,7 @@ if logs:
             P,
             "position_parameters",
         )
-        ui.downloads(P, "position_parameters", plots.figure_to_csv(pfig), plots.figure_data(pfig))
+        ui.figure_table_downloads(P, "position_parameters", pfig)
     for info in chosen:
         with st.expander(f"{ui.plain(info.name)}: training settings and data provenance"):
             st.json(info.training or {"note": "config.json has no 'training' section"}, expanded=False)

@@ -10,7 +10,7 @@ import torch
 
 from fireviz import plots, ui
 from fireviz.analysis import text_attention
-from fireviz.data import DOMAINS, DataError, DocumentTokens, load_documents, split_documents, synthetic
+from fireviz.data import DOMAINS, DataError, DocumentTokens, synthetic
 from fireviz.encodings import encoding_spec
 from fireviz.plots import attention as attention_plots
 
@@ -80,9 +80,9 @@ else:
     try:
         if atext == "upload":
             up = sb.file_uploader("Text or JSONL file", type=ui.UPLOAD_TYPES, key=ui.key(P, "upload"))
-            docs = load_documents(ui.save_upload(up.name, up.getvalue())) if up is not None else []
+            docs = ui.documents(ui.save_upload(up.name, up.getvalue())) if up is not None else []
         else:
-            docs = split_documents(load_documents(atext), "validation")
+            docs = ui.documents(atext, "validation")
     except DataError as e:
         ui.error(f"Cannot read the text: {e}", "Upload UTF-8 text (.txt) or JSONL with a string 'text' field per line.")
         st.stop()
@@ -170,7 +170,7 @@ ui.show_figure(
     P,
     "pattern",
 )
-ui.downloads(P, "attention_pattern", plots.figure_to_csv(fig), show)
+ui.downloads(P, "attention_pattern", lambda fig=fig: plots.figure_to_csv(fig), show)
 if plain.get("bias_share") is None and published:
     st.caption(
         "A published model's attention logits are not split into content and position parts here, so there is "
@@ -210,4 +210,4 @@ st.dataframe(
     key=ui.key(P, "share_table"),
     column_config={k: st.column_config.NumberColumn(format="%.3f") for k in rows[0] if k != "head"},
 )
-ui.downloads(P, "bias_share", ui.rows_to_csv(rows), rows)
+ui.downloads(P, "bias_share", lambda rows=rows: ui.rows_to_csv(rows), rows)

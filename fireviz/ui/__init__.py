@@ -39,8 +39,10 @@ from fireviz.ui.figures import (
     MAX_QUERY_POSITION,
     attention_pattern,
     bias_report,
+    documents,
     downloads,
     figure_downloads,
+    figure_table_downloads,
     normalizer_cap_input,
     show_figure,
 )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import streamlit as st
 
@@ -12,6 +14,7 @@ from fireviz.analysis import biases as analysis
 from fireviz.analysis import text_attention
 from fireviz.checkpoints import catalog as ck
 from fireviz.checkpoints import hub
+from fireviz.data import DATA_DIR, DOMAINS, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
 from fireviz.ui.picker import _load_causal_lm, _load_model, causal_lm, checkpoint_sha256
@@ -62,19 +65,26 @@ def figure_downloads(fig, page: str, name: str) -> None:
 def downloads(
     page: str,
     name: str,
-    csv_text: str | None = None,
+    csv_text: str | Callable[[], str] | None = None,
     json_obj: Any = None,
     extra: dict[str, tuple[bytes, str]] | None = None,
     where=None,
 ) -> None:
     """Download buttons in one row: ``<name>.csv`` (``csv_text``), ``<name>.json`` (``json_obj``),
-    and ``extra`` files ``{file name: (bytes, mime)}``."""
+    and ``extra`` files ``{file name: (bytes, mime)}``.
+
+    ``csv_text`` and ``json_obj`` may be zero-argument callables returning the text or the object:
+    they run only when the button is clicked (Streamlit's deferred download), so a page does not
+    serialize what nobody downloads (issue #48: a bias grid's CSV and JSON cost 9.5 of a page's 17 s).
+    A callable must only read what it closes over."""
     where = where or st
-    items = []
+    items: list[tuple[str, Any, str]] = []
     if csv_text is not None:
-        items.append((f"{name}.csv", csv_text.encode("utf-8"), "text/csv"))
+        make_csv = csv_text if callable(csv_text) else (lambda text=csv_text: text)
+        items.append((f"{name}.csv", lambda: make_csv().encode("utf-8"), "text/csv"))
     if json_obj is not None:
-        items.append((f"{name}.json", to_json(json_obj).encode("utf-8"), "application/json"))
+        make_obj = json_obj if callable(json_obj) else (lambda obj=json_obj: obj)
+        items.append((f"{name}.json", lambda: to_json(make_obj()).encode("utf-8"), "application/json"))
     for fname, (data, mime) in (extra or {}).items():
         items.append((fname, data, mime))
     if not items:
@@ -94,6 +104,12 @@ def downloads(
         )
 
 
+def figure_table_downloads(page: str, name: str, fig) -> None:
+    """:func:`downloads` of a figure's numbers: ``<name>.csv`` (``plots.figure_to_csv``) and
+    ``<name>.json`` (``plots.figure_data``), both made only when clicked."""
+    downloads(page, name, lambda: plots.figure_to_csv(fig), lambda: plots.figure_data(fig))
+
+
 def normalizer_cap_input(
     page: str, chosen: Sequence[ck.CheckpointInfo], label: str, help: str
 ) -> tuple[list[ck.CheckpointInfo], int]:
@@ -106,6 +122,27 @@ def normalizer_cap_input(
     return fires, int(
         st.sidebar.number_input(label, 0, 1 << 20, key=url_state(page, "cap", 0, int, lo=0, hi=1 << 20), help=help)
     )
+
+
+@st.cache_resource(max_entries=8, show_spinner="Reading the text…")
+def _documents(source: str, split: str | None, state: tuple) -> list:
+    # state: the file's (size, mtime_ns, inode), so an edited or replaced file is read again
+    docs = load_documents(source)
+    return split_documents(docs, split) if split else docs
+
+
+def documents(source: str | os.PathLike, split: str | None = None) -> list:
+    """``load_documents(source)`` (then ``split_documents(…, split)`` when ``split`` is given), read
+    once per process and file state and shared by every session: a bundled domain's validation
+    text costs ~1–2 s to decompress, which every rerun of the dilution and attention pages paid
+    (issue #48). The list is shared: do not modify it. Raises: DataError as ``load_documents``."""
+    path = DATA_DIR / f"{source}.jsonl.xz" if isinstance(source, str) and source in DOMAINS else Path(source)
+    try:
+        st_ = path.stat()
+        state: tuple = (st_.st_size, st_.st_mtime_ns, st_.st_ino)
+    except OSError:
+        state = ()  # load_documents says what is wrong with it
+    return _documents(str(source), split, state)
 
 
 #: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
