@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Iterable, Sequence, cast
 
 import streamlit as st
 
 from fireviz.encodings import FitParam
+
+#: Streamlit's log messages that say nothing wrong in fireviz, by logger: the job panel's poll that
+#: arrives after the page has redrawn without it (its fragment is gone: dropped, by design — see
+#: ``fireviz.ui.background.job_panel``), and ``st.cache_data`` decorated in the job worker process,
+#: which has no Streamlit runtime. They filled the server log of a new user's `make app` (issue #48).
+QUIET_LOG_MESSAGES = {
+    "streamlit.runtime.app_session": "does not exist anymore",
+    "streamlit.runtime.caching.cache_data_api": "No runtime found",
+}
+
+
+class _DropKnown(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in str(record.msg)
+
+
+for _name, _text in QUIET_LOG_MESSAGES.items():
+    if not any(isinstance(f, _DropKnown) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(_DropKnown(_text))
 
 #: session_state key of the checkpoints added by path or Hub id (shared by all pages).
 EXTRA_KEY = "fireviz_extra_checkpoints"
