@@ -235,6 +235,31 @@ def download_causal_lm(repo_id: str, revision: str | None = None) -> Path:
     return folder
 
 
+def _path_state(path: Path) -> tuple | None:
+    """``(name, size, mtime_ns, inode)`` of a file, or of every file in a folder (links followed),
+    sorted; None when ``path`` does not exist (a Hub id: resolved from its cache every time)."""
+    try:
+        if not path.is_dir():
+            st = path.stat()
+            return ((path.name, st.st_size, st.st_mtime_ns, st.st_ino),)
+        out = []
+        with os.scandir(path) as entries:
+            for e in entries:
+                if e.is_file():
+                    st = e.stat()
+                    out.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
+        return tuple(sorted(out))
+    except OSError:
+        return None
+
+
+#: ref → (its files' state, the CausalLMCheckpoint resolved from them): a GGUF header and a
+#: published folder's sha256 are read once per process and file state (issue #48: the header was
+#: read twice per page run, and every 5 s by the app's short-lived cache)
+_RESOLVED: dict[str, tuple[tuple, CausalLMCheckpoint]] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
 @dataclass(frozen=True, eq=False)
 class CausalLMCheckpoint:
     """A published causal LM in a local folder written by ``transformers``, resolved once.
@@ -268,6 +293,21 @@ class CausalLMCheckpoint:
           folder, pickle-only weights, no tokenizer, a config without a maximum length."""
         if isinstance(ref, CausalLMCheckpoint):
             return ref
+        local = Path(ref).expanduser()
+        state = _path_state(local)
+        with _RESOLVED_LOCK:
+            known = _RESOLVED.get(str(ref))
+        if state is not None and known is not None and known[0] == state:
+            return known[1]  # frozen: shared safely
+        ckpt = cls._resolve(ref)
+        if state is not None:
+            with _RESOLVED_LOCK:
+                _RESOLVED[str(ref)] = (state, ckpt)
+        return ckpt
+
+    @classmethod
+    def _resolve(cls, ref: str | os.PathLike) -> CausalLMCheckpoint:
+        """:meth:`resolve`, from the files. Raises: CheckpointError."""
         if is_gguf_file(ref):
             return cls._resolve_gguf(Path(ref).expanduser(), str(ref))
         folder = Path(ref).expanduser()
@@ -336,17 +376,19 @@ class CausalLMCheckpoint:
             raise CheckpointError(f"cannot read {self.name} ({self.folder}): {e}") from e
         if changed:
             raise CheckpointError(f"{self.name} changed since it was opened ({self.folder}); open it again")
-        gguf = {"gguf_file": self.gguf_file} if self.gguf_file else {"use_safetensors": True}
+        source: Path = self.folder
+        gguf: dict = {"use_safetensors": True}
         try:
-            config = AutoConfig.from_pretrained(
-                self.folder, local_files_only=True, **({"gguf_file": self.gguf_file} if self.gguf_file else {})
-            )
+            if self.gguf_file:  # de-quantised once per file: later loads read the cached safetensors folder
+                cached = _dequantised_gguf(self)
+                source, gguf = (cached, gguf) if cached is not None else (self.folder, {"gguf_file": self.gguf_file})
+            config = AutoConfig.from_pretrained(source, local_files_only=True, **_config_kwargs(gguf))
             extra = {}
             if rope_scaling is not None:
                 extra = scale_rope(config, self.config, rope_scaling, length or self.config.seq_len)
             with _MODELS_LOCK:
                 loaded: Any = AutoModelForCausalLM.from_pretrained(
-                    self.folder,
+                    source,
                     config=config,
                     dtype=torch.float32,
                     local_files_only=True,
@@ -365,6 +407,58 @@ class CausalLMCheckpoint:
             _check_scaled(model, self.config, extra["rope_scaling"]["rope_type"])
         module: nn.Module = model
         return CausalLMModule(module.to(device).eval(), extra, self.config)
+
+
+def _config_kwargs(load_kwargs: dict) -> dict:
+    """The ``AutoConfig.from_pretrained`` keywords of a model load's ``load_kwargs`` (``gguf_file`` only)."""
+    return {"gguf_file": load_kwargs["gguf_file"]} if "gguf_file" in load_kwargs else {}
+
+
+def gguf_cache_dir() -> Path:
+    """``$FIREVIZ_CACHE_DIR/gguf`` if set, else ``~/.cache/fireviz/gguf``: GGUF files de-quantised to
+    float32 safetensors folders, one per file sha256. A trusted folder, like the evaluation cache:
+    delete it to make fireviz de-quantise again."""
+    env = os.environ.get("FIREVIZ_CACHE_DIR")
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "fireviz") / "gguf"
+
+
+def _dequantised_gguf(ckpt: CausalLMCheckpoint) -> Path | None:
+    """The float32 safetensors folder (written by ``save_pretrained``) of the GGUF file of ``ckpt``,
+    keyed by its sha256: built on the first load (transformers de-quantises the file once, ~4 min
+    for a 135M-parameter Q4 file on 2 cores; issue #48), read directly afterwards. None when the
+    cache cannot be written (a read-only home): the caller then loads the GGUF file itself.
+    Written into a temporary folder and renamed, so a killed process leaves no half folder."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    folder = gguf_cache_dir() / ckpt.sha256
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    except OSError:
+        return None
+    try:
+        with _MODELS_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(
+                ckpt.folder, gguf_file=ckpt.gguf_file, dtype=torch.float32, local_files_only=True
+            )
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+        del model
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process built it meanwhile: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 _TOKENIZERS: dict[str, HFTokenizer] = {}

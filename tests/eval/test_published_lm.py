@@ -397,6 +397,33 @@ def test_a_gguf_file_scores_as_the_model_it_was_converted_from(folders, tmp_path
     np.testing.assert_allclose(a["nats"], b["nats"], rtol=1e-6)
 
 
+def test_a_gguf_file_is_dequantised_once_and_then_read_from_the_cache(folders, tmp_path, monkeypatch):
+    """Issue #48: a GGUF file was de-quantised by transformers on every load (minutes for a 135M Q4
+    file). The first load writes a float32 safetensors folder keyed by the file's sha256; a later
+    load reads it without touching the GGUF reader, and gives the same logits."""
+    import torch
+    from causal_lm_folders import write_gguf
+
+    from fireviz.checkpoints.causal_lm import gguf_cache_dir
+
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = write_gguf(tmp_path / "tiny-llama.gguf", folders["llama"])
+    ckpt = resolve_any(gguf)
+    ids = torch.arange(3, 40).reshape(1, -1)
+    first = ckpt.load()(ids)
+    cached = gguf_cache_dir() / ckpt.sha256
+    assert (cached / "model.safetensors").is_file() and (cached / "config.json").is_file()
+    assert not [p for p in cached.parent.iterdir() if p.name.startswith(".building-")]  # no half folder left
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    def no_gguf(*a, **k):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", no_gguf)
+    torch.testing.assert_close(resolve_any(gguf).load()(ids), first, rtol=0, atol=0)
+
+
 def test_text_that_is_not_utf8_or_names_special_tokens_is_scored_as_text(folders, tmp_path):
     """Bytes that are not UTF-8 reach the model as U+FFFD and count as the bytes they are; a
     literal "<s>" (LaTeX has them) is text, never a BOS in mid-document."""
