@@ -507,16 +507,6 @@ def evaluate(
     cache = cache or EvalCache()
     d = init_distributed(settings.device.type)  # torchrun: the batches are split across the processes
     cache_root, loaded, ref = _prepare(checkpoints, settings, cache, reference, load=True)
-    for plan in {id(c.plan): c.plan for c in loaded if c.plan is not None}.values():
-        plan.windows.update(
-            memory_refusals(
-                plan.windows,
-                [c.config for c in loaded if c.plan is plan],
-                settings.device,
-                settings.batch_tokens,
-                plan.read_tokens,
-            )
-        )
     setup_seconds = time.perf_counter() - t_start  # loading checkpoints + data, planning windows
     total = sum(_plan_of(c).work(n, w) for c in loaded for n, w in _plan_of(c).windows.items() if isinstance(w, list))
     prog = Progress(total, progress, should_stop)
@@ -539,7 +529,7 @@ def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: i
     Returns ``(cache_root, checkpoints, reference index)``."""
     ckpts = _checkpoints(checkpoints)
     cache_root = cache.checked_root(write=load)
-    items = _load_checkpoints(ckpts, settings) if load else _describe_checkpoints(ckpts, settings)
+    items = _describe_checkpoints(ckpts, settings)
     ref = _reference(items, reference)
     if all(c.tokenizer is BYTE_TOKENIZER for c in ckpts) and settings.bos_mode is None:
         plan = plan_text(settings)
@@ -550,6 +540,24 @@ def _prepare(checkpoints, settings: EvalSettings, cache: EvalCache, reference: i
         plans = plan_tokenized(settings, tokenizers)
         for c, tok in zip(items, tokenizers, strict=True):
             c.plan = plans[tok.key]
+    if not load:
+        return cache_root, items, ref
+    # memory before the weights are read: a length that cannot fit is refused at once, not after
+    # minutes of loading (issue #48: 258 s for a published model), and a checkpoint with no length
+    # left to score is not loaded at all
+    for plan in {id(c.plan): c.plan for c in items if c.plan is not None}.values():
+        plan.windows.update(
+            memory_refusals(
+                plan.windows,
+                [c.config for c in items if c.plan is plan],
+                settings.device,
+                settings.batch_tokens,
+                plan.read_tokens,
+            )
+        )
+    scored = [c for c in items if any(not isinstance(w, str) for w in _plan_of(c).windows.values())]
+    for c, model in zip(scored, _load_checkpoints([c.ckpt for c in scored], settings), strict=True):
+        c.model, c.cap = model.model, model.cap
     return cache_root, items, ref
 
 

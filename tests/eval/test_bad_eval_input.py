@@ -95,6 +95,30 @@ def test_a_length_that_cannot_fit_in_memory_is_refused_before_work(root, tmp_pat
     assert not calls  # nothing was scored
 
 
+def test_a_checkpoint_whose_every_length_is_refused_is_not_loaded(root, tmp_path, monkeypatch):
+    """Issue #48: a published model's length that could not fit was refused only after 258 s of
+    loading its weights. Memory is checked before any weights are read; a checkpoint with no length
+    left to score is never loaded (one that has one still is)."""
+    from fireviz.checkpoints import Checkpoint
+    from fireviz.model import memory
+
+    cfg = GPT.from_pretrained(str(root / "good")).config
+    monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": memory.forward_bytes(cfg, 1, 16) + 1)
+    loads = []
+    real_load = Checkpoint.load
+    monkeypatch.setattr(Checkpoint, "load", lambda self, *a, **k: loads.append(self.name) or real_load(self, *a, **k))
+    text = tmp_path / "long.jsonl"
+    text.write_text(json.dumps({"id": "a", "text": "x" * 5000}) + "\n")
+    (r,) = evaluate.evaluate_many(
+        [str(root / "good")], str(text), [4096], split="all", use_cache=False, batch_tokens=16
+    )
+    assert "needs about" in r["per_length"][0]["error"] and loads == []
+    (r,) = evaluate.evaluate_many(
+        [str(root / "good")], str(text), [8, 4096], split="all", use_cache=False, batch_tokens=16
+    )
+    assert "bits_per_byte" in r["per_length"][0] and "needs about" in r["per_length"][1]["error"] and loads == ["good"]
+
+
 # -- progress for every long call -------------------------------------------------------------------
 def test_eval_counts_documents_too_short_and_takes_lone_surrogates(root, tmp_path):
     p = tmp_path / "d.jsonl"
