@@ -79,6 +79,10 @@ from fireviz.train.step import evaluate_windows, position_parameters, training_s
 # kept importable from here: the optimizer the loop steps (benchmarks/train_throughput.py)
 
 
+#: Longest gap between two plain progress lines (seconds) when no progress bar is drawn
+PROGRESS_EVERY_S = 60.0
+
+
 def train(
     model_config: GPTConfig | None,
     train_config: TrainConfig | None,
@@ -228,9 +232,12 @@ class _Run:
     out: Path
     provenance: dict  # config.json['training']
     log: TextIO | None  # the open train log (rank 0), else None
-    # a plain line per validation on stderr: rank 0 when no bar is drawn because stderr is not a
-    # terminal (a run logged to a file showed nothing for an hour); not with --no-progress
+    # plain progress lines on stderr (the first step, every validation, at least every
+    # PROGRESS_EVERY_S): rank 0 when no bar is drawn because stderr is not a terminal (a run logged
+    # to a file showed nothing for an hour); not with --no-progress
     plain_progress: bool = False
+    #: when the last plain progress line was printed (perf_counter seconds)
+    _last_line: float = 0.0
     last: dict = field(
         default_factory=lambda: dict.fromkeys(("loss", "val_loss", "val_loss_4x", "val_loss_random", "val_step"))
     )
@@ -290,12 +297,17 @@ class _Run:
                 "tokens_per_s": self.tokens_per_step / dt if dt > 0 else None,
             }
             self.last["loss"] = loss
-            if (tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps:
+            validated = bool((tc.eval_interval and done % tc.eval_interval == 0) or done == tc.max_steps)
+            if validated:
                 self.validate(done, rec)
-                if self.plain_progress:
-                    self.progress_line(rec, start_step, t_start)
             else:
                 self.write_log(rec)
+            # a plain line at the first step, at every validation and at least every
+            # PROGRESS_EVERY_S between them (issue #48: the first line came at step 250, ~19 min in)
+            if self.plain_progress and (
+                validated or done == start_step + 1 or time.perf_counter() - self._last_line >= PROGRESS_EVERY_S
+            ):
+                self.progress_line(rec, start_step, t_start)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
             saved = (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step
@@ -310,8 +322,8 @@ class _Run:
                 raise TrainingInterrupted(done, self.out, checkpointed=True)
 
     def progress_line(self, rec: dict, start_step: int, t_start: float) -> None:
-        """One plain line on stderr at each validation when no progress bar is drawn (output to a
-        file or a pipe): step, training and validation loss (nats/token), throughput, time left.
+        """One plain progress line on stderr when no progress bar is drawn (output to a file or a
+        pipe): step, training and last validation loss (nats/token), throughput, time left.
         Where stderr no longer takes it (a reader that closed the pipe: ``… 2>&1 | head``), the
         lines stop and the run goes on to its checkpoints."""
         done, total = rec["step"], self.tc.max_steps
@@ -322,10 +334,12 @@ class _Run:
             for k, n in zip(("val_loss", "val_loss_4x"), self.eval_lengths, strict=True)
             if self.last.get(k) is not None
         )
+        self._last_line = time.perf_counter()
         try:
             print(
-                f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f} · {val} "
-                f"(nats/token) · {rec['tokens_per_s'] or 0:,.0f} tokens/s · ~{duration(left)} left",
+                f"train {self.mc.position_encoding}: step {done:,}/{total:,} · loss {rec['loss']:.4f}"
+                + (f" · {val}" if val else "")
+                + f" (nats/token) · {rec['tokens_per_s'] or 0:,.0f} tokens/s · ~{duration(left)} left",
                 file=sys.stderr,
                 flush=True,
             )

@@ -211,7 +211,8 @@ def test_a_live_run_before_its_first_checkpoint_is_never_called_stopped(tmp_path
 
 def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
     """Issue #40 (a new user): `train … > log 2>&1` wrote nothing until the end (the bar is off when
-    stderr is not a terminal). One plain line per validation now says the step, the losses in
+    stderr is not a terminal). A plain line at the first step (issue #48: the first one came at the
+    first validation, 19 minutes in) and one per validation now say the step, the losses in
     nats/token, the throughput and the time left; --no-progress still prints none."""
     import subprocess
     import sys
@@ -225,10 +226,12 @@ def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
     p = subprocess.run(cmd + ["--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in p.stderr.splitlines() if line.startswith("train alibi: step")]
     assert p.returncode == 0 and [line.split(" · ")[0] for line in lines] == [
+        "train alibi: step 1/4",
         "train alibi: step 2/4",
         "train alibi: step 4/4",
     ], p.stderr
-    assert "val " in lines[0] and "@ 16" in lines[0] and "nats/token" in lines[0] and "left" in lines[0]
+    assert "val " not in lines[0] and "loss " in lines[0] and "left" in lines[0]  # no validation yet
+    assert "val " in lines[1] and "@ 16" in lines[1] and "nats/token" in lines[1] and "left" in lines[1]
     q = subprocess.run(
         cmd + ["--out", str(tmp_path / "b"), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
