@@ -277,6 +277,15 @@ def format_table(results: Sequence[EvalResult]) -> str:
         + " by evaluation length in tokens",
         lambda e: "error" if "error" in e else f"{e['bits_per_byte']:.3f}" + _ci_text(e.get("ci95")),
     )
+    if not task and any("perplexity" in e for r in results for e in r["per_length"]):
+        out += _per_checkpoint(
+            results,
+            lengths,
+            "perplexity per token (exp of nats per token; each checkpoint's own tokens, so compare it only "
+            "between checkpoints of one tokenizer: bits per byte above is the common unit)",
+            lambda e: f"{e['perplexity']:.3f}",
+            keep=lambda e: "perplexity" in e,
+        )
     if any("accuracy" in e for r in results for e in r["per_length"]):
         out += _per_checkpoint(
             results,
@@ -305,7 +314,33 @@ def format_table(results: Sequence[EvalResult]) -> str:
             keep=lambda e: "paired_delta_bpb" in e,
             names=names,
         )
+        out += _unit_notes(results, paired, reference)
     return "\n".join(out + _errors(results))
+
+
+def _unit_notes(results: Sequence[EvalResult], paired: Sequence[EvalResult], reference) -> list[str]:
+    """A line per paired checkpoint that counts its lengths in other units than the reference (a
+    BPE model's tokens against a byte model's bytes): the pair scores the same bytes, but at one
+    "length" the two read contexts of different byte lengths (issue #48)."""
+    if reference is None or not _shared_text(results):
+        return []
+
+    def bytes_per_token(r: EvalResult) -> float | None:
+        tpb = [e["tokens_per_byte"] for e in r["per_length"] if e.get("tokens_per_byte")]
+        return 1 / (sum(tpb) / len(tpb)) if tpb else None
+
+    ref_bpt = bytes_per_token(reference)
+    out = []
+    for r in paired:
+        bpt = bytes_per_token(r)
+        if bpt is None or ref_bpt is None or abs(bpt / ref_bpt - 1) < 0.05:
+            continue
+        out.append(
+            f"(note: lengths are each checkpoint's own tokens — {r['checkpoint']} reads ≈{bpt:.2f} bytes per "
+            f"token, {reference['checkpoint']} ≈{ref_bpt:.2f}: at one length their contexts differ "
+            f"≈{bpt / ref_bpt:.1f}× in bytes, so its paired row compares the same text scored with different contexts)"
+        )
+    return out
 
 
 def _errors(results: Sequence[EvalResult]) -> list[str]:
@@ -387,7 +422,9 @@ def _add_text_arguments(p: argparse.ArgumentParser) -> None:
         "--token-budget",
         type=_parse_budget,
         default="auto",
-        help=f"target tokens per length; default: every qualifying document for same_text, "
+        help=f"target tokens per length, a lower bound: whole documents (same_text) or whole windows are "
+        "drawn until it is reached, so slightly more are scored; intervals need at least 10 documents, so "
+        "give at least 10 × the length; default: every qualifying document for same_text, "
         f"{DEFAULT_TOKEN_BUDGET} for the random-window modes; 0 = every window",
     )
     p.add_argument(
@@ -482,7 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints",
         nargs="+",
         metavar="CKPT",
-        help="checkpoints: folder paths, bundled names (fire, copy/fire) or Hugging Face repo ids; the first is the paired reference unless --reference says otherwise",
+        help="checkpoints: folder paths, bundled names (fire, copy/fire), a published causal LM (a folder "
+        "transformers wrote, or a llama.cpp .gguf file: de-quantised once into $FIREVIZ_CACHE_DIR/gguf) or Hugging "
+        "Face repo ids; the first is the paired reference unless --reference says otherwise",
     )
     _add_text_arguments(p)
     _add_model_arguments(p)
