@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import torch  # noqa: E402
 
 from fireviz.checkpoints import Checkpoint, read_checkpoint, read_train_log  # noqa: E402
-from fireviz.core import atomic_write, sha256_files, write_json_atomic  # noqa: E402
+from fireviz.core import atomic_write_text, sha256_files, write_json_atomic  # noqa: E402
 from fireviz.data.corpus import DATA_DIR  # noqa: E402
 
 #: the encodings of the comparison, in table order; every model is paired against REFERENCE
@@ -384,8 +384,9 @@ def train_all(out: Path, state: dict, sizes: Sizes, shards: Path, budget: Budget
     """Stage 6: each model trained to ``steps`` (resumed where an earlier call stopped) and stored
     in float16. The training stage ends at its share of the budget (each model's slot is its share
     of what is left, by its measured step time). Returns whether every model is trained."""
-    from fireviz.train import train
     from ship_checkpoint import ship
+
+    from fireviz.train import train
 
     steps = state["steps"]
     stage_end = time.monotonic() + max(0.0, budget.left() - sizes.pack_reserve_s) * sizes.train_share / 0.95
@@ -591,7 +592,7 @@ def write_report(out: Path, state: dict, sizes: Sizes) -> None:
             continue
         rows = [r for unit in units.values() for r in unit if r["checkpoint"] == enc]
         write_json_atomic(ck / enc / "results.json", rows)
-        atomic_write(ck / enc / "README.md", lambda p, t=card(out, state, enc, units, gpu): Path(p).write_text(t))
+        atomic_write_text(ck / enc / "README.md", card(out, state, enc, units, gpu))
     if not ck.is_dir():
         return
     lines = [
@@ -603,7 +604,7 @@ def write_report(out: Path, state: dict, sizes: Sizes) -> None:
         "",
         *results_lines(units),
     ]
-    atomic_write(ck / "RESULTS.md", lambda p: Path(p).write_text("\n".join(lines) + "\n"))
+    atomic_write_text(ck / "RESULTS.md", "\n".join(lines) + "\n")
     write_json_atomic(ck / STATE, state)
 
 
@@ -689,6 +690,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out)
     state = load_state(out, sizes, args.dry_run, args.seed)
+    if state["complete"]:
+        print(f"{out} holds a complete suite; its pack is {out / 'pack'} (nothing to do)")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     total = sum(weight_bytes(sizes, enc) for enc in ENCODINGS)
     if total > MAX_WEIGHT_BYTES:
