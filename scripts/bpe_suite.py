@@ -82,8 +82,7 @@ class Sizes:
     Lengths in tokens of the suite's tokenizer. ``corpus_documents``: the first N documents of
     each domain (None: all). ``eval_token_budget`` / ``context_token_budget``: None scores every
     validation document long enough (the published protocol); a number caps it (toy runs only).
-    ``train_share``: the part of the time left after the probe that training gets (the rest:
-    evaluation, the report and the pack). ``min_steps``: below this the suite refuses to train
+    ``min_steps``: below this the suite refuses to train
     (the budget is too small to say anything)."""
 
     vocab_size: int
@@ -103,7 +102,6 @@ class Sizes:
     max_steps: int | None = None  # toy sizes: the steps whatever the budget allows
     eval_token_budget: int | None = None
     context_token_budget: int | None = None
-    train_share: float = 0.62
     min_steps: int = 50
     device: str = "cuda"
     num_proc: int = 16
@@ -142,7 +140,6 @@ TOY = Sizes(
     max_steps=8,
     eval_token_budget=1536,  # three documents' first 512 tokens
     context_token_budget=256,  # two documents' last 128 tokens
-    train_share=0.6,
     min_steps=4,
     device="cpu",
     num_proc=1,
@@ -310,7 +307,7 @@ def recipe(sizes: Sizes, shards: Path, encoding: str, steps: int, seed: int):
         "warmup_steps": max(1, steps // 20),
         "weight_decay": 0.1,
         "seed": seed,
-        "eval_interval": max(1, steps // 8),
+        "eval_interval": max(1, steps // 4),
         "eval_batches": 1,
         "checkpoint_interval": max(1, steps // 4),
         "device": sizes.device,
@@ -353,14 +350,14 @@ def probe(out: Path, state: dict, sizes: Sizes, shards: Path, budget: Budget) ->
         say(budget, f"probe {enc}: {state['step_seconds'][enc] * 1000:.1f} ms per step")
 
 
-def size_steps(out: Path, state: dict, sizes: Sizes, budget: Budget) -> int:
-    """The steps of every model, fixed at the first call that gets here: the training share of
-    the time left over the sum of the measured step times, 15 % kept for validation and
-    checkpoints. Raises OutOfBudget when fewer than ``min_steps`` fit."""
+def size_steps(out: Path, state: dict, sizes: Sizes, budget: Budget, share: float) -> int:
+    """The steps of every model, fixed at the first call that gets here: ``share`` of the time
+    left (the pack's reserve aside) over the sum of the measured step times, 15 % of it kept for
+    validation and checkpoints. Raises OutOfBudget when fewer than ``min_steps`` fit."""
     if state["steps"] is not None:
         return state["steps"]
     per_step = sum(state["step_seconds"].values())
-    train_s = (budget.left() - sizes.pack_reserve_s) * sizes.train_share
+    train_s = (budget.left() - sizes.pack_reserve_s) * share
     steps = int(0.85 * train_s / per_step)
     if sizes.max_steps is not None:
         steps = min(steps, sizes.max_steps)
@@ -380,16 +377,19 @@ def size_steps(out: Path, state: dict, sizes: Sizes, budget: Budget) -> int:
     return steps
 
 
-def train_all(out: Path, state: dict, sizes: Sizes, shards: Path, budget: Budget, stop_at_step: int | None) -> bool:
+def train_all(
+    out: Path, state: dict, sizes: Sizes, shards: Path, budget: Budget, share: float, stop_at_step: int | None
+) -> bool:
     """Stage 6: each model trained to ``steps`` (resumed where an earlier call stopped) and stored
-    in float16. The training stage ends at its share of the budget (each model's slot is its share
-    of what is left, by its measured step time). Returns whether every model is trained."""
+    in float16. The stage ends at ``share`` of the time left (with 5 % to spare over what sizing
+    planned), and never later than the pack's reserve: a model that reaches it stops with its
+    checkpoint and the next call resumes it. Returns whether every model is trained."""
     from ship_checkpoint import ship
 
     from fireviz.train import train
 
     steps = state["steps"]
-    stage_end = time.monotonic() + max(0.0, budget.left() - sizes.pack_reserve_s) * sizes.train_share / 0.95
+    stage_end = time.monotonic() + max(0.0, budget.left() - sizes.pack_reserve_s) * share / 0.95
     for enc in ENCODINGS:
         info = state["models"].setdefault(enc, {"step": 0, "train_seconds": 0.0, "calls": 0})
         if info.get("shipped"):
@@ -697,7 +697,8 @@ def run(args: argparse.Namespace) -> int:
     total = sum(weight_bytes(sizes, enc) for enc in ENCODINGS)
     if total > MAX_WEIGHT_BYTES:
         raise SystemExit(f"bpe_suite: error: the seven models' float16 weights are {total:,} bytes, over 40 MB")
-    state["calls"].append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "budget_s": args.budget_s})
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    state["calls"].append({"started": started, "budget_s": args.budget_s, "train_share": args.train_share})
     save_state(out, state)
     say(budget, f"suite in {out}: {total / 1e6:.1f} MB of float16 weights in all; budget {args.budget_s:.0f} s")
     done = False
@@ -732,6 +733,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--dry-run", action="store_true", help="the same pipeline at toy sizes on the CPU")
     r.add_argument("--seed", type=int, default=0, help="the seed of every model (default 0)")
     r.add_argument(
+        "--train-share",
+        type=float,
+        default=0.6,
+        help="the part of the time left after the data stages and the timing that training gets; the rest is "
+        "for evaluation and the pack (default 0.6)",
+    )
+    r.add_argument(
         "--stop-at-step",
         type=int,
         default=None,
@@ -747,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.budget_s > 0:
         ap.error("--budget-s must be a positive number of seconds")
+    if not 0 < args.train_share < 1:
+        ap.error("--train-share must lie strictly between 0 and 1 (e.g. 0.6)")
     return run(args)
 
 
