@@ -49,6 +49,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+#: the process's start on the monotonic clock (before torch's import): the budget counts from here
+T0 = time.monotonic()
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -106,6 +109,8 @@ class Sizes:
     device: str = "cuda"
     num_proc: int = 16
     pack_reserve_s: float = 20.0  # seconds kept for the report and the pack
+    data_stage_min_s: float = 150.0  # no tokenizer or prepare starts with less left (neither can stop midway)
+    eval_unit_min_s: float = 30.0  # no evaluation unit starts with less left than this beyond the reserve
 
 
 FULL = Sizes(
@@ -144,15 +149,17 @@ TOY = Sizes(
     device="cpu",
     num_proc=1,
     pack_reserve_s=5.0,
+    data_stage_min_s=10.0,
+    eval_unit_min_s=2.0,
 )
 
 
 class Budget:
     """Seconds left of the budget, on this process's monotonic clock."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, start: float | None = None):
         self.seconds = seconds
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start
         self.end = self.start + seconds
 
     def left(self) -> float:
@@ -252,18 +259,19 @@ def data_stages(out: Path, state: dict, sizes: Sizes, budget: Budget) -> Path:
     from fireviz.data.tokenizers import train_bpe
 
     work = out / "work"
-    corpus, tok, shards = work / "corpus", work / "tokenizer", work / "shards"
+    # the shard folder's name is what a card and the app's Home say the models were trained on
+    corpus, tok, shards = work / "corpus", work / "tokenizer", work / f"shards-prose-latex-code-bpe{sizes.vocab_size}"
     if not state["stages"].get("corpus"):
         write_corpus(corpus, sizes)
         mark(out, state, "corpus", budget)
     if not state["stages"].get("tokenizer"):
-        check_left(budget, 10, "training the tokenizer")
+        check_left(budget, sizes.data_stage_min_s, "training the tokenizer")
         shutil.rmtree(tok, ignore_errors=True)
         summary = train_bpe(str(corpus), sizes.vocab_size, tok, split="train")
         state["tokenizer"] = {k: summary[k] for k in ("vocab_size", "documents", "bytes", "tokens_per_byte")}
         mark(out, state, "tokenizer", budget)
     if not state["stages"].get("prepare"):
-        check_left(budget, 10, "preparing the token shards")
+        check_left(budget, sizes.data_stage_min_s, "preparing the token shards")
         procs = max(1, min(sizes.num_proc, os.cpu_count() or 1))
         m = prepare(str(corpus), load_tokenizer(tok), shards, num_proc=procs, chunk_bytes=4 << 20, progress=False)
         state["shards"] = {s: m["splits"][s] for s in ("train", "validation")}
@@ -457,7 +465,7 @@ def evaluate_all(out: Path, state: dict, sizes: Sizes, budget: Budget) -> bool:
             unit = f"{mode}/{domain}"
             if state["eval"].get(unit):
                 continue
-            if budget.left() < sizes.pack_reserve_s + 5:
+            if budget.left() < sizes.pack_reserve_s + sizes.eval_unit_min_s:
                 say(budget, f"eval {unit}: no time left in this call")
                 return False
             lengths, kw = eval_settings(sizes, mode)
@@ -683,7 +691,7 @@ def unpack(pack_dir: Path, dest: Path) -> None:
 # main
 # ---------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    budget = Budget(args.budget_s)
+    budget = Budget(args.budget_s, start=T0)
     sizes = TOY if args.dry_run else FULL
     if sizes.device == "cuda" and not torch.cuda.is_available():
         print("bpe_suite: error: CUDA is not available; use --dry-run for the toy pipeline on the CPU", file=sys.stderr)
@@ -705,10 +713,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         shards = data_stages(out, state, sizes, budget)
         probe(out, state, sizes, shards, budget)
-        size_steps(out, state, sizes, budget)
-        done = train_all(out, state, sizes, shards, budget, args.stop_at_step) and evaluate_all(
-            out, state, sizes, budget
-        )
+        size_steps(out, state, sizes, budget, args.train_share)
+        done = train_all(out, state, sizes, shards, budget, args.train_share, args.stop_at_step)
+        done = done and evaluate_all(out, state, sizes, budget)
     except OutOfBudget as e:
         say(budget, f"stopped: {e}")
     state["complete"] = done
