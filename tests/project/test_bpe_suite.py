@@ -7,6 +7,7 @@ checkpoint group and refuses what it must."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +23,37 @@ from fireviz.core.files import read_safetensors
 
 ROOT = Path(__file__).resolve().parents[2]
 ENCODINGS = ["fire", "fire_s", "alibi", "rope", "t5", "kerple_power", "nope"]
-pytestmark = pytest.mark.slow  # ~90 s on 2 busy cores: a tokenizer, shards, 7 × 8 steps, 6 evaluations
+slow = pytest.mark.slow  # the suite's dry run: ~90 s on 2 busy cores (a tokenizer, shards, 7 × 8 steps, 6 evaluations)
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("bpe_suite", ROOT / "scripts" / "bpe_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bpe_suite"] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_gpu_recipe_fits_40_mb_and_its_settings_validate():
+    """The full sizes, which only a GPU runs: seven models of one shape under 40 MB of float16
+    weights, valid training settings for every encoding, and evaluation settings that reach 8×
+    the training length in both modes (validated as the evaluation validates them)."""
+    from fireviz.eval import EvalSettings
+
+    suite = _module()
+    full = suite.FULL
+    assert list(suite.ENCODINGS) == ENCODINGS and full.seq_len == 1024
+    sizes = [suite.weight_bytes(full, enc) for enc in ENCODINGS]
+    assert sum(sizes) <= 40_000_000 and max(sizes) - min(sizes) < 10_000  # one shape; only the encodings differ
+    for enc in ENCODINGS:
+        mc, tc = suite.recipe(full, Path("shards"), enc, 1000, 0)
+        assert (mc.position_encoding, mc.vocab_size, tc.max_steps, tc.seed) == (enc, full.vocab_size, 1000, 0)
+    same, kw = suite.eval_settings(full, "same_text")
+    s = EvalSettings.make("prose", same, device="cpu", **kw)
+    assert max(s.lengths) == 8 * full.seq_len == s.prefix_tokens and s.token_budget is None
+    ctx, kw = suite.eval_settings(full, "context")
+    s = EvalSettings.make("prose", ctx, device="cpu", **kw)
+    assert s.prefix_tokens == 8 * full.seq_len and s.lengths[-1] == s.prefix_tokens - s.context_targets
 
 
 def _suite(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -42,7 +73,7 @@ def _log_lines(folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
+def suite(tmp_path_factory):  # used by the slow tests only
     out = tmp_path_factory.mktemp("bpe") / "suite"
     first = _suite("run", "--out", str(out), "--dry-run", "--stop-at-step", "2")
     assert first.returncode == 3, first.stdout[-2000:] + first.stderr[-2000:]  # 3: unfinished
@@ -54,6 +85,7 @@ def suite(tmp_path_factory):
     return out, state1, tok_stamp, fire_log, second.stdout
 
 
+@slow
 def test_an_interrupted_suite_continues_where_it_stopped(suite):
     out, state1, tok_stamp, fire_log, _ = suite
     assert state1["complete"] is False and state1["models"]["fire"]["step"] == 2
@@ -80,7 +112,8 @@ def test_an_interrupted_suite_continues_where_it_stopped(suite):
     assert other.returncode != 0 and "other settings (seed)" in other.stderr
 
 
-def test_pack_fits_a_device_call_and_unpacks_to_a_group_of_seven_loadable_checkpoints(suite, tmp_path):
+@slow
+def test_pack_fits_a_device_call_and_unpacks_to_a_group_of_seven_loadable_checkpoints(suite, tmp_path, monkeypatch):
     out = suite[0]
     files = sorted((out / "pack").iterdir())
     assert 2 <= len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files)
@@ -90,6 +123,13 @@ def test_pack_fits_a_device_call_and_unpacks_to_a_group_of_seven_loadable_checkp
     r = _suite("unpack", str(out / "pack"), str(dest))
     assert r.returncode == 0, r.stderr
     assert "bpe1024" in checkpoint_groups(root) and group_members(dest) == sorted(ENCODINGS)
+    from app_pages import ok, page
+
+    monkeypatch.setenv("FIREVIZ_CHECKPOINTS_DIR", str(root))
+    monkeypatch.setenv("FIREVIZ_CACHE_DIR", str(tmp_path / "cache"))
+    at = page("app.py")  # the app's Home lists the unpacked folder as a group of its own
+    ok(at)
+    assert any("Group `bpe1024`" in m.value and "7 more checkpoint" in m.value for m in at.markdown)
     for enc in ENCODINGS:
         ck = Checkpoint.resolve(str(dest / enc))
         assert ck.config.position_encoding == enc and ck.config.seq_len == 64 and ck.config.vocab_size == 300
@@ -102,6 +142,7 @@ def test_pack_fits_a_device_call_and_unpacks_to_a_group_of_seven_loadable_checkp
         assert log[-1]["step"] == 8
 
 
+@slow
 def test_results_cover_three_domains_in_both_modes_to_eight_times_the_training_length(suite):
     out = suite[0]
     for enc in ENCODINGS:
@@ -122,6 +163,7 @@ def test_results_cover_three_domains_in_both_modes_to_eight_times_the_training_l
     )
 
 
+@slow
 def test_cards_name_the_device_time_tokens_parameters_and_every_setting(suite):
     out = suite[0]
     for enc in ENCODINGS:
@@ -134,6 +176,7 @@ def test_cards_name_the_device_time_tokens_parameters_and_every_setting(suite):
         assert settings["train"] == cfg["training"]["settings"] and settings["model"]["position_encoding"] == enc
 
 
+@slow
 def test_unpack_refuses_a_damaged_part_and_toy_models_in_checkpoints(suite, tmp_path):
     out = suite[0]
     pack = tmp_path / "pack"
