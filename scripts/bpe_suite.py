@@ -650,10 +650,12 @@ def pack(out: Path) -> dict:
     return manifest
 
 
-def unpack(pack_dir: Path, dest: Path) -> None:
+def unpack(pack_dir: Path, dest: Path, partial: bool = False) -> None:
     """The pack in ``pack_dir`` laid out in ``dest`` (new): each part and the whole checked against
     pack.json, the tar's members refused outside ``dest`` (tarfile's data filter), then moved into
-    place in one rename. Raises SystemExit naming the problem; ``dest`` is left untouched."""
+    place in one rename; then each checkpoint resolved and the figures drawn (``figures``).
+    An unfinished suite's pack is refused unless ``partial``. Raises SystemExit naming the
+    problem; ``dest`` is left untouched."""
     try:
         manifest = json.loads((pack_dir / "pack.json").read_text())
     except (OSError, ValueError) as e:
@@ -664,6 +666,11 @@ def unpack(pack_dir: Path, dest: Path) -> None:
     ]:
         raise SystemExit(
             "bpe_suite unpack: error: a dry run's toy models are not shipped; unpack it outside checkpoints/"
+        )
+    if not manifest["state"].get("complete") and not partial:
+        raise SystemExit(
+            "bpe_suite unpack: error: the pack is of an unfinished suite; run the suite again to finish it "
+            "(or pass --partial to look at what it holds)"
         )
     if dest.exists() and any(dest.iterdir()):
         raise SystemExit(f"bpe_suite unpack: error: {dest} exists and is not empty; remove it or name another")
@@ -685,6 +692,26 @@ def unpack(pack_dir: Path, dest: Path) -> None:
     for enc in manifest["state"]["encodings"]:
         if (dest / enc).is_dir():
             Checkpoint.resolve(str(dest / enc))  # refused here, naming the problem, if it does not load
+    figures(dest)
+
+
+def figures(group: Path) -> None:
+    """``results_<domain>.html`` (and ``.png`` where Chromium is installed) in ``group``: bits per
+    byte against length of the same-text rows of its checkpoints' results.json, one per domain."""
+    from publish_results import render_png
+
+    from fireviz import plots
+
+    rows = []
+    for f in sorted(p for p in group.iterdir() if (p / "results.json").is_file()):
+        rows += json.loads((f / "results.json").read_text())
+    for domain in DOMAINS:
+        runs = [r for r in rows if r["settings"].get("data") == domain and r["settings"].get("mode") == "same_text"]
+        if runs:
+            fig = plots.perplexity_figure(runs)
+            fig.update_layout(width=1000, height=600)
+            fig.write_html(group / f"results_{domain}.html", include_plotlyjs="cdn")
+            render_png(fig, group / f"results_{domain}.png")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -755,9 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("unpack", help="lay a pack out as checkpoint folders")
     u.add_argument("pack", type=Path, help="the folder holding pack.json and its parts")
     u.add_argument("dest", type=Path, help="a new folder, e.g. checkpoints/bpe1024")
+    u.add_argument("--partial", action="store_true", help="also the pack of an unfinished suite")
     args = ap.parse_args(argv)
     if args.command == "unpack":
-        unpack(args.pack, args.dest)
+        unpack(args.pack, args.dest, args.partial)
         print(f"unpacked {args.pack} into {args.dest}")
         return 0
     if not args.budget_s > 0:

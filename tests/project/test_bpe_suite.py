@@ -122,6 +122,7 @@ def test_pack_fits_a_device_call_and_unpacks_to_a_group_of_seven_loadable_checkp
     dest = root / "bpe1024"
     r = _suite("unpack", str(out / "pack"), str(dest))
     assert r.returncode == 0, r.stderr
+    assert all((dest / f"results_{d}.html").is_file() for d in ("prose", "latex", "code"))
     assert "bpe1024" in checkpoint_groups(root) and group_members(dest) == sorted(ENCODINGS)
     from app_pages import ok, page
 
@@ -177,7 +178,7 @@ def test_cards_name_the_device_time_tokens_parameters_and_every_setting(suite):
 
 
 @slow
-def test_unpack_refuses_a_damaged_part_and_toy_models_in_checkpoints(suite, tmp_path):
+def test_unpack_refuses_a_damaged_part_an_unfinished_suite_and_toy_models_in_checkpoints(suite, tmp_path):
     out = suite[0]
     pack = tmp_path / "pack"
     pack.mkdir()
@@ -189,6 +190,12 @@ def test_unpack_refuses_a_damaged_part_and_toy_models_in_checkpoints(suite, tmp_
     part.write_bytes(bytes(data))
     r = _suite("unpack", str(pack), str(tmp_path / "dest"))
     assert r.returncode != 0 and "damaged" in r.stderr and not (tmp_path / "dest").exists()
+    part.write_bytes((out / "pack" / part.name).read_bytes())  # whole again; the suite said unfinished
+    manifest = json.loads((pack / "pack.json").read_text())
+    manifest["state"]["complete"] = False
+    (pack / "pack.json").write_text(json.dumps(manifest))
+    r = _suite("unpack", str(pack), str(tmp_path / "dest"))
+    assert r.returncode != 0 and "unfinished suite" in r.stderr and not (tmp_path / "dest").exists()
     never = ROOT / "checkpoints" / "bpe1024-dry-run-test"
     r = _suite("unpack", str(out / "pack"), str(never))
     assert r.returncode != 0 and "toy models are not shipped" in r.stderr and not never.exists()
