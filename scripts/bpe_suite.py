@@ -29,9 +29,11 @@ against its own clock before and during every stage):
 A second ``run`` with the same ``--out`` continues an unfinished suite (stages done are kept,
 a model's training resumes exactly from its last checkpoint, finished evaluation lengths come
 from the cache) and changes nothing in a finished one; a folder of another suite's settings is
-refused. ``unpack`` checks every part's sha256 and lays the pack out as checkpoint folders
-(``DEST/<encoding>/``, a checkpoint group of the app); a dry run's pack is refused inside the
-repository's ``checkpoints/`` (toy models are never shipped).
+refused. ``unpack`` checks every part's sha256, lays the pack out as checkpoint folders
+(``DEST/<encoding>/``, a checkpoint group of the app) and draws the results' figures; an
+unfinished suite's pack is refused (``--partial`` to look at one), and a dry run's inside the
+repository's ``checkpoints/`` (toy models are never shipped). Exit status: 0 done, 3 unfinished
+(run again), 1 or 2 an error.
 """
 
 from __future__ import annotations
