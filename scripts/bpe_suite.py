@@ -48,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -131,7 +132,7 @@ FULL = Sizes(
 )
 TOY = Sizes(
     vocab_size=300,
-    n_layer=1,
+    n_layer=2,  # two: FIRE-S (one bias shared by the layers) differs from FIRE
     n_head=2,
     d_model=32,
     seq_len=64,
@@ -396,44 +397,64 @@ def train_all(
     checkpoint and the next call resumes it. Returns whether every model is trained."""
     from ship_checkpoint import ship
 
-    from fireviz.train import train
-
     steps = state["steps"]
     stage_end = time.monotonic() + max(0.0, budget.left() - sizes.pack_reserve_s) * share / 0.95
     for enc in ENCODINGS:
         info = state["models"].setdefault(enc, {"step": 0, "train_seconds": 0.0, "calls": 0})
-        if info.get("shipped"):
+        if info.get("shipped") or info.get("failed"):
             continue
         run = out / "work" / "runs" / enc
         if info["step"] < steps:
             if time.monotonic() >= stage_end - 5 or budget.left() < sizes.pack_reserve_s + 10:
                 say(budget, f"train {enc}: no time left in this call (at step {info['step']} of {steps})")
                 return False
-            mc, tc = recipe(sizes, shards, enc, steps, state["seed"])
-            resume = (run / "trainer_state.json").exists()
-            t = time.monotonic()
-            result = train(
-                None if resume else mc,
-                None if resume else tc,
-                run,
-                resume=resume,
-                progress=False,
-                stop_at_step=stop_at_step,
-                deadline=min(stage_end, budget.end - sizes.pack_reserve_s - 5),
-                command="python scripts/bpe_suite.py run (issue #52)",
-            )
-            info["train_seconds"] = round(info["train_seconds"] + time.monotonic() - t, 2)
-            info["calls"] += 1
-            info["step"] = result["step"]
-            info["tokens"] = result["tokens"]
-            save_state(out, state)
-            say(budget, f"train {enc}: step {info['step']} of {steps}, loss {result['loss']:.4f}")
-            if info["step"] < steps:
+            deadline = min(stage_end, budget.end - sizes.pack_reserve_s - 5)
+            if not train_one(out, state, sizes, shards, enc, deadline, stop_at_step):
                 return False
+            if info.get("failed"):
+                continue
         ship(run, out / "checkpoints" / enc)
         info["shipped"] = sha256_files(out / "checkpoints" / enc / "model.safetensors")
         save_state(out, state)
     return True
+
+
+def train_one(
+    out: Path, state: dict, sizes: Sizes, shards: Path, enc: str, deadline: float, stop_at_step: int | None
+) -> bool:
+    """One model trained (or resumed) until its steps, the deadline or ``stop_at_step``; its state
+    updated. A run that fails (a loss or weights no longer finite: ``TrainingError``) is recorded
+    as failed, and the suite goes on without it. Returns whether the model reached its steps or failed."""
+    from fireviz.train import TrainingError, train
+
+    info, steps, run = state["models"][enc], state["steps"], out / "work" / "runs" / enc
+    mc, tc = recipe(sizes, shards, enc, steps, state["seed"])
+    resume = (run / "trainer_state.json").exists()
+    t = time.monotonic()
+    try:
+        result = train(
+            None if resume else mc,
+            None if resume else tc,
+            run,
+            resume=resume,
+            progress=False,
+            stop_at_step=stop_at_step,
+            deadline=deadline,
+            command="python scripts/bpe_suite.py run (issue #52)",
+        )
+    except TrainingError as e:
+        info["failed"] = str(e)
+        save_state(out, state)
+        print(f"train {enc}: failed, the suite goes on without it: {e}", file=sys.stderr, flush=True)
+        return True
+    finally:
+        info["train_seconds"] = round(info["train_seconds"] + time.monotonic() - t, 2)
+        info["calls"] += 1
+    info["step"], info["tokens"] = result["step"], result["tokens"]
+    save_state(out, state)
+    loss = f", loss {result['loss']:.4f}" if result.get("loss") is not None else ""
+    print(f"train {enc}: step {info['step']} of {steps}{loss}", flush=True)
+    return info["step"] >= steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,12 +477,13 @@ def eval_settings(sizes: Sizes, mode: str) -> tuple[list, dict]:
 
 
 def evaluate_all(out: Path, state: dict, sizes: Sizes, budget: Budget) -> bool:
-    """Stage 7: every (mode, domain) unit over all seven stored checkpoints, paired against
-    ALiBi; stopped at the budget's reserve (the lengths done stay in the cache). Returns whether
-    every unit is done."""
+    """Stage 7: every (mode, domain) unit over the stored checkpoints (all seven unless one failed
+    to train), paired against ALiBi (the first one if ALiBi failed); stopped at the budget's
+    reserve (the lengths done stay in the cache). Returns whether every unit is done."""
     from fireviz.eval import EvaluationCancelled, evaluate_many
 
-    folders = [str(out / "checkpoints" / enc) for enc in ENCODINGS]
+    names = [enc for enc in ENCODINGS if state["models"].get(enc, {}).get("shipped")]
+    folders = [str(out / "checkpoints" / enc) for enc in names]
     for mode in EVAL_MODES:
         for domain in DOMAINS:
             unit = f"{mode}/{domain}"
@@ -477,7 +499,7 @@ def evaluate_all(out: Path, state: dict, sizes: Sizes, budget: Budget) -> bool:
                     folders,
                     domain,
                     lengths,
-                    reference=ENCODINGS.index(REFERENCE),
+                    reference=names.index(REFERENCE) if REFERENCE in names else 0,
                     cache_dir=out / "work" / "eval_cache",
                     use_published=False,
                     should_stop=lambda: budget.left() < sizes.pack_reserve_s,
@@ -592,6 +614,34 @@ def card(out: Path, state: dict, enc: str, units: dict, gpu: str) -> str:
     )
 
 
+def training_lines(out: Path, state: dict) -> list[str]:
+    """Markdown: per model its parameters, steps, tokens, minutes and last validation losses (nats
+    per token at the training length and 4×, from its train log); failures and errors named."""
+    lines = [
+        "| encoding | parameters | steps | tokens | minutes | val loss @1× | val loss @4× |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for enc in ENCODINGS:
+        info = state["models"].get(enc)
+        if info is None:
+            lines.append(f"| {enc} | – | not trained yet | | | | |")
+            continue
+        folder = out / "checkpoints" / enc
+        shipped = folder.is_dir() and info.get("shipped")
+        params = f"{read_checkpoint(folder).num_parameters:,}" if shipped else "–"
+        val = [r for r in (read_train_log(folder) if shipped else []) if "val_loss" in r]
+        last = val[-1] if val else {}
+        cells = [f"{last[k]:.4f}" if k in last else "–" for k in ("val_loss", "val_loss_4x")]
+        status = f"failed: {info['failed'][:120]}" if info.get("failed") else str(info["step"])
+        lines.append(
+            f"| {enc} | {params} | {status} | {info.get('tokens', 0):,} | {info['train_seconds'] / 60:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [""] + [f"Error: {e}" for e in state.get("errors", [])] + ([""] if state.get("errors") else [])
+    return lines
+
+
 def write_report(out: Path, state: dict, sizes: Sizes) -> None:
     """Cards, results.json per model, RESULTS.md and a copy of suite.json, under out/checkpoints."""
     units = read_rows(out)
@@ -612,6 +662,7 @@ def write_report(out: Path, state: dict, sizes: Sizes) -> None:
         f"{sizes.vocab_size:,}-token BPE, {sizes.seq_len} tokens × batch {sizes.batch_size}, "
         f"{state['steps']} steps each, seed {state['seed']}, on {gpu}. Complete: {state['complete']}.",
         "",
+        *training_lines(out, state),
         *results_lines(units),
     ]
     atomic_write_text(ck / "RESULTS.md", "\n".join(lines) + "\n")
@@ -738,7 +789,7 @@ def run(args: argparse.Namespace) -> int:
     state["calls"].append({"started": started, "budget_s": args.budget_s, "train_share": args.train_share})
     save_state(out, state)
     say(budget, f"suite in {out}: {total / 1e6:.1f} MB of float16 weights in all; budget {args.budget_s:.0f} s")
-    done = False
+    done = failed = False
     try:
         shards = data_stages(out, state, sizes, budget)
         probe(out, state, sizes, shards, budget)
@@ -747,6 +798,10 @@ def run(args: argparse.Namespace) -> int:
         done = done and evaluate_all(out, state, sizes, budget)
     except OutOfBudget as e:
         say(budget, f"stopped: {e}")
+    except Exception as e:  # whatever failed, what is done is still reported and packed
+        traceback.print_exc()
+        state.setdefault("errors", []).append(f"call {len(state['calls'])}: {type(e).__name__}: {e}"[:2000])
+        failed = True
     state["complete"] = done
     state["calls"][-1]["seconds"] = round(budget.elapsed(), 1)
     save_state(out, state)
@@ -757,7 +812,7 @@ def run(args: argparse.Namespace) -> int:
     state["calls"][-1]["seconds"] = round(budget.elapsed(), 1)
     save_state(out, state)
     say(budget, "suite complete" if done else "suite unfinished: run the same command again to continue")
-    return 0 if done else 3
+    return 1 if failed else 0 if done else 3
 
 
 def main(argv: list[str] | None = None) -> int:
