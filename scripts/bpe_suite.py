@@ -669,7 +669,7 @@ def write_report(out: Path, state: dict, sizes: Sizes) -> None:
     write_json_atomic(ck / STATE, state)
 
 
-def pack(out: Path) -> dict:
+def pack(out: Path, state: dict) -> dict:
     """``out/checkpoints`` as one deterministic tar.gz in parts of ≤ 16 MiB under ``out/pack``,
     with pack.json (each part's and the whole's sha256). Raises SystemExit when the limits break."""
     buf = io.BytesIO()
@@ -691,7 +691,7 @@ def pack(out: Path) -> dict:
         (dest / name).write_bytes(chunk)
         parts.append({"name": name, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
     manifest = {"name": PACK_NAME, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
-    manifest["state"] = json.loads((out / STATE).read_text())
+    manifest["state"] = state
     write_json_atomic(dest / "pack.json", manifest)
     files = sorted(dest.iterdir())
     total = sum(f.stat().st_size for f in files)
@@ -802,12 +802,12 @@ def run(args: argparse.Namespace) -> int:
         traceback.print_exc()
         state.setdefault("errors", []).append(f"call {len(state['calls'])}: {type(e).__name__}: {e}"[:2000])
         failed = True
+    # a suite is complete on disk only once its pack is written (a call killed while packing is not done)
     state["complete"] = done
     state["calls"][-1]["seconds"] = round(budget.elapsed(), 1)
-    save_state(out, state)
     write_report(out, state, sizes)
     if (out / "checkpoints").is_dir():
-        m = pack(out)
+        m = pack(out, state)
         say(budget, f"packed {len(m['parts'])} part(s), {m['bytes'] / 2**20:.1f} MiB, into {out / 'pack'}")
     state["calls"][-1]["seconds"] = round(budget.elapsed(), 1)
     save_state(out, state)
