@@ -317,6 +317,11 @@ def recipe(sizes: Sizes, shards: Path, encoding: str, steps: int, seed: int):
         "min_lr": sizes.lr / 10,
         "warmup_steps": max(1, steps // 20),
         "weight_decay": 0.1,
+        # the encodings' own parameters (T5's buckets, FIRE's f_θ, c and L, Kerple's r) at 10 × lr: Adam
+        # moves a parameter by about its learning rate a step, and a run of ~1,000 steps sums lr to
+        # ~0.6, which left the bundled T5 (3,700 steps, Σ lr ≈ 2) 0.16 bits per byte behind at its
+        # training length and collapsing beyond, while t5_plr10 stayed flat (checkpoints/RESULTS.md)
+        "position_lr_multiplier": 10.0,
         "seed": seed,
         "eval_interval": max(1, steps // 4),
         "eval_batches": 1,
