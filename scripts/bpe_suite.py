@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import io
 import json
+import lzma
 import os
 import shutil
 import sys
@@ -244,8 +245,6 @@ def write_corpus(folder: Path, sizes: Sizes) -> None:
         if sizes.corpus_documents is None:
             shutil.copyfile(src, tmp / src.name)
             continue
-        import lzma
-
         with lzma.open(src, "rt", encoding="utf-8") as f:
             docs = [json.loads(line) for _, line in zip(range(sizes.corpus_documents), f, strict=False)]
         for d in docs:
@@ -357,24 +356,30 @@ def probe(out: Path, state: dict, sizes: Sizes, shards: Path, budget: Budget) ->
         shutil.rmtree(folder, ignore_errors=True)
         mc, tc = recipe(sizes, shards, enc, sizes.probe_steps, state["seed"])
         tc = replace(tc, eval_interval=0, checkpoint_interval=0, warmup_steps=1)
+        t = time.monotonic()
         train(mc, tc, folder, progress=False)
+        wall = time.monotonic() - t
         dts = [mc.seq_len * tc.batch_size / r["tokens_per_s"] for r in read_train_log(folder) if r.get("tokens_per_s")]
         timed = sorted(dts[2:] or dts)
-        state["step_seconds"][enc] = timed[len(timed) // 2]
+        step = state["step_seconds"][enc] = timed[len(timed) // 2]
+        # what a run costs besides its steps: setup (data, model), the first steps' warm-up, a validation
+        state.setdefault("overhead_seconds", {})[enc] = max(0.0, wall - sizes.probe_steps * step)
         shutil.rmtree(folder, ignore_errors=True)
         save_state(out, state)
-        say(budget, f"probe {enc}: {state['step_seconds'][enc] * 1000:.1f} ms per step")
+        say(budget, f"probe {enc}: {step * 1000:.1f} ms per step, {state['overhead_seconds'][enc]:.1f} s besides")
 
 
 def size_steps(out: Path, state: dict, sizes: Sizes, budget: Budget, share: float) -> int:
     """The steps of every model, fixed at the first call that gets here: ``share`` of the time
-    left (the pack's reserve aside) over the sum of the measured step times, 15 % of it kept for
-    validation and checkpoints. Raises OutOfBudget when fewer than ``min_steps`` fit."""
+    left (the pack's reserve aside), less 10 % and twice each model's measured overhead (setup
+    and one validation in the probe; a run has one setup, five validations and four checkpoints),
+    over the sum of the measured step times. Raises OutOfBudget when fewer than ``min_steps`` fit."""
     if state["steps"] is not None:
         return state["steps"]
     per_step = sum(state["step_seconds"].values())
     train_s = (budget.left() - sizes.pack_reserve_s) * share
-    steps = int(0.85 * train_s / per_step)
+    fixed_s = 2 * sum(state.get("overhead_seconds", {}).values())
+    steps = int((0.9 * train_s - fixed_s) / per_step)
     if sizes.max_steps is not None:
         steps = min(steps, sizes.max_steps)
     if steps < sizes.min_steps:
@@ -386,6 +391,7 @@ def size_steps(out: Path, state: dict, sizes: Sizes, budget: Budget, share: floa
     state["sizing"] = {
         "train_seconds": round(train_s, 1),
         "seconds_per_step_all_models": round(per_step, 4),
+        "overhead_seconds_all_models": round(fixed_s, 1),
         "tokens_per_model": steps * sizes.batch_size * sizes.seq_len,
     }
     save_state(out, state)
