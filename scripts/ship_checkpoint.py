@@ -10,7 +10,9 @@ computed from exactly these stored weights (scripts/publish_results.py evaluates
 shipped; the cache key is the stored file's sha256), never from the float32 original.
 
 Writes into DST: config.json (byte-identical), model.safetensors (float16; metadata names the
-stored dtype and the sha256 of the float32 source), train_log.jsonl.gz (deterministic gzip).
+stored dtype and the sha256 of the float32 source), train_log.jsonl.gz (deterministic gzip), and
+the tokenizer files of a model trained on a BPE tokenizer's shards (byte-identical: config.json
+records their sha256).
 Results and the model card are left to the publish script. Prints the conversion error.
 Refuses a tensor that would overflow float16 or lose its non-zero values to underflow.
 """
@@ -30,6 +32,7 @@ import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from fireviz.checkpoints import LOG_FILE, LOG_FILE_GZ  # noqa: E402
+from fireviz.checkpoints.causal_lm import tokenizer_files  # noqa: E402
 from fireviz.core import atomic_write, read_safetensors, sha256_files  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -75,6 +78,8 @@ def ship(src: Path, dst: Path, dtype_name: str = "float16") -> dict:
     }
     atomic_write(dst / "model.safetensors", lambda p: save_file(converted, str(p), metadata=meta))
     atomic_write(dst / "config.json", lambda p: shutil.copyfile(src / "config.json", p))
+    for f in tokenizer_files(src):  # a BPE-trained model's tokenizer travels with it
+        atomic_write(dst / f.name, lambda p, f=f: shutil.copyfile(f, p))
     log = src / LOG_FILE
     if log.exists():
 

@@ -92,6 +92,7 @@ def train(
     command: str | None = None,
     progress: bool | None = None,
     stop_at_step: int | None = None,
+    deadline: float | None = None,
 ) -> dict:
     """Train (or resume) a GPT and write its checkpoint folder ``out_dir``.
 
@@ -109,8 +110,12 @@ def train(
         checkpoint written there, keeping the max_steps schedule (learning rate, data order):
         training in sessions. ``resume`` later continues exactly as if never stopped. Pick N
         a multiple of eval_interval to end on a validation point.
-    Returns: ``{"step", "tokens", "loss", "val_loss", "val_loss_4x", "out_dir"}`` — the last
-      training loss and validation losses in nats/token (None if not evaluated).
+      deadline: a ``time.monotonic()`` value (seconds): the first optimizer step that ends at or
+        past it is the last of this invocation, with its checkpoint written, as ``stop_at_step``
+        would end there (a run held to a time budget; ``resume`` continues exactly). Under
+        ``torchrun`` every rank stops after the same step. None: no time limit.
+    Returns: ``{"step", "tokens", "loss", "val_loss", "val_loss_4x", "out_dir"}`` — the step
+      reached, the last training loss and validation losses in nats/token (None if not evaluated).
     Raises: TrainingError (settings, folder), DataError (missing/empty/too short data),
       CheckpointError (corrupt, truncated or mismatched checkpoint on resume). All checks
       happen before anything is written. During the run: TrainingError for a loss or weights
@@ -121,7 +126,7 @@ def train(
     out = Path(out_dir)
     d = init_distributed(train_config.device if train_config else "auto")
     try:
-        return _train(model_config, train_config, out, resume, command, progress, d, tqdm, stop_at_step)
+        return _train(model_config, train_config, out, resume, command, progress, d, tqdm, stop_at_step, deadline)
     finally:
         if d.owns_group:
             import torch.distributed as dist
@@ -139,6 +144,7 @@ def _train(
     d: Dist,
     tqdm,
     stop_at_step: int | None = None,
+    deadline: float | None = None,
 ) -> dict:
     """``train`` in an initialised process group: the setup (``fireviz.train.setup``), then the loop."""
     mc, tc, state, tensors, device, micro, end_step = check_settings(
@@ -166,6 +172,7 @@ def _train(
             raw_model, model, opt, names, mc, tc, data, eval_lengths, device, micro, autocast, d, out, record, log
         )
         run.plain_progress = d.master and progress is None and not sys.stderr.isatty()
+        run.deadline = deadline
         bar = tqdm(
             total=tc.max_steps,
             initial=start_step,
@@ -175,12 +182,11 @@ def _train(
             dynamic_ncols=True,
         )
         try:
-            run.loop(start_step, end_step, bar)
+            final = run.loop(start_step, end_step, bar)
         finally:
             bar.close()
             if log is not None:
                 log.close()
-        final = max(start_step, end_step)
         return {"step": final, "tokens": final * tc.batch_size * mc.seq_len, **run.last, "out_dir": str(out)}
 
 
@@ -238,6 +244,7 @@ class _Run:
     plain_progress: bool = False
     #: when the last plain progress line was printed (perf_counter seconds)
     _last_line: float = 0.0
+    deadline: float | None = None  # time.monotonic(): the step that ends past it is the last (``train``)
     last: dict = field(
         default_factory=lambda: dict.fromkeys(("loss", "val_loss", "val_loss_4x", "val_loss_random", "val_step"))
     )
@@ -246,24 +253,28 @@ class _Run:
         self.tokens_per_step = self.tc.batch_size * self.mc.seq_len
         self.val_keys = ("val_loss", "val_loss_4x") + (("val_loss_random",) if self.data.val_random is not None else ())
 
-    def loop(self, start_step: int, end_step: int, bar) -> None:
-        """Steps ``start_step + 1 … end_step``: the schedule, data and RNG follow from the step alone."""
+    def loop(self, start_step: int, end_step: int, bar) -> int:
+        """Steps ``start_step + 1 … end_step``: the schedule, data and RNG follow from the step alone.
+        Returns the last step done (earlier than ``end_step`` when the deadline passed)."""
         tc, d = self.tc, self.d
         if start_step == 0 and tc.eval_interval > 0:
             self.validate(0, {"step": 0, "tokens": 0})
         self.model.train()
         t_start = time.perf_counter()
         with _ctrl_c_requests() as interrupted:
-            self._steps(start_step, end_step, bar, t_start, interrupted)
+            final = self._steps(start_step, end_step, bar, t_start, interrupted)
         if start_step >= end_step and d.master:
             bar.write(
                 f"{self.out} is already trained to step {start_step} (asked to stop at {end_step}); nothing to do"
             )
+        return max(start_step, final)
 
-    def _steps(self, start_step: int, end_step: int, bar, t_start: float, interrupted: Callable[[], bool]) -> None:
+    def _steps(self, start_step: int, end_step: int, bar, t_start: float, interrupted: Callable[[], bool]) -> int:
         """The optimizer steps of :meth:`loop`; after each one, a Ctrl-C seen meanwhile (on any rank)
-        ends the run there with that step's checkpoint (TrainingInterrupted)."""
+        ends the run there with that step's checkpoint (TrainingInterrupted), and a passed
+        ``deadline`` ends it there with its checkpoint (returned normally). Returns the last step done."""
         tc, d = self.tc, self.d
+        done = start_step
         for step in range(start_step, end_step):
             t0 = time.perf_counter()
             lr = lr_at(step, tc)
@@ -310,9 +321,14 @@ class _Run:
                 self.progress_line(rec, start_step, t_start)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-            saved = (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step
+            late = self._past_deadline()
+            saved = (tc.checkpoint_interval and done % tc.checkpoint_interval == 0) or done == end_step or late
             if saved:
                 self.checkpoint(done)
+            if late:
+                if d.master:
+                    bar.write(f"{self.out}: time budget reached after step {done}; continue with --resume")
+                break
             stop = interrupted()
             if d.world > 1:  # every rank stops after the same step (a checkpoint is a collective)
                 stop = bool(all_reduce_sum(torch.tensor([float(stop)], device=d.comm_device), d).item())
@@ -320,6 +336,16 @@ class _Run:
                 if not saved:
                     self.checkpoint(done)
                 raise TrainingInterrupted(done, self.out, checkpointed=True)
+        return done
+
+    def _past_deadline(self) -> bool:
+        """Whether ``deadline`` has passed, agreed by every rank (any rank's clock past it stops all)."""
+        if self.deadline is None:
+            return False
+        late = time.monotonic() >= self.deadline
+        if self.d.world > 1:
+            late = bool(all_reduce_sum(torch.tensor([float(late)], device=self.d.comm_device), self.d).item())
+        return late
 
     def progress_line(self, rec: dict, start_step: int, t_start: float) -> None:
         """One plain progress line on stderr when no progress bar is drawn (output to a file or a

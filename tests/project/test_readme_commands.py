@@ -1,7 +1,7 @@
 """Every documented command runs as written on a copy of the repository (issues 23, 34): the
 commands of the README's "Command line" section and every ```bash block of docs/*.md and
 CHANGELOG.md, shortened only by flags the docs name (training steps, sequence length, token
-budget), and none of them but the publish script — whose purpose that is — touches
+budget; the GPU suite as its dry run, unpacked outside checkpoints/), and none of them but the publish script — whose purpose that is — touches
 ``checkpoints/``. The published-model commands run against the tests' loopback Hub server (no
 internet here), serving repos with the real layout. Commands that are only shown (the make
 targets of the README's quick start) are listed in ``SHOWN_ONLY``; any other command outside
@@ -117,6 +117,10 @@ def shortened(cmd: str) -> tuple[list[str], dict]:
             argv += SHORT_CONTEXT_BUDGET
         else:
             argv += SHORT_BUDGET
+    elif argv[1:3] == ["scripts/bpe_suite.py", "run"] and "--dry-run" not in argv:  # the GPU suite, toy sizes
+        argv += ["--dry-run"]
+    elif argv[1:3] == ["scripts/bpe_suite.py", "unpack"]:  # a dry run's pack: never into checkpoints/
+        argv[-1] = "runs/bpe1024-unpacked"
     elif argv[1:2] == ["scripts/publish_results.py"]:  # one checkpoint, one domain, a few documents
         if "--domains" in argv:
             i = argv.index("--domains")

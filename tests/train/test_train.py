@@ -266,6 +266,25 @@ def test_stop_at_step_then_resume_equals_uninterrupted_run(corpus, tmp_path, cap
         assert not (tmp_path / f"bad{bad}").exists()
 
 
+def test_deadline_stops_with_a_checkpoint_and_resume_equals_uninterrupted_run(corpus, tmp_path):
+    """A run held to a time budget (issue #52): a deadline already passed ends the invocation after
+    its first step (not a checkpoint_interval multiple) with that step's checkpoint; the result names
+    the step reached; --resume continues to the same numbers as a run never stopped."""
+    mc, tc = configs_from_tables(_tables(corpus, max_steps=12, eval_interval=6, checkpoint_interval=6))
+    part, full = tmp_path / "part", tmp_path / "full"
+    result = train(mc, tc, part, progress=False, deadline=time.monotonic() - 1.0)
+    assert result["step"] == 1 and result["tokens"] == tc.batch_size * mc.seq_len
+    assert read_trainer_state(part)[0]["step"] == 1 and _log(part)[-1]["step"] == 1
+    result = train(mc, tc, part, resume=True, progress=False, deadline=time.monotonic() + 3600)
+    assert result["step"] == 12
+    train(mc, tc, full, progress=False)
+    a, b = _log(part), _log(full)
+    assert [r["step"] for r in a] == list(range(13))
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("loss", "val_loss", "val_loss_4x"):
+            assert (key in ra) == (key in rb) and abs(ra.get(key, 0.0) - rb.get(key, 0.0)) <= 1e-6, (ra["step"], key)
+
+
 TORCHRUN_LOSS_TOL = 1e-5  # nats/token; see test docstring
 
 
