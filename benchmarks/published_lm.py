@@ -12,7 +12,9 @@ windows of that length cut from the prose in the model's tokens — the path eve
     python benchmarks/published_lm.py --device cuda --lengths 8192,32768
     python benchmarks/published_lm.py --tiny                # a 2-layer model at 64 and 128 (seconds; tests)
 
-Prints one row per length: seconds, scored tokens/s, peak resident memory (CPU: the process's
+Prints one row per length: seconds, the seconds of transformers' own forward (with the
+log-softmax every scorer needs) over the same windows in the same process right after, their
+ratio, scored tokens/s, peak resident memory (CPU: the process's
 maximum RSS; CUDA: ``max_memory_allocated``) and how much of it the model's weights are, with the
 CPU model (ratios between lengths are comparable only within one run).
 """
@@ -108,6 +110,17 @@ def measure(folder: str, length: int, windows: int, device: str) -> dict:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    # transformers' own forward over the same windows, in the same process right after: what
+    # fireviz's scoring costs beyond the model itself (issue #48: within 1.2×)
+    hf = model.model  # the transformers model inside fireviz's CausalLMModule
+    t1 = time.perf_counter()
+    with torch.inference_mode():
+        for k in range(windows):
+            ids = torch.as_tensor(stream[k * length : (k + 1) * length], dtype=torch.long, device=device)[None]
+            hf(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    hf_seconds = time.perf_counter() - t1
     peak = (
         torch.cuda.max_memory_allocated()
         if device.startswith("cuda")
@@ -118,6 +131,7 @@ def measure(folder: str, length: int, windows: int, device: str) -> dict:
         "windows": windows,
         "tokens_scored": int(counts.sum()),
         "seconds": seconds,
+        "transformers_seconds": hf_seconds,
         "tokens_per_s": float(counts.sum()) / seconds,
         "nats_per_token": float(nats.sum() / counts.sum()),
         "peak_bytes": int(peak),
@@ -158,14 +172,16 @@ def report(result: dict) -> str:
     lines = [
         f"published causal LM (Llama, {result['parameters'] / 1e6:.1f}M parameters, random weights) on "
         f"{result['device']} — {result['cpu']}",
-        f"{'length':>7}  {'windows':>7}  {'seconds':>8}  {'tokens/s':>9}  {'peak MiB':>9}  {'weights MiB':>11}",
+        f"{'length':>7}  {'windows':>7}  {'seconds':>8}  {'HF fwd s':>8}  {'× HF':>5}  {'tokens/s':>9}  "
+        f"{'peak MiB':>9}  {'weights MiB':>11}",
     ]
     for r in result["rows"]:
         if r.get("status") != "ok":
             lines.append(f"{r['length']:>7}  failed: {r.get('error')}")
             continue
         lines.append(
-            f"{r['length']:>7}  {r['windows']:>7}  {r['seconds']:>8.1f}  {r['tokens_per_s']:>9.0f}  "
+            f"{r['length']:>7}  {r['windows']:>7}  {r['seconds']:>8.1f}  {r['transformers_seconds']:>8.1f}  "
+            f"{r['seconds'] / r['transformers_seconds']:>5.2f}  {r['tokens_per_s']:>9.0f}  "
             f"{r['peak_bytes'] / mib:>9.0f}  {r['weights_bytes'] / mib:>11.0f}"
         )
     return "\n".join(lines)

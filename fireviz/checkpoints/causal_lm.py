@@ -18,6 +18,7 @@ yarn, llama3, and longrope for a model that ships its factors) is applied as tra
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -446,7 +447,15 @@ def _dequantised_gguf(ckpt: CausalLMCheckpoint) -> Path | None:
             model = AutoModelForCausalLM.from_pretrained(
                 ckpt.folder, gguf_file=ckpt.gguf_file, dtype=torch.float32, local_files_only=True
             )
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size="100GB")
+        # save_pretrained refuses a model transformers read from GGUF (its quantizer says "not
+        # serializable"): the float32 tensors and the config are written as transformers' folder
+        # format by hand (safetensors' save_model keeps one copy of tied tensors)
+        from safetensors.torch import save_model
+
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         del model
         try:
             os.replace(tmp, folder)
