@@ -437,7 +437,7 @@ def compute_claims(
 
 def format_claim(claim: Mapping[str, Any]) -> str:
     """The numbers of a claim as the docs quote them: ``"−0.043 [−0.070, −0.016] bpb (3 vs 3
-    seeds, Welch p = 0.02: resolved)"`` (4 decimals below 0.01 bpb)."""
+    seeds, Welch p = 0.0236: resolved)"`` (4 decimals below 0.01 bpb; p to 3 significant digits)."""
 
     def num(x: float, places: int) -> str:
         return f"{x:+.{places}f}".replace("-", "−")
@@ -452,7 +452,7 @@ def format_claim(claim: Mapping[str, Any]) -> str:
         seeds = f"{na} vs {nb} seed{'s' if max(na, nb) > 1 else ''}"
     if "p" in claim:
         kind = "paired t" if claim["a"] == claim["b"] else "Welch"
-        how = f"{kind} p < 0.001" if claim["p"] < 0.001 else f"{kind} p = {claim['p']:.2g}"
+        how = f"{kind} p < 0.001" if claim["p"] < 0.001 else f"{kind} p = {claim['p']:.3g}"
     else:
         how = "interval over documents"
     return f"{text} ({seeds}, {how}: {claim['verdict']})"
