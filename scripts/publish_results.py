@@ -14,12 +14,16 @@ Writes per checkpoint ``results.json`` (a list of evaluate results) and a model 
 ``README.md``; writes ``checkpoints/RESULTS.md`` (bits per byte by length and domain) and
 ``checkpoints/results_<domain>.html`` (+ PNG when Chromium is there) and ``results_<domain>.json.gz``
 (every row of the domain) and the validation curves of all
-runs (``checkpoints/validation_curves.{html,png}``). The README and docs/findings.md link to
+runs (``checkpoints/validation_curves.{html,png}``); and ``checkpoints/claims.json``: every comparison
+of ``docs/claims.toml`` (the ones the docs make) computed from the results with its interval, seeds
+and verdict (``fireviz.eval.claims``), which RESULTS.md lists and docs/findings.md quotes between
+``<!-- claim:ID -->`` markers. The README and docs/findings.md link to
 ``checkpoints/RESULTS.md`` instead of copying its tables (issue 34).
 
     python scripts/publish_results.py [--domains prose,latex,code] [--reference alibi]
         [--mode nonoverlapping --token-budget 16384]   # the earlier random-window protocol
         [--recompute]                                  # score everything again
+        [--claims-only]                                # only claims.json and the docs' claim quotes
 
 A length whose number a folder's results.json already holds for exactly these weights (sha256),
 data and settings is reused, as the app does (``fireviz.eval.cache.published_results``); only
@@ -46,12 +50,30 @@ from fireviz.checkpoints import (  # config.json through the one door
 from fireviz.cli.eval import format_table
 from fireviz.core import atomic_write, atomic_write_text, write_json_atomic
 from fireviz.encodings import has_normalizer
-from fireviz.eval import DEFAULT_MODE, cached_results, evaluate_many, with_paired_differences
+from fireviz.eval import (
+    DEFAULT_CONTEXT_LENGTHS,
+    DEFAULT_MODE,
+    FULL_CONTEXT,
+    cached_results,
+    evaluate_many,
+    with_paired_differences,
+)
+from fireviz.eval.claims import compute_claims, format_claim, quote_claims, read_claim_specs
 from fireviz.model import GPTConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPTS = ROOT / "checkpoints"
 LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192]
+#: the context lengths c of the published context-use tables: the default ones plus 448, the
+#: largest c whose windows (c + s = 512 tokens) stay inside the training length, the baseline
+#: of "context beyond the training length" (issue 51)
+CONTEXT_BASELINE = 448
+CONTEXT_LENGTHS: list[int | str] = sorted({*DEFAULT_CONTEXT_LENGTHS, CONTEXT_BASELINE}) + [FULL_CONTEXT]
+#: the comparisons the docs make (fireviz.eval.claims.ClaimSpec), their computed values, and the
+#: documents that quote them between <!-- claim:ID --> … <!-- /claim --> markers
+CLAIM_SPECS = ROOT / "docs" / "claims.toml"
+CLAIMS = CKPTS / "claims.json"
+CLAIM_DOCS = [ROOT / "docs" / "findings.md"]
 
 
 #: the domains of checkpoints/RESULTS.md, in its order
@@ -354,6 +376,19 @@ def context_protocol_text(settings: dict) -> str:
     )
 
 
+def context_baseline_text(settings: dict, seq_len: int) -> str:
+    """Which context lengths stay inside the training length: a window is c + s tokens, so
+    c = seq_len − s is the last one whose windows training saw the length of."""
+    s = settings.get("stride") or 1
+    inside = seq_len - s
+    return (
+        f"Windows are c + {s} tokens long, so c = {inside} is the largest context whose windows fit the training "
+        f"length ({seq_len}); from c = {seq_len} on the windows are longer than any seen in training, so the gain "
+        f"beyond the training length is measured from c = {inside} (for FIRE a change along a row also moves its "
+        "query positions past the training length)."
+    )
+
+
 def _full_suffix(e: dict) -> str:
     """``" (+0.004 [+0.001, +0.007])"``: bits per byte at c minus at full context, or ""."""
     if "full_delta_bpb" not in e:
@@ -635,17 +670,19 @@ def evaluate_context(
     folders: list[Path], domain: str, reference: int, kw: dict, cached_only: bool = False
 ) -> list[dict]:
     """Every checkpoint on one domain with the context-use protocol (``mode="context"``, its default
-    context lengths 128 … 4096 and full, M = 8192, K = 256, s = 64), paired against the reference
+    context lengths ``CONTEXT_LENGTHS``: 128, 256, 448, 512 … 4096 and full, M = 8192, K = 256, s = 64), paired against the reference
     on the same targets. ``cached_only``: nothing is scored — the rows whose every context length
     is already in the eval cache or a results.json (e.g. from ``python -m fireviz eval … --mode
     context``), with intervals; the others are named on stdout and left out."""
     kw = {k: v for k, v in kw.items() if k not in ("mode", "token_budget")}
     if not cached_only:
-        return evaluate_many([str(f) for f in folders], domain, None, mode="context", reference=reference, **kw)
+        return evaluate_many(
+            [str(f) for f in folders], domain, CONTEXT_LENGTHS, mode="context", reference=reference, **kw
+        )
     found = cached_results(
         [str(f) for f in folders],
         domain,
-        None,
+        CONTEXT_LENGTHS,
         mode="context",
         reference=reference,
         use_published=kw.get("use_published", True),
@@ -707,6 +744,12 @@ def _parse_args() -> argparse.Namespace:
         action="store_true",
         help="with --context: score nothing, publish the context-use rows already in the eval cache (e.g. "
         "from `python -m fireviz eval ... --mode context`) and name the checkpoints still missing",
+    )
+    ap.add_argument(
+        "--claims-only",
+        action="store_true",
+        help="evaluate nothing: recompute checkpoints/claims.json, RESULTS.md's claims section and the claim "
+        "quotes of docs/findings.md from the results.json files as they are",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", default="alibi", help="checkpoint every other row is paired against")
@@ -795,6 +838,7 @@ def results_markdown(
     seq_len: int,
     context: dict[str, list[dict]] | None = None,
     notes: list[str] | None = None,
+    claims: dict | None = None,
 ) -> str:
     """checkpoints/RESULTS.md: per domain the bits-per-byte table, the paired and seed tables; per
     domain with context-use rows (``context``) their tables (``fmt_context_tables``)."""
@@ -837,7 +881,7 @@ def results_markdown(
             "",
             context_protocol_text(runs[0]["settings"]) + ". A change along a row is exactly the value of more "
             "context for these targets (the same-text tables above also change how many targets sit near a "
-            "window start).",
+            "window start). " + context_baseline_text(runs[0]["settings"], seq_len),
             "",
             *fmt_context_tables(runs),
             "",
@@ -849,6 +893,7 @@ def results_markdown(
                 + f" (`python scripts/publish_results.py --context {domain}` scores them).",
                 "",
             ]
+    md += claims_section(claims) if claims else []
     md += ["## Validation during training", "", "![validation curves](validation_curves.png)", ""]
     md += fmt_validation_table(logs, seq_len) + [""]
     return "\n".join(md)
@@ -877,15 +922,89 @@ def context_rows(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> dict[st
     return out
 
 
+def claims_document(folders: list[Path], by_ckpt: dict[str, list[dict]]) -> dict:
+    """checkpoints/claims.json: every comparison of docs/claims.toml computed from these
+    checkpoints' results (``fireviz.eval.claims.compute_claims``); a claim naming a checkpoint not
+    among them is listed under ``pending`` (e.g. a run still training), not computed."""
+    specs = read_claim_specs(CLAIM_SPECS)
+    claims, pending = compute_claims(specs, {f.name: by_ckpt[f.name] for f in folders}, skip_missing=True)
+    return {
+        "rule": "docs/protocol.md, Claims and their verdicts (fireviz.eval.claims)",
+        "specs": f"{CLAIM_SPECS.parent.name}/{CLAIM_SPECS.name}",
+        "claims": claims,
+        "pending": pending,
+    }
+
+
+def fmt_claims_table(doc: dict) -> list[str]:
+    """Markdown: one row per computed claim (id, its numbers and verdict, the test), then the
+    pending ones by id."""
+    out = ["| claim | what is compared | a − b, bits per byte [95 %] (seeds, test: verdict) |", "|---|---|---|"]
+    out += [f"| `{c['id']}` | {c['statement']} | {format_claim(c)} |" for c in doc["claims"]]
+    if doc["pending"]:
+        out += ["", "Not computed yet (their checkpoints are not published): " + ", ".join(doc["pending"]) + "."]
+    return out
+
+
+def write_claims(doc: dict) -> None:
+    """checkpoints/claims.json and the claim quotes of the docs (``CLAIM_DOCS``) from ``doc``."""
+    write_json_atomic(CLAIMS, doc)
+    for path in CLAIM_DOCS:
+        text = path.read_text(encoding="utf-8")
+        new = quote_claims(text, doc["claims"], doc["pending"], where=str(path.relative_to(ROOT)))
+        if new != text:
+            atomic_write_text(path, new)
+    if doc["pending"]:
+        print(f"claims not computed yet (checkpoints missing): {', '.join(doc['pending'])}", flush=True)
+
+
+def claims_section(doc: dict) -> list[str]:
+    """RESULTS.md's claims section, between its generated markers."""
+    return [
+        "## Claims",
+        "",
+        "<!-- generated:claims -->",
+        "Every comparison docs/findings.md makes, computed from the checkpoints' results.json into "
+        "[claims.json](claims.json) (docs/claims.toml lists them; the verdict rule is in docs/protocol.md, "
+        "*Claims and their verdicts*: with ≥ 2 seeds per arm a t-test over seed means, p < 0.05 resolved, "
+        "p < 0.2 suggestive; with one seed on either side an interval over documents, resolved only for "
+        "differences of at least 0.1 bpb, or 3 seed standard deviations where that is larger).",
+        "",
+        *fmt_claims_table(doc),
+        "<!-- /generated:claims -->",
+        "",
+    ]
+
+
 def missing_context(folders: list[Path], rows: list[dict]) -> list[str]:
     """The checkpoints (folder names) without a context-use row among ``rows``."""
     have = {r["checkpoint"] for r in rows}
     return [f.name for f in folders if f.name not in have]
 
 
+def publish_claims_only(folders: list[Path]) -> int:
+    """``--claims-only``: claims.json, RESULTS.md's claims section and the docs' claim quotes from
+    the results.json files as they are (nothing is evaluated)."""
+    by_ckpt = {f.name: read_results(f) for f in folders}
+    doc = claims_document(folders, by_ckpt)
+    write_claims(doc)
+    md = (CKPTS / "RESULTS.md").read_text(encoding="utf-8")
+    start, end = "<!-- generated:claims -->", "<!-- /generated:claims -->"
+    if start in md and end in md:
+        section = claims_section(doc)
+        body = section[section.index(start) + 1 : section.index(end)]
+        atomic_write_text(CKPTS / "RESULTS.md", replace_generated(md, "claims", body))
+    else:
+        print("checkpoints/RESULTS.md has no claims section yet: run without --claims-only", flush=True)
+    print(f"{len(doc['claims'])} claims written to {CLAIMS.relative_to(ROOT)}", flush=True)
+    return 0
+
+
 def main() -> int:
     args = _parse_args()
     folders = _folders(args)
+    if args.claims_only:
+        return publish_claims_only(folders)
     by_ckpt: dict[str, list[dict]] = {f.name: [] for f in folders}
     table: dict[str, list[dict]] = {}
     reference = [f.name for f in folders].index(args.reference)
@@ -923,7 +1042,9 @@ def main() -> int:
     if args.only or set(table) != set(DOMAIN_ORDER):
         print("checkpoints/RESULTS.md left as it was: it shows every checkpoint on every domain", flush=True)
         return 0
-    md = results_markdown(table, logs, seq_len, context, seed_recipe_notes(folders))
+    claims = claims_document(folders, by_ckpt)
+    write_claims(claims)
+    md = results_markdown(table, logs, seq_len, context, seed_recipe_notes(folders), claims)
     atomic_write_text(CKPTS / "RESULTS.md", md)
     print(md)
     return 0

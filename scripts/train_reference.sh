@@ -5,12 +5,14 @@
 # fire_offset_nopi, trained with train.random_position_offset=7680 (the last also without FIRE's
 # progressive interpolation); and the position-parameter runs (issue #35): fire_L512_plr10 and
 # t5_plr10 (the encoding's parameters in their own AdamW group at 10 × lr; FIRE's L starting at
-# 512), and alibi at seeds 1 and 2 (the paired rows' reference needs its own seed spread).
+# 512), and alibi at seeds 1 and 2 (the paired rows' reference needs its own seed spread); and the two
+# arms that separate FIRE's init_L from that learning rate (issue #51): fire_L512 (init_L 512, 1 × lr)
+# and fire_L128_plr10 (init_L 128, the default, at 10 × lr).
 #
 #   scripts/train_reference.sh [OUT_ROOT] [more `fireviz train` options, e.g. --stop-at-step 2500]
 #
 # OUT_ROOT defaults to runs/reference (not checkpoints/, so the shipped folders stay as they are);
-# RUNS="fire fire_seed1" trains only those folders (names: <encoding>[_offset|_offset_nopi|_L512_plr10|_plr10][_seed<N>]).
+# RUNS="fire fire_seed1" trains only those folders (names: <encoding>[_offset|_offset_nopi|_L512_plr10|_L512|_L128_plr10|_plr10][_seed<N>]).
 # Re-running continues each unfinished run exactly (--resume; a run stopped before its first
 # checkpoint at step 100 starts again) and finished runs are a no-op, so the script can be stopped
 # at any point and started again. Python: .venv's (make venv), else python3 on PATH, or PYTHON=. A run is 3,700 steps; one CPU core does
@@ -37,7 +39,7 @@ fi
 runs=(${RUNS:-nope rope t5 alibi kerple_log kerple_power sandwich fire fire_s
        fire_seed1 fire_seed2 kerple_power_seed1 kerple_power_seed2
        fire_offset fire_offset_seed1 fire_s_offset fire_offset_nopi
-       fire_L512_plr10 t5_plr10 alibi_seed1 alibi_seed2})
+       fire_L512_plr10 t5_plr10 alibi_seed1 alibi_seed2 fire_L512 fire_L128_plr10})
 for name in "${runs[@]}"; do
   out="$root/$name"
   base=${name%_seed*} variant=()
@@ -49,6 +51,9 @@ for name in "${runs[@]}"; do
     # and FIRE's threshold L starting at the training length
     *_L512_plr10) base=${base%_L512_plr10}
       variant=(--set train.position_lr_multiplier=10 --set model.encoding_options.init_L=512) ;;
+    *_L128_plr10) base=${base%_L128_plr10}
+      variant=(--set train.position_lr_multiplier=10 --set model.encoding_options.init_L=128) ;;
+    *_L512) base=${base%_L512} variant=(--set model.encoding_options.init_L=512) ;;
     *_plr10) base=${base%_plr10} variant=(--set train.position_lr_multiplier=10) ;;
   esac
   args=(--config configs/tiny.toml --set "model.position_encoding=$base" "${variant[@]}"

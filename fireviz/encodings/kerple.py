@@ -130,6 +130,10 @@ class KerplePower(_Kerple):
     """
 
     r2_max = KERPLE_POWER_MAX
+    #: the reference init's ranges (KERPLE's code: bias_a ~ U(0, 1), bias_p ~ U(0, 2)); an instance
+    #: with ``reference_init=False`` draws fireviz 0.1's reversed ranges instead
+    init_r1_max = 1.0
+    init_r2_max = 2.0
 
     def __init__(
         self,

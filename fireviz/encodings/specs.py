@@ -141,8 +141,10 @@ def _kerple_target(cls, upper: float | None):
     def target(num_heads: int, r1=None, r2=None, seed=0):
         seed = int(seed)
         g = torch.Generator().manual_seed(seed)
-        draw_r1 = (torch.rand(num_heads, generator=g) * 2).clamp(min=KERPLE_MIN)
-        draw_r2 = torch.rand(num_heads, generator=g).clamp(min=KERPLE_MIN)
+        # the reference init's ranges (KERPLE's code; the classes' init_r1_max, init_r2_max): Kerple-log
+        # r1 ~ U(0, 2), r2 ~ U(0, 1); Kerple-power r1 (the scale) ~ U(0, 1), r2 (the exponent) ~ U(0, 2)
+        draw_r1 = (torch.rand(num_heads, generator=g) * cls.init_r1_max).clamp(min=KERPLE_MIN)
+        draw_r2 = (torch.rand(num_heads, generator=g) * cls.init_r2_max).clamp(min=KERPLE_MIN)
         r1 = _kerple_r(r1, draw_r1, num_heads, "r1", None)
         r2 = _kerple_r(r2, draw_r2, num_heads, "r2", upper)
         enc = cls(num_heads, init_r1=r1.tolist(), init_r2=r2.tolist()).requires_grad_(False)

@@ -1,6 +1,19 @@
 """Evaluation: perplexity / bits per byte versus length, windows, scoring, intervals, the cache."""
 
 from fireviz.eval.cache import PUBLISHED_RESULTS, EvalCache, default_cache_dir
+from fireviz.eval.claims import (
+    ClaimError,
+    ClaimSpec,
+    compute_claim,
+    compute_claims,
+    format_claim,
+    paired_t_test,
+    quote_claims,
+    read_claim_specs,
+    student_t_cdf,
+    student_t_ppf,
+    welch_t_test,
+)
 from fireviz.eval.evaluation import (
     NOT_COMPUTED,
     NonFiniteLossError,
@@ -51,6 +64,17 @@ from fireviz.eval.windows import (
 )
 
 __all__ = [
+    "ClaimError",
+    "ClaimSpec",
+    "compute_claim",
+    "compute_claims",
+    "format_claim",
+    "paired_t_test",
+    "quote_claims",
+    "read_claim_specs",
+    "student_t_cdf",
+    "student_t_ppf",
+    "welch_t_test",
     "dominant_document_note",
     "missing_interval_note",
     "DEFAULT_CONTEXT_LENGTHS",

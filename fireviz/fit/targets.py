@@ -153,10 +153,9 @@ def make_target(name: str, num_heads: int | None = None, **params) -> FitTarget:
         * ``alibi``: ``slope`` (None → ``alibi_slopes(num_heads)``, Press et al. 2022 §3;
           a number → that slope for every head). Bias ``−m_h·d``.
         * ``kerple_log`` / ``kerple_power``: ``r1``, ``r2`` (a number or ``num_heads``
-          numbers; None → a seeded draw r1 ~ U(0, 2), r2 ~ U(0, 1) for both variants,
-          clamped to >= 0.01: the log variant's reference init; for the power variant the
-          training init now follows the reference, r1 ~ U(0, 1), r2 ~ U(0, 2), while this
-          fit target keeps its draw so published fits stay as they are), ``seed`` (0). Bias ``−r1·log(1 + r2·d)`` resp. ``−r1·d^r2``
+          numbers; None → a seeded draw from the KERPLE reference init's ranges, clamped to
+          >= 0.01: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 (the scale) ~ U(0, 1), r2 (the
+          exponent) ~ U(0, 2) — as training draws them), ``seed`` (0). Bias ``−r1·log(1 + r2·d)`` resp. ``−r1·d^r2``
           (Chi et al. 2022, §4.2).
         * ``sandwich``: ``dbar`` (128, even). Bias ``(S(d) − dbar/2)/r_h``, ``r_h = 8h/H``
           (Chi et al. 2023, §5).

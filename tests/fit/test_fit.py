@@ -179,6 +179,18 @@ def test_targets_match_their_encodings():
     assert t.bias_by_distance(torch.tensor([0]))[:, 0].tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_kerple_targets_draw_the_reference_init_ranges():
+    # the KERPLE reference code: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 (scale) ~ U(0, 1), r2 (exponent) ~ U(0, 2)
+    draws = {
+        name: [make_target(name, 64, seed=seed).params for seed in range(3)] for name in ("kerple_log", "kerple_power")
+    }
+    for name, (r1_max, r2_max) in {"kerple_log": (2.0, 1.0), "kerple_power": (1.0, 2.0)}.items():
+        r1 = torch.tensor([v for p in draws[name] for v in p["r1"]])
+        r2 = torch.tensor([v for p in draws[name] for v in p["r2"]])
+        assert r1.min() >= 0.01 and r1.max() <= r1_max and r1.max() > 0.9 * r1_max  # 192 draws fill the range
+        assert r2.min() >= 0.01 and r2.max() <= r2_max and r2.max() > 0.9 * r2_max
+
+
 def test_t5_values():
     v = t5_bucket_values("random", 16, 3, seed=1)
     assert v.shape == (16, 3) and torch.equal(v, t5_bucket_values("random", 16, 3, seed=1))

@@ -35,11 +35,14 @@ VARIANTS = {
     # issue #35: position parameters in their own AdamW group at 10 × lr; FIRE's L starting at 512
     "L512_plr10": ({"position_lr_multiplier": 10}, {"init_L": 512}),
     "plr10": ({"position_lr_multiplier": 10}, {}),
+    # issue #51: the two arms that separate init_L from the learning rate (init_L 128 is the default)
+    "L512": ({}, {"init_L": 512}),
+    "L128_plr10": ({"position_lr_multiplier": 10}, {}),
 }
 #: <encoding>[_<variant>][_seed<N>]: checkpoints/fire_seed1 is encoding fire trained with train.seed=1,
 #: checkpoints/fire_offset_seed1 the offset variant with seed 1.
 FOLDER = re.compile(
-    r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi|L512_plr10|plr10))?(?:_seed(?P<seed>[1-9][0-9]*))?$"
+    r"^(?P<encoding>[a-z0-9_]+?)(?:_(?P<variant>offset|offset_nopi|L512_plr10|L512|L128_plr10|plr10))?(?:_seed(?P<seed>[1-9][0-9]*))?$"
 )
 #: The recipe every shipped model shares (configs/tiny.toml); seed may differ in seed folders.
 SHARED_SETTINGS = (
@@ -303,7 +306,8 @@ def test_retrained_kerple_parameters_all_moved(name):
             assert stored == pytest.approx(values, rel=1e-3), (name, p, layer)
 
 
-CONTEXT_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 7936]
+#: the published context lengths c: the defaults plus 448, the largest inside the training length (issue #51)
+CONTEXT_LENGTHS = [128, 256, 448, 512, 1024, 2048, 4096, 7936]
 
 
 def context_rows(domain: str) -> dict[str, dict]:

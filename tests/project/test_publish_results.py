@@ -244,3 +244,34 @@ def test_a_seed_group_that_mixes_kerple_inits_is_said(pub, tmp_path):
     (note,) = pub.seed_recipe_notes(folders)
     assert note.startswith("kerple_power: kerple_power drew its init as the KERPLE reference code")
     assert "kerple_power_seed1 with fireviz 0.1's reversed init" in note
+
+
+def test_the_context_tables_start_inside_the_training_length(pub):
+    """Issue #51: the published context lengths hold 448, whose windows (c + s = 512) are the
+    training length; the tables' text says where the windows pass it."""
+    from fireviz.eval import DEFAULT_CONTEXT_STRIDE
+
+    assert pub.CONTEXT_BASELINE + DEFAULT_CONTEXT_STRIDE == 512
+    assert pub.CONTEXT_LENGTHS[-1] == "full" and pub.CONTEXT_LENGTHS[:-1] == sorted(pub.CONTEXT_LENGTHS[:-1])
+    assert 448 in pub.CONTEXT_LENGTHS and 512 in pub.CONTEXT_LENGTHS
+    text = pub.context_baseline_text({"stride": 64}, 512)
+    assert "c = 448 is the largest context" in text and "from c = 512 on" in text
+
+
+def test_the_claims_table_names_each_claim_and_the_pending_ones(pub):
+    claim = {
+        "id": "x_vs_y",
+        "statement": "x minus y",
+        "a": ["x"],
+        "b": ["y", "y_seed1"],
+        "difference": -0.0123,
+        "interval": [-0.02, -0.004],
+        "seeds": [1, 2],
+        "verdict": "suggestive",
+    }
+    rows = pub.fmt_claims_table({"claims": [claim], "pending": ["later"]})
+    assert (
+        rows[2]
+        == "| `x_vs_y` | x minus y | −0.012 [−0.020, −0.004] bpb (1 vs 2 seeds, interval over documents: suggestive) |"
+    )
+    assert "later" in rows[-1]

@@ -568,6 +568,7 @@ def test_train_reference_script_lists_every_shipped_run(tmp_path):
     expected += [str(tmp_path / f"{e}_seed{s}") for e in ("fire", "kerple_power") for s in (1, 2)]
     variants = ("fire_offset", "fire_offset_seed1", "fire_s_offset", "fire_offset_nopi")
     variants += ("fire_L512_plr10", "t5_plr10", "alibi_seed1", "alibi_seed2")  # issue #35
+    variants += ("fire_L512", "fire_L128_plr10")  # issue #51: init_L and the learning rate apart
     expected += [str(tmp_path / v) for v in variants]
     assert sorted(runs) == sorted(expected)
     for folder, line in runs.items():
@@ -578,6 +579,8 @@ def test_train_reference_script_lists_every_shipped_run(tmp_path):
             .removesuffix("_nopi")
             .removesuffix("_offset")
             .removesuffix("_L512_plr10")
+            .removesuffix("_L128_plr10")
+            .removesuffix("_L512")
             .removesuffix("_plr10")
         )
         assert f"model.position_encoding={encoding} " in line
@@ -585,7 +588,8 @@ def test_train_reference_script_lists_every_shipped_run(tmp_path):
         assert ("train.random_position_offset=7680 " in line) == ("_offset" in name)
         assert ("progressive_interpolation=false " in line) == name.endswith("_nopi")
         assert ("train.position_lr_multiplier=10 " in line) == name.endswith("_plr10")
-        assert ("model.encoding_options.init_L=512 " in line) == name.endswith("_L512_plr10")
+        assert ("model.encoding_options.init_L=512 " in line) == name.endswith(("_L512_plr10", "_L512"))
+        assert ("model.encoding_options.init_L=128 " in line) == name.endswith("_L128_plr10")
     bad = subprocess.run(["bash", str(SCRIPT), "--stop-at-step", "5"], capture_output=True, text=True)
     assert bad.returncode == 2 and "first argument is the output folder" in bad.stderr
 
