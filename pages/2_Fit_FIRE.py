@@ -188,7 +188,8 @@ with right:
         )
     if res.stopped:
         st.warning(f"Stopped after {res.steps_run} of {res.steps} steps: the best parameters so far are shown.")
-    m = st.columns(4)
+    # two by two: four metrics in a row cut their values ("1.7…") at 1024 px (issue #48)
+    m = [c for _ in range(2) for c in st.columns(2)]
     cached = st.session_state.get(ui.key(P, "cached")) or getattr(res, "cached", False)
     m[0].metric(
         "relative RMSE",

@@ -60,14 +60,15 @@ def fit_figure(fit: Mapping, head: int = 0) -> go.Figure:
     fig.update_yaxes(title_text="bias (logits)", row=1, col=1)
     fig.update_yaxes(title_text="residual (logits)", row=2, col=1)
     # the title names the head and the range; the long target description is the subtitle (wraps
-    # nowhere in plotly, so a narrow column must not need it in the title), the legend goes on top
+    # nowhere in plotly, so a narrow column must not need it in the title); the legend goes below
+    # the plot: on top it wrapped into the subtitle at 1024 px (issue #48)
     fig.update_layout(
         title=dict(
             text=f"head {head} · fitted on 0–{max_len - 1:g} tokens",
             subtitle=dict(text=f"{fit.get('name', 'fit')}<br>beyond the range is extrapolation"),
         ),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0),
-        margin=dict(t=125),
+        legend=dict(orientation="h", yanchor="top", y=-0.16, x=0),
+        margin=dict(t=105, b=110),
         meta={"max_len": max_len, "head": head},
     )
     return fig
