@@ -41,6 +41,7 @@ from fireviz.encodings.base import (
     query_positions,
     relative_distance,
 )
+from fireviz.encodings.fire_segments import segment_rows, skew_to_keys
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -452,6 +453,55 @@ class FIRE(PositionEncoding):
         reuse = not torch.is_grad_enabled()  # no graph keeps the output: mask_output may reuse memory
         return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal), reuse)
 
+    def masked_bias_segments(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
+        """``masked_bias`` from per-row breakpoints in plain torch ops (``fire_segments``; the CUDA path).
+
+        Same values as the plain formula with −inf at future keys: ``[num_heads, q_len, k_len]`` in
+        the parameters' dtype (float32 for a model; float64 in the exactness tests), queries at
+        absolute positions position_offset + q_offset… (tokens). Per row the bias is
+        A·x + B with A, B piecewise constant in the key distance, from a cumsum of per-unit
+        deltas at the row's breakpoints, so the MLP never runs per score and its backward has no
+        atomic adds into a few bins; no ``.item()`` or data-dependent shape (``torch.compile``
+        traces it whole). With ``mlp_depth`` 2 (no piecewise form here) f_θ runs per (row,
+        distance) in the same layout: the plain formula's cost, ``[q_len, D, width]`` activations.
+        Queries must end at or before the last key (q_offset + q_len <= k_len, what attention asks).
+        Raises: ValueError for bad lengths/offset or q_offset + q_len > k_len.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        P = check_position_offset(position_offset)
+        D = q_offset + q_len  # distances 0 … D − 1
+        if D > k_len:
+            raise ValueError(
+                f"masked_bias_segments needs q_offset + q_len <= k_len (got {q_offset} + {q_len} > {k_len})"
+            )
+        dev, dt = self.c.device, self.c.dtype
+        d = torch.arange(D, device=dev, dtype=dt)
+        c = self.c
+        psi_d = torch.log1p(torch.abs(c * d)) if self.log_transform else d
+        if self.progressive_interpolation:
+            pos = torch.arange(q_offset, D, device=dev, dtype=dt) + P
+            pos = torch.maximum(pos, self.threshold().to(dt))
+            if self.normalizer_cap is not None:
+                pos = pos.clamp(max=self.normalizer_cap)
+            norm = (torch.log1p(torch.abs(c * pos)) if self.log_transform else pos) + self.eps
+        else:
+            norm = torch.ones(q_len, device=dev, dtype=dt)
+        # Row blocks bound the intermediates ([2, H, rows, D] deltas, or [rows, D, width] with
+        # mlp_depth 2) where no graph keeps them; a graph keeps them anyway: one block then.
+        block = q_len if self.mlp_depth == 1 and self._needs_grad() else BIAS_QUERY_BLOCK
+        parts = []
+        for r0 in range(0, q_len, block):
+            n_r = norm[r0 : r0 + block]
+            if self.mlp_depth == 1:
+                lin1, lin2 = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
+                parts.append(segment_rows(psi_d, n_r, lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias))
+            else:  # no closed form here: f_θ per (row, distance), in the same layout
+                parts.append(self.mlp_forward(psi_d[None, :] / n_r[:, None]))
+        dist = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [H, q_len, D]
+        return skew_to_keys(dist, q_offset, k_len)  # keys past the last query (D < k_len): −inf
+
     def masked_bias(
         self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
     ) -> torch.Tensor:
@@ -460,12 +510,16 @@ class FIRE(PositionEncoding):
         causal mask.
 
         With the compiled kernels one pass writes bias and −inf together (and future keys
-        cost no MLP work); otherwise the torch-path bias is masked (in place without
-        autograd). Same values either way; differentiable in c, L and the MLP.
+        cost no MLP work); on CUDA ``masked_bias_segments`` (plain torch ops,
+        compile-friendly, no atomics into a few bins in the backward); otherwise the
+        torch-path bias is masked (in place without autograd). Same values either way;
+        differentiable in c, L and the MLP.
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         P = check_position_offset(position_offset)
+        if self.c.device.type == "cuda" and q_offset + q_len <= k_len:
+            return self.masked_bias_segments(q_len, k_len, q_offset, P)
         fused = self._fused(q_len, k_len, q_offset, causal=True, position_offset=P)
         if fused is not None:
             return fused

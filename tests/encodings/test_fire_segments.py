@@ -1,0 +1,169 @@
+"""FIRE's CUDA bias path (``FIRE.masked_bias_segments``, fireviz/encodings/fire_segments.py, issue 49)
+against the plain formula in float64: values and the gradients of c, L and every MLP weight."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fireviz.encodings.fire import FIRE
+from fireviz.encodings.fire_segments import segment_rows, skew_to_keys
+
+#: float64 throughout: the two sides differ by rounding only (~1e-15 relative); an index or a
+#: breakpoint off by one is O(0.01) or more
+VALUE_TOL = 1e-11
+GRAD_TOL = 1e-9
+
+
+def plain_masked(f: FIRE, q_len: int, k_len: int, q_offset: int, P: int) -> torch.Tensor:
+    """Li et al. 2024 eq. 3–4 literally, in float64, −inf at future keys: [H, q_len, k_len]."""
+    dt = torch.float64
+    i = torch.arange(q_offset, q_offset + q_len, dtype=dt) + P
+    j = torch.arange(k_len, dtype=dt) + P
+
+    def psi(x):
+        return torch.log1p(torch.abs(f.c * x)) if f.log_transform else x
+
+    x = psi(i[:, None] - j[None, :])
+    if f.progressive_interpolation:
+        pos = torch.maximum(i, f.threshold().to(dt))
+        if f.normalizer_cap is not None:
+            pos = pos.clamp(max=f.normalizer_cap)
+        x = x / (psi(pos) + f.eps)[:, None]
+    b = f.mlp(x.unsqueeze(-1)).movedim(-1, 0)
+    return b.masked_fill(i[:, None] < j[None, :], float("-inf"))
+
+
+def fire64(seed: int, heads: int = 3, width: int = 8, depth: int = 1, zero_units: bool = False, **kw) -> FIRE:
+    torch.manual_seed(seed)
+    f = FIRE(heads, mlp_width=width, mlp_depth=depth, **kw).double()
+    with torch.no_grad():
+        for p in f.mlp.parameters():  # breakpoints of both signs inside [0, 1], heads that differ
+            p.normal_(0.0, 1.0)
+        f.c.fill_(0.3)
+        if zero_units:  # units with w = 0: constant on (b > 0) or off (b < 0)
+            f.mlp[0].weight[:2, 0] = 0.0
+            f.mlp[0].bias[0], f.mlp[0].bias[1] = 0.7, -0.4
+    return f
+
+
+def grads(f: FIRE, bias: torch.Tensor, upstream: torch.Tensor) -> dict[str, torch.Tensor]:
+    f.zero_grad(set_to_none=True)
+    finite = torch.isfinite(bias)
+    (bias.masked_fill(~finite, 0.0) * upstream).sum().backward()
+    return {n: p.grad.clone() for n, p in f.named_parameters() if p.grad is not None}
+
+
+CASES = {
+    # name: (q_len, k_len, q_offset, position_offset, FIRE options)
+    "all rows below L (Toeplitz)": (9, 9, 0, 0, {"init_L": 40.0}),
+    "all rows above L": (10, 10, 0, 0, {"init_L": 0.5}),
+    "L inside the rows": (16, 16, 0, 0, {"init_L": 6.0}),
+    "queries not at 0 (a KV-cache block)": (5, 13, 8, 0, {"init_L": 6.0}),
+    "position offset": (7, 7, 0, 11, {"init_L": 6.0}),
+    "offset and queries before the last key": (4, 12, 3, 5, {"init_L": 9.0}),
+    "normalizer cap above L": (14, 14, 0, 0, {"init_L": 3.0, "normalizer_cap": 9}),
+    "normalizer cap below L": (12, 12, 0, 0, {"init_L": 8.0, "normalizer_cap": 5}),
+    "cap, offset and a query block": (6, 20, 14, 4, {"init_L": 7.0, "normalizer_cap": 16}),
+    "no progressive interpolation": (8, 8, 0, 0, {"progressive_interpolation": False}),
+    "no log transform": (8, 8, 0, 0, {"log_transform": False, "init_L": 3.0}),
+    "L not learned": (8, 8, 0, 2, {"learn_threshold": False}),
+    "one query": (1, 9, 8, 0, {"init_L": 3.0}),
+}
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bias_and_gradients_equal_the_float64_formula(case, depth):
+    q_len, k_len, q_offset, P, opts = CASES[case]
+    f = fire64(len(case), depth=depth, zero_units=depth == 1, **opts)
+    got = f.masked_bias_segments(q_len, k_len, q_offset, P)
+    ref = plain_masked(f, q_len, k_len, q_offset, P)
+    assert got.shape == ref.shape == (3, q_len, k_len) and got.dtype == torch.float64
+    assert torch.equal(torch.isinf(got), torch.isinf(ref)) and bool((got[torch.isinf(got)] < 0).all())
+    finite = torch.isfinite(ref)
+    assert (got[finite] - ref[finite]).abs().max() <= VALUE_TOL * ref[finite].abs().max().clamp_min(1.0)
+    upstream = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    g_got, g_ref = grads(f, got, upstream), grads(f, ref, upstream)
+    expected = {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"} | ({"c"} if f.log_transform else set())
+    if opts.get("learn_threshold", True) and opts.get("progressive_interpolation", True):
+        expected.add("L_multiplier")
+    assert expected <= set(g_ref), sorted(g_ref)
+    assert set(g_got) == set(g_ref)
+    for name, g in g_ref.items():
+        err = (g_got[name] - g).abs().max() / g.abs().max().clamp_min(1e-3)
+        assert err <= GRAD_TOL, (name, float(err))
+
+
+def test_L_gradient_is_not_trivially_zero():
+    """Rows on both sides of L: L's gradient is that of the normalizer ψ(L) of the rows below it."""
+    f = fire64(3, init_L=6.0)
+    g = grads(f, f.masked_bias_segments(16, 16, 0), torch.ones(3, 16, 16, dtype=torch.float64))
+    assert g["L_multiplier"].abs() > 1e-6
+
+
+def test_every_width_and_tied_breakpoints():
+    """Breakpoints that coincide (two units with the same −b/w) and a width of 1 and 32."""
+    for width in (1, 2, 32):
+        f = fire64(width, width=width, init_L=4.0)
+        if width >= 2:
+            with torch.no_grad():
+                f.mlp[0].weight[1, 0] = 2 * f.mlp[0].weight[0, 0]
+                f.mlp[0].bias[1] = 2 * f.mlp[0].bias[0]
+        got, ref = f.masked_bias_segments(11, 11, 0), plain_masked(f, 11, 11, 0, 0)
+        finite = torch.isfinite(ref)
+        assert (got[finite] - ref[finite]).abs().max() <= VALUE_TOL * ref[finite].abs().max().clamp_min(1.0)
+
+
+def test_float32_matches_the_model_path():
+    """In float32 (a model's dtype) the CUDA path equals the CPU path of ``masked_bias`` to rounding."""
+    torch.manual_seed(0)
+    f = FIRE(4, init_L=20.0)
+    with torch.no_grad():
+        f.mlp[2].weight.normal_(0, 1.0)
+    a, b = f.masked_bias_segments(64, 64, 0), f.masked_bias(64, 64, 0)
+    assert torch.equal(torch.isinf(a), torch.isinf(b))
+    fin = torch.isfinite(b)
+    assert (a[fin] - b[fin]).abs().max() < 1e-5
+
+
+def test_skew_to_keys_places_every_distance():
+    H, q_len, q_offset, k_len = 2, 4, 3, 9
+    D = q_offset + q_len
+    dist = torch.randn(H, q_len, D, dtype=torch.float64)
+    out = skew_to_keys(dist, q_offset, k_len)
+    for r in range(q_len):
+        for j in range(k_len):
+            i = q_offset + r
+            want = dist[:, r, i - j] if j <= i else torch.full((H,), float("-inf"), dtype=torch.float64)
+            assert torch.equal(out[:, r, j], want)
+    with pytest.raises(ValueError, match="q_offset \\+ q_len <= k_len"):
+        skew_to_keys(dist, q_offset, D - 1)
+
+
+def test_segment_rows_equals_the_mlp_on_any_rows():
+    g = torch.Generator().manual_seed(0)
+    W, H, D = 6, 2, 17
+    w1, b1 = torch.randn(W, dtype=torch.float64, generator=g), torch.randn(W, dtype=torch.float64, generator=g)
+    w2, b2 = torch.randn(H, W, dtype=torch.float64, generator=g), torch.randn(H, dtype=torch.float64, generator=g)
+    psi = torch.log1p(0.4 * torch.arange(D, dtype=torch.float64))
+    norm = torch.tensor([0.3, 1.0, 2.5, 7.0], dtype=torch.float64)
+    x = psi[None, :] / norm[:, None]
+    ref = b2[:, None, None] + torch.einsum("hw,rdw->hrd", w2, torch.relu(x[..., None] * w1 + b1))
+    assert (segment_rows(psi, norm, w1, b1, w2, b2) - ref).abs().max() < 1e-12
+
+
+def test_masked_bias_segments_refuses_queries_past_the_keys():
+    with pytest.raises(ValueError, match="q_offset \\+ q_len <= k_len"):
+        FIRE(2).masked_bias_segments(4, 5, 3)
+
+
+def test_no_graph_break_under_dynamo():
+    """Dynamo traces the path whole (no .item(), no data-dependent shape): one graph, no break."""
+    f = FIRE(2, init_L=8.0)
+
+    def step(f):
+        return f.masked_bias_segments(32, 32, 0).masked_fill(torch.eye(32, dtype=torch.bool), 0).sum()
+
+    explanation = torch._dynamo.explain(step)(f)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
