@@ -61,7 +61,9 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from eval_protocol import cpu_model  # noqa: E402  (one way to name the CPU in every benchmark)
 
-STEPS = ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published", "shards")
+STEPS = (
+    "environment", "parity", "train_step", "fire_profile", "eval_memory", "trainer", "ddp", "published", "shards",
+)  # fmt: skip
 #: dense bf16 peak (TFLOP/s) by GPU name fragment, for MFU; --peak-tflops overrides
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "4090": 165.0}
 #: float32 logits against float64: rounding alone is ~1e-6 here; an indexing or formula bug is O(0.1)
@@ -71,6 +73,8 @@ GRAD_TOL = 1e-3
 #: the attention paths measured (--attention), and whether torch.compile rows run (--no-compile)
 ATTENTION = ["sdpa", "flex"]
 COMPILE = [True]
+#: encodings whose FlexAttention forward parity runs (--flex-parity; empty: every one)
+FLEX_PARITY: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -160,12 +164,49 @@ def _autocast(dev: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else nullcontext()
 
 
-def _gpt(name: str, shape: tuple[int, ...], seq_len: int, dev: torch.device, seed: int = 0):
+#: the measured variants: label → (encoding name, encoding options)
+VARIANTS = {
+    "nope": ("nope", {}),
+    "alibi": ("alibi", {}),
+    "rope": ("rope", {}),
+    "t5": ("t5", {}),
+    "kerple_log": ("kerple_log", {}),
+    "sandwich": ("sandwich", {}),
+    "fire": ("fire", {}),
+    "fire_s": ("fire_s", {}),
+    "fire_depth2": ("fire", {"mlp_depth": 2}),
+}
+#: train_step rows in the order they run (the budget skips the tail first): what the issue's
+#: targets need compiled (FIRE vs ALiBi, NoPE, T5; FIRE-S), then eager, then the rest
+TRAIN_ROWS = (
+    [(v, "sdpa", True) for v in ("alibi", "fire", "nope", "t5", "fire_s")]
+    + [(v, "sdpa", False) for v in ("alibi", "fire", "nope", "t5", "fire_s", "kerple_log", "sandwich", "fire_depth2", "rope")]
+    + [(v, "sdpa", True) for v in ("kerple_log", "sandwich", "fire_depth2", "rope")]
+    + [(v, "flex", False) for v in ("alibi", "fire", "t5")]
+)  # fmt: skip
+#: evaluation rows per length: (variant, attention path)
+EVAL_ROWS = [
+    ("nope", "sdpa"), ("alibi", "sdpa"), ("fire", "sdpa"), ("t5", "sdpa"), ("fire_s", "sdpa"),
+    ("nope", "flex"), ("alibi", "flex"), ("fire", "flex"), ("t5", "flex"),
+    ("kerple_log", "sdpa"), ("sandwich", "sdpa"), ("fire_depth2", "sdpa"),
+]  # fmt: skip
+
+
+def _gpt(name: str, shape: tuple[int, ...], seq_len: int, dev: torch.device, seed: int = 0, options=None):
+    """A GPT of ``shape`` for ``name`` (an encoding, or a label of ``VARIANTS``) on ``dev``."""
     from fireviz.model import GPT, GPTConfig
 
+    encoding, opts = VARIANTS.get(name, (name, {}))
     torch.manual_seed(seed)
     n_layer, n_head, d_model = shape[:3]
-    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d_model, seq_len=seq_len, position_encoding=name)
+    cfg = GPTConfig(
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        seq_len=seq_len,
+        position_encoding=encoding,
+        encoding_options={**opts, **(options or {})},
+    )
     return GPT(cfg).to(dev)
 
 
@@ -236,6 +277,64 @@ def _flex_grad_parity(name: str, dev: torch.device, sizes: Sizes) -> dict:
     return {"max_rel_grad_error": worst, "at": where, "status": "ok" if worst <= GRAD_TOL else "mismatch"}
 
 
+#: the new FIRE path (``FIRE.masked_bias_segments``, issue 49) against eq. 3–4 on the device:
+#: (q_len, k_len, q_offset, position_offset, FIRE options) — below L, across L, above L with a
+#: position offset and a query block, a normalizer cap, mlp_depth 2
+FIRE_PATH_CASES = {
+    "below L": (256, 256, 0, 0, {"init_L": 512.0}),
+    "across L": (300, 300, 0, 0, {"init_L": 64.0}),
+    "offset, query block": (128, 384, 256, 1000, {"init_L": 64.0}),
+    "cap": (256, 256, 0, 0, {"init_L": 32.0, "normalizer_cap": 128}),
+    "mlp_depth 2": (200, 200, 0, 0, {"init_L": 64.0, "mlp_depth": 2}),
+}
+#: float64 on both sides: rounding only (~1e-15); float32 path vs float64 formula: float32 rounding
+FIRE_PATH_TOL64, FIRE_PATH_TOL32 = 1e-10, 1e-4
+
+
+def _fire_path_parity(case: str, dev: torch.device) -> dict:
+    """``masked_bias_segments`` vs ``masked_bias_reference`` on ``dev``: values in float64 and
+    float32, gradients of c, L and every MLP weight in float64 (relative to each gradient's max)."""
+    from fireviz.encodings import FIRE
+
+    q_len, k_len, q_offset, P, opts = FIRE_PATH_CASES[case]
+    torch.manual_seed(0)
+    f = FIRE(8, **opts).to(dev).double()
+    with torch.no_grad():
+        for p in f.mlp.parameters():
+            p.normal_(0.0, 1.0)
+    out: dict = {}
+    ref = f.masked_bias_reference(q_len, k_len, q_offset, P)
+    got = f.masked_bias_segments(q_len, k_len, q_offset, P)
+    finite = torch.isfinite(ref)
+    same_mask = bool(torch.equal(finite, torch.isfinite(got)))
+    out["max_abs_error_f64"] = (got[finite] - ref[finite]).abs().max().item()
+    upstream = torch.randn(ref.shape, dtype=torch.float64, device=dev, generator=None)
+    grads = []
+    for b in (got, ref):
+        f.zero_grad(set_to_none=True)
+        (b.masked_fill(~finite, 0.0) * upstream).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in f.named_parameters() if p.grad is not None})
+    worst, where = 0.0, ""
+    for n, g in grads[1].items():
+        h = grads[0].get(n)
+        err = float("inf") if h is None else ((h - g).abs().max() / g.abs().max().clamp_min(1e-3)).item()
+        if err > worst:
+            worst, where = err, n
+    out.update(max_rel_grad_error_f64=worst, grad_worst=where, gradients=sorted(grads[1]))
+    f32 = f.float()
+    with torch.no_grad():
+        got32 = f32.masked_bias_segments(q_len, k_len, q_offset, P).double()
+    out["max_abs_error_f32"] = (got32[finite] - ref[finite].detach()).abs().max().item()
+    ok = (
+        same_mask
+        and out["max_abs_error_f64"] <= FIRE_PATH_TOL64
+        and worst <= FIRE_PATH_TOL64
+        and out["max_abs_error_f32"] <= FIRE_PATH_TOL32
+    )
+    out["status"] = "ok" if ok else "mismatch"
+    return out
+
+
 def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
     from fireviz.encodings import encoding_names, encoding_spec
     from fireviz.model import flex
@@ -248,8 +347,11 @@ def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
         "logits": {},
         "flex_forward": {},
         "flex_grad": {},
+        "fire_path": {},
     }
     try:
+        for case in FIRE_PATH_CASES:  # the new FIRE path first: what issue 49 changed
+            out["fire_path"][case] = _run(_fire_path_parity, case, dev)
         for name in encoding_names():
             out["logits"][name] = (
                 _run(_logits_parity, name, dev, sizes) if budget.ok() else {"status": "skipped", "error": "time budget"}
@@ -257,6 +359,8 @@ def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
         flex_ok = flex.flex_available()
         for name in encoding_names():
             if encoding_spec(name).kind != "additive" and name != "rope":
+                continue
+            if FLEX_PARITY and name not in FLEX_PARITY:
                 continue
             if "flex" not in ATTENTION:
                 out["flex_forward"][name] = {"status": "skipped", "error": "--attention without flex"}
@@ -345,61 +449,195 @@ def train_step(dev: torch.device, sizes: Sizes, budget: Budget, peak: float | No
     out: dict = {"shape": list(sizes.base_model), "seq_len": sizes.train_seq, "batch": sizes.train_batch, "rows": []}
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    for name in ("fire", "alibi", "rope"):
-        for backend, comp in (("sdpa", False), ("sdpa", True), ("flex", False)):
-            if backend not in ATTENTION or (comp and not COMPILE[0]):
-                continue
-            row = {"encoding": name, "attention": backend, "compile": comp}
-            if not budget.ok(90 if comp else 30):
-                row.update(status="skipped", error="time budget")
-            elif backend == "flex" and dev.type != "cuda":
-                row.update(status="unavailable", error="PyTorch has no FlexAttention backward on CPU")
-            else:
-                row.update(_run(_train_speed, name, backend, comp, dev, sizes, peak))
-            out["rows"].append(row)
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+    for name, backend, comp in TRAIN_ROWS:
+        if backend not in ATTENTION or (comp and not COMPILE[0]):
+            continue
+        row = {"encoding": name, "attention": backend, "compile": comp}
+        if not budget.ok(90 if comp else 30):
+            row.update(status="skipped", error="time budget")
+        elif backend == "flex" and dev.type != "cuda":
+            row.update(status="unavailable", error="PyTorch has no FlexAttention backward on CPU")
+        else:
+            row.update(_run(_train_speed, name, backend, comp, dev, sizes, peak))
+        out["rows"].append(row)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    _add_ratios(out["rows"], "tokens_per_s", ("attention", "compile"), higher_is_faster=True)
+    return out
+
+
+def _add_ratios(rows: list[dict], key: str, same: tuple[str, ...], higher_is_faster: bool) -> None:
+    """``vs_alibi`` / ``vs_nope`` on each ok row: its cost (time per step or per forward) over
+    ALiBi's / NoPE's in the row with the same ``same`` fields (e.g. attention path and compile);
+    above 1 means slower. None where that row is missing or failed."""
+    for row in rows:
+        for ref_name in ("alibi", "nope"):
+            ref = next(
+                (
+                    r
+                    for r in rows
+                    if r["encoding"] == ref_name and all(r.get(k) == row.get(k) for k in same) and r.get(key)
+                ),
+                None,
+            )
+            value = row.get(key)
+            ratio = None
+            if ref is not None and value and row.get("status") == "ok":
+                ratio = ref[key] / value if higher_is_faster else value / ref[key]
+            row[f"vs_{ref_name}"] = round(ratio, 3) if ratio is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# 3b. fire_profile: where a FIRE training step goes, and torch.compile's graph breaks
+# ---------------------------------------------------------------------------------------------
+#: kernels listed per profile
+TOP_KERNELS = 12
+
+
+def _fire_step(dev: torch.device, sizes: Sizes, name: str = "fire"):
+    model = _gpt(name, sizes.base_model, sizes.train_seq, dev).train()
+    x = torch.randint(0, 256, (sizes.train_batch, sizes.train_seq + 1), device=dev)
+    vocab = model.lm_head.out_features
+
+    def loss_of(idx):
+        with _autocast(dev):
+            logits = model(idx[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, vocab).float(), idx[:, 1:].reshape(-1))
+
+    return model, x, loss_of
+
+
+def _top_kernels(dev: torch.device, sizes: Sizes) -> dict:
+    """torch.profiler over one eager FIRE training step (forward + backward) after two warm-ups:
+    the kernels (CUDA) or operators (CPU) with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x, loss_of = _fire_step(dev, sizes)
+    for _ in range(2):
+        loss_of(x).backward()
+    _sync(dev)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        loss_of(x).backward()
+        _sync(dev)
+    events = prof.key_averages()
+
+    def self_us(e) -> float:
+        if dev.type == "cuda":
+            return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)))
+        return float(e.self_cpu_time_total)
+
+    total = sum(self_us(e) for e in events) or 1.0
+    ranked = sorted(events, key=self_us, reverse=True)[:TOP_KERNELS]
+    rows = [
+        {
+            "kernel": e.key[:120],
+            "self_ms": round(self_us(e) / 1e3, 3),
+            "share": round(self_us(e) / total, 4),
+            "calls": e.count,
+        }
+        for e in ranked
+    ]
+    return {"clock": "device" if dev.type == "cuda" else "cpu", "total_ms": round(total / 1e3, 2), "rows": rows}
+
+
+def _graph_breaks(dev: torch.device, sizes: Sizes) -> dict:
+    """``torch._dynamo.explain`` of a FIRE training forward + loss: graphs, breaks and their reasons
+    (the reasons that point into attention or the encoding listed apart)."""
+    import torch._dynamo
+
+    from fireviz.encodings import fire
+
+    torch._dynamo.reset()
+    _, x, loss_of = _fire_step(dev, sizes)
+    # on a CPU (--dry-run) the CUDA path is traced too: the CPU's own path calls compiled kernels
+    forced = dev.type not in fire.SEGMENT_PATH_DEVICES
+    fire.SEGMENT_PATH_DEVICES.add(dev.type)
+    try:
+        explanation = torch._dynamo.explain(loss_of)(x)
+    finally:
+        if forced:
+            fire.SEGMENT_PATH_DEVICES.discard(dev.type)
+    reasons = []
+    for r in explanation.break_reasons:
+        frame = r.user_stack[-1] if getattr(r, "user_stack", None) else None
+        where = f"{Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
+        reasons.append({"reason": str(r.reason).splitlines()[0][:200], "at": where})
+    inside = [
+        r
+        for r in reasons
+        if any(k in r["at"] for k in ("attention.py", "fire.py", "fire_segments.py", "flex.py", "base.py"))
+    ]
+    return {
+        "fire_path": "masked_bias_segments" + (f" (forced on {dev.type} for this count)" if forced else ""),
+        "graphs": explanation.graph_count,
+        "graph_breaks": explanation.graph_break_count,
+        "breaks_inside_attention": len(inside),
+        "reasons": reasons[:10],
+    }
+
+
+def fire_profile(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
+    if not budget.ok(45):
+        return {"status": "skipped", "error": "time budget"}
+    out: dict = {"top_kernels": _run(_top_kernels, dev, sizes)}
+    out["compile_graph_breaks"] = _run(_graph_breaks, dev, sizes) if budget.ok(30) else {"status": "skipped"}
+    failed = [k for k, v in out.items() if isinstance(v, dict) and v.get("status") == "failed"]
+    out["status"] = "failed" if failed else "ok"
+    if failed:
+        out["error"] = "; ".join(f"{k}: {out[k].get('error')}" for k in failed)
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. eval_memory
 # ---------------------------------------------------------------------------------------------
-def _eval_forward(name: str, n: int, backend: str, dev: torch.device, sizes: Sizes) -> dict:
+def _eval_forward(name: str, n: int, backend: str, dev: torch.device, sizes: Sizes, peak: float | None) -> dict:
     model = _gpt(name, sizes.base_model, sizes.train_seq, dev).eval().set_attention_backend(backend)
     x = torch.randint(0, 256, (1, n), device=dev)
     with torch.inference_mode(), _autocast(dev):
-        model(x[:, : min(n, 1024)])  # compile / warm up
+        t = time.perf_counter()
+        model(x)  # warm-up at the measured length: FlexAttention compiles per shape (dynamic=False)
         _sync(dev)
+        warm = time.perf_counter() - t
         base = _reset_peak(dev)
         t = time.perf_counter()
         logits = model(x)
         _sync(dev)
-    heads = sizes.base_model[1]
+        sec = time.perf_counter() - t
+    n_layer, heads, d_model = sizes.base_model
+    flops_per_token = 2 * model.num_parameters() + 2 * n_layer * d_model * n  # weights + causal scores (fwd)
     return {
         "status": "ok" if torch.isfinite(logits).all().item() else "non-finite logits",
-        "seconds": round(time.perf_counter() - t, 3),
+        "seconds": round(sec, 3),
+        "tokens_per_s": round(n / sec),
+        "mfu": round(flops_per_token * n / sec / (peak * 1e12), 4) if peak else None,
         "peak_mib": _peak_mib(dev, base),
+        "warmup_s": round(warm, 2),
         # what a [heads, n, n] bias alone would take in the dtype of this run (bf16 on CUDA, float32 on CPU)
         "full_bias_mib": round(heads * n * n * (2 if dev.type == "cuda" else 4) / 2**20, 1),
     }
 
 
-def eval_memory(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
+def eval_memory(dev: torch.device, sizes: Sizes, budget: Budget, peak: float | None = None) -> dict:
     from fireviz.model import flex
 
     out: dict = {"shape": list(sizes.base_model), "rows": []}
-    for name in ("fire", "alibi"):
-        for n in sizes.eval_lengths:
-            for backend in [b for b in ("sdpa", "flex") if b in ATTENTION]:
-                row = {"encoding": name, "length": n, "attention": backend}
-                if not budget.ok(30):
-                    row.update(status="skipped", error="time budget")
-                elif backend == "flex" and not flex.flex_available():
-                    row.update(status="unavailable", error=flex.unavailable_reason())
-                else:
-                    row.update(_run(_eval_forward, name, n, backend, dev, sizes))
-                out["rows"].append(row)
+    for n in sizes.eval_lengths:
+        for name, backend in EVAL_ROWS:
+            if backend not in ATTENTION:
+                continue
+            row = {"encoding": name, "length": n, "attention": backend}
+            if not budget.ok(30):
+                row.update(status="skipped", error="time budget")
+            elif backend == "flex" and not flex.flex_available():
+                row.update(status="unavailable", error=flex.unavailable_reason())
+            else:
+                row.update(_run(_eval_forward, name, n, backend, dev, sizes, peak))
+            out["rows"].append(row)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    _add_ratios(out["rows"], "seconds", ("length", "attention"), higher_is_faster=False)
     return out
 
 
@@ -628,6 +866,48 @@ def _parity_section(par: dict) -> list[str]:
     )
 
 
+def _fire_path_section(par: dict) -> list[str]:
+    """The new FIRE path against eq. 3–4 on the device (issue 49)."""
+    rows = [{"case": case, **r} for case, r in par.get("fire_path", {}).items()]
+    if not rows:
+        return []
+    return (
+        [
+            f"## FIRE's CUDA path vs eq. 3–4 (``masked_bias_segments`` vs ``masked_bias_reference`` on the device; "
+            f"float64 values and gradients ≤ {FIRE_PATH_TOL64:g}, float32 values ≤ {FIRE_PATH_TOL32:g})",
+            "",
+        ]
+        + _table(
+            rows, ["case", "status", "max_abs_error_f64", "max_rel_grad_error_f64", "grad_worst", "max_abs_error_f32"]
+        )
+        + [""]
+    )
+
+
+def _profile_section(prof: dict) -> list[str]:
+    """FIRE's top kernels by self time and the graph breaks of its compiled training forward."""
+    lines: list[str] = []
+    top = prof.get("top_kernels", {})
+    if top.get("rows"):
+        lines += [
+            f"## FIRE training step: top kernels by self {top.get('clock')} time (one eager step, {top.get('total_ms')} ms in all)",
+            "",
+        ]
+        lines += _table(top["rows"], ["kernel", "self_ms", "share", "calls"]) + [""]
+    gb = prof.get("compile_graph_breaks", {})
+    if "graph_breaks" in gb:
+        lines += [
+            "## torch.compile of a FIRE training forward + loss (torch._dynamo.explain)",
+            "",
+            f"FIRE's mask from {gb.get('fire_path')}: {gb['graphs']} graph(s), {gb['graph_breaks']} break(s), "
+            f"{gb['breaks_inside_attention']} inside attention or the encoding.",
+            "",
+        ]
+        if gb.get("reasons"):
+            lines += _table(gb["reasons"], ["reason", "at"]) + [""]
+    return lines
+
+
 def report(results: dict) -> str:
     """The short Markdown report of ``results`` (what ``gpu.json`` holds)."""
     env = results.get("environment", {})
@@ -646,6 +926,7 @@ def report(results: dict) -> str:
     failures = []
     par = results.get("parity", {})
     lines += _parity_section(par)
+    lines += _fire_path_section(par)
     sizes = results.get("sizes", {})
     device = results.get("device", env.get("device", "?"))
     cuda = str(device).startswith("cuda")
@@ -654,14 +935,15 @@ def report(results: dict) -> str:
     where = f"{'bf16 autocast' if cuda else 'float32'} on {device}"
     steps = f"{sizes.get('train_steps')} timed steps after {sizes.get('warmup_steps')}, one run: no interval"
     for key, title, cols in (
-        ("train_step", f"Training step ({shape}; {sizes.get('train_seq')} tokens × batch {sizes.get('train_batch')}; {where}; {steps})", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "warmup_s"]),
-        ("eval_memory", f"Evaluation forward ({shape}; batch 1; {where})", ["encoding", "length", "attention", "status", "seconds", "peak_mib", "full_bias_mib"]),
+        ("train_step", f"Training step ({shape}; {sizes.get('train_seq')} tokens × batch {sizes.get('train_batch')}; {where}; {steps}; vs_*: time per step over ALiBi's / NoPE's, same path and compile)", ["encoding", "attention", "compile", "status", "tokens_per_s", "mfu", "peak_mib", "vs_alibi", "vs_nope", "warmup_s"]),
+        ("eval_memory", f"Evaluation forward ({shape}; batch 1; {where}; the second of two forwards; vs_*: seconds over ALiBi's / NoPE's, same length and path)", ["encoding", "length", "attention", "status", "seconds", "tokens_per_s", "mfu", "peak_mib", "vs_alibi", "vs_nope", "full_bias_mib"]),
         ("trainer", f"`fireviz train` (configs/tiny.toml, FIRE, {sizes.get('trainer_steps')} steps, {device})", ["compile", "status", "seconds", "steps", "tokens_per_s", "last_loss"]),
         ("published", f"Published causal LM through the evaluation (Llama, {_fmt((results.get('published') or {}).get('parameters'))} parameters, random weights; {where}; one window per length)", ["length", "status", "seconds", "tokens_per_s", "peak_bytes", "weights_bytes"]),
     ):  # fmt: skip
         rows = results.get(key, {}).get("rows", [])
         if rows:
             lines += [f"## {title}", ""] + _table(rows, cols) + [""]
+    lines += _profile_section(results.get("fire_profile", {}))
     if "ddp" in results:
         d = results["ddp"]
         lines += [
@@ -696,7 +978,7 @@ def report(results: dict) -> str:
                 if row.get("status") not in ("ok", "skipped", "unavailable"):
                     what = " ".join(f"{k}={row[k]}" for k in ("encoding", "length", "attention", "compile") if k in row)
                     failures.append(f"- {step} {what}: {row.get('error', row.get('status'))} ({row.get('at', '')})")
-    for kind in ("logits", "flex_forward", "flex_grad"):
+    for kind in ("logits", "flex_forward", "flex_grad", "fire_path"):
         for name, r in par.get(kind, {}).items():
             if r.get("status") not in ("ok", "skipped", "unavailable"):
                 failures.append(f"- parity {kind} {name}: {r.get('error', r.get('status'))}")
@@ -715,7 +997,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", default="sdpa,flex", help="attention paths of train_step / eval_memory rows")
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
+    ap.add_argument("--flex-parity", default="", help="encodings of the FlexAttention forward parity (default all)")
     args = ap.parse_args(argv)
+    FLEX_PARITY[:] = [a.strip() for a in args.flex_parity.split(",") if a.strip()]
     ATTENTION[:] = [a.strip() for a in args.attention.split(",") if a.strip()]
     COMPILE[0] = not args.no_compile
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -744,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_tflops": peak,
         "device": str(dev),
         "sizes": asdict(sizes),
-        "asked": {"only": only, "attention": list(ATTENTION), "compile": COMPILE[0]},
+        "asked": {"only": only, "attention": list(ATTENTION), "compile": COMPILE[0], "flex_parity": list(FLEX_PARITY)},
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -760,8 +1044,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[step] = _run(parity, dev, sizes, budget)
             elif step == "train_step":
                 results[step] = _run(train_step, dev, sizes, budget, peak)
+            elif step == "fire_profile":
+                results[step] = _run(fire_profile, dev, sizes, budget)
             elif step == "eval_memory":
-                results[step] = _run(eval_memory, dev, sizes, budget)
+                results[step] = _run(eval_memory, dev, sizes, budget, peak)
             elif step == "trainer":
                 results[step] = _run(trainer, dev, sizes, budget, work)
             elif step == "ddp":

@@ -251,6 +251,12 @@ class _FusedRows(torch.autograd.Function):
         return d_psi, d_norm, d_slope, d_icpt, None, None, None
 
 
+#: devices whose ``masked_bias`` (the attention mask) takes ``masked_bias_segments``: CUDA, where
+#: the compiled CPU kernels do not run and the torch path's scatter_add backward contends (issue 49).
+#: The CPU keeps its kernels (same values; tests add "cpu" here to run the CUDA path on a CPU).
+SEGMENT_PATH_DEVICES = {"cuda"}
+
+
 class FIRE(PositionEncoding):
     """FIRE additive bias for ``num_heads`` heads.
 
@@ -381,6 +387,31 @@ class FIRE(PositionEncoding):
             torch.arange(q_offset, q_offset + q_len, device=dev) + P, torch.arange(k_len, device=dev) + P
         )
         return self.mlp_forward(x)
+
+    def masked_bias_reference(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
+        """Eq. 3–4 literally in the parameters' dtype (memory q·k·width), −inf at future keys:
+        ``[num_heads, q_len, k_len]``; what the exactness checks of ``masked_bias_segments`` compare
+        with (tests, ``benchmarks/gpu.py``), in float64 there. ``bias_reference`` is the same in float32.
+        Raises: ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        P = check_position_offset(position_offset)
+        dev, dt = self.c.device, self.c.dtype
+        i = torch.arange(q_offset, q_offset + q_len, device=dev, dtype=dt) + P
+        j = torch.arange(k_len, device=dev, dtype=dt) + P
+
+        def psi(x):
+            return torch.log1p(torch.abs(self.c * x)) if self.log_transform else x
+
+        x = psi(i[:, None] - j[None, :])
+        if self.progressive_interpolation:
+            pos = torch.maximum(i, self.threshold().to(dt))
+            if self.normalizer_cap is not None:
+                pos = pos.clamp(max=self.normalizer_cap)
+            x = x / (psi(pos) + self.eps)[:, None]
+        return self.mlp_forward(x).masked_fill(i[:, None] < j[None, :], float("-inf"))
 
     # -- fast exact evaluation -------------------------------------------------------------
     def piecewise_linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -518,7 +549,7 @@ class FIRE(PositionEncoding):
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         P = check_position_offset(position_offset)
-        if self.c.device.type == "cuda" and q_offset + q_len <= k_len:
+        if self.c.device.type in SEGMENT_PATH_DEVICES and q_offset + q_len <= k_len:
             return self.masked_bias_segments(q_len, k_len, q_offset, P)
         fused = self._fused(q_len, k_len, q_offset, causal=True, position_offset=P)
         if fused is not None:

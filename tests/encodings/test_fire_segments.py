@@ -3,6 +3,8 @@ against the plain formula in float64: values and the gradients of c, L and every
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -17,21 +19,25 @@ GRAD_TOL = 1e-9
 
 def plain_masked(f: FIRE, q_len: int, k_len: int, q_offset: int, P: int) -> torch.Tensor:
     """Li et al. 2024 eq. 3–4 literally, in float64, −inf at future keys: [H, q_len, k_len]."""
-    dt = torch.float64
-    i = torch.arange(q_offset, q_offset + q_len, dtype=dt) + P
-    j = torch.arange(k_len, dtype=dt) + P
+    return f.masked_bias_reference(q_len, k_len, q_offset, P)
 
-    def psi(x):
-        return torch.log1p(torch.abs(f.c * x)) if f.log_transform else x
 
-    x = psi(i[:, None] - j[None, :])
-    if f.progressive_interpolation:
-        pos = torch.maximum(i, f.threshold().to(dt))
-        if f.normalizer_cap is not None:
-            pos = pos.clamp(max=f.normalizer_cap)
-        x = x / (psi(pos) + f.eps)[:, None]
-    b = f.mlp(x.unsqueeze(-1)).movedim(-1, 0)
-    return b.masked_fill(i[:, None] < j[None, :], float("-inf"))
+def test_the_reference_is_the_formula_written_out():
+    """The reference itself, against eq. 3–4 spelled out for one pair with its own arithmetic."""
+    f = fire64(0, init_L=4.0, normalizer_cap=7)
+    ref = f.masked_bias_reference(3, 12, 9, 2)  # query i = 9 + 2 + r, key j = 2 + k
+    c, L = float(f.c.detach()), float(f.threshold().detach())
+    for r, k in ((0, 0), (1, 5), (2, 11)):
+        i, j = 11 + r, 2 + k
+        x = math.log1p(c * (i - j)) / (math.log1p(c * min(max(L, i), 7)) + f.eps)
+        w1, b1 = f.mlp[0].weight[:, 0].tolist(), f.mlp[0].bias.tolist()
+        hidden = [max(0.0, w * x + b) for w, b in zip(w1, b1, strict=True)]
+        for h in range(3):
+            want = float(f.mlp[2].bias[h].detach()) + sum(
+                float(f.mlp[2].weight[h, u].detach()) * hidden[u] for u in range(len(hidden))
+            )
+            assert abs(float(ref[h, r, k]) - want) < 1e-12
+    assert torch.isinf(ref[:, 0, 10]).all() and torch.isfinite(ref[:, 0, 9]).all()
 
 
 def fire64(seed: int, heads: int = 3, width: int = 8, depth: int = 1, zero_units: bool = False, **kw) -> FIRE:
@@ -167,3 +173,34 @@ def test_no_graph_break_under_dynamo():
 
     explanation = torch._dynamo.explain(step)(f)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_a_model_on_the_cuda_path_trains_as_on_the_cpu_path(monkeypatch):
+    """The wiring: with the CUDA path switched on for the CPU, a GPT's loss and every gradient
+    (FIRE's c, L and MLP included) equal those of the CPU's own path (float32 rounding)."""
+    import torch.nn.functional as F
+
+    from fireviz.encodings import fire as fire_module
+    from fireviz.model.gpt import GPT, GPTConfig
+
+    def loss_and_grads(model, x):
+        model.zero_grad(set_to_none=True)
+        logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, d_model=32, seq_len=48, encoding_options={"init_L": 12.0}, attn_query_block=32)
+    model = GPT(cfg).train()
+    with torch.no_grad():
+        for e in model.encodings:
+            e.mlp[2].weight.normal_(0, 1.0)
+    x = torch.randint(0, 256, (2, 49), generator=torch.Generator().manual_seed(1))
+    ref_loss, ref = loss_and_grads(model, x)
+    monkeypatch.setattr(fire_module, "SEGMENT_PATH_DEVICES", {"cuda", "cpu"})
+    loss, got = loss_and_grads(model, x)
+    assert abs(float(loss - ref_loss)) < 1e-5
+    assert set(got) == set(ref) and "encodings.0.L_multiplier" in got
+    for name, g in ref.items():
+        assert (got[name] - g).abs().max() <= 1e-4 * g.abs().max().clamp_min(1e-3), name
