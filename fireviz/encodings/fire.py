@@ -41,7 +41,7 @@ from fireviz.encodings.base import (
     query_positions,
     relative_distance,
 )
-from fireviz.encodings.fire_segments import segment_rows, skew_to_keys
+from fireviz.encodings.fire_segments import segment_bias
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -502,15 +502,15 @@ class FIRE(PositionEncoding):
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         P = check_position_offset(position_offset)
-        D = q_offset + q_len  # distances 0 … D − 1
+        D = q_offset + q_len  # queries' own positions: keys 0 … D − 1
         if D > k_len:
             raise ValueError(
                 f"masked_bias_segments needs q_offset + q_len <= k_len (got {q_offset} + {q_len} > {k_len})"
             )
         dev, dt = self.c.device, self.c.dtype
-        d = torch.arange(D, device=dev, dtype=dt)
         c = self.c
-        psi_d = torch.log1p(torch.abs(c * d)) if self.log_transform else d
+        d = torch.arange(q_offset - k_len + 1, D, device=dev, dtype=dt)  # the rectangle's distances
+        psi = torch.log1p(torch.abs(c * d)) if self.log_transform else torch.abs(d)
         if self.progressive_interpolation:
             pos = torch.arange(q_offset, D, device=dev, dtype=dt) + P
             pos = torch.maximum(pos, self.threshold().to(dt))
@@ -519,19 +519,22 @@ class FIRE(PositionEncoding):
             norm = (torch.log1p(torch.abs(c * pos)) if self.log_transform else pos) + self.eps
         else:
             norm = torch.ones(q_len, device=dev, dtype=dt)
-        # Row blocks bound the intermediates ([2, H, rows, D] deltas, or [rows, D, width] with
+        # Row blocks bound the intermediates ([2, H, rows, keys] deltas, or [rows, keys, width] with
         # mlp_depth 2) where no graph keeps them; a graph keeps them anyway: one block then.
         block = q_len if self.mlp_depth == 1 and self._needs_grad() else BIAS_QUERY_BLOCK
         parts = []
         for r0 in range(0, q_len, block):
-            n_r = norm[r0 : r0 + block]
+            r1 = min(r0 + block, q_len)
+            psi_rows = psi[r0 : r1 + k_len - 1]  # the distances of rows r0 … r1 − 1
             if self.mlp_depth == 1:
                 lin1, lin2 = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
-                parts.append(segment_rows(psi_d, n_r, lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias))
-            else:  # no closed form here: f_θ per (row, distance), in the same layout
-                parts.append(self.mlp_forward(psi_d[None, :] / n_r[:, None]))
-        dist = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [H, q_len, D]
-        return skew_to_keys(dist, q_offset, k_len)  # keys past the last query (D < k_len): −inf
+                w1, b1, w2, b2 = lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias
+                parts.append(segment_bias(psi_rows, norm[r0:r1], q_offset + r0, w1, b1, w2, b2))
+            else:  # no closed form here: f_θ per pair, the future masked after
+                x = toeplitz_from_table(psi_rows[None], r1 - r0, k_len)[0] / norm[r0:r1, None]
+                future = relative_distance(r1 - r0, k_len, q_offset + r0, dev) < 0
+                parts.append(self.mlp_forward(x).masked_fill(future, float("-inf")))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def masked_bias(
         self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0

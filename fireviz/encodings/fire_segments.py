@@ -12,17 +12,18 @@ The structure used (exact, no approximation):
   p[i, k] = #{d : ψ(d) ≤ t_k·N_i} (w_k > 0, on from there) or #{d : ψ(d) < t_k·N_i} (w_k < 0, on
   below there), t_k = −b_k/w_k. ``searchsorted`` of the ψ-per-distance table gives p (integers,
   no gradient: f is continuous, so the breakpoints carry none).
-* Hence a row's bias is A[h, i, d]·x + B[h, i, d] with A, B piecewise constant in d:
+* Hence a row's bias is A[h, i, j]·x + B[h, i, j] with A, B piecewise constant along the row:
   A = Σ_k W₂[h, k]·w_k·[unit k on], B = b₂[h] + Σ_k W₂[h, k]·b_k·[unit k on]. Each unit
-  adds ±W₂·w (±W₂·b) at its breakpoint into a ``[2, H, rows, D + 1]`` delta tensor, and a
-  ``cumsum`` along d gives A and B — O(D) per row, whatever the width.
+  adds ±W₂·w (±W₂·b) at its switch into a ``[2, H, rows, keys + 1]`` delta tensor, and a
+  ``cumsum`` along the row gives A and B — O(keys) per row, whatever the width.
 * Autograd then needs no atomics into a few bins: the backward of ``cumsum`` is a reversed
   cumsum (the prefix sums the issue asks for), that of ``scatter_add`` (the deltas) a ``gather``
   at the ≤ width breakpoints of each row, and the row sum reaches W₂, w, b. c and L reach the
   bias through the ψ-per-distance table and the per-row normalizers, ordinary tensors.
-* Everything is computed in distance layout ``[H, rows, D]`` (D = the largest distance + 1);
-  one skew (a reversal, −inf padding, a slice and a view: no scatter, no index tensor) turns
-  it into the key layout ``[H, rows, keys]`` with −inf after each query's position.
+* In keys j = i − d a unit's state flips at key i − p + 1, so the deltas go straight into the
+  key layout ``[H, rows, keys]`` (row-major, what SDPA reads), and the causal mask is one more
+  delta: −inf into the intercept at key i + 1, which the cumsum carries to every later key. The
+  MLP input x = ψ(i − j)/N_i reads ψ through a sliding-window view of the per-distance table.
 
 Every Python int used is a shape; no value leaves the device (no ``.item()``, no boolean
 indexing), so ``torch.compile`` traces it without a graph break. A row at i < L is just a row
@@ -37,71 +38,61 @@ from __future__ import annotations
 import torch
 
 
-def skew_to_keys(dist: torch.Tensor, q_offset: int, k_len: int) -> torch.Tensor:
-    """Distance layout → key layout with the causal −inf.
-
-    Args: ``dist [..., q_len, D]`` with ``dist[..., r, d]`` the value of query ``q_offset + r`` at
-      distance d (``D = q_offset + q_len`` distances 0 … D − 1; entries past a row's own position
-      are never read); ``k_len >= D`` keys.
-    Returns: ``[..., q_len, k_len]`` contiguous: ``out[..., r, j] = dist[..., r, q_offset + r − j]``
-      for j ≤ q_offset + r, −inf after. Built from a flip, a pad, a slice and views (their
-      backward is the same moves reversed).
-    Raises: ValueError when D != q_offset + q_len or k_len < D.
-    """
-    q_len, D = dist.shape[-2], dist.shape[-1]
-    if D != q_offset + q_len or k_len < D:
-        raise ValueError(
-            f"skew_to_keys needs D = q_offset + q_len <= k_len (got D={D}, q_len={q_len}, q_offset={q_offset}, k_len={k_len})"
-        )
-    width = q_len + k_len  # row r of the padded tensor: dist[r] reversed (m = D − 1 − d), then −inf
-    padded = torch.cat([dist.flip(-1), dist.new_full((*dist.shape[:-1], width - D), float("-inf"))], dim=-1)
-    lead = dist.shape[:-2]
-    flat = padded.reshape(*lead, q_len * width)
-    # out[r, j] = padded[r, q_len − 1 − r + j] = flat[q_len − 1 + r·(width − 1) + j]
-    start = q_len - 1
-    window = flat[..., start : start + q_len * (width - 1)].reshape(*lead, q_len, width - 1)
-    return window[..., :k_len].contiguous()
-
-
-def segment_rows(
-    psi_d: torch.Tensor,
+def segment_bias(
+    psi: torch.Tensor,
     norm: torch.Tensor,
+    q_offset: int,
     w1: torch.Tensor,
     b1: torch.Tensor,
     w2: torch.Tensor,
     b2: torch.Tensor,
 ) -> torch.Tensor:
-    """f_θ(ψ(d)/N_r) for every row r and distance d, in distance layout, without a width axis.
+    """FIRE's causal bias f_θ(ψ(i − j)/N_i) with −inf at j > i, without a width axis.
 
     Args (one dtype, float32 or float64; one device):
-      psi_d ``[D]``: ψ(d) for d = 0 … D − 1, nondecreasing (what ψ is on d ≥ 0).
-      norm ``[R]``: the rows' normalizers N_r > 0.
+      psi ``[q_len + k_len − 1]``: ψ(d) for the distances d = q_offset − k_len + 1 … q_offset + q_len − 1
+        of the rectangle, in order (ψ(|d|) where d < 0: finite, never used).
+      norm ``[q_len]``: the normalizers N_i > 0 of queries q_offset … q_offset + q_len − 1.
+      q_offset: the first query's index among the keys 0 … k_len − 1 (q_offset + q_len <= k_len).
       w1, b1 ``[W]``: the hidden layer (``Linear(1, W)``'s weight[:, 0] and bias).
       w2 ``[H, W]``, b2 ``[H]``: the output layer.
-    Returns: ``[H, R, D]``, equal to ``b2 + w2 @ relu(w1·x + b1)`` at x = psi_d[d]/norm[r] (up to
-      rounding; exactly the same piecewise-linear function), differentiable in every input.
+    Returns: ``[H, q_len, k_len]``, row-major: ``b2 + w2 @ relu(w1·x + b1)`` at x = ψ(i − j)/N_i (the
+      same piecewise-linear function, up to rounding) for j <= i, −inf after; differentiable in
+      every input.
+    Raises: ValueError when the lengths do not fit (see Args).
     """
     H, W = w2.shape
-    R, D = norm.shape[0], psi_d.shape[0]
-    pos = w1 > 0
-    neg = w1 < 0
-    safe_w = torch.where(pos | neg, w1, torch.ones_like(w1))
-    t = torch.where(pos | neg, -b1 / safe_w, torch.zeros_like(b1)).detach()  # breakpoints in x
-    thresholds = (t[None, :] * norm.detach()[:, None]).contiguous()  # [R, W] in ψ units
-    psi_sorted = psi_d.detach().contiguous()
-    right = torch.searchsorted(psi_sorted, thresholds, right=True)  # #{ψ(d) <= t·N}: on from here (w > 0)
-    left = torch.searchsorted(psi_sorted, thresholds, right=False)  # #{ψ(d) < t·N}: on below here (w < 0)
-    # w = 0: on everywhere (position 0) when b > 0, nowhere (position D) otherwise
-    const_pos = torch.where(b1 > 0, torch.zeros_like(right[0]), torch.full_like(right[0], D))
-    p = torch.where(pos, right, torch.where(neg, left, const_pos[None, :].expand(R, W)))  # [R, W]
-    sign = torch.where(neg, -torch.ones_like(w1), torch.ones_like(w1))  # w < 0: on at 0, off at p
-    alpha = w2 * w1  # [H, W] slope contributions
-    beta = w2 * b1  # [H, W] intercept contributions
-    coef = torch.stack([alpha, beta])  # [2, H, W]
-    delta = torch.zeros(2, H, R, D + 1, dtype=coef.dtype, device=coef.device)
-    delta = delta.scatter_add(-1, p[None, None].expand(2, H, R, W), (coef * sign)[:, :, None, :].expand(2, H, R, W))
-    # units with w < 0 are on from d = 0: their coefficient is a constant, added after the cumsum
-    base = (coef * neg.to(coef.dtype)).sum(-1)  # [2, H]
-    ab = delta[..., :D].cumsum(-1) + base[:, :, None, None]  # [2, H, R, D]
-    x = psi_d[None, :] / norm[:, None]  # [R, D]
+    R = norm.shape[0]
+    K = (psi.shape[0] + 1) - R
+    D = q_offset + R  # distances 0 … D − 1 occur
+    if K < D or q_offset < 0:
+        raise ValueError(f"segment_bias needs 0 <= q_offset and q_offset + q_len <= k_len (got {q_offset}, {R}, {K})")
+    # ψ(d) for d = 0 … D − 1, ascending: where each row's units switch
+    psi_up = psi.detach()[K - 1 - q_offset :].contiguous()
+    pos, neg = w1 > 0, w1 < 0
+    live = pos | neg
+    t = torch.where(live, -b1 / torch.where(live, w1, torch.ones_like(w1)), torch.zeros_like(b1)).detach()
+    thresholds = (t[None, :] * norm.detach()[:, None]).contiguous()  # [R, W], in ψ units
+    right = torch.searchsorted(psi_up, thresholds, right=True)  # w > 0: on at d >= #{ψ(d) <= t·N}
+    left = torch.searchsorted(psi_up, thresholds, right=False)  # w < 0: on at d < #{ψ(d) < t·N}
+    # w = 0: on at every d >= 0 when b > 0, at none otherwise
+    const = torch.where(b1 > 0, torch.zeros_like(right[0]), torch.full_like(right[0], D))
+    p = torch.where(pos, right, torch.where(neg, left, const[None, :].expand(R, W)))  # [R, W]
+    # in keys j = i − d: w >= 0 units are on for j <= i − p, w < 0 units for j >= i − p + 1
+    i = torch.arange(q_offset, D, device=psi.device)[:, None]
+    switch = (i - p + 1).clamp(0, K)  # [R, W] key index in 0 … K
+    sign = torch.where(neg, torch.ones_like(w1), -torch.ones_like(w1))  # on from the switch / off from it
+    coef = torch.stack([w2 * w1, w2 * b1])  # [2, H, W]: slope and intercept contributions
+    base = (coef * (~neg).to(coef.dtype)).sum(-1)  # [2, H]: w >= 0 units are on from key 0
+    # the causal −inf goes into the intercept's deltas at key i + 1 (its cumsum is −inf after i)
+    future = torch.arange(K + 1, device=psi.device)[None, :] == (i + 1)  # [R, K + 1]
+    start = torch.zeros(2, 1, R, K + 1, dtype=coef.dtype, device=coef.device)
+    start = start.masked_fill(torch.stack([torch.zeros_like(future), future])[:, None], float("-inf"))
+    delta = start.expand(2, H, R, K + 1).scatter_add(
+        -1, switch[None, None].expand(2, H, R, W), (coef * sign)[:, :, None, :].expand(2, H, R, W)
+    )
+    ab = delta[..., :K].cumsum(-1) + base[:, :, None, None]  # [2, H, R, K]: per-key slope, intercept
+    # x = ψ(i − j)/N_i: ψ's rows are sliding windows of the per-distance table (a view; its
+    # backward is a strided sum, no scatter)
+    x = psi.flip(-1).unfold(-1, K, 1).flip(0) / norm[:, None]  # [R, K]
     return torch.addcmul(ab[1] + b2[:, None, None], ab[0], x)

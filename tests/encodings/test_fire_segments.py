@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fireviz.encodings.fire import FIRE
-from fireviz.encodings.fire_segments import segment_rows, skew_to_keys
+from fireviz.encodings.fire_segments import segment_bias
 
 #: float64 throughout: the two sides differ by rounding only (~1e-15 relative); an index or a
 #: breakpoint off by one is O(0.01) or more
@@ -36,7 +36,7 @@ def test_the_reference_is_the_formula_written_out():
             want = float(f.mlp[2].bias[h].detach()) + sum(
                 float(f.mlp[2].weight[h, u].detach()) * hidden[u] for u in range(len(hidden))
             )
-            assert abs(float(ref[h, r, k]) - want) < 1e-12
+            assert abs(float(ref[h, r, k].detach()) - want) < 1e-12
     assert torch.isinf(ref[:, 0, 10]).all() and torch.isfinite(ref[:, 0, 9]).all()
 
 
@@ -133,30 +133,27 @@ def test_float32_matches_the_model_path():
     assert (a[fin] - b[fin]).abs().max() < 1e-5
 
 
-def test_skew_to_keys_places_every_distance():
-    H, q_len, q_offset, k_len = 2, 4, 3, 9
-    D = q_offset + q_len
-    dist = torch.randn(H, q_len, D, dtype=torch.float64)
-    out = skew_to_keys(dist, q_offset, k_len)
-    for r in range(q_len):
-        for j in range(k_len):
-            i = q_offset + r
-            want = dist[:, r, i - j] if j <= i else torch.full((H,), float("-inf"), dtype=torch.float64)
-            assert torch.equal(out[:, r, j], want)
-    with pytest.raises(ValueError, match="q_offset \\+ q_len <= k_len"):
-        skew_to_keys(dist, q_offset, D - 1)
-
-
-def test_segment_rows_equals_the_mlp_on_any_rows():
+def test_segment_bias_equals_the_mlp_for_any_normalizers():
+    """The core function alone: arbitrary positive normalizers (not FIRE's), keys past the queries."""
     g = torch.Generator().manual_seed(0)
-    W, H, D = 6, 2, 17
+    W, H, R, K, q_offset = 6, 2, 4, 13, 5
     w1, b1 = torch.randn(W, dtype=torch.float64, generator=g), torch.randn(W, dtype=torch.float64, generator=g)
     w2, b2 = torch.randn(H, W, dtype=torch.float64, generator=g), torch.randn(H, dtype=torch.float64, generator=g)
-    psi = torch.log1p(0.4 * torch.arange(D, dtype=torch.float64))
+    d = torch.arange(q_offset - K + 1, q_offset + R, dtype=torch.float64)
+    psi = torch.log1p(0.4 * d.abs())
     norm = torch.tensor([0.3, 1.0, 2.5, 7.0], dtype=torch.float64)
-    x = psi[None, :] / norm[:, None]
-    ref = b2[:, None, None] + torch.einsum("hw,rdw->hrd", w2, torch.relu(x[..., None] * w1 + b1))
-    assert (segment_rows(psi, norm, w1, b1, w2, b2) - ref).abs().max() < 1e-12
+    got = segment_bias(psi, norm, q_offset, w1, b1, w2, b2)
+    for r in range(R):
+        for j in range(K):
+            i = q_offset + r
+            if j > i:
+                assert torch.isinf(got[:, r, j]).all() and (got[:, r, j] < 0).all()
+                continue
+            x = math.log1p(0.4 * (i - j)) / float(norm[r])
+            want = b2 + w2 @ torch.relu(w1 * x + b1)
+            assert (got[:, r, j] - want).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="q_offset \\+ q_len <= k_len"):
+        segment_bias(psi[:-3], norm, q_offset + 3, w1, b1, w2, b2)
 
 
 def test_masked_bias_segments_refuses_queries_past_the_keys():
@@ -204,3 +201,19 @@ def test_a_model_on_the_cuda_path_trains_as_on_the_cpu_path(monkeypatch):
     assert set(got) == set(ref) and "encodings.0.L_multiplier" in got
     for name, g in ref.items():
         assert (got[name] - g).abs().max() <= 1e-4 * g.abs().max().clamp_min(1e-3), name
+
+
+def test_a_breakpoint_exactly_at_a_key():
+    """x = i − j exactly (no log, no normalizer) and units switching at x = 3: ReLU's gradient at 0
+    is 0, so a unit exactly at its breakpoint counts as off on both sides (w > 0 and w < 0)."""
+    f = fire64(0, width=4, log_transform=False, progressive_interpolation=False)
+    with torch.no_grad():
+        f.mlp[0].weight[:, 0] = torch.tensor([1.0, -1.0, 2.0, -0.5], dtype=torch.float64)
+        f.mlp[0].bias[:] = torch.tensor([-3.0, 3.0, -4.0, 1.0], dtype=torch.float64)  # x = 3, 3, 2, 2
+    got, ref = f.masked_bias_segments(8, 8, 0), plain_masked(f, 8, 8, 0, 0)
+    finite = torch.isfinite(ref)
+    assert (got[finite] - ref[finite]).abs().max() < 1e-12
+    upstream = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    g_got, g_ref = grads(f, got, upstream), grads(f, ref, upstream)
+    for name, g in g_ref.items():
+        assert (g_got[name] - g).abs().max() < 1e-10, name
