@@ -1,38 +1,55 @@
-"""One GPU check, ready to run in one call (issues #9, #37): everything the CPU cannot show.
+"""One GPU check, ready to run in one call (issues #9, #37, #49): everything the CPU cannot show.
 
 Steps (each one reports what failed and the script goes on with the rest):
 
 1. ``environment``: torch, CUDA, the GPU(s), whether FlexAttention compiles here.
-2. ``parity``: for every registered encoding, a small GPT's float32 logits on the device against
-   a float64 CPU reference (TF32 off), at 2.3 × its training length; FlexAttention's forward
-   against the SDPA path for each additive encoding; and the gradients of a training step through
-   FlexAttention (bias tables with gradients) against the SDPA path (PyTorch has no FlexAttention
-   backward on CPU: there it says so).
+2. ``parity``: FIRE's CUDA path first (issue 49: ``FIRE.masked_bias_segments`` against eq. 3–4,
+   ``masked_bias_reference``, on the device — below L, across L, a position offset with a query
+   block, a normalizer cap, mlp_depth 2: float64 values and the gradients of c, L and every MLP
+   weight, float32 values); then for every registered encoding a small GPT's float32 logits on the
+   device against a float64 CPU reference (TF32 off), at 2.3 × its training length (FIRE on CUDA:
+   the new path); FlexAttention's forward against the SDPA path for each additive encoding; and the
+   gradients of a training step through FlexAttention (bias tables with gradients) against the SDPA
+   path (PyTorch has no FlexAttention backward on CPU: there it says so).
 3. ``train_step``: optimizer steps of the paper's base shape (12 layers, 12 heads, d = 768, 2048
-   tokens, batch 8) in bf16 autocast for FIRE, ALiBi and RoPE: SDPA eager, SDPA under
-   ``torch.compile``, FlexAttention eager — tokens/s, MFU (6·N + attention FLOPs per token over
-   the GPU's dense bf16 peak) and peak memory.
-4. ``eval_memory``: the base shape's evaluation forward at 8k and 32k tokens (batch 1) for FIRE
-   and ALiBi, SDPA (bias materialised per 1024-query block) against FlexAttention (bias inside
-   the kernel): seconds, peak memory, and the size a full ``[heads, n, n]`` bias would have taken.
-5. ``trainer``: ``python -m fireviz train`` (configs/tiny.toml on the bundled prose, FIRE) on the
+   tokens, batch 8) in bf16 autocast for every variant of ``VARIANTS`` (NoPE, ALiBi, RoPE, T5,
+   Kerple, Sandwich, FIRE, FIRE-S, FIRE with mlp_depth 2), SDPA eager and under ``torch.compile``,
+   FlexAttention eager for ALiBi, FIRE and T5 (``TRAIN_ROWS``, most wanted first) — tokens/s, MFU
+   (6·N + attention FLOPs per token over the GPU's dense bf16 peak), peak memory, and the cost
+   (time per step) relative to ALiBi and to NoPE on the same path.
+4. ``fire_profile``: one eager FIRE training step under ``torch.profiler`` (its top kernels by self
+   time), and ``torch._dynamo.explain`` of a FIRE training forward + loss: graphs, breaks, and
+   how many of them are inside attention or the encoding.
+5. ``eval_memory``: the base shape's evaluation forward at 8k and 32k tokens (batch 1) per variant
+   (``EVAL_ROWS``), SDPA (bias materialised per 1024-query block) and FlexAttention (bias inside
+   the kernel): seconds of the second of two forwards, tokens/s, MFU, peak memory, the cost relative
+   to ALiBi and NoPE, and the size a full ``[heads, n, n]`` bias would have taken.
+6. ``trainer``: ``python -m fireviz train`` (configs/tiny.toml on the bundled prose, FIRE) on the
    device with ``compile`` off and on: steps/s, tokens/s, the last loss.
-6. ``ddp``: the same run under ``torchrun`` on every visible GPU (NCCL; with ``--dry-run``: two
+7. ``ddp``: the same run under ``torchrun`` on every visible GPU (NCCL; with ``--dry-run``: two
    CPU processes, gloo) and its last loss against the one-process run.
-7. ``published``: a published causal LM through fireviz's evaluation (issue #36,
+8. ``published``: a published causal LM through fireviz's evaluation (issue #36,
    ``benchmarks/published_lm.py``: SmolLM2-135M's Llama shape, random weights, bf16 autocast) at
    8k and 32k tokens — tokens/s and peak memory; ``--dry-run``: a 2-layer model at 64 and 128 on the CPU.
-8. ``shards``: issue #37's path at scale — a BPE tokenizer (8k; ``--dry-run``: 300) trained on the
+9. ``shards``: issue #37's path at scale — a BPE tokenizer (8k; ``--dry-run``: 300) trained on the
    bundled prose, its token shards written by ``prepare`` (tokens/s, several processes), and the small
    GPU recipe (configs/gpu_small.toml, ~29M parameters at 2048 tokens) trained from those shards on
    the device: tokens/s, peak memory, the last loss; ``--dry-run``: a 1-layer model at 64 tokens.
 
-    python benchmarks/gpu.py [--out DIR] [--budget-s 540] [--peak-tflops F] [--only STEP,…]
+    python benchmarks/gpu.py [--out DIR] [--stem NAME] [--budget-s 540] [--step-budget STEP=S,…]
+        [--peak-tflops F] [--only STEP,…] [--attention sdpa,flex] [--no-compile] [--flex-parity ENC,…]
     python benchmarks/gpu.py --dry-run      # every step at toy sizes on the CPU (~4 min on 2 cores)
-    python benchmarks/gpu.py --dry-run --no-compile --attention sdpa   # the plumbing only (~1 min)
+    python benchmarks/gpu.py --dry-run --no-compile --attention sdpa   # the plumbing only (~2 min)
 
-Writes ``DIR/gpu.json`` (every figure, the settings, the failures) and ``DIR/gpu.md`` (a short
-report); default DIR ``out/gpu`` (git-ignored; the published runs are in benchmarks/results). Without CUDA and without ``--dry-run`` it says so and
+Issue 49's one device call (≤ 9 minutes on one H100; benchmarks/README.md):
+
+    python benchmarks/gpu.py --only environment,parity,train_step,eval_memory,fire_profile \
+        --flex-parity fire --budget-s 500 \
+        --step-budget parity=70,train_step=230,eval_memory=120,fire_profile=50 \
+        --out benchmarks/results --stem gpu_issue49_$(date -u +%F)
+
+Writes ``DIR/STEM.json`` (every figure, the settings, the failures) and ``DIR/STEM.md`` (a short
+report); default ``out/gpu/gpu.*`` (git-ignored; the published runs are in benchmarks/results). Without CUDA and without ``--dry-run`` it says so and
 exits 0 having measured nothing. A step that would start after ``--budget-s`` seconds is skipped
 and named as such, so the call ends inside its lease.
 """
@@ -73,8 +90,10 @@ GRAD_TOL = 1e-3
 #: the attention paths measured (--attention), and whether torch.compile rows run (--no-compile)
 ATTENTION = ["sdpa", "flex"]
 COMPILE = [True]
-#: encodings whose FlexAttention forward parity runs (--flex-parity; empty: every one)
+#: encodings whose FlexAttention parity runs, forward and gradients (--flex-parity; empty: every one)
 FLEX_PARITY: list[str] = []
+#: the report's file name stem in --out (--stem)
+STEM = ["gpu"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,12 @@ class Budget:
 
     def ok(self, need: float = 0.0) -> bool:
         return self.left() > need
+
+    def within(self, seconds: float | None) -> "Budget":
+        """This budget, ending ``seconds`` from now if that comes first (``--step-budget``)."""
+        sub = Budget(0.0)
+        sub.end = self.end if seconds is None else min(self.end, time.monotonic() + seconds)
+        return sub
 
 
 def _failure(e: BaseException) -> dict:
@@ -373,6 +398,8 @@ def parity(dev: torch.device, sizes: Sizes, budget: Budget) -> dict:
                 continue
             out["flex_forward"][name] = _run(_flex_forward_parity, name, dev, sizes)
         for name in ("alibi", "t5", "fire"):
+            if FLEX_PARITY and name not in FLEX_PARITY:
+                continue
             if "flex" not in ATTENTION:
                 out["flex_grad"][name] = {"status": "skipped", "error": "--attention without flex"}
             elif dev.type != "cuda":
@@ -563,16 +590,17 @@ def _graph_breaks(dev: torch.device, sizes: Sizes) -> dict:
         frame = r.user_stack[-1] if getattr(r, "user_stack", None) else None
         where = f"{Path(frame.filename).name}:{frame.lineno}" if frame is not None else ""
         reasons.append({"reason": str(r.reason).splitlines()[0][:200], "at": where})
-    inside = [
-        r
-        for r in reasons
-        if any(k in r["at"] for k in ("attention.py", "fire.py", "fire_segments.py", "flex.py", "base.py"))
-    ]
+
+    def count(files: tuple[str, ...]) -> int:
+        return sum(1 for r in reasons if r["at"].split(":")[0] in files)
+
     return {
         "fire_path": "masked_bias_segments" + (f" (forced on {dev.type} for this count)" if forced else ""),
         "graphs": explanation.graph_count,
         "graph_breaks": explanation.graph_break_count,
-        "breaks_inside_attention": len(inside),
+        # attention.py's breaks on a CPU are its own training path (BiasedAttention), which CUDA does not take
+        "breaks_inside_attention": count(("attention.py", "flex.py")),
+        "breaks_inside_fire_bias": count(("fire.py", "fire_segments.py", "base.py")),
         "reasons": reasons[:10],
     }
 
@@ -900,7 +928,8 @@ def _profile_section(prof: dict) -> list[str]:
             "## torch.compile of a FIRE training forward + loss (torch._dynamo.explain)",
             "",
             f"FIRE's mask from {gb.get('fire_path')}: {gb['graphs']} graph(s), {gb['graph_breaks']} break(s), "
-            f"{gb['breaks_inside_attention']} inside attention or the encoding.",
+            f"{gb['breaks_inside_attention']} inside attention (attention.py, flex.py), "
+            f"{gb['breaks_inside_fire_bias']} inside FIRE's bias (fire.py, fire_segments.py).",
             "",
         ]
         if gb.get("reasons"):
@@ -997,7 +1026,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", default="sdpa,flex", help="attention paths of train_step / eval_memory rows")
     ap.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
-    ap.add_argument("--flex-parity", default="", help="encodings of the FlexAttention forward parity (default all)")
+    ap.add_argument(
+        "--flex-parity", default="", help="encodings of the FlexAttention parity, forward and gradients (default all)"
+    )
+    ap.add_argument("--step-budget", default="", help="per-step caps in seconds, e.g. train_step=220,eval_memory=120")
+    ap.add_argument("--stem", default="gpu", help="file names STEM.json and STEM.md in --out (default gpu)")
     args = ap.parse_args(argv)
     FLEX_PARITY[:] = [a.strip() for a in args.flex_parity.split(",") if a.strip()]
     ATTENTION[:] = [a.strip() for a in args.attention.split(",") if a.strip()]
@@ -1019,7 +1052,19 @@ def main(argv: list[str] | None = None) -> int:
     peak = args.peak_tflops
     if peak is None and dev.type == "cuda":
         peak = next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name()), None)
-    budget = Budget(args.budget_s)
+    whole = Budget(args.budget_s)
+    step_budget = {}
+    for item in filter(None, (a.strip() for a in args.step_budget.split(","))):
+        name, _, sec = item.partition("=")
+        try:
+            step_budget[name.strip()] = float(sec)
+        except ValueError:
+            ap.error(f"--step-budget: {item!r} is not STEP=SECONDS")
+        if name.strip() not in STEPS:
+            ap.error(f"--step-budget: unknown step {name.strip()!r}; choose from {', '.join(STEPS)}")
+    if not args.stem or "/" in args.stem or args.stem.startswith("."):
+        ap.error(f"--stem {args.stem!r}: give a plain file name stem, e.g. gpu_issue49_2026-12-07")
+    STEM[0] = args.stem
     t0 = time.perf_counter()
     results: dict = {
         "dry_run": args.dry_run,
@@ -1028,7 +1073,13 @@ def main(argv: list[str] | None = None) -> int:
         "peak_tflops": peak,
         "device": str(dev),
         "sizes": asdict(sizes),
-        "asked": {"only": only, "attention": list(ATTENTION), "compile": COMPILE[0], "flex_parity": list(FLEX_PARITY)},
+        "asked": {
+            "only": only,
+            "attention": list(ATTENTION),
+            "compile": COMPILE[0],
+            "flex_parity": list(FLEX_PARITY),
+            "step_budget_s": step_budget,
+        },
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -1038,6 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
             if step not in only:
                 continue
             print(f"[{time.perf_counter() - t0:6.0f} s] {step} …", flush=True)
+            budget = whole.within(step_budget.get(step))
             if step == "environment":
                 results[step] = _run(environment, dev, sizes, budget)
             elif step == "parity":
@@ -1067,7 +1119,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _write(out_dir: Path, results: dict) -> None:
     """gpu.json and gpu.md, each replaced atomically."""
-    for name, text in (("gpu.json", json.dumps(results, indent=1, default=str)), ("gpu.md", report(results))):
+    for name, text in (
+        (f"{STEM[0]}.json", json.dumps(results, indent=1, default=str)),
+        (f"{STEM[0]}.md", report(results)),
+    ):
         tmp = out_dir / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, out_dir / name)
