@@ -1017,9 +1017,13 @@ def report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], dict[str, float]]:
+    """The command line, checked: ``(args, steps asked for, per-step caps in seconds)``; sets
+    ``ATTENTION``, ``COMPILE``, ``FLEX_PARITY`` and ``STEM``. Exits with argparse's message on bad input."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(REPO / "out" / "gpu"), help="folder for gpu.json and gpu.md (default out/gpu)")
+    ap.add_argument(
+        "--out", default=str(REPO / "out" / "gpu"), help="folder for STEM.json and STEM.md (default out/gpu)"
+    )
     ap.add_argument("--dry-run", action="store_true", help="every step at toy sizes on the CPU")
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip steps that would start after this (s)")
     ap.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
@@ -1044,15 +1048,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--attention: unknown or no path(s) {bad or args.attention!r}; choose from sdpa, flex")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         ap.error(f"--out {args.out} is a file; give a folder (it is created if missing)")
-    if not torch.cuda.is_available() and not args.dry_run:
-        print("CUDA is not available: nothing measured (use --dry-run to run every step at toy sizes on the CPU).")
-        return 0
-    dev = torch.device("cpu" if args.dry_run else "cuda")
-    sizes = TOY if args.dry_run else FULL
-    peak = args.peak_tflops
-    if peak is None and dev.type == "cuda":
-        peak = next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name()), None)
-    whole = Budget(args.budget_s)
     step_budget = {}
     for item in filter(None, (a.strip() for a in args.step_budget.split(","))):
         name, _, sec = item.partition("=")
@@ -1065,6 +1060,42 @@ def main(argv: list[str] | None = None) -> int:
     if not args.stem or "/" in args.stem or args.stem.startswith("."):
         ap.error(f"--stem {args.stem!r}: give a plain file name stem, e.g. gpu_issue49_2026-12-07")
     STEM[0] = args.stem
+    return args, only, step_budget
+
+
+def _run_step(step: str, dev, sizes: Sizes, budget: Budget, peak, work: Path, results: dict) -> dict:
+    """One step's results (its failure as JSON if it raised)."""
+    if step == "environment":
+        return _run(environment, dev, sizes, budget)
+    if step == "parity":
+        return _run(parity, dev, sizes, budget)
+    if step == "train_step":
+        return _run(train_step, dev, sizes, budget, peak)
+    if step == "fire_profile":
+        return _run(fire_profile, dev, sizes, budget)
+    if step == "eval_memory":
+        return _run(eval_memory, dev, sizes, budget, peak)
+    if step == "trainer":
+        return _run(trainer, dev, sizes, budget, work)
+    if step == "ddp":
+        rows = results.get("trainer", {}).get("rows", [])
+        return _run(ddp, dev, sizes, budget, work, rows[0] if rows else None)
+    if step == "published":
+        return _run(published, dev, sizes, budget)
+    return _run(shards, dev, sizes, budget, work)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, only, step_budget = _parse_args(argv)
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("CUDA is not available: nothing measured (use --dry-run to run every step at toy sizes on the CPU).")
+        return 0
+    dev = torch.device("cpu" if args.dry_run else "cuda")
+    sizes = TOY if args.dry_run else FULL
+    peak = args.peak_tflops
+    if peak is None and dev.type == "cuda":
+        peak = next((v for k, v in PEAK_TFLOPS.items() if k in torch.cuda.get_device_name()), None)
+    whole = Budget(args.budget_s)
     t0 = time.perf_counter()
     results: dict = {
         "dry_run": args.dry_run,
@@ -1084,31 +1115,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fireviz-gpu-") as tmp:
-        work = Path(tmp)
         for step in STEPS:
             if step not in only:
                 continue
             print(f"[{time.perf_counter() - t0:6.0f} s] {step} …", flush=True)
             budget = whole.within(step_budget.get(step))
-            if step == "environment":
-                results[step] = _run(environment, dev, sizes, budget)
-            elif step == "parity":
-                results[step] = _run(parity, dev, sizes, budget)
-            elif step == "train_step":
-                results[step] = _run(train_step, dev, sizes, budget, peak)
-            elif step == "fire_profile":
-                results[step] = _run(fire_profile, dev, sizes, budget)
-            elif step == "eval_memory":
-                results[step] = _run(eval_memory, dev, sizes, budget, peak)
-            elif step == "trainer":
-                results[step] = _run(trainer, dev, sizes, budget, work)
-            elif step == "ddp":
-                rows = results.get("trainer", {}).get("rows", [])
-                results[step] = _run(ddp, dev, sizes, budget, work, rows[0] if rows else None)
-            elif step == "published":
-                results[step] = _run(published, dev, sizes, budget)
-            elif step == "shards":
-                results[step] = _run(shards, dev, sizes, budget, work)
+            results[step] = _run_step(step, dev, sizes, budget, peak, Path(tmp), results)
             results["seconds"] = time.perf_counter() - t0
             _write(out_dir, results)  # after every step: a killed call keeps what it measured
     results["seconds"] = time.perf_counter() - t0
