@@ -43,9 +43,9 @@ Steps (each one reports what failed and the script goes on with the rest):
 
 Issue 49's one device call (≤ 9 minutes on one H100; benchmarks/README.md):
 
-    python benchmarks/gpu.py --only environment,parity,train_step,eval_memory,fire_profile \
-        --flex-parity fire --budget-s 500 \
-        --step-budget parity=70,train_step=230,eval_memory=120,fire_profile=50 \
+    python3 benchmarks/gpu.py --only environment,parity,train_step,fire_profile,eval_memory \\
+        --flex-parity fire --budget-s 490 \\
+        --step-budget parity=60,train_step=240,fire_profile=45,eval_memory=110 \\
         --out benchmarks/results --stem gpu_issue49_$(date -u +%F)
 
 Writes ``DIR/STEM.json`` (every figure, the settings, the failures) and ``DIR/STEM.md`` (a short
@@ -209,11 +209,15 @@ TRAIN_ROWS = (
     + [(v, "sdpa", True) for v in ("kerple_log", "sandwich", "fire_depth2", "rope")]
     + [(v, "flex", False) for v in ("alibi", "fire", "t5")]
 )  # fmt: skip
-#: evaluation rows per length: (variant, attention path)
+#: evaluation rows in the order they run: (variant, index into the eval lengths, attention path) —
+#: the issue's targets first (FIRE and ALiBi at the longest length, SDPA and FlexAttention)
 EVAL_ROWS = [
-    ("nope", "sdpa"), ("alibi", "sdpa"), ("fire", "sdpa"), ("t5", "sdpa"), ("fire_s", "sdpa"),
-    ("nope", "flex"), ("alibi", "flex"), ("fire", "flex"), ("t5", "flex"),
-    ("kerple_log", "sdpa"), ("sandwich", "sdpa"), ("fire_depth2", "sdpa"),
+    ("alibi", 1, "sdpa"), ("fire", 1, "sdpa"), ("alibi", 1, "flex"), ("fire", 1, "flex"),
+    ("nope", 1, "sdpa"), ("fire_s", 1, "sdpa"), ("t5", 1, "sdpa"),
+    ("alibi", 0, "sdpa"), ("fire", 0, "sdpa"), ("nope", 0, "sdpa"), ("fire_s", 0, "sdpa"), ("t5", 0, "sdpa"),
+    ("nope", 1, "flex"), ("t5", 1, "flex"), ("alibi", 0, "flex"), ("fire", 0, "flex"),
+    ("kerple_log", 1, "sdpa"), ("sandwich", 1, "sdpa"), ("kerple_log", 0, "sdpa"), ("sandwich", 0, "sdpa"),
+    ("fire_depth2", 0, "sdpa"), ("fire_depth2", 1, "sdpa"),
 ]  # fmt: skip
 
 
@@ -480,7 +484,7 @@ def train_step(dev: torch.device, sizes: Sizes, budget: Budget, peak: float | No
         if backend not in ATTENTION or (comp and not COMPILE[0]):
             continue
         row = {"encoding": name, "attention": backend, "compile": comp}
-        if not budget.ok(90 if comp else 30):
+        if not budget.ok(60 if comp else 20):
             row.update(status="skipped", error="time budget")
         elif backend == "flex" and dev.type != "cuda":
             row.update(status="unavailable", error="PyTorch has no FlexAttention backward on CPU")
@@ -651,20 +655,21 @@ def eval_memory(dev: torch.device, sizes: Sizes, budget: Budget, peak: float | N
     from fireviz.model import flex
 
     out: dict = {"shape": list(sizes.base_model), "rows": []}
-    for n in sizes.eval_lengths:
-        for name, backend in EVAL_ROWS:
-            if backend not in ATTENTION:
-                continue
-            row = {"encoding": name, "length": n, "attention": backend}
-            if not budget.ok(30):
-                row.update(status="skipped", error="time budget")
-            elif backend == "flex" and not flex.flex_available():
-                row.update(status="unavailable", error=flex.unavailable_reason())
-            else:
-                row.update(_run(_eval_forward, name, n, backend, dev, sizes, peak))
-            out["rows"].append(row)
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+    for name, which, backend in EVAL_ROWS:
+        if backend not in ATTENTION:
+            continue
+        n = sizes.eval_lengths[which]
+        row = {"encoding": name, "length": n, "attention": backend}
+        if not budget.ok(20):
+            row.update(status="skipped", error="time budget")
+        elif backend == "flex" and not flex.flex_available():
+            row.update(status="unavailable", error=flex.unavailable_reason())
+        else:
+            row.update(_run(_eval_forward, name, n, backend, dev, sizes, peak))
+        out["rows"].append(row)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    out["rows"].sort(key=lambda r: (r["length"], r["attention"]))  # the report reads length by length
     _add_ratios(out["rows"], "seconds", ("length", "attention"), higher_is_faster=False)
     return out
 

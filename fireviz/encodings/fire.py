@@ -14,7 +14,13 @@ causal mask's −inf is written in the same pass (``masked_bias``), and a second
 the gradients of ψ(d), the normalizers and the segment coefficients (float64 sums), from
 which autograd reaches c, L and the MLP. Never a [q, k, width] or [q, k, 2H] intermediate.
 
-Torch path (exact; GPU, mlp_depth 2, no numba, or ``FIRE_NO_NUMBA=1``): rows whose
+CUDA path (exact; the attention mask on CUDA, ``SEGMENT_PATH_DEVICES``): ``masked_bias_segments``
+and ``fire_segments.segment_bias`` — per row the same segments, found by ``searchsorted`` of the
+ψ-per-distance table, turned into per-key slope and intercept by a cumsum of per-unit deltas, the
+causal −inf folded in; plain differentiable torch ops (no atomics into a few bins in the backward,
+no graph break under ``torch.compile``).
+
+Torch path (exact; ``bias`` on a GPU, mlp_depth 2 on CPU, no numba, or ``FIRE_NO_NUMBA=1``): rows whose
 normalizer is shared – queries at i < L, and i >= cap when a cap is set – form a Toeplitz
 block, so f_θ runs once per distance and the rows are a sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
 scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
@@ -495,8 +501,8 @@ class FIRE(PositionEncoding):
         A·x + B with A, B piecewise constant in the key distance, from a cumsum of per-unit
         deltas at the row's breakpoints, so the MLP never runs per score and its backward has no
         atomic adds into a few bins; no ``.item()`` or data-dependent shape (``torch.compile``
-        traces it whole). With ``mlp_depth`` 2 (no piecewise form here) f_θ runs per (row,
-        distance) in the same layout: the plain formula's cost, ``[q_len, D, width]`` activations.
+        traces it whole). With ``mlp_depth`` 2 (no piecewise form here) f_θ runs per pair, the
+        plain formula's cost: ``[rows, k_len, width]`` activations per layer of the MLP.
         Queries must end at or before the last key (q_offset + q_len <= k_len, what attention asks).
         Raises: ValueError for bad lengths/offset or q_offset + q_len > k_len.
         """
