@@ -14,8 +14,9 @@ The structure used (exact, no approximation):
   no gradient: f is continuous, so the breakpoints carry none).
 * Hence a row's bias is A[h, i, j]·x + B[h, i, j] with A, B piecewise constant along the row:
   A = Σ_k W₂[h, k]·w_k·[unit k on], B = b₂[h] + Σ_k W₂[h, k]·b_k·[unit k on]. Each unit
-  adds ±W₂·w (±W₂·b) at its switch into a ``[2, H, rows, keys + 1]`` delta tensor, and a
-  ``cumsum`` along the row gives A and B — O(keys) per row, whatever the width.
+  adds ±W₂·w (±W₂·b) at its switch into ``[H, rows, keys + 1]`` delta tensors (what is on from
+  key 0, b₂ included, as one more delta at key 0), and a ``cumsum`` along the row gives A and
+  B — O(keys) per row, whatever the width.
 * Autograd then needs no atomics into a few bins: the backward of ``cumsum`` is a reversed
   cumsum (the prefix sums the issue asks for), that of ``scatter_add`` (the deltas) a ``gather``
   at the ≤ width breakpoints of each row, and the row sum reaches W₂, w, b. c and L reach the
@@ -82,17 +83,21 @@ def segment_bias(
     i = torch.arange(q_offset, D, device=psi.device)[:, None]
     switch = (i - p + 1).clamp(0, K)  # [R, W] key index in 0 … K
     sign = torch.where(neg, torch.ones_like(w1), -torch.ones_like(w1))  # on from the switch / off from it
-    coef = torch.stack([w2 * w1, w2 * b1])  # [2, H, W]: slope and intercept contributions
-    base = (coef * (~neg).to(coef.dtype)).sum(-1)  # [2, H]: w >= 0 units are on from key 0
+    on_at_0 = (~neg).to(w1.dtype)  # w >= 0 units are on from key 0 until their switch
+    slope_c, icpt_c = w2 * w1, w2 * b1  # [H, W]: each unit's slope and intercept contribution
+    # one more "unit" at key 0 carries what is on from the start (and b₂): no separate pass adds it
+    switch = torch.cat([switch, torch.zeros_like(switch[:, :1])], dim=1)[None].expand(H, R, W + 1)
+    a_src = torch.cat([slope_c * sign, (slope_c * on_at_0).sum(-1, keepdim=True)], dim=1)
+    b_src = torch.cat([icpt_c * sign, (icpt_c * on_at_0).sum(-1, keepdim=True) + b2[:, None]], dim=1)
+    keys = torch.arange(K + 1, device=psi.device)
+    zeros = torch.zeros((), dtype=w2.dtype, device=w2.device)
     # the causal −inf goes into the intercept's deltas at key i + 1 (its cumsum is −inf after i)
-    future = torch.arange(K + 1, device=psi.device)[None, :] == (i + 1)  # [R, K + 1]
-    start = torch.zeros(2, 1, R, K + 1, dtype=coef.dtype, device=coef.device)
-    start = start.masked_fill(torch.stack([torch.zeros_like(future), future])[:, None], float("-inf"))
-    delta = start.expand(2, H, R, K + 1).scatter_add(
-        -1, switch[None, None].expand(2, H, R, W), (coef * sign)[:, :, None, :].expand(2, H, R, W)
-    )
-    ab = delta[..., :K].cumsum(-1) + base[:, :, None, None]  # [2, H, R, K]: per-key slope, intercept
+    b_start = torch.where(keys[None, :] == i + 1, float("-inf"), zeros).expand(H, R, K + 1)
+    a_delta = zeros.expand(H, R, K + 1).scatter_add(-1, switch, a_src[:, None, :].expand(H, R, W + 1))
+    b_delta = b_start.scatter_add(-1, switch, b_src[:, None, :].expand(H, R, W + 1))
+    slope = a_delta[..., :K].cumsum(-1)  # [H, R, K]: the per-key slope and intercept of f_θ
+    intercept = b_delta[..., :K].cumsum(-1)
     # x = ψ(i − j)/N_i: ψ's rows are sliding windows of the per-distance table (a view; its
     # backward is a strided sum, no scatter)
     x = psi.flip(-1).unfold(-1, K, 1).flip(0) / norm[:, None]  # [R, K]
-    return torch.addcmul(ab[1] + b2[:, None, None], ab[0], x)
+    return torch.addcmul(intercept, slope, x)
