@@ -43,6 +43,11 @@ from fireviz.model.state import (
     load_checked,
 )
 
+#: devices on which a training pass builds a shared encoding's whole mask once, even with query
+#: blocks (each block reads its slice): CUDA, where memory is plentiful and FIRE-S's bias costs a
+#: step more than the mask's size (issue 49). Tests add "cpu" to check the slicing on a CPU.
+WHOLE_MASK_DEVICES = {"cuda"}
+
 
 class KVCache:
     """Keys and values seen so far, per layer: ``[batch, head, key_pos, head_dim]`` each.
@@ -361,7 +366,10 @@ class GPT(
         masks: dict[int, torch.Tensor | None] = {}
         single_block = T <= self.config.attn_query_block
         whole = single_block or (
-            idx.device.type == "cuda" and torch.is_grad_enabled() and len(self.encodings) == 1 and n_blocks > 1
+            idx.device.type in WHOLE_MASK_DEVICES
+            and torch.is_grad_enabled()
+            and len(self.encodings) == 1
+            and n_blocks > 1
         )
         for layer in range(n_blocks):
             enc = self.encoding(layer)

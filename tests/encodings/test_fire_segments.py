@@ -217,3 +217,44 @@ def test_a_breakpoint_exactly_at_a_key():
     g_got, g_ref = grads(f, got, upstream), grads(f, ref, upstream)
     for name, g in g_ref.items():
         assert (g_got[name] - g).abs().max() < 1e-10, name
+
+
+def test_a_shared_mask_built_once_gives_the_blocks_the_same_gradients(monkeypatch):
+    """FIRE-S on CUDA in training: one whole mask per pass, sliced per query block
+    (``gpt.WHOLE_MASK_DEVICES``), gives the loss and gradients of a mask built per block."""
+    import torch.nn.functional as F
+
+    from fireviz.encodings import fire as fire_module
+    from fireviz.model import gpt as gpt_module
+    from fireviz.model.gpt import GPT, GPTConfig
+
+    monkeypatch.setattr(fire_module, "SEGMENT_PATH_DEVICES", {"cuda", "cpu"})
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=3, n_head=2, d_model=32, seq_len=40, position_encoding="fire_s", attn_query_block=16)
+    model = GPT(cfg).train()
+    x = torch.randint(0, 256, (2, 41), generator=torch.Generator().manual_seed(1))
+    calls = []
+    original = fire_module.FIRE.masked_bias_segments
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[:3])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(fire_module.FIRE, "masked_bias_segments", counting)
+
+    def loss_and_grads():
+        model.zero_grad(set_to_none=True)
+        logits = model(x[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref = loss_and_grads()
+    assert len(calls) == 3 * 3  # per layer and block: 3 layers × 3 blocks of ≤ 16 queries
+    calls.clear()
+    monkeypatch.setattr(gpt_module, "WHOLE_MASK_DEVICES", {"cuda", "cpu"})
+    loss, got = loss_and_grads()
+    assert calls == [(40, 40, 0)]  # once per pass, all queries
+    assert abs(float(loss - ref_loss)) < 1e-6
+    for name, g in ref.items():
+        assert (got[name] - g).abs().max() <= 1e-5 * g.abs().max().clamp_min(1e-3), name
