@@ -21,9 +21,10 @@ pytestmark = pytest.mark.slow  # ~3 min on 2 cores: nine variants, a 2-process t
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
     # the compile and FlexAttention rows take minutes of compilation on 2 cores: the plumbing only
+    # (491 s on 2 loaded cores at load 8, 2026-12-07: published and shards ~400 s of it)
     cmd = [sys.executable, "benchmarks/gpu.py", "--dry-run", "--no-compile", "--attention", "sdpa", "--out", str(out)]
     p = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
@@ -88,7 +89,7 @@ def test_issue49_rows_every_variant_with_its_ratios(dry_run):
     top = prof["top_kernels"]["rows"]
     assert top and all(k["self_ms"] >= 0 for k in top) and "top kernels" in report
     breaks = prof["compile_graph_breaks"]
-    assert breaks["graph_breaks"] == len(breaks["reasons"]) or len(breaks["reasons"]) == 10
+    assert breaks["graphs"] >= 1 and breaks["graph_breaks"] >= len(breaks["reasons"]) > 0  # the CPU's own breaks
     assert breaks["breaks_inside_fire_bias"] == 0, breaks["reasons"]  # the CUDA path, traced on the CPU
     assert "## FIRE's CUDA path vs eq. 3–4" in report and "torch._dynamo.explain" in report
 
