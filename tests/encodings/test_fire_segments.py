@@ -258,3 +258,26 @@ def test_a_shared_mask_built_once_gives_the_blocks_the_same_gradients(monkeypatc
     assert abs(float(loss - ref_loss)) < 1e-6
     for name, g in ref.items():
         assert (got[name] - g).abs().max() <= 1e-5 * g.abs().max().clamp_min(1e-3), name
+
+
+@pytest.mark.slow  # Inductor compiles forward and backward: about a minute on 2 loaded cores
+def test_inductor_compiles_the_path_whole_with_the_same_gradients():
+    """torch.compile(fullgraph=True) lowers the path (scatter_add, cumsum, searchsorted) forward
+    and backward, with eager's gradients (float32; the CPU stands in for the CUDA lowering)."""
+    torch.manual_seed(0)
+    f = FIRE(4, init_L=100.0)
+    with torch.no_grad():
+        f.mlp[2].weight.normal_(0, 1.0)
+    g = torch.randn(4, 96, 160, generator=torch.Generator().manual_seed(3))
+
+    def step(f, g):
+        b = f.masked_bias_segments(96, 160, 64, 5)
+        return (torch.where(torch.isinf(b), 0.0, b) * g).sum()
+
+    step(f, g).backward()
+    ref = {n: p.grad.clone() for n, p in f.named_parameters()}
+    f.zero_grad(set_to_none=True)
+    torch.compile(step, fullgraph=True)(f, g).backward()
+    assert ref["L_multiplier"].abs() > 0  # rows on both sides of L
+    for n, p in f.named_parameters():
+        assert (p.grad - ref[n]).abs().max() <= 1e-4 * ref[n].abs().max().clamp_min(1e-3), n
