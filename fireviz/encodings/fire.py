@@ -525,7 +525,7 @@ class FIRE(PositionEncoding):
             norm = (torch.log1p(torch.abs(c * pos)) if self.log_transform else pos) + self.eps
         else:
             norm = torch.ones(q_len, device=dev, dtype=dt)
-        # Row blocks bound the intermediates ([2, H, rows, keys] deltas, or [rows, keys, width] with
+        # Row blocks bound the intermediates (two [H, rows, keys + 1] deltas, or [rows, keys, width] with
         # mlp_depth 2) where no graph keeps them; a graph keeps them anyway: one block then.
         block = q_len if self.mlp_depth == 1 and self._needs_grad() else BIAS_QUERY_BLOCK
         parts = []
