@@ -14,7 +14,13 @@ causal mask's −inf is written in the same pass (``masked_bias``), and a second
 the gradients of ψ(d), the normalizers and the segment coefficients (float64 sums), from
 which autograd reaches c, L and the MLP. Never a [q, k, width] or [q, k, 2H] intermediate.
 
-Torch path (exact; GPU, mlp_depth 2, no numba, or ``FIRE_NO_NUMBA=1``): rows whose
+CUDA path (exact; the attention mask on CUDA, ``SEGMENT_PATH_DEVICES``): ``masked_bias_segments``
+and ``fire_segments.segment_bias`` — per row the same segments, found by ``searchsorted`` of the
+ψ-per-distance table, turned into per-key slope and intercept by a cumsum of per-unit deltas, the
+causal −inf folded in; plain differentiable torch ops (no atomics into a few bins in the backward,
+no graph break under ``torch.compile``).
+
+Torch path (exact; ``bias`` on a GPU, mlp_depth 2 on CPU, no numba, or ``FIRE_NO_NUMBA=1``): rows whose
 normalizer is shared – queries at i < L, and i >= cap when a cap is set – form a Toeplitz
 block, so f_θ runs once per distance and the rows are a sliding window of that table. Other rows use the fact that a one-hidden-layer ReLU MLP of a
 scalar is piecewise linear with at most ``width`` breakpoints: f(x) = A[s]·x + B[s] with s
@@ -41,6 +47,7 @@ from fireviz.encodings.base import (
     query_positions,
     relative_distance,
 )
+from fireviz.encodings.fire_segments import segment_bias
 
 
 def toeplitz_from_table(table: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
@@ -250,6 +257,12 @@ class _FusedRows(torch.autograd.Function):
         return d_psi, d_norm, d_slope, d_icpt, None, None, None
 
 
+#: devices whose ``masked_bias`` (the attention mask) takes ``masked_bias_segments``: CUDA, where
+#: the compiled CPU kernels do not run and the torch path's scatter_add backward contends (issue 49).
+#: The CPU keeps its kernels (same values; tests add "cpu" here to run the CUDA path on a CPU).
+SEGMENT_PATH_DEVICES = {"cuda"}
+
+
 class FIRE(PositionEncoding):
     """FIRE additive bias for ``num_heads`` heads.
 
@@ -381,6 +394,31 @@ class FIRE(PositionEncoding):
         )
         return self.mlp_forward(x)
 
+    def masked_bias_reference(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
+        """Eq. 3–4 literally in the parameters' dtype (memory q·k·width), −inf at future keys:
+        ``[num_heads, q_len, k_len]``; what the exactness checks of ``masked_bias_segments`` compare
+        with (tests, ``benchmarks/gpu.py``), in float64 there. ``bias_reference`` is the same in float32.
+        Raises: ValueError for bad lengths/offset.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        P = check_position_offset(position_offset)
+        dev, dt = self.c.device, self.c.dtype
+        i = torch.arange(q_offset, q_offset + q_len, device=dev, dtype=dt) + P
+        j = torch.arange(k_len, device=dev, dtype=dt) + P
+
+        def psi(x):
+            return torch.log1p(torch.abs(self.c * x)) if self.log_transform else x
+
+        x = psi(i[:, None] - j[None, :])
+        if self.progressive_interpolation:
+            pos = torch.maximum(i, self.threshold().to(dt))
+            if self.normalizer_cap is not None:
+                pos = pos.clamp(max=self.normalizer_cap)
+            x = x / (psi(pos) + self.eps)[:, None]
+        return self.mlp_forward(x).masked_fill(i[:, None] < j[None, :], float("-inf"))
+
     # -- fast exact evaluation -------------------------------------------------------------
     def piecewise_linear(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """f_θ as a piecewise-linear function (mlp_depth = 1 only).
@@ -452,6 +490,58 @@ class FIRE(PositionEncoding):
         reuse = not torch.is_grad_enabled()  # no graph keeps the output: mask_output may reuse memory
         return _FusedRows.apply(psi_d, norm, slope, intercept, bps, (q_len, k_len, q_offset, causal), reuse)
 
+    def masked_bias_segments(
+        self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
+    ) -> torch.Tensor:
+        """``masked_bias`` from per-row breakpoints in plain torch ops (``fire_segments``; the CUDA path).
+
+        Same values as the plain formula with −inf at future keys: ``[num_heads, q_len, k_len]`` in
+        the parameters' dtype (float32 for a model; float64 in the exactness tests), queries at
+        absolute positions position_offset + q_offset… (tokens). Per row the bias is
+        A·x + B with A, B piecewise constant in the key distance, from a cumsum of per-unit
+        deltas at the row's breakpoints, so the MLP never runs per score and its backward has no
+        atomic adds into a few bins; no ``.item()`` or data-dependent shape (``torch.compile``
+        traces it whole). With ``mlp_depth`` 2 (no piecewise form here) f_θ runs per pair, the
+        plain formula's cost: ``[rows, k_len, width]`` activations per layer of the MLP.
+        Queries must end at or before the last key (q_offset + q_len <= k_len, what attention asks).
+        Raises: ValueError for bad lengths/offset or q_offset + q_len > k_len.
+        """
+        q_offset, k_len = query_positions(q_len, k_len, q_offset)
+        P = check_position_offset(position_offset)
+        D = q_offset + q_len  # queries' own positions: keys 0 … D − 1
+        if D > k_len:
+            raise ValueError(
+                f"masked_bias_segments needs q_offset + q_len <= k_len (got {q_offset} + {q_len} > {k_len})"
+            )
+        dev, dt = self.c.device, self.c.dtype
+        c = self.c
+        d = torch.arange(q_offset - k_len + 1, D, device=dev, dtype=dt)  # the rectangle's distances
+        psi = torch.log1p(torch.abs(c * d)) if self.log_transform else torch.abs(d)
+        if self.progressive_interpolation:
+            pos = torch.arange(q_offset, D, device=dev, dtype=dt) + P
+            pos = torch.maximum(pos, self.threshold().to(dt))
+            if self.normalizer_cap is not None:
+                pos = pos.clamp(max=self.normalizer_cap)
+            norm = (torch.log1p(torch.abs(c * pos)) if self.log_transform else pos) + self.eps
+        else:
+            norm = torch.ones(q_len, device=dev, dtype=dt)
+        # Row blocks bound the intermediates (two [H, rows, keys + 1] deltas, or [rows, keys, width] with
+        # mlp_depth 2) where no graph keeps them; a graph keeps them anyway: one block then.
+        block = q_len if self.mlp_depth == 1 and self._needs_grad() else BIAS_QUERY_BLOCK
+        parts = []
+        for r0 in range(0, q_len, block):
+            r1 = min(r0 + block, q_len)
+            psi_rows = psi[r0 : r1 + k_len - 1]  # the distances of rows r0 … r1 − 1
+            if self.mlp_depth == 1:
+                lin1, lin2 = cast(nn.Linear, self.mlp[0]), cast(nn.Linear, self.mlp[2])
+                w1, b1, w2, b2 = lin1.weight[:, 0], lin1.bias, lin2.weight, lin2.bias
+                parts.append(segment_bias(psi_rows, norm[r0:r1], q_offset + r0, w1, b1, w2, b2))
+            else:  # no closed form here: f_θ per pair, the future masked after
+                x = toeplitz_from_table(psi_rows[None], r1 - r0, k_len)[0] / norm[r0:r1, None]
+                future = relative_distance(r1 - r0, k_len, q_offset + r0, dev) < 0
+                parts.append(self.mlp_forward(x).masked_fill(future, float("-inf")))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
     def masked_bias(
         self, q_len: int, k_len: int, q_offset: int | None = None, position_offset: int = 0
     ) -> torch.Tensor:
@@ -460,12 +550,16 @@ class FIRE(PositionEncoding):
         causal mask.
 
         With the compiled kernels one pass writes bias and −inf together (and future keys
-        cost no MLP work); otherwise the torch-path bias is masked (in place without
-        autograd). Same values either way; differentiable in c, L and the MLP.
+        cost no MLP work); on CUDA ``masked_bias_segments`` (plain torch ops,
+        compile-friendly, no atomics into a few bins in the backward); otherwise the
+        torch-path bias is masked (in place without autograd). Same values either way;
+        differentiable in c, L and the MLP.
         Raises: ValueError for bad lengths/offset.
         """
         q_offset, k_len = query_positions(q_len, k_len, q_offset)
         P = check_position_offset(position_offset)
+        if self.c.device.type in SEGMENT_PATH_DEVICES and q_offset + q_len <= k_len:
+            return self.masked_bias_segments(q_len, k_len, q_offset, P)
         fused = self._fused(q_len, k_len, q_offset, causal=True, position_offset=P)
         if fused is not None:
             return fused

@@ -8,8 +8,10 @@ materialise the ``[heads, q, k]`` bias that ``attention.attention`` takes as a m
 * a Toeplitz bias (T5, ALiBi, Kerple, Sandwich, or any ``ToeplitzBias``): ``table[h, i − j]``
   from one ``bias_by_distance`` call over distances 0 … T − 1;
 * FIRE (Li et al. 2024, eq. 3–4; ``mlp_depth`` 1): x = ψ(i − j) · 1/ψ(max(L, i)) from the
-  per-distance ψ table and the per-query normalizers, then f_θ(x) = b₂ + Σ_k W₂[h, k]·ReLU(W₁[k]·x
-  + b₁[k]) unrolled over the hidden units;
+  per-distance ψ table and the per-query normalizers, then f_θ(x) = slope[h, s]·x + intercept[h, s]
+  with s the segment of x among f_θ's ≤ width breakpoints, found by a branchless binary search
+  (log₂ width table reads per score, ``piecewise_tables``; issue 49: the unrolled MLP cost over a
+  hundred FP32 operations per score);
 * no bias (NoPE, or RoPE after the rotation): the causal mask alone.
 
 The causal mask is a ``BlockMask``, so blocks above the diagonal are skipped. On CPU, PyTorch
@@ -87,6 +89,28 @@ def _block_mask(q_len: int, k_len: int, q_offset: int, device):
     return create_block_mask(causal, None, None, q_len, k_len, device=str(device))
 
 
+def piecewise_tables(encoding) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """FIRE's f_θ (``mlp_depth`` 1) as tables a score_mod reads in O(log width) per score.
+
+    f_θ,h(x) = slope[h, s]·x + intercept[h, s], s = #{breakpoints < x} (``FIRE.piecewise_linear``,
+    Li et al. 2024 eq. 3–4 with a one-hidden-layer ReLU MLP). Returns ``(bps [2^m − 1], slope
+    [H, 2^m], intercept [H, 2^m], steps)``, float32: the breakpoints padded with +inf to 2^m − 1
+    entries (2^m > the number of breakpoints), the segment tables padded by repeating the last
+    segment, and ``steps = [2^(m−1), …, 1]`` for the branchless search
+    ``s += step·(bps[s + step − 1] < x)`` (each step one read of a small table, instead of the
+    width's multiply-adds per score).
+    """
+    bps, slope, intercept = encoding.piecewise_linear()
+    n = bps.numel()
+    m = max(1, n.bit_length())  # 2^m − 1 >= n
+    size = 1 << m
+    pad = size - 1 - n
+    bps = torch.cat([bps.float(), bps.new_full((pad,), float("inf")).float()]).contiguous()
+    slope = torch.cat([slope, slope[:, -1:].expand(-1, size - slope.shape[1])], dim=1).float().contiguous()
+    intercept = torch.cat([intercept, intercept[:, -1:].expand(-1, size - intercept.shape[1])], dim=1)
+    return bps, slope, intercept.float().contiguous(), [1 << k for k in range(m - 1, -1, -1)]
+
+
 def score_mod_for(encoding, q_len: int, k_len: int, q_offset: int):
     """The ``score_mod`` that adds ``encoding``'s bias for queries at ``q_offset …`` over keys
     ``0 … k_len − 1``, or None for an encoding without an additive bias.
@@ -120,21 +144,15 @@ def score_mod_for(encoding, q_len: int, k_len: int, q_offset: int):
             .float()
             .contiguous()
         )
-        lin1, lin2 = encoding.mlp[0], encoding.mlp[2]
-        w1, b1 = lin1.weight[:, 0].float(), lin1.bias.float()
-        w2 = lin2.weight.float()
-        b2 = lin2.bias.float().contiguous()
-        # one captured tensor per hidden unit: FlexAttention's backward refuses a tensor that needs
-        # a gradient and is indexed more than once in the score_mod (measured on an H200)
-        units = [(w1[k], b1[k], w2[:, k].contiguous()) for k in range(w1.numel())]
+        bps, slope, intercept, steps = piecewise_tables(encoding)
         top = torch.tensor(psi.numel() - 1, device=device)
 
         def fire(score, b, h, q_idx, kv_idx):
             x = psi[torch.minimum((q_idx + offset - kv_idx).clamp(min=0), top)] * inv_norm[q_idx]
-            acc = b2[h]
-            for w1_k, b1_k, w2_k in units:  # f_θ unrolled: one fused expression, no [.., width] tensor
-                acc = acc + w2_k[h] * torch.relu(x * w1_k + b1_k)
-            return score + acc
+            s = torch.zeros_like(q_idx)
+            for step in steps:  # branchless binary search: s = #{breakpoints < x} = searchsorted(bps, x)
+                s = s + step * (bps[s + (step - 1)] < x).to(s.dtype)
+            return score + slope[h, s] * x + intercept[h, s]
 
         return fire
     raise FlexUnavailable(

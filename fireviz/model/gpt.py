@@ -43,6 +43,11 @@ from fireviz.model.state import (
     load_checked,
 )
 
+#: devices on which a training pass builds a shared encoding's whole mask once, even with query
+#: blocks (each block reads its slice): CUDA, where memory is plentiful and FIRE-S's bias costs a
+#: step more than the mask's size (issue 49). Tests add "cpu" to check the slicing on a CPU.
+WHOLE_MASK_DEVICES = {"cuda"}
+
 
 class KVCache:
     """Keys and values seen so far, per layer: ``[batch, head, key_pos, head_dim]`` each.
@@ -119,7 +124,8 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """``x [batch, pos, d_model]`` at absolute positions ``position_offset + q_offset…`` → same shape.
 
-        ``mask``: a precomputed ``causal_attention_mask`` for this call (single block).
+        ``mask``: a precomputed ``causal_attention_mask`` for this call's queries and keys (with
+        query blocks each block reads its slice).
         Under a capture of the calling thread (``self.capture``) the probabilities of this call are recorded too.
         """
         B, T, _ = x.shape
@@ -166,7 +172,7 @@ class CausalSelfAttention(nn.Module):
                             q_offset + start,
                             keys,
                             dropout,
-                            None,
+                            None if mask is None else mask[:, start:stop, :keys],
                             position_offset,
                         )
                     )
@@ -353,13 +359,22 @@ class GPT(
             x = x + self.wpe(torch.arange(start, start + T, device=idx.device))
         x = self.drop(x)
         # One mask per distinct encoding module when the whole input is one attention call:
-        # shared encodings (ALiBi, Sandwich, fire_s) then compute their bias once per pass.
+        # shared encodings (ALiBi, Sandwich, fire_s) then compute their bias once per pass. On
+        # CUDA in training a shared encoding's whole [heads, T, T] mask is built once per pass
+        # even when the queries go in blocks (each block reads its slice): FIRE-S's bias once per
+        # step, not once per layer and block (issue 49). Elsewhere blocks bound memory as before.
         masks: dict[int, torch.Tensor | None] = {}
         single_block = T <= self.config.attn_query_block
+        whole = single_block or (
+            idx.device.type in WHOLE_MASK_DEVICES
+            and torch.is_grad_enabled()
+            and len(self.encodings) == 1
+            and n_blocks > 1
+        )
         for layer in range(n_blocks):
             enc = self.encoding(layer)
             mask = None
-            if single_block and enc.kind == "additive":
+            if whole and enc.kind == "additive":
                 if id(enc) not in masks:
                     masks[id(enc)] = causal_attention_mask(enc, T, q_offset + T, q_offset, idx.device, position_offset)
                 mask = masks[id(enc)]

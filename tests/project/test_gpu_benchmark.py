@@ -14,16 +14,17 @@ import pytest
 from fireviz.encodings import encoding_names
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # ~30 s: a 2-process torchrun and three `fireviz train` starts
+pytestmark = pytest.mark.slow  # ~3 min on 2 cores: nine variants, a 2-process torchrun, three `fireviz train` starts
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
     # the compile and FlexAttention rows take minutes of compilation on 2 cores: the plumbing only
+    # (491 s on 2 loaded cores at load 8, 2026-12-07: published and shards ~400 s of it)
     cmd = [sys.executable, "benchmarks/gpu.py", "--dry-run", "--no-compile", "--attention", "sdpa", "--out", str(out)]
     p = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads((out / "gpu.json").read_text()), (out / "gpu.md").read_text()
@@ -32,7 +33,18 @@ def dry_run(tmp_path_factory):
 def test_every_step_runs_and_nothing_fails(dry_run):
     results, report = dry_run
     assert results["dry_run"] is True
-    for step in ("environment", "parity", "train_step", "eval_memory", "trainer", "ddp", "published", "shards"):
+    steps = (
+        "environment",
+        "parity",
+        "train_step",
+        "fire_profile",
+        "eval_memory",
+        "trainer",
+        "ddp",
+        "published",
+        "shards",
+    )
+    for step in steps:
         assert step in results and results[step].get("status") != "failed", (step, results.get(step))
     for step in ("train_step", "eval_memory", "trainer", "published"):
         rows = results[step]["rows"]
@@ -44,6 +56,42 @@ def test_every_step_runs_and_nothing_fails(dry_run):
     assert sh["tokens_per_byte"] < 1 and "## Token shards" in report
     assert [r["length"] for r in results["published"]["rows"]] == [64, 128]
     assert all(r["tokens_per_s"] > 0 and r["peak_bytes"] > r["weights_bytes"] for r in results["published"]["rows"])
+
+
+def test_issue49_rows_every_variant_with_its_ratios(dry_run):
+    """Issue 49: every variant trains and evaluates, each row with its cost relative to ALiBi and
+    NoPE (computed from the rows themselves), the new FIRE path's parity, FIRE's top kernels and
+    the graph breaks of a FIRE training forward."""
+    results, report = dry_run
+    rows = results["train_step"]["rows"]
+    labels = {r["encoding"] for r in rows}
+    assert labels == {"nope", "alibi", "rope", "t5", "kerple_log", "sandwich", "fire", "fire_s", "fire_depth2"}
+    by = {r["encoding"]: r for r in rows}
+    for r in rows:
+        assert r["vs_alibi"] == pytest.approx(by["alibi"]["tokens_per_s"] / r["tokens_per_s"], abs=2e-3)
+        assert r["vs_nope"] == pytest.approx(by["nope"]["tokens_per_s"] / r["tokens_per_s"], abs=2e-3)
+    assert by["alibi"]["vs_alibi"] == 1 and by["nope"]["vs_nope"] == 1
+    ev = results["eval_memory"]["rows"]
+    assert {r["length"] for r in ev} == {256, 1024} and {"fire", "fire_s", "t5", "fire_depth2"} <= {
+        r["encoding"] for r in ev
+    }
+    for r in ev:
+        ref = next(a for a in ev if a["encoding"] == "alibi" and a["length"] == r["length"])
+        assert (
+            r["vs_alibi"] == pytest.approx(r["seconds"] / ref["seconds"], rel=1e-2, abs=2e-3) and r["tokens_per_s"] > 0
+        )
+    path = results["parity"]["fire_path"]
+    assert set(path) == {"below L", "across L", "offset, query block", "cap", "mlp_depth 2"}
+    for case, r in path.items():
+        assert r["status"] == "ok" and r["max_abs_error_f64"] < 1e-10 and r["max_rel_grad_error_f64"] < 1e-10, case
+        assert {"c", "L_multiplier", "mlp.0.weight", "mlp.2.bias"} <= set(r["gradients"]), case
+    prof = results["fire_profile"]
+    top = prof["top_kernels"]["rows"]
+    assert top and all(k["self_ms"] >= 0 for k in top) and "top kernels" in report
+    breaks = prof["compile_graph_breaks"]
+    assert breaks["graphs"] >= 1 and breaks["graph_breaks"] >= len(breaks["reasons"]) > 0  # the CPU's own breaks
+    assert breaks["breaks_inside_fire_bias"] == 0, breaks["reasons"]  # the CUDA path, traced on the CPU
+    assert "## FIRE's CUDA path vs eq. 3–4" in report and "torch._dynamo.explain" in report
 
 
 def test_parity_covers_every_encoding_within_tolerance(dry_run):
