@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements-installed
 PORT ?= 8501
+# pytest processes for make test (pytest-xdist): one per core of a 2-core machine
+TEST_WORKERS ?= 2
 
 .PHONY: app test venv bench clean
 
@@ -26,7 +28,7 @@ test: $(STAMP)
 	$(PY) -m ruff check --output-format concise .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy fireviz
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

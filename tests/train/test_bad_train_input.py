@@ -230,7 +230,7 @@ def test_a_run_logged_to_a_file_says_how_it_goes(tmp_path):
         "train alibi: step 2/4",
         "train alibi: step 4/4",
     ], p.stderr
-    assert "val " not in lines[0] and "loss " in lines[0] and "left" in lines[0]  # no validation yet
+    assert "loss " in lines[0] and "tokens/s" in lines[0] and "left" in lines[0]  # val: the step-0 validation
     assert "val " in lines[1] and "@ 16" in lines[1] and "nats/token" in lines[1] and "left" in lines[1]
     q = subprocess.run(
         cmd + ["--out", str(tmp_path / "b"), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300
