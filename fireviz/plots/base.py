@@ -54,7 +54,7 @@ def _mark_length(
     if axis == "x":
         # drawn inside the plot area (it ran up into the title and subtitle)
         fig.add_vline(
-            x=x, label=dict(label, textposition=at, textangle=-90, xanchor="right", yanchor="top", padding=4), **kw
+            x=x, label=dict(label, textposition=at, textangle=0, xanchor="left", yanchor="top", padding=4), **kw
         )
     else:
         fig.add_hline(y=x, label=dict(label, textposition=at), **kw)

@@ -275,7 +275,8 @@ def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
     """Tick values for a log axis over the data range [lo, hi] (> 0): the finest of steps of
     0.05 / 0.1 / 0.2 / 0.5 of a digit, every digit, 1-2-3-5-7, 1-2-5 or powers of ten that
     gives at most ``max_ticks`` labels within the range (padded by 2 %), so a short range
-    (perplexity 3.6–4.0, where most curves sit) is labelled inside, not only at one end."""
+    (perplexity 3.6–4.0, where most curves sit) is labelled inside, not only at one end; plus
+    the range's top to two digits where the last label sits well below it (one more label)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= 0:
         return []
     lo, hi = min(lo, hi) / 1.02, max(lo, hi) * 1.02
@@ -301,6 +302,11 @@ def _log_ticks(lo: float, hi: float, max_ticks: int = 10) -> list[float]:
         )
         if len(ticks) <= max_ticks:
             break
+    # the top of the range labelled too: on 1.9–25 every digit to 10 and then 20 left the curves'
+    # highest values unlabelled (issue #48); the data's top, cut to two digits, closes the axis
+    top = float(f"{hi / 1.02:.2g}")
+    if ticks and top >= ticks[-1] * 1.4 and top <= hi:
+        ticks.append(top if top != int(top) else float(int(top)))
     return ticks if len(ticks) >= 2 else []
 
 

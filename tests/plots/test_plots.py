@@ -328,7 +328,10 @@ def test_perplexity_uses_evaluate_settings_skips_errors_and_ticks_at_lengths():
     # the log y-axis is labelled inside a short range (perplexity 3–5: every digit), coarser on a long one
     assert P._log_ticks(3.3, 4.6) == [3.4, 3.6, 3.8, 4.0, 4.2, 4.4, 4.6]
     assert P._log_ticks(3.6, 4.0) == [3.6, 3.7, 3.8, 3.9, 4.0]  # a short range is labelled inside
-    assert P._log_ticks(3.3, 19.0) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+    # the top of the range is labelled where the last digit tick sits well below it (issue #48:
+    # labels stopped at 10 while the curves reached 19–25)
+    assert P._log_ticks(3.3, 19.0) == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 19.0]
+    assert P._log_ticks(1.9, 25.0)[-1] == 20.0  # 20 is near enough the top: nothing added
     assert P._log_ticks(1.0, 1000.0) == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
     assert P._log_ticks(0.0, 5.0) == []
     # log y labelled at round values, every digit on this short range (ten labels at most)
