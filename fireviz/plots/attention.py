@@ -91,7 +91,12 @@ def attention_pattern_figure(
     ]
     rows = -(-len(heads) // cols)
     fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.06, vertical_spacing=0.12 if rows > 1 else 0.1
+        rows=rows,
+        cols=cols,
+        subplot_titles=titles,
+        # room for a panel's last x tick label ("250" ran into the next panel at 1024 px, issue #48)
+        horizontal_spacing=0.09 if cols >= 3 else 0.06,
+        vertical_spacing=0.12 if rows > 1 else 0.1,
     )
     fig.update_annotations(font_size=11)
     block = 1
