@@ -616,13 +616,31 @@ def _files_sha256(config: Path, weights: Path) -> str:
     return _FINGERPRINTS[memo]
 
 
+#: repr(GPTConfig, training provenance left out) → its model's {tensor name: shape}: one meta build per distinct config (a build
+#: runs every initializer through torch's Python references: ~0.4 s each on a busy machine)
+_SHAPES: dict[str, dict[str, tuple]] = {}
+
+
+def _model_shapes(config: GPTConfig) -> dict[str, tuple]:
+    """``{name: shape}`` of the state dict of ``GPT(config)``, built on the meta device (nothing
+    allocated), once per distinct config."""
+    import torch
+
+    memo = repr(dataclasses.replace(config, training={}))  # provenance does not change the tensors
+    with _INFOS_LOCK:
+        known = _SHAPES.get(memo)
+    if known is None:
+        with torch.device("meta"):  # the structure alone: nothing is allocated
+            known = {k: tuple(t.shape) for k, t in GPT(config).state_dict().items()}
+        with _INFOS_LOCK:
+            _SHAPES[memo] = known
+    return dict(known)
+
+
 def _weights_match(entries: dict[str, dict], config: GPTConfig, source: str) -> None:
     """Raises: CheckpointError unless the tensors a safetensors header names are those of the model
     of ``config`` — names and shapes, as ``load_state_checked`` requires — without reading any."""
-    import torch
-
-    with torch.device("meta"):  # the structure alone: nothing is allocated
-        own = {k: tuple(t.shape) for k, t in GPT(config).state_dict().items()}
+    own = _model_shapes(config)
     stored = {k: tuple(e["shape"]) for k, e in entries.items()}
     # a float parameter stored as an integer or bool tensor would be cast and evaluated as if trained
     not_float = [f"{k}: {e['dtype']}" for k, e in entries.items() if not str(e["dtype"]).startswith(("F", "BF"))]
