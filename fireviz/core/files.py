@@ -8,6 +8,7 @@ folder. A crash or SIGKILL leaves either the old or the new file, never a torn o
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -295,76 +296,118 @@ def read_jsonl(
     tolerate_torn_tail: bool = True,
     max_values: int = MAX_JSON_VALUES,
 ) -> list[dict]:
-    """The JSON objects of a JSON-lines file (``*.gz``: gzip-compressed), one per non-empty line, in order.
+    """The JSON objects of a JSON-lines file (plain, gzip or xz), one per non-empty line, in order.
+
+    Decompressed as a stream whose lines, brackets and commas are counted piece by piece before
+    anything is parsed: a line longer than ``fireviz.core.bounded.MAX_LOG_LINE_BYTES`` (a 245 KB
+    ``.gz`` of 240 MiB of spaces) is refused after that many bytes, 100 MB of ``{}`` lines after
+    ``max_values`` of them, and a file of only whitespace is refused, not read as an empty log.
 
     Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
       writer still appending, or killed mid-line) is dropped rather than refused; ``max_values``:
-      most lines and JSON values in the whole file (memory: ~100 bytes each once parsed).
+      most lines and JSON values in the whole file (memory: ~100 bytes each once parsed);
+      ``max_bytes``: most bytes after decompression.
     Returns: the objects. Raises: FileFormatError naming ``path:line`` for any other bad line
-      (not JSON, too deep, non-finite where refused, not an object), or an oversized file (bytes
-      after decompression, or lines and values).
+      (not JSON, too deep, too long, non-finite where refused, not an object), an oversized file
+      (bytes after decompression, or lines and values), or one that holds bytes but no record.
     """
-    path = Path(path)
-    try:
-        size = _regular_size(path)
-        raw = path.read_bytes() if size <= max_bytes else b""
-        if path.suffix == ".gz":  # a shipped (compressed) log; bounded after decompression too
-            import gzip
-            import zlib
+    from fireviz.core.bounded import DECOMPRESSION_ERRORS, MAX_LOG_LINE_BYTES, open_binary, read_bounded
 
-            try:
-                with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as g:
-                    parts, got = [], 0
-                    while got <= max_bytes and (chunk := g.read(1 << 20)):  # read(n) would allocate n up front
-                        parts.append(chunk)
-                        got += len(chunk)
-                    raw = b"".join(parts)
-            except (OSError, EOFError, zlib.error) as e:
-                raise FileFormatError(f"{path} is not a readable gzip file ({e}); restore or delete it") from e
-            size = len(raw)
-        if size > max_bytes:
-            raise FileFormatError(
-                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
-                "file; restore or delete it"
-            )
-        text = raw.decode("utf-8", errors="replace")
-    except FileFormatError:
-        raise
-    except OSError as e:
-        raise FileFormatError(f"cannot read {path}: {e}") from e
-    # what parsing costs follows the lines and values, not the bytes: 100 MB of "{}\n" lines is 35
-    # million dicts (> 4 GB), so both are counted first (linear scans, no objects built)
-    n_lines = text.count("\n") + 1
-    if n_lines > max_values or _within_shape(text, max_depth=len(text), max_values=max_values):
-        n_values = n_lines  # over the limit already, or the cheap count proves it within (no scan)
-    else:
-        n_values = max(n_lines, json_values(text))
-    if n_values > max_values:
-        raise FileFormatError(
-            f"{path} holds more than {max_values:,} JSON lines or values ({n_values:,}), more than fireviz reads "
+    path = Path(path)
+    line_limit = MAX_LOG_LINE_BYTES.value
+
+    def too_many(n: int) -> FileFormatError:
+        return FileFormatError(
+            f"{path} holds more than {max_values:,} JSON lines or values ({n:,}), more than fireviz reads "
             "from one JSON-lines file (a training log holds ~8 per logged step); restore or delete it"
         )
-    lines = text.splitlines()
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        # too deep is never a torn write: refuse even on the last line
-        if not _within_shape(line, max_depth, max_values) and json_depth(line) > max_depth:
-            parse_json(line, f"{path}:{n}", max_depth=max_depth)
-        try:
-            obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
-        except FileFormatError:
-            if tolerate_torn_tail and n == last:
-                break
-            raise
-        if not isinstance(obj, dict):
+
+    # one streamed pass counts lines, brackets and commas (bytes.count per 1 MiB piece) and the
+    # longest line, refusing as soon as a bound is crossed, before any byte becomes an object:
+    # what parsing costs follows the lines and values, not the bytes (100 MB of "{}\n" lines is
+    # 35 million dicts, > 4 GB), and a line of 240 MiB of spaces is refused after MAX_LOG_LINE_BYTES
+    try:
+        size = _regular_size(path)
+        if size > max_bytes:
             raise FileFormatError(
-                f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
+                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines file; restore or delete it"
             )
-        out.append(obj)
+        parts: list[bytes] | None = []  # the decompressed bytes, kept for the parse when small
+        lines, cheap, run, total, content = 1, 1, 0, 0, False
+        with open_binary(path) as f:
+            for piece in read_bounded(f, max_bytes, f"{path} (a JSON-lines file)"):
+                total += len(piece)
+                if parts is not None:
+                    parts.append(piece)
+                    if total > _KEEP_BYTES:
+                        parts = None  # parsed from a second stream: memory stays one line
+                nl = piece.count(b"\n")
+                first = piece.find(b"\n") if nl else len(piece)
+                if run + first > line_limit or (nl and len(piece) - piece.rfind(b"\n") - 1 > line_limit):
+                    raise FileFormatError(
+                        f"{path}:{lines} is a line longer than {MAX_LOG_LINE_BYTES.said()}, more than a JSON-lines "
+                        "file fireviz writes holds; restore or delete it"
+                    )
+                run = len(piece) - piece.rfind(b"\n") - 1 if nl else run + len(piece)
+                lines += nl
+                if lines > max_values:
+                    raise too_many(lines)
+                content = content or bool(piece.strip())
+                if not content and total > line_limit:
+                    break  # refused below: more than a line of nothing but whitespace
+                cheap += nl + piece.count(b"[") + piece.count(b"{") + piece.count(b",")
+        if not content and total:
+            raise FileFormatError(
+                f"{path} holds {'more than ' if total > line_limit else ''}{total:,} bytes of whitespace and no JSON "
+                "record; restore or delete it"
+            )
+
+        def stream():
+            if parts is not None:
+                yield from enumerate(io.BytesIO(b"".join(parts)), 1)
+                return
+            with open_binary(path) as g:
+                yield from enumerate(iter(lambda: g.readline(line_limit + 1), b""), 1)
+
+        if cheap > max_values:  # the cheap counts do not prove it within: count outside strings, no parse
+            n_values = 0
+            for _, raw in stream():
+                line = raw.decode("utf-8", errors="replace")
+                n_values += _json_shape(line)[1] if line.strip() else 1
+                if n_values > max_values:
+                    raise too_many(n_values)
+        out = []
+        torn: FileFormatError | None = None  # a bad line, forgiven only if no record follows it
+        for n, raw in stream():
+            line = raw.decode("utf-8", errors="replace")
+            if not line.strip():
+                continue
+            if torn is not None:
+                raise torn
+            try:
+                obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
+            except FileFormatError as e:
+                if json_depth(line) > max_depth:  # too deep is never a torn write: refused even last
+                    raise
+                torn = e
+                continue
+            if not isinstance(obj, dict):
+                raise FileFormatError(
+                    f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
+                )
+            out.append(obj)
+    except FileFormatError:
+        raise
+    except DECOMPRESSION_ERRORS as e:
+        raise FileFormatError(f"cannot read {path}: {e}; restore or delete it") from e
+    if torn is not None and not tolerate_torn_tail:
+        raise torn
     return out
+
+
+#: decompressed bytes of a JSON-lines file kept in memory between :func:`read_jsonl`'s count and its
+#: parse (a larger file is decompressed a second time, line by line)
+_KEEP_BYTES = 64 << 20
 
 
 #: Bytes per element of each safetensors dtype (the format's own list).
