@@ -78,6 +78,9 @@ MAX_LINE_BYTES = Limit(64 * MiB, "FIREVIZ_MAX_LINE_MB", MiB, "MiB")
 #: whatever their text: 10 million one-character documents took 2 GB). Streaming readers
 #: (``prepare``) hold one at a time and are not bound by it. Raise with ``FIREVIZ_MAX_DOCUMENTS``.
 MAX_DOCUMENTS = Limit(1_000_000, "FIREVIZ_MAX_DOCUMENTS", 1, "documents")
+#: Most bytes one Parquet row group's columns read may decompress to (read whole by pyarrow).
+#: Raise with ``FIREVIZ_MAX_PARQUET_GROUP_MB``.
+MAX_PARQUET_GROUP_BYTES = Limit(512 * MiB, "FIREVIZ_MAX_PARQUET_GROUP_MB", MiB, "MiB")
 #: Longest line of a JSON-lines file fireviz writes itself (a training log, ~200 bytes a line).
 MAX_LOG_LINE_BYTES = Limit(16 * MiB, None, MiB, "MiB")
 

@@ -112,3 +112,46 @@ def test_a_load_keeps_a_bounded_amount_of_text_in_memory_and_spools_the_rest(tmp
     docs = load_documents(path)
     assert [d.on_disk for d in docs] == [False] * 3 + [True] * 7
     assert [d.text for d in docs] == ["z" * 300 + str(k) for k in range(10)]
+
+
+def _dictionary_parquet(path, text: str, rows: int) -> None:
+    """A Parquet file of ``rows`` copies of ``text``, dictionary-encoded: one copy on disk."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([text]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd")
+
+
+def test_a_parquet_table_of_repeated_long_texts_streams_in_bounded_memory(tmp_path):
+    """2,000 rows of one 1 MiB text (a dictionary page: ~1 KB on disk, 2 GiB decoded) took 2.3 GB;
+    its rows are now expanded one at a time."""
+    path = tmp_path / "repeated.parquet"
+    _dictionary_parquet(path, "c" * MiB, 2000)
+    assert path.stat().st_size < 100_000
+    code = (
+        f"from fireviz.data.sources import iter_documents\nprint(sum(len(d) for d in iter_documents({str(path)!r})))\n"
+    )
+    rc, out, rss = run_measured(code)
+    assert rc == 0 and out == str(2000 * MiB), out
+    assert rss < RSS_BOUND_MB, f"{rss:.0f} MiB"
+
+
+def test_a_parquet_text_or_row_group_past_its_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "long.parquet"
+    _dictionary_parquet(path, "d" * (3 * MiB), 2)
+    monkeypatch.setenv("FIREVIZ_MAX_LINE_MB", "2")
+    with pytest.raises(DataError, match=r"long.parquet: a text near row 0 is 3,145,728 bytes.*FIREVIZ_MAX_LINE_MB"):
+        list(iter_documents(path))
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"text": ["e" * MiB] * 3}), plain, compression="zstd", use_dictionary=False)
+    monkeypatch.setenv("FIREVIZ_MAX_PARQUET_GROUP_MB", "2")
+    with pytest.raises(
+        DataError, match=r"row group 0 holds [\d,]+ bytes of text.*FIREVIZ_MAX_PARQUET_GROUP_MB above 2"
+    ):
+        list(iter_documents(plain))
+    monkeypatch.delenv("FIREVIZ_MAX_PARQUET_GROUP_MB")
+    assert [len(d) for d in iter_documents(plain)] == [MiB] * 3
