@@ -133,7 +133,7 @@ def _iter_parquet(path: Path, text_column: str, id_column: str, name: str) -> It
     try:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-        pf = pq.ParquetFile(path, read_dictionary=[text_column])  # repeated texts stay one copy until a row is read
+        pf = pq.ParquetFile(path)
     except Exception as e:  # not Parquet, truncated: one message naming the file
         raise DataError(f"cannot read {path} as Parquet: {e}") from e
     names = pf.schema_arrow.names
@@ -144,6 +144,10 @@ def _iter_parquet(path: Path, text_column: str, id_column: str, name: str) -> It
         )
     columns = [text_column] + ([id_column] if id_column in names else [])
     _check_parquet_sizes(pf, path, columns)
+    try:  # a dictionary-encoded text column stays one copy per distinct text until a row is read
+        pf = pq.ParquetFile(path, read_dictionary=[text_column])
+    except Exception as e:
+        raise DataError(f"cannot read {path} as Parquet: {e}") from e
     row = 0
     try:
         for batch in pf.iter_batches(columns=columns, batch_size=1024):
