@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from fireviz.checkpoints.gguf_header import check_gguf_header
 from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
@@ -294,13 +295,17 @@ class CausalLMCheckpoint:
     @classmethod
     def _resolve_gguf(cls, path: Path, ref: str) -> CausalLMCheckpoint:
         """A GGUF file (llama.cpp's format): its config and tokenizer from its metadata, read by
-        transformers (dequantised to float32 when loaded); its identity is the file's sha256."""
+        transformers (dequantised to float32 when loaded) once :func:`check_gguf_header` has bounded
+        it; its identity is the file's sha256."""
+        import struct
+
         from transformers import AutoConfig
 
+        check_gguf_header(path)  # every count and length bounded before transformers builds objects
         try:
             cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True).to_dict()
             sha256 = files_sha256([path])
-        except (OSError, ValueError, KeyError, ImportError) as e:
+        except (OSError, ValueError, KeyError, ImportError, struct.error) as e:
             raise CheckpointError(f"transformers cannot read the GGUF file {path}: {type(e).__name__}: {e}") from e
         return cls(
             name=path.stem,
