@@ -32,7 +32,7 @@ from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
 from fireviz.data import DataError
-from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, files_sha256
+from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, check_tokenizer_files, files_sha256
 from fireviz.model import CheckpointError
 
 #: zero-shot RoPE scalings for a published model, as transformers names its rope_type
@@ -408,6 +408,11 @@ def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
         from transformers import AutoTokenizer
 
         try:
+            if not ckpt.gguf_file:  # a GGUF file's tokenizer is in its metadata, bounded by check_gguf_header
+                check_tokenizer_files(tokenizer_files(ckpt.folder), ckpt.name)
+        except DataError as e:
+            raise CheckpointError(str(e)) from e
+        try:
             extra = {"gguf_file": ckpt.gguf_file} if ckpt.gguf_file else {}
             hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True, **extra)
         except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
@@ -487,6 +492,10 @@ def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteT
 def _hf_tokenizer(folder: Path, files: list[Path], key: str, name: str) -> HFTokenizer:
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    try:
+        check_tokenizer_files(files, name)  # sizes and entries bounded before anything parses them
+    except DataError as e:
+        raise CheckpointError(str(e)) from e
     try:
         if any(f.name == "tokenizer_config.json" for f in files):
             hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)
