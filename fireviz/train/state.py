@@ -26,7 +26,7 @@ from fireviz.core import (
     read_safetensors,
     sha256_files,
 )
-from fireviz.model import GPT, CheckpointError, GPTConfig
+from fireviz.model import ENCODING_METADATA_KEY, GPT, CheckpointError, GPTConfig, encoding_record
 from fireviz.train.config import TrainConfig, config_hash, settings_dict
 
 STATE_FORMAT = "fireviz-trainer-state/1"
@@ -220,7 +220,10 @@ def _write_checkpoint(
     tensors = {f"model.{k}": v for k, v in weights.items()} | _optimizer_tensors(opt, names)
     meta = {"format": "pt", "fireviz_trainer_state": json.dumps(state)}
     atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))
-    atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
+    # the encoding is recorded beside the weights: a config.json relabelled to another encoding of the
+    # same tensor names (kerple_log / kerple_power, alibi / nope) is refused on load (issue #50)
+    weights_meta = {"format": "pt", ENCODING_METADATA_KEY: encoding_record(mc)}
+    atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata=weights_meta))
     config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
     # every encoding option named (config_format 2): a deleted option is an error on load, not a default
     atomic_write_text(out / "config.json", json.dumps(config.to_json_dict(), indent=2, sort_keys=True) + "\n")
