@@ -19,10 +19,14 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from fireviz.core.files import FileFormatError
-
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+class FileFormatError(ValueError):
+    """A file fireviz reads is unreadable, too large, too deeply nested, not the expected JSON
+    shape, or holds a non-finite number. The message names the file and the problem; the file
+    itself is never modified."""
 
 
 class Limit:
@@ -171,25 +175,3 @@ def read_bounded(
             said = limit.said() if isinstance(limit, Limit) else f"{cap:,} bytes"
             raise error(f"{source} expands to more than {said}; " + (fix or "restore or delete it"))
         yield piece
-
-
-def check_json_shape(
-    text: str, source: str, error: type[Exception] = FileFormatError, max_values: int | None = None
-) -> None:
-    """Refuse (``error``, one line) JSON ``text`` that would parse into more than ``max_values``
-    values (default ``fireviz.core.files.MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper
-    than ``MAX_JSON_DEPTH``, before it is parsed. Costs three ``str.count`` calls for text the
-    counts prove within; a linear scan otherwise."""
-    from fireviz.core.files import MAX_JSON_DEPTH, MAX_JSON_VALUES, _json_shape, _within_shape
-
-    cap = MAX_JSON_VALUES if max_values is None else max_values
-    if _within_shape(text, MAX_JSON_DEPTH, cap):
-        return
-    depth, values = _json_shape(text)
-    if depth > MAX_JSON_DEPTH:
-        raise error(f"{source} nests {depth} levels deep (at most {MAX_JSON_DEPTH} are read); fix or remove that line")
-    if values > cap:
-        raise error(
-            f"{source} holds up to {values:,} JSON values (at most {cap:,} are read in one line: parsing costs "
-            "memory per value); fix or remove that line"
-        )

@@ -15,6 +15,14 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from fireviz.core.bounded import (
+    DECOMPRESSION_ERRORS,
+    MAX_LOG_LINE_BYTES,
+    FileFormatError,
+    open_binary,
+    read_bounded,
+)
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -93,12 +101,6 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
 
 # ---------------------------------------------------------------------------------------------
 # Reading files fireviz did not just write: one reader, bounded, strict.
-
-
-class FileFormatError(ValueError):
-    """A file fireviz reads is unreadable, too large, too deeply nested, not the expected JSON
-    shape, or holds a non-finite number. The message names the file and the problem; the file
-    itself is never modified."""
 
 
 #: Largest JSON file read (bytes): results with per-document losses are ~1 MB; 64 MiB is far beyond.
@@ -311,8 +313,6 @@ def read_jsonl(
       (not JSON, too deep, too long, non-finite where refused, not an object), an oversized file
       (bytes after decompression, or lines and values), or one that holds bytes but no record.
     """
-    from fireviz.core.bounded import DECOMPRESSION_ERRORS, MAX_LOG_LINE_BYTES, open_binary, read_bounded
-
     path = Path(path)
     line_limit = MAX_LOG_LINE_BYTES.value
 
@@ -322,45 +322,13 @@ def read_jsonl(
             "from one JSON-lines file (a training log holds ~8 per logged step); restore or delete it"
         )
 
-    # one streamed pass counts lines, brackets and commas (bytes.count per 1 MiB piece) and the
-    # longest line, refusing as soon as a bound is crossed, before any byte becomes an object:
-    # what parsing costs follows the lines and values, not the bytes (100 MB of "{}\n" lines is
-    # 35 million dicts, > 4 GB), and a line of 240 MiB of spaces is refused after MAX_LOG_LINE_BYTES
     try:
         size = _regular_size(path)
         if size > max_bytes:
             raise FileFormatError(
                 f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines file; restore or delete it"
             )
-        parts: list[bytes] | None = []  # the decompressed bytes, kept for the parse when small
-        lines, cheap, run, total, content = 1, 1, 0, 0, False
-        with open_binary(path) as f:
-            for piece in read_bounded(f, max_bytes, f"{path} (a JSON-lines file)"):
-                total += len(piece)
-                if parts is not None:
-                    parts.append(piece)
-                    if total > _KEEP_BYTES:
-                        parts = None  # parsed from a second stream: memory stays one line
-                nl = piece.count(b"\n")
-                first = piece.find(b"\n") if nl else len(piece)
-                if run + first > line_limit or (nl and len(piece) - piece.rfind(b"\n") - 1 > line_limit):
-                    raise FileFormatError(
-                        f"{path}:{lines} is a line longer than {MAX_LOG_LINE_BYTES.said()}, more than a JSON-lines "
-                        "file fireviz writes holds; restore or delete it"
-                    )
-                run = len(piece) - piece.rfind(b"\n") - 1 if nl else run + len(piece)
-                lines += nl
-                if lines > max_values:
-                    raise too_many(lines)
-                content = content or bool(piece.strip())
-                if not content and total > line_limit:
-                    break  # refused below: more than a line of nothing but whitespace
-                cheap += nl + piece.count(b"[") + piece.count(b"{") + piece.count(b",")
-        if not content and total:
-            raise FileFormatError(
-                f"{path} holds {'more than ' if total > line_limit else ''}{total:,} bytes of whitespace and no JSON "
-                "record; restore or delete it"
-            )
+        parts, cheap = _jsonl_count(path, max_bytes, max_values, too_many)
 
         def stream():
             if parts is not None:
@@ -376,26 +344,7 @@ def read_jsonl(
                 n_values += _json_shape(line)[1] if line.strip() else 1
                 if n_values > max_values:
                     raise too_many(n_values)
-        out = []
-        torn: FileFormatError | None = None  # a bad line, forgiven only if no record follows it
-        for n, raw in stream():
-            line = raw.decode("utf-8", errors="replace")
-            if not line.strip():
-                continue
-            if torn is not None:
-                raise torn
-            try:
-                obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
-            except FileFormatError as e:
-                if json_depth(line) > max_depth:  # too deep is never a torn write: refused even last
-                    raise
-                torn = e
-                continue
-            if not isinstance(obj, dict):
-                raise FileFormatError(
-                    f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
-                )
-            out.append(obj)
+        out, torn = _jsonl_parse(stream(), path, max_depth, allow_nonfinite)
     except FileFormatError:
         raise
     except DECOMPRESSION_ERRORS as e:
@@ -403,6 +352,73 @@ def read_jsonl(
     if torn is not None and not tolerate_torn_tail:
         raise torn
     return out
+
+
+def _jsonl_count(path: Path, max_bytes: int, max_values: int, too_many) -> tuple[list[bytes] | None, int]:
+    """:func:`read_jsonl`'s first, streamed pass: lines, brackets and commas counted per 1 MiB piece
+    (``bytes.count``) and the longest line, refused as soon as a bound is crossed, before any byte
+    becomes an object — what parsing costs follows the lines and values, not the bytes (100 MB of
+    ``{}`` lines is 35 million dicts, > 4 GB), and a line of 240 MiB of spaces is refused after
+    ``MAX_LOG_LINE_BYTES``. Returns ``(the decompressed pieces, or None past _KEEP_BYTES; an upper
+    bound on the values)``. Raises: FileFormatError (and the stream's decompression errors)."""
+    line_limit = MAX_LOG_LINE_BYTES.value
+    parts: list[bytes] | None = []  # the decompressed bytes, kept for the parse when small
+    lines, cheap, run, total, content = 1, 1, 0, 0, False
+    with open_binary(path) as f:
+        for piece in read_bounded(f, max_bytes, f"{path} (a JSON-lines file)"):
+            total += len(piece)
+            if parts is not None:
+                parts.append(piece)
+                if total > _KEEP_BYTES:
+                    parts = None  # parsed from a second stream: memory stays one line
+            nl = piece.count(b"\n")
+            first = piece.find(b"\n") if nl else len(piece)
+            if run + first > line_limit or (nl and len(piece) - piece.rfind(b"\n") - 1 > line_limit):
+                raise FileFormatError(
+                    f"{path}:{lines} is a line longer than {MAX_LOG_LINE_BYTES.said()}, more than a JSON-lines "
+                    "file fireviz writes holds; restore or delete it"
+                )
+            run = len(piece) - piece.rfind(b"\n") - 1 if nl else run + len(piece)
+            lines += nl
+            if lines > max_values:
+                raise too_many(lines)
+            content = content or bool(piece.strip())
+            if not content and total > line_limit:
+                break  # refused below: more than a line of nothing but whitespace
+            cheap += nl + piece.count(b"[") + piece.count(b"{") + piece.count(b",")
+    if not content and total:
+        raise FileFormatError(
+            f"{path} holds {'more than ' if total > line_limit else ''}{total:,} bytes of whitespace and no JSON "
+            "record; restore or delete it"
+        )
+    return parts, cheap
+
+
+def _jsonl_parse(numbered_lines, path: Path, max_depth: int, allow_nonfinite: bool):
+    """:func:`read_jsonl`'s parse of ``(number, bytes)`` lines: ``(objects, the last bad line's error
+    or None)``; a bad line followed by a record, too deep a line or a line that is not an object
+    raise FileFormatError at once."""
+    out: list[dict] = []
+    torn: FileFormatError | None = None  # a bad line, forgiven only if no record follows it
+    for n, raw in numbered_lines:
+        line = raw.decode("utf-8", errors="replace")
+        if not line.strip():
+            continue
+        if torn is not None:
+            raise torn
+        try:
+            obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
+        except FileFormatError as e:
+            if json_depth(line) > max_depth:  # too deep is never a torn write: refused even last
+                raise
+            torn = e
+            continue
+        if not isinstance(obj, dict):
+            raise FileFormatError(
+                f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
+            )
+        out.append(obj)
+    return out, torn
 
 
 #: decompressed bytes of a JSON-lines file kept in memory between :func:`read_jsonl`'s count and its
@@ -498,3 +514,23 @@ def output_path_problem(out: str | os.PathLike, flag: str = "--out", example: st
     if blocker is not None:
         return f"{flag} {out} lies under {blocker}, which is a file; give a file path such as {example}"
     return None
+
+
+def check_json_shape(
+    text: str, source: str, error: type[Exception] = FileFormatError, max_values: int | None = None
+) -> None:
+    """Refuse (``error``, one line) JSON ``text`` that would parse into more than ``max_values``
+    values (default ``fireviz.core.files.MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper
+    than ``MAX_JSON_DEPTH``, before it is parsed. Costs three ``str.count`` calls for text the
+    counts prove within; a linear scan otherwise."""
+    cap = MAX_JSON_VALUES if max_values is None else max_values
+    if _within_shape(text, MAX_JSON_DEPTH, cap):
+        return
+    depth, values = _json_shape(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{source} nests {depth} levels deep (at most {MAX_JSON_DEPTH} are read); fix or remove that line")
+    if values > cap:
+        raise error(
+            f"{source} holds up to {values:,} JSON values (at most {cap:,} are read in one line: parsing costs "
+            "memory per value); fix or remove that line"
+        )

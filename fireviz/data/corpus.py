@@ -43,10 +43,10 @@ from fireviz.core.bounded import (
     MAX_DECOMPRESSED_BYTES,
     MAX_DOCUMENTS,
     MAX_LINE_BYTES,
-    check_json_shape,
     iter_lines,
     read_bounded,
 )
+from fireviz.core.files import check_json_shape
 
 DOMAINS = ("prose", "latex", "code")
 #: the byte-level vocabulary: ids 0..255 are bytes, ``BOS_ID`` = 256 marks the start of a document

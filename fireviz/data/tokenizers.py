@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from fireviz.core.bounded import MiB, check_json_shape
+from fireviz.core.bounded import MiB
+from fireviz.core.files import check_json_shape
 from fireviz.data.corpus import BOS_ID, DataError, Document, is_validation
 from fireviz.data.sources import iter_documents
 
