@@ -162,7 +162,11 @@ def iter_lines(
 
 
 def read_bounded(
-    f: BinaryIO, limit: Limit | int, source: str, error: type[Exception] = FileFormatError, chunk: int = MiB
+    f: BinaryIO | gzip.GzipFile | lzma.LZMAFile,
+    limit: Limit | int,
+    source: str,
+    error: type[Exception] = FileFormatError,
+    chunk: int = MiB,
 ):
     """The bytes of the open stream ``f`` in ``chunk`` pieces (a generator), refusing with
     ``error`` once more than ``limit`` came out (a decompression bomb costs one piece)."""

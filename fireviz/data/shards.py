@@ -240,7 +240,8 @@ class TokenShards:
                 raise DataError(f"{path} does not read ({e}); {AGAIN}") from e
             offsets = [0, 0]
             maps: dict[int, np.ndarray] = {}
-            for row in table if isinstance(table, list) else [None]:
+            rows: list = table if isinstance(table, list) else [None]
+            for row in rows:
                 try:
                     doc_id, s, n_tok, n_bytes, doc_sha256 = row
                     digest = bytes.fromhex(doc_sha256)

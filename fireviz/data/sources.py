@@ -191,7 +191,7 @@ def _check_parquet_sizes(pf, path: Path, columns: list[str]) -> None:
 def _check_parquet_cells(column, path: Path, row: int) -> int:
     """Refuse (DataError) a text cell longer than ``MAX_LINE_BYTES``, before it becomes a str;
     return the bytes the batch's texts hold (a dictionary-encoded column: as expanded)."""
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
     try:
