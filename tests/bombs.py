@@ -3,7 +3,8 @@ reads one and reports its peak memory.
 
 ``run_measured`` runs Python code in a fresh interpreter (so the peak resident memory it
 reports is that reading's, not the test session's) and returns its exit status, its output and
-its peak RSS in MiB (``resource.getrusage(RUSAGE_SELF).ru_maxrss`` at exit).
+its peak RSS in MiB (``VmHWM`` of /proc/self/status at exit: ``ru_maxrss`` would carry over the
+forking test session's own peak).
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 #: what every bad input class must stay under (issue #50's acceptance: peak RSS < 1 GB)
 RSS_BOUND_MB = 1000
 
+# VmHWM (the peak resident set of this address space) rather than ru_maxrss, which Linux carries
+# over an execve from the forking parent (the test session's own size)
 _WRAP = """
-import atexit, resource, sys
-atexit.register(lambda: sys.stderr.write("\\nPEAK_RSS_KB %d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+import atexit, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
+    sys.stderr.write("\\nPEAK_RSS_KB %d\\n" % kb)
+atexit.register(_peak)
 """
 
 

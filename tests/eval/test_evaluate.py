@@ -1167,6 +1167,7 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
         if obj["checkpoint_sha256"] == checkpoints.checkpoint_sha256(ckpts["rope"]):
             for k in ("per_document", "ci95", "documents"):
                 obj["result"].pop(k, None)
+            obj["mac"] = eval_cache.entry_mac(obj["key"], obj["result"])  # as this user's fireviz would have signed it
             path.write_text(json.dumps(obj))
     looked = ev.evaluate_many([ckpts["rope"]], corpus, [8], require_intervals=False, **kw)[0]["per_length"][0]
     assert looked["cached"] and "ci95" not in looked
