@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fireviz.core import FileFormatError, read_json, sha256_files
+from fireviz.core.bounded import MAX_DOCUMENTS
 from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes, fingerprint_entry
 from fireviz.data.tokenizers import stored_tokenizer_problem
 
@@ -338,6 +339,12 @@ def shard_documents(path: str | os.PathLike) -> list[Document]:
         raise DataError(
             f"{shards.path} holds token ids of {shards.tokenizer['name']}, not text; evaluate on the corpus it was "
             f"prepared from (--data {shards.manifest['source']['data']})"
+        )
+    n_docs = sum(int(shards.manifest["splits"][s]["documents"]) for s in SPLITS)
+    if n_docs > MAX_DOCUMENTS.value:  # each becomes an object: refused before any is made
+        raise DataError(
+            f"{shards.path} holds {n_docs:,} documents, more than the {MAX_DOCUMENTS.said()} one evaluation keeps in "
+            f"memory; {MAX_DOCUMENTS.fix()}"
         )
     docs: list[Document] = []
     tables = shards.manifest.get("chunk_tables") or []

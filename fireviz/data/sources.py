@@ -229,6 +229,11 @@ def _iter_hf(name: str, text_column: str, id_column: str, config: str | None, sp
                 "with --text-column"
             )
         text = rec[text_column]
+        if isinstance(text, str) and len(text) > MAX_LINE_BYTES.value:  # characters: at least as many bytes
+            raise DataError(
+                f"hf:{name} row {row} holds a text of {len(text):,} characters, longer than {MAX_LINE_BYTES.said()} "
+                f"(the most one document of a dataset may be); {MAX_LINE_BYTES.fix()}"
+            )
         if text:
             doc_id = rec.get(id_column)
             yield _document(f"{name}#{row}" if doc_id is None else doc_id, text, f"hf:{name} row {row}", text_column)

@@ -155,3 +155,15 @@ def test_a_parquet_text_or_row_group_past_its_limit_is_refused_before_it_is_read
         list(iter_documents(plain))
     monkeypatch.delenv("FIREVIZ_MAX_PARQUET_GROUP_MB")
     assert [len(d) for d in iter_documents(plain)] == [MiB] * 3
+
+
+def test_a_streamed_dataset_row_past_the_line_limit_is_refused(monkeypatch):
+    import sys
+    import types
+
+    rows = [{"text": "short"}, {"text": "x" * (3 * MiB)}]
+    fake = types.SimpleNamespace(load_dataset=lambda *a, **k: iter(rows))
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.setenv("FIREVIZ_MAX_LINE_MB", "2")
+    with pytest.raises(DataError, match=r"hf:org/c row 1 holds a text of 3,145,728 characters.*FIREVIZ_MAX_LINE_MB"):
+        list(iter_documents("hf:org/c"))

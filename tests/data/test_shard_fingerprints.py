@@ -89,3 +89,17 @@ def test_a_folder_edited_throughout_is_recorded_as_the_data_it_now_holds(corpus,
     _edit_first_train_document(tmp_path / "s", table_doc_sha=True, manifest_fingerprint=True)
     edited = TokenShards(tmp_path / "s").verified_fingerprints()["train"]
     assert edited != clean  # a run records what it trained on, never the clean corpus's name
+
+
+def test_a_shard_folder_of_more_documents_than_a_load_holds_is_refused_before_any_is_made(
+    corpus, tmp_path, monkeypatch
+):
+    from fireviz.data.shards import shard_documents
+
+    prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "s", chunk_bytes=3000)
+    assert len(shard_documents(tmp_path / "s")) == 40
+    monkeypatch.setenv("FIREVIZ_MAX_DOCUMENTS", "39")
+    with pytest.raises(
+        DataError, match="holds 40 documents, more than the 39 documents .*FIREVIZ_MAX_DOCUMENTS above 39"
+    ):
+        shard_documents(tmp_path / "s")
