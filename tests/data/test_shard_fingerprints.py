@@ -103,3 +103,15 @@ def test_a_shard_folder_of_more_documents_than_a_load_holds_is_refused_before_an
         DataError, match="holds 40 documents, more than the 39 documents .*FIREVIZ_MAX_DOCUMENTS above 39"
     ):
         shard_documents(tmp_path / "s")
+
+
+def test_a_chunk_holds_at_most_chunk_max_documents(corpus, tmp_path, monkeypatch):
+    """Many tiny documents: a chunk is cut at CHUNK_MAX_DOCUMENTS as well as at chunk_bytes (2 million
+    one-character documents made one chunk of 2.6 GB whose 250 MB table could not be read back)."""
+    from fireviz.data import prepare as prepare_mod
+
+    monkeypatch.setattr(prepare_mod, "CHUNK_MAX_DOCUMENTS", 7)
+    m = prepare(str(corpus), BYTE_TOKENIZER, tmp_path / "s")  # 40 documents, far below chunk_bytes
+    assert m["chunks"] == 6
+    fps = TokenShards(tmp_path / "s").verified_fingerprints()
+    assert fps["train"] == data_fingerprint(split_documents(load_documents(corpus), "train"))
