@@ -441,6 +441,13 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
                 {"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records
             ],
         }
+    bos_tokens = sum(splits[sp]["documents"] for sp in SPLITS) if settings["tokenizer"].get("adds_bos") else 0
+    if sum(splits[sp]["bytes"] for sp in SPLITS) and sum(splits[sp]["tokens"] for sp in SPLITS) <= bos_tokens:
+        raise DataError(
+            f"{settings['tokenizer'].get('name')} encoded no byte of the {sum(splits[sp]['bytes'] for sp in SPLITS):,} "
+            f"bytes of text into a token (every document empty or BOS only): nothing to train on; use a tokenizer "
+            f"that encodes this text (byte, or one trained on it), and delete {out} first"
+        )
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

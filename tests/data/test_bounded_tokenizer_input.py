@@ -81,3 +81,22 @@ def test_a_tokenizer_file_past_the_size_limit_is_refused_unread(tmp_path):
         f.truncate(MAX_TOKENIZER_FILE_BYTES + 1)  # sparse: nothing written
     with pytest.raises(CheckpointError, match=f"more than the {MAX_TOKENIZER_FILE_BYTES:,} fireviz reads"):
         load_tokenizer(folder / "tokenizer.json")
+
+
+def test_prepare_refuses_a_corpus_its_tokenizer_turns_into_no_token_at_all(tmp_path):
+    """Every document blank to a WordPiece tokenizer (whitespace gives no token): each is kept, but a
+    folder of 0 tokens is refused at the end, not written with "0 tokens" and exit 0."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from fireviz.data import DataError
+    from fireviz.data.prepare import prepare
+
+    tok = Tokenizer(models.WordPiece({"[UNK]": 0, "cat": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "wp").mkdir()
+    tok.save(str(tmp_path / "wp" / "tokenizer.json"))
+    data = tmp_path / "blank.jsonl"
+    data.write_text("".join(json.dumps({"id": f"b{k}", "text": " \n\t " * (k + 1)}) + "\n" for k in range(20)))
+    with pytest.raises(DataError, match="encoded no byte of the .* bytes of text into a token"):
+        prepare(str(data), load_tokenizer(tmp_path / "wp" / "tokenizer.json"), tmp_path / "s")
+    assert not (tmp_path / "s" / "manifest.json").exists()
