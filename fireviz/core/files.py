@@ -517,18 +517,27 @@ def output_path_problem(out: str | os.PathLike, flag: str = "--out", example: st
 
 
 def check_json_shape(
-    text: str, source: str, error: type[Exception] = FileFormatError, max_values: int | None = None
+    text: str,
+    source: str,
+    error: type[Exception] = FileFormatError,
+    max_values: int | None = None,
+    max_depth: int | None = MAX_JSON_DEPTH,
 ) -> None:
     """Refuse (``error``, one line) JSON ``text`` that would parse into more than ``max_values``
-    values (default ``fireviz.core.files.MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper
-    than ``MAX_JSON_DEPTH``, before it is parsed. Costs three ``str.count`` calls for text the
-    counts prove within; a linear scan otherwise."""
+    values (default ``MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper than ``max_depth``
+    (None: not checked — a caller that catches the parser's RecursionError, whose depth costs
+    no memory), before it is parsed. Costs three ``str.count`` calls for text the counts prove
+    within (without ``max_depth``: any text of fewer brackets and commas than ``max_values``, a
+    corpus document's line whatever its braces); a linear scan otherwise."""
     cap = MAX_JSON_VALUES if max_values is None else max_values
-    if _within_shape(text, MAX_JSON_DEPTH, cap):
+    if max_depth is None:
+        if 1 + text.count("[") + text.count("{") + text.count(",") <= cap:
+            return
+    elif _within_shape(text, max_depth, cap):
         return
     depth, values = _json_shape(text)
-    if depth > MAX_JSON_DEPTH:
-        raise error(f"{source} nests {depth} levels deep (at most {MAX_JSON_DEPTH} are read); fix or remove that line")
+    if max_depth is not None and depth > max_depth:
+        raise error(f"{source} nests {depth} levels deep (at most {max_depth} are read); fix or remove that line")
     if values > cap:
         raise error(
             f"{source} holds up to {values:,} JSON values (at most {cap:,} are read in one line: parsing costs "

@@ -355,7 +355,7 @@ def iter_jsonl(path: Path, load: _Load | None = None):
             load.admit(f"{path}:{lineno}")
         line = raw.decode("utf-8", errors="surrogateescape")  # bytes that are not UTF-8 survive (text_bytes)
         del raw
-        check_json_shape(line, f"{path}:{lineno}", DataError)
+        check_json_shape(line, f"{path}:{lineno}", DataError, max_depth=None)  # too deep: RecursionError below
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
