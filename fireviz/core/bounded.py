@@ -33,30 +33,39 @@ class Limit:
     """One bound on what a reader takes in: ``default`` (in bytes or items), raised by the
     environment variable ``env`` (a positive whole number of ``unit_name`` s, e.g. ``FIREVIZ_MAX_LINE_MB=512``).
 
-    ``value`` is read at each use (a changed variable counts at the next read).
-    Raises (``value``): FileFormatError for a variable that is not a positive whole number.
+    ``value`` is read at each use (a changed variable counts at the next read); a variable that
+    is not a positive whole number is said once (RuntimeWarning) and the default used, so a bad
+    setting never breaks a reader that would otherwise work.
     """
 
     __slots__ = ("default", "env", "unit", "unit_name")
+    _said_bad: set[tuple[str, str]] = set()
 
     def __init__(self, default: int, env: str | None = None, unit: int = 1, unit_name: str = ""):
         self.default, self.env, self.unit, self.unit_name = int(default), env, int(unit), unit_name
 
     @property
     def value(self) -> int:
-        """The limit now: the environment variable's (× ``unit``) when set, else the default."""
+        """The limit now: the environment variable's (× ``unit``) when set and valid, else the default."""
         raw = os.environ.get(self.env, "").strip() if self.env else ""
-        if not raw:
+        if not raw or self.env is None:
             return self.default
         try:
             n = int(raw)
             if n < 1:
                 raise ValueError
         except ValueError:
-            raise FileFormatError(
-                f"{self.env}={raw!r} is not a positive whole number{' of ' + self.unit_name if self.unit_name else ''}; "
-                "set it to one, or unset it"
-            ) from None
+            if (self.env, raw) not in Limit._said_bad:
+                Limit._said_bad.add((self.env, raw))
+                import warnings
+
+                warnings.warn(
+                    f"{self.env}={raw!r} is not a positive whole number{' of ' + self.unit_name if self.unit_name else ''}; "
+                    f"the default {self.default // self.unit:,} {self.unit_name} is used: set it to one, or unset it",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return self.default
         return n * self.unit
 
     def said(self) -> str:

@@ -424,7 +424,7 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
         for s in (0, 1):
             ids[s].append(np.array(chunk_ids[s], dtype=object))
             rows[s].append(np.asarray(chunk_rows[s], dtype=np.int64).reshape(-1, 3))
-    splits = {}
+    splits: dict[str, dict[str, Any]] = {}
     for split_index, split in enumerate(SPLITS):
         all_ids = np.concatenate(ids[split_index]) if ids[split_index] else np.zeros(0, dtype=object)
         order = np.concatenate(rows[split_index]) if rows[split_index] else np.zeros((0, 3), dtype=np.int64)
@@ -441,10 +441,10 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
                 {"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records
             ],
         }
-    bos_tokens = sum(splits[sp]["documents"] for sp in SPLITS) if settings["tokenizer"].get("adds_bos") else 0
-    if sum(splits[sp]["bytes"] for sp in SPLITS) and sum(splits[sp]["tokens"] for sp in SPLITS) <= bos_tokens:
+    n_docs, n_tok, n_text = (sum(int(splits[sp][k]) for sp in SPLITS) for k in ("documents", "tokens", "bytes"))
+    if n_text and n_tok <= (n_docs if settings["tokenizer"].get("adds_bos") else 0):
         raise DataError(
-            f"{settings['tokenizer'].get('name')} encoded no byte of the {sum(splits[sp]['bytes'] for sp in SPLITS):,} "
+            f"{settings['tokenizer'].get('name')} encoded no byte of the {n_text:,} "
             f"bytes of text into a token (every document empty or BOS only): nothing to train on; use a tokenizer "
             f"that encodes this text (byte, or one trained on it), and delete {out} first"
         )
