@@ -31,9 +31,10 @@ MAX_GGUF_TENSORS = 100_000
 #: today's models), and of all arrays together: transformers holds each as a Python object.
 MAX_GGUF_ARRAY = 1_000_000
 MAX_GGUF_ELEMENTS = 4_000_000
-#: Longest metadata string (a chat template is ~10 KB) and the most metadata bytes in all.
+#: Longest metadata string (a chat template is ~10 KB) and the most metadata bytes in all (a
+#: 128k-token vocabulary with its merges is ~10 MB).
 MAX_GGUF_STRING = 1 << 20
-MAX_GGUF_METADATA_BYTES = 256 << 20
+MAX_GGUF_METADATA_BYTES = 64 << 20
 #: ggml's most tensor dimensions
 GGUF_MAX_DIMS = 4
 

@@ -114,3 +114,20 @@ def test_resolving_a_bad_gguf_is_one_line_in_bounded_memory(tmp_path, name):
     assert rc == 2 and one_clear_line(out) and BAD[name][1] in out, out
     assert rss < RSS_BOUND_MB, f"{rss:.0f} MiB"
     assert MAX_GGUF_ARRAY <= 1_000_000
+
+
+def test_metadata_past_its_byte_limit_is_refused_by_its_offset(tmp_path):
+    """65 strings of 1 MiB (a sparse file: nothing but their lengths written) pass every per-entry
+    limit and the file's size, and cross MAX_GGUF_METADATA_BYTES together."""
+    from fireviz.checkpoints.gguf_header import MAX_GGUF_METADATA_BYTES, MAX_GGUF_STRING
+
+    n = MAX_GGUF_METADATA_BYTES // MAX_GGUF_STRING + 1
+    path = tmp_path / "fat.gguf"
+    with open(path, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, n))
+        for k in range(n):
+            f.write(_s(f"k{k:03d}") + struct.pack("<IQ", 8, MAX_GGUF_STRING))
+            f.seek(MAX_GGUF_STRING, 1)
+        f.truncate(f.tell() + 64)
+    with pytest.raises(CheckpointError, match=f"its metadata is longer than {MAX_GGUF_METADATA_BYTES:,} bytes"):
+        check_gguf_header(path)
