@@ -522,8 +522,9 @@ def check_json_shape(
     error: type[Exception] = FileFormatError,
     max_values: int | None = None,
     max_depth: int | None = MAX_JSON_DEPTH,
+    fix: str = "fix or remove that line",
 ) -> None:
-    """Refuse (``error``, one line) JSON ``text`` that would parse into more than ``max_values``
+    """Refuse (``error``, one line ending in ``fix``) JSON ``text`` that would parse into more than ``max_values``
     values (default ``MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper than ``max_depth``
     (None: not checked — a caller that catches the parser's RecursionError, whose depth costs
     no memory), before it is parsed. Costs three ``str.count`` calls for text the counts prove
@@ -537,9 +538,9 @@ def check_json_shape(
         return
     depth, values = _json_shape(text)
     if max_depth is not None and depth > max_depth:
-        raise error(f"{source} nests {depth} levels deep (at most {max_depth} are read); fix or remove that line")
+        raise error(f"{source} nests {depth} levels deep (at most {max_depth} are read); {fix}")
     if values > cap:
         raise error(
-            f"{source} holds up to {values:,} JSON values (at most {cap:,} are read in one line: parsing costs "
-            "memory per value); fix or remove that line"
+            f"{source} holds up to {values:,} JSON values (at most {cap:,} are read: parsing costs memory per "
+            f"value); {fix}"
         )

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fireviz.core.bounded import MiB
+from fireviz.core.bounded import Limit, MiB
 from fireviz.core.files import check_json_shape
 from fireviz.data.corpus import BOS_ID, DataError, Document, is_validation
 from fireviz.data.sources import iter_documents
@@ -117,12 +117,14 @@ def _check_bos(bos: str | None) -> str | None:
     return bos
 
 
-#: Largest tokenizer file read (bytes): today's largest tokenizer.json (Gemma's) is ~35 MB.
-MAX_TOKENIZER_FILE_BYTES = 64 * MiB
-#: Most JSON values a tokenizer.json may parse into (vocabulary entries and merges; a 262,144-token
-#: Unigram vocabulary is ~790,000, Llama 3's vocabulary and merges ~1,000,000): parsing costs
-#: ~300 bytes per value in the Rust tokenizers library (3 million entries took 1.1 GB).
-MAX_TOKENIZER_VALUES = 2_000_000
+#: Largest tokenizer file read (bytes): today's largest tokenizer.json (Gemma 3's) is ~33 MB.
+#: Raise with ``FIREVIZ_MAX_TOKENIZER_MB``.
+MAX_TOKENIZER_FILE_BYTES = Limit(64 * MiB, "FIREVIZ_MAX_TOKENIZER_MB", MiB, "MiB")
+#: Most JSON values a tokenizer file may parse into (vocabulary entries and merges: Llama 3's
+#: vocabulary and merges are ~1,000,000, Gemma 3's 262k vocabulary and merges ~1,900,000): the
+#: Rust tokenizers library spends ~370 bytes a value (3 million entries took 1.1 GB).
+#: Raise with ``FIREVIZ_MAX_TOKENIZER_VALUES``.
+MAX_TOKENIZER_VALUES = Limit(2_500_000, "FIREVIZ_MAX_TOKENIZER_VALUES", 1, "values")
 #: what a tokenizer must encode to at least one token when it is loaded (ASCII, accents, CJK, emoji)
 PROBE_TEXT = "The quick brown fox, 0123456789. Éé ü 東京 😀"
 
@@ -137,14 +139,21 @@ def check_tokenizer_files(files, name: str = "tokenizer") -> None:
         f = Path(f)
         try:
             size = f.stat().st_size
-            if size > MAX_TOKENIZER_FILE_BYTES:
+            if size > MAX_TOKENIZER_FILE_BYTES.value:
                 raise DataError(
-                    f"{name}: {f} is {size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES:,} fireviz reads for a "
-                    "tokenizer file (the largest published tokenizer.json is ~35 MB); it is not a tokenizer to use"
+                    f"{name}: {f} is {size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES.said()} fireviz reads for "
+                    "a tokenizer file (the largest published tokenizer.json is ~33 MB); use another tokenizer, or "
+                    f"{MAX_TOKENIZER_FILE_BYTES.fix()}"
                 )
             if f.suffix == ".json":
                 text = f.read_bytes().decode("utf-8", errors="replace")
-                check_json_shape(text, f"{name}: {f}", DataError, max_values=MAX_TOKENIZER_VALUES)
+                check_json_shape(
+                    text,
+                    f"{name}: {f}",
+                    DataError,
+                    max_values=MAX_TOKENIZER_VALUES.value,
+                    fix=f"use another tokenizer, or {MAX_TOKENIZER_VALUES.fix()}",
+                )
         except OSError as e:
             raise DataError(f"{name}: cannot read {f}: {e}") from e
 

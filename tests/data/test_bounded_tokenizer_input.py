@@ -69,7 +69,7 @@ def test_a_tokenizer_json_of_millions_of_entries_is_refused_before_it_is_parsed(
         ["prepare", "--data", str(data), "--tokenizer", str(folder), "--out", str(tmp_path / "s")]
     )
     assert rc != 0 and one_clear_line(out), out
-    assert f"at most {MAX_TOKENIZER_VALUES:,} are read" in out, out
+    assert f"at most {MAX_TOKENIZER_VALUES.value:,} are read" in out and "FIREVIZ_MAX_TOKENIZER_VALUES" in out, out
     assert rss < RSS_BOUND_MB, f"{rss:.0f} MiB"
 
 
@@ -78,8 +78,8 @@ def test_a_tokenizer_file_past_the_size_limit_is_refused_unread(tmp_path):
     folder.mkdir()
     with open(folder / "tokenizer.json", "wb") as f:
         f.write(b'{"model": {"vocab": {')
-        f.truncate(MAX_TOKENIZER_FILE_BYTES + 1)  # sparse: nothing written
-    with pytest.raises(CheckpointError, match=f"more than the {MAX_TOKENIZER_FILE_BYTES:,} fireviz reads"):
+        f.truncate(MAX_TOKENIZER_FILE_BYTES.value + 1)  # sparse: nothing written
+    with pytest.raises(CheckpointError, match="more than the 64 MiB fireviz reads.*FIREVIZ_MAX_TOKENIZER_MB above 64"):
         load_tokenizer(folder / "tokenizer.json")
 
 
