@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,6 +85,26 @@ def sha256_files(*paths: str | os.PathLike) -> str:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def sort_safetensors_metadata(path: str | os.PathLike) -> None:
+    """Rewrite, in place, the header of the safetensors file ``path`` with its ``__metadata__`` keys
+    in sorted order. safetensors writes them in the order of a Rust HashMap, which differs from one
+    save to the next: two saves of the same tensors and metadata differed in bytes (a resumed run
+    must write byte-identical checkpoints). The header keeps its length (padded with spaces, as
+    safetensors pads it); nothing else changes. Raises: OSError; FileFormatError for a header that
+    is not a JSON object."""
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise FileFormatError(f"{path}: the safetensors header is not a JSON object")
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if isinstance(meta, dict) else {}) | header
+        raw = json.dumps(ordered, separators=(",", ":")).encode("utf-8")
+        if len(raw) <= n:
+            f.seek(8)
+            f.write(raw + b" " * (n - len(raw)))
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from fireviz.core import is_int, reuse_mask_memory
+from fireviz.core import is_int, reuse_mask_memory, sort_safetensors_metadata
 from fireviz.encodings import PositionEncoding, build_encoding, encoding_spec
 from fireviz.encodings.base import check_position_offset
 from fireviz.model.attention import attention, causal_attention_mask
@@ -514,11 +514,9 @@ class GPT(
         config.json whenever it is loaded."""
         from safetensors.torch import save_model
 
-        save_model(
-            self,
-            str(Path(save_directory) / "model.safetensors"),
-            metadata={"format": "pt", ENCODING_METADATA_KEY: encoding_record(self.config)},
-        )
+        path = Path(save_directory) / "model.safetensors"
+        save_model(self, str(path), metadata={"format": "pt", ENCODING_METADATA_KEY: encoding_record(self.config)})
+        sort_safetensors_metadata(path)  # the same model writes the same bytes
 
     @classmethod
     def _from_pretrained(

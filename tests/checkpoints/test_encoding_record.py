@@ -72,3 +72,18 @@ def test_save_pretrained_writes_the_record(tmp_path):
         record = json.loads(f.metadata()[ENCODING_METADATA_KEY])
     assert record["position_encoding"] == "kerple_power" and isinstance(record["encoding_options"], dict)
     assert torch.is_tensor(Checkpoint.resolve(tmp_path / "k").load().lm_head.weight)
+
+
+def test_the_same_model_saved_twice_is_the_same_bytes(tmp_path):
+    """safetensors orders metadata keys as a Rust HashMap does (differently per save): with two keys
+    (format and the encoding record) the header is put in sorted order after each save."""
+    from fireviz.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, seq_len=16, position_encoding="fire"))
+    blobs = set()
+    for k in range(6):
+        model.save_pretrained(tmp_path / f"m{k}")
+        blobs.add((tmp_path / f"m{k}" / "model.safetensors").read_bytes())
+    assert len(blobs) == 1
+    assert torch.equal(GPT.from_pretrained(str(tmp_path / "m0")).lm_head.weight, model.lm_head.weight)
