@@ -28,6 +28,11 @@ if str(TESTS) not in sys.path:  # the helper modules, whatever folder a test mod
 # (e.g. the interval floor below) reach the work; the worker-process path has its own tests
 # (tests/core/test_worker.py, tests/ui/test_job_worker.py).
 os.environ.setdefault("FIREVIZ_JOB_WORKER", "thread")
+# the evaluation cache's signing secret (fireviz.eval.cache.cache_secret_path): one per test session,
+# never the user's own in ~/.config
+os.environ.setdefault(
+    "FIREVIZ_CACHE_KEY_FILE", os.path.join(__import__("tempfile").mkdtemp(prefix="fireviz-test-"), "eval-cache.key")
+)
 
 #: Encodings of the tiny checkpoints (additive learned, additive fixed, rotary).
 TINY_ENCODINGS = ("fire", "alibi", "rope")

@@ -28,11 +28,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from fireviz.checkpoints.gguf_header import check_gguf_header
 from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
 from fireviz.core import FileFormatError, read_json
 from fireviz.data import DataError
-from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, files_sha256
+from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, check_tokenizer_files, files_sha256
 from fireviz.model import CheckpointError
 
 #: zero-shot RoPE scalings for a published model, as transformers names its rope_type
@@ -335,13 +336,17 @@ class CausalLMCheckpoint:
     @classmethod
     def _resolve_gguf(cls, path: Path, ref: str) -> CausalLMCheckpoint:
         """A GGUF file (llama.cpp's format): its config and tokenizer from its metadata, read by
-        transformers (dequantised to float32 when loaded); its identity is the file's sha256."""
+        transformers (dequantised to float32 when loaded) once :func:`check_gguf_header` has bounded
+        it; its identity is the file's sha256."""
+        import struct
+
         from transformers import AutoConfig
 
+        check_gguf_header(path)  # every count and length bounded before transformers builds objects
         try:
             cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True).to_dict()
             sha256 = files_sha256([path])
-        except (OSError, ValueError, KeyError, ImportError) as e:
+        except (OSError, ValueError, KeyError, ImportError, struct.error) as e:
             raise CheckpointError(f"transformers cannot read the GGUF file {path}: {type(e).__name__}: {e}") from e
         return cls(
             name=path.stem,
@@ -506,6 +511,11 @@ def _tokenizer(ckpt: CausalLMCheckpoint) -> HFTokenizer:
         from transformers import AutoTokenizer
 
         try:
+            if not ckpt.gguf_file:  # a GGUF file's tokenizer is in its metadata, bounded by check_gguf_header
+                check_tokenizer_files(tokenizer_files(ckpt.folder), ckpt.name)
+        except DataError as e:
+            raise CheckpointError(str(e)) from e
+        try:
             extra = {"gguf_file": ckpt.gguf_file} if ckpt.gguf_file else {}
             hf = AutoTokenizer.from_pretrained(ckpt.folder, local_files_only=True, **extra)
         except Exception as e:  # a corrupt or incomplete tokenizer file: one error, naming it
@@ -585,6 +595,10 @@ def load_tokenizer(ref: str | os.PathLike, revision: str | None = None) -> ByteT
 def _hf_tokenizer(folder: Path, files: list[Path], key: str, name: str) -> HFTokenizer:
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    try:
+        check_tokenizer_files(files, name)  # sizes and entries bounded before anything parses them
+    except DataError as e:
+        raise CheckpointError(str(e)) from e
     try:
         if any(f.name == "tokenizer_config.json" for f in files):
             hf = AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -13,6 +13,7 @@ from fireviz.core.files import (
     read_jsonl,
     read_safetensors,
     sha256_files,
+    sort_safetensors_metadata,
     write_json_atomic,
 )
 from fireviz.core.kernels import LazyKernel, numba_kernel_call
@@ -40,5 +41,6 @@ __all__ = [
     "read_safetensors",
     "reuse_mask_memory",
     "sha256_files",
+    "sort_safetensors_metadata",
     "write_json_atomic",
 ]

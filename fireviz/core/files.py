@@ -8,11 +8,21 @@ folder. A crash or SIGKILL leaves either the old or the new file, never a torn o
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any, Callable
+
+from fireviz.core.bounded import (
+    DECOMPRESSION_ERRORS,
+    MAX_LOG_LINE_BYTES,
+    FileFormatError,
+    open_binary,
+    read_bounded,
+)
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -77,6 +87,26 @@ def sha256_files(*paths: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def sort_safetensors_metadata(path: str | os.PathLike) -> None:
+    """Rewrite, in place, the header of the safetensors file ``path`` with its ``__metadata__`` keys
+    in sorted order. safetensors writes them in the order of a Rust HashMap, which differs from one
+    save to the next: two saves of the same tensors and metadata differed in bytes (a resumed run
+    must write byte-identical checkpoints). The header keeps its length (padded with spaces, as
+    safetensors pads it); nothing else changes. Raises: OSError; FileFormatError for a header that
+    is not a JSON object."""
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise FileFormatError(f"{path}: the safetensors header is not a JSON object")
+        meta = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(meta.items()))} if isinstance(meta, dict) else {}) | header
+        raw = json.dumps(ordered, separators=(",", ":")).encode("utf-8")
+        if len(raw) <= n:
+            f.seek(8)
+            f.write(raw + b" " * (n - len(raw)))
+
+
 def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
     """Every tensor of a safetensors file and its string metadata: ``(tensors, metadata)``.
 
@@ -92,12 +122,6 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
 
 # ---------------------------------------------------------------------------------------------
 # Reading files fireviz did not just write: one reader, bounded, strict.
-
-
-class FileFormatError(ValueError):
-    """A file fireviz reads is unreadable, too large, too deeply nested, not the expected JSON
-    shape, or holds a non-finite number. The message names the file and the problem; the file
-    itself is never modified."""
 
 
 #: Largest JSON file read (bytes): results with per-document losses are ~1 MB; 64 MiB is far beyond.
@@ -295,76 +319,132 @@ def read_jsonl(
     tolerate_torn_tail: bool = True,
     max_values: int = MAX_JSON_VALUES,
 ) -> list[dict]:
-    """The JSON objects of a JSON-lines file (``*.gz``: gzip-compressed), one per non-empty line, in order.
+    """The JSON objects of a JSON-lines file (plain, gzip or xz), one per non-empty line, in order.
+
+    Decompressed as a stream whose lines, brackets and commas are counted piece by piece before
+    anything is parsed: a line longer than ``fireviz.core.bounded.MAX_LOG_LINE_BYTES`` (a 245 KB
+    ``.gz`` of 240 MiB of spaces) is refused after that many bytes, 100 MB of ``{}`` lines after
+    ``max_values`` of them, and a file of only whitespace is refused, not read as an empty log.
 
     Args: as :func:`read_json`; ``tolerate_torn_tail``: a last line that does not parse (a
       writer still appending, or killed mid-line) is dropped rather than refused; ``max_values``:
-      most lines and JSON values in the whole file (memory: ~100 bytes each once parsed).
+      most lines and JSON values in the whole file (memory: ~100 bytes each once parsed);
+      ``max_bytes``: most bytes after decompression.
     Returns: the objects. Raises: FileFormatError naming ``path:line`` for any other bad line
-      (not JSON, too deep, non-finite where refused, not an object), or an oversized file (bytes
-      after decompression, or lines and values).
+      (not JSON, too deep, too long, non-finite where refused, not an object), an oversized file
+      (bytes after decompression, or lines and values), or one that holds bytes but no record.
     """
     path = Path(path)
-    try:
-        size = _regular_size(path)
-        raw = path.read_bytes() if size <= max_bytes else b""
-        if path.suffix == ".gz":  # a shipped (compressed) log; bounded after decompression too
-            import gzip
-            import zlib
+    line_limit = MAX_LOG_LINE_BYTES.value
 
-            try:
-                with gzip.GzipFile(fileobj=__import__("io").BytesIO(raw)) as g:
-                    parts, got = [], 0
-                    while got <= max_bytes and (chunk := g.read(1 << 20)):  # read(n) would allocate n up front
-                        parts.append(chunk)
-                        got += len(chunk)
-                    raw = b"".join(parts)
-            except (OSError, EOFError, zlib.error) as e:
-                raise FileFormatError(f"{path} is not a readable gzip file ({e}); restore or delete it") from e
-            size = len(raw)
-        if size > max_bytes:
-            raise FileFormatError(
-                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines "
-                "file; restore or delete it"
-            )
-        text = raw.decode("utf-8", errors="replace")
-    except FileFormatError:
-        raise
-    except OSError as e:
-        raise FileFormatError(f"cannot read {path}: {e}") from e
-    # what parsing costs follows the lines and values, not the bytes: 100 MB of "{}\n" lines is 35
-    # million dicts (> 4 GB), so both are counted first (linear scans, no objects built)
-    n_lines = text.count("\n") + 1
-    if n_lines > max_values or _within_shape(text, max_depth=len(text), max_values=max_values):
-        n_values = n_lines  # over the limit already, or the cheap count proves it within (no scan)
-    else:
-        n_values = max(n_lines, json_values(text))
-    if n_values > max_values:
-        raise FileFormatError(
-            f"{path} holds more than {max_values:,} JSON lines or values ({n_values:,}), more than fireviz reads "
+    def too_many(n: int) -> FileFormatError:
+        return FileFormatError(
+            f"{path} holds more than {max_values:,} JSON lines or values ({n:,}), more than fireviz reads "
             "from one JSON-lines file (a training log holds ~8 per logged step); restore or delete it"
         )
-    lines = text.splitlines()
-    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
-    out = []
-    for n, line in enumerate(lines, 1):
+
+    try:
+        size = _regular_size(path)
+        if size > max_bytes:
+            raise FileFormatError(
+                f"{path} is {size:,} bytes, more than the {max_bytes:,} read for a JSON-lines file; restore or delete it"
+            )
+        parts, cheap = _jsonl_count(path, max_bytes, max_values, too_many)
+
+        def stream():
+            if parts is not None:
+                yield from enumerate(io.BytesIO(b"".join(parts)), 1)
+                return
+            with open_binary(path) as g:
+                yield from enumerate(iter(lambda: g.readline(line_limit + 1), b""), 1)
+
+        if cheap > max_values:  # the cheap counts do not prove it within: count outside strings, no parse
+            n_values = 0
+            for _, raw in stream():
+                line = raw.decode("utf-8", errors="replace")
+                n_values += _json_shape(line)[1] if line.strip() else 1
+                if n_values > max_values:
+                    raise too_many(n_values)
+        out, torn = _jsonl_parse(stream(), path, max_depth, allow_nonfinite)
+    except FileFormatError:
+        raise
+    except DECOMPRESSION_ERRORS as e:
+        raise FileFormatError(f"cannot read {path}: {e}; restore or delete it") from e
+    if torn is not None and not tolerate_torn_tail:
+        raise torn
+    return out
+
+
+def _jsonl_count(path: Path, max_bytes: int, max_values: int, too_many) -> tuple[list[bytes] | None, int]:
+    """:func:`read_jsonl`'s first, streamed pass: lines, brackets and commas counted per 1 MiB piece
+    (``bytes.count``) and the longest line, refused as soon as a bound is crossed, before any byte
+    becomes an object — what parsing costs follows the lines and values, not the bytes (100 MB of
+    ``{}`` lines is 35 million dicts, > 4 GB), and a line of 240 MiB of spaces is refused after
+    ``MAX_LOG_LINE_BYTES``. Returns ``(the decompressed pieces, or None past _KEEP_BYTES; an upper
+    bound on the values)``. Raises: FileFormatError (and the stream's decompression errors)."""
+    line_limit = MAX_LOG_LINE_BYTES.value
+    parts: list[bytes] | None = []  # the decompressed bytes, kept for the parse when small
+    lines, cheap, run, total, content = 1, 1, 0, 0, False
+    with open_binary(path) as f:
+        for piece in read_bounded(f, max_bytes, f"{path} (a JSON-lines file)"):
+            total += len(piece)
+            if parts is not None:
+                parts.append(piece)
+                if total > _KEEP_BYTES:
+                    parts = None  # parsed from a second stream: memory stays one line
+            nl = piece.count(b"\n")
+            first = piece.find(b"\n") if nl else len(piece)
+            if run + first > line_limit or (nl and len(piece) - piece.rfind(b"\n") - 1 > line_limit):
+                raise FileFormatError(
+                    f"{path}:{lines} is a line longer than {MAX_LOG_LINE_BYTES.said()}, more than a JSON-lines "
+                    "file fireviz writes holds; restore or delete it"
+                )
+            run = len(piece) - piece.rfind(b"\n") - 1 if nl else run + len(piece)
+            lines += nl
+            if lines > max_values:
+                raise too_many(lines)
+            content = content or bool(piece.strip())
+            if not content and total > line_limit:
+                break  # refused below: more than a line of nothing but whitespace
+            cheap += nl + piece.count(b"[") + piece.count(b"{") + piece.count(b",")
+    if not content and total:
+        raise FileFormatError(
+            f"{path} holds {'more than ' if total > line_limit else ''}{total:,} bytes of whitespace and no JSON "
+            "record; restore or delete it"
+        )
+    return parts, cheap
+
+
+def _jsonl_parse(numbered_lines, path: Path, max_depth: int, allow_nonfinite: bool):
+    """:func:`read_jsonl`'s parse of ``(number, bytes)`` lines: ``(objects, the last bad line's error
+    or None)``; a bad line followed by a record, too deep a line or a line that is not an object
+    raise FileFormatError at once."""
+    out: list[dict] = []
+    torn: FileFormatError | None = None  # a bad line, forgiven only if no record follows it
+    for n, raw in numbered_lines:
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip():
             continue
-        # too deep is never a torn write: refuse even on the last line
-        if not _within_shape(line, max_depth, max_values) and json_depth(line) > max_depth:
-            parse_json(line, f"{path}:{n}", max_depth=max_depth)
+        if torn is not None:
+            raise torn
         try:
             obj = parse_json(line, f"{path}:{n}", max_depth=max_depth, allow_nonfinite=allow_nonfinite)
-        except FileFormatError:
-            if tolerate_torn_tail and n == last:
-                break
-            raise
+        except FileFormatError as e:
+            if json_depth(line) > max_depth:  # too deep is never a torn write: refused even last
+                raise
+            torn = e
+            continue
         if not isinstance(obj, dict):
             raise FileFormatError(
                 f"{path}:{n} is a JSON {type(obj).__name__}, not an object; restore or delete the file"
             )
         out.append(obj)
-    return out
+    return out, torn
+
+
+#: decompressed bytes of a JSON-lines file kept in memory between :func:`read_jsonl`'s count and its
+#: parse (a larger file is decompressed a second time, line by line)
+_KEEP_BYTES = 64 << 20
 
 
 #: Bytes per element of each safetensors dtype (the format's own list).
@@ -455,3 +535,33 @@ def output_path_problem(out: str | os.PathLike, flag: str = "--out", example: st
     if blocker is not None:
         return f"{flag} {out} lies under {blocker}, which is a file; give a file path such as {example}"
     return None
+
+
+def check_json_shape(
+    text: str,
+    source: str,
+    error: type[Exception] = FileFormatError,
+    max_values: int | None = None,
+    max_depth: int | None = MAX_JSON_DEPTH,
+    fix: str = "fix or remove that line",
+) -> None:
+    """Refuse (``error``, one line ending in ``fix``) JSON ``text`` that would parse into more than ``max_values``
+    values (default ``MAX_JSON_VALUES``: ~0.2 GB of objects) or nest deeper than ``max_depth``
+    (None: not checked — a caller that catches the parser's RecursionError, whose depth costs
+    no memory), before it is parsed. Costs three ``str.count`` calls for text the counts prove
+    within (without ``max_depth``: any text of fewer brackets and commas than ``max_values``, a
+    corpus document's line whatever its braces); a linear scan otherwise."""
+    cap = MAX_JSON_VALUES if max_values is None else max_values
+    if max_depth is None:
+        if 1 + text.count("[") + text.count("{") + text.count(",") <= cap:
+            return
+    elif _within_shape(text, max_depth, cap):
+        return
+    depth, values = _json_shape(text)
+    if max_depth is not None and depth > max_depth:
+        raise error(f"{source} nests {depth} levels deep (at most {max_depth} are read); {fix}")
+    if values > cap:
+        raise error(
+            f"{source} holds up to {values:,} JSON values (at most {cap:,} are read: parsing costs memory per "
+            f"value); {fix}"
+        )

@@ -33,11 +33,20 @@ import os
 import re
 import stat
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from fireviz.core.bounded import (
+    DECOMPRESSION_ERRORS,
+    MAX_DECOMPRESSED_BYTES,
+    MAX_DOCUMENTS,
+    MAX_LINE_BYTES,
+    iter_lines,
+    read_bounded,
+)
+from fireviz.core.files import check_json_shape
 
 DOMAINS = ("prose", "latex", "code")
 #: the byte-level vocabulary: ids 0..255 are bytes, ``BOS_ID`` = 256 marks the start of a document
@@ -268,12 +277,47 @@ class _Spool:
         return FileBytes(n, fileobj=self.file, offset=start) if n else None
 
 
-def _text_document(doc_id: str, text: str, spool: _Spool, **meta) -> Document:
-    """A document for ``text``: in memory, or spooled to disk when larger than ``SPOOL_BYTES``."""
-    if len(text) > SPOOL_BYTES // 4:  # at most 4 bytes a character: shorter texts cannot exceed it
+#: text one :func:`load_documents` call keeps in memory as str; documents past it are spooled to
+#: disk (one temp file), so what a load holds in memory stays bounded whatever the source holds
+IN_MEMORY_TEXT_BYTES = 256 << 20
+
+
+class _Load:
+    """What one :func:`load_documents` call holds: its spool file, the documents so far (at most
+    ``fireviz.core.bounded.MAX_DOCUMENTS``, or ``max_documents``) and the text kept in memory
+    (past ``IN_MEMORY_TEXT_BYTES`` every further document is spooled)."""
+
+    def __init__(self, source, max_documents: int | None = None):
+        self.source, self.spool, self.documents, self.in_memory = source, _Spool(), 0, 0
+        self.max_documents = MAX_DOCUMENTS.value if max_documents is None else int(max_documents)
+        self.raisable = max_documents is None
+
+    def admit(self, where: str) -> None:
+        """Count one more document (at ``where``). Raises: DataError past the document limit."""
+        self.documents += 1
+        if self.documents > self.max_documents:
+            fix = (
+                f"; use fewer, longer documents, or {MAX_DOCUMENTS.fix()}"
+                if self.raisable
+                else "; use fewer, longer documents"
+            )
+            raise DataError(
+                f"{self.source} holds more than {self.max_documents:,} documents (at {where}), more than one "
+                f"load keeps in memory{fix} (python -m fireviz prepare streams any number)"
+            )
+
+
+def _text_document(doc_id: str, text: str, spool: _Spool, load: _Load | None = None, **meta) -> Document:
+    """A document for ``text``: in memory, or spooled to disk when larger than ``SPOOL_BYTES`` (or
+    once ``load`` holds ``IN_MEMORY_TEXT_BYTES`` of text in memory)."""
+    over = load is not None and load.in_memory + len(text) > IN_MEMORY_TEXT_BYTES
+    if over or len(text) > SPOOL_BYTES // 4:  # at most 4 bytes a character: shorter texts cannot exceed it
         encoded = text_bytes(text)
-        if len(encoded) > SPOOL_BYTES:
-            return Document(doc_id, raw=spool.add([encoded]), **meta)
+        if over or len(encoded) > SPOOL_BYTES:
+            raw = spool.add([encoded])
+            return Document(doc_id, raw=raw, **meta) if raw is not None else Document(doc_id, "", **meta)
+    if load is not None:
+        load.in_memory += len(text)
     return Document(doc_id, text, **meta)
 
 
@@ -289,54 +333,52 @@ def _raw_is_utf8(raw: np.ndarray | FileBytes) -> bool:
     return True
 
 
-def _open_text(path: Path):
-    # surrogateescape: bytes that are not UTF-8 survive as U+DC80…U+DCFF (see text_bytes)
-    if path.suffix == ".xz":
-        return lzma.open(path, "rt", encoding="utf-8", errors="surrogateescape")
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape")
-    return open(path, "r", encoding="utf-8", errors="surrogateescape")
-
-
-def _read_jsonl(path: Path) -> list[Document]:
-    return list(iter_jsonl(path))
-
-
-def iter_jsonl(path: Path):
+def iter_jsonl(path: Path, load: _Load | None = None):
     """The documents of a JSONL file (plain, .gz or .xz), one at a time in file order, as
     :func:`load_documents` reads them (a large one spooled to disk): a file of any size streams
-    in the memory of its largest line. Raises: DataError naming the file and line."""
-    spool = _Spool()
-    try:
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
-                    raise DataError(
-                        f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
-                        "JSON object with a 'text' field"
-                    ) from e
-                if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                    raise DataError(
-                        f"{path}:{lineno} has no string 'text' field; each line must be a "
-                        'JSON object like {"id": ..., "text": ...}'
-                    )
-                yield (
-                    _text_document(
-                        str(obj.get("id", f"{path.name}#{lineno}")),
-                        obj["text"],
-                        spool,
-                        domain=str(obj.get("domain", "")),
-                        source=str(obj.get("source", "")),
-                        license=str(obj.get("license", "")),
-                    )
-                )
-                del obj, line  # a spooled document's str goes now, not at the next line
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
+    in the memory of its largest line. Bounded while streaming, before a line is parsed: a line
+    longer than ``fireviz.core.bounded.MAX_LINE_BYTES``, more decompressed bytes than
+    ``MAX_DECOMPRESSED_BYTES``, a line that parses into too many values; with ``load`` (a
+    :func:`load_documents` call), more documents than it may hold.
+    Raises: DataError naming the file and line, the limit and how to raise it."""
+    spool = load.spool if load is not None else _Spool()
+    for lineno, raw in iter_lines(
+        path,
+        max_line_bytes=MAX_LINE_BYTES,
+        max_total_bytes=MAX_DECOMPRESSED_BYTES,
+        error=DataError,
+        what="JSON-lines corpus",
+    ):
+        if not raw.strip():
+            continue
+        if load is not None:
+            load.admit(f"{path}:{lineno}")
+        line = raw.decode("utf-8", errors="surrogateescape")  # bytes that are not UTF-8 survive (text_bytes)
+        del raw
+        check_json_shape(line, f"{path}:{lineno}", DataError, max_depth=None)  # too deep: RecursionError below
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, or a 5000-digit integer
+            raise DataError(
+                f"{path}:{lineno} is not valid JSON ({getattr(e, 'msg', e)}); each line must be one "
+                "JSON object with a 'text' field"
+            ) from e
+        del line
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise DataError(
+                f"{path}:{lineno} has no string 'text' field; each line must be a "
+                'JSON object like {"id": ..., "text": ...}'
+            )
+        yield _text_document(
+            str(obj.get("id", f"{path.name}#{lineno}")),
+            obj["text"],
+            spool,
+            load,
+            domain=str(obj.get("domain", "")),
+            source=str(obj.get("source", "")),
+            license=str(obj.get("license", "")),
+        )
+        del obj  # a spooled document's str goes now, not at the next line
 
 
 def _is_text(path: Path) -> bool:
@@ -350,7 +392,7 @@ def _is_jsonl(path: Path) -> bool:
     return any(name.endswith(s) for s in (".jsonl", ".jsonl.gz", ".jsonl.xz", ".json.gz", ".json.xz"))
 
 
-def load_documents(source: str | os.PathLike) -> list[Document]:
+def load_documents(source: str | os.PathLike, max_documents: int | None = None) -> list[Document]:
     """Read documents from a bundled domain or a path.
 
     Args:
@@ -358,9 +400,31 @@ def load_documents(source: str | os.PathLike) -> list[Document]:
         one object per line with a ``text`` field, optional ``id``), a .txt file (one
         document, id = file name; .md, .tex, .py and .gz/.xz-compressed text too), or a folder of such files
         (recursively, sorted; a text file's id is then its path inside the folder).
+      max_documents: most documents held (default ``fireviz.core.bounded.MAX_DOCUMENTS``).
     Returns: documents with non-empty text, in file order.
-    Raises: DataError if the source does not exist, is unreadable, or holds no text.
+    Raises: DataError if the source does not exist, is unreadable, or holds no text; or when it
+      crosses a limit while it is read (``fireviz.core.bounded``: line length, decompressed bytes,
+      documents), naming the limit and the setting that raises it. Memory: at most
+      ``IN_MEMORY_TEXT_BYTES`` of text (the rest spooled to one temp file) and ~250 bytes per document.
     """
+    load = _Load(source, max_documents)
+    docs = _load(source, load)
+    docs = [d for d in docs if len(d)]
+    if not docs:
+        raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
+    n_raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
+    if n_raw:
+        warnings.warn(
+            f"{n_raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
+            "as the raw bytes they hold (byte-level tokenizer)",
+            RawBytesWarning,
+            stacklevel=2,
+        )
+    return docs
+
+
+def _load(source: str | os.PathLike, load: _Load) -> list[Document]:
+    """The documents of ``source`` (see :func:`load_documents`), empty ones included, counted in ``load``."""
     if isinstance(source, str) and source in DOMAINS:
         path = DATA_DIR / f"{source}.jsonl.xz"
         if not path.exists():
@@ -382,42 +446,32 @@ def load_documents(source: str | os.PathLike) -> list[Document]:
         for p in files:
             if p.stat().st_size == 0:  # an empty file (e.g. __init__.py) adds no text; it does not spoil the folder
                 continue
-            for d in load_documents(p):
+            for d in _load(p, load):
                 if not _is_jsonl(p):  # a text file's id is its path in the folder: a/x.txt and b/x.txt differ
                     d.id = p.relative_to(path).as_posix()
                 docs.append(d)
     elif _is_jsonl(path):
         if not stat.S_ISREG(path.stat().st_mode):  # a named pipe would be waited on forever
             raise DataError(f"{path} is not a regular file (a pipe, device or special file); give a JSONL file")
-        docs = _read_jsonl(path)
+        docs = list(iter_jsonl(path, load))
     elif path.suffix in TEXT_SUFFIXES + (".gz", ".xz"):
         try:  # streamed: a plain file is read where a window lies, a compressed one spooled in chunks
             if not stat.S_ISREG(path.stat().st_mode):
                 raise DataError(f"{path} is not a regular file (a pipe, device or special file); give a text file")
+            load.admit(str(path))
             if path.suffix in TEXT_SUFFIXES:
                 size = path.stat().st_size
                 raw = FileBytes(size, path=path.resolve()) if size else None
-            else:
+            else:  # decompressed piece by piece into the spool, counted: a bomb costs one piece
                 with (lzma.open if path.suffix == ".xz" else gzip.open)(path, "rb") as f:
-                    raw = _Spool().add(iter(lambda: f.read(_CHUNK), b""))
+                    raw = load.spool.add(read_bounded(f, MAX_DECOMPRESSED_BYTES, str(path), DataError, _CHUNK))
             docs = [Document(path.name, raw=raw)] if raw is not None else []
         except DataError:
             raise
-        except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError) as e:
+        except (*DECOMPRESSION_ERRORS, ValueError) as e:
             raise DataError(f"cannot read {path} as text: {e}") from e
     else:
         raise DataError(f"unsupported data file {path.name!r}; use .jsonl, .jsonl.gz, .jsonl.xz or .txt")
-    docs = [d for d in docs if len(d)]
-    if not docs:
-        raise DataError(f"{source} contains no text (no documents with a non-empty 'text')")
-    n_raw = sum(1 for d in docs if (not _raw_is_utf8(d.raw_bytes()) if d.on_disk else has_raw_bytes(d.text)))
-    if n_raw:
-        warnings.warn(
-            f"{n_raw} of {len(docs)} document(s) in {source} are not valid UTF-8 text; they are tokenized "
-            "as the raw bytes they hold (byte-level tokenizer)",
-            RawBytesWarning,
-            stacklevel=2,
-        )
     return docs
 
 

@@ -48,6 +48,10 @@ from fireviz.data.sources import iter_documents, source_spec, source_state
 
 #: source text per chunk (and so per pair of shards); recorded, and fixed for a resumed run
 DEFAULT_CHUNK_BYTES = 16 << 20
+#: most documents per chunk, whatever their bytes: a chunk's documents and table are held while it
+#: is written and its table read back whole (2 million one-character documents made one 16 MiB
+#: chunk of 2.6 GB and a 250 MB table, issue #50); ~65,536 rows are ~7 MB of JSON
+CHUNK_MAX_DOCUMENTS = 1 << 16
 
 
 def tokenizer_record(tokenizer: Any) -> dict:
@@ -73,7 +77,8 @@ def _portable(doc: Document) -> Document:
 def _chunks(
     docs: Iterator[Document], chunk_bytes: int, portable: bool
 ) -> Iterator[tuple[int, list[Document], list[list], str]]:
-    """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk
+    """``(k, documents, table rows [id, split, n_bytes, sha256], source sha256)`` per chunk of
+    ``chunk_bytes`` of text or ``CHUNK_MAX_DOCUMENTS`` documents, whichever comes first
     (``portable``: documents made sendable to a worker process)."""
     k, batch, rows, size = 0, [], [], 0
     for doc in docs:
@@ -81,7 +86,7 @@ def _chunks(
         batch.append(_portable(doc) if portable else doc)
         rows.append([doc.id, int(is_validation(doc.id)), n, digest])
         size += n
-        if size >= chunk_bytes:
+        if size >= chunk_bytes or len(batch) >= CHUNK_MAX_DOCUMENTS:
             yield k, batch, rows, _rows_sha256(rows)
             k, batch, rows, size = k + 1, [], [], 0
     if batch:
@@ -419,7 +424,7 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
         for s in (0, 1):
             ids[s].append(np.array(chunk_ids[s], dtype=object))
             rows[s].append(np.asarray(chunk_rows[s], dtype=np.int64).reshape(-1, 3))
-    splits = {}
+    splits: dict[str, dict[str, Any]] = {}
     for split_index, split in enumerate(SPLITS):
         all_ids = np.concatenate(ids[split_index]) if ids[split_index] else np.zeros(0, dtype=object)
         order = np.concatenate(rows[split_index]) if rows[split_index] else np.zeros((0, 3), dtype=np.int64)
@@ -436,6 +441,13 @@ def _finish(out: Path, settings: dict, records: list[dict], state=None) -> dict:
                 {"tokens": r["shards"][split]["tokens"], "sha256": r["shards"][split]["sha256"]} for r in records
             ],
         }
+    n_docs, n_tok, n_text = (sum(int(splits[sp][k]) for sp in SPLITS) for k in ("documents", "tokens", "bytes"))
+    if n_text and n_tok <= (n_docs if settings["tokenizer"].get("adds_bos") else 0):
+        raise DataError(
+            f"{settings['tokenizer'].get('name')} encoded no byte of the {n_text:,} "
+            f"bytes of text into a token (every document empty or BOS only): nothing to train on; use a tokenizer "
+            f"that encodes this text (byte, or one trained on it), and delete {out} first"
+        )
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -36,7 +36,8 @@ import numpy as np
 import torch
 
 from fireviz.core import FileFormatError, read_json, sha256_files
-from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes
+from fireviz.core.bounded import MAX_DOCUMENTS
+from fireviz.data.corpus import SPLITS, DataError, Document, FileBytes, fingerprint_entry
 from fireviz.data.tokenizers import stored_tokenizer_problem
 
 FORMAT = "fireviz-token-shards"
@@ -218,6 +219,66 @@ class TokenShards:
         same documents read from the corpus)."""
         return str(self.manifest["splits"][split]["fingerprint"])
 
+    def verified_fingerprints(self) -> dict[str, str]:
+        """``{split: data_fingerprint}`` computed from the chunk tables' documents (id and sha256 of
+        each, in source order), not copied from the manifest: what a run records (issue #50).
+
+        For byte-tokenized shards every document's bytes are read from its shard once (after its
+        BOS) and hashed against the sha256 its table lists, so a shard edited with its table's
+        shard hashes and the manifest is refused. Shards of another tokenizer hold token ids that
+        do not give back the text's bytes: their documents are checked in token counts only (their
+        shard files against the manifest's sha256, as every :class:`TokenShards` does).
+        Raises: DataError naming the chunk, the document and :data:`AGAIN` when a table does not
+          read, a document's bytes do not hash to its sha256, a table's token counts do not fill
+          its shard, or the manifest's fingerprint is not the one its tables give."""
+        fps = {s: hashlib.sha256() for s in SPLITS}
+        byte = self.tokenizer.get("key") == "byte"
+        for k in range(len(self.shards["train"])):
+            path = self.path / chunk_name(k)
+            try:
+                table = read_json(path, expect=dict)["documents"]
+            except (FileFormatError, KeyError, TypeError) as e:
+                raise DataError(f"{path} does not read ({e}); {AGAIN}") from e
+            offsets = [0, 0]
+            maps: dict[int, np.ndarray] = {}
+            rows: list = table if isinstance(table, list) else [None]
+            for row in rows:
+                try:
+                    doc_id, s, n_tok, n_bytes, doc_sha256 = row
+                    digest = bytes.fromhex(doc_sha256)
+                    if s not in (0, 1) or len(digest) != 32 or not (n_tok >= 0 and n_bytes >= 0):
+                        raise ValueError
+                except (ValueError, TypeError):
+                    raise DataError(
+                        f"{path}: a row {str(row)[:80]} is not [id, split, tokens, bytes, sha256]; {AGAIN}"
+                    ) from None
+                split = SPLITS[s]
+                if byte:
+                    if s not in maps:
+                        maps[s] = self.map(split, k)
+                    if n_tok != n_bytes + 1 or not _bytes_match(maps[s], offsets[s] + 1, n_bytes, digest):
+                        raise DataError(
+                            f"document {str(doc_id)[:80]!r} in {self.path / shard_name(split, k)} does not hash to the "
+                            f"sha256 its table {path.name} lists: the shard was edited after prepare; {AGAIN}"
+                        )
+                fps[split].update(fingerprint_entry(str(doc_id), digest))
+                offsets[s] += int(n_tok)
+            maps.clear()
+            for s, split in enumerate(SPLITS):
+                if offsets[s] != int(self.shards[split][k]["tokens"]):
+                    raise DataError(
+                        f"{path} lists {offsets[s]:,} {split} tokens but its shard holds "
+                        f"{int(self.shards[split][k]['tokens']):,}: the folder was edited; {AGAIN}"
+                    )
+        out = {s: fps[s].hexdigest() for s in SPLITS}
+        for split in SPLITS:
+            if out[split] != self.fingerprint(split):
+                raise DataError(
+                    f"{self.path / MANIFEST} names the {split} fingerprint {self.fingerprint(split)[:12]}… but its chunk "
+                    f"tables' documents give {out[split][:12]}…: the folder was edited after prepare; {AGAIN}"
+                )
+        return out
+
     def map(self, split: str, chunk: int) -> np.ndarray:
         """The tokens of one shard as a read-only memory map (uint16 or uint32 ``[tokens]``)."""
         dtype = np.dtype("<u2" if self.itemsize == 2 else "<u4")
@@ -234,6 +295,20 @@ class TokenShards:
     def documents(self, split: str) -> list[ShardDocument]:
         """The split's documents, sorted by id, each sliceable into int64 token tensors."""
         return [ShardDocument(self, split, int(c), int(o), int(n)) for c, o, n in self.orders[split]]
+
+
+def _bytes_match(tokens: np.ndarray, start: int, n: int, digest: bytes) -> bool:
+    """Whether byte tokens ``tokens[start : start + n]`` (each < 256) hash to ``digest`` (sha256),
+    read in 1 MiB pieces."""
+    if start + n > len(tokens):
+        return False
+    h = hashlib.sha256()
+    for a in range(start, start + n, 1 << 20):
+        piece = np.asarray(tokens[a : min(a + (1 << 20), start + n)])
+        if len(piece) and int(piece.max()) > 255:
+            return False
+        h.update(piece.astype(np.uint8).tobytes())
+    return h.digest() == digest
 
 
 class _ShardBytes(FileBytes):
@@ -264,6 +339,12 @@ def shard_documents(path: str | os.PathLike) -> list[Document]:
         raise DataError(
             f"{shards.path} holds token ids of {shards.tokenizer['name']}, not text; evaluate on the corpus it was "
             f"prepared from (--data {shards.manifest['source']['data']})"
+        )
+    n_docs = sum(int(shards.manifest["splits"][s]["documents"]) for s in SPLITS)
+    if n_docs > MAX_DOCUMENTS.value:  # each becomes an object: refused before any is made
+        raise DataError(
+            f"{shards.path} holds {n_docs:,} documents, more than the {MAX_DOCUMENTS.said()} one evaluation keeps in "
+            f"memory; {MAX_DOCUMENTS.fix()}"
         )
     docs: list[Document] = []
     tables = shards.manifest.get("chunk_tables") or []

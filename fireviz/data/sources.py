@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from fireviz.core.bounded import MAX_LINE_BYTES, MAX_PARQUET_GROUP_BYTES
 from fireviz.data.corpus import DATA_DIR, DOMAINS, DataError, Document, _is_jsonl, _is_text, iter_jsonl, load_documents
 
 HF_PREFIX = "hf:"
@@ -142,20 +143,71 @@ def _iter_parquet(path: Path, text_column: str, id_column: str, name: str) -> It
             "--text-column"
         )
     columns = [text_column] + ([id_column] if id_column in names else [])
+    _check_parquet_sizes(pf, path, columns)
+    try:  # a dictionary-encoded text column stays one copy per distinct text until a row is read
+        pf = pq.ParquetFile(path, read_dictionary=[text_column])
+    except Exception as e:
+        raise DataError(f"cannot read {path} as Parquet: {e}") from e
     row = 0
     try:
         for batch in pf.iter_batches(columns=columns, batch_size=1024):
-            texts = batch.column(text_column).to_pylist()
+            column = batch.column(text_column)
+            if _check_parquet_cells(column, path, row) <= MAX_LINE_BYTES.value:
+                texts = column.to_pylist()
+            else:  # a batch of long texts: one str at a time (a dictionary column is only expanded here)
+                texts = (column[k].as_py() for k in range(len(column)))
             ids = batch.column(id_column).to_pylist() if id_column in names else None
             for k, text in enumerate(texts):
                 doc_id = ids[k] if ids is not None and ids[k] is not None else f"{name}#{row + k}"
                 if text:
                     yield _document(doc_id, text, f"{path} row {row + k}", text_column)
-            row += len(texts)
+            row += len(column)
     except DataError:
         raise
     except Exception as e:
         raise DataError(f"cannot read {path} as Parquet (row {row}): {e}") from e
+
+
+def _check_parquet_sizes(pf, path: Path, columns: list[str]) -> None:
+    """Refuse (DataError) a Parquet file whose row group would decompress to more than
+    ``MAX_PARQUET_GROUP_BYTES`` in the columns read, from its footer's sizes, before any is read
+    (a few KB of run-length-encoded pages can stand for gigabytes of text)."""
+    meta, limit = pf.metadata, MAX_PARQUET_GROUP_BYTES.value
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        size = sum(
+            group.column(c).total_uncompressed_size
+            for c in range(group.num_columns)
+            if group.column(c).path_in_schema in columns
+        )
+        if size > limit:
+            raise DataError(
+                f"{path}: row group {g} holds {size:,} bytes of {', '.join(columns)} once decompressed, more than "
+                f"{MAX_PARQUET_GROUP_BYTES.said()} read at once; write it with smaller row groups, or "
+                f"{MAX_PARQUET_GROUP_BYTES.fix()}"
+            )
+
+
+def _check_parquet_cells(column, path: Path, row: int) -> int:
+    """Refuse (DataError) a text cell longer than ``MAX_LINE_BYTES``, before it becomes a str;
+    return the bytes the batch's texts hold (a dictionary-encoded column: as expanded)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    try:
+        if isinstance(column, pa.DictionaryArray):
+            lengths = pc.take(pc.binary_length(column.dictionary), column.indices)
+        else:
+            lengths = pc.binary_length(column)
+        longest, total = pc.max(lengths).as_py(), pc.sum(lengths).as_py()
+    except Exception:  # not a string column: _document says so
+        return 0
+    if longest is not None and longest > MAX_LINE_BYTES.value:
+        raise DataError(
+            f"{path}: a text near row {row} is {longest:,} bytes, longer than {MAX_LINE_BYTES.said()} (the most one "
+            f"document of a table may be); give it as a text file, or {MAX_LINE_BYTES.fix()}"
+        )
+    return int(total or 0)
 
 
 def _iter_hf(name: str, text_column: str, id_column: str, config: str | None, split: str) -> Iterator[Document]:
@@ -177,6 +229,11 @@ def _iter_hf(name: str, text_column: str, id_column: str, config: str | None, sp
                 "with --text-column"
             )
         text = rec[text_column]
+        if isinstance(text, str) and len(text) > MAX_LINE_BYTES.value:  # characters: at least as many bytes
+            raise DataError(
+                f"hf:{name} row {row} holds a text of {len(text):,} characters, longer than {MAX_LINE_BYTES.said()} "
+                f"(the most one document of a dataset may be); {MAX_LINE_BYTES.fix()}"
+            )
         if text:
             doc_id = rec.get(id_column)
             yield _document(f"{name}#{row}" if doc_id is None else doc_id, text, f"hf:{name} row {row}", text_column)

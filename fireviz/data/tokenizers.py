@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from fireviz.core.bounded import Limit, MiB
+from fireviz.core.files import check_json_shape
 from fireviz.data.corpus import BOS_ID, DataError, Document, is_validation
 from fireviz.data.sources import iter_documents
 
@@ -115,6 +117,47 @@ def _check_bos(bos: str | None) -> str | None:
     return bos
 
 
+#: Largest tokenizer file read (bytes): today's largest tokenizer.json (Gemma 3's) is ~33 MB.
+#: Raise with ``FIREVIZ_MAX_TOKENIZER_MB``.
+MAX_TOKENIZER_FILE_BYTES = Limit(64 * MiB, "FIREVIZ_MAX_TOKENIZER_MB", MiB, "MiB")
+#: Most JSON values a tokenizer file may parse into (vocabulary entries and merges: Llama 3's
+#: vocabulary and merges are ~1,000,000, Gemma 3's 262k vocabulary and merges ~1,900,000): the
+#: Rust tokenizers library spends ~370 bytes a value (3 million entries took 1.1 GB).
+#: Raise with ``FIREVIZ_MAX_TOKENIZER_VALUES``.
+MAX_TOKENIZER_VALUES = Limit(2_500_000, "FIREVIZ_MAX_TOKENIZER_VALUES", 1, "values")
+#: what a tokenizer must encode to at least one token when it is loaded (ASCII, accents, CJK, emoji)
+PROBE_TEXT = "The quick brown fox, 0123456789. Éé ü 東京 😀"
+
+
+def check_tokenizer_files(files, name: str = "tokenizer") -> None:
+    """Refuse tokenizer files that would cost more to load than any real tokenizer, before
+    transformers or tokenizers parses them: each at most ``MAX_TOKENIZER_FILE_BYTES``, and a JSON
+    one (tokenizer.json, its config) nesting and holding values within ``MAX_TOKENIZER_VALUES``
+    (counted by ``fireviz.core.bounded.check_json_shape``, without parsing).
+    Raises: DataError naming the file and the limit."""
+    for f in files:
+        f = Path(f)
+        try:
+            size = f.stat().st_size
+            if size > MAX_TOKENIZER_FILE_BYTES.value:
+                raise DataError(
+                    f"{name}: {f} is {size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES.said()} fireviz reads for "
+                    "a tokenizer file (the largest published tokenizer.json is ~33 MB); use another tokenizer, or "
+                    f"{MAX_TOKENIZER_FILE_BYTES.fix()}"
+                )
+            if f.suffix == ".json":
+                text = f.read_bytes().decode("utf-8", errors="replace")
+                check_json_shape(
+                    text,
+                    f"{name}: {f}",
+                    DataError,
+                    max_values=MAX_TOKENIZER_VALUES.value,
+                    fix=f"use another tokenizer, or {MAX_TOKENIZER_VALUES.fix()}",
+                )
+        except OSError as e:
+            raise DataError(f"{name}: cannot read {f}: {e}") from e
+
+
 class HFTokenizer:
     """A Hugging Face fast tokenizer (``transformers.PreTrainedTokenizerFast``) for evaluation.
 
@@ -134,6 +177,52 @@ class HFTokenizer:
         self.bos_token_id: int | None = tokenizer.bos_token_id
         probe = tokenizer("a", add_special_tokens=True)["input_ids"]
         self.adds_bos = bool(self.bos_token_id is not None and probe and probe[0] == self.bos_token_id)
+        self.unk_token_id: int | None = getattr(tokenizer, "unk_token_id", None)
+        if self.unk_token_id is None:  # a bare tokenizer.json names it in its model only
+            unk = getattr(tokenizer.backend_tokenizer.model, "unk_token", None)
+            self.unk_token_id = tokenizer.backend_tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+        try:
+            self._check_encodes(PROBE_TEXT, "a probe text of letters and digits")
+        except DataError:
+            raise
+        except Exception as e:  # a tokenizer that fails on plain text (WordLevel without [UNK]…)
+            raise DataError(f"{name}: the tokenizer cannot encode plain text ({type(e).__name__}: {e})") from e
+
+    def _check_encodes(self, text: str, what: str) -> None:
+        """Refuse (DataError) a tokenizer that encodes ``text`` (not blank) to no token at all: it
+        would be scored on, or trained from, nothing (a small word-level vocabulary that makes
+        the probe unknown tokens is let through here; each document is checked as it is encoded)."""
+        ids = self._text_ids(text)
+        if not len(ids):
+            self.check_ids(ids, text, what)
+
+    def check_ids(self, ids: np.ndarray, text: str | None, what: str) -> None:
+        """Refuse (DataError, one line) ``ids`` (this tokenizer's, special tokens excluded) that
+        hold no token, or only its unknown token, for a ``text`` that is not blank (``text``
+        None: not known to be blank)."""
+        empty = len(ids) == 0
+        unknown = not empty and self.unk_token_id is not None and bool(np.all(ids == self.unk_token_id))
+        if (empty or unknown) and (text is None or text.strip()):
+            said = "no token" if empty else f"only its unknown token (id {self.unk_token_id})"
+            raise DataError(
+                f"{self.name}: the tokenizer encodes {what} to {said}: it cannot encode this text's bytes (its "
+                "vocabulary lacks them and it has no byte fallback); use a byte-level tokenizer (byte, or one "
+                "trained with python -m fireviz tokenizer train)"
+            )
+
+    def _text_ids(self, text: str) -> np.ndarray:
+        # the Rust tokenizer itself, as transformers calls it with split_special_tokens (a literal "<s>"
+        # is text): only the ids become Python objects, not every field of a BatchEncoding
+        backend = self._tok.backend_tokenizer
+        before = backend.encode_special_tokens
+        backend.encode_special_tokens = True
+        try:
+            enc = backend.encode(self._readable(text), add_special_tokens=False)
+        finally:
+            backend.encode_special_tokens = before
+        out = np.asarray(enc.ids, dtype=np.uint32)
+        del enc
+        return out
 
     @property
     def vocab_size(self) -> int:
@@ -156,18 +245,13 @@ class HFTokenizer:
 
     def ids(self, doc: Document) -> np.ndarray:
         """``encode(doc).ids`` (the model's own BOS convention) as uint32, without offsets: what
-        token shards store (no per-token offset list is built)."""
-        # the Rust tokenizer itself, as transformers calls it with split_special_tokens (a literal "<s>"
-        # is text): only the ids become Python objects, not every field of a BatchEncoding
-        backend = self._tok.backend_tokenizer
-        before = backend.encode_special_tokens
-        backend.encode_special_tokens = True
-        try:
-            enc = backend.encode(self._readable(doc.text), add_special_tokens=False)
-        finally:
-            backend.encode_special_tokens = before
-        out = np.asarray(enc.ids, dtype=np.uint32)
-        del enc
+        token shards store (no per-token offset list is built).
+        Raises: DataError for a document that is not blank encoded to no token or unknown tokens only."""
+        text = doc.text
+        out = self._text_ids(text)
+        if len(out) == 0 or (self.unk_token_id is not None and out[0] == self.unk_token_id):
+            self.check_ids(out, text, f"document {doc.id!r}")
+        del text
         if self.adds_bos:
             out = np.concatenate([np.asarray([self.bos_token_id], dtype=np.uint32), out])
         return out
@@ -175,7 +259,8 @@ class HFTokenizer:
     def encode(self, doc: Document, bos: str | None = None) -> TokenizedDocument:
         """``doc.text`` in this tokenizer's ids, with byte ends; BOS first when the convention
         (``bos``, see the module docstring) adds one (``"window"`` starts documents with BOS too).
-        Raises: DataError for an unknown ``bos``, or a BOS asked of a tokenizer that has none."""
+        Raises: DataError for an unknown ``bos``, a BOS asked of a tokenizer that has none, or a
+        document that is not blank encoded to no token or unknown tokens only (:meth:`check_ids`)."""
         mode = _check_bos(bos)
         text = doc.text
         readable = self._readable(text)
@@ -184,6 +269,8 @@ class HFTokenizer:
             readable, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True, verbose=False
         )
         ids = np.asarray(enc["input_ids"], dtype=np.int64)
+        if len(ids) == 0 or (self.unk_token_id is not None and ids[0] == self.unk_token_id):
+            self.check_ids(ids, text, f"document {doc.id!r}")
         char_ends = np.asarray([e for _, e in enc["offset_mapping"]], dtype=np.int64).reshape(-1)
         ends = _utf8_ends(text)[char_ends] if len(ids) else np.zeros(0, dtype=np.int64)
         ends = np.maximum.accumulate(ends) if len(ends) else ends

@@ -7,11 +7,21 @@ numbers (``eval_settings.EvalSettings.length_settings``). A checkpoint folder's 
 ``results.json`` (the shipped numbers) is read as a read-only cache under the same key. An
 entry that is not what fireviz writes (wrong types, non-finite numbers, missing fields) is
 ignored, never shown.
+
+Each entry carries ``mac``: HMAC-SHA256 of its key and result under a secret of this user
+(:func:`cache_secret_path`: ``$FIREVIZ_CACHE_KEY_FILE``, else
+``$XDG_CONFIG_HOME/fireviz/eval-cache.key`` or ``~/.config/fireviz/eval-cache.key``; 32 random
+bytes made on first use, readable by its owner only, kept outside the cache folder). An entry
+whose mac does not verify (edited by hand however consistently, written under another secret,
+or before fireviz signed entries) is computed again, never served (issue #50). Whoever can read
+the secret can forge entries: the mac guards a cache folder that others may write (a shared
+``--cache-dir``), not one whose owner's account is compromised.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -90,6 +100,68 @@ def cache_key(sha256: str, data_fingerprint: str, length_settings: dict) -> str:
         separators=(",", ":"),
     )
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+#: environment variable naming the file of the secret the cache's entries are signed with
+CACHE_KEY_ENV = "FIREVIZ_CACHE_KEY_FILE"
+_SECRET: dict[Path, bytes | None] = {}
+
+
+def cache_secret_path() -> Path:
+    """Where the cache's signing secret lives: ``$FIREVIZ_CACHE_KEY_FILE``, else
+    ``$XDG_CONFIG_HOME/fireviz/eval-cache.key`` (``~/.config`` when that is unset)."""
+    env = os.environ.get(CACHE_KEY_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "fireviz" / "eval-cache.key"
+
+
+def _secret() -> bytes | None:
+    """The signing secret (made on first use: 32 random bytes, mode 0600, created exclusively so two
+    processes agree); None when it can neither be read nor made (then the cache is not read,
+    said once by a RuntimeWarning)."""
+    path = cache_secret_path()
+    if path in _SECRET:
+        return _SECRET[path]
+    secret: bytes | None = None
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, os.urandom(32))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except FileExistsError:
+            pass
+        with open(path, "rb") as f:
+            secret = f.read(4096)
+        if len(secret) < 16:
+            raise OSError(f"{path} holds {len(secret)} bytes, too few for a secret; delete it to make a new one")
+    except OSError as e:
+        import warnings
+
+        warnings.warn(
+            f"the evaluation cache's signing secret {path} cannot be read or made ({e}); cached results are not "
+            f"used (each is computed again): set {CACHE_KEY_ENV} to a file you can write",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        secret = None
+    _SECRET[path] = secret
+    return secret
+
+
+def entry_mac(key: str, result: dict) -> str | None:
+    """HMAC-SHA256 (hex) of a cache entry's key and result (canonical JSON) under :func:`_secret`;
+    None without a secret."""
+    secret = _secret()
+    if secret is None:
+        return None
+    blob = json.dumps({"key": key, "result": result}, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hmac.new(secret, blob.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def _number(v: object) -> bool:
@@ -223,6 +295,9 @@ def _cache_read(path: Path, key: str, length: int) -> dict | None:
         return None
     if not isinstance(obj, dict) or obj.get("key") != key or not _valid_entry(obj.get("result"), length):
         return None
+    mac, want = obj.get("mac"), entry_mac(key, obj["result"])
+    if not (isinstance(mac, str) and want is not None and hmac.compare_digest(mac, want)):
+        return None  # edited, signed under another secret, or unsigned: computed again
     return obj["result"]
 
 

@@ -41,7 +41,7 @@ from fireviz.core import write_json_atomic
 from fireviz.core.distributed import init_distributed
 from fireviz.data.tokenizers import BYTE_TOKENIZER, bos_description
 from fireviz.encodings import fire_modules
-from fireviz.eval.cache import EvalCache, _lookup, cache_key, published_results
+from fireviz.eval.cache import EvalCache, _lookup, cache_key, entry_mac, published_results
 from fireviz.eval.device import device_name, memory_refusals, use_flex
 from fireviz.eval.plan import Plan, plan_text, plan_tokenized, targets
 
@@ -397,6 +397,7 @@ def _write_entry(
                 "settings": length_settings,
                 "fireviz_version": __version__,
                 "result": entry,
+                "mac": entry_mac(key, entry),  # HMAC under this user's secret: a hand edit is not served
             },
         )
     except OSError as e:

@@ -15,6 +15,10 @@ MAX_UPLOAD_MB = 32
 #: Largest text a compressed upload may expand to (MB): the upload cap bounds the compressed
 #: bytes only, and a 1 MB .gz can hold gigabytes of zeros (issue #38).
 MAX_UNCOMPRESSED_MB = 128
+#: Most documents an upload may hold: the check that reads it keeps each as an object (~250 bytes
+#: whatever its text), and 252 KB of gzip held ~10 million one-character documents (1.96 GB in the
+#: app server, issue #50); counted while the file streams, so a refusal costs this many at most.
+MAX_UPLOAD_DOCUMENTS = 200_000
 #: Longest stored file name (ASCII characters = bytes, extension included): the temporary name of
 #: an atomic write adds to it, and most file systems stop at 255 bytes.
 MAX_NAME_CHARS = 100
@@ -82,8 +86,9 @@ def save_upload(name: str, data: bytes) -> Path:
     The folder is named by the content's sha256, so the same file is the same data source
     (and the same cached results) in every tab and after a restart.
     Returns: the stored file's path.
-    A file that is refused (too large, no text, a bad JSONL line, an unsupported type) is
-    deleted again. Text that is not UTF-8 is taken as its raw bytes (byte-level tokenizer).
+    A file that is refused (too large compressed or expanded, more than ``MAX_UPLOAD_DOCUMENTS``
+    documents, a line past ``fireviz.core.bounded.MAX_LINE_BYTES``, no text, a bad JSONL line, an
+    unsupported type) is deleted again; every bound is checked while the file streams. Text that is not UTF-8 is taken as its raw bytes (byte-level tokenizer).
     Raises: fireviz.data.corpus.DataError naming the problem.
     """
     import hashlib
@@ -115,7 +120,7 @@ def save_upload(name: str, data: bytes) -> Path:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RawBytesWarning)  # raw bytes are fine; said in the docstring
-            load_documents(path)  # raises DataError with the line and the fix
+            load_documents(path, max_documents=MAX_UPLOAD_DOCUMENTS)  # DataError with the line and the fix
     except Exception as e:
         if not existed:
             path.unlink(missing_ok=True)
@@ -123,7 +128,7 @@ def save_upload(name: str, data: bytes) -> Path:
                 folder.rmdir()
             except OSError:
                 pass
-        if isinstance(e, DataError):
-            raise
+        if isinstance(e, DataError):  # said with the file's own name, not the server's path
+            raise DataError(str(e).replace(str(path), name)) from e
         raise DataError(f"cannot read the uploaded file {name}: {type(e).__name__}: {e}") from e
     return path

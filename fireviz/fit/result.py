@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fireviz.core import atomic_write, read_safetensors
+from fireviz.core import atomic_write, parse_json, read_safetensors
 from fireviz.encodings import FIRE
 from fireviz.fit.targets import FitTarget
 
@@ -233,7 +233,11 @@ def load_fitted_fire(path: str | Path) -> FIRE:
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from e
     if FIRE_OPTIONS_KEY not in meta:
         raise ValueError(f"{path} has no '{FIRE_OPTIONS_KEY}' metadata: not written by save_fitted_fire")
-    opts = json.loads(meta[FIRE_OPTIONS_KEY])
+    opts = parse_json(meta[FIRE_OPTIONS_KEY], f"the FIRE options in {path}")  # bounded: FileFormatError, a ValueError
+    if not isinstance(opts, dict):
+        raise ValueError(
+            f"{path}: its '{FIRE_OPTIONS_KEY}' metadata is not a JSON object; not written by save_fitted_fire"
+        )
     module = FIRE(**opts)
     try:
         module.load_state_dict(state, strict=True)

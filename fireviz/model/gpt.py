@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Iterable, Iterator, cast
 
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from fireviz.core import is_int, reuse_mask_memory
+from fireviz.core import is_int, reuse_mask_memory, sort_safetensors_metadata
 from fireviz.encodings import PositionEncoding, build_encoding, encoding_spec
 from fireviz.encodings.base import check_position_offset
 from fireviz.model.attention import attention, causal_attention_mask
@@ -36,9 +37,11 @@ from fireviz.model.capture import CAPTURES, AttentionCapture, check_layers, chec
 from fireviz.model.config import BOS_ID, BYTE_VOCAB_SIZE, GPTConfig  # noqa: F401
 from fireviz.model.flex import FlexUnavailable, causal_flex
 from fireviz.model.state import (
+    ENCODING_METADATA_KEY,
     CheckpointError,  # noqa: F401  (public here: fireviz.model.gpt.CheckpointError)
     check_checkpoint_ref,
     check_load_options,
+    encoding_record,
     folder_weights,
     load_checked,
 )
@@ -519,6 +522,16 @@ class GPT(
         check_checkpoint_ref(pretrained_model_name_or_path)
         # huggingface_hub takes str | Path but str()s it: any PathLike works
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)  # type: ignore[arg-type]
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        """Write model.safetensors (huggingface_hub calls this from ``save_pretrained``) with the
+        encoding recorded in its metadata (``fireviz.model.state.encoding_record``), compared with
+        config.json whenever it is loaded."""
+        from safetensors.torch import save_model
+
+        path = Path(save_directory) / "model.safetensors"
+        save_model(self, str(path), metadata={"format": "pt", ENCODING_METADATA_KEY: encoding_record(self.config)})
+        sort_safetensors_metadata(path)  # the same model writes the same bytes
 
     @classmethod
     def _from_pretrained(

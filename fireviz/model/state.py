@@ -11,7 +11,9 @@ the door the rest of fireviz loads through; nothing here unpickles.
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fireviz.core import FileFormatError, read_json
+from fireviz.core import FileFormatError, parse_json, read_json
 from fireviz.encodings import encoding_names, encoding_spec
 from fireviz.model.config import CONFIG_FORMAT, GPTConfig
 
@@ -170,6 +172,92 @@ def folder_weights(folder: str) -> str:
     return weights
 
 
+#: safetensors metadata key of model.safetensors that records the position encoding and its
+#: resolved options the weights were trained with (issue #50), compared with config.json on load
+ENCODING_METADATA_KEY = "fireviz_encoding"
+
+
+class EncodingRecordWarning(UserWarning):
+    """A checkpoint's weights carry no encoding record (saved before fireviz wrote one): its encoding
+    is taken from config.json alone. Said once per weights file and process."""
+
+
+_SAID_NO_RECORD: set[str] = set()
+
+
+def encoding_record(config: GPTConfig) -> str:
+    """What model.safetensors records of ``config``'s encoding (its metadata
+    ``ENCODING_METADATA_KEY``): JSON ``{"position_encoding", "encoding_options"}``, every option with
+    the value the model uses (as config.json holds them), keys sorted."""
+    return json.dumps(
+        {"position_encoding": config.position_encoding, "encoding_options": config.complete_encoding_options()},
+        sort_keys=True,
+    )
+
+
+def check_encoding_record(config: GPTConfig, metadata: dict | None, source: str) -> None:
+    """Compare the encoding recorded in a weights file's metadata with ``config`` (config.json).
+
+    Tensor names alone cannot tell kerple_log from kerple_power, or alibi from nope: a config.json
+    relabelled to another encoding of the same tensors would load and score silently. Weights
+    without a record (older checkpoints) are taken as config.json says, with an
+    :class:`EncodingRecordWarning` once per ``source``.
+    Raises: CheckpointError when the record and config.json disagree, or the record is not JSON."""
+    stored = (metadata or {}).get(ENCODING_METADATA_KEY)
+    if stored is None:
+        if source not in _SAID_NO_RECORD:
+            _SAID_NO_RECORD.add(source)
+            warnings.warn(
+                f"{source} carries no record of its encoding (saved before fireviz wrote one); its encoding "
+                f"{config.position_encoding!r} is taken from config.json",
+                EncodingRecordWarning,
+                stacklevel=3,
+            )
+        return
+    try:
+        record = parse_json(str(stored), f"the encoding record of {source}", max_values=10_000)
+    except FileFormatError as e:
+        raise CheckpointError(f"{e}; the weights file is corrupt — restore it or retrain") from e
+    want = json.loads(encoding_record(config))
+    if not _same_encoding(record, want, config):
+        said = f"{record.get('position_encoding')!r}" if isinstance(record, dict) else "something else"
+        raise CheckpointError(
+            f"config.json of {source} says the encoding is {want['position_encoding']!r} "
+            f"({json.dumps(want['encoding_options'], sort_keys=True)[:200]}) but its weights were trained with "
+            f"{said} ({json.dumps(record.get('encoding_options') if isinstance(record, dict) else record)[:200]}): "
+            "config.json was edited or belongs to other weights — restore the checkpoint's own config.json"
+        )
+
+
+def _same_encoding(record, want: dict, config: GPTConfig) -> bool:
+    """Whether a stored record names ``want``'s encoding and options. An option the record lacks
+    (added to fireviz after the weights were saved) must hold its default."""
+    if not isinstance(record, dict) or record.get("position_encoding") != want["position_encoding"]:
+        return False
+    stored = record.get("encoding_options")
+    if not isinstance(stored, dict):
+        return False
+    defaults = json.loads(json.dumps(encoding_spec(config.position_encoding).defaults))
+    have = want["encoding_options"]
+    return all(have.get(k) == v for k, v in stored.items()) and all(
+        k in stored or defaults.get(k) == v for k, v in have.items()
+    )
+
+
+def _safetensors_metadata(weights: str | bytes) -> dict:
+    """The ``__metadata__`` of a safetensors file (path) or its bytes; {} when it has none."""
+    if isinstance(weights, bytes):
+        n = int.from_bytes(weights[:8], "little")
+        header = parse_json(weights[8 : 8 + n].decode("utf-8"), "a safetensors header")
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(weights), framework="pt") as f:
+            meta = f.metadata()
+    return dict(meta) if isinstance(meta, dict) else {}
+
+
 def load_checked(cls: type, config: dict | GPTConfig | None, weights: str | bytes, model_id: str, map_location="cpu"):
     """A ``cls`` (the GPT class) built from ``config`` with the weights of a safetensors file: the one
     loader (``GPT.from_pretrained`` and ``fireviz.checkpoints.Checkpoint.load`` both call it).
@@ -204,6 +292,11 @@ def load_checked(cls: type, config: dict | GPTConfig | None, weights: str | byte
             f"{source} is corrupt or truncated ({e}); it was left untouched — restore it or retrain"
         ) from e
     load_state_checked(model, state, source=source)
+    try:
+        metadata = _safetensors_metadata(weights)
+    except (FileFormatError, UnicodeDecodeError, OSError, ValueError) as e:
+        raise CheckpointError(f"{source}: its header metadata cannot be read ({e}); restore it or retrain") from e
+    check_encoding_record(config, metadata, str(source))
     return model
 
 

@@ -281,10 +281,11 @@ def _shard_run_data(mc: GPTConfig, tc: TrainConfig, eval_lengths: tuple[int, int
             "documents (the split puts ~10% of ids in validation)"
         )
     val_docs = shards.documents("validation")
+    fingerprints = shards.verified_fingerprints()  # computed from the documents, each checked (issue #50)
     return RunData(
         shards.stream("train", min_tokens=mc.seq_len + 1),
-        shards.fingerprint("train"),
-        shards.fingerprint("validation"),
+        fingerprints["train"],
+        fingerprints["validation"],
         {L: validation_windows(val_docs, L, n_val) for L in eval_lengths},
         random_validation_windows(val_docs, mc.seq_len, n_val),
         lambda length: 1,

@@ -25,8 +25,9 @@ from fireviz.core import (
     read_json,
     read_safetensors,
     sha256_files,
+    sort_safetensors_metadata,
 )
-from fireviz.model import GPT, CheckpointError, GPTConfig
+from fireviz.model import ENCODING_METADATA_KEY, GPT, CheckpointError, GPTConfig, encoding_record
 from fireviz.train.config import TrainConfig, config_hash, settings_dict
 
 STATE_FORMAT = "fireviz-trainer-state/1"
@@ -44,6 +45,15 @@ CHECKPOINT_FILES = (
 def has_checkpoint(out_dir: str | os.PathLike) -> bool:
     """Whether ``out_dir`` holds any checkpoint file (config, weights, trainer state, log)."""
     return any((Path(out_dir) / n).exists() for n in CHECKPOINT_FILES)
+
+
+def _save_sorted(tensors: dict[str, torch.Tensor], path, metadata: dict[str, str]) -> None:
+    """``safetensors.torch.save_file`` with the metadata keys in sorted order: the same state writes
+    the same bytes (``fireviz.core.sort_safetensors_metadata``)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    sort_safetensors_metadata(path)
 
 
 def _model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -192,7 +202,6 @@ def _write_checkpoint(
 ) -> None:
     """Write one checkpoint: trainer_state.safetensors (complete resume state) first, then
     model.safetensors, config.json, and trainer_state.json (with sha256 of both) last."""
-    from safetensors.torch import save_file
 
     if log is not None:
         log.flush()
@@ -219,8 +228,11 @@ def _write_checkpoint(
     }
     tensors = {f"model.{k}": v for k, v in weights.items()} | _optimizer_tensors(opt, names)
     meta = {"format": "pt", "fireviz_trainer_state": json.dumps(state)}
-    atomic_write(out / "trainer_state.safetensors", lambda p: save_file(tensors, str(p), metadata=meta))
-    atomic_write(out / "model.safetensors", lambda p: save_file(weights, str(p), metadata={"format": "pt"}))
+    atomic_write(out / "trainer_state.safetensors", lambda p: _save_sorted(tensors, p, meta))
+    # the encoding is recorded beside the weights: a config.json relabelled to another encoding of the
+    # same tensor names (kerple_log / kerple_power, alibi / nope) is refused on load (issue #50)
+    weights_meta = {"format": "pt", ENCODING_METADATA_KEY: encoding_record(mc)}
+    atomic_write(out / "model.safetensors", lambda p: _save_sorted(weights, p, weights_meta))
     config = dataclasses.replace(mc, training=provenance | {"steps": step, "tokens_seen": tokens})
     # every encoding option named (config_format 2): a deleted option is an error on load, not a default
     atomic_write_text(out / "config.json", json.dumps(config.to_json_dict(), indent=2, sort_keys=True) + "\n")

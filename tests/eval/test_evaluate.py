@@ -391,6 +391,8 @@ def test_cache_hit_without_recomputation(ckpts, corpus, cache, monkeypatch):
         "string_bucket",
         "inconsistent_bpb",
         "negative_loss",
+        "consistent_edit",
+        "unsigned",
     ],
 )
 def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, damage):
@@ -400,7 +402,13 @@ def test_corrupt_cache_entry_is_recomputed(ckpts, corpus, cache, monkeypatch, da
     (entry,) = list(cache.glob("*.json"))
     text = entry.read_text()
     obj = json.loads(text)
-    if damage == "garbage":
+    if damage == "consistent_edit":  # every number moved together (issue #50: 2.066 -> 2.788 bpb was served)
+        obj["result"] = _rescaled(obj["result"], obj["result"]["nats_per_token"] * 1.35)
+        entry.write_text(json.dumps(obj))
+    elif damage == "unsigned":  # an entry from before entries were signed, or with its mac removed
+        del obj["mac"]
+        entry.write_text(json.dumps(obj))
+    elif damage == "garbage":
         entry.write_text("{not json")
     elif damage == "wrong_key":
         obj["key"] = "0" * 64
@@ -1159,6 +1167,7 @@ def test_review_edges(ckpts, corpus, tmp_path, cache, capsys):
         if obj["checkpoint_sha256"] == checkpoints.checkpoint_sha256(ckpts["rope"]):
             for k in ("per_document", "ci95", "documents"):
                 obj["result"].pop(k, None)
+            obj["mac"] = eval_cache.entry_mac(obj["key"], obj["result"])  # as this user's fireviz would have signed it
             path.write_text(json.dumps(obj))
     looked = ev.evaluate_many([ckpts["rope"]], corpus, [8], require_intervals=False, **kw)[0]["per_length"][0]
     assert looked["cached"] and "ci95" not in looked

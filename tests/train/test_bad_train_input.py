@@ -13,6 +13,7 @@ import pytest
 from fireviz.checkpoints import catalog as checkpoints
 from fireviz.cli import train as train_cli
 from fireviz.data import corpus as data
+from fireviz.model import EncodingRecordWarning
 from fireviz.model.gpt import GPT, CheckpointError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,9 +95,16 @@ def test_a_trained_config_names_every_encoding_option_and_refuses_a_deleted_one(
         GPT.from_pretrained(str(tmp_path / "run"))
     with pytest.raises(CheckpointError, match="max_distance"):
         checkpoints.read_checkpoint(tmp_path / "run")
-    saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did
+    saved["config_format"] = 1  # an older file: unset options take their defaults, as they always did ...
     (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
-    assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128
+    with pytest.raises(CheckpointError, match='trained with .t5. .*"max_distance": 20'):
+        GPT.from_pretrained(str(tmp_path / "run"))  # ... unless the weights record otherwise (issue #50)
+    from safetensors.torch import load_file, save_file
+
+    weights = str(tmp_path / "run" / "model.safetensors")
+    save_file(load_file(weights), weights, metadata={"format": "pt"})  # weights saved before the record
+    with pytest.warns(EncodingRecordWarning, match="taken from config.json"):
+        assert GPT.from_pretrained(str(tmp_path / "run")).encoding(0).max_distance == 128
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,10 @@ def test_save_load_round_trip(corpus, tmp_path):
     model = GPT.from_pretrained(str(out))
     training = model.config.training
     assert training["tokens_seen"] == 12 * 8 * 32 and training["steps"] == 12
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:  # the encoding, compared on load
+        assert json.loads(f.metadata()["fireviz_encoding"])["position_encoding"] == model.config.position_encoding
     assert training["command"] == "pytest round trip" and training["settings"]["lr"] == 3e-3
     assert len(training["data_fingerprint"]) == 64 and training["data"] == str(corpus)
     # The reloaded weights reproduce the validation loss the trainer logged at step 12.
