@@ -16,6 +16,9 @@ venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	@echo "Setting up $(VENV): installing torch, streamlit, numba and the rest of requirements.txt (first time: a few minutes; pip names each package as it goes)..."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "[1/2] torch (its wheel unpacks for a minute or two without a word from pip)..."
+	$(PY) -m pip install --disable-pip-version-check --progress-bar on "$$(grep -m1 '^torch==' requirements.txt)"
+	@echo "[2/2] the rest of requirements.txt..."
 	$(PY) -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
