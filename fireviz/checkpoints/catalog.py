@@ -54,7 +54,14 @@ from fireviz.checkpoints.records import (  # noqa: F401
     seed_groups,
     seed_run,
 )
-from fireviz.core import FileFormatError, check_safetensors_header, parse_json, read_json, sha256_files
+from fireviz.core import (
+    FileFormatError,
+    check_safetensors_header,
+    file_state,
+    parse_json,
+    read_json,
+    sha256_files,
+)
 from fireviz.model import GPT, CheckpointError, GPTConfig, config_from_dict, nonfinite_tensors
 
 
@@ -214,23 +221,6 @@ _INFOS: dict[tuple[str, str | None, str | None], tuple[tuple, CheckpointInfo]] =
 _INFOS_LOCK = threading.Lock()
 
 
-def _folder_state(folder: Path) -> tuple:
-    """``(name, size, mtime_ns, inode)`` of every file in ``folder`` (links followed), sorted: what
-    everything :func:`read_checkpoint` reads depends on, for ~20 µs a file (one ``stat`` each).
-    Raises: OSError for a folder that cannot be listed."""
-    state = []
-    with os.scandir(folder) as entries:
-        for e in entries:
-            try:
-                st = e.stat()
-            except OSError:  # a dangling link: part of the state by name alone
-                state.append((e.name, -1, -1, -1))
-                continue
-            if not e.is_dir():
-                state.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(sorted(state))
-
-
 def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: str | None = None) -> CheckpointInfo:
     """Describe the checkpoint folder ``path`` from its files (weights are not loaded).
 
@@ -250,14 +240,15 @@ def read_checkpoint(path: str | os.PathLike, name: str | None = None, repo_id: s
     own_name = Path(os.path.abspath(p)).name
     p = p.resolve()
     memo_key = (str(p), name or own_name, repo_id)
-    state = _folder_state(p)
+    state = file_state(p)
     with _INFOS_LOCK:
         known = _INFOS.get(memo_key)
-    if known is not None and known[0] == state:
+    if state is not None and known is not None and known[0] == state:
         return dataclasses.replace(known[1])
     info = _read_checkpoint(p, name or own_name, repo_id)
-    with _INFOS_LOCK:
-        _INFOS[memo_key] = (state, info)
+    if state is not None:
+        with _INFOS_LOCK:
+            _INFOS[memo_key] = (state, info)
     return dataclasses.replace(info)
 
 

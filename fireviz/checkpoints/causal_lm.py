@@ -31,7 +31,7 @@ from torch import nn
 from fireviz.checkpoints.gguf_header import check_gguf_header
 from fireviz.checkpoints.hub import hub_file, hub_has_file, looks_like_hub_id
 from fireviz.checkpoints.hub_config import HubModelError
-from fireviz.core import FileFormatError, read_json
+from fireviz.core import FileFormatError, file_state, read_json
 from fireviz.data import DataError
 from fireviz.data.tokenizers import BYTE_TOKENIZER, ByteTokenizer, HFTokenizer, check_tokenizer_files, files_sha256
 from fireviz.model import CheckpointError
@@ -237,24 +237,6 @@ def download_causal_lm(repo_id: str, revision: str | None = None) -> Path:
     return folder
 
 
-def _path_state(path: Path) -> tuple | None:
-    """``(name, size, mtime_ns, inode)`` of a file, or of every file in a folder (links followed),
-    sorted; None when ``path`` does not exist (a Hub id: resolved from its cache every time)."""
-    try:
-        if not path.is_dir():
-            st = path.stat()
-            return ((path.name, st.st_size, st.st_mtime_ns, st.st_ino),)
-        out = []
-        with os.scandir(path) as entries:
-            for e in entries:
-                if e.is_file():
-                    st = e.stat()
-                    out.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
-        return tuple(sorted(out))
-    except OSError:
-        return None
-
-
 #: ref → (its files' state, the CausalLMCheckpoint resolved from them): a GGUF header and a
 #: published folder's sha256 are read once per process and file state (issue #48: the header was
 #: read twice per page run, and every 5 s by the app's short-lived cache)
@@ -296,7 +278,7 @@ class CausalLMCheckpoint:
         if isinstance(ref, CausalLMCheckpoint):
             return ref
         local = Path(ref).expanduser()
-        state = _path_state(local)
+        state = file_state(local)
         with _RESOLVED_LOCK:
             known = _RESOLVED.get(str(ref))
         if state is not None and known is not None and known[0] == state:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence, TypeGuard
 
 from fireviz.checkpoints.causal_lm import is_causal_lm_folder
-from fireviz.core import FileFormatError, read_json, read_jsonl
+from fireviz.core import FileFormatError, file_state, read_json, read_jsonl
 from fireviz.model import CheckpointError
 
 CONFIG_FILE, WEIGHTS_FILE, LOG_FILE = "config.json", "model.safetensors", "train_log.jsonl"
@@ -193,11 +193,9 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     p = Path(path)
     if p.is_dir():
         p = p / LOG_FILE if (p / LOG_FILE).exists() or not (p / LOG_FILE_GZ).exists() else p / LOG_FILE_GZ
-    try:
-        st = p.stat()
-    except OSError:
+    state = file_state(p)
+    if state is None:
         return []  # no log (or one that vanished): no records
-    state = (st.st_size, st.st_mtime_ns, st.st_ino)
     with _LOGS_LOCK:
         known = _LOGS.get(str(p))
     if known is not None and known[0] == state:
@@ -208,7 +206,7 @@ def read_train_log(path: str | os.PathLike) -> list[dict]:
     return list(records)
 
 
-#: log path → (its (size, mtime_ns, inode), its checked records): a log is parsed once per process
+#: log path → (its ``file_state``, its checked records): a log is parsed once per process
 #: and file state (a 3,700-step log is ~0.1 s to parse and check; the app's pages ask on every rerun)
 _LOGS: dict[str, tuple[tuple, list[dict]]] = {}
 _LOGS_LOCK = threading.Lock()

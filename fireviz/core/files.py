@@ -74,6 +74,31 @@ def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
+def file_state(path: str | os.PathLike) -> tuple | None:
+    """What a reader's memo is keyed by: ``((name, size, mtime_ns, inode),)`` of a file, or that of
+    every file directly in a folder (links followed; a dangling one by name alone), sorted; None
+    when ``path`` does not exist or cannot be read. One ``stat`` per file (~20 µs): readers keep
+    what they derived until it changes, instead of re-reading on a timer (issue #48)."""
+    p = Path(path)
+    try:
+        if not p.is_dir():
+            st = p.stat()
+            return ((p.name, st.st_size, st.st_mtime_ns, st.st_ino),)
+        state = []
+        with os.scandir(p) as entries:
+            for e in entries:
+                try:
+                    st = e.stat()
+                except OSError:
+                    state.append((e.name, -1, -1, -1))
+                    continue
+                if not e.is_dir():
+                    state.append((e.name, st.st_size, st.st_mtime_ns, st.st_ino))
+        return tuple(sorted(state))
+    except OSError:
+        return None
+
+
 def sha256_files(*paths: str | os.PathLike) -> str:
     """Hex sha256 of the concatenated bytes of ``paths``, read in 1 MiB chunks.
 

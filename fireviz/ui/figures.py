@@ -14,6 +14,7 @@ from fireviz.analysis import biases as analysis
 from fireviz.analysis import text_attention
 from fireviz.checkpoints import catalog as ck
 from fireviz.checkpoints import hub
+from fireviz.core import file_state
 from fireviz.data import DATA_DIR, DOMAINS, load_documents, split_documents
 from fireviz.encodings import has_normalizer
 from fireviz.plots.presentation import to_json
@@ -126,7 +127,7 @@ def normalizer_cap_input(
 
 @st.cache_resource(max_entries=8, show_spinner="Reading the text…")
 def _documents(source: str, split: str | None, state: tuple) -> list:
-    # state: the file's (size, mtime_ns, inode), so an edited or replaced file is read again
+    # state: the file's (or folder's) fireviz.core.file_state, so an edited or replaced file is read again
     docs = load_documents(source)
     return split_documents(docs, split) if split else docs
 
@@ -137,12 +138,8 @@ def documents(source: str | os.PathLike, split: str | None = None) -> list:
     text costs ~1–2 s to decompress, which every rerun of the dilution and attention pages paid
     (issue #48). The list is shared: do not modify it. Raises: DataError as ``load_documents``."""
     path = DATA_DIR / f"{source}.jsonl.xz" if isinstance(source, str) and source in DOMAINS else Path(source)
-    try:
-        st_ = path.stat()
-        state: tuple = (st_.st_size, st_.st_mtime_ns, st_.st_ino)
-    except OSError:
-        state = ()  # load_documents says what is wrong with it
-    return _documents(str(source), split, state)
+    # a missing file: load_documents says what is wrong with it
+    return _documents(str(source), split, file_state(path) or ())
 
 
 #: Largest query position the biases page accepts (tokens): a curve has i + 1 points per head.
