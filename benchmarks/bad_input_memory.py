@@ -72,10 +72,9 @@ def guarded(call: str, errors: str) -> str:
     return f"try:\n    {call}\nexcept ({errors}) as e:\n    print(e)\n    raise SystemExit(2)\n"
 
 
-def main() -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="fireviz-bad-"))
+def stream_and_gguf_cases(tmp: Path) -> list[tuple[str, Path, str, dict]]:
+    """The compressed-line and GGUF-header cases: (name, file, code to run, extra environment)."""
     cases: list[tuple[str, Path, str, dict]] = []
-
     p = tmp / "huge_line.jsonl.gz"  # one 2 GiB line
     p.write_bytes(gz_repeat(b'{"text": "', b"a" * MiB, 2048, b'"}\n'))
     cases.append(
@@ -105,7 +104,12 @@ def main() -> None:
     cases.append(
         ("GGUF: key count past the file", g2, load + guarded(f"resolve_any({str(g2)!r})", "CheckpointError"), {})
     )
+    return cases
 
+
+def tokenizer_log_upload_cases(tmp: Path) -> list[tuple[str, Path, str, dict]]:
+    """The tokenizer, train-log and upload cases: (name, file, code to run, extra environment)."""
+    cases: list[tuple[str, Path, str, dict]] = []
     tok = tmp / "tok"
     tok.mkdir()
     entries = ",".join(f'"t{k}":{k}' for k in range(3_000_000))
@@ -154,7 +158,12 @@ def main() -> None:
         + guarded(f"save_upload('u.jsonl.gz', Path({str(u)!r}).read_bytes())", "DataError")
     )
     cases.append(("upload: 10M one-character documents", u, up, {"FIREVIZ_CACHE_DIR": str(tmp / "cache")}))
+    return cases
 
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="fireviz-bad-"))
+    cases = stream_and_gguf_cases(tmp) + tokenizer_log_upload_cases(tmp)
     print(f"CPU: {cpu_model()}; python {sys.version.split()[0]}")
     _, _, floor, fsecs = run("import fireviz.checkpoints, fireviz.data, fireviz.eval")
     print(f"floor (imports only): {floor:.0f} MiB, {fsecs:.1f} s\n")

@@ -177,6 +177,12 @@ def folder_weights(folder: str) -> str:
 ENCODING_METADATA_KEY = "fireviz_encoding"
 
 
+#: encoding options that change how trained weights are evaluated, not what they are: left out of
+#: the record's comparison, so a config.json edited to cap FIRE's normalizer (the documented way to
+#: evaluate a capped FIRE from a folder) still loads, as a new identity
+EVALUATION_OPTIONS = frozenset({"normalizer_cap"})
+
+
 class EncodingRecordWarning(UserWarning):
     """A checkpoint's weights carry no encoding record (saved before fireviz wrote one): its encoding
     is taken from config.json alone. Said once per weights file and process."""
@@ -238,7 +244,8 @@ def _same_encoding(record, want: dict, config: GPTConfig) -> bool:
     if not isinstance(stored, dict):
         return False
     defaults = json.loads(json.dumps(encoding_spec(config.position_encoding).defaults))
-    have = want["encoding_options"]
+    have = {k: v for k, v in want["encoding_options"].items() if k not in EVALUATION_OPTIONS}
+    stored = {k: v for k, v in stored.items() if k not in EVALUATION_OPTIONS}
     return all(have.get(k) == v for k, v in stored.items()) and all(
         k in stored or defaults.get(k) == v for k, v in have.items()
     )

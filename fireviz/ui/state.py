@@ -196,7 +196,7 @@ def _number_input(page: str, param: FitParam, label: str) -> Any:
     start = None if start is None else kind(start)
     if param.unset is not None:
         # "(0 = the default)" beside a box showing 0.0000 read as "the default is 0" (issue #48)
-        label += f" (leave at {param.unset:g} for the target's own default)"
+        label += f" ({param.unset:g} leaves the default)"
     step = kind(param.step or (1 if whole else 0.01))
     widget: dict[str, Any] = {"min_value": lo, "max_value": hi, "step": step}
     if not whole:

@@ -319,4 +319,7 @@ def test_the_fit_page_makes_widgets_from_the_typed_fit_params(typed_toy):
     assert [at.number_input(key=f"fit_{k}").value for k in ("buckets", "max_distance", "tseed")] == [8, 16, 3]
     assert at.selectbox(key="fit_values").value == "decay"
     at = fit_page(target="alibi", slope="0")
-    assert at.number_input(key="fit_slope").value == 0.0 and "0 = the default" in at.number_input(key="fit_slope").label
+    assert (
+        at.number_input(key="fit_slope").value == 0.0
+        and "0 leaves the default" in at.number_input(key="fit_slope").label
+    )
