@@ -326,15 +326,26 @@ def _check_pair(mc: GPTConfig, tc: TrainConfig) -> None:
         )
 
 
+#: Largest TOML config read (bytes): fireviz's configs are 1–3 KB; a bigger file is not a config,
+#: and parsing one costs memory per value, so it is refused before it is read
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> tuple[GPTConfig, TrainConfig]:
     """Read a TOML config (``[model]`` and ``[train]`` tables) and apply ``--set`` overrides.
 
-    ``path`` None starts from the defaults. Raises: TrainingError if the file is missing or
-    not valid TOML, or for any problem ``configs_from_tables`` names.
+    ``path`` None starts from the defaults. Raises: TrainingError if the file is missing, larger
+    than :data:`MAX_CONFIG_BYTES`, or not valid TOML, or for any problem ``configs_from_tables`` names.
     """
     tables: dict = {}
     if path is not None:
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_CONFIG_BYTES:  # bounded before it is read or parsed (issue #50)
+                raise TrainingError(
+                    f"config file {path} is {size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a training config "
+                    "needs (configs/tiny.toml is under 2 KB); give the TOML file of [model] and [train] settings"
+                )
             tables = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError as e:
             raise TrainingError(f"config file {path} not found") from e

@@ -322,3 +322,17 @@ def test_a_huge_copy_task_batch_is_refused_before_its_data_is_made(tmp_path, cap
     assert "lower train.batch_size" in err and "Traceback" not in err
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 256 << 10  # < 256 MiB
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_config_file_far_larger_than_a_config_is_refused_before_it_is_read(tmp_path, capsys):
+    """Issue #50's class, one more reader: a TOML "config" of 8 MiB (a list of millions of values
+    parses into hundreds of MB) is refused from its size, in one line, before it is read."""
+    from fireviz.train.config import MAX_CONFIG_BYTES
+
+    cfg = tmp_path / "huge.toml"
+    cfg.write_text("[model]\nn_layer = 1\n[train]\nx = [" + "1," * (4 << 20) + "1]\n")
+    assert cfg.stat().st_size > MAX_CONFIG_BYTES
+    assert train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "more than the" in err and "huge.toml" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
