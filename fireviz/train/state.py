@@ -164,10 +164,21 @@ def _load_optimizer(
     opt.load_state_dict(sd)
 
 
+#: Largest train log a resumed run reads back (bytes): the bound ``read_train_log`` keeps too; a
+#: 3,700-step run's log is ~0.7 MB
+MAX_RESUMED_LOG_BYTES = 256 << 20
+
+
 def _truncate_log(path: Path, step: int) -> None:
     """Keep the log lines with ``step`` ≤ the resumed step (a torn last line is dropped)."""
     if not path.exists():
         return
+    size = path.stat().st_size
+    if size > MAX_RESUMED_LOG_BYTES:  # read whole below: bounded first (issue #50)
+        raise CheckpointError(
+            f"{path} is {size:,} bytes, more than the {MAX_RESUMED_LOG_BYTES:,} a training log holds (~8 records a "
+            "step); it is not this run's log — move it away and resume again"
+        )
     lines = path.read_text(encoding="utf-8").splitlines()
     kept = []
     for i, line in enumerate(lines):
