@@ -120,13 +120,6 @@ def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[
     text = f"text: {s0.get('data')} ({s0.get('split')} split), mode {s0.get('mode')}"
     if s0.get("bos_mode"):
         text += f", BOS: {s0['bos_mode']}"
-    # the BOS convention each checkpoint was scored with (a published model's own, by default):
-    # said in the table, not only in the JSON (issue #48 point 3)
-    bos = {r["checkpoint"]: r["settings"]["bos"] for r in results if r["settings"].get("bos")}
-    if len(set(bos.values())) == 1:
-        text += f"; BOS: {next(iter(bos.values()))}"
-    elif bos:
-        text += "; BOS: " + "; ".join(f"{name}: {desc}" for name, desc in bos.items())
     if s0.get("mode") == "context":
         text += _context_text(s0)
     if s0.get("mode") == "same_text" and _shared_text(results):
@@ -151,6 +144,13 @@ def _what_was_scored(results: Sequence[EvalResult], lengths: list[int]) -> list[
             + "the same for every checkpoint; length n = the model reads n tokens, as in training at seq_len n); only the answer "
             "positions are scored"
         )
+    # the BOS convention each checkpoint was scored with (a published model's own, by default):
+    # said in the table, not only in the JSON (issue #48 point 3)
+    bos = {r["checkpoint"]: r["settings"]["bos"] for r in results if r["settings"].get("bos")}
+    if len(set(bos.values())) == 1:
+        text += f"; BOS: {next(iter(bos.values()))}"
+    elif bos:
+        text += "; BOS: " + "; ".join(f"{name}: {desc}" for name, desc in bos.items())
     first: dict = {}  # per length, the first checkpoint that scored it (an absolute-embedding one may not)
     for r in results:
         for e in r["per_length"]:
