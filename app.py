@@ -86,7 +86,7 @@ def _checkpoints_table(found) -> None:
         column_order=shown,
         height=ui.table_height(len(rows), max_rows=HOME_ROWS),  # every bundled checkpoint without scrolling
     )
-    ui.downloads("home", "checkpoints", csv_text=ui.rows_to_csv(rows), json_obj=rows)
+    ui.downloads("home", "checkpoints", csv_text=lambda rows=rows: ui.rows_to_csv(rows), json_obj=rows)
 
 
 def home() -> None:

@@ -246,7 +246,11 @@ with right:
     with tempfile.TemporaryDirectory() as tmp:
         weights = res.save(Path(tmp) / f"{stem}.safetensors").read_bytes()
     ui.downloads(
-        P, stem, plots.figure_to_csv(fig_out), d, extra={f"{stem}.safetensors": (weights, "application/octet-stream")}
+        P,
+        stem,
+        lambda fig_out=fig_out: plots.figure_to_csv(fig_out),
+        d,
+        extra={f"{stem}.safetensors": (weights, "application/octet-stream")},
     )
     st.caption(
         f"{stem}.safetensors loads with `fireviz.fit.result.load_fitted_fire(path)`; the JSON holds every number "

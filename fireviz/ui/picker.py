@@ -143,11 +143,7 @@ def _load_causal_lm(path: str, sha256: str):
 def causal_lm(info: ck.CheckpointInfo) -> CausalLMCheckpoint:
     """The :class:`CausalLMCheckpoint` of a published causal LM in a transformers folder
     (``info.is_causal_lm``). Raises: CheckpointError."""
-    return _causal_lm(info.path)
-
-
-def _causal_lm(path: str) -> CausalLMCheckpoint:
-    return CausalLMCheckpoint.resolve(path)  # read once per process and file state
+    return CausalLMCheckpoint.resolve(info.path)  # read once per process and file state
 
 
 def text_tokenizer(info: ck.CheckpointInfo):
@@ -156,7 +152,7 @@ def text_tokenizer(info: ck.CheckpointInfo):
     it was trained with). Raises: CheckpointError."""
     if info.is_causal_lm:
         return causal_lm(info).tokenizer
-    return _fireviz_checkpoint(info.path).tokenizer
+    return Checkpoint.resolve(info.path).tokenizer  # memoized per file state
 
 
 def reads_bytes(info: ck.CheckpointInfo) -> bool:
@@ -170,10 +166,6 @@ def reads_bytes(info: ck.CheckpointInfo) -> bool:
         return text_tokenizer(info).key == "byte"
     except CheckpointError:
         return True
-
-
-def _fireviz_checkpoint(path: str) -> Checkpoint:
-    return Checkpoint.resolve(path)  # memoized per file state (its sha256 and checked config)
 
 
 def load_causal_lm(info: ck.CheckpointInfo):
